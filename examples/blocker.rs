@@ -1,0 +1,385 @@
+//! `blocker`: a workload whose threads block in known, uniquely named ways.
+//!
+//! It exists so that an off-CPU profile of it can be checked, both by the
+//! end-to-end tests of `offcputime` and by hand:
+//!
+//! ```text
+//! cargo run --example blocker -- [--seconds N] [--child-ms M]
+//! ```
+//!
+//! Every thread has its own name (which becomes its `comm`) and blocks in its
+//! own `#[no_mangle]` function, which in turn calls a `#[no_mangle]`
+//! `wl_block_*` function that makes the blocking libc call directly:
+//!
+//! | thread          | body                   | blocks in                                  |
+//! |-----------------|------------------------|--------------------------------------------|
+//! | `wl-nanosleep`  | `wl_nanosleep_thread`  | `wl_block_nanosleep` (10 ms nanosleep)     |
+//! | `wl-shortsleep` | `wl_shortsleep_thread` | `wl_block_shortsleep` (1 ms nanosleep)     |
+//! | `wl-pipe`       | `wl_pipe_thread`       | `wl_block_pipe_read` (1-byte pipe read)    |
+//! | `wl-futex`      | `wl_futex_thread`      | `wl_block_futex_wait` (50 ms futex wait)   |
+//! | `wl-spin`       | `wl_spin_thread`       | never blocks (busy loop, on-CPU only)      |
+//! | `wl-reaper`     | `wl_reaper_thread`     | `wl_block_waitpid` (only with a child)     |
+//! | main thread     | `wl_pipe_feeder`       | `wl_block_feeder_sleep` (100 ms nanosleep) |
+//!
+//! The main thread feeds the pipe one byte every 100 ms. With `--child-ms M`
+//! a child process (this executable re-run as `blocker child M`, comm
+//! `wl-child`) sleeps M ms in `wl_child_sleep` (10 ms nanosleeps) and exits;
+//! the `wl-reaper` thread waits for it.
+//!
+//! Once everything is started, stdout gets `pid <pid>`, one `tid <name> <tid>`
+//! line per thread (kernel thread ids, `main` for the main thread), `child
+//! <pid>` if a child was spawned, and finally `ready`. After `--seconds`
+//! (default 30) the process exits with status 0. A child that is still
+//! sleeping then (M longer than the run) is left to finish on its own.
+//!
+//! Build with frame pointers (`.cargo/config.toml` does this) so that
+//! frame-pointer stack walking reaches these functions.
+
+use std::hint::black_box;
+use std::io::Write;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Set by the main thread when the run time is over; every loop checks it.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Futex word for `wl-futex`. It always stays 0, so FUTEX_WAIT with an
+/// expected value of 0 always sleeps until its timeout.
+static FUTEX_WORD: AtomicU32 = AtomicU32::new(0);
+
+fn stopped() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+fn timespec_ms(ms: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+    }
+}
+
+/// `libc::nanosleep` for `ms` milliseconds (not resumed after a signal).
+///
+/// Always inlined into its `wl_block_*` callers so the blocking libc call is
+/// made from the uniquely named function itself.
+#[inline(always)]
+fn nanosleep_ms(ms: u64) -> libc::c_int {
+    let ts = timespec_ms(ms);
+    // SAFETY: `ts` is a valid timespec; a null `rem` is allowed.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) }
+}
+
+// Each wl_block_* function passes the libc call's result through
+// `black_box` afterwards, so the call is never in tail position and cannot
+// be turned into a jump (which would drop the wl_block_* frame) in release
+// builds.
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_nanosleep() -> libc::c_int {
+    black_box(nanosleep_ms(10))
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_shortsleep() -> libc::c_int {
+    black_box(nanosleep_ms(1))
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_pipe_read(fd: libc::c_int) -> libc::ssize_t {
+    let mut byte = 0u8;
+    // SAFETY: `byte` is a valid, writable 1-byte buffer for the whole call.
+    let n = unsafe { libc::read(fd, (&mut byte as *mut u8).cast(), 1) };
+    black_box(n)
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_futex_wait(word: &AtomicU32) -> libc::c_long {
+    let timeout = timespec_ms(50);
+    // SAFETY: FUTEX_WAIT reads the u32 at `word` (a live, aligned atomic) and
+    // `timeout` (a valid relative timespec); uaddr2 and val3 are unused.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            0u32,
+            &timeout as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        )
+    };
+    black_box(r)
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_feeder_sleep() -> libc::c_int {
+    black_box(nanosleep_ms(100))
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_nanosleep_thread() {
+    while !stopped() {
+        wl_block_nanosleep();
+    }
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_shortsleep_thread() {
+    while !stopped() {
+        wl_block_shortsleep();
+    }
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_pipe_thread(fd: libc::c_int) {
+    while !stopped() {
+        if wl_block_pipe_read(fd) <= 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                // EOF or a real error: don't spin on it.
+                return;
+            }
+        }
+    }
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_futex_thread() {
+    while !stopped() {
+        wl_block_futex_wait(&FUTEX_WORD);
+    }
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_spin_thread() {
+    let mut x: u64 = 1;
+    while !stopped() {
+        for i in 0..1_000_000u64 {
+            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    black_box(x);
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_waitpid(pid: libc::pid_t) -> libc::pid_t {
+    let mut status = 0;
+    // SAFETY: `status` is a valid, writable int for the whole call.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    black_box(r)
+}
+
+/// `wl-reaper`: wait for (reap) the child process.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_reaper_thread(pid: libc::pid_t) {
+    while wl_block_waitpid(pid) < 0 {
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// Main thread: write one byte to the pipe every 100 ms for `run_ms`.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_pipe_feeder(fd: libc::c_int, run_ms: u64) {
+    let start = Instant::now();
+    let run = Duration::from_millis(run_ms);
+    while start.elapsed() < run {
+        let byte = 1u8;
+        // SAFETY: `byte` is a valid 1-byte buffer; `fd` is our pipe's write end.
+        unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
+        wl_block_feeder_sleep();
+    }
+}
+
+/// Child process body: sleep `ms` in total in 10 ms nanosleeps.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_child_sleep(ms: u64) {
+    let start = Instant::now();
+    let total = Duration::from_millis(ms);
+    while start.elapsed() < total {
+        let left = (total - start.elapsed()).as_millis() as u64;
+        let ts = timespec_ms(left.clamp(1, 10));
+        // SAFETY: `ts` is a valid timespec; a null `rem` is allowed.
+        black_box(unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) });
+    }
+}
+
+fn run_child(ms: u64) -> ExitCode {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes;
+    // this literal is 9 bytes including the NUL.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"wl-child".as_ptr()) };
+    wl_child_sleep(ms);
+    ExitCode::SUCCESS
+}
+
+fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Spawn a named thread that reports its kernel tid on `tx`, then runs `body`.
+fn spawn_named(
+    name: &'static str,
+    tx: &mpsc::Sender<(&'static str, libc::pid_t)>,
+    body: impl FnOnce() + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let tx = tx.clone();
+    thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            tx.send((name, gettid())).expect("main thread gone");
+            drop(tx);
+            body();
+        })
+        .unwrap_or_else(|e| panic!("spawning {name}: {e}"))
+}
+
+struct Args {
+    seconds: u64,
+    child_ms: Option<u64>,
+}
+
+const USAGE: &str = "usage: blocker [--seconds N] [--child-ms M]";
+
+fn parse_num(flag: &str, value: Option<String>) -> Result<u64, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
+    value
+        .parse()
+        .map_err(|e| format!("{flag} {value:?}: {e}"))
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args {
+        seconds: 30,
+        child_ms: None,
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => parsed.seconds = parse_num("--seconds", args.next())?,
+            "--child-ms" => parsed.child_ms = Some(parse_num("--child-ms", args.next())?),
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unexpected argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(parsed)
+}
+
+fn main() -> ExitCode {
+    let mut argv = std::env::args().skip(1).peekable();
+    if argv.peek().map(String::as_str) == Some("child") {
+        argv.next();
+        return match parse_num("child", argv.next()) {
+            Ok(ms) => run_child(ms),
+            Err(e) => {
+                eprintln!("blocker: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let args = match parse_args(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("blocker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!("blocker: pipe2: {}", std::io::Error::last_os_error());
+        return ExitCode::FAILURE;
+    }
+    let [read_fd, write_fd] = fds;
+
+    let (tx, rx) = mpsc::channel();
+    let mut names = vec![
+        "wl-nanosleep",
+        "wl-shortsleep",
+        "wl-pipe",
+        "wl-futex",
+        "wl-spin",
+    ];
+    spawn_named("wl-nanosleep", &tx, || wl_nanosleep_thread());
+    spawn_named("wl-shortsleep", &tx, || wl_shortsleep_thread());
+    spawn_named("wl-pipe", &tx, move || wl_pipe_thread(read_fd));
+    spawn_named("wl-futex", &tx, || wl_futex_thread());
+    let spinner = spawn_named("wl-spin", &tx, || wl_spin_thread());
+
+    let mut child_pid = None;
+    if let Some(ms) = args.child_ms {
+        let exe = match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("blocker: current_exe: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let child = Command::new(exe)
+            .arg("child")
+            .arg(ms.to_string())
+            .stdin(Stdio::null())
+            .spawn();
+        // The std `Child` is only used to spawn: wl_reaper_thread reaps it with
+        // waitpid, and dropping a `Child` neither waits for nor kills it.
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("blocker: spawning child: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let pid = child.id() as libc::pid_t;
+        child_pid = Some(pid);
+        names.push("wl-reaper");
+        spawn_named("wl-reaper", &tx, move || wl_reaper_thread(pid));
+    }
+    drop(tx);
+
+    let mut tids = std::collections::HashMap::new();
+    for _ in 0..names.len() {
+        let (name, tid) = rx.recv().expect("a thread died before reporting");
+        tids.insert(name, tid);
+    }
+
+    let mut out = std::io::stdout().lock();
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let mut report = format!("pid {pid}\ntid main {}\n", gettid());
+    for name in &names {
+        report += &format!("tid {name} {}\n", tids[name]);
+    }
+    if let Some(c) = child_pid {
+        report += &format!("child {c}\n");
+    }
+    report += "ready\n";
+    // A vanished reader (e.g. a test that stopped reading) is not fatal.
+    let _ = out.write_all(report.as_bytes()).and_then(|()| out.flush());
+    drop(out);
+
+    wl_pipe_feeder(write_fd, args.seconds.saturating_mul(1000));
+
+    // Blocked threads notice STOP within their timeout (or stay blocked in
+    // read, which exiting ends); the spinner is joined so it is seen to stop.
+    STOP.store(true, Ordering::Relaxed);
+    let _ = spinner.join();
+    ExitCode::SUCCESS
+}

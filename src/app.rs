@@ -1,0 +1,156 @@
+//! The program: parse, trace, report.
+
+use std::io::{self, BufWriter, Write};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use crate::cli::{check_targets, Args, Config};
+use crate::output::{folded, text};
+use crate::profile::{self, Profile};
+use crate::symbolize::{SymbolizeOptions, Symbolizer};
+use crate::tracer::{check_environment, Tracer};
+
+/// What `main` should do after `run`.
+pub enum Outcome {
+    Done,
+    /// `--help` or `--version` was printed.
+    Info,
+}
+
+/// Parses the command line, traces, and writes the report to stdout.
+pub fn run() -> Result<Outcome> {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                print!("{e}");
+                return Ok(Outcome::Info);
+            }
+            // clap's first line, without its usage block.
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            anyhow::bail!("{first} (see --help)");
+        }
+    };
+    let config = args.into_config()?;
+    trace(&config)?;
+    Ok(Outcome::Done)
+}
+
+fn set_libbpf_logging(verbose: bool) {
+    if verbose {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, |_, msg: String| {
+            eprint!("libbpf: {msg}")
+        })));
+    } else {
+        // Failures are reported once, by us; libbpf's own log (verifier
+        // output of a hook that is tried and skipped) is noise.
+        libbpf_rs::set_print(None);
+    }
+}
+
+/// Traces as `config` says and writes the report.
+pub fn trace(config: &Config) -> Result<()> {
+    check_environment()?;
+    check_targets(&config.tracer)?;
+    set_libbpf_logging(config.verbose);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .context("failed to install the SIGINT/SIGTERM handler")?;
+    }
+
+    let mut symbolizer = Symbolizer::new(SymbolizeOptions { offsets: config.offsets });
+    let started = Instant::now();
+    let mut object = MaybeUninit::uninit();
+    let mut tracer = Tracer::start(&mut object, &config.tracer)?;
+    if config.verbose {
+        eprintln!(
+            "offcputime: attached {} in {:.1} ms",
+            tracer.hook(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    eprintln!("{}", config.status_line());
+
+    let deadline = config.duration.map(|d| tracer.attached_at() + d);
+    tracer.wait(deadline, &stop, |tgid| symbolizer.note_process(tgid))?;
+    let traced_for = tracer.attached_at().elapsed();
+    tracer.stop()?;
+    let ended = Instant::now();
+
+    let raw = tracer.read()?;
+    let profile = profile::build(&raw, &mut symbolizer, tracer.hook().kernel_first_frame_is_ip());
+    drop(tracer);
+
+    let stdout = io::stdout();
+    let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
+    if config.folded {
+        folded::write(&profile, config.shape, &mut out)
+    } else {
+        text::write(&profile, config.shape, &mut out)
+    }
+    .and_then(|()| out.flush())
+    .context("failed to write the report")?;
+
+    report_losses(&profile, config);
+    if config.verbose {
+        eprintln!(
+            "offcputime: traced {:.3} s; {} stacks, {} blocks, {:.3} s off-CPU in total; \
+             {} blocks in progress at the end counted up to it; report in {:.1} ms",
+            traced_for.as_secs_f64(),
+            profile.samples.len(),
+            profile.samples.iter().map(|s| s.count).sum::<u64>(),
+            profile.total_ns() as f64 / 1e9,
+            profile.counters.blocks_at_end,
+            ended.elapsed().as_secs_f64() * 1e3,
+        );
+    }
+    Ok(())
+}
+
+fn report_losses(profile: &Profile, config: &Config) {
+    let c = &profile.counters;
+    let missed = profile.missed_stacks(config.shape.mode);
+    if missed > 0 {
+        let full = c.user_stack_full + c.kernel_stack_full > 0;
+        eprintln!(
+            "WARNING: {missed} stack traces could not be displayed ({} user and {} kernel \
+             stacks lost because the stack storage was full, {} user and {} kernel stacks \
+             could not be walked).{}",
+            c.user_stack_full,
+            c.kernel_stack_full,
+            c.user_stack_error,
+            c.kernel_stack_error,
+            if full { " Consider increasing --stack-storage-size." } else { "" }
+        );
+    }
+    if c.counts_full > 0 {
+        eprintln!(
+            "WARNING: {} blocks were not counted because the table of distinct stacks was full.",
+            c.counts_full
+        );
+    }
+    if c.no_task_storage > 0 {
+        eprintln!(
+            "WARNING: {} blocks were not timed (no per-task storage could be allocated).",
+            c.no_task_storage
+        );
+    }
+    if c.events_dropped > 0 && config.verbose {
+        eprintln!(
+            "offcputime: {} new-process notifications were dropped; \
+             frames of processes that exited early may be unnamed",
+            c.events_dropped
+        );
+    }
+}

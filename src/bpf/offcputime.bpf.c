@@ -1,0 +1,452 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * offcputime: time threads spend switched out, by user and kernel stack.
+ *
+ * At switch-out the blocking thread's start time and, for the sched_switch
+ * hooks, its stacks are kept per task: the user stack can only be read in
+ * the thread's own context, and the kernel stack must be walked there too,
+ * since bpf_get_task_stack() on a sleeping task leaves out every function in
+ * .sched.text (schedule_timeout, do_nanosleep, __mutex_lock, ...).  The
+ * profiler's own frames on top of it are dropped in userspace.  At
+ * switch-in the blocked time is known, and the block is added to `counts`
+ * if it passes the -m/-M filters.  On finish_task_switch, which runs in the
+ * context of the task switched in, both stacks are taken only then, and only
+ * for blocks that pass.
+ *
+ * Stacks live in `stacks`, keyed by a 64-bit hash of their frames: no 32-bit
+ * bucket index that two different stacks can share, so a stack is never
+ * dropped or merged by a hash collision, only when the map is full.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "offcputime.h"
+
+#define PF_KTHREAD 0x00200000
+#define TASK_DEAD 0x00000080
+#define EFAULT 14
+#define E2BIG 7
+#define ENOMEM 12
+#define EEXIST 17
+
+/* Configuration, fixed at load time (see src/tracer.rs). */
+const volatile bool filter_by_tgid = false;
+const volatile bool filter_by_tid = false;
+const volatile bool user_threads_only = false;
+const volatile bool kernel_threads_only = false;
+const volatile bool filter_by_state = false;
+const volatile __u32 state_mask = 0;
+const volatile __u64 min_block_ns = 1;
+const volatile __u64 max_block_ns = ~0ULL;
+const volatile bool want_user_stack = true;
+const volatile bool want_kernel_stack = true;
+const volatile bool notify_new_tasks = true;
+const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
+
+/*
+ * Set by userspace when tracing ends: blocks are counted only up to this
+ * instant, and the iterator adds the blocks still in progress at that time.
+ */
+volatile __u64 trace_end_ns = 0;
+
+/* Per-thread state while it is switched out. */
+struct task_data {
+	__u64 start_ns;
+	__u64 user_stack_id;
+	__u64 kernel_stack_id;
+	__u32 notified;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct task_data);
+} task_data_storage SEC(".maps");
+
+/* The same state keyed by thread id, for hooks whose task pointers the
+ * verifier does not trust (raw_tp, kprobe). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct task_data);
+} task_data_by_tid SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u8);
+} tgids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u8);
+} tids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64[MAX_STACK_DEPTH]);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct offcpu_key);
+	__type(value, struct offcpu_val);
+} counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[MAX_STACK_DEPTH]);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+/* Make the shared types visible in the skeleton's `types` module. */
+struct new_task_event _new_task_event = {};
+enum stack_id_special _stack_id_special = STACK_ID_NONE;
+enum offcpu_counter _offcpu_counter = CNT_MAX;
+
+static __always_inline void count(__u32 which)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &which);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline __u32 clamp_stack_bytes(void)
+{
+	__u32 size = stack_bytes;
+
+	if (size > MAX_STACK_DEPTH * sizeof(__u64))
+		size = MAX_STACK_DEPTH * sizeof(__u64);
+	return size;
+}
+
+/*
+ * Store the `len` bytes of frames at `ips` in `stacks` (unless already there)
+ * and return their id, or one of the STACK_ID_* codes.
+ */
+static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
+{
+	__u64 h = 0xcbf29ce484222325ULL;
+	long nr;
+	int i, err;
+
+	if (len == 0 || len == -EFAULT)
+		return STACK_ID_NONE;
+	if (len < 0) {
+		count(user ? CNT_USTACK_ERROR : CNT_KSTACK_ERROR);
+		return STACK_ID_MISSED_ERROR;
+	}
+	nr = len / sizeof(__u64);
+	for (i = 0; i < MAX_STACK_DEPTH; i++) {
+		if (i >= nr)
+			break;
+		h ^= ips[i];
+		h *= 0x100000001b3ULL;
+		h ^= h >> 32;
+	}
+	h |= STACK_ID_HASH_BIT;
+
+	if (bpf_map_lookup_elem(&stacks, &h))
+		return h;
+	err = bpf_map_update_elem(&stacks, &h, ips, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
+		return STACK_ID_MISSED_FULL;
+	}
+	return h;
+}
+
+/* The user or kernel stack of the current task. */
+static __always_inline __u64 stack_of_current(void *ctx, bool user)
+{
+	__u32 zero = 0;
+	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
+	long len;
+
+	if (!buf)
+		return STACK_ID_MISSED_ERROR;
+	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
+	return store_stack(buf, len, user);
+}
+
+static __always_inline __u32 task_state(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state);
+	return BPF_CORE_READ((struct task_struct___old *)t, state);
+}
+
+static __always_inline bool is_kthread(struct task_struct *t)
+{
+	return BPF_CORE_READ(t, flags) & PF_KTHREAD;
+}
+
+/* The in-kernel filters on the thread that blocks (-p -t -u -k --state). */
+static __always_inline bool wanted(struct task_struct *t, __u32 tgid, __u32 tid,
+				   bool kthread, __u32 state)
+{
+	if (tid == 0) /* the idle tasks */
+		return false;
+	if (user_threads_only && kthread)
+		return false;
+	if (kernel_threads_only && !kthread)
+		return false;
+	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid))
+		return false;
+	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &tid))
+		return false;
+	if (filter_by_state) {
+		/* As bcc: 0 means exactly TASK_RUNNING (preempted), any
+		 * other value is a mask of state bits. */
+		if (state_mask == 0 ? state != 0 : !(state & state_mask))
+			return false;
+	}
+	return true;
+}
+
+static __always_inline struct task_data *get_data(struct task_struct *t, __u32 tid,
+						  bool trusted, bool create)
+{
+	struct task_data zero = {};
+
+	if (trusted)
+		return bpf_task_storage_get(&task_data_storage, t, 0,
+					    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (create) {
+		struct task_data *d = bpf_map_lookup_elem(&task_data_by_tid, &tid);
+
+		if (d)
+			return d;
+		bpf_map_update_elem(&task_data_by_tid, &tid, &zero, BPF_NOEXIST);
+	}
+	return bpf_map_lookup_elem(&task_data_by_tid, &tid);
+}
+
+/*
+ * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
+ * storage; `stacks_now`: prev is current, so its stacks are taken now.
+ */
+static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
+					  __u64 now, bool trusted, bool stacks_now)
+{
+	__u32 tid = BPF_CORE_READ(prev, pid);
+	__u32 tgid = BPF_CORE_READ(prev, tgid);
+	__u32 state = preempt ? 0 : task_state(prev);
+	bool kthread = is_kthread(prev);
+	struct task_data *d;
+
+	if (state & TASK_DEAD) {
+		if (!trusted)
+			bpf_map_delete_elem(&task_data_by_tid, &tid);
+		return;
+	}
+	if (!wanted(prev, tgid, tid, kthread, state))
+		return;
+	if (trace_end_ns && now >= trace_end_ns)
+		return;
+
+	d = get_data(prev, tid, trusted, true);
+	if (!d) {
+		count(CNT_NO_TASK_STORAGE);
+		return;
+	}
+	d->start_ns = now;
+	d->user_stack_id = STACK_ID_NONE;
+	d->kernel_stack_id = STACK_ID_NONE;
+	/* Without stacks_now the stacks are taken at switch-in; a block still
+	 * in progress when tracing ends has none. */
+	if (want_user_stack && !kthread)
+		d->user_stack_id = stacks_now ? stack_of_current(ctx, true) : STACK_ID_MISSED_ERROR;
+	if (want_kernel_stack)
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false) : STACK_ID_MISSED_ERROR;
+
+	if (notify_new_tasks && !kthread && !d->notified) {
+		struct new_task_event *e;
+
+		d->notified = 1;
+		e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+		if (e) {
+			e->tgid = tgid;
+			e->pid = tid;
+			bpf_ringbuf_submit(e, 0);
+		} else {
+			count(CNT_EVENTS_DROPPED);
+		}
+	}
+}
+
+static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
+{
+	struct offcpu_val *v, init = {};
+	int err;
+
+	v = bpf_map_lookup_elem(&counts, key);
+	if (!v) {
+		err = bpf_map_update_elem(&counts, key, &init, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			count(CNT_COUNTS_FULL);
+			return;
+		}
+		v = bpf_map_lookup_elem(&counts, key);
+		if (!v)
+			return;
+	}
+	__sync_fetch_and_add(&v->total_ns, delta);
+	__sync_fetch_and_add(&v->count, 1);
+}
+
+/*
+ * `next` is switched in.  `next_is_current`: we run in next's own context
+ * (finish_task_switch), so its stacks are taken now; otherwise they were
+ * taken at switch-out.
+ */
+static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
+					 bool trusted, bool next_is_current)
+{
+	__u32 tid = BPF_CORE_READ(next, pid);
+	struct offcpu_key key = {};
+	struct task_data *d;
+	__u64 delta, start, end = trace_end_ns;
+
+	if (tid == 0)
+		return;
+	d = get_data(next, tid, trusted, false);
+	if (!d || !d->start_ns)
+		return;
+	start = d->start_ns;
+	d->start_ns = 0;
+	if (end && now > end) {
+		/* Blocked across the end of tracing: the iterator that runs
+		 * at the end may already have counted it. */
+		return;
+	}
+	delta = now - start;
+	if (delta < min_block_ns || delta > max_block_ns)
+		return;
+
+	key.tgid = BPF_CORE_READ(next, tgid);
+	key.pid = tid;
+	BPF_CORE_READ_STR_INTO(&key.comm, next, comm);
+	if (is_kthread(next))
+		count(CNT_KTHREAD_BLOCKS);
+	if (want_user_stack) {
+		if (next_is_current)
+			key.user_stack_id = is_kthread(next) ? STACK_ID_NONE : stack_of_current(ctx, true);
+		else
+			key.user_stack_id = d->user_stack_id;
+	}
+	if (want_kernel_stack)
+		key.kernel_stack_id = next_is_current ? stack_of_current(ctx, false) : d->kernel_stack_id;
+	add_block(&key, delta);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, true, true);
+	on_switch_in(ctx, next, now, true, false);
+	return 0;
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, false, true);
+	on_switch_in(ctx, next, now, false, false);
+	return 0;
+}
+
+/*
+ * finish_task_switch(prev) runs in the context of the task switched in, so
+ * its stacks are read directly (kernel stack starting at finish_task_switch,
+ * no profiler frames) and only for blocks that pass -m/-M.
+ */
+SEC("kprobe/finish_task_switch")
+int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *curr = (struct task_struct *)bpf_get_current_task();
+
+	/* A kprobe does not see the preempt flag: a preempted task's state
+	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
+	on_switch_out(ctx, prev, false, now, false, false);
+	on_switch_in(ctx, curr, now, false, true);
+	return 0;
+}
+
+/*
+ * Run once after tracing ends (trace_end_ns set, switch hooks detached):
+ * count every block still in progress up to trace_end_ns.
+ */
+static __always_inline void flush_task(void *ctx, struct task_struct *task, bool trusted)
+{
+	__u32 tid;
+	struct offcpu_key key = {};
+	struct task_data *d;
+	__u64 delta, end = trace_end_ns;
+
+	if (!task || !end)
+		return;
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0)
+		return;
+	d = get_data(task, tid, trusted, false);
+	if (!d || !d->start_ns || d->start_ns >= end)
+		return;
+	delta = end - d->start_ns;
+	d->start_ns = 0;
+	if (delta < min_block_ns || delta > max_block_ns)
+		return;
+
+	key.tgid = BPF_CORE_READ(task, tgid);
+	key.pid = tid;
+	BPF_CORE_READ_STR_INTO(&key.comm, task, comm);
+	key.user_stack_id = d->user_stack_id;
+	key.kernel_stack_id = d->kernel_stack_id;
+	count(CNT_BLOCKS_AT_END);
+	add_block(&key, delta);
+}
+
+SEC("iter/task")
+int flush_in_progress(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx, ctx->task, true);
+	return 0;
+}
+
+SEC("iter/task")
+int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx, ctx->task, false);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

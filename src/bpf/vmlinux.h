@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * Minimal kernel type definitions for offcputime.bpf.c.
+ *
+ * Why not a full bpftool-generated vmlinux.h?  The program touches only a
+ * handful of kernel types and fields.  Declaring just those keeps the
+ * repository small and reviewable, and every struct below is marked
+ * preserve_access_index, so libbpf relocates each field access against the
+ * running kernel's BTF at load time (CO-RE): the offsets written here do not
+ * need to match any particular kernel, only the field names and types do.
+ * Fields that were renamed between kernels (task_struct::state became
+ * __state in 5.14) are declared through "flavor" structs (___old suffix)
+ * and picked with bpf_core_field_exists().
+ *
+ * Constants are the stable UAPI values from <linux/bpf.h>.
+ */
+#ifndef __OFFCPUTIME_VMLINUX_H__
+#define __OFFCPUTIME_VMLINUX_H__
+/* Tells bpf_tracing.h to use the kernel's pt_regs field names. */
+#define __VMLINUX_H__
+
+typedef unsigned char __u8;
+typedef signed char __s8;
+typedef unsigned short __u16;
+typedef short __s16;
+typedef unsigned int __u32;
+typedef int __s32;
+typedef unsigned long long __u64;
+typedef long long __s64;
+typedef __u16 __be16;
+typedef __u32 __be32;
+typedef __u32 __wsum;
+typedef __u8 u8;
+typedef __u16 u16;
+typedef __u32 u32;
+typedef __u64 u64;
+typedef __s32 s32;
+typedef __s64 s64;
+typedef int pid_t;
+typedef _Bool bool;
+enum { false = 0, true = 1 };
+
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_RINGBUF = 27,
+	BPF_MAP_TYPE_TASK_STORAGE = 29,
+};
+
+enum {
+	BPF_ANY = 0,
+	BPF_NOEXIST = 1,
+	BPF_EXIST = 2,
+};
+
+enum {
+	BPF_F_NO_PREALLOC = 1,
+};
+
+enum {
+	BPF_F_USER_STACK = 256,
+};
+
+enum {
+	BPF_LOCAL_STORAGE_GET_F_CREATE = 1,
+};
+
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
+
+struct pt_regs {
+	long unsigned int r15;
+	long unsigned int r14;
+	long unsigned int r13;
+	long unsigned int r12;
+	long unsigned int bp;
+	long unsigned int bx;
+	long unsigned int r11;
+	long unsigned int r10;
+	long unsigned int r9;
+	long unsigned int r8;
+	long unsigned int ax;
+	long unsigned int cx;
+	long unsigned int dx;
+	long unsigned int si;
+	long unsigned int di;
+	long unsigned int orig_ax;
+	long unsigned int ip;
+	long unsigned int cs;
+	long unsigned int flags;
+	long unsigned int sp;
+	long unsigned int ss;
+};
+
+struct mm_struct;
+
+struct task_struct {
+	unsigned int __state;
+	unsigned int flags;
+	struct mm_struct *mm;
+	pid_t pid;
+	pid_t tgid;
+	char comm[16];
+};
+
+/* Before 5.14 the scheduling state was task_struct::state (a long). */
+struct task_struct___old {
+	long state;
+};
+
+struct seq_file;
+
+struct bpf_iter_meta {
+	struct seq_file *seq;
+	__u64 session_id;
+	__u64 seq_num;
+};
+
+struct bpf_iter__task {
+	struct bpf_iter_meta *meta;
+	struct task_struct *task;
+};
+
+#pragma clang attribute pop
+
+#endif /* __OFFCPUTIME_VMLINUX_H__ */

@@ -1,0 +1,314 @@
+//! Command line: flags (compatible with bcc's `offcputime`) to a validated
+//! [`Config`].
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+
+use crate::output::Shape;
+use crate::profile::StackMode;
+use crate::tracer::{Hook, TracerOptions, MAX_STACK_DEPTH};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum HookArg {
+    /// the cheapest hook that attaches (tp_btf, then raw_tp, then kprobe)
+    Auto,
+    /// the sched_switch tracepoint (tp_btf, falling back to raw_tp)
+    SchedSwitch,
+    /// a kprobe on finish_task_switch
+    FinishTaskSwitch,
+    /// tp_btf/sched_switch only
+    TpBtf,
+    /// raw_tp/sched_switch only
+    RawTp,
+}
+
+/// Summarize off-CPU time by stack trace: where threads block, and for how
+/// long.
+#[derive(Parser, Debug)]
+#[command(
+    name = "offcputime",
+    version,
+    after_help = "Examples:\n  \
+    offcputime             # trace off-CPU stack time until Ctrl-C\n  \
+    offcputime 5           # trace for 5 seconds only\n  \
+    offcputime -f 5        # 5 seconds, and output in folded format\n  \
+    offcputime -m 1000     # trace only events that last more than 1000 usec\n  \
+    offcputime -M 10000    # trace only events that last less than 10000 usec\n  \
+    offcputime -p 185      # only trace threads for PID 185\n  \
+    offcputime -t 188      # only trace thread 188\n  \
+    offcputime -u          # only trace user threads (no kernel)\n  \
+    offcputime -k          # only trace kernel threads (no user)\n  \
+    offcputime -U          # only show user space stacks (no kernel)\n  \
+    offcputime -K          # only show kernel space stacks (no user)\n  \
+    offcputime --state 2   # only blocks in TASK_UNINTERRUPTIBLE"
+)]
+pub struct Args {
+    /// Trace these processes only (comma-separated PIDs)
+    #[arg(short = 'p', long = "pid", value_name = "PIDS", value_delimiter = ',', num_args = 1)]
+    pub pid: Vec<String>,
+
+    /// Trace these threads only (comma-separated TIDs)
+    #[arg(short = 't', long = "tid", value_name = "TIDS", value_delimiter = ',', num_args = 1)]
+    pub tid: Vec<String>,
+
+    /// User threads only (no kernel threads)
+    #[arg(short = 'u', long = "user-threads-only")]
+    pub user_threads_only: bool,
+
+    /// Kernel threads only (no user threads)
+    #[arg(short = 'k', long = "kernel-threads-only")]
+    pub kernel_threads_only: bool,
+
+    /// Show stacks from user space only (no kernel space stacks)
+    #[arg(short = 'U', long = "user-stacks-only")]
+    pub user_stacks_only: bool,
+
+    /// Show stacks from kernel space only (no user space stacks)
+    #[arg(short = 'K', long = "kernel-stacks-only")]
+    pub kernel_stacks_only: bool,
+
+    /// Insert a delimiter between kernel and user stacks
+    #[arg(short = 'd', long = "delimited")]
+    pub delimited: bool,
+
+    /// Output folded format, one line per stack (for flame graphs)
+    #[arg(short = 'f', long = "folded")]
+    pub folded: bool,
+
+    /// Show address offsets (func+0x1a)
+    #[arg(short = 's', long = "offset")]
+    pub offset: bool,
+
+    /// The number of unique stack traces that can be stored and displayed
+    #[arg(long = "stack-storage-size", value_name = "N", default_value = "16384")]
+    pub stack_storage_size: String,
+
+    /// Maximum depth of the stacks recorded (at most 127)
+    #[arg(long = "perf-max-stack-depth", value_name = "N", default_value = "127")]
+    pub perf_max_stack_depth: String,
+
+    /// Only count blocks of at least this many microseconds
+    #[arg(short = 'm', long = "min-block-time", value_name = "US", allow_negative_numbers = true)]
+    pub min_block_time: Option<String>,
+
+    /// Only count blocks of at most this many microseconds
+    #[arg(short = 'M', long = "max-block-time", value_name = "US", allow_negative_numbers = true)]
+    pub max_block_time: Option<String>,
+
+    /// Only count blocks whose thread state at switch-out matches this
+    /// bitmask (e.g. 1 = TASK_INTERRUPTIBLE, 2 = TASK_UNINTERRUPTIBLE; 0 means
+    /// exactly TASK_RUNNING, i.e. preempted)
+    #[arg(long = "state", value_name = "STATE")]
+    pub state: Option<String>,
+
+    /// Where to hook the context switch
+    #[arg(long = "hook", value_enum, default_value = "auto")]
+    pub hook: HookArg,
+
+    /// Print details (hook used, counts of lost data) on stderr
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
+
+    /// Duration of the trace in seconds (default: until Ctrl-C)
+    #[arg(value_name = "DURATION", allow_negative_numbers = true)]
+    pub duration: Option<String>,
+}
+
+/// What to trace and how to show it, validated.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub tracer: TracerOptions,
+    pub shape: Shape,
+    pub folded: bool,
+    pub offsets: bool,
+    pub verbose: bool,
+    pub duration: Option<Duration>,
+}
+
+fn parse_u64(what: &str, s: &str) -> Result<u64> {
+    let s = s.trim();
+    if s.starts_with('-') {
+        bail!("{what} must not be negative: {s}");
+    }
+    let v = if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16)
+    } else {
+        s.parse::<u64>()
+    };
+    v.with_context(|| format!("{what} is not a whole number: {s:?}"))
+}
+
+fn parse_ids(what: &str, items: &[String]) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.trim();
+        if item.is_empty() {
+            bail!("empty {what} in list");
+        }
+        let id: u32 = item
+            .parse()
+            .ok()
+            .filter(|&v: &u32| v > 0 && v <= i32::MAX as u32)
+            .with_context(|| format!("invalid {what}: {item:?}"))?;
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    let secs: f64 = s
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite())
+        .with_context(|| format!("duration is not a number of seconds: {s:?}"))?;
+    if secs <= 0.0 {
+        bail!("duration must be positive: {s}");
+    }
+    if secs > 1e9 {
+        bail!("duration is too long: {s}");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl Args {
+    /// Checks the flags together and turns them into a [`Config`].
+    pub fn into_config(self) -> Result<Config> {
+        if self.user_threads_only && self.kernel_threads_only {
+            bail!("-u/--user-threads-only and -k/--kernel-threads-only are mutually exclusive");
+        }
+        if self.user_stacks_only && self.kernel_stacks_only {
+            bail!("-U/--user-stacks-only and -K/--kernel-stacks-only are mutually exclusive");
+        }
+        if self.user_stacks_only && self.kernel_threads_only {
+            bail!("-U/--user-stacks-only with -k/--kernel-threads-only shows nothing: kernel threads have no user stacks");
+        }
+        let tgids = parse_ids("PID", &self.pid)?;
+        let tids = parse_ids("TID", &self.tid)?;
+        let min_us = match &self.min_block_time {
+            Some(s) => parse_u64("-m/--min-block-time", s)?,
+            None => 1,
+        };
+        let max_us = match &self.max_block_time {
+            Some(s) => parse_u64("-M/--max-block-time", s)?,
+            None => u64::MAX,
+        };
+        if min_us > max_us {
+            bail!("-m/--min-block-time ({min_us}) is greater than -M/--max-block-time ({max_us})");
+        }
+        let state = match &self.state {
+            Some(s) => {
+                let v = parse_u64("--state", s)?;
+                Some(u32::try_from(v).with_context(|| format!("--state is too large: {v}"))?)
+            }
+            None => None,
+        };
+        let storage = parse_u64("--stack-storage-size", &self.stack_storage_size)?;
+        if storage == 0 || storage > 1 << 24 {
+            bail!("--stack-storage-size must be between 1 and {}: {storage}", 1 << 24);
+        }
+        let depth = parse_u64("--perf-max-stack-depth", &self.perf_max_stack_depth)?;
+        if depth == 0 || depth > MAX_STACK_DEPTH as u64 {
+            bail!("--perf-max-stack-depth must be between 1 and {MAX_STACK_DEPTH}: {depth}");
+        }
+        let duration = self.duration.as_deref().map(parse_duration).transpose()?;
+
+        let mode = if self.user_stacks_only {
+            StackMode::UserOnly
+        } else if self.kernel_stacks_only {
+            StackMode::KernelOnly
+        } else {
+            StackMode::Both
+        };
+        let hook = match self.hook {
+            HookArg::Auto => Hook::Auto,
+            HookArg::SchedSwitch => Hook::SchedSwitch,
+            HookArg::FinishTaskSwitch => Hook::FinishTaskSwitch,
+            HookArg::TpBtf => Hook::TpBtf,
+            HookArg::RawTp => Hook::RawTp,
+        };
+        Ok(Config {
+            tracer: TracerOptions {
+                tgids,
+                tids,
+                user_threads_only: self.user_threads_only,
+                kernel_threads_only: self.kernel_threads_only,
+                state,
+                // A block counts when its length in whole microseconds is
+                // within [min, max], as in bcc.
+                min_block_ns: min_us.saturating_mul(1000),
+                max_block_ns: max_us.saturating_add(1).saturating_mul(1000).saturating_sub(1),
+                user_stacks: mode.user(),
+                kernel_stacks: mode.kernel(),
+                stack_storage_size: storage as u32,
+                max_stack_depth: depth as u32,
+                hook,
+            },
+            shape: Shape { mode, delimited: self.delimited },
+            folded: self.folded,
+            offsets: self.offset,
+            verbose: self.verbose,
+            duration,
+        })
+    }
+}
+
+impl Config {
+    /// bcc's opening line: what is traced, by which stacks, for how long.
+    pub fn status_line(&self) -> String {
+        let t = &self.tracer;
+        let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let threads = if !t.tgids.is_empty() {
+            format!("PID {}", list(&t.tgids))
+        } else if !t.tids.is_empty() {
+            format!("TID {}", list(&t.tids))
+        } else if t.user_threads_only {
+            "user threads".to_string()
+        } else if t.kernel_threads_only {
+            "kernel threads".to_string()
+        } else {
+            "all threads".to_string()
+        };
+        let stacks = match self.shape.mode {
+            StackMode::Both => "user + kernel",
+            StackMode::UserOnly => "user",
+            StackMode::KernelOnly => "kernel",
+        };
+        let when = match self.duration {
+            Some(d) => format!(" for {} secs.", fmt_secs(d)),
+            None => "... Hit Ctrl-C to end.".to_string(),
+        };
+        format!("Tracing off-CPU time (us) of {threads} by {stacks} stack{when}")
+    }
+}
+
+fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{}", s as u64)
+    } else {
+        format!("{s}")
+    }
+}
+
+/// Fails if a `-p`/`-t` names no existing process or thread.
+pub fn check_targets(tracer: &TracerOptions) -> Result<()> {
+    for pid in &tracer.tgids {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("no process with PID {pid}"))?;
+        let tgid = status.lines().find_map(|l| l.strip_prefix("Tgid:")).map(str::trim);
+        if tgid != Some(pid.to_string().as_str()) {
+            bail!("{pid} is a thread, not a process: use -t {pid} to trace it");
+        }
+    }
+    for tid in &tracer.tids {
+        if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
+            bail!("no thread with TID {tid}");
+        }
+    }
+    Ok(())
+}

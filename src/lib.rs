@@ -1,0 +1,32 @@
+//! offcputime: an off-CPU time profiler for Linux.
+//!
+//! The pipeline is [`cli`] (flags to a [`cli::Config`]) → [`tracer`] (the
+//! BPF program: load, attach, read) → [`symbolize`] → [`profile`] (merged,
+//! symbolized stacks) → [`output`] (folded stacks or bcc's report).
+
+pub mod app;
+pub mod cli;
+pub mod output;
+pub mod profile;
+pub mod symbolize;
+pub mod tracer;
+
+/// The generated BPF skeleton and the types shared with the BPF program.
+#[allow(clippy::all, non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
+pub mod bpf {
+    include!(concat!(env!("OUT_DIR"), "/offcputime.skel.rs"));
+
+    // SAFETY: plain C structs of integers, valid for any bit pattern.
+    unsafe impl plain::Plain for types::offcpu_key {}
+    unsafe impl plain::Plain for types::offcpu_val {}
+    unsafe impl plain::Plain for types::new_task_event {}
+}
+
+/// Whether `err` is, anywhere in its chain, a write to a closed pipe: the
+/// reader went away (`offcputime -f | head -1`), which is not a failure.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

@@ -1,0 +1,48 @@
+//! bcc's default multi-line report: per thread and stack pair, the kernel
+//! frames then the user frames (most recent first), `-  comm (tid)` and the
+//! total in microseconds; ascending by total so the largest ends up last,
+//! next to the prompt.
+
+use std::io::{self, Write};
+
+use super::folded::{MISSED_KERNEL, MISSED_USER};
+use super::Shape;
+use crate::profile::{Part, Profile};
+
+pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<()> {
+    // `profile.samples` is sorted ascending by time.
+    for s in &profile.samples {
+        if s.total_us() == 0 {
+            continue;
+        }
+        if shape.mode.kernel() {
+            match &s.kernel {
+                Part::Absent => {}
+                Part::Missed => writeln!(w, "    {MISSED_KERNEL}")?,
+                Part::Frames(f) => {
+                    for name in f {
+                        writeln!(w, "    {name}")?;
+                    }
+                }
+            }
+        }
+        if shape.mode.user() {
+            let both = matches!(s.user, Part::Frames(_)) && matches!(s.kernel, Part::Frames(_));
+            if shape.delimited && shape.mode.kernel() && both {
+                writeln!(w, "    --")?;
+            }
+            match &s.user {
+                Part::Absent => {}
+                Part::Missed => writeln!(w, "    {MISSED_USER}")?,
+                Part::Frames(f) => {
+                    for name in f {
+                        writeln!(w, "    {name}")?;
+                    }
+                }
+            }
+        }
+        writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?;
+        writeln!(w, "        {}\n", s.total_us())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The measured profile: symbolized, merged stacks with their blocked time.
+//!
+//! Everything here is pure data; [`build`] is the one step that turns what
+//! the kernel recorded ([`RawProfile`]) into it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::symbolize::{AddrKind, Symbolizer};
+use crate::tracer::{LossCounters, RawProfile, StackRef};
+
+/// The user or the kernel part of a stack.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Part {
+    /// No frames by nature or by request: a kernel thread's user stack,
+    /// or a part that `-U`/`-K` left out.
+    Absent,
+    /// The stack was lost (stack storage full, or the walk failed).
+    Missed,
+    /// Frame names, innermost (most recent) first.
+    Frames(Vec<String>),
+}
+
+/// Blocked time of one thread in one distinct pair of stacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub comm: String,
+    pub tgid: u32,
+    pub pid: u32,
+    pub user: Part,
+    pub kernel: Part,
+    pub total_ns: u64,
+    pub count: u64,
+}
+
+impl Sample {
+    /// Total blocked time in microseconds, rounded to the nearest.
+    pub fn total_us(&self) -> u64 {
+        ns_to_us(self.total_ns)
+    }
+}
+
+pub fn ns_to_us(ns: u64) -> u64 {
+    (ns + 500) / 1000
+}
+
+/// Which parts of the stacks are shown (`-U`, `-K`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StackMode {
+    #[default]
+    Both,
+    UserOnly,
+    KernelOnly,
+}
+
+impl StackMode {
+    pub fn user(self) -> bool {
+        self != StackMode::KernelOnly
+    }
+    pub fn kernel(self) -> bool {
+        self != StackMode::UserOnly
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub samples: Vec<Sample>,
+    pub counters: LossCounters,
+}
+
+impl Profile {
+    /// Stacks that could not be shown (bcc's "stack traces could not be
+    /// displayed"): samples with a missed part that the mode shows.
+    pub fn missed_stacks(&self, mode: StackMode) -> usize {
+        self.samples
+            .iter()
+            .filter(|s| (mode.user() && s.user == Part::Missed) || (mode.kernel() && s.kernel == Part::Missed))
+            .count()
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.total_ns).sum()
+    }
+}
+
+fn part_addrs(r: StackRef, stacks: &HashMap<u64, Vec<u64>>) -> Option<&[u64]> {
+    match r {
+        StackRef::Id(id) => stacks.get(&id).map(Vec::as_slice),
+        _ => None,
+    }
+}
+
+fn kinds(frames: &[u64], first_is_ip: bool) -> impl Iterator<Item = (u64, AddrKind)> + '_ {
+    frames.iter().enumerate().map(move |(i, &a)| {
+        (a, if i == 0 && first_is_ip { AddrKind::Ip } else { AddrKind::Return })
+    })
+}
+
+/// Frames the profiler itself adds on top of a kernel stack when the stack
+/// is taken from inside the tracepoint.  Dropped, so that kernel stacks
+/// start at the scheduler.
+pub fn is_profiler_frame(name: &str) -> bool {
+    name.starts_with("bpf_prog_")
+        || name.starts_with("bpf_trace_run")
+        || name.starts_with("__bpf_trace_")
+        || name.starts_with("__traceiter_")
+        || name.starts_with("bpf_trampoline_")
+        || name.starts_with("__bpf_prog_enter")
+        || name.starts_with("__bpf_prog_exit")
+}
+
+/// Symbolizes and merges what the kernel recorded.
+pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -> Profile {
+    // Kernel frames, all at once.
+    let mut kaddrs = Vec::new();
+    for e in &raw.entries {
+        if let Some(f) = part_addrs(e.kernel_stack, &raw.stacks) {
+            kaddrs.extend(kinds(f, kernel_first_is_ip));
+        }
+    }
+    let knames = sym.kernel(&kaddrs);
+
+    // User frames, one batch per process.
+    let mut by_tgid: BTreeMap<u32, Vec<(u64, AddrKind)>> = BTreeMap::new();
+    for e in &raw.entries {
+        if let Some(f) = part_addrs(e.user_stack, &raw.stacks) {
+            by_tgid.entry(e.tgid).or_default().extend(kinds(f, true));
+        }
+    }
+    let mut unames = HashMap::new();
+    for (tgid, addrs) in by_tgid {
+        unames.insert(tgid, sym.user(tgid, &addrs));
+    }
+
+    let part = |r: StackRef, first_is_ip: bool, names: Option<&HashMap<(u64, AddrKind), String>>, kernel: bool| {
+        match r {
+            StackRef::None => Part::Absent,
+            StackRef::MissedFull | StackRef::MissedError => Part::Missed,
+            StackRef::Id(id) => match raw.stacks.get(&id) {
+                None => Part::Missed,
+                Some(frames) => {
+                    let mut named: Vec<String> = kinds(frames, first_is_ip)
+                        .map(|k| {
+                            names
+                                .and_then(|n| n.get(&k).cloned())
+                                .unwrap_or_else(|| "[unknown]".to_string())
+                        })
+                        .collect();
+                    if kernel {
+                        let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                        named.drain(..ours);
+                    }
+                    Part::Frames(named)
+                }
+            },
+        }
+    };
+
+    let mut merged: HashMap<(u32, u32, String, Part, Part), (u64, u64)> = HashMap::new();
+    for e in &raw.entries {
+        let user = part(e.user_stack, true, unames.get(&e.tgid), false);
+        let kernel = part(e.kernel_stack, kernel_first_is_ip, Some(&knames), true);
+        let slot = merged.entry((e.tgid, e.pid, e.comm.clone(), user, kernel)).or_default();
+        slot.0 += e.total_ns;
+        slot.1 += e.count;
+    }
+    let mut samples: Vec<Sample> = merged
+        .into_iter()
+        .map(|((tgid, pid, comm, user, kernel), (total_ns, count))| Sample {
+            comm,
+            tgid,
+            pid,
+            user,
+            kernel,
+            total_ns,
+            count,
+        })
+        .collect();
+    sort_samples(&mut samples);
+    Profile { samples, counters: raw.counters.clone() }
+}
+
+/// A total order, so that output is stable: by time, then by identity.
+pub fn sort_samples(samples: &mut [Sample]) {
+    samples.sort_by(|a, b| {
+        a.total_ns
+            .cmp(&b.total_ns)
+            .then_with(|| a.comm.cmp(&b.comm))
+            .then_with(|| a.pid.cmp(&b.pid))
+            .then_with(|| a.user.cmp(&b.user))
+            .then_with(|| a.kernel.cmp(&b.kernel))
+    });
+}

@@ -1,0 +1,524 @@
+//! The BPF side: configure, load and attach the program, then read what it
+//! measured.  This is the only module that touches libbpf-rs.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+
+use crate::bpf::types;
+use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
+
+/// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
+pub const MAX_STACK_DEPTH: u32 = 127;
+
+/// Where the BPF program hooks the context switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// The cheapest that attaches: `tp_btf`, then `raw_tp`, then the kprobe.
+    Auto,
+    /// `sched_switch` tracepoint: `tp_btf`, falling back to `raw_tp`.
+    SchedSwitch,
+    /// `tp_btf/sched_switch` only.
+    TpBtf,
+    /// `raw_tp/sched_switch` only.
+    RawTp,
+    /// kprobe on `finish_task_switch` (under whatever name the compiler
+    /// gave it, e.g. `finish_task_switch.isra.0`).
+    FinishTaskSwitch,
+}
+
+/// The hook that was actually attached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttachedHook {
+    TpBtf,
+    RawTp,
+    Kprobe { symbol: String },
+}
+
+impl std::fmt::Display for AttachedHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachedHook::TpBtf => f.write_str("tp_btf/sched_switch"),
+            AttachedHook::RawTp => f.write_str("raw_tp/sched_switch"),
+            AttachedHook::Kprobe { symbol } => write!(f, "kprobe/{symbol}"),
+        }
+    }
+}
+
+impl AttachedHook {
+    /// Whether the first kernel frame is the exact instruction pointer
+    /// rather than a return address.
+    pub fn kernel_first_frame_is_ip(&self) -> bool {
+        matches!(self, AttachedHook::Kprobe { .. })
+    }
+}
+
+/// What the BPF program is told at load time.
+#[derive(Clone, Debug)]
+pub struct TracerOptions {
+    pub tgids: Vec<u32>,
+    pub tids: Vec<u32>,
+    pub user_threads_only: bool,
+    pub kernel_threads_only: bool,
+    /// `--state`: None for all states.
+    pub state: Option<u32>,
+    pub min_block_ns: u64,
+    pub max_block_ns: u64,
+    pub user_stacks: bool,
+    pub kernel_stacks: bool,
+    pub stack_storage_size: u32,
+    pub max_stack_depth: u32,
+    pub hook: Hook,
+}
+
+/// A stack reference as stored in a count entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StackRef {
+    /// Not collected, or empty (a kernel thread's user stack).
+    None,
+    /// Lost: the stacks map was full.
+    MissedFull,
+    /// Lost: the kernel could not walk the stack.
+    MissedError,
+    /// Frames in `RawProfile::stacks`.
+    Id(u64),
+}
+
+impl StackRef {
+    fn from_raw(id: u64) -> StackRef {
+        match types::stack_id_special(id.min(u32::MAX as u64) as u32) {
+            _ if id >= 1 << 63 => StackRef::Id(id),
+            types::stack_id_special::STACK_ID_NONE => StackRef::None,
+            types::stack_id_special::STACK_ID_MISSED_FULL => StackRef::MissedFull,
+            _ => StackRef::MissedError,
+        }
+    }
+
+    pub fn is_missed(&self) -> bool {
+        matches!(self, StackRef::MissedFull | StackRef::MissedError)
+    }
+}
+
+/// One aggregated entry of the `counts` map.
+#[derive(Clone, Debug)]
+pub struct RawEntry {
+    pub tgid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
+    pub total_ns: u64,
+    pub count: u64,
+}
+
+/// Why data was lost or is incomplete, as counted in the kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LossCounters {
+    pub user_stack_full: u64,
+    pub kernel_stack_full: u64,
+    pub user_stack_error: u64,
+    pub kernel_stack_error: u64,
+    pub kernel_thread_blocks: u64,
+    pub counts_full: u64,
+    pub no_task_storage: u64,
+    pub events_dropped: u64,
+    pub blocks_at_end: u64,
+}
+
+/// Everything read back from the kernel at the end of tracing.
+#[derive(Clone, Debug, Default)]
+pub struct RawProfile {
+    pub entries: Vec<RawEntry>,
+    /// Frames of each stored stack, innermost first.
+    pub stacks: HashMap<u64, Vec<u64>>,
+    pub counters: LossCounters,
+}
+
+/// A loaded and attached profiler.
+pub struct Tracer<'obj> {
+    skel: OffcputimeSkel<'obj>,
+    links: Vec<Link>,
+    hook: AttachedHook,
+    attached_at: Instant,
+    stopped: bool,
+}
+
+/// Finds the name under which `finish_task_switch` is in kallsyms: the
+/// compiler may have renamed it (`finish_task_switch.isra.0`).
+pub fn find_finish_task_switch() -> Result<String> {
+    let kallsyms =
+        std::fs::read_to_string("/proc/kallsyms").context("failed to read /proc/kallsyms")?;
+    let mut best: Option<&str> = None;
+    for line in kallsyms.lines() {
+        let mut it = line.split_whitespace();
+        let (_, kind, name) = match (it.next(), it.next(), it.next()) {
+            (Some(a), Some(k), Some(n)) => (a, k, n),
+            _ => continue,
+        };
+        if !matches!(kind, "t" | "T") || it.next().is_some() {
+            continue;
+        }
+        if name == "finish_task_switch" {
+            return Ok(name.to_string());
+        }
+        if name.starts_with("finish_task_switch.") && !name.ends_with(".cold") && best.is_none() {
+            best = Some(name);
+        }
+    }
+    best.map(str::to_string)
+        .ok_or_else(|| anyhow!("finish_task_switch not found in /proc/kallsyms"))
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC is what
+    // bpf_ktime_get_ns() reads.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn comm_to_string(comm: &[i8]) -> String {
+    let bytes: Vec<u8> = comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl<'obj> Tracer<'obj> {
+    /// Opens, configures, loads and attaches the BPF program.
+    pub fn start(
+        object: &'obj mut MaybeUninit<OpenObject>,
+        opts: &TracerOptions,
+    ) -> Result<Tracer<'obj>> {
+        let order: &[Hook] = match opts.hook {
+            Hook::Auto => &[Hook::TpBtf, Hook::RawTp, Hook::FinishTaskSwitch],
+            Hook::SchedSwitch => &[Hook::TpBtf, Hook::RawTp],
+            Hook::TpBtf => &[Hook::TpBtf],
+            Hook::RawTp => &[Hook::RawTp],
+            Hook::FinishTaskSwitch => &[Hook::FinishTaskSwitch],
+        };
+        // Try each hook with a fresh object: a failed load leaves nothing
+        // behind, and the error of the first (preferred) hook is the one
+        // reported if none works.
+        let object_ptr: *mut MaybeUninit<OpenObject> = object;
+        let mut first_err = None;
+        for &hook in order {
+            // SAFETY: each attempt that fails drops everything borrowing
+            // the object before the next one reuses it; only the
+            // successful attempt's borrow outlives the loop.
+            let object = unsafe { &mut *object_ptr };
+            match Self::try_start(object, opts, hook) {
+                Ok(t) => return Ok(t),
+                Err(e) => {
+                    if first_err.is_none() {
+                        first_err = Some(e);
+                    }
+                }
+            }
+        }
+        Err(first_err.unwrap_or_else(|| anyhow!("no hook to try")))
+    }
+
+    fn try_start(
+        object: &'obj mut MaybeUninit<OpenObject>,
+        opts: &TracerOptions,
+        hook: Hook,
+    ) -> Result<Tracer<'obj>> {
+        let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
+            Some(find_finish_task_switch()?)
+        } else {
+            None
+        };
+        let builder = OffcputimeSkelBuilder::default();
+        let mut open = builder.open(object).context("failed to open the BPF object")?;
+
+        {
+            let rodata = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+            rodata.filter_by_tgid = !opts.tgids.is_empty();
+            rodata.filter_by_tid = !opts.tids.is_empty();
+            rodata.user_threads_only = opts.user_threads_only;
+            rodata.kernel_threads_only = opts.kernel_threads_only;
+            rodata.filter_by_state = opts.state.is_some();
+            rodata.state_mask = opts.state.unwrap_or(0);
+            rodata.min_block_ns = opts.min_block_ns;
+            rodata.max_block_ns = opts.max_block_ns;
+            rodata.want_user_stack = opts.user_stacks;
+            rodata.want_kernel_stack = opts.kernel_stacks;
+            rodata.notify_new_tasks = opts.user_stacks;
+            rodata.stack_bytes = opts.max_stack_depth * 8;
+        }
+        let depth_bytes = opts.max_stack_depth * 8;
+        open.maps.stacks.set_value_size(depth_bytes).context("stacks map value size")?;
+        open.maps
+            .stacks
+            .set_max_entries(opts.stack_storage_size)
+            .context("stacks map size")?;
+        open.maps.tgids.set_max_entries(opts.tgids.len().max(1) as u32)?;
+        open.maps.tids.set_max_entries(opts.tids.len().max(1) as u32)?;
+
+        let trusted = hook == Hook::TpBtf;
+        open.progs.sched_switch_btf.set_autoload(hook == Hook::TpBtf);
+        open.progs.sched_switch_raw.set_autoload(hook == Hook::RawTp);
+        open.progs.finish_task_switch_kprobe.set_autoload(hook == Hook::FinishTaskSwitch);
+        open.progs.flush_in_progress.set_autoload(trusted);
+        open.progs.flush_in_progress_by_tid.set_autoload(!trusted);
+        if trusted {
+            // Only task-local storage is used; keep the tid map tiny.
+            open.maps.task_data_by_tid.set_max_entries(1)?;
+        }
+
+        let what = match hook {
+            Hook::TpBtf => "tp_btf/sched_switch",
+            Hook::RawTp => "raw_tp/sched_switch",
+            _ => "kprobe/finish_task_switch",
+        };
+        let skel = open
+            .load()
+            .with_context(|| format!("failed to load the BPF program ({what})"))?;
+
+        let one = [1u8];
+        for tgid in &opts.tgids {
+            skel.maps.tgids.update(&tgid.to_ne_bytes(), &one, MapFlags::ANY)?;
+        }
+        for tid in &opts.tids {
+            skel.maps.tids.update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
+        }
+
+        let (link, attached) = match hook {
+            Hook::TpBtf => (
+                skel.progs.sched_switch_btf.attach().context("failed to attach tp_btf/sched_switch")?,
+                AttachedHook::TpBtf,
+            ),
+            Hook::RawTp => (
+                skel.progs
+                    .sched_switch_raw
+                    .attach_raw_tracepoint("sched_switch")
+                    .context("failed to attach raw_tp/sched_switch")?,
+                AttachedHook::RawTp,
+            ),
+            _ => {
+                let symbol = kprobe_symbol.expect("resolved above");
+                let link = skel
+                    .progs
+                    .finish_task_switch_kprobe
+                    .attach_kprobe(false, &symbol)
+                    .with_context(|| format!("failed to attach kprobe to {symbol}"))?;
+                (link, AttachedHook::Kprobe { symbol })
+            }
+        };
+        Ok(Tracer {
+            skel,
+            links: vec![link],
+            hook: attached,
+            attached_at: Instant::now(),
+            stopped: false,
+        })
+    }
+
+    pub fn hook(&self) -> &AttachedHook {
+        &self.hook
+    }
+
+    /// When the program was attached.
+    pub fn attached_at(&self) -> Instant {
+        self.attached_at
+    }
+
+    /// Waits until `deadline` (or forever) or until `stop` is set, calling
+    /// `on_new_task(tgid)` for every process seen blocking for the first
+    /// time, while it still exists.
+    pub fn wait(
+        &self,
+        deadline: Option<Instant>,
+        stop: &AtomicBool,
+        mut on_new_task: impl FnMut(u32),
+    ) -> Result<()> {
+        let mut new_tasks: Vec<u32> = Vec::new();
+        let pending = std::cell::RefCell::new(&mut new_tasks);
+        let mut builder = RingBufferBuilder::new();
+        builder
+            .add(&self.skel.maps.events, |data: &[u8]| {
+                let mut ev = types::new_task_event::default();
+                if plain::copy_from_bytes(&mut ev, data).is_ok() {
+                    pending.borrow_mut().push(ev.tgid);
+                }
+                0
+            })
+            .context("failed to set up the event ring buffer")?;
+        let ringbuf = builder.build().context("failed to set up the event ring buffer")?;
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let timeout = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break;
+                    }
+                    (d - now).min(Duration::from_millis(100))
+                }
+                None => Duration::from_millis(100),
+            };
+            match ringbuf.poll(timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).context("failed to poll the event ring buffer"),
+            }
+            let batch: Vec<u32> = std::mem::take(&mut *pending.borrow_mut());
+            for tgid in batch {
+                on_new_task(tgid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends tracing: blocks are counted up to now, the hooks are detached,
+    /// and blocks still in progress are added up to now.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
+        let end = monotonic_ns();
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            // SAFETY: the mmap'ed .bss is shared with the running program;
+            // a volatile store makes sure the write is not elided.
+            unsafe { std::ptr::write_volatile(&mut bss.trace_end_ns, end) };
+        }
+        self.links.clear();
+        let flush = if self.hook == AttachedHook::TpBtf {
+            &self.skel.progs.flush_in_progress
+        } else {
+            &self.skel.progs.flush_in_progress_by_tid
+        };
+        let link = flush
+            .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+            .context("failed to attach the task iterator")?;
+        let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
+        let mut sink = Vec::new();
+        iter.read_to_end(&mut sink).context("failed to run the task iterator")?;
+        Ok(())
+    }
+
+    /// Reads the counts, the stacks they refer to and the loss counters.
+    pub fn read(&self) -> Result<RawProfile> {
+        let mut profile = RawProfile::default();
+        let counts = &self.skel.maps.counts;
+        let keys: Vec<Vec<u8>> = counts.keys().collect();
+        let mut wanted_stacks = Vec::new();
+        for key_bytes in keys {
+            let Some(val_bytes) = counts.lookup(&key_bytes, MapFlags::ANY)? else {
+                continue;
+            };
+            let mut key = types::offcpu_key::default();
+            let mut val = types::offcpu_val::default();
+            plain::copy_from_bytes(&mut key, &key_bytes)
+                .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+            plain::copy_from_bytes(&mut val, &val_bytes)
+                .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
+            let entry = RawEntry {
+                tgid: key.tgid,
+                pid: key.pid,
+                comm: comm_to_string(&key.comm),
+                user_stack: StackRef::from_raw(key.user_stack_id),
+                kernel_stack: StackRef::from_raw(key.kernel_stack_id),
+                total_ns: val.total_ns,
+                count: val.count,
+            };
+            for s in [entry.user_stack, entry.kernel_stack] {
+                if let StackRef::Id(id) = s {
+                    wanted_stacks.push(id);
+                }
+            }
+            profile.entries.push(entry);
+        }
+        wanted_stacks.sort_unstable();
+        wanted_stacks.dedup();
+        for id in wanted_stacks {
+            if let Some(bytes) = self.skel.maps.stacks.lookup(&id.to_ne_bytes(), MapFlags::ANY)? {
+                let frames = bytes
+                    .chunks_exact(8)
+                    .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
+                    .take_while(|&ip| ip != 0)
+                    .collect();
+                profile.stacks.insert(id, frames);
+            }
+        }
+        profile.counters = self.read_counters()?;
+        Ok(profile)
+    }
+
+    fn read_counters(&self) -> Result<LossCounters> {
+        let mut sums = [0u64; types::offcpu_counter::CNT_MAX.0 as usize];
+        for (i, sum) in sums.iter_mut().enumerate() {
+            let key = (i as u32).to_ne_bytes();
+            if let Some(per_cpu) = self.skel.maps.counters.lookup_percpu(&key, MapFlags::ANY)? {
+                for v in per_cpu {
+                    if v.len() >= 8 {
+                        *sum += u64::from_ne_bytes(v[..8].try_into().expect("8 bytes"));
+                    }
+                }
+            }
+        }
+        use types::offcpu_counter as C;
+        let at = |c: C| sums[c.0 as usize];
+        Ok(LossCounters {
+            user_stack_full: at(C::CNT_USTACK_FULL),
+            kernel_stack_full: at(C::CNT_KSTACK_FULL),
+            user_stack_error: at(C::CNT_USTACK_ERROR),
+            kernel_stack_error: at(C::CNT_KSTACK_ERROR),
+            kernel_thread_blocks: at(C::CNT_KTHREAD_BLOCKS),
+            counts_full: at(C::CNT_COUNTS_FULL),
+            no_task_storage: at(C::CNT_NO_TASK_STORAGE),
+            events_dropped: at(C::CNT_EVENTS_DROPPED),
+            blocks_at_end: at(C::CNT_BLOCKS_AT_END),
+        })
+    }
+}
+
+/// Checks, before loading anything, what the kernel and our privileges
+/// allow, so that the user gets one clear sentence instead of a libbpf
+/// error code.
+pub fn check_environment() -> Result<()> {
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); \
+             offcputime needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+        );
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let has = |cap: u32| cap_eff & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| *n)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "missing privilege: {} (run as root, or grant {} to the binary)",
+            missing.join(" and "),
+            missing.join(", ").to_lowercase()
+        );
+    }
+    Ok(())
+}
