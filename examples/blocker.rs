@@ -16,12 +16,12 @@
 //! | `wl-nanosleep`  | `wl_nanosleep_thread`  | `wl_block_nanosleep` (10 ms nanosleep)     |
 //! | `wl-shortsleep` | `wl_shortsleep_thread` | `wl_block_shortsleep` (1 ms nanosleep)     |
 //! | `wl-pipe`       | `wl_pipe_thread`       | `wl_block_pipe_read` (1-byte pipe read)    |
-//! | `wl-futex`      | `wl_futex_thread`      | `wl_block_futex_wait` (50 ms futex wait)   |
+//! | `wl-futex`      | `wl_futex_thread`      | `wl_block_futex_wait` (20 ms futex wait)   |
 //! | `wl-spin`       | `wl_spin_thread`       | never blocks (busy loop, on-CPU only)      |
 //! | `wl-reaper`     | `wl_reaper_thread`     | `wl_block_waitpid` (only with a child)     |
-//! | main thread     | `wl_pipe_feeder`       | `wl_block_feeder_sleep` (100 ms nanosleep) |
+//! | main thread     | `wl_pipe_feeder`       | `wl_block_feeder_sleep` (20 ms nanosleep)  |
 //!
-//! The main thread feeds the pipe one byte every 100 ms. With `--child-ms M`
+//! The main thread feeds the pipe one byte every 20 ms. With `--child-ms M`
 //! a child process (this executable re-run as `blocker child M`, comm
 //! `wl-child`) sleeps M ms in `wl_child_sleep` (10 ms nanosleeps) and exits;
 //! the `wl-reaper` thread waits for it.
@@ -101,7 +101,7 @@ pub extern "C" fn wl_block_pipe_read(fd: libc::c_int) -> libc::ssize_t {
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_futex_wait(word: &AtomicU32) -> libc::c_long {
-    let timeout = timespec_ms(50);
+    let timeout = timespec_ms(20);
     // SAFETY: FUTEX_WAIT reads the u32 at `word` (a live, aligned atomic) and
     // `timeout` (a valid relative timespec); uaddr2 and val3 are unused.
     let r = unsafe {
@@ -121,7 +121,7 @@ pub extern "C" fn wl_block_futex_wait(word: &AtomicU32) -> libc::c_long {
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_feeder_sleep() -> libc::c_int {
-    black_box(nanosleep_ms(100))
+    black_box(nanosleep_ms(20))
 }
 
 #[inline(never)]
@@ -194,7 +194,7 @@ pub extern "C" fn wl_reaper_thread(pid: libc::pid_t) {
     }
 }
 
-/// Main thread: write one byte to the pipe every 100 ms for `run_ms`.
+/// Main thread: write one byte to the pipe every 20 ms for `run_ms`.
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_pipe_feeder(fd: libc::c_int, run_ms: u64) {

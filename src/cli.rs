@@ -241,7 +241,10 @@ impl Args {
                 // A block counts when its length in whole microseconds is
                 // within [min, max], as in bcc.
                 min_block_ns: min_us.saturating_mul(1000),
-                max_block_ns: max_us.saturating_add(1).saturating_mul(1000).saturating_sub(1),
+                max_block_ns: match max_us.checked_add(1).and_then(|m| m.checked_mul(1000)) {
+                    Some(ns) => ns - 1,
+                    None => u64::MAX,
+                },
                 user_stacks: mode.user(),
                 kernel_stacks: mode.kernel(),
                 stack_storage_size: storage as u32,

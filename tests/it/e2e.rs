@@ -1,0 +1,344 @@
+//! End to end: the profiler traces the `blocker` workload, whose threads
+//! block in known ways, and its numbers and frames are checked.
+
+use std::time::Duration;
+
+use crate::util::*;
+
+const WINDOW_S: u64 = 3;
+
+fn is_profiler_frame(f: &str) -> bool {
+    f.starts_with("bpf_prog_") || f.starts_with("bpf_trace_run") || f.starts_with("__traceiter_")
+        || f.starts_with("__bpf_trace_")
+}
+
+/// The frames are in the line in this order (outermost first); `a|b`
+/// accepts either name (functions renamed between kernels).
+fn in_order(l: &Folded, frames: &[&str]) {
+    let mut last = None;
+    for f in frames {
+        let p = f
+            .split('|')
+            .find_map(|alt| l.pos(alt))
+            .unwrap_or_else(|| panic!("{f} missing from {:?}", l.frames));
+        if let Some(prev) = last {
+            assert!(p > prev, "{f} out of order in {:?}", l.frames);
+        }
+        last = Some(p);
+    }
+}
+
+#[test]
+fn blocked_time_and_frames() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let pid = wl.pid.to_string();
+    let out = profile(&["-f", "-p", &pid, &WINDOW_S.to_string()]);
+    let lines = parse_folded(&out.stdout);
+    assert!(!lines.is_empty(), "no output");
+    let window_us = WINDOW_S * 1_000_000;
+
+    // Threads that are blocked nearly all the time: within 2% of the window.
+    for comm in ["wl-nanosleep", "wl-pipe", "wl-futex"] {
+        let total = sum_us(&lines, comm);
+        let err = (total as f64 - window_us as f64).abs() / window_us as f64;
+        assert!(err < 0.02, "{comm}: {total} us blocked in a {window_us} us window ({:.2}% off)", err * 100.0);
+    }
+    // The spinning thread is almost never off-CPU.
+    let spin = sum_us(&lines, "wl-spin");
+    assert!(spin < window_us / 20, "wl-spin off-CPU for {spin} us");
+
+    // Expected frames, outermost first: the thread function (reached by
+    // frame pointers), the libc call, the syscall, the kernel sleep, the
+    // scheduler last.
+    let expect: [(&str, &[&str]); 3] = [
+        ("wl-nanosleep", &["wl_nanosleep_thread", "do_nanosleep", "schedule"]),
+        ("wl-pipe", &["wl_pipe_thread", "pipe_read|anon_pipe_read", "schedule"]),
+        ("wl-futex", &["wl_futex_thread", "futex_wait", "schedule"]),
+    ];
+    for (comm, frames) in expect {
+        let main = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| panic!("no stack for {comm}"));
+        in_order(main, frames);
+        let last = main.frames.last().unwrap();
+        assert!(last == "__schedule" || last == "schedule" || last.starts_with("finish_task_switch"),
+            "{comm}: kernel stack does not end at the scheduler: {:?}", main.frames);
+    }
+    for l in &lines {
+        assert!(!l.frames.iter().any(|f| is_profiler_frame(f)), "profiler frame in {:?}", l.frames);
+        assert!(l.comm().starts_with("wl-") || l.comm() == "blocker", "-p leaked {:?}", l.comm());
+    }
+}
+
+#[test]
+fn exited_child_keeps_its_symbols() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30", "--child-ms", "1000"]);
+    let child = wl.child_pid.expect("child pid");
+    let out = profile(&["-f", "-u", "3"]);
+    assert!(
+        !std::path::Path::new(&format!("/proc/{child}/maps")).exists()
+            || std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default().contains(") Z"),
+        "child still alive at the end of the trace"
+    );
+    let lines = parse_folded(&out.stdout);
+    let child_lines: Vec<_> = lines.iter().filter(|l| l.comm() == "wl-child").collect();
+    assert!(!child_lines.is_empty(), "no stack of the exited child");
+    // The child's own function that calls nanosleep: a frame-pointer walk
+    // through glibc drops the wrapper's direct caller (wl_child_sleep), so
+    // its caller is the first frame of the child's own code.
+    for l in &child_lines {
+        assert!(l.has("blocker::run_child") && l.has("main"), "exited child's user frames are not named: {l:?}");
+        assert!(!l.frames.iter().any(|f| f.starts_with('[')), "unnamed frame: {l:?}");
+    }
+}
+
+#[test]
+fn pid_and_tid_filters() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let other = Workload::start(&["--seconds", "30"]);
+    let tids: Vec<u32> = wl.tids.iter().map(|t| t.1).collect();
+
+    let out = profile(&["-p", &wl.pid.to_string(), "2"]);
+    let entries = parse_report(&out.stdout);
+    assert!(entries.iter().any(|e| e.comm == "wl-nanosleep"));
+    for e in &entries {
+        assert!(tids.contains(&e.tid) || e.tid == wl.pid, "-p {} let in tid {} ({})", wl.pid, e.tid, e.comm);
+        assert!(!other.tids.iter().any(|t| t.1 == e.tid));
+    }
+
+    let sleeper = wl.tid("wl-nanosleep");
+    let out = profile(&["-t", &sleeper.to_string(), "2"]);
+    let entries = parse_report(&out.stdout);
+    assert!(!entries.is_empty());
+    assert!(entries.iter().all(|e| e.tid == sleeper), "-t {sleeper}: {entries:?}");
+    let total: u64 = entries.iter().map(|e| e.us).sum();
+    assert!(total > 1_960_000 && total < 2_040_000, "-t total {total}");
+
+    // Both threads of two processes with a comma-separated list.
+    let list = format!("{},{}", wl.tid("wl-pipe"), other.tid("wl-futex"));
+    let out = profile(&["-t", &list, "1"]);
+    let entries = parse_report(&out.stdout);
+    let seen: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.comm.as_str()).collect();
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["wl-futex", "wl-pipe"]);
+}
+
+fn is_kernel_thread(tid: u32) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let flags: u64 = after.split_whitespace().nth(6)?.parse().ok()?;
+    Some(flags & 0x0020_0000 != 0)
+}
+
+#[test]
+fn user_and_kernel_thread_filters() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+
+    let out = profile(&["-u", "2"]);
+    let entries = parse_report(&out.stdout);
+    assert!(entries.iter().any(|e| e.tid == wl.tid("wl-nanosleep")), "-u misses a user thread");
+    for e in &entries {
+        assert_ne!(is_kernel_thread(e.tid), Some(true), "-u let in kernel thread {} {}", e.tid, e.comm);
+    }
+
+    let out = profile(&["-k", "2"]);
+    let entries = parse_report(&out.stdout);
+    assert!(!entries.is_empty(), "-k saw no kernel thread block");
+    for e in &entries {
+        assert_ne!(is_kernel_thread(e.tid), Some(false), "-k let in user thread {} {}", e.tid, e.comm);
+        assert!(!e.frames.iter().any(|f| f.contains("Missed User")), "kernel thread with a missed user stack");
+    }
+}
+
+#[test]
+fn block_time_filters() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let pid = wl.pid.to_string();
+
+    // 10 ms and 20 ms blocks pass -m 5000; 1 ms sleeps do not (the rare
+    // one that waits long for a CPU after its timer fires may).
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "-m", "5000", "2"]).stdout);
+    assert!(sum_us(&lines, "wl-nanosleep") > 1_900_000);
+    assert!(sum_us(&lines, "wl-pipe") > 1_500_000);
+    let short = sum_us(&lines, "wl-shortsleep");
+    assert!(short < 200_000, "-m 5000 let in 1 ms blocks: {short} us");
+
+    // -M 5000: the 1 ms sleeper only.
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "-M", "5000", "2"]).stdout);
+    assert!(sum_us(&lines, "wl-shortsleep") > 1_500_000);
+    assert_eq!(sum_us(&lines, "wl-nanosleep"), 0, "-M 5000 let in 10 ms blocks");
+    assert_eq!(sum_us(&lines, "wl-futex"), 0, "-M 5000 let in 20 ms blocks");
+}
+
+#[test]
+fn state_filter() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let pid = wl.pid.to_string();
+
+    // TASK_INTERRUPTIBLE (1): every sleeping thread, never the spinner.
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "1", "2"]).stdout);
+    for comm in ["wl-nanosleep", "wl-pipe", "wl-futex"] {
+        assert!(sum_us(&lines, comm) > 1_900_000, "--state 1 misses {comm}");
+    }
+    assert_eq!(sum_us(&lines, "wl-spin"), 0, "--state 1 let in preemptions");
+
+    // 0 = preempted (TASK_RUNNING): any thread can be preempted while it
+    // runs, but none of the sleeps may be counted.
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "0", "2"]).stdout);
+    let sleeping: u64 = lines
+        .iter()
+        .filter(|l| ["do_nanosleep", "pipe_read", "anon_pipe_read", "futex_wait"].iter().any(|f| l.has(f)))
+        .map(|l| l.us)
+        .sum();
+    assert!(sleeping < 20_000, "--state 0 let in sleeps: {sleeping} us");
+    // TASK_UNINTERRUPTIBLE (2): none of these sleeps either.
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "2", "2"]).stdout);
+    assert_eq!(sum_us(&lines, "wl-nanosleep"), 0);
+}
+
+#[test]
+fn stack_shapes() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let tid = wl.tid("wl-nanosleep").to_string();
+    let user = ["wl_nanosleep_thread"];
+    let kernel = ["do_nanosleep", "__schedule"];
+
+    let lines = parse_folded(&profile(&["-f", "-U", "-t", &tid, "1"]).stdout);
+    assert!(lines.iter().any(|l| l.has(user[0])));
+    assert!(lines.iter().all(|l| kernel.iter().all(|k| !l.has(k))), "-U has kernel frames");
+
+    let lines = parse_folded(&profile(&["-f", "-K", "-t", &tid, "1"]).stdout);
+    assert!(lines.iter().any(|l| l.has(kernel[0])));
+    assert!(lines.iter().all(|l| !l.has(user[0]) && !l.has("start_thread")), "-K has user frames");
+
+    let lines = parse_folded(&profile(&["-f", "-d", "-t", &tid, "1"]).stdout);
+    let main = lines.iter().max_by_key(|l| l.us).expect("a line");
+    in_order(main, &["wl-nanosleep", "wl_nanosleep_thread", "-", "do_nanosleep"]);
+    let dash = main.pos("-").unwrap();
+    assert!(main.frames[dash + 1..].iter().all(|f| !f.starts_with("wl_")), "user frame after -");
+
+    // bcc's report: kernel frames first (most recent first), "--", user
+    // frames, then "-  comm (tid)" and the total.
+    let entries = parse_report(&profile(&["-d", "-t", &tid, "1"]).stdout);
+    let e = entries.iter().max_by_key(|e| e.us).expect("an entry");
+    assert_eq!(e.frames[0], "__schedule");
+    let sep = e.frames.iter().position(|f| f == "--").expect("-- delimiter");
+    assert!(e.frames[..sep].iter().any(|f| f == "do_nanosleep"));
+    assert!(e.frames[sep..].iter().any(|f| f == "wl_nanosleep_thread"));
+    assert_eq!(e.comm, "wl-nanosleep");
+
+    // -s: offsets on every named frame.
+    let lines = parse_folded(&profile(&["-f", "-s", "-t", &tid, "1"]).stdout);
+    let main = lines.iter().max_by_key(|l| l.us).expect("a line");
+    assert!(main.frames.iter().any(|f| f.starts_with("do_nanosleep+0x")), "{:?}", main.frames);
+}
+
+#[test]
+fn sigterm_and_sigint_print_the_profile() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let child = offcputime()
+            .args(["-f", "-t", &wl.tid("wl-nanosleep").to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start");
+        std::thread::sleep(Duration::from_millis(2500));
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "signal {sig}: {}", String::from_utf8_lossy(&out.stderr));
+        let lines = parse_folded(&out.stdout);
+        let total = sum_us(&lines, "wl-nanosleep");
+        // Traced from attach (some time after spawn) to the signal.
+        assert!(total > 1_500_000 && total < 2_600_000, "signal {sig}: {total} us");
+    }
+}
+
+#[test]
+fn closed_pipe_ends_quietly() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{} -f 1 | head -1", env!("CARGO_BIN_EXE_offcputime")))
+        .output()
+        .expect("sh");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("Broken pipe") && !err.contains("panicked"), "{err}");
+    // And the exit status of offcputime itself is 0.
+    let status = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -o pipefail; {} -f 1 | head -1 >/dev/null", env!("CARGO_BIN_EXE_offcputime")))
+        .status()
+        .expect("bash");
+    assert!(status.success(), "offcputime exited non-zero on a closed pipe");
+}
+
+#[test]
+fn unprivileged_user_is_told_which_privilege_is_missing() {
+    if !require_root() {
+        return;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(env!("CARGO_BIN_EXE_offcputime"))
+        .arg("1")
+        .output()
+        .expect("setpriv");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+}
+
+#[test]
+fn missing_process_is_an_error() {
+    if !require_root() {
+        return;
+    }
+    // Past the default pid_max of the test machine: no such process.
+    let out = offcputime().args(["-p", "99999999", "1"]).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no process with PID 99999999"), "{err}");
+    let out = offcputime().args(["-t", "99999998", "1"]).output().expect("run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no thread with TID 99999998"));
+}

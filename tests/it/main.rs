@@ -1,0 +1,8 @@
+//! The integration tests, one binary: golden files for the output formats
+//! (no privileges needed) and end-to-end runs of the profiler against the
+//! `blocker` example (root; under `CI=true` they fail instead of skipping).
+
+mod cli;
+mod e2e;
+mod golden;
+mod util;
