@@ -114,6 +114,20 @@ pub fn trace(config: &Config) -> Result<()> {
             profile.counters.blocks_at_end,
             ended.elapsed().as_secs_f64() * 1e3,
         );
+        let c = &profile.counters;
+        eprintln!(
+            "offcputime: stack captures lost: storage full {} user / {} kernel, walk failed \
+             {} user / {} kernel (no stack is dropped for a hash collision: stacks are keyed by a 64-bit hash of \
+             their frames); {} blocks of kernel threads (no user stack); {} blocks untimed \
+             (no task storage); {} new-process notifications dropped",
+            c.user_stack_full,
+            c.kernel_stack_full,
+            c.user_stack_error,
+            c.kernel_stack_error,
+            c.kernel_thread_blocks,
+            c.no_task_storage,
+            c.events_dropped,
+        );
     }
     Ok(())
 }
@@ -124,9 +138,8 @@ fn report_losses(profile: &Profile, config: &Config) {
     if missed > 0 {
         let full = c.user_stack_full + c.kernel_stack_full > 0;
         eprintln!(
-            "WARNING: {missed} stack traces could not be displayed ({} user and {} kernel \
-             stacks lost because the stack storage was full, {} user and {} kernel stacks \
-             could not be walked).{}",
+            "WARNING: {missed} stack traces could not be displayed (stack storage full: \
+             {} user and {} kernel captures; walk failed: {} user and {} kernel).{}",
             c.user_stack_full,
             c.kernel_stack_full,
             c.user_stack_error,

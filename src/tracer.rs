@@ -310,7 +310,14 @@ impl<'obj> Tracer<'obj> {
                     .progs
                     .finish_task_switch_kprobe
                     .attach_kprobe(false, &symbol)
-                    .with_context(|| format!("failed to attach kprobe to {symbol}"))?;
+                    .with_context(|| {
+                        let hint = if std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+                            ""
+                        } else {
+                            " (this kernel has no kprobe support, CONFIG_KPROBES)"
+                        };
+                        format!("failed to attach kprobe to {symbol}{hint}")
+                    })?;
                 (link, AttachedHook::Kprobe { symbol })
             }
         };

@@ -16,33 +16,26 @@ pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<(
             continue;
         }
         if shape.mode.kernel() {
-            match &s.kernel {
-                Part::Absent => {}
-                Part::Missed => writeln!(w, "    {MISSED_KERNEL}")?,
-                Part::Frames(f) => {
-                    for name in f {
-                        writeln!(w, "    {name}")?;
-                    }
-                }
-            }
+            write_part(w, &s.kernel, MISSED_KERNEL)?;
         }
         if shape.mode.user() {
             let both = matches!(s.user, Part::Frames(_)) && matches!(s.kernel, Part::Frames(_));
             if shape.delimited && shape.mode.kernel() && both {
                 writeln!(w, "    --")?;
             }
-            match &s.user {
-                Part::Absent => {}
-                Part::Missed => writeln!(w, "    {MISSED_USER}")?,
-                Part::Frames(f) => {
-                    for name in f {
-                        writeln!(w, "    {name}")?;
-                    }
-                }
-            }
+            write_part(w, &s.user, MISSED_USER)?;
         }
         writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?;
         writeln!(w, "        {}\n", s.total_us())?;
     }
     Ok(())
+}
+
+/// The frames of one part, most recent first, or its "missed" marker.
+fn write_part(w: &mut dyn Write, part: &Part, missed: &str) -> io::Result<()> {
+    match part {
+        Part::Absent => Ok(()),
+        Part::Missed => writeln!(w, "    {missed}"),
+        Part::Frames(f) => f.iter().try_for_each(|name| writeln!(w, "    {name}")),
+    }
 }

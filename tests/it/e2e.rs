@@ -29,14 +29,23 @@ fn in_order(l: &Folded, frames: &[&str]) {
 }
 
 #[test]
-fn blocked_time_and_frames() {
+fn blocked_time_and_frames_tp_btf() {
+    blocked_time_and_frames("tp-btf");
+}
+
+#[test]
+fn blocked_time_and_frames_raw_tp() {
+    blocked_time_and_frames("raw-tp");
+}
+
+fn blocked_time_and_frames(hook: &str) {
     if !require_root() {
         return;
     }
     let _g = serial();
     let wl = Workload::start(&["--seconds", "30"]);
     let pid = wl.pid.to_string();
-    let out = profile(&["-f", "-p", &pid, &WINDOW_S.to_string()]);
+    let out = profile(&["--hook", hook, "-f", "-p", &pid, &WINDOW_S.to_string()]);
     let lines = parse_folded(&out.stdout);
     assert!(!lines.is_empty(), "no output");
     let window_us = WINDOW_S * 1_000_000;
