@@ -423,7 +423,10 @@ static __always_inline void flush_task(void *ctx, struct task_struct *task, bool
 		return;
 	delta = end - d->start_ns;
 	d->start_ns = 0;
-	if (delta < min_block_ns || delta > max_block_ns)
+	/* The block's full length is unknown, only that it is at least
+	 * delta: it passes -m once delta does, but with -M it can never be
+	 * known to pass. */
+	if (delta < min_block_ns || max_block_ns != ~0ULL)
 		return;
 
 	key.tgid = BPF_CORE_READ(task, tgid);
