@@ -261,9 +261,7 @@ const USAGE: &str = "usage: blocker [--seconds N] [--child-ms M]";
 
 fn parse_num(flag: &str, value: Option<String>) -> Result<u64, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
-    value
-        .parse()
-        .map_err(|e| format!("{flag} {value:?}: {e}"))
+    value.parse().map_err(|e| format!("{flag} {value:?}: {e}"))
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {

@@ -69,7 +69,9 @@ pub fn trace(config: &Config) -> Result<()> {
             .context("failed to install the SIGINT/SIGTERM handler")?;
     }
 
-    let mut symbolizer = Symbolizer::new(SymbolizeOptions { offsets: config.offsets });
+    let mut symbolizer = Symbolizer::new(SymbolizeOptions {
+        offsets: config.offsets,
+    });
     let started = Instant::now();
     let mut object = MaybeUninit::uninit();
     let mut tracer = Tracer::start(&mut object, &config.tracer)?;
@@ -89,7 +91,11 @@ pub fn trace(config: &Config) -> Result<()> {
     let ended = Instant::now();
 
     let raw = tracer.read()?;
-    let profile = profile::build(&raw, &mut symbolizer, tracer.hook().kernel_first_frame_is_ip());
+    let profile = profile::build(
+        &raw,
+        &mut symbolizer,
+        tracer.hook().kernel_first_frame_is_ip(),
+    );
     drop(tracer);
 
     let stdout = io::stdout();
@@ -144,7 +150,11 @@ fn report_losses(profile: &Profile, config: &Config) {
             c.kernel_stack_full,
             c.user_stack_error,
             c.kernel_stack_error,
-            if full { " Consider increasing --stack-storage-size." } else { "" }
+            if full {
+                " Consider increasing --stack-storage-size."
+            } else {
+                ""
+            }
         );
     }
     if c.counts_full > 0 {

@@ -46,11 +46,23 @@ pub enum HookArg {
 )]
 pub struct Args {
     /// Trace these processes only (comma-separated PIDs)
-    #[arg(short = 'p', long = "pid", value_name = "PIDS", value_delimiter = ',', num_args = 1)]
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PIDS",
+        value_delimiter = ',',
+        num_args = 1
+    )]
     pub pid: Vec<String>,
 
     /// Trace these threads only (comma-separated TIDs)
-    #[arg(short = 't', long = "tid", value_name = "TIDS", value_delimiter = ',', num_args = 1)]
+    #[arg(
+        short = 't',
+        long = "tid",
+        value_name = "TIDS",
+        value_delimiter = ',',
+        num_args = 1
+    )]
     pub tid: Vec<String>,
 
     /// User threads only (no kernel threads)
@@ -90,11 +102,21 @@ pub struct Args {
     pub perf_max_stack_depth: String,
 
     /// Only count blocks of at least this many microseconds
-    #[arg(short = 'm', long = "min-block-time", value_name = "US", allow_negative_numbers = true)]
+    #[arg(
+        short = 'm',
+        long = "min-block-time",
+        value_name = "US",
+        allow_negative_numbers = true
+    )]
     pub min_block_time: Option<String>,
 
     /// Only count blocks of at most this many microseconds
-    #[arg(short = 'M', long = "max-block-time", value_name = "US", allow_negative_numbers = true)]
+    #[arg(
+        short = 'M',
+        long = "max-block-time",
+        value_name = "US",
+        allow_negative_numbers = true
+    )]
     pub max_block_time: Option<String>,
 
     /// Only count blocks whose thread state at switch-out matches this
@@ -209,7 +231,10 @@ impl Args {
         };
         let storage = parse_u64("--stack-storage-size", &self.stack_storage_size)?;
         if storage == 0 || storage > 1 << 24 {
-            bail!("--stack-storage-size must be between 1 and {}: {storage}", 1 << 24);
+            bail!(
+                "--stack-storage-size must be between 1 and {}: {storage}",
+                1 << 24
+            );
         }
         let depth = parse_u64("--perf-max-stack-depth", &self.perf_max_stack_depth)?;
         if depth == 0 || depth > MAX_STACK_DEPTH as u64 {
@@ -251,7 +276,10 @@ impl Args {
                 max_stack_depth: depth as u32,
                 hook,
             },
-            shape: Shape { mode, delimited: self.delimited },
+            shape: Shape {
+                mode,
+                delimited: self.delimited,
+            },
             folded: self.folded,
             offsets: self.offset,
             verbose: self.verbose,
@@ -303,7 +331,10 @@ pub fn check_targets(tracer: &TracerOptions) -> Result<()> {
     for pid in &tracer.tgids {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .with_context(|| format!("no process with PID {pid}"))?;
-        let tgid = status.lines().find_map(|l| l.strip_prefix("Tgid:")).map(str::trim);
+        let tgid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .map(str::trim);
         if tgid != Some(pid.to_string().as_str()) {
             bail!("{pid} is a thread, not a process: use -t {pid} to trace it");
         }

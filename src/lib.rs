@@ -12,7 +12,13 @@ pub mod symbolize;
 pub mod tracer;
 
 /// The generated BPF skeleton and the types shared with the BPF program.
-#[allow(clippy::all, non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code
+)]
 pub mod bpf {
     include!(concat!(env!("OUT_DIR"), "/offcputime.skel.rs"));
 

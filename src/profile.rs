@@ -73,7 +73,10 @@ impl Profile {
     pub fn missed_stacks(&self, mode: StackMode) -> usize {
         self.samples
             .iter()
-            .filter(|s| (mode.user() && s.user == Part::Missed) || (mode.kernel() && s.kernel == Part::Missed))
+            .filter(|s| {
+                (mode.user() && s.user == Part::Missed)
+                    || (mode.kernel() && s.kernel == Part::Missed)
+            })
             .count()
     }
 
@@ -91,7 +94,14 @@ fn part_addrs(r: StackRef, stacks: &HashMap<u64, Vec<u64>>) -> Option<&[u64]> {
 
 fn kinds(frames: &[u64], first_is_ip: bool) -> impl Iterator<Item = (u64, AddrKind)> + '_ {
     frames.iter().enumerate().map(move |(i, &a)| {
-        (a, if i == 0 && first_is_ip { AddrKind::Ip } else { AddrKind::Return })
+        (
+            a,
+            if i == 0 && first_is_ip {
+                AddrKind::Ip
+            } else {
+                AddrKind::Return
+            },
+        )
     })
 }
 
@@ -131,7 +141,10 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         unames.insert(tgid, sym.user(tgid, &addrs));
     }
 
-    let part = |r: StackRef, first_is_ip: bool, names: Option<&HashMap<(u64, AddrKind), String>>, kernel: bool| {
+    let part = |r: StackRef,
+                first_is_ip: bool,
+                names: Option<&HashMap<(u64, AddrKind), String>>,
+                kernel: bool| {
         match r {
             StackRef::None => Part::Absent,
             StackRef::MissedFull | StackRef::MissedError => Part::Missed,
@@ -159,24 +172,31 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     for e in &raw.entries {
         let user = part(e.user_stack, true, unames.get(&e.tgid), false);
         let kernel = part(e.kernel_stack, kernel_first_is_ip, Some(&knames), true);
-        let slot = merged.entry((e.tgid, e.pid, e.comm.clone(), user, kernel)).or_default();
+        let slot = merged
+            .entry((e.tgid, e.pid, e.comm.clone(), user, kernel))
+            .or_default();
         slot.0 += e.total_ns;
         slot.1 += e.count;
     }
     let mut samples: Vec<Sample> = merged
         .into_iter()
-        .map(|((tgid, pid, comm, user, kernel), (total_ns, count))| Sample {
-            comm,
-            tgid,
-            pid,
-            user,
-            kernel,
-            total_ns,
-            count,
-        })
+        .map(
+            |((tgid, pid, comm, user, kernel), (total_ns, count))| Sample {
+                comm,
+                tgid,
+                pid,
+                user,
+                kernel,
+                total_ns,
+                count,
+            },
+        )
         .collect();
     sort_samples(&mut samples);
-    Profile { samples, counters: raw.counters.clone() }
+    Profile {
+        samples,
+        counters: raw.counters.clone(),
+    }
 }
 
 /// A total order, so that output is stable: by time, then by identity.

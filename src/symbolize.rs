@@ -65,7 +65,9 @@ fn parse_maps(tgid: u32) -> Vec<Mapping> {
             continue;
         }
         let path = it.nth(2).unwrap_or("");
-        let Some((s, e)) = range.split_once('-') else { continue };
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
         let (Ok(start), Ok(end), Ok(file_offset)) = (
             u64::from_str_radix(s, 16),
             u64::from_str_radix(e, 16),
@@ -81,7 +83,12 @@ fn parse_maps(tgid: u32) -> Vec<Mapping> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| path.to_string())
         };
-        out.push(Mapping { start, end, file_offset, name });
+        out.push(Mapping {
+            start,
+            end,
+            file_offset,
+            name,
+        });
     }
     out
 }
@@ -97,7 +104,11 @@ impl Symbolizer {
             .enable_inlined_fns(false)
             .enable_demangling(true)
             .build();
-        Symbolizer { inner, processes: HashMap::new(), opts }
+        Symbolizer {
+            inner,
+            processes: HashMap::new(),
+            opts,
+        }
     }
 
     /// Snapshots what is needed to symbolize `tgid` later, even after it
@@ -136,7 +147,11 @@ impl Symbolizer {
     }
 
     /// Names of user frames of process `tgid`.
-    pub fn user(&mut self, tgid: u32, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), String> {
+    pub fn user(
+        &mut self,
+        tgid: u32,
+        addrs: &[(u64, AddrKind)],
+    ) -> HashMap<(u64, AddrKind), String> {
         let alive = process_alive(tgid);
         if alive {
             // Pick up libraries loaded since the first snapshot.
@@ -148,7 +163,11 @@ impl Symbolizer {
         // the paths they name are used instead.
         process.map_files = alive;
         let src = Source::Process(process);
-        let mappings = self.processes.get(&tgid).map(|p| p.mappings.clone()).unwrap_or_default();
+        let mappings = self
+            .processes
+            .get(&tgid)
+            .map(|p| p.mappings.clone())
+            .unwrap_or_default();
         self.resolve(&src, addrs, |addr| {
             mappings
                 .iter()
@@ -171,7 +190,13 @@ impl Symbolizer {
         // function (a call as its last instruction): look up the call.
         let lookup: Vec<u64> = unique
             .iter()
-            .map(|&(a, k)| if k == AddrKind::Return { a.saturating_sub(1) } else { a })
+            .map(|&(a, k)| {
+                if k == AddrKind::Return {
+                    a.saturating_sub(1)
+                } else {
+                    a
+                }
+            })
             .collect();
         let results = self.inner.symbolize(src, Input::AbsAddr(&lookup)).ok();
         let mut out = HashMap::with_capacity(unique.len());

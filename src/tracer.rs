@@ -176,7 +176,10 @@ pub fn find_finish_task_switch() -> Result<String> {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC is what
     // bpf_ktime_get_ns() reads.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
@@ -184,7 +187,11 @@ fn monotonic_ns() -> u64 {
 }
 
 fn comm_to_string(comm: &[i8]) -> String {
-    let bytes: Vec<u8> = comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = comm
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -234,7 +241,9 @@ impl<'obj> Tracer<'obj> {
             None
         };
         let builder = OffcputimeSkelBuilder::default();
-        let mut open = builder.open(object).context("failed to open the BPF object")?;
+        let mut open = builder
+            .open(object)
+            .context("failed to open the BPF object")?;
 
         {
             let rodata = open
@@ -256,18 +265,31 @@ impl<'obj> Tracer<'obj> {
             rodata.stack_bytes = opts.max_stack_depth * 8;
         }
         let depth_bytes = opts.max_stack_depth * 8;
-        open.maps.stacks.set_value_size(depth_bytes).context("stacks map value size")?;
+        open.maps
+            .stacks
+            .set_value_size(depth_bytes)
+            .context("stacks map value size")?;
         open.maps
             .stacks
             .set_max_entries(opts.stack_storage_size)
             .context("stacks map size")?;
-        open.maps.tgids.set_max_entries(opts.tgids.len().max(1) as u32)?;
-        open.maps.tids.set_max_entries(opts.tids.len().max(1) as u32)?;
+        open.maps
+            .tgids
+            .set_max_entries(opts.tgids.len().max(1) as u32)?;
+        open.maps
+            .tids
+            .set_max_entries(opts.tids.len().max(1) as u32)?;
 
         let trusted = hook == Hook::TpBtf;
-        open.progs.sched_switch_btf.set_autoload(hook == Hook::TpBtf);
-        open.progs.sched_switch_raw.set_autoload(hook == Hook::RawTp);
-        open.progs.finish_task_switch_kprobe.set_autoload(hook == Hook::FinishTaskSwitch);
+        open.progs
+            .sched_switch_btf
+            .set_autoload(hook == Hook::TpBtf);
+        open.progs
+            .sched_switch_raw
+            .set_autoload(hook == Hook::RawTp);
+        open.progs
+            .finish_task_switch_kprobe
+            .set_autoload(hook == Hook::FinishTaskSwitch);
         open.progs.flush_in_progress.set_autoload(trusted);
         open.progs.flush_in_progress_by_tid.set_autoload(!trusted);
         if trusted {
@@ -286,15 +308,22 @@ impl<'obj> Tracer<'obj> {
 
         let one = [1u8];
         for tgid in &opts.tgids {
-            skel.maps.tgids.update(&tgid.to_ne_bytes(), &one, MapFlags::ANY)?;
+            skel.maps
+                .tgids
+                .update(&tgid.to_ne_bytes(), &one, MapFlags::ANY)?;
         }
         for tid in &opts.tids {
-            skel.maps.tids.update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
+            skel.maps
+                .tids
+                .update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
         }
 
         let (link, attached) = match hook {
             Hook::TpBtf => (
-                skel.progs.sched_switch_btf.attach().context("failed to attach tp_btf/sched_switch")?,
+                skel.progs
+                    .sched_switch_btf
+                    .attach()
+                    .context("failed to attach tp_btf/sched_switch")?,
                 AttachedHook::TpBtf,
             ),
             Hook::RawTp => (
@@ -311,7 +340,9 @@ impl<'obj> Tracer<'obj> {
                     .finish_task_switch_kprobe
                     .attach_kprobe(false, &symbol)
                     .with_context(|| {
-                        let hint = if std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+                        let hint = if std::path::Path::new("/sys/bus/event_source/devices/kprobe")
+                            .exists()
+                        {
                             ""
                         } else {
                             " (this kernel has no kprobe support, CONFIG_KPROBES)"
@@ -360,7 +391,9 @@ impl<'obj> Tracer<'obj> {
                 0
             })
             .context("failed to set up the event ring buffer")?;
-        let ringbuf = builder.build().context("failed to set up the event ring buffer")?;
+        let ringbuf = builder
+            .build()
+            .context("failed to set up the event ring buffer")?;
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -412,7 +445,8 @@ impl<'obj> Tracer<'obj> {
             .context("failed to attach the task iterator")?;
         let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
         let mut sink = Vec::new();
-        iter.read_to_end(&mut sink).context("failed to run the task iterator")?;
+        iter.read_to_end(&mut sink)
+            .context("failed to run the task iterator")?;
         Ok(())
     }
 
@@ -451,7 +485,12 @@ impl<'obj> Tracer<'obj> {
         wanted_stacks.sort_unstable();
         wanted_stacks.dedup();
         for id in wanted_stacks {
-            if let Some(bytes) = self.skel.maps.stacks.lookup(&id.to_ne_bytes(), MapFlags::ANY)? {
+            if let Some(bytes) = self
+                .skel
+                .maps
+                .stacks
+                .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
+            {
                 let frames = bytes
                     .chunks_exact(8)
                     .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))

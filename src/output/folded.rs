@@ -27,7 +27,8 @@ pub fn frames(sample: &Sample, shape: Shape) -> Vec<String> {
         }
     }
     if shape.mode.kernel() {
-        let both = matches!(sample.user, Part::Frames(_)) && matches!(sample.kernel, Part::Frames(_));
+        let both =
+            matches!(sample.user, Part::Frames(_)) && matches!(sample.kernel, Part::Frames(_));
         if shape.delimited && shape.mode.user() && both {
             line.push("-".to_string());
         }

@@ -9,7 +9,9 @@ use crate::util::offcputime;
 fn config(args: &[&str]) -> anyhow::Result<offcputime::cli::Config> {
     let mut v = vec!["offcputime"];
     v.extend_from_slice(args);
-    Args::try_parse_from(v).map_err(anyhow::Error::from)?.into_config()
+    Args::try_parse_from(v)
+        .map_err(anyhow::Error::from)?
+        .into_config()
 }
 
 fn err(args: &[&str]) -> String {
@@ -100,10 +102,29 @@ fn help_and_version_succeed() {
     let out = offcputime().arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--pid", "--tid", "--user-threads-only", "--kernel-threads-only", "--user-stacks-only",
-        "--kernel-stacks-only", "--delimited", "--folded", "--offset", "--stack-storage-size",
-        "--perf-max-stack-depth", "--min-block-time", "--max-block-time", "--state", "--hook"] {
+    for flag in [
+        "--pid",
+        "--tid",
+        "--user-threads-only",
+        "--kernel-threads-only",
+        "--user-stacks-only",
+        "--kernel-stacks-only",
+        "--delimited",
+        "--folded",
+        "--offset",
+        "--stack-storage-size",
+        "--perf-max-stack-depth",
+        "--min-block-time",
+        "--max-block-time",
+        "--state",
+        "--hook",
+    ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
-    assert!(offcputime().arg("--version").output().unwrap().status.success());
+    assert!(offcputime()
+        .arg("--version")
+        .output()
+        .unwrap()
+        .status
+        .success());
 }

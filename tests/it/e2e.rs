@@ -8,7 +8,9 @@ use crate::util::*;
 const WINDOW_S: u64 = 3;
 
 fn is_profiler_frame(f: &str) -> bool {
-    f.starts_with("bpf_prog_") || f.starts_with("bpf_trace_run") || f.starts_with("__traceiter_")
+    f.starts_with("bpf_prog_")
+        || f.starts_with("bpf_trace_run")
+        || f.starts_with("__traceiter_")
         || f.starts_with("__bpf_trace_")
 }
 
@@ -54,7 +56,11 @@ fn blocked_time_and_frames(hook: &str) {
     for comm in ["wl-nanosleep", "wl-pipe", "wl-futex"] {
         let total = sum_us(&lines, comm);
         let err = (total as f64 - window_us as f64).abs() / window_us as f64;
-        assert!(err < 0.02, "{comm}: {total} us blocked in a {window_us} us window ({:.2}% off)", err * 100.0);
+        assert!(
+            err < 0.02,
+            "{comm}: {total} us blocked in a {window_us} us window ({:.2}% off)",
+            err * 100.0
+        );
     }
     // The spinning thread is almost never off-CPU.
     let spin = sum_us(&lines, "wl-spin");
@@ -64,8 +70,14 @@ fn blocked_time_and_frames(hook: &str) {
     // frame pointers), the libc call, the syscall, the kernel sleep, the
     // scheduler last.
     let expect: [(&str, &[&str]); 3] = [
-        ("wl-nanosleep", &["wl_nanosleep_thread", "do_nanosleep", "schedule"]),
-        ("wl-pipe", &["wl_pipe_thread", "pipe_read|anon_pipe_read", "schedule"]),
+        (
+            "wl-nanosleep",
+            &["wl_nanosleep_thread", "do_nanosleep", "schedule"],
+        ),
+        (
+            "wl-pipe",
+            &["wl_pipe_thread", "pipe_read|anon_pipe_read", "schedule"],
+        ),
         ("wl-futex", &["wl_futex_thread", "futex_wait", "schedule"]),
     ];
     for (comm, frames) in expect {
@@ -76,12 +88,23 @@ fn blocked_time_and_frames(hook: &str) {
             .unwrap_or_else(|| panic!("no stack for {comm}"));
         in_order(main, frames);
         let last = main.frames.last().unwrap();
-        assert!(last == "__schedule" || last == "schedule" || last.starts_with("finish_task_switch"),
-            "{comm}: kernel stack does not end at the scheduler: {:?}", main.frames);
+        assert!(
+            last == "__schedule" || last == "schedule" || last.starts_with("finish_task_switch"),
+            "{comm}: kernel stack does not end at the scheduler: {:?}",
+            main.frames
+        );
     }
     for l in &lines {
-        assert!(!l.frames.iter().any(|f| is_profiler_frame(f)), "profiler frame in {:?}", l.frames);
-        assert!(l.comm().starts_with("wl-") || l.comm() == "blocker", "-p leaked {:?}", l.comm());
+        assert!(
+            !l.frames.iter().any(|f| is_profiler_frame(f)),
+            "profiler frame in {:?}",
+            l.frames
+        );
+        assert!(
+            l.comm().starts_with("wl-") || l.comm() == "blocker",
+            "-p leaked {:?}",
+            l.comm()
+        );
     }
 }
 
@@ -96,7 +119,9 @@ fn exited_child_keeps_its_symbols() {
     let out = profile(&["-f", "-u", "3"]);
     assert!(
         !std::path::Path::new(&format!("/proc/{child}/maps")).exists()
-            || std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default().contains(") Z"),
+            || std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .unwrap_or_default()
+                .contains(") Z"),
         "child still alive at the end of the trace"
     );
     let lines = parse_folded(&out.stdout);
@@ -106,8 +131,14 @@ fn exited_child_keeps_its_symbols() {
     // through glibc drops the wrapper's direct caller (wl_child_sleep), so
     // its caller is the first frame of the child's own code.
     for l in &child_lines {
-        assert!(l.has("blocker::run_child") && l.has("main"), "exited child's user frames are not named: {l:?}");
-        assert!(!l.frames.iter().any(|f| f.starts_with('[')), "unnamed frame: {l:?}");
+        assert!(
+            l.has("blocker::run_child") && l.has("main"),
+            "exited child's user frames are not named: {l:?}"
+        );
+        assert!(
+            !l.frames.iter().any(|f| f.starts_with('[')),
+            "unnamed frame: {l:?}"
+        );
     }
 }
 
@@ -125,7 +156,13 @@ fn pid_and_tid_filters() {
     let entries = parse_report(&out.stdout);
     assert!(entries.iter().any(|e| e.comm == "wl-nanosleep"));
     for e in &entries {
-        assert!(tids.contains(&e.tid) || e.tid == wl.pid, "-p {} let in tid {} ({})", wl.pid, e.tid, e.comm);
+        assert!(
+            tids.contains(&e.tid) || e.tid == wl.pid,
+            "-p {} let in tid {} ({})",
+            wl.pid,
+            e.tid,
+            e.comm
+        );
         assert!(!other.tids.iter().any(|t| t.1 == e.tid));
     }
 
@@ -133,7 +170,10 @@ fn pid_and_tid_filters() {
     let out = profile(&["-t", &sleeper.to_string(), "2"]);
     let entries = parse_report(&out.stdout);
     assert!(!entries.is_empty());
-    assert!(entries.iter().all(|e| e.tid == sleeper), "-t {sleeper}: {entries:?}");
+    assert!(
+        entries.iter().all(|e| e.tid == sleeper),
+        "-t {sleeper}: {entries:?}"
+    );
     let total: u64 = entries.iter().map(|e| e.us).sum();
     assert!(total > 1_960_000 && total < 2_040_000, "-t total {total}");
 
@@ -142,7 +182,10 @@ fn pid_and_tid_filters() {
     let out = profile(&["-t", &list, "1"]);
     let entries = parse_report(&out.stdout);
     let seen: std::collections::BTreeSet<&str> = entries.iter().map(|e| e.comm.as_str()).collect();
-    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["wl-futex", "wl-pipe"]);
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["wl-futex", "wl-pipe"]
+    );
 }
 
 fn is_kernel_thread(tid: u32) -> Option<bool> {
@@ -162,17 +205,35 @@ fn user_and_kernel_thread_filters() {
 
     let out = profile(&["-u", "2"]);
     let entries = parse_report(&out.stdout);
-    assert!(entries.iter().any(|e| e.tid == wl.tid("wl-nanosleep")), "-u misses a user thread");
+    assert!(
+        entries.iter().any(|e| e.tid == wl.tid("wl-nanosleep")),
+        "-u misses a user thread"
+    );
     for e in &entries {
-        assert_ne!(is_kernel_thread(e.tid), Some(true), "-u let in kernel thread {} {}", e.tid, e.comm);
+        assert_ne!(
+            is_kernel_thread(e.tid),
+            Some(true),
+            "-u let in kernel thread {} {}",
+            e.tid,
+            e.comm
+        );
     }
 
     let out = profile(&["-k", "2"]);
     let entries = parse_report(&out.stdout);
     assert!(!entries.is_empty(), "-k saw no kernel thread block");
     for e in &entries {
-        assert_ne!(is_kernel_thread(e.tid), Some(false), "-k let in user thread {} {}", e.tid, e.comm);
-        assert!(!e.frames.iter().any(|f| f.contains("Missed User")), "kernel thread with a missed user stack");
+        assert_ne!(
+            is_kernel_thread(e.tid),
+            Some(false),
+            "-k let in user thread {} {}",
+            e.tid,
+            e.comm
+        );
+        assert!(
+            !e.frames.iter().any(|f| f.contains("Missed User")),
+            "kernel thread with a missed user stack"
+        );
     }
 }
 
@@ -198,10 +259,22 @@ fn block_time_filters() {
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "-M", "5000", "2"]).stdout);
     assert!(sum_us(&lines, "wl-shortsleep") > 1_500_000);
     let slept = |comm: &str, frame: &str| -> u64 {
-        lines.iter().filter(|l| l.comm() == comm && l.has(frame)).map(|l| l.us).sum()
+        lines
+            .iter()
+            .filter(|l| l.comm() == comm && l.has(frame))
+            .map(|l| l.us)
+            .sum()
     };
-    assert_eq!(slept("wl-nanosleep", "do_nanosleep"), 0, "-M 5000 let in 10 ms blocks");
-    assert_eq!(slept("wl-futex", "futex_wait"), 0, "-M 5000 let in 20 ms blocks");
+    assert_eq!(
+        slept("wl-nanosleep", "do_nanosleep"),
+        0,
+        "-M 5000 let in 10 ms blocks"
+    );
+    assert_eq!(
+        slept("wl-futex", "futex_wait"),
+        0,
+        "-M 5000 let in 20 ms blocks"
+    );
     assert!(sum_us(&lines, "wl-nanosleep") < 20_000);
 }
 
@@ -226,7 +299,11 @@ fn state_filter() {
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "0", "2"]).stdout);
     let sleeping: u64 = lines
         .iter()
-        .filter(|l| ["do_nanosleep", "pipe_read", "anon_pipe_read", "futex_wait"].iter().any(|f| l.has(f)))
+        .filter(|l| {
+            ["do_nanosleep", "pipe_read", "anon_pipe_read", "futex_wait"]
+                .iter()
+                .any(|f| l.has(f))
+        })
         .map(|l| l.us)
         .sum();
     assert!(sleeping < 20_000, "--state 0 let in sleeps: {sleeping} us");
@@ -248,24 +325,44 @@ fn stack_shapes() {
 
     let lines = parse_folded(&profile(&["-f", "-U", "-t", &tid, "1"]).stdout);
     assert!(lines.iter().any(|l| l.has(user[0])));
-    assert!(lines.iter().all(|l| kernel.iter().all(|k| !l.has(k))), "-U has kernel frames");
+    assert!(
+        lines.iter().all(|l| kernel.iter().all(|k| !l.has(k))),
+        "-U has kernel frames"
+    );
 
     let lines = parse_folded(&profile(&["-f", "-K", "-t", &tid, "1"]).stdout);
     assert!(lines.iter().any(|l| l.has(kernel[0])));
-    assert!(lines.iter().all(|l| !l.has(user[0]) && !l.has("start_thread")), "-K has user frames");
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.has(user[0]) && !l.has("start_thread")),
+        "-K has user frames"
+    );
 
     let lines = parse_folded(&profile(&["-f", "-d", "-t", &tid, "1"]).stdout);
     let main = lines.iter().max_by_key(|l| l.us).expect("a line");
-    in_order(main, &["wl-nanosleep", "wl_nanosleep_thread", "-", "do_nanosleep"]);
+    in_order(
+        main,
+        &["wl-nanosleep", "wl_nanosleep_thread", "-", "do_nanosleep"],
+    );
     let dash = main.pos("-").unwrap();
-    assert!(main.frames[dash + 1..].iter().all(|f| !f.starts_with("wl_")), "user frame after -");
+    assert!(
+        main.frames[dash + 1..]
+            .iter()
+            .all(|f| !f.starts_with("wl_")),
+        "user frame after -"
+    );
 
     // bcc's report: kernel frames first (most recent first), "--", user
     // frames, then "-  comm (tid)" and the total.
     let entries = parse_report(&profile(&["-d", "-t", &tid, "1"]).stdout);
     let e = entries.iter().max_by_key(|e| e.us).expect("an entry");
     assert_eq!(e.frames[0], "__schedule");
-    let sep = e.frames.iter().position(|f| f == "--").expect("-- delimiter");
+    let sep = e
+        .frames
+        .iter()
+        .position(|f| f == "--")
+        .expect("-- delimiter");
     assert!(e.frames[..sep].iter().any(|f| f == "do_nanosleep"));
     assert!(e.frames[sep..].iter().any(|f| f == "wl_nanosleep_thread"));
     assert_eq!(e.comm, "wl-nanosleep");
@@ -273,7 +370,11 @@ fn stack_shapes() {
     // -s: offsets on every named frame.
     let lines = parse_folded(&profile(&["-f", "-s", "-t", &tid, "1"]).stdout);
     let main = lines.iter().max_by_key(|l| l.us).expect("a line");
-    assert!(main.frames.iter().any(|f| f.starts_with("do_nanosleep+0x")), "{:?}", main.frames);
+    assert!(
+        main.frames.iter().any(|f| f.starts_with("do_nanosleep+0x")),
+        "{:?}",
+        main.frames
+    );
 }
 
 #[test]
@@ -294,11 +395,18 @@ fn sigterm_and_sigint_print_the_profile() {
         // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
         let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "signal {sig}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "signal {sig}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let lines = parse_folded(&out.stdout);
         let total = sum_us(&lines, "wl-nanosleep");
         // Traced from attach (some time after spawn) to the signal.
-        assert!(total > 1_500_000 && total < 2_600_000, "signal {sig}: {total} us");
+        assert!(
+            total > 1_500_000 && total < 2_600_000,
+            "signal {sig}: {total} us"
+        );
     }
 }
 
@@ -310,20 +418,32 @@ fn closed_pipe_ends_quietly() {
     let _g = serial();
     let out = std::process::Command::new("sh")
         .arg("-c")
-        .arg(format!("{} -f 1 | head -1", env!("CARGO_BIN_EXE_offcputime")))
+        .arg(format!(
+            "{} -f 1 | head -1",
+            env!("CARGO_BIN_EXE_offcputime")
+        ))
         .output()
         .expect("sh");
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("Broken pipe") && !err.contains("panicked"), "{err}");
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("panicked"),
+        "{err}"
+    );
     // And the exit status of offcputime itself is 0.
     let status = std::process::Command::new("bash")
         .arg("-c")
-        .arg(format!("set -o pipefail; {} -f 1 | head -1 >/dev/null", env!("CARGO_BIN_EXE_offcputime")))
+        .arg(format!(
+            "set -o pipefail; {} -f 1 | head -1 >/dev/null",
+            env!("CARGO_BIN_EXE_offcputime")
+        ))
         .status()
         .expect("bash");
-    assert!(status.success(), "offcputime exited non-zero on a closed pipe");
+    assert!(
+        status.success(),
+        "offcputime exited non-zero on a closed pipe"
+    );
 }
 
 #[test]
@@ -332,7 +452,12 @@ fn unprivileged_user_is_told_which_privilege_is_missing() {
         return;
     }
     let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(env!("CARGO_BIN_EXE_offcputime"))
         .arg("1")
         .output()
@@ -340,7 +465,10 @@ fn unprivileged_user_is_told_which_privilege_is_missing() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+    assert!(
+        err.contains("CAP_BPF") && err.contains("CAP_PERFMON"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -349,10 +477,16 @@ fn missing_process_is_an_error() {
         return;
     }
     // Past the default pid_max of the test machine: no such process.
-    let out = offcputime().args(["-p", "99999999", "1"]).output().expect("run");
+    let out = offcputime()
+        .args(["-p", "99999999", "1"])
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no process with PID 99999999"), "{err}");
-    let out = offcputime().args(["-t", "99999998", "1"]).output().expect("run");
+    let out = offcputime()
+        .args(["-t", "99999998", "1"])
+        .output()
+        .expect("run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no thread with TID 99999998"));
 }

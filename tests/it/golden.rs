@@ -24,29 +24,62 @@ pub fn synthetic() -> Profile {
         count: 1,
     };
     let sleep_user = || frames(&["clock_nanosleep", "worker_sleep", "start_thread"]);
-    let sleep_kernel = || frames(&["__schedule", "schedule", "do_nanosleep", "hrtimer_nanosleep"]);
+    let sleep_kernel = || {
+        frames(&[
+            "__schedule",
+            "schedule",
+            "do_nanosleep",
+            "hrtimer_nanosleep",
+        ])
+    };
     let mut samples = vec![
         s("app", 100, sleep_user(), sleep_kernel(), 2_000_400_000),
         s("app", 101, sleep_user(), sleep_kernel(), 1_000_100_000),
-        s("app", 102, frames(&["read", "reader_loop", "main"]), frames(&["__schedule", "schedule", "pipe_read", "vfs_read"]), 1_500_000),
-        s("kworker/0:1", 7, Part::Absent, frames(&["__schedule", "schedule", "worker_thread", "kthread"]), 250_000),
-        s("lost", 103, Part::Missed, frames(&["__schedule", "schedule", "futex_wait"]), 3_000),
+        s(
+            "app",
+            102,
+            frames(&["read", "reader_loop", "main"]),
+            frames(&["__schedule", "schedule", "pipe_read", "vfs_read"]),
+            1_500_000,
+        ),
+        s(
+            "kworker/0:1",
+            7,
+            Part::Absent,
+            frames(&["__schedule", "schedule", "worker_thread", "kthread"]),
+            250_000,
+        ),
+        s(
+            "lost",
+            103,
+            Part::Missed,
+            frames(&["__schedule", "schedule", "futex_wait"]),
+            3_000,
+        ),
         s("lost", 104, frames(&["poll", "main"]), Part::Missed, 2_000),
         s("tiny", 105, frames(&["main"]), frames(&["__schedule"]), 400),
     ];
     sort_samples(&mut samples);
-    Profile { samples, ..Default::default() }
+    Profile {
+        samples,
+        ..Default::default()
+    }
 }
 
 fn check(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
     if std::env::var_os("BLESS").is_some() {
         std::fs::write(&path, actual).expect("write golden file");
         return;
     }
     let expected = std::fs::read_to_string(&path)
         .unwrap_or_else(|_| panic!("{} missing: run with BLESS=1", path.display()));
-    assert_eq!(actual, expected, "{name} differs from the golden file (BLESS=1 to update)");
+    assert_eq!(
+        actual, expected,
+        "{name} differs from the golden file (BLESS=1 to update)"
+    );
 }
 
 fn render(shape: Shape, folded_format: bool) -> String {
@@ -62,15 +95,51 @@ fn render(shape: Shape, folded_format: bool) -> String {
 #[test]
 fn golden_folded() {
     check("synthetic.folded", &render(Shape::default(), true));
-    check("synthetic-delimited.folded", &render(Shape { mode: StackMode::Both, delimited: true }, true));
-    check("synthetic-user.folded", &render(Shape { mode: StackMode::UserOnly, delimited: true }, true));
-    check("synthetic-kernel.folded", &render(Shape { mode: StackMode::KernelOnly, delimited: false }, true));
+    check(
+        "synthetic-delimited.folded",
+        &render(
+            Shape {
+                mode: StackMode::Both,
+                delimited: true,
+            },
+            true,
+        ),
+    );
+    check(
+        "synthetic-user.folded",
+        &render(
+            Shape {
+                mode: StackMode::UserOnly,
+                delimited: true,
+            },
+            true,
+        ),
+    );
+    check(
+        "synthetic-kernel.folded",
+        &render(
+            Shape {
+                mode: StackMode::KernelOnly,
+                delimited: false,
+            },
+            true,
+        ),
+    );
 }
 
 #[test]
 fn golden_report() {
     check("synthetic.txt", &render(Shape::default(), false));
-    check("synthetic-delimited.txt", &render(Shape { mode: StackMode::Both, delimited: true }, false));
+    check(
+        "synthetic-delimited.txt",
+        &render(
+            Shape {
+                mode: StackMode::Both,
+                delimited: true,
+            },
+            false,
+        ),
+    );
 }
 
 #[test]
@@ -98,10 +167,20 @@ fn frame_names_cannot_break_folded_lines() {
 #[test]
 fn profiler_frames_are_recognised() {
     use offcputime::profile::is_profiler_frame;
-    for f in ["bpf_prog_6deef7357e7b4530_sched_switch_btf", "bpf_trace_run4", "__traceiter_sched_switch", "bpf_trace_run4+0x5a"] {
+    for f in [
+        "bpf_prog_6deef7357e7b4530_sched_switch_btf",
+        "bpf_trace_run4",
+        "__traceiter_sched_switch",
+        "bpf_trace_run4+0x5a",
+    ] {
         assert!(is_profiler_frame(f), "{f}");
     }
-    for f in ["__schedule", "schedule", "bpf_map_lookup_elem", "finish_task_switch.isra.0"] {
+    for f in [
+        "__schedule",
+        "schedule",
+        "bpf_map_lookup_elem",
+        "finish_task_switch.isra.0",
+    ] {
         assert!(!is_profiler_frame(f), "{f}");
     }
 }

@@ -16,7 +16,11 @@ pub fn blocker_path() -> PathBuf {
     // target/<profile>/deps/it-<hash> -> target/<profile>/examples/blocker
     let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let p = profile_dir.join("examples").join("blocker");
-    assert!(p.exists(), "{} not built (run through cargo test)", p.display());
+    assert!(
+        p.exists(),
+        "{} not built (run through cargo test)",
+        p.display()
+    );
     p
 }
 
@@ -75,11 +79,20 @@ impl Workload {
         assert!(pid > 0, "blocker did not report its pid");
         // Let every thread reach its steady state.
         std::thread::sleep(Duration::from_millis(200));
-        Workload { child, pid, tids, child_pid }
+        Workload {
+            child,
+            pid,
+            tids,
+            child_pid,
+        }
     }
 
     pub fn tid(&self, name: &str) -> u32 {
-        self.tids.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect(name)
+        self.tids
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| *t)
+            .expect(name)
     }
 }
 
@@ -124,7 +137,9 @@ pub fn parse_folded(stdout: &[u8]) -> Vec<Folded> {
     String::from_utf8_lossy(stdout)
         .lines()
         .map(|l| {
-            let (stack, n) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad folded line {l:?}"));
+            let (stack, n) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad folded line {l:?}"));
             Folded {
                 frames: stack.split(';').map(str::to_string).collect(),
                 us: n.parse().unwrap_or_else(|_| panic!("bad count in {l:?}")),
@@ -157,8 +172,18 @@ pub fn parse_report(stdout: &[u8]) -> Vec<Entry> {
             let open = rest.rfind(" (").expect("comm (tid)");
             let comm = rest[..open].to_string();
             let tid = rest[open + 2..rest.len() - 1].parse().expect("tid");
-            let us = lines.next().expect("total line").trim().parse().expect("total");
-            out.push(Entry { frames: std::mem::take(&mut frames), comm, tid, us });
+            let us = lines
+                .next()
+                .expect("total line")
+                .trim()
+                .parse()
+                .expect("total");
+            out.push(Entry {
+                frames: std::mem::take(&mut frames),
+                comm,
+                tid,
+                us,
+            });
         } else {
             frames.push(t.to_string());
         }
@@ -167,5 +192,9 @@ pub fn parse_report(stdout: &[u8]) -> Vec<Entry> {
 }
 
 pub fn sum_us<'a>(lines: impl IntoIterator<Item = &'a Folded>, comm: &str) -> u64 {
-    lines.into_iter().filter(|l| l.comm() == comm).map(|l| l.us).sum()
+    lines
+        .into_iter()
+        .filter(|l| l.comm() == comm)
+        .map(|l| l.us)
+        .sum()
 }
