@@ -92,16 +92,16 @@ pub enum StackRef {
 
 impl StackRef {
     fn from_raw(id: u64) -> StackRef {
-        match types::stack_id_special(id.min(u32::MAX as u64) as u32) {
-            _ if id >= 1 << 63 => StackRef::Id(id),
-            types::stack_id_special::STACK_ID_NONE => StackRef::None,
-            types::stack_id_special::STACK_ID_MISSED_FULL => StackRef::MissedFull,
-            _ => StackRef::MissedError,
+        use types::stack_id_special as S;
+        if id >= 1 << 63 {
+            StackRef::Id(id)
+        } else if id == S::STACK_ID_NONE.0 as u64 {
+            StackRef::None
+        } else if id == S::STACK_ID_MISSED_FULL.0 as u64 {
+            StackRef::MissedFull
+        } else {
+            StackRef::MissedError
         }
-    }
-
-    pub fn is_missed(&self) -> bool {
-        matches!(self, StackRef::MissedFull | StackRef::MissedError)
     }
 }
 
@@ -379,8 +379,7 @@ impl<'obj> Tracer<'obj> {
         stop: &AtomicBool,
         mut on_new_task: impl FnMut(u32),
     ) -> Result<()> {
-        let mut new_tasks: Vec<u32> = Vec::new();
-        let pending = std::cell::RefCell::new(&mut new_tasks);
+        let pending = std::cell::RefCell::new(Vec::<u32>::new());
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&self.skel.maps.events, |data: &[u8]| {
@@ -413,7 +412,7 @@ impl<'obj> Tracer<'obj> {
                 Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e).context("failed to poll the event ring buffer"),
             }
-            let batch: Vec<u32> = std::mem::take(&mut *pending.borrow_mut());
+            let batch = pending.take();
             for tgid in batch {
                 on_new_task(tgid);
             }

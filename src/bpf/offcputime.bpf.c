@@ -206,8 +206,7 @@ static __always_inline bool is_kthread(struct task_struct *t)
 }
 
 /* The in-kernel filters on the thread that blocks (-p -t -u -k --state). */
-static __always_inline bool wanted(struct task_struct *t, __u32 tgid, __u32 tid,
-				   bool kthread, __u32 state)
+static __always_inline bool wanted(__u32 tgid, __u32 tid, bool kthread, __u32 state)
 {
 	if (tid == 0) /* the idle tasks */
 		return false;
@@ -264,7 +263,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
 		return;
 	}
-	if (!wanted(prev, tgid, tid, kthread, state))
+	if (!wanted(tgid, tid, kthread, state))
 		return;
 	if (trace_end_ns && now >= trace_end_ns)
 		return;
@@ -331,6 +330,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	struct offcpu_key key = {};
 	struct task_data *d;
 	__u64 delta, start, end = trace_end_ns;
+	bool kthread;
 
 	if (tid == 0)
 		return;
@@ -351,11 +351,12 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	key.tgid = BPF_CORE_READ(next, tgid);
 	key.pid = tid;
 	BPF_CORE_READ_STR_INTO(&key.comm, next, comm);
-	if (is_kthread(next))
+	kthread = is_kthread(next);
+	if (kthread)
 		count(CNT_KTHREAD_BLOCKS);
 	if (want_user_stack) {
 		if (next_is_current)
-			key.user_stack_id = is_kthread(next) ? STACK_ID_NONE : stack_of_current(ctx, true);
+			key.user_stack_id = kthread ? STACK_ID_NONE : stack_of_current(ctx, true);
 		else
 			key.user_stack_id = d->user_stack_id;
 	}

@@ -258,13 +258,8 @@ fn block_time_filters() {
     // thread may still be preempted briefly while it runs).
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "-M", "5000", "2"]).stdout);
     assert!(sum_us(&lines, "wl-shortsleep") > 1_500_000);
-    let slept = |comm: &str, frame: &str| -> u64 {
-        lines
-            .iter()
-            .filter(|l| l.comm() == comm && l.has(frame))
-            .map(|l| l.us)
-            .sum()
-    };
+    let slept =
+        |comm: &str, frame: &str| sum_us_where(&lines, |l| l.comm() == comm && l.has(frame));
     assert_eq!(
         slept("wl-nanosleep", "do_nanosleep"),
         0,
@@ -297,15 +292,11 @@ fn state_filter() {
     // 0 = preempted (TASK_RUNNING): any thread can be preempted while it
     // runs, but none of the sleeps may be counted.
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "0", "2"]).stdout);
-    let sleeping: u64 = lines
-        .iter()
-        .filter(|l| {
-            ["do_nanosleep", "pipe_read", "anon_pipe_read", "futex_wait"]
-                .iter()
-                .any(|f| l.has(f))
-        })
-        .map(|l| l.us)
-        .sum();
+    let sleeping = sum_us_where(&lines, |l| {
+        ["do_nanosleep", "pipe_read", "anon_pipe_read", "futex_wait"]
+            .iter()
+            .any(|f| l.has(f))
+    });
     assert!(sleeping < 20_000, "--state 0 let in sleeps: {sleeping} us");
     // TASK_UNINTERRUPTIBLE (2): none of these sleeps either.
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "2", "2"]).stdout);

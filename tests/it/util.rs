@@ -191,10 +191,11 @@ pub fn parse_report(stdout: &[u8]) -> Vec<Entry> {
     out
 }
 
-pub fn sum_us<'a>(lines: impl IntoIterator<Item = &'a Folded>, comm: &str) -> u64 {
-    lines
-        .into_iter()
-        .filter(|l| l.comm() == comm)
-        .map(|l| l.us)
-        .sum()
+/// Total of the lines that satisfy `keep`.
+pub fn sum_us_where(lines: &[Folded], keep: impl Fn(&Folded) -> bool) -> u64 {
+    lines.iter().filter(|l| keep(l)).map(|l| l.us).sum()
+}
+
+pub fn sum_us(lines: &[Folded], comm: &str) -> u64 {
+    sum_us_where(lines, |l| l.comm() == comm)
 }
