@@ -1,7 +1,9 @@
 //! The program: parse, trace, report.
 
+use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +11,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use crate::cli::{check_targets, Args, Config};
-use crate::output::{folded, text};
+use crate::cli::{check_targets, Args, Config, Format};
+use crate::output::{folded, svg, text};
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
 use crate::tracer::{check_environment, Tracer};
@@ -56,17 +58,25 @@ fn set_libbpf_logging(verbose: bool) {
     }
 }
 
-/// Traces as `config` says and writes the report.
-pub fn trace(config: &Config) -> Result<()> {
+/// Checks privileges and targets, and installs the signal handler.
+fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
     check_environment()?;
     check_targets(&config.tracer)?;
     set_libbpf_logging(config.verbose);
+    let stop = stop.clone();
+    ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+        .context("failed to install the SIGINT/SIGTERM handler")
+}
 
+/// Traces as `config` says and writes the report.
+pub fn trace(config: &Config) -> Result<()> {
+    // Opened first: a path that cannot be written fails now, before any
+    // measurement, whatever else is wrong.
+    let mut sink = Sink::open(config.output.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
-            .context("failed to install the SIGINT/SIGTERM handler")?;
+    if let Err(e) = prepare(config, &stop) {
+        sink.discard();
+        return Err(e);
     }
 
     let mut symbolizer = Symbolizer::new(SymbolizeOptions {
@@ -74,7 +84,13 @@ pub fn trace(config: &Config) -> Result<()> {
     });
     let started = Instant::now();
     let mut object = MaybeUninit::uninit();
-    let mut tracer = Tracer::start(&mut object, &config.tracer)?;
+    let mut tracer = match Tracer::start(&mut object, &config.tracer) {
+        Ok(t) => t,
+        Err(e) => {
+            sink.discard();
+            return Err(e);
+        }
+    };
     if config.verbose {
         eprintln!(
             "offcputime: attached {} in {:.1} ms",
@@ -98,15 +114,14 @@ pub fn trace(config: &Config) -> Result<()> {
     );
     drop(tracer);
 
-    let stdout = io::stdout();
-    let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
-    if config.folded {
-        folded::write(&profile, config.shape, &mut out)
-    } else {
-        text::write(&profile, config.shape, &mut out)
+    sink.write(|out| match &config.format {
+        Format::Text => text::write(&profile, config.shape, out),
+        Format::Folded => folded::write(&profile, config.shape, out),
+        Format::Svg(o) => svg::write(&profile, config.shape, o, out),
+    })?;
+    if profile.samples.is_empty() {
+        eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
     }
-    .and_then(|()| out.flush())
-    .context("failed to write the report")?;
 
     report_losses(&profile, config);
     if config.verbose {
@@ -175,5 +190,75 @@ fn report_losses(profile: &Profile, config: &Config) {
              frames of processes that exited early may be unnamed",
             c.events_dropped
         );
+    }
+}
+
+/// Where the report goes: stdout, or a file opened before tracing.
+enum Sink {
+    Stdout,
+    File {
+        file: File,
+        path: PathBuf,
+        /// It did not exist before: remove it if nothing is written.
+        created: bool,
+    },
+}
+
+impl Sink {
+    fn open(path: Option<&Path>) -> Result<Sink> {
+        let Some(path) = path else {
+            return Ok(Sink::Stdout);
+        };
+        let show = path.display();
+        if path.is_dir() {
+            anyhow::bail!("cannot write the output to {show}: it is a directory");
+        }
+        let created = !path.exists();
+        // Not truncated until the report is written: a run that fails to
+        // start leaves an existing file as it was.
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("cannot write the output to {show}"))?;
+        Ok(Sink::File {
+            file,
+            path: path.to_path_buf(),
+            created,
+        })
+    }
+
+    /// Removes a file this run created, when there is nothing to write.
+    fn discard(self) {
+        if let Sink::File {
+            path,
+            created: true,
+            ..
+        } = self
+        {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    fn write(&mut self, render: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
+        match self {
+            Sink::Stdout => {
+                let stdout = io::stdout();
+                let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
+                render(&mut out)
+                    .and_then(|()| out.flush())
+                    .context("failed to write the report")
+            }
+            Sink::File { file, path, .. } => {
+                let mut out = BufWriter::with_capacity(64 * 1024, file);
+                out.get_ref()
+                    .set_len(0)
+                    .and_then(|()| render(&mut out))
+                    .and_then(|()| out.flush())
+                    .and_then(|()| out.get_ref().sync_data())
+                    .with_context(|| format!("failed to write the report to {}", path.display()))
+            }
+        }
     }
 }

@@ -1,11 +1,13 @@
 //! Command line: flags (compatible with bcc's `offcputime`) to a validated
 //! [`Config`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 
+use crate::output::svg::{self, SvgOptions};
 use crate::output::Shape;
 use crate::profile::StackMode;
 use crate::tracer::{Hook, TracerOptions, MAX_STACK_DEPTH};
@@ -34,6 +36,8 @@ pub enum HookArg {
     offcputime             # trace off-CPU stack time until Ctrl-C\n  \
     offcputime 5           # trace for 5 seconds only\n  \
     offcputime -f 5        # 5 seconds, and output in folded format\n  \
+    offcputime --svg 5 > offcpu.svg   # 5 seconds, as a flame graph\n  \
+    offcputime -o out.svg 5           # the same, written to a file\n  \
     offcputime -m 1000     # trace only events that last more than 1000 usec\n  \
     offcputime -M 10000    # trace only events that last less than 10000 usec\n  \
     offcputime -p 185      # only trace threads for PID 185\n  \
@@ -89,6 +93,65 @@ pub struct Args {
     #[arg(short = 'f', long = "folded")]
     pub folded: bool,
 
+    /// Output a flame graph (SVG) instead of text
+    #[arg(long = "svg", conflicts_with = "folded")]
+    pub svg: bool,
+
+    /// Write the output to FILE instead of stdout ("-" is stdout); a FILE
+    /// ending in .svg gets a flame graph unless -f is given
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Flame graph title [default: "Off-CPU Time Flame Graph"]
+    #[arg(
+        long = "title",
+        value_name = "TEXT",
+        help_heading = "Flame graph (--svg)"
+    )]
+    pub title: Option<String>,
+
+    /// Flame graph subtitle [default: what was traced]
+    #[arg(
+        long = "subtitle",
+        value_name = "TEXT",
+        help_heading = "Flame graph (--svg)"
+    )]
+    pub subtitle: Option<String>,
+
+    /// Flame graph width in pixels [default: the browser window's]
+    #[arg(
+        long = "width",
+        value_name = "PIXELS",
+        help_heading = "Flame graph (--svg)"
+    )]
+    pub width: Option<String>,
+
+    /// Leave out frames narrower than this percentage of the total [default: 0.01]
+    #[arg(
+        long = "minwidth",
+        value_name = "PERCENT",
+        help_heading = "Flame graph (--svg)"
+    )]
+    pub minwidth: Option<String>,
+
+    /// Icicle graph: outermost frames at the top
+    #[arg(long = "inverted", help_heading = "Flame graph (--svg)")]
+    pub inverted: bool,
+
+    /// Reverse the stacks: innermost frames at the root
+    #[arg(long = "reverse", help_heading = "Flame graph (--svg)")]
+    pub reverse: bool,
+
+    /// Palette for user frames (io, hot, mem, wakeup, red, green, blue, aqua,
+    /// yellow, purple, orange, java, js, perl, python, rust) [default: io];
+    /// kernel frames get a contrasting colour
+    #[arg(
+        long = "colors",
+        value_name = "PALETTE",
+        help_heading = "Flame graph (--svg)"
+    )]
+    pub colors: Option<String>,
+
     /// Show address offsets (func+0x1a)
     #[arg(short = 's', long = "offset")]
     pub offset: bool,
@@ -138,12 +201,25 @@ pub struct Args {
     pub duration: Option<String>,
 }
 
+/// Which rendering of the profile is written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Format {
+    /// bcc's multi-line report.
+    Text,
+    /// Folded stacks (`-f`).
+    Folded,
+    /// A flame graph (`--svg`).
+    Svg(SvgOptions),
+}
+
 /// What to trace and how to show it, validated.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub tracer: TracerOptions,
     pub shape: Shape,
-    pub folded: bool,
+    pub format: Format,
+    /// `None` is stdout.
+    pub output: Option<PathBuf>,
     pub offsets: bool,
     pub verbose: bool,
     pub duration: Option<Duration>,
@@ -241,6 +317,8 @@ impl Args {
             bail!("--perf-max-stack-depth must be between 1 and {MAX_STACK_DEPTH}: {depth}");
         }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
+        let output = self.output.clone().filter(|p| p.as_os_str() != "-");
+        let format = self.format(output.as_deref())?;
 
         let mode = if self.user_stacks_only {
             StackMode::UserOnly
@@ -256,7 +334,7 @@ impl Args {
             HookArg::TpBtf => Hook::TpBtf,
             HookArg::RawTp => Hook::RawTp,
         };
-        Ok(Config {
+        let mut config = Config {
             tracer: TracerOptions {
                 tgids,
                 tids,
@@ -280,20 +358,105 @@ impl Args {
                 mode,
                 delimited: self.delimited,
             },
-            folded: self.folded,
+            format,
+            output,
             offsets: self.offset,
             verbose: self.verbose,
             duration,
-        })
+        };
+        let description = config.description();
+        if let Format::Svg(o) = &mut config.format {
+            o.subtitle = match o.subtitle.take() {
+                None => Some(description),
+                Some(s) if s.is_empty() => None,
+                some => some,
+            };
+        }
+        Ok(config)
+    }
+}
+
+impl Args {
+    /// `-f`, `--svg`, or the text report; `-o x.svg` alone means `--svg`.
+    fn format(&self, output: Option<&std::path::Path>) -> Result<Format> {
+        let svg_by_name = !self.folded
+            && output.is_some_and(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")));
+        if !(self.svg || svg_by_name) {
+            let svg_flags = [
+                ("--title", self.title.is_some()),
+                ("--subtitle", self.subtitle.is_some()),
+                ("--width", self.width.is_some()),
+                ("--minwidth", self.minwidth.is_some()),
+                ("--inverted", self.inverted),
+                ("--reverse", self.reverse),
+                ("--colors", self.colors.is_some()),
+            ];
+            if let Some((flag, _)) = svg_flags.iter().find(|f| f.1) {
+                bail!("{flag} is a flame graph option: add --svg");
+            }
+            return Ok(if self.folded {
+                Format::Folded
+            } else {
+                Format::Text
+            });
+        }
+        let mut o = SvgOptions::default();
+        if let Some(t) = &self.title {
+            o.title = t.clone();
+        }
+        // `None` until into_config fills in the description; "" is none.
+        o.subtitle = self.subtitle.clone();
+        if let Some(w) = &self.width {
+            let w = parse_u64("--width", w)?;
+            if !(100..=1_000_000).contains(&w) {
+                bail!("--width must be between 100 and 1000000 pixels: {w}");
+            }
+            o.width = Some(w as usize);
+        }
+        if let Some(m) = &self.minwidth {
+            let v: f64 = m
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && (0.0..=100.0).contains(v))
+                .with_context(|| {
+                    format!("--minwidth must be a percentage between 0 and 100: {m:?}")
+                })?;
+            o.min_width = v;
+        }
+        o.inverted = self.inverted;
+        o.reverse = self.reverse;
+        if let Some(c) = &self.colors {
+            o.palette = svg::parse_palette(c.trim()).map_err(anyhow::Error::msg)?;
+        }
+        Ok(Format::Svg(o))
     }
 }
 
 impl Config {
-    /// bcc's opening line: what is traced, by which stacks, for how long.
-    pub fn status_line(&self) -> String {
+    /// What was traced, in a few words: the flame graph's default subtitle.
+    pub fn description(&self) -> String {
+        let t = &self.tracer;
+        let mut parts = vec![self.threads()];
+        parts.push(format!("{} stacks", self.stacks()));
+        if t.min_block_ns > 1000 || t.max_block_ns != u64::MAX {
+            let min = t.min_block_ns / 1000;
+            parts.push(if t.max_block_ns == u64::MAX {
+                format!("blocks of {min} us or more")
+            } else {
+                format!("blocks of {min} to {} us", t.max_block_ns / 1000)
+            });
+        }
+        if let Some(s) = t.state {
+            parts.push(format!("state {s}"));
+        }
+        parts.join(", ")
+    }
+
+    fn threads(&self) -> String {
         let t = &self.tracer;
         let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        let threads = if !t.tgids.is_empty() {
+        if !t.tgids.is_empty() {
             format!("PID {}", list(&t.tgids))
         } else if !t.tids.is_empty() {
             format!("TID {}", list(&t.tids))
@@ -303,12 +466,20 @@ impl Config {
             "kernel threads".to_string()
         } else {
             "all threads".to_string()
-        };
-        let stacks = match self.shape.mode {
+        }
+    }
+
+    fn stacks(&self) -> &'static str {
+        match self.shape.mode {
             StackMode::Both => "user + kernel",
             StackMode::UserOnly => "user",
             StackMode::KernelOnly => "kernel",
-        };
+        }
+    }
+
+    /// bcc's opening line: what is traced, by which stacks, for how long.
+    pub fn status_line(&self) -> String {
+        let (threads, stacks) = (self.threads(), self.stacks());
         let when = match self.duration {
             Some(d) => format!(" for {} secs.", fmt_secs(d)),
             None => "... Hit Ctrl-C to end.".to_string(),

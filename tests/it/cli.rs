@@ -118,6 +118,15 @@ fn help_and_version_succeed() {
         "--max-block-time",
         "--state",
         "--hook",
+        "--svg",
+        "--output",
+        "--title",
+        "--subtitle",
+        "--width",
+        "--minwidth",
+        "--inverted",
+        "--reverse",
+        "--colors",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
@@ -127,4 +136,135 @@ fn help_and_version_succeed() {
         .unwrap()
         .status
         .success());
+}
+
+#[test]
+fn output_formats() {
+    use offcputime::cli::Format;
+    assert_eq!(config(&[]).unwrap().format, Format::Text);
+    assert_eq!(config(&["-f"]).unwrap().format, Format::Folded);
+    let c = config(&["--svg", "-p", "7", "-m", "1000", "1"]).unwrap();
+    let Format::Svg(o) = &c.format else {
+        panic!("{:?}", c.format)
+    };
+    assert_eq!(o.title, "Off-CPU Time Flame Graph");
+    assert_eq!(
+        o.subtitle.as_deref(),
+        Some("PID 7, user + kernel stacks, blocks of 1000 us or more")
+    );
+    assert_eq!(c.output, None);
+    // A file named .svg gets a flame graph, unless -f says otherwise.
+    let c = config(&["-o", "x.SVG"]).unwrap();
+    assert!(matches!(c.format, Format::Svg(_)));
+    assert_eq!(c.output.as_deref(), Some(std::path::Path::new("x.SVG")));
+    assert_eq!(
+        config(&["-f", "-o", "x.svg"]).unwrap().format,
+        Format::Folded
+    );
+    assert_eq!(config(&["-o", "-"]).unwrap().output, None);
+
+    let c = config(&[
+        "--svg",
+        "--title",
+        "T",
+        "--subtitle",
+        "",
+        "--width",
+        "800",
+        "--minwidth",
+        "0.5",
+        "--inverted",
+        "--reverse",
+        "--colors",
+        "hot",
+    ])
+    .unwrap();
+    let Format::Svg(o) = c.format else { panic!() };
+    assert_eq!(o.title, "T");
+    assert_eq!(o.subtitle, None);
+    assert_eq!(o.width, Some(800));
+    assert_eq!(o.min_width, 0.5);
+    assert!(o.inverted && o.reverse);
+    assert_eq!(
+        o.palette,
+        inferno::flamegraph::Palette::Basic(inferno::flamegraph::color::BasicPalette::Hot)
+    );
+}
+
+#[test]
+fn bad_flame_graph_flags() {
+    assert!(err(&["--title", "x"]).contains("--title is a flame graph option: add --svg"));
+    assert!(err(&["-f", "--inverted"]).contains("--inverted is a flame graph option"));
+    assert!(err(&["--svg", "-f"]).contains("cannot be used with"));
+    assert!(err(&["--svg", "--colors", "plaid"]).contains("one of: io, hot"));
+    assert!(err(&["--svg", "--width", "10"]).contains("between 100 and"));
+    assert!(err(&["--svg", "--minwidth", "101"]).contains("percentage"));
+    assert!(err(&["--svg", "--minwidth", "x"]).contains("percentage"));
+}
+
+/// Bad output paths fail at once, in one line, before anything is traced,
+/// and a run that cannot start leaves an existing file as it was.
+#[test]
+fn bad_output_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let missing_parent = format!("{d}/no/such/dir/out.svg");
+    for (path, expected) in [
+        (d, "is a directory"),
+        (missing_parent.as_str(), "No such file or directory"),
+    ] {
+        let out = offcputime().args(["-o", path, "1"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{path}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("cannot write the output to"), "{err}");
+        assert!(err.contains(expected), "{err}");
+    }
+
+    // A PID that does not exist: the run fails before tracing; an existing
+    // file keeps its contents and a new one is not left behind.
+    let kept = dir.path().join("kept.folded");
+    std::fs::write(&kept, "keep me\n").unwrap();
+    let fresh = dir.path().join("fresh.folded");
+    for path in [&kept, &fresh] {
+        let out = offcputime()
+            .args(["-f", "-p", "2147483647", "-o", path.to_str().unwrap(), "1"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+    }
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "keep me\n");
+    assert!(!fresh.exists());
+}
+
+/// A directory the user may not write to: as root the test drops to
+/// nobody, whose lack of privileges must not hide the path's error.
+#[test]
+fn unwritable_output_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let target = locked.join("out.svg");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let out = if root {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_offcputime"))
+            .args(["-o", target.to_str().unwrap(), "1"])
+            .output()
+            .unwrap()
+    } else {
+        offcputime()
+            .args(["-o", target.to_str().unwrap(), "1"])
+            .output()
+            .unwrap()
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot write the output to"), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
 }

@@ -5,4 +5,5 @@
 mod cli;
 mod e2e;
 mod golden;
+mod svg;
 mod util;

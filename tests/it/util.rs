@@ -199,3 +199,156 @@ pub fn sum_us_where(lines: &[Folded], keep: impl Fn(&Folded) -> bool) -> u64 {
 pub fn sum_us(lines: &[Folded], comm: &str) -> u64 {
     sum_us_where(lines, |l| l.comm() == comm)
 }
+
+/// An external program a test needs (a flame-graph tool, a browser).
+/// Outside CI a missing tool skips the test; under CI=true it fails.
+pub fn require_tool(name: &str, candidates: &[PathBuf]) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let home_cargo = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cargo/bin").join(name))
+        .into_iter();
+    let found = candidates
+        .iter()
+        .cloned()
+        .chain(on_path)
+        .chain(home_cargo)
+        .find(|p| p.is_file());
+    if found.is_none() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!(
+                "{name} is needed and CI=true forbids skipping (scripts/setup --test installs it)"
+            );
+        }
+        eprintln!("skipped: {name} not found (scripts/setup --test installs it)");
+    }
+    found
+}
+
+/// One frame of a flame graph SVG.
+#[derive(Debug, Clone)]
+pub struct SvgFrame {
+    pub name: String,
+    /// Its time as the title gives it ("name (1,234 us, 5.67%)").
+    pub us: u64,
+    /// Position and size; inferno writes x and width in percent.
+    pub x: f64,
+    pub width: f64,
+    pub y: f64,
+    pub height: f64,
+    /// `rgb(r,g,b)`.
+    pub fill: (u8, u8, u8),
+    /// The `class` of the frame's group (the viewer hides frames with "hide").
+    pub class: String,
+    pub label_hidden: bool,
+}
+
+#[derive(Debug)]
+pub struct Svg {
+    pub width: Option<f64>,
+    /// Text of the element with this id.
+    pub texts: std::collections::HashMap<String, String>,
+    /// Classes of the elements with an id.
+    pub classes: std::collections::HashMap<String, String>,
+    pub frames: Vec<SvgFrame>,
+}
+
+impl Svg {
+    pub fn frame(&self, name: &str) -> &SvgFrame {
+        self.frames
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("no frame {name:?} in the flame graph"))
+    }
+    pub fn total_us(&self) -> u64 {
+        self.frame("all").us
+    }
+    /// (name, time) of every frame, sorted: what two renderings of the same
+    /// stacks must agree on.
+    pub fn frame_set(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<_> = self.frames.iter().map(|f| (f.name.clone(), f.us)).collect();
+        v.sort();
+        v
+    }
+}
+
+fn number(s: &str) -> f64 {
+    s.trim_end_matches('%')
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {s:?}"))
+}
+
+/// Parses a flame graph as XML: inferno's, or FlameGraph's flamegraph.pl's.
+pub fn parse_svg(text: &str) -> Svg {
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc =
+        roxmltree::Document::parse_with_options(text, options).expect("the SVG is well-formed XML");
+    let root = doc.root_element();
+    let mut texts = std::collections::HashMap::new();
+    let mut classes = std::collections::HashMap::new();
+    for n in root.descendants().filter(|n| n.is_element()) {
+        if let Some(id) = n.attribute("id") {
+            let t: String = n
+                .descendants()
+                .filter(|d| d.is_text())
+                .filter_map(|d| d.text())
+                .collect();
+            texts.insert(id.to_string(), t);
+            classes.insert(id.to_string(), n.attribute("class").unwrap_or("").into());
+        }
+    }
+    let mut frames = Vec::new();
+    for g in root.descendants().filter(|n| n.has_tag_name("g")) {
+        let child = |tag: &str| g.children().find(|c| c.has_tag_name(tag));
+        let (Some(title), Some(rect)) = (child("title"), child("rect")) else {
+            continue;
+        };
+        let title = title.text().unwrap_or("");
+        let Some(open) = title.rfind(" (") else {
+            continue;
+        };
+        let name = &title[..open];
+        let count: String = title[open + 2..]
+            .split(' ')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(|c| *c != ',')
+            .collect();
+        let attr = |a: &str| number(rect.attribute(a).unwrap_or_else(|| panic!("rect {a}")));
+        let fill = rect.attribute("fill").unwrap_or("");
+        let rgb: Vec<u8> = fill
+            .trim_start_matches("rgb(")
+            .trim_end_matches(')')
+            .split(',')
+            .map(|c| c.trim().parse().unwrap_or(0))
+            .collect();
+        frames.push(SvgFrame {
+            name: name.to_string(),
+            us: count
+                .parse()
+                .unwrap_or_else(|_| panic!("count in {title:?}")),
+            x: attr("x"),
+            width: attr("width"),
+            y: attr("y"),
+            height: attr("height"),
+            fill: (rgb[0], rgb[1], rgb[2]),
+            class: g.attribute("class").unwrap_or("").to_string(),
+            label_hidden: child("text").and_then(|t| t.attribute("visibility")) == Some("hidden"),
+        });
+    }
+    Svg {
+        width: root.attribute("width").map(number),
+        texts,
+        classes,
+        frames,
+    }
+}
