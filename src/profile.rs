@@ -168,7 +168,9 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         }
     };
 
-    let mut merged: HashMap<(u32, u32, String, Part, Part), (u64, u64)> = HashMap::new();
+    // (tgid, pid, comm, user, kernel) -> (total ns, blocks)
+    type MergeKey = (u32, u32, String, Part, Part);
+    let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
     for e in &raw.entries {
         let user = part(e.user_stack, true, unames.get(&e.tgid), false);
         let kernel = part(e.kernel_stack, kernel_first_is_ip, Some(&knames), true);

@@ -136,9 +136,11 @@ impl Symbolizer {
     }
 
     /// Names of kernel frames.
+    #[allow(clippy::field_reassign_with_default)]
     pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), String> {
         // kallsyms only: looking for a vmlinux image with DWARF costs more
-        // than it adds for function names.
+        // than it adds for function names. `Kernel` is non-exhaustive, so
+        // its fields are set after `default()`.
         let mut kernel = Kernel::default();
         kernel.vmlinux = blazesym::MaybeDefault::None;
         kernel.debug_syms = false;

@@ -423,7 +423,7 @@ fn e2e_flame_graphs_in_the_tools_and_a_browser() {
     let page = parse_svg(&dom);
     assert!(!page.classes["unzoom"].contains("hide"), "zoomed in");
     let zoomed = page.frame("wl_nanosleep_thread");
-    assert!(zoomed.width > 99.9, "{zoomed:?}");
+    assert!(zoomed.width > 99.9 && zoomed.x < 0.1, "{zoomed:?}");
     assert!(page.frame("wl_pipe_thread").class.contains("hide"));
     assert!(page
         .frames
