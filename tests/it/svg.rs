@@ -323,11 +323,13 @@ fn e2e_flame_graphs_in_the_tools_and_a_browser() {
     ) else {
         return;
     };
+    // Serial throughout: Chromium's start-up load would upset the accuracy
+    // of the other end-to-end tests.
+    let _guard = serial();
     let dir = tempfile::tempdir().unwrap();
     let folded_path = dir.path().join("out.folded");
     let svg_path = dir.path().join("offcpu.svg");
     {
-        let _guard = serial();
         let w = Workload::start(&[]);
         let pid = w.pid.to_string();
         profile(&[
