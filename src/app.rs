@@ -252,13 +252,28 @@ impl Sink {
             }
             Sink::File { file, path, .. } => {
                 let mut out = BufWriter::with_capacity(64 * 1024, file);
-                out.get_ref()
-                    .set_len(0)
+                truncate_if_regular(out.get_ref())
                     .and_then(|()| render(&mut out))
                     .and_then(|()| out.flush())
-                    .and_then(|()| out.get_ref().sync_data())
+                    .and_then(|()| sync_if_regular(out.get_ref()))
                     .with_context(|| format!("failed to write the report to {}", path.display()))
             }
         }
     }
+}
+
+/// Empties a regular file before it is written (devices and pipes cannot
+/// be truncated, and need not be).
+fn truncate_if_regular(file: &File) -> io::Result<()> {
+    if file.metadata()?.is_file() {
+        file.set_len(0)?;
+    }
+    Ok(())
+}
+
+fn sync_if_regular(file: &File) -> io::Result<()> {
+    if file.metadata()?.is_file() {
+        file.sync_data()?;
+    }
+    Ok(())
 }

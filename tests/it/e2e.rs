@@ -445,6 +445,40 @@ fn closed_pipe_ends_quietly() {
     );
 }
 
+/// A flame graph through a pipe that closes early ends quietly too; a
+/// full disk is an error that says so, in one line.
+#[test]
+fn svg_to_a_closed_pipe_or_a_full_disk() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let status = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; {} --svg 0.5 | head -c 10 >/dev/null",
+            env!("CARGO_BIN_EXE_offcputime")
+        ))
+        .status()
+        .expect("bash");
+    assert!(
+        status.success(),
+        "offcputime --svg exited non-zero on a closed pipe"
+    );
+
+    let out = offcputime()
+        .args(["--svg", "-o", "/dev/full", "0.5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("offcputime: failed to write the report to /dev/full: No space left"),
+        "{err}"
+    );
+}
+
 #[test]
 fn unprivileged_user_is_told_which_privilege_is_missing() {
     if !require_root() {
