@@ -1,19 +1,23 @@
-//! Compiles the BPF program and generates its Rust skeleton.
+//! Compiles the BPF programs and generates their Rust skeletons: the
+//! profiler's, and the floor programs of the overhead benchmark.
 
 use std::env;
 use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const SRC: &str = "src/bpf/offcputime.bpf.c";
-
-fn main() {
+fn skeleton(src: &str, name: &str) {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"))
-        .join("offcputime.skel.rs");
+        .join(format!("{name}.skel.rs"));
     SkeletonBuilder::new()
-        .source(SRC)
+        .source(src)
         .clang_args(["-Isrc/bpf", "-Wall", "-Wno-unused-function"])
         .build_and_generate(&out)
-        .unwrap_or_else(|e| panic!("building {SRC} failed (is clang installed?): {e:#}"));
+        .unwrap_or_else(|e| panic!("building {src} failed (is clang installed?): {e:#}"));
+}
+
+fn main() {
+    skeleton("src/bpf/offcputime.bpf.c", "offcputime");
+    skeleton("src/bpf/floor.bpf.c", "floor");
     println!("cargo:rerun-if-changed=src/bpf");
 }

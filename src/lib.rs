@@ -28,6 +28,20 @@ pub mod bpf {
     unsafe impl plain::Plain for types::new_task_event {}
 }
 
+/// The floor programs of the overhead benchmark (`examples/floor.rs`): the
+/// stack walks any profiler on `sched_switch` must pay for, and nothing else.
+#[doc(hidden)]
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code
+)]
+pub mod floor_bpf {
+    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+}
+
 /// Whether `err` is, anywhere in its chain, a write to a closed pipe: the
 /// reader went away (`offcputime -f | head -1`), which is not a failure.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {

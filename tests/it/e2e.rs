@@ -262,30 +262,23 @@ fn block_time_filters() {
     let short = sum_us(&lines, "wl-shortsleep");
     assert!(short < 200_000, "-m 5000 let in 1 ms blocks: {short} us");
 
-    // -M 5000: the 1 ms sleeper's sleeps, none of the longer sleeps. A
-    // thread may still be preempted briefly, even inside do_nanosleep
-    // before it sleeps (an interrupt's preempt_schedule_irq): only
-    // voluntary switches, ending in schedule;__schedule, are its sleeps.
+    // -M 5000: the 1 ms sleeper's sleeps, none of the longer sleeps, which
+    // fill the window without the filter. A few short switches inside
+    // do_nanosleep or futex_wait still pass: a preemption by an interrupt
+    // before the thread sleeps, or a timer that fires just before
+    // schedule() (the thread is then still runnable). Under load they add
+    // up to tens of microseconds, far below 1% of the window.
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "-M", "5000", "2"]).stdout);
     assert!(sum_us(&lines, "wl-shortsleep") > 1_500_000);
-    let slept = |comm: &str, frame: &str| {
-        sum_us_where(&lines, |l| {
-            l.comm() == comm
-                && l.has(frame)
-                && l.frames
-                    .ends_with(&["schedule".into(), "__schedule".into()])
-        })
-    };
-    assert_eq!(
-        slept("wl-nanosleep", "do_nanosleep"),
-        0,
-        "-M 5000 let in 10 ms blocks"
+    let slept =
+        |comm: &str, frame: &str| sum_us_where(&lines, |l| l.comm() == comm && l.has(frame));
+    let nanosleep = slept("wl-nanosleep", "do_nanosleep");
+    assert!(
+        nanosleep < 20_000,
+        "-M 5000 let in 10 ms blocks: {nanosleep} us"
     );
-    assert_eq!(
-        slept("wl-futex", "futex_wait"),
-        0,
-        "-M 5000 let in 20 ms blocks"
-    );
+    let futex = slept("wl-futex", "futex_wait");
+    assert!(futex < 20_000, "-M 5000 let in 20 ms blocks: {futex} us");
     assert!(sum_us(&lines, "wl-nanosleep") < 20_000);
 }
 
