@@ -26,6 +26,7 @@ pub enum Outcome {
 
 /// Parses the command line, traces, and writes the report to stdout.
 pub fn run() -> Result<Outcome> {
+    let began = Instant::now();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {
@@ -42,7 +43,7 @@ pub fn run() -> Result<Outcome> {
         }
     };
     let config = args.into_config()?;
-    trace(&config)?;
+    trace(&config, began)?;
     Ok(Outcome::Done)
 }
 
@@ -68,8 +69,9 @@ fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
         .context("failed to install the SIGINT/SIGTERM handler")
 }
 
-/// Traces as `config` says and writes the report.
-pub fn trace(config: &Config) -> Result<()> {
+/// Traces as `config` says and writes the report. `began` is when the
+/// program started, for the start-up time that `-v` shows.
+pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // Opened first: a path that cannot be written fails now, before any
     // measurement, whatever else is wrong.
     let mut sink = Sink::open(config.output.as_deref())?;
@@ -93,12 +95,16 @@ pub fn trace(config: &Config) -> Result<()> {
     };
     if config.verbose {
         eprintln!(
-            "offcputime: attached {} in {:.1} ms",
+            "offcputime: attached {} {:.1} ms after start (load and attach {:.1} ms)",
             tracer.hook(),
-            started.elapsed().as_secs_f64() * 1e3
+            began.elapsed().as_secs_f64() * 1e3,
+            started.elapsed().as_secs_f64() * 1e3,
         );
     }
     eprintln!("{}", config.status_line());
+    if config.shape.mode.kernel() {
+        symbolizer.warm_up_kernel();
+    }
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
     tracer.wait(deadline, &stop, |tgid| symbolizer.note_process(tgid))?;

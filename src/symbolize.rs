@@ -43,7 +43,7 @@ pub struct Symbolizer {
 }
 
 /// Where an address came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AddrKind {
     /// The exact instruction pointer (the innermost frame of a stack).
     Ip,
@@ -133,6 +133,12 @@ impl Symbolizer {
         let info = self.processes.entry(tgid).or_default();
         info.cached |= cached;
         info.mappings = mappings;
+    }
+
+    /// Reads the kernel's symbols now (kallsyms takes about 100 ms to
+    /// parse), so that the report at the end does not wait for it.
+    pub fn warm_up_kernel(&self) {
+        let _ = self.kernel(&[(0, AddrKind::Ip)]);
     }
 
     /// Names of kernel frames.

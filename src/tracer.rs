@@ -412,8 +412,12 @@ impl<'obj> Tracer<'obj> {
                 Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e).context("failed to poll the event ring buffer"),
             }
-            let batch = pending.take();
-            for tgid in batch {
+            // Snapshots of new processes, unless the trace is over: they
+            // must not delay its end.
+            for tgid in pending.take() {
+                if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
+                    break;
+                }
                 on_new_task(tgid);
             }
         }

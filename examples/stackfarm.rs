@@ -1,0 +1,99 @@
+//! `stackfarm`: many processes whose threads block under many distinct
+//! stacks, for measuring how the profiler's report scales.
+//!
+//! ```text
+//! cargo run --release --example stackfarm -- [--procs P] [--depth D] [--sleep-ms S] [--seconds N]
+//! ```
+//!
+//! Starts P processes (this executable re-run as `stackfarm worker D N`),
+//! each with D threads; thread d recurses d levels through
+//! `farm_level` before it sleeps S ms (default 50) in a loop, so every thread blocks
+//! under its own stack: P × D distinct stacks in all (1000 by default).
+//! Prints `ready` once every worker runs, and exits after N seconds
+//! (default 30) with its workers.
+
+use std::hint::black_box;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// Recurses `levels` more times, then sleeps until `end`.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn farm_level(levels: u32, sleep_ms: u64, end_ms: u64, start: &Instant) -> u32 {
+    if levels == 0 {
+        while (start.elapsed().as_millis() as u64) < end_ms {
+            std::thread::sleep(Duration::from_millis(sleep_ms));
+        }
+        return 0;
+    }
+    // black_box keeps the call from becoming a loop.
+    black_box(farm_level(black_box(levels - 1), sleep_ms, end_ms, start)) + 1
+}
+
+fn worker(depth: u32, sleep_ms: u64, seconds: u64) {
+    let start = Instant::now();
+    let end_ms = seconds * 1000;
+    let threads: Vec<_> = (0..depth)
+        .map(|d| {
+            std::thread::Builder::new()
+                .name(format!("farm-{d}"))
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    farm_level(d, sleep_ms, end_ms, &start);
+                })
+                .expect("spawn")
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+fn flag(args: &[String], name: &str, default: u64) -> u64 {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().expect("a number"))
+        .unwrap_or(default)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("worker") {
+        let depth = args[1].parse().expect("depth");
+        let sleep_ms = args[2].parse().expect("sleep ms");
+        let seconds = args[3].parse().expect("seconds");
+        worker(depth, sleep_ms, seconds);
+        return ExitCode::SUCCESS;
+    }
+    let procs = flag(&args, "--procs", 25);
+    let depth = flag(&args, "--depth", 40);
+    let sleep_ms = flag(&args, "--sleep-ms", 50);
+    let seconds = flag(&args, "--seconds", 30);
+    let exe = std::env::current_exe().expect("own path");
+    let mut children: Vec<Child> = (0..procs)
+        .map(|_| {
+            Command::new(&exe)
+                .args([
+                    "worker",
+                    &depth.to_string(),
+                    &sleep_ms.to_string(),
+                    &seconds.to_string(),
+                ])
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start a worker")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    println!("ready");
+    let mut ok = true;
+    for c in &mut children {
+        ok &= c.wait().map(|s| s.success()).unwrap_or(false);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
