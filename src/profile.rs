@@ -127,9 +127,6 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             kaddrs.extend(kinds(f, kernel_first_is_ip));
         }
     }
-    // Many stacks share frames: each distinct address is looked up once.
-    kaddrs.sort_unstable();
-    kaddrs.dedup();
     let knames = sym.kernel(&kaddrs);
 
     // User frames, one batch per process.
@@ -140,9 +137,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         }
     }
     let mut unames = HashMap::new();
-    for (tgid, mut addrs) in by_tgid {
-        addrs.sort_unstable();
-        addrs.dedup();
+    for (tgid, addrs) in by_tgid {
         unames.insert(tgid, sym.user(tgid, &addrs));
     }
 

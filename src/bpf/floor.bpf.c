@@ -4,7 +4,9 @@
  * least work any off-CPU profiler on tp_btf/sched_switch must do, against
  * which the real program's cost per switch is compared. Each walks the
  * outgoing task's stacks into a per-CPU buffer, at the profiler's default
- * depth, and keeps nothing. Loaded one at a time by examples/floor.rs.
+ * depth, and keeps nothing. Like every profiler they leave out the idle
+ * task (pid 0), whose "blocks" are CPU time, and kernel threads have no user
+ * stack to walk. Loaded one at a time by examples/floor.rs.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -21,11 +23,21 @@ struct {
 /* Frames walked by floor_kernel_top: a shallow walk. */
 const volatile __u32 top_frames = 8;
 
-static __always_inline __u64 *buf(void)
+#define PF_KTHREAD 0x00200000
+
+/* The per-CPU buffer, or NULL when prev is the idle task. */
+static __always_inline __u64 *buf(struct task_struct *prev)
 {
 	__u32 zero = 0;
 
+	if (prev->pid == 0)
+		return NULL;
 	return bpf_map_lookup_elem(&buffer, &zero);
+}
+
+static __always_inline bool has_user_stack(struct task_struct *prev)
+{
+	return !(prev->flags & PF_KTHREAD);
 }
 
 /* Nothing: the cost of running a program on every switch at all. */
@@ -38,7 +50,7 @@ int BPF_PROG(floor_empty, bool preempt, struct task_struct *prev, struct task_st
 SEC("tp_btf/sched_switch")
 int BPF_PROG(floor_kernel, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 *b = buf();
+	__u64 *b = buf(prev);
 
 	if (b)
 		bpf_get_stack(ctx, b, MAX_STACK_DEPTH * sizeof(__u64), 0);
@@ -48,9 +60,9 @@ int BPF_PROG(floor_kernel, bool preempt, struct task_struct *prev, struct task_s
 SEC("tp_btf/sched_switch")
 int BPF_PROG(floor_user, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 *b = buf();
+	__u64 *b = buf(prev);
 
-	if (b)
+	if (b && has_user_stack(prev))
 		bpf_get_stack(ctx, b, MAX_STACK_DEPTH * sizeof(__u64), BPF_F_USER_STACK);
 	return 0;
 }
@@ -58,12 +70,13 @@ int BPF_PROG(floor_user, bool preempt, struct task_struct *prev, struct task_str
 SEC("tp_btf/sched_switch")
 int BPF_PROG(floor_both, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 *b = buf();
+	__u64 *b = buf(prev);
 
 	if (!b)
 		return 0;
 	bpf_get_stack(ctx, b, MAX_STACK_DEPTH * sizeof(__u64), 0);
-	bpf_get_stack(ctx, b, MAX_STACK_DEPTH * sizeof(__u64), BPF_F_USER_STACK);
+	if (has_user_stack(prev))
+		bpf_get_stack(ctx, b, MAX_STACK_DEPTH * sizeof(__u64), BPF_F_USER_STACK);
 	return 0;
 }
 
@@ -71,7 +84,7 @@ int BPF_PROG(floor_both, bool preempt, struct task_struct *prev, struct task_str
 SEC("tp_btf/sched_switch")
 int BPF_PROG(floor_ktop, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 *b = buf();
+	__u64 *b = buf(prev);
 	__u32 n = top_frames;
 
 	if (!b)
@@ -88,7 +101,7 @@ int BPF_PROG(floor_ktop, bool preempt, struct task_struct *prev, struct task_str
 SEC("tp_btf/sched_switch")
 int BPF_PROG(floor_knext, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 *b = buf();
+	__u64 *b = buf(prev);
 
 	if (b)
 		bpf_get_task_stack(next, b, MAX_STACK_DEPTH * sizeof(__u64), 0);
