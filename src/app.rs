@@ -76,17 +76,16 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // measurement, whatever else is wrong.
     let mut sink = Sink::open(config.output.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
-    if let Err(e) = prepare(config, &stop) {
-        sink.discard();
-        return Err(e);
-    }
-
     let mut symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
     });
-    let started = Instant::now();
+    let mut started = Instant::now();
     let mut object = MaybeUninit::uninit();
-    let mut tracer = match Tracer::start(&mut object, &config.tracer) {
+    let started_tracer = prepare(config, &stop).and_then(|()| {
+        started = Instant::now();
+        Tracer::start(&mut object, &config.tracer)
+    });
+    let mut tracer = match started_tracer {
         Ok(t) => t,
         Err(e) => {
             sink.discard();
@@ -257,29 +256,23 @@ impl Sink {
                     .context("failed to write the report")
             }
             Sink::File { file, path, .. } => {
-                let mut out = BufWriter::with_capacity(64 * 1024, file);
-                truncate_if_regular(out.get_ref())
-                    .and_then(|()| render(&mut out))
-                    .and_then(|()| out.flush())
-                    .and_then(|()| sync_if_regular(out.get_ref()))
+                let written = || -> io::Result<()> {
+                    // Devices and pipes are neither truncated nor synced.
+                    let regular = file.metadata()?.is_file();
+                    if regular {
+                        file.set_len(0)?;
+                    }
+                    let mut out = BufWriter::with_capacity(64 * 1024, &*file);
+                    render(&mut out)?;
+                    out.flush()?;
+                    if regular {
+                        file.sync_data()?;
+                    }
+                    Ok(())
+                };
+                written()
                     .with_context(|| format!("failed to write the report to {}", path.display()))
             }
         }
     }
-}
-
-/// Empties a regular file before it is written (devices and pipes cannot
-/// be truncated, and need not be).
-fn truncate_if_regular(file: &File) -> io::Result<()> {
-    if file.metadata()?.is_file() {
-        file.set_len(0)?;
-    }
-    Ok(())
-}
-
-fn sync_if_regular(file: &File) -> io::Result<()> {
-    if file.metadata()?.is_file() {
-        file.sync_data()?;
-    }
-    Ok(())
 }

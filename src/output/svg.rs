@@ -113,17 +113,11 @@ pub fn write(
     opts: &SvgOptions,
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    let mut lines: Vec<String> = folded::lines(profile, shape, true)
-        .into_iter()
-        .map(|(stack, us)| format!("{stack} {us}"))
-        .collect();
-    // inferno merges adjacent lines and expects them sorted.
-    lines.sort_unstable();
+    let stacks = folded::lines(profile, shape, true);
 
     let mut kernel_colors = PaletteMap::default();
     if !palette_knows_kernel(opts.palette) {
-        for line in &lines {
-            let stack = line.rsplit_once(' ').map_or(line.as_str(), |(s, _)| s);
+        for (stack, _) in &stacks {
             for frame in stack.split(';').filter(|f| f.ends_with(KERNEL_ANNOTATION)) {
                 if kernel_colors.get(frame).is_none() {
                     kernel_colors.insert(frame, kernel_color(frame, opts.palette));
@@ -131,6 +125,13 @@ pub fn write(
             }
         }
     }
+
+    let mut lines: Vec<String> = stacks
+        .into_iter()
+        .map(|(stack, us)| format!("{stack} {us}"))
+        .collect();
+    // inferno merges adjacent lines and expects them sorted.
+    lines.sort_unstable();
 
     let mut o = flamegraph::Options::default();
     o.title = opts.title.clone();

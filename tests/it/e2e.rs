@@ -435,18 +435,23 @@ fn closed_pipe_ends_quietly() {
         "{err}"
     );
     // And the exit status of offcputime itself is 0.
-    let status = std::process::Command::new("bash")
+    assert!(
+        status_into_closed_pipe("-f 1", "head -1").success(),
+        "offcputime exited non-zero on a closed pipe"
+    );
+}
+
+/// The exit status of `offcputime ARGS | READER` as offcputime's own
+/// (pipefail), the reader closing the pipe early.
+fn status_into_closed_pipe(args: &str, reader: &str) -> std::process::ExitStatus {
+    std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "set -o pipefail; {} -f 1 | head -1 >/dev/null",
+            "set -o pipefail; {} {args} | {reader} >/dev/null",
             env!("CARGO_BIN_EXE_offcputime")
         ))
         .status()
-        .expect("bash");
-    assert!(
-        status.success(),
-        "offcputime exited non-zero on a closed pipe"
-    );
+        .expect("bash")
 }
 
 /// A flame graph through a pipe that closes early ends quietly too; a
@@ -457,16 +462,8 @@ fn svg_to_a_closed_pipe_or_a_full_disk() {
         return;
     }
     let _g = serial();
-    let status = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "set -o pipefail; {} --svg 0.5 | head -c 10 >/dev/null",
-            env!("CARGO_BIN_EXE_offcputime")
-        ))
-        .status()
-        .expect("bash");
     assert!(
-        status.success(),
+        status_into_closed_pipe("--svg 0.5", "head -c 10").success(),
         "offcputime --svg exited non-zero on a closed pipe"
     );
 
