@@ -92,6 +92,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             return Err(e);
         }
     };
+    if let Some(d) = config.duration {
+        tracer.end_after(d);
+    }
     if config.verbose {
         eprintln!(
             "offcputime: attached {} {:.1} ms after start (load and attach {:.1} ms)",
@@ -107,8 +110,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
     tracer.wait(deadline, &stop, |tgid| symbolizer.note_process(tgid))?;
-    let traced_for = tracer.attached_at().elapsed();
     tracer.stop()?;
+    let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();
 
     let raw = tracer.read()?;
@@ -131,9 +134,12 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     report_losses(&profile, config);
     if config.verbose {
         eprintln!(
-            "offcputime: traced {:.3} s; {} stacks, {} blocks, {:.3} s off-CPU in total; \
-             {} blocks in progress at the end counted up to it; report in {:.1} ms",
-            traced_for.as_secs_f64(),
+            "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {} stacks, {} blocks, \
+             {:.3} s off-CPU in total; {} blocks in progress at the end counted up to it; \
+             report in {:.1} ms",
+            (window_end - window_start) as f64 / 1e9,
+            window_start as f64 / 1e9,
+            window_end as f64 / 1e9,
             profile.samples.len(),
             profile.samples.iter().map(|s| s.count).sum::<u64>(),
             profile.total_ns() as f64 / 1e9,

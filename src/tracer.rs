@@ -146,6 +146,10 @@ pub struct Tracer<'obj> {
     links: Vec<Link>,
     hook: AttachedHook,
     attached_at: Instant,
+    /// `attached_at` on the clock of the BPF program (CLOCK_MONOTONIC).
+    attached_ns: u64,
+    /// The end of tracing on that clock, once known.
+    end_ns: Option<u64>,
     stopped: bool,
 }
 
@@ -357,6 +361,8 @@ impl<'obj> Tracer<'obj> {
             links: vec![link],
             hook: attached,
             attached_at: Instant::now(),
+            attached_ns: monotonic_ns(),
+            end_ns: None,
             stopped: false,
         })
     }
@@ -424,18 +430,44 @@ impl<'obj> Tracer<'obj> {
         Ok(())
     }
 
-    /// Ends tracing: blocks are counted up to now, the hooks are detached,
-    /// and blocks still in progress are added up to now.
+    /// Sets the end of tracing `duration` after attach, ahead of time: the
+    /// program itself stops counting there, so the window is exact even if
+    /// this process is late to notice the deadline.
+    pub fn end_after(&mut self, duration: Duration) {
+        let end = self
+            .attached_ns
+            .saturating_add(duration.as_nanos().try_into().unwrap_or(u64::MAX));
+        self.set_end(end);
+    }
+
+    fn set_end(&mut self, end: u64) {
+        self.end_ns = Some(end);
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            // SAFETY: the mmap'ed .bss is shared with the running program;
+            // a volatile store makes sure the write is not elided.
+            unsafe { std::ptr::write_volatile(&mut bss.trace_end_ns, end) };
+        }
+    }
+
+    /// The window traced, in CLOCK_MONOTONIC nanoseconds: from attach to
+    /// the end set ahead or to the stop, whichever came first (now, if
+    /// neither has come).
+    pub fn window_ns(&self) -> (u64, u64) {
+        let end = self.end_ns.unwrap_or_else(monotonic_ns);
+        (self.attached_ns, end.max(self.attached_ns))
+    }
+
+    /// Ends tracing: blocks are counted up to now (or the end set ahead,
+    /// if that came first), the hooks are detached, and blocks still in
+    /// progress are added up to the end.
     pub fn stop(&mut self) -> Result<()> {
         if self.stopped {
             return Ok(());
         }
         self.stopped = true;
-        let end = monotonic_ns();
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            // SAFETY: the mmap'ed .bss is shared with the running program;
-            // a volatile store makes sure the write is not elided.
-            unsafe { std::ptr::write_volatile(&mut bss.trace_end_ns, end) };
+        let now = monotonic_ns();
+        if self.end_ns.is_none_or(|end| end > now) {
+            self.set_end(now);
         }
         self.links.clear();
         let flush = if self.hook == AttachedHook::TpBtf {

@@ -45,8 +45,10 @@ const volatile bool notify_new_tasks = true;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 
 /*
- * Set by userspace when tracing ends: blocks are counted only up to this
- * instant, and the iterator adds the blocks still in progress at that time.
+ * The end of tracing, set by userspace: at attach when a duration is given
+ * (so that a late wake-up of userspace does not stretch the window), or
+ * when tracing is stopped early. Blocks are counted only up to this
+ * instant, and the iterator adds the blocks still in progress at the end.
  */
 volatile __u64 trace_end_ns = 0;
 
@@ -339,14 +341,17 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		return;
 	start = d->start_ns;
 	d->start_ns = 0;
-	if (end && now > end) {
-		/* Blocked across the end of tracing: the iterator that runs
-		 * at the end may already have counted it. */
+	if (end && start >= end)
 		return;
-	}
+	/* The filters see the whole block; only its part before the end of
+	 * tracing is counted (the end may be set ahead, at the deadline, and
+	 * a block that ends before the iterator runs is counted here, since
+	 * start_ns is now cleared). */
 	delta = now - start;
 	if (delta < min_block_ns || delta > max_block_ns)
 		return;
+	if (end && now > end)
+		delta = end - start;
 
 	key.tgid = BPF_CORE_READ(next, tgid);
 	key.pid = tid;

@@ -352,3 +352,123 @@ pub fn parse_svg(text: &str) -> Svg {
         frames,
     }
 }
+
+/// The kernel's own account of threads' time, sampled every 10 ms in the
+/// background from `/proc/PID/task/TID/schedstat`: how long each ran
+/// (`se.sum_exec_runtime`) and how long it waited for a CPU while runnable
+/// (`sched_info.run_delay`). A thread's off-CPU time over any stretch of
+/// the run is then known independently of the profiler.
+pub struct CpuClock {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<Sample>>,
+}
+
+/// When (CLOCK_MONOTONIC ns, the clock of the profiler's window), and per
+/// thread (ran ns, waited ns).
+type Sample = (u64, Vec<(u64, u64)>);
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub struct CpuSamples {
+    samples: Vec<Sample>,
+}
+
+impl CpuClock {
+    pub fn start(pid: u32, tids: &[u32]) -> CpuClock {
+        let paths: Vec<String> = tids
+            .iter()
+            .map(|t| format!("/proc/{pid}/task/{t}/schedstat"))
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            loop {
+                let now = monotonic_ns();
+                let ran = paths
+                    .iter()
+                    .map(|p| {
+                        let s = std::fs::read_to_string(p).expect("schedstat");
+                        let mut f = s.split_whitespace().map(|x| x.parse().unwrap());
+                        (f.next().unwrap(), f.next().unwrap())
+                    })
+                    .collect();
+                samples.push((now, ran));
+                if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    return samples;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        CpuClock { stop, handle }
+    }
+
+    pub fn finish(self) -> CpuSamples {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        CpuSamples {
+            samples: self.handle.join().expect("sampler"),
+        }
+    }
+}
+
+impl CpuSamples {
+    /// Thread `i`'s counters (in the order given to `start`) at `t`, in
+    /// ns, interpolated between the samples around it.
+    fn at(&self, i: usize, t: u64) -> (f64, f64) {
+        let s = &self.samples;
+        assert!(
+            s.first().unwrap().0 <= t && t <= s.last().unwrap().0,
+            "instant outside the sampled stretch"
+        );
+        let k = s.partition_point(|(at, _)| *at <= t).clamp(1, s.len() - 1);
+        let ((t0, a), (t1, b)) = (&s[k - 1], &s[k]);
+        let span = t1 - t0;
+        let f = if span > 0 {
+            (t.saturating_sub(*t0) as f64 / span as f64).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let lerp = |x: u64, y: u64| x as f64 + (y as f64 - x as f64) * f;
+        (lerp(a[i].0, b[i].0), lerp(a[i].1, b[i].1))
+    }
+
+    /// Microseconds thread `i` was off-CPU between `from` and `to` (ns,
+    /// CLOCK_MONOTONIC): the stretch minus the time it ran.
+    pub fn off_cpu_us(&self, i: usize, from: u64, to: u64) -> f64 {
+        let ran_ns = self.at(i, to).0 - self.at(i, from).0;
+        (to - from) as f64 / 1e3 - ran_ns / 1e3
+    }
+
+    /// Microseconds thread `i` waited for a CPU between `from` and `to`:
+    /// all its off-CPU time if it never blocks. (Unlike the stretch minus
+    /// its run time, this leaves out interrupts taken while it ran, which
+    /// kernels with IRQ time accounting subtract from the run time.)
+    pub fn waited_us(&self, i: usize, from: u64, to: u64) -> f64 {
+        (self.at(i, to).1 - self.at(i, from).1) / 1e3
+    }
+}
+
+/// From `-v` output: the hook attached and the window traced, in
+/// CLOCK_MONOTONIC ns.
+pub fn verbose_window(stderr: &str) -> (String, u64, u64) {
+    let after = |key: &str| {
+        stderr
+            .split(key)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no '{key}' in {stderr}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    let attached = after("attached ");
+    let window = after("(CLOCK_MONOTONIC ");
+    let ns = |s: &str| (s.trim_end_matches(");").parse::<f64>().expect(s) * 1e9) as u64;
+    (attached[0].to_string(), ns(window[0]), ns(window[2]))
+}
