@@ -109,7 +109,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
-    tracer.wait(deadline, &stop, |tgid| symbolizer.note_process(tgid))?;
+    tracer.wait(deadline, &stop, |tgid, exec| symbolizer.note_process(tgid, exec))?;
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();

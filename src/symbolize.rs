@@ -1,32 +1,43 @@
 //! Addresses to frame names, with one long-lived blazesym `Symbolizer`.
 //!
-//! A process's memory map is snapshotted the first time the process is seen
-//! blocking (see [`Symbolizer::note_process`]), so its frames are still named
-//! if it exits before tracing ends.
+//! A process's executable mappings are snapshotted the first time it is
+//! seen blocking (see [`Symbolizer::note_process`]), so that its frames are
+//! still named if it exits before tracing ends. The snapshot is small: each
+//! mapping refers to a file by index, and each distinct file (by device and
+//! inode) is opened once, through the process's `/proc/PID/map_files` (so
+//! files in other mount namespaces, or deleted since, still resolve), and
+//! shared by every process that maps it. Many short-lived processes of the
+//! same programs thus cost a few dozen bytes per mapping, not a copy of
+//! each process's memory map.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 
-use blazesym::symbolize::cache;
-use blazesym::symbolize::source::{Kernel, Process, Source};
+use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Symbolized};
 use blazesym::Pid;
 
-/// One executable mapping of a process, for naming frames that have no
-/// symbol: `[libfoo.so+0x1234]`.
-#[derive(Clone, Debug)]
+/// One executable mapping of a process.
+#[derive(Clone, Copy, Debug)]
 struct Mapping {
     start: u64,
     end: u64,
     file_offset: u64,
-    name: String,
+    /// Index into `Symbolizer::objects`.
+    object: u32,
 }
 
-#[derive(Default)]
-struct ProcessInfo {
-    /// blazesym holds a snapshot of the VMAs.
-    cached: bool,
-    mappings: Vec<Mapping>,
+/// What a mapping maps: a file, or something without one (`[vdso]`, an
+/// anonymous JIT region).
+struct Object {
+    /// File name for unnamed frames: `[libfoo.so+0x1234]`.
+    name: String,
+    /// Where blazesym reads the file: `/proc/self/fd/N` of the handle
+    /// below, or the path in the maps if it could not be opened.
+    path: Option<PathBuf>,
+    _handle: Option<File>,
 }
 
 /// How frames are written.
@@ -38,8 +49,19 @@ pub struct SymbolizeOptions {
 
 pub struct Symbolizer {
     inner: blazesym::symbolize::Symbolizer,
-    processes: HashMap<u32, ProcessInfo>,
+    /// Executable mappings by process, as last seen.
+    processes: HashMap<u32, Vec<Mapping>>,
+    objects: Vec<Object>,
+    /// `objects` indices by (device, inode), or by name for mappings
+    /// without a file.
+    object_ids: HashMap<ObjectKey, u32>,
     opts: SymbolizeOptions,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum ObjectKey {
+    File { dev: String, inode: u64 },
+    Pseudo(String),
 }
 
 /// Where an address came from.
@@ -51,43 +73,59 @@ pub enum AddrKind {
     Return,
 }
 
-fn parse_maps(tgid: u32) -> Vec<Mapping> {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{tgid}/maps")) else {
-        return Vec::new();
-    };
+/// One executable line of `/proc/PID/maps`.
+struct MapsLine<'a> {
+    start: u64,
+    end: u64,
+    file_offset: u64,
+    key: ObjectKey,
+    range: &'a str,
+    path: &'a str,
+}
+
+fn parse_maps(text: &str) -> Vec<MapsLine<'_>> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut it = line.split_whitespace();
-        let (Some(range), Some(perms), Some(offset)) = (it.next(), it.next(), it.next()) else {
+        let (Some(range), Some(perms), Some(offset), Some(dev), Some(inode)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
             continue;
         };
         if !perms.contains('x') {
             continue;
         }
-        let path = it.nth(2).unwrap_or("");
+        // The path is the rest of the line; it may contain spaces.
+        let path = it.next().map_or("", |first| {
+            let at = line.find(first).unwrap_or(line.len());
+            line[at..].trim_end()
+        });
         let Some((s, e)) = range.split_once('-') else {
             continue;
         };
-        let (Ok(start), Ok(end), Ok(file_offset)) = (
+        let (Ok(start), Ok(end), Ok(file_offset), Ok(inode)) = (
             u64::from_str_radix(s, 16),
             u64::from_str_radix(e, 16),
             u64::from_str_radix(offset, 16),
+            inode.parse::<u64>(),
         ) else {
             continue;
         };
-        let name = if path.is_empty() {
-            "anon".to_string()
+        let key = if inode != 0 {
+            ObjectKey::File {
+                dev: dev.to_string(),
+                inode,
+            }
         } else {
-            Path::new(path)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| path.to_string())
+            ObjectKey::Pseudo(if path.is_empty() { "anon" } else { path }.to_string())
         };
-        out.push(Mapping {
+        out.push(MapsLine {
             start,
             end,
             file_offset,
-            name,
+            key,
+            range,
+            path,
         });
     }
     out
@@ -107,32 +145,77 @@ impl Symbolizer {
         Symbolizer {
             inner,
             processes: HashMap::new(),
+            objects: Vec::new(),
+            object_ids: HashMap::new(),
             opts,
         }
     }
 
     /// Snapshots what is needed to symbolize `tgid` later, even after it
-    /// exits.  Cheap to call again for a known process.
-    pub fn note_process(&mut self, tgid: u32) {
-        if tgid == 0 || self.processes.contains_key(&tgid) {
+    /// exits.  Cheap to call again for a known process, unless `exec`
+    /// says that its mappings have changed.
+    pub fn note_process(&mut self, tgid: u32, exec: bool) {
+        if tgid == 0 || (!exec && self.processes.contains_key(&tgid)) {
             return;
         }
         self.refresh_process(tgid);
     }
 
     fn refresh_process(&mut self, tgid: u32) {
-        let mappings = parse_maps(tgid);
-        if mappings.is_empty() {
-            // Gone already, or a kernel thread: keep what we had.
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{tgid}/maps")) else {
+            // Gone already: keep what we had.
             self.processes.entry(tgid).or_default();
             return;
+        };
+        let mut mappings = Vec::new();
+        for line in parse_maps(&text) {
+            let object = self.object(tgid, &line);
+            mappings.push(Mapping {
+                start: line.start,
+                end: line.end,
+                file_offset: line.file_offset,
+                object,
+            });
         }
-        let mut req = cache::Process::new(Pid::from(tgid));
-        req.cache_perf_map = false;
-        let cached = self.inner.cache(&cache::Cache::Process(req)).is_ok();
-        let info = self.processes.entry(tgid).or_default();
-        info.cached |= cached;
-        info.mappings = mappings;
+        mappings.shrink_to_fit();
+        self.processes.insert(tgid, mappings);
+    }
+
+    /// The index of the object `line` maps, opening its file the first
+    /// time it is seen.
+    fn object(&mut self, tgid: u32, line: &MapsLine<'_>) -> u32 {
+        if let Some(&id) = self.object_ids.get(&line.key) {
+            return id;
+        }
+        let name = Path::new(line.path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|_| line.path.starts_with('/'))
+            .unwrap_or_else(|| match &line.key {
+                ObjectKey::Pseudo(n) => n.clone(),
+                ObjectKey::File { .. } => line.path.to_string(),
+            });
+        let (path, handle) = match line.key {
+            ObjectKey::Pseudo(_) => (None, None),
+            ObjectKey::File { .. } => {
+                match File::open(format!("/proc/{tgid}/map_files/{}", line.range)) {
+                    Ok(f) => (
+                        Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+                        Some(f),
+                    ),
+                    // Out of file descriptors, say: the path as mapped.
+                    Err(_) => (Some(PathBuf::from(line.path)), None),
+                }
+            }
+        };
+        let id = self.objects.len() as u32;
+        self.objects.push(Object {
+            name,
+            path,
+            _handle: handle,
+        });
+        self.object_ids.insert(line.key.clone(), id);
+        id
     }
 
     /// Reads the kernel's symbols now (kallsyms takes about 100 ms to
@@ -151,7 +234,11 @@ impl Symbolizer {
         kernel.vmlinux = blazesym::MaybeDefault::None;
         kernel.debug_syms = false;
         let src = Source::Kernel(kernel);
-        self.resolve(&src, addrs, |_| None)
+        self.resolve(
+            addrs,
+            |lookup| names(self.inner.symbolize(&src, Input::AbsAddr(lookup)), lookup.len()),
+            |_| None,
+        )
     }
 
     /// Names of user frames of process `tgid`.
@@ -165,29 +252,66 @@ impl Symbolizer {
             // Pick up libraries loaded since the first snapshot.
             self.refresh_process(tgid);
         }
-        let mut process = Process::new(Pid::from(tgid));
-        process.perf_map = false;
-        // An exited process has no /proc/PID/map_files; its cached VMAs and
-        // the paths they name are used instead.
-        process.map_files = alive;
-        let src = Source::Process(process);
-        let mappings = self
-            .processes
-            .get(&tgid)
-            .map(|p| p.mappings.clone())
-            .unwrap_or_default();
-        self.resolve(&src, addrs, |addr| {
-            mappings
-                .iter()
-                .find(|m| addr >= m.start && addr < m.end)
-                .map(|m| format!("[{}+{:#x}]", m.name, addr - m.start + m.file_offset))
+        let mappings = self.processes.get(&tgid).cloned().unwrap_or_default();
+        self.resolve(
+            addrs,
+            |lookup| {
+                if alive {
+                    let mut process = Process::new(Pid::from(tgid));
+                    process.perf_map = false;
+                    let src = Source::Process(process);
+                    names(self.inner.symbolize(&src, Input::AbsAddr(lookup)), lookup.len())
+                } else {
+                    self.exited(&mappings, lookup)
+                }
+            },
+            |addr| self.unnamed(&mappings, addr),
+        )
+    }
+
+    /// Names in a process that has exited, through its snapshot: file
+    /// offsets, looked up file by file.
+    fn exited(&self, mappings: &[Mapping], lookup: &[u64]) -> Vec<Option<(String, u64)>> {
+        let mut out = vec![None; lookup.len()];
+        let mut by_object: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
+        for (i, &addr) in lookup.iter().enumerate() {
+            if let Some(m) = find(mappings, addr) {
+                let e = by_object.entry(m.object).or_default();
+                e.0.push(i);
+                e.1.push(addr - m.start + m.file_offset);
+            }
+        }
+        for (object, (idx, offsets)) in by_object {
+            let Some(path) = &self.objects[object as usize].path else {
+                continue;
+            };
+            let src = Source::Elf(Elf::new(path));
+            let found = names(
+                self.inner.symbolize(&src, Input::FileOffset(&offsets)),
+                offsets.len(),
+            );
+            for (i, name) in idx.into_iter().zip(found) {
+                out[i] = name;
+            }
+        }
+        out
+    }
+
+    /// `[file+0xoffset]` for an address in a mapping with no symbol for it.
+    fn unnamed(&self, mappings: &[Mapping], addr: u64) -> Option<String> {
+        find(mappings, addr).map(|m| {
+            format!(
+                "[{}+{:#x}]",
+                self.objects[m.object as usize].name,
+                addr - m.start + m.file_offset
+            )
         })
     }
 
     fn resolve(
         &self,
-        src: &Source<'_>,
         addrs: &[(u64, AddrKind)],
+        symbolize: impl FnOnce(&[u64]) -> Vec<Option<(String, u64)>>,
         fallback: impl Fn(u64) -> Option<String>,
     ) -> HashMap<(u64, AddrKind), String> {
         let unique: Vec<(u64, AddrKind)> = {
@@ -206,19 +330,17 @@ impl Symbolizer {
                 }
             })
             .collect();
-        let results = self.inner.symbolize(src, Input::AbsAddr(&lookup)).ok();
+        let results = symbolize(&lookup);
         let mut out = HashMap::with_capacity(unique.len());
         for (i, &(addr, kind)) in unique.iter().enumerate() {
-            let named = results.as_ref().and_then(|r| match r.get(i) {
-                Some(Symbolized::Sym(sym)) => {
-                    let name = sym.name.to_string();
-                    Some(if self.opts.offsets {
-                        format!("{name}+{:#x}", addr.saturating_sub(sym.addr))
-                    } else {
-                        name
-                    })
+            let named = results.get(i).cloned().flatten().map(|(name, offset)| {
+                if self.opts.offsets {
+                    // From the start of the symbol to the address itself
+                    // (not the looked-up call).
+                    format!("{name}+{:#x}", offset + (addr - lookup[i]))
+                } else {
+                    name
                 }
-                _ => None,
             });
             let name = named
                 .or_else(|| fallback(addr))
@@ -226,5 +348,28 @@ impl Symbolizer {
             out.insert((addr, kind), name);
         }
         out
+    }
+}
+
+/// The mapping that holds `addr`.
+fn find(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
+    mappings.iter().find(|m| addr >= m.start && addr < m.end)
+}
+
+/// (name, offset of the address into the symbol) of each result, `len`
+/// of them.
+fn names(
+    results: blazesym::Result<Vec<Symbolized<'_>>>,
+    len: usize,
+) -> Vec<Option<(String, u64)>> {
+    match results {
+        Ok(r) => r
+            .into_iter()
+            .map(|s| match s {
+                Symbolized::Sym(sym) => Some((sym.name.to_string(), sym.offset as u64)),
+                _ => None,
+            })
+            .collect(),
+        Err(_) => vec![None; len],
     }
 }

@@ -377,21 +377,22 @@ impl<'obj> Tracer<'obj> {
     }
 
     /// Waits until `deadline` (or forever) or until `stop` is set, calling
-    /// `on_new_task(tgid)` for every process seen blocking for the first
-    /// time, while it still exists.
+    /// `on_new_task(tgid, exec)` for every process seen blocking for the
+    /// first time, while it still exists, and again once a thread of it
+    /// has exec()ed (`exec` true).
     pub fn wait(
         &self,
         deadline: Option<Instant>,
         stop: &AtomicBool,
-        mut on_new_task: impl FnMut(u32),
+        mut on_new_task: impl FnMut(u32, bool),
     ) -> Result<()> {
-        let pending = std::cell::RefCell::new(Vec::<u32>::new());
+        let pending = std::cell::RefCell::new(Vec::<(u32, bool)>::new());
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&self.skel.maps.events, |data: &[u8]| {
                 let mut ev = types::new_task_event::default();
                 if plain::copy_from_bytes(&mut ev, data).is_ok() {
-                    pending.borrow_mut().push(ev.tgid);
+                    pending.borrow_mut().push((ev.tgid, ev.exec != 0));
                 }
                 0
             })
@@ -420,11 +421,11 @@ impl<'obj> Tracer<'obj> {
             }
             // Snapshots of new processes, unless the trace is over: they
             // must not delay its end.
-            for tgid in pending.take() {
+            for (tgid, exec) in pending.take() {
                 if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
                     break;
                 }
-                on_new_task(tgid);
+                on_new_task(tgid, exec);
             }
         }
         Ok(())

@@ -57,8 +57,8 @@ struct task_data {
 	__u64 start_ns;
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
-	__u32 notified;
-	__u32 _pad;
+	/* The address space its last new-task event was sent for. */
+	__u64 notified_mm;
 };
 
 struct {
@@ -259,6 +259,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	__u32 state = preempt ? 0 : task_state(prev);
 	bool kthread = is_kthread(prev);
 	struct task_data *d;
+	__u64 mm;
 
 	if (state & TASK_DEAD) {
 		if (!trusted)
@@ -285,14 +286,17 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	if (want_kernel_stack)
 		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false) : STACK_ID_MISSED_ERROR;
 
-	if (notify_new_tasks && !kthread && !d->notified) {
+	mm = (__u64)BPF_CORE_READ(prev, mm);
+	if (notify_new_tasks && !kthread && d->notified_mm != mm) {
 		struct new_task_event *e;
 
-		d->notified = 1;
 		e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 		if (e) {
 			e->tgid = tgid;
 			e->pid = tid;
+			e->exec = d->notified_mm != 0;
+			e->_pad = 0;
+			d->notified_mm = mm;
 			bpf_ringbuf_submit(e, 0);
 		} else {
 			count(CNT_EVENTS_DROPPED);

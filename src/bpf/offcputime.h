@@ -45,11 +45,15 @@ struct offcpu_val {
 };
 
 /* Sent on the `events` ring buffer the first time a user thread is seen
- * blocking, so that userspace can snapshot its process's mappings while it
- * still exists. */
+ * blocking, and again the first time after it exec()s, so that userspace
+ * can snapshot its process's mappings while it still exists. */
 struct new_task_event {
 	__u32 tgid;
 	__u32 pid;
+	/* The thread has exec()ed since its last event: its process's
+	 * mappings have changed. */
+	__u32 exec;
+	__u32 _pad;
 };
 
 /* Reasons for lost data, counted by the BPF program (array indices). */

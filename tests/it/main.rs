@@ -4,6 +4,7 @@
 
 mod cli;
 mod e2e;
+mod faults;
 mod golden;
 mod svg;
 mod util;
