@@ -109,7 +109,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
-    tracer.wait(deadline, &stop, |tgid, exec| symbolizer.note_process(tgid, exec))?;
+    tracer.wait(deadline, &stop, |tgid, changed| {
+        symbolizer.note_process(tgid, changed)
+    })?;
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();

@@ -152,10 +152,10 @@ impl Symbolizer {
     }
 
     /// Snapshots what is needed to symbolize `tgid` later, even after it
-    /// exits.  Cheap to call again for a known process, unless `exec`
-    /// says that its mappings have changed.
-    pub fn note_process(&mut self, tgid: u32, exec: bool) {
-        if tgid == 0 || (!exec && self.processes.contains_key(&tgid)) {
+    /// exits.  Cheap to call again for a known process, unless `changed`
+    /// says that its mappings have.
+    pub fn note_process(&mut self, tgid: u32, changed: bool) {
+        if tgid == 0 || (!changed && self.processes.contains_key(&tgid)) {
             return;
         }
         self.refresh_process(tgid);
@@ -236,7 +236,12 @@ impl Symbolizer {
         let src = Source::Kernel(kernel);
         self.resolve(
             addrs,
-            |lookup| names(self.inner.symbolize(&src, Input::AbsAddr(lookup)), lookup.len()),
+            |lookup| {
+                names(
+                    self.inner.symbolize(&src, Input::AbsAddr(lookup)),
+                    lookup.len(),
+                )
+            },
             |_| None,
         )
     }
@@ -260,7 +265,10 @@ impl Symbolizer {
                     let mut process = Process::new(Pid::from(tgid));
                     process.perf_map = false;
                     let src = Source::Process(process);
-                    names(self.inner.symbolize(&src, Input::AbsAddr(lookup)), lookup.len())
+                    names(
+                        self.inner.symbolize(&src, Input::AbsAddr(lookup)),
+                        lookup.len(),
+                    )
                 } else {
                     self.exited(&mappings, lookup)
                 }
@@ -358,10 +366,7 @@ fn find(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
 
 /// (name, offset of the address into the symbol) of each result, `len`
 /// of them.
-fn names(
-    results: blazesym::Result<Vec<Symbolized<'_>>>,
-    len: usize,
-) -> Vec<Option<(String, u64)>> {
+fn names(results: blazesym::Result<Vec<Symbolized<'_>>>, len: usize) -> Vec<Option<(String, u64)>> {
     match results {
         Ok(r) => r
             .into_iter()

@@ -377,9 +377,9 @@ impl<'obj> Tracer<'obj> {
     }
 
     /// Waits until `deadline` (or forever) or until `stop` is set, calling
-    /// `on_new_task(tgid, exec)` for every process seen blocking for the
-    /// first time, while it still exists, and again once a thread of it
-    /// has exec()ed (`exec` true).
+    /// `on_new_task(tgid, changed)` for every process seen blocking for the
+    /// first time, while it still exists, and again (`changed` true) when
+    /// a thread of it blocks after its executable mappings changed.
     pub fn wait(
         &self,
         deadline: Option<Instant>,
@@ -392,7 +392,7 @@ impl<'obj> Tracer<'obj> {
             .add(&self.skel.maps.events, |data: &[u8]| {
                 let mut ev = types::new_task_event::default();
                 if plain::copy_from_bytes(&mut ev, data).is_ok() {
-                    pending.borrow_mut().push((ev.tgid, ev.exec != 0));
+                    pending.borrow_mut().push((ev.tgid, ev.changed != 0));
                 }
                 0
             })
@@ -421,11 +421,11 @@ impl<'obj> Tracer<'obj> {
             }
             // Snapshots of new processes, unless the trace is over: they
             // must not delay its end.
-            for (tgid, exec) in pending.take() {
+            for (tgid, changed) in pending.take() {
                 if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
                     break;
                 }
-                on_new_task(tgid, exec);
+                on_new_task(tgid, changed);
             }
         }
         Ok(())

@@ -57,8 +57,10 @@ struct task_data {
 	__u64 start_ns;
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
-	/* The address space its last new-task event was sent for. */
+	/* The address space its last new-task event was sent for, and the
+	 * size of its executable mappings then. */
 	__u64 notified_mm;
+	__u64 notified_exec_vm;
 };
 
 struct {
@@ -259,7 +261,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	__u32 state = preempt ? 0 : task_state(prev);
 	bool kthread = is_kthread(prev);
 	struct task_data *d;
-	__u64 mm;
+	struct mm_struct *mm;
+	__u64 exec_vm;
 
 	if (state & TASK_DEAD) {
 		if (!trusted)
@@ -286,17 +289,20 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	if (want_kernel_stack)
 		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false) : STACK_ID_MISSED_ERROR;
 
-	mm = (__u64)BPF_CORE_READ(prev, mm);
-	if (notify_new_tasks && !kthread && d->notified_mm != mm) {
+	mm = BPF_CORE_READ(prev, mm);
+	exec_vm = mm ? BPF_CORE_READ(mm, exec_vm) : 0;
+	if (notify_new_tasks && !kthread &&
+	    (d->notified_mm != (__u64)mm || d->notified_exec_vm != exec_vm)) {
 		struct new_task_event *e;
 
 		e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 		if (e) {
 			e->tgid = tgid;
 			e->pid = tid;
-			e->exec = d->notified_mm != 0;
+			e->changed = d->notified_mm != 0;
 			e->_pad = 0;
-			d->notified_mm = mm;
+			d->notified_mm = (__u64)mm;
+			d->notified_exec_vm = exec_vm;
 			bpf_ringbuf_submit(e, 0);
 		} else {
 			count(CNT_EVENTS_DROPPED);

@@ -45,14 +45,15 @@ struct offcpu_val {
 };
 
 /* Sent on the `events` ring buffer the first time a user thread is seen
- * blocking, and again the first time after it exec()s, so that userspace
- * can snapshot its process's mappings while it still exists. */
+ * blocking, and again the first time after its process's executable
+ * mappings change (an exec(), the dynamic loader or dlopen() mapping a
+ * library), so that userspace can snapshot them while the process still
+ * exists. */
 struct new_task_event {
 	__u32 tgid;
 	__u32 pid;
-	/* The thread has exec()ed since its last event: its process's
-	 * mappings have changed. */
-	__u32 exec;
+	/* Not the thread's first event: its process's mappings changed. */
+	__u32 changed;
 	__u32 _pad;
 };
 

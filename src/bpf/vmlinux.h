@@ -92,7 +92,10 @@ struct pt_regs {
 	long unsigned int ss;
 };
 
-struct mm_struct;
+/* exec_vm: pages of executable, non-writable mappings (VM_EXEC). */
+struct mm_struct {
+	unsigned long exec_vm;
+} __attribute__((preserve_access_index));
 
 struct task_struct {
 	unsigned int __state;
