@@ -215,7 +215,7 @@ pub extern "C" fn wl_child_sleep(ms: u64) {
     let start = Instant::now();
     let total = Duration::from_millis(ms);
     while start.elapsed() < total {
-        let left = (total - start.elapsed()).as_millis() as u64;
+        let left = total.saturating_sub(start.elapsed()).as_millis() as u64;
         let ts = timespec_ms(left.clamp(1, 10));
         // SAFETY: `ts` is a valid timespec; a null `rem` is allowed.
         black_box(unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) });

@@ -185,15 +185,7 @@ fn stack_storage_too_small() {
 
     // No time is lost with the stacks: each blocking thread's total is
     // still within 2% of the window of the kernel's accounting.
-    let window_us = (to - from) as f64 / 1e3;
-    for (i, comm) in comms.iter().enumerate() {
-        let total = sum_us(&lines, comm) as f64;
-        let expected = cpu.off_cpu_us(i, from, to);
-        assert!(
-            (total - expected).abs() < 0.02 * window_us,
-            "{comm}: {total} us off-CPU, by the kernel's accounting {expected:.0} us"
-        );
-    }
+    check_blocked_threads(&lines, &cpu, &comms, (from, to), "");
     // The stacks that were kept are whole and the right ones: a line of
     // wl-nanosleep with its user frames has the matching kernel frames.
     for l in lines.iter().filter(|l| l.comm() == "wl-nanosleep") {
@@ -301,7 +293,6 @@ fn soak_switch_storm_and_short_lived_processes() {
     let _ = bench.wait();
     assert!(status.success(), "{stderr}");
     let (_, from, to) = verbose_window(&stderr);
-    let window_us = (to - from) as f64 / 1e3;
     let lines = parse_folded(&stdout);
 
     // Memory: after a warm-up of a fifth of the run, RSS grows by no more
@@ -331,16 +322,13 @@ fn soak_switch_storm_and_short_lived_processes() {
         .lines()
         .filter(|l| l.starts_with("WARNING"))
         .collect::<Vec<_>>();
-    for (i, comm) in comms.iter().enumerate() {
-        let total = sum_us(&lines, comm) as f64;
-        let expected = cpu.off_cpu_us(i, from, to);
-        eprintln!("soak: {comm} {total} us off-CPU, by the kernel's accounting {expected:.0} us");
-        assert!(
-            (total - expected).abs() < 0.02 * window_us,
-            "{comm}: {total} us off-CPU, by the kernel's accounting {expected:.0} us, \
-             in a {window_us:.0} us window; warnings: {losses:?}"
-        );
-    }
+    check_blocked_threads(
+        &lines,
+        &cpu,
+        &comms,
+        (from, to),
+        &format!("; warnings: {losses:?}"),
+    );
     assert!(
         sum_us(&lines, "sched-pipe") > 0,
         "no time for perf bench's threads"

@@ -456,6 +456,36 @@ impl CpuSamples {
     }
 }
 
+/// Checks that each of `comms` (the threads `cpu` sampled, in that order)
+/// was off-CPU, by the profile, within 2% of the window `from`..`to` (ns)
+/// of what the kernel's own accounting says, and blocked for nearly all of
+/// it. Returns the worst error as a share of the window.
+pub fn check_blocked_threads(
+    lines: &[Folded],
+    cpu: &CpuSamples,
+    comms: &[&str],
+    (from, to): (u64, u64),
+    context: &str,
+) -> f64 {
+    let window_us = (to - from) as f64 / 1e3;
+    let mut worst: f64 = 0.0;
+    for (i, comm) in comms.iter().enumerate() {
+        let total = sum_us(lines, comm) as f64;
+        let expected = cpu.off_cpu_us(i, from, to);
+        let err = (total - expected).abs() / window_us;
+        eprintln!("{comm}: {total} us off-CPU, by the kernel's accounting {expected:.0} us");
+        assert!(
+            err < 0.02,
+            "{comm}: {total} us off-CPU, by the kernel's accounting {expected:.0} us, \
+             in a {window_us:.0} us window ({:.2}% off){context}",
+            err * 100.0
+        );
+        assert!(total > window_us * 0.9, "{comm} blocked only {total} us");
+        worst = worst.max(err);
+    }
+    worst
+}
+
 /// From `-v` output: the hook attached and the window traced, in
 /// CLOCK_MONOTONIC ns.
 pub fn verbose_window(stderr: &str) -> (String, u64, u64) {
