@@ -1,23 +1,25 @@
 //! Addresses to frame names, with one long-lived blazesym `Symbolizer`.
 //!
 //! A process's executable mappings are snapshotted the first time it is
-//! seen blocking (see [`Symbolizer::note_process`]), so that its frames are
-//! still named if it exits before tracing ends. The snapshot is small: each
-//! mapping refers to a file by index, and each distinct file (by device and
-//! inode) is opened once, through the process's `/proc/PID/map_files` (so
-//! files in other mount namespaces, or deleted since, still resolve), and
-//! shared by every process that maps it. Many short-lived processes of the
-//! same programs thus cost a few dozen bytes per mapping, not a copy of
-//! each process's memory map.
+//! seen blocking, and again when they change (see
+//! [`Symbolizer::note_process`]), so that its frames are still named if it
+//! exits before tracing ends. The snapshot is small: each mapping refers to
+//! a file by index, and each distinct file (by device and inode) is opened
+//! once, through the process's `/proc/PID/map_files` (so files in other
+//! mount namespaces, or deleted since, still resolve), and shared by every
+//! process that maps it.
+//!
+//! User addresses are named by file offset from symbol tables: the file's
+//! own, or its separate debug file's where one is installed. DWARF is never
+//! parsed; it would double the profiler's memory for the same names.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
+use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized};
-use blazesym::Pid;
 
 /// One executable mapping of a process.
 #[derive(Clone, Copy, Debug)]
@@ -34,10 +36,72 @@ struct Mapping {
 struct Object {
     /// File name for unnamed frames: `[libfoo.so+0x1234]`.
     name: String,
-    /// Where blazesym reads the file: `/proc/self/fd/N` of the handle
-    /// below, or the path in the maps if it could not be opened.
+    /// Where blazesym reads the symbols: the file's separate debug file
+    /// if one is installed (found by build id), else the file itself,
+    /// through `/proc/self/fd/N` of the handle below, or the path in the
+    /// maps if it could not be opened.
     path: Option<PathBuf>,
+    /// With a debug file: the loadable segments of the file itself, to
+    /// turn file offsets into the addresses both files share.
+    segments: Option<Vec<Segment>>,
     _handle: Option<File>,
+}
+
+/// A `PT_LOAD` program header: file offset, virtual address, size in the
+/// file.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    offset: u64,
+    vaddr: u64,
+    filesz: u64,
+}
+
+/// The loadable segments of a 64-bit little-endian ELF file.
+fn load_segments(file: &File) -> Option<Vec<Segment>> {
+    use std::os::unix::fs::FileExt;
+    let mut eh = [0u8; 64];
+    file.read_exact_at(&mut eh, 0).ok()?;
+    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (u64_at(&eh, 32), u16_at(&eh, 54), u16_at(&eh, 56));
+    if phentsize < 56 || phnum > 256 {
+        return None;
+    }
+    let mut ph = vec![0u8; (phentsize * phnum) as usize];
+    file.read_exact_at(&mut ph, phoff).ok()?;
+    let segments = ph
+        .chunks(phentsize as usize)
+        .filter(|h| u32::from_le_bytes(h[..4].try_into().unwrap()) == 1) // PT_LOAD
+        .map(|h| Segment {
+            offset: u64_at(h, 8),
+            vaddr: u64_at(h, 16),
+            filesz: u64_at(h, 32),
+        })
+        .collect();
+    Some(segments)
+}
+
+/// Where distributions install separate debug files, by build id.
+const DEBUG_BUILD_ID_DIR: &str = "/usr/lib/debug/.build-id";
+
+/// The separate debug file of the ELF file at `path`, if installed:
+/// `/usr/lib/debug/.build-id/ab/cdef….debug`. Its symbol table names what
+/// the stripped file's dynamic symbols leave unnamed (`start_thread`).
+fn debug_file(path: &Path) -> Option<PathBuf> {
+    debug_file_in(Path::new(DEBUG_BUILD_ID_DIR), path)
+}
+
+fn debug_file_in(dir: &Path, path: &Path) -> Option<PathBuf> {
+    let id = blazesym::helper::read_elf_build_id(&path).ok()??;
+    if id.len() < 2 {
+        return None;
+    }
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let p = dir.join(&hex[..2]).join(format!("{}.debug", &hex[2..]));
+    p.is_file().then_some(p)
 }
 
 /// How frames are written.
@@ -177,6 +241,17 @@ impl Symbolizer {
                 object,
             });
         }
+        // What was seen before stays where nothing new overlaps it: a
+        // library unloaded since, the image before an exec(), everything
+        // of a zombie (whose maps are empty) still names earlier stacks.
+        if let Some(old) = self.processes.get(&tgid) {
+            let kept: Vec<Mapping> = old
+                .iter()
+                .filter(|o| !mappings.iter().any(|n| n.start < o.end && o.start < n.end))
+                .copied()
+                .collect();
+            mappings.extend(kept);
+        }
         mappings.shrink_to_fit();
         self.processes.insert(tgid, mappings);
     }
@@ -195,16 +270,27 @@ impl Symbolizer {
                 ObjectKey::Pseudo(n) => n.clone(),
                 ObjectKey::File { .. } => line.path.to_string(),
             });
-        let (path, handle) = match line.key {
-            ObjectKey::Pseudo(_) => (None, None),
+        let (path, segments, handle) = match line.key {
+            ObjectKey::Pseudo(_) => (None, None, None),
             ObjectKey::File { .. } => {
-                match File::open(format!("/proc/{tgid}/map_files/{}", line.range)) {
-                    Ok(f) => (
-                        Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
-                        Some(f),
-                    ),
-                    // Out of file descriptors, say: the path as mapped.
-                    Err(_) => (Some(PathBuf::from(line.path)), None),
+                let (path, handle) =
+                    match File::open(format!("/proc/{tgid}/map_files/{}", line.range)) {
+                        Ok(f) => (
+                            PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                            Some(f),
+                        ),
+                        // Out of file descriptors, say: the path as mapped.
+                        Err(_) => (PathBuf::from(line.path), None),
+                    };
+                // A debug file's own segments need not point at its
+                // contents: addresses are worked out in the file itself.
+                let debug = debug_file(&path).and_then(|d| {
+                    let segments = File::open(&path).ok().as_ref().and_then(load_segments)?;
+                    Some((d, segments))
+                });
+                match debug {
+                    Some((d, segments)) => (Some(d), Some(segments), handle),
+                    None => (Some(path), None, handle),
                 }
             }
         };
@@ -212,6 +298,7 @@ impl Symbolizer {
         self.objects.push(Object {
             name,
             path,
+            segments,
             _handle: handle,
         });
         self.object_ids.insert(line.key.clone(), id);
@@ -246,40 +333,28 @@ impl Symbolizer {
         )
     }
 
-    /// Names of user frames of process `tgid`.
+    /// Names of user frames of process `tgid`, through its snapshot (taken
+    /// again now if it is still running, for libraries loaded since): file
+    /// offsets, looked up file by file in the files' symbol tables.
+    /// DWARF is not read: parsing a library's debug information (glibc's
+    /// is 40 MB) would double the profiler's memory for the same names.
     pub fn user(
         &mut self,
         tgid: u32,
         addrs: &[(u64, AddrKind)],
     ) -> HashMap<(u64, AddrKind), String> {
-        let alive = process_alive(tgid);
-        if alive {
-            // Pick up libraries loaded since the first snapshot.
+        if process_alive(tgid) {
             self.refresh_process(tgid);
         }
         let mappings = self.processes.get(&tgid).cloned().unwrap_or_default();
         self.resolve(
             addrs,
-            |lookup| {
-                if alive {
-                    let mut process = Process::new(Pid::from(tgid));
-                    process.perf_map = false;
-                    let src = Source::Process(process);
-                    names(
-                        self.inner.symbolize(&src, Input::AbsAddr(lookup)),
-                        lookup.len(),
-                    )
-                } else {
-                    self.exited(&mappings, lookup)
-                }
-            },
+            |lookup| self.by_file_offset(&mappings, lookup),
             |addr| self.unnamed(&mappings, addr),
         )
     }
 
-    /// Names in a process that has exited, through its snapshot: file
-    /// offsets, looked up file by file.
-    fn exited(&self, mappings: &[Mapping], lookup: &[u64]) -> Vec<Option<(String, u64)>> {
+    fn by_file_offset(&self, mappings: &[Mapping], lookup: &[u64]) -> Vec<Option<(String, u64)>> {
         let mut out = vec![None; lookup.len()];
         let mut by_object: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
         for (i, &addr) in lookup.iter().enumerate() {
@@ -290,14 +365,29 @@ impl Symbolizer {
             }
         }
         for (object, (idx, offsets)) in by_object {
-            let Some(path) = &self.objects[object as usize].path else {
+            let object = &self.objects[object as usize];
+            let Some(path) = &object.path else {
                 continue;
             };
-            let src = Source::Elf(Elf::new(path));
-            let found = names(
-                self.inner.symbolize(&src, Input::FileOffset(&offsets)),
-                offsets.len(),
-            );
+            let mut elf = Elf::new(path);
+            elf.debug_syms = false;
+            let src = Source::Elf(elf);
+            let found = match &object.segments {
+                None => self.inner.symbolize(&src, Input::FileOffset(&offsets)),
+                Some(segments) => {
+                    let addrs: Vec<u64> = offsets
+                        .iter()
+                        .map(|&o| {
+                            segments
+                                .iter()
+                                .find(|s| o >= s.offset && o < s.offset + s.filesz)
+                                .map_or(u64::MAX, |s| o - s.offset + s.vaddr)
+                        })
+                        .collect();
+                    self.inner.symbolize(&src, Input::VirtOffset(&addrs))
+                }
+            };
+            let found = names(found, offsets.len());
             for (i, name) in idx.into_iter().zip(found) {
                 out[i] = name;
             }
@@ -376,5 +466,71 @@ fn names(results: blazesym::Result<Vec<Symbolized<'_>>>, len: usize) -> Vec<Opti
             })
             .collect(),
         Err(_) => vec![None; len],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_keep_executable_mappings_and_whole_paths() {
+        let text = "\
+55d0c0a00000-55d0c0a20000 r--p 00000000 fe:01 1234 /usr/bin/prog
+55d0c0a20000-55d0c0a80000 r-xp 00020000 fe:01 1234 /usr/bin/prog
+7f0000000000-7f0000100000 r-xp 00028000 fe:01 99 /opt/my app/lib two.so (deleted)
+7f0000200000-7f0000201000 r-xp 00000000 00:00 0 [vdso]
+7f0000300000-7f0000310000 rwxp 00000000 00:00 0
+";
+        let lines = parse_maps(text);
+        assert_eq!(lines.len(), 4);
+        assert_eq!(
+            (lines[0].start, lines[0].end, lines[0].file_offset),
+            (0x55d0c0a20000, 0x55d0c0a80000, 0x20000)
+        );
+        assert!(
+            lines[0].key
+                == ObjectKey::File {
+                    dev: "fe:01".into(),
+                    inode: 1234
+                }
+        );
+        assert_eq!(lines[0].range, "55d0c0a20000-55d0c0a80000");
+        assert_eq!(lines[1].path, "/opt/my app/lib two.so (deleted)");
+        assert!(lines[2].key == ObjectKey::Pseudo("[vdso]".into()));
+        assert!(lines[3].key == ObjectKey::Pseudo("anon".into()));
+    }
+
+    #[test]
+    fn load_segments_of_this_executable() {
+        let file = File::open("/proc/self/exe").unwrap();
+        let segments = load_segments(&file).expect("an ELF64 file");
+        assert!(!segments.is_empty());
+        // The first loadable segment starts the file.
+        assert_eq!(segments[0].offset, 0);
+        assert!(segments.iter().all(|s| s.filesz > 0 || s.offset > 0));
+        // Not an ELF file.
+        let text = File::open("/proc/self/maps").unwrap();
+        assert!(load_segments(&text).is_none());
+    }
+
+    #[test]
+    fn debug_files_are_found_by_build_id() {
+        let exe = Path::new("/proc/self/exe");
+        let id = blazesym::helper::read_elf_build_id(&exe)
+            .unwrap()
+            .expect("the test binary has a build id");
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = tempfile::tempdir().unwrap();
+        assert!(debug_file_in(dir.path(), exe).is_none(), "not installed");
+        let want = dir
+            .path()
+            .join(&hex[..2])
+            .join(format!("{}.debug", &hex[2..]));
+        std::fs::create_dir_all(want.parent().unwrap()).unwrap();
+        std::fs::write(&want, b"").unwrap();
+        assert_eq!(debug_file_in(dir.path(), exe), Some(want));
+        // No build id, no debug file.
+        assert!(debug_file_in(dir.path(), Path::new("/proc/self/maps")).is_none());
     }
 }

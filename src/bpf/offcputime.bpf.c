@@ -291,7 +291,9 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 
 	mm = BPF_CORE_READ(prev, mm);
 	exec_vm = mm ? BPF_CORE_READ(mm, exec_vm) : 0;
-	if (notify_new_tasks && !kthread &&
+	/* No address space: the task is exiting (exit_mm() has run), and
+	 * there is nothing new to snapshot. */
+	if (notify_new_tasks && !kthread && mm &&
 	    (d->notified_mm != (__u64)mm || d->notified_exec_vm != exec_vm)) {
 		struct new_task_event *e;
 

@@ -77,6 +77,12 @@ fn auto_hook_prefers_tp_btf() {
     eprintln!("matrix: auto attached tp_btf/sched_switch");
 }
 
+/// Whether glibc's separate debug file is installed (Debian: libc6-dbg).
+fn libc_debug_file_installed() -> bool {
+    std::fs::read_dir("/usr/lib/debug/.build-id").is_ok_and(|mut d| d.next().is_some())
+        && std::path::Path::new("/usr/share/doc/libc6-dbg").exists()
+}
+
 fn blocked_time_and_frames(hook: &str) {
     if !require_root() {
         return;
@@ -153,6 +159,13 @@ fn blocked_time_and_frames(hook: &str) {
             .max_by_key(|l| l.us)
             .unwrap_or_else(|| panic!("no stack for {comm}"));
         in_order(main, frames);
+        // glibc's thread entry, named from the symbol table of its
+        // separate debug file (libc.so.6 itself is stripped), where one is
+        // installed (scripts/setup --test installs libc6-dbg; the VMs of
+        // the kernel matrix have none).
+        if libc_debug_file_installed() {
+            assert_eq!(main.frames[1], "start_thread", "{comm}: {:?}", main.frames);
+        }
         let last = main.frames.last().unwrap();
         assert!(
             last == "__schedule" || last == "schedule" || last.starts_with("finish_task_switch"),

@@ -334,11 +334,11 @@ fn soak_switch_storm_and_short_lived_processes() {
         "no time for perf bench's threads"
     );
 
-    // Exited processes still named: of the time the children slept, most
-    // is under frames of their own (blocker::run_child) with no unnamed
-    // frame. Each lives about 30 ms: one whose snapshot the profiler takes
-    // only after it has exited, because every CPU is busy with the storm,
-    // keeps unnamed frames (about a tenth of them on 2 CPUs).
+    // Exited processes still named: of the time the children slept,
+    // nearly all is under frames of their own (blocker::run_child) with no
+    // unnamed frame. Each lives about 30 ms; one whose snapshot comes only
+    // after it has exited, because every CPU is busy with the storm, keeps
+    // unnamed frames (about 1.5% of the time on 2 CPUs).
     let slept = sum_us_where(&lines, |l| l.comm() == "wl-child" && l.has("do_nanosleep"));
     let named = sum_us_where(&lines, |l| {
         l.comm() == "wl-child"
@@ -348,7 +348,7 @@ fn soak_switch_storm_and_short_lived_processes() {
     });
     eprintln!("soak: children slept {slept} us, {named} us of it under named frames");
     assert!(
-        slept > 0 && named as f64 >= 0.8 * slept as f64,
+        slept > 0 && named as f64 >= 0.95 * slept as f64,
         "{named} of {slept} us named"
     );
 }
