@@ -14,7 +14,9 @@ use crate::tracer::{Hook, TracerOptions, MAX_STACK_DEPTH};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HookArg {
-    /// the cheapest hook that attaches (tp_btf, then raw_tp, then kprobe)
+    /// the cheapest hook that attaches: tp_btf, then raw_tp, then kprobe;
+    /// with -m above 1 (and no --state), the kprobe first where the kernel has
+    /// kprobes, since it walks stacks only for blocks that pass
     Auto,
     /// the sched_switch tracepoint (tp_btf, falling back to raw_tp)
     SchedSwitch,

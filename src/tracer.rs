@@ -17,10 +17,17 @@ use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
 pub const MAX_STACK_DEPTH: u32 = 127;
 
+/// Present where the kernel can attach kprobes (`CONFIG_KPROBES`).
+const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
+
 /// Where the BPF program hooks the context switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hook {
     /// The cheapest that attaches: `tp_btf`, then `raw_tp`, then the kprobe.
+    /// With a `-m` above the default 1 us (and no state filter) the kprobe
+    /// comes first where
+    /// the kernel has kprobes: it takes stacks at switch-in, only for the
+    /// blocks that pass, instead of at every switch-out.
     Auto,
     /// `sched_switch` tracepoint: `tp_btf`, falling back to `raw_tp`.
     SchedSwitch,
@@ -205,7 +212,11 @@ impl<'obj> Tracer<'obj> {
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
     ) -> Result<Tracer<'obj>> {
+        let kprobe_first = opts.min_block_ns > 1000
+            && opts.state.is_none()
+            && std::path::Path::new(KPROBE_PMU).exists();
         let order: &[Hook] = match opts.hook {
+            Hook::Auto if kprobe_first => &[Hook::FinishTaskSwitch, Hook::TpBtf, Hook::RawTp],
             Hook::Auto => &[Hook::TpBtf, Hook::RawTp, Hook::FinishTaskSwitch],
             Hook::SchedSwitch => &[Hook::TpBtf, Hook::RawTp],
             Hook::TpBtf => &[Hook::TpBtf],
@@ -213,8 +224,9 @@ impl<'obj> Tracer<'obj> {
             Hook::FinishTaskSwitch => &[Hook::FinishTaskSwitch],
         };
         // Try each hook with a fresh object: a failed load leaves nothing
-        // behind, and the error of the first (preferred) hook is the one
-        // reported if none works.
+        // behind, and the error of the first tracepoint hook tried (the
+        // first hook, if none is a tracepoint) is the one reported if none
+        // works.
         let object_ptr: *mut MaybeUninit<OpenObject> = object;
         let mut first_err = None;
         for &hook in order {
@@ -225,13 +237,16 @@ impl<'obj> Tracer<'obj> {
             match Self::try_start(object, opts, hook) {
                 Ok(t) => return Ok(t),
                 Err(e) => {
-                    if first_err.is_none() {
-                        first_err = Some(e);
+                    let tracepoint = hook != Hook::FinishTaskSwitch;
+                    match &first_err {
+                        None => first_err = Some((tracepoint, e)),
+                        Some((false, _)) if tracepoint => first_err = Some((tracepoint, e)),
+                        Some(_) => {}
                     }
                 }
             }
         }
-        Err(first_err.unwrap_or_else(|| anyhow!("no hook to try")))
+        Err(first_err.map_or_else(|| anyhow!("no hook to try"), |(_, e)| e))
     }
 
     fn try_start(
@@ -344,9 +359,7 @@ impl<'obj> Tracer<'obj> {
                     .finish_task_switch_kprobe
                     .attach_kprobe(false, &symbol)
                     .with_context(|| {
-                        let hint = if std::path::Path::new("/sys/bus/event_source/devices/kprobe")
-                            .exists()
-                        {
+                        let hint = if std::path::Path::new(KPROBE_PMU).exists() {
                             ""
                         } else {
                             " (this kernel has no kprobe support, CONFIG_KPROBES)"

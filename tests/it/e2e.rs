@@ -63,18 +63,109 @@ fn blocked_time_and_frames_kprobe() {
     blocked_time_and_frames("finish-task-switch");
 }
 
+/// The kprobe hook takes a block's stacks at switch-in, in the task's own
+/// context and only once the block passes `-m`; the tracepoint hooks take
+/// them at switch-out. Traced one after the other over the same workload,
+/// with `-m 1000`, both give each thread's time as the kernel accounts it,
+/// and the same stacks but for the scheduler frames on top (`__schedule`
+/// from the tracepoint, `finish_task_switch` from the kprobe). Runs where
+/// the kernel has kprobes (the VMs of the kernel matrix).
+#[test]
+fn kprobe_and_tracepoint_agree() {
+    if !require_root() {
+        return;
+    }
+    if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+        eprintln!("matrix: finish-task-switch unsupported (no CONFIG_KPROBES)");
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let pid = wl.pid.to_string();
+    // One after the other: each within 2% of the kernel's accounting.
+    let comms = ["wl-nanosleep", "wl-pipe", "wl-futex"];
+    let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
+    let mut runs = ["tp-btf", "finish-task-switch"].map(|hook| {
+        let clock = CpuClock::start(wl.pid, &tids);
+        let out = profile(&["--hook", hook, "-v", "-m", "1000", "-f", "-p", &pid, "3"]);
+        let cpu = clock.finish();
+        let (_, from, to) = verbose_window(&String::from_utf8_lossy(&out.stderr));
+        let lines = parse_folded(&out.stdout);
+        check_blocked_threads(&lines, &cpu, &comms, (from, to), &format!(" ({hook})"));
+        lines
+    });
+    let (tp, kp) = (std::mem::take(&mut runs[0]), std::mem::take(&mut runs[1]));
+    let window_us = 3e6;
+    // The stacks that hold time, without the scheduler frames on top. The
+    // spinning thread is left out: how often it is preempted for over
+    // 1 ms depends on the load both profilers add.
+    let stacks = |lines: &[Folded]| {
+        let mut set: Vec<Vec<String>> = lines
+            .iter()
+            .filter(|l| l.comm() != "wl-spin" && l.us as f64 > 0.05 * window_us)
+            .map(|l| {
+                let mut f = l.frames.clone();
+                while f.last().is_some_and(|n| {
+                    n == "__schedule" || n == "schedule" || n.starts_with("finish_task_switch")
+                }) {
+                    f.pop();
+                }
+                f
+            })
+            .collect();
+        set.sort();
+        set.dedup();
+        set
+    };
+    let (a, b) = (stacks(&tp), stacks(&kp));
+    let only = |x: &[Vec<String>], y: &[Vec<String>]| {
+        x.iter()
+            .filter(|s| !y.contains(s))
+            .map(|s| s.join(";"))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        a == b,
+        "stacks differ: only from tp_btf {:#?}, only from the kprobe {:#?}",
+        only(&a, &b),
+        only(&b, &a)
+    );
+    eprintln!("matrix: agree, the same {} stacks", a.len());
+}
+
 /// `--hook auto` takes the first hook that attaches, in the documented
-/// order: tp_btf on every kernel of the matrix (all have BTF).
+/// order: tp_btf on every kernel of the matrix (all have BTF); with `-m`,
+/// the kprobe where the kernel has kprobes (it walks stacks only for the
+/// blocks that pass), tp_btf elsewhere.
 #[test]
 fn auto_hook_prefers_tp_btf() {
     if !require_root() {
         return;
     }
     let _g = serial();
-    let out = profile(&["-v", "-f", "-p", "1", "1"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("attached tp_btf/sched_switch "), "{err}");
-    eprintln!("matrix: auto attached tp_btf/sched_switch");
+    let attached = |args: &[&str]| {
+        let out = profile(&[&["-v", "-f", "-p", "1"], args, &["1"]].concat());
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        verbose_window(&err).0
+    };
+    let plain = attached(&[]);
+    assert_eq!(plain, "tp_btf/sched_switch");
+    let filtered = attached(&["-m", "1000"]);
+    if std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+        assert!(
+            filtered.starts_with("kprobe/finish_task_switch"),
+            "{filtered}"
+        );
+    } else {
+        assert_eq!(filtered, "tp_btf/sched_switch");
+    }
+    // With a state filter the tracepoint stays first: only it tells a
+    // preempted task from one that blocked.
+    assert_eq!(
+        attached(&["-m", "1000", "--state", "1"]),
+        "tp_btf/sched_switch"
+    );
+    eprintln!("matrix: auto attached {plain}; with -m 1000 {filtered}");
 }
 
 /// Whether glibc's separate debug file is installed (Debian: libc6-dbg).
