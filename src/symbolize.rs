@@ -285,7 +285,10 @@ impl Symbolizer {
                 // A debug file's own segments need not point at its
                 // contents: addresses are worked out in the file itself.
                 let debug = debug_file(&path).and_then(|d| {
-                    let segments = File::open(&path).ok().as_ref().and_then(load_segments)?;
+                    let segments = match &handle {
+                        Some(f) => load_segments(f),
+                        None => load_segments(&File::open(&path).ok()?),
+                    }?;
                     Some((d, segments))
                 });
                 match debug {

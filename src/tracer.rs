@@ -25,9 +25,9 @@ const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
 pub enum Hook {
     /// The cheapest that attaches: `tp_btf`, then `raw_tp`, then the kprobe.
     /// With a `-m` above the default 1 us (and no state filter) the kprobe
-    /// comes first where
-    /// the kernel has kprobes: it takes stacks at switch-in, only for the
-    /// blocks that pass, instead of at every switch-out.
+    /// comes first where the kernel has kprobes: it takes stacks at
+    /// switch-in, only for the blocks that pass, instead of at every
+    /// switch-out.
     Auto,
     /// `sched_switch` tracepoint: `tp_btf`, falling back to `raw_tp`.
     SchedSwitch,
@@ -228,7 +228,7 @@ impl<'obj> Tracer<'obj> {
         // first hook, if none is a tracepoint) is the one reported if none
         // works.
         let object_ptr: *mut MaybeUninit<OpenObject> = object;
-        let mut first_err = None;
+        let mut errors = Vec::new();
         for &hook in order {
             // SAFETY: each attempt that fails drops everything borrowing
             // the object before the next one reuses it; only the
@@ -236,17 +236,17 @@ impl<'obj> Tracer<'obj> {
             let object = unsafe { &mut *object_ptr };
             match Self::try_start(object, opts, hook) {
                 Ok(t) => return Ok(t),
-                Err(e) => {
-                    let tracepoint = hook != Hook::FinishTaskSwitch;
-                    match &first_err {
-                        None => first_err = Some((tracepoint, e)),
-                        Some((false, _)) if tracepoint => first_err = Some((tracepoint, e)),
-                        Some(_) => {}
-                    }
-                }
+                Err(e) => errors.push((hook, e)),
             }
         }
-        Err(first_err.map_or_else(|| anyhow!("no hook to try"), |(_, e)| e))
+        let first_tracepoint = errors
+            .iter()
+            .position(|(h, _)| *h != Hook::FinishTaskSwitch)
+            .unwrap_or(0);
+        match errors.into_iter().nth(first_tracepoint) {
+            Some((_, e)) => Err(e),
+            None => Err(anyhow!("no hook to try")),
+        }
     }
 
     fn try_start(

@@ -253,6 +253,39 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
  * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
  * storage; `stacks_now`: prev is current, so its stacks are taken now.
  */
+/*
+ * Tells userspace to snapshot the mappings of `t`'s process, the first time
+ * the thread blocks and again once its address space or the size of its
+ * executable mappings has changed (exec, the dynamic loader, dlopen).
+ */
+static __always_inline void notify_new_mappings(struct task_struct *t, struct task_data *d,
+						__u32 tgid, __u32 tid)
+{
+	struct mm_struct *mm = BPF_CORE_READ(t, mm);
+	struct new_task_event *e;
+	__u64 exec_vm;
+
+	/* No address space: the task is exiting (exit_mm() has run), and
+	 * there is nothing new to snapshot. */
+	if (!mm)
+		return;
+	exec_vm = BPF_CORE_READ(mm, exec_vm);
+	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
+		return;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CNT_EVENTS_DROPPED);
+		return;
+	}
+	e->tgid = tgid;
+	e->pid = tid;
+	e->changed = d->notified_mm != 0;
+	e->_pad = 0;
+	d->notified_mm = (__u64)mm;
+	d->notified_exec_vm = exec_vm;
+	bpf_ringbuf_submit(e, 0);
+}
+
 static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
 					  __u64 now, bool trusted, bool stacks_now)
 {
@@ -261,8 +294,6 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	__u32 state = preempt ? 0 : task_state(prev);
 	bool kthread = is_kthread(prev);
 	struct task_data *d;
-	struct mm_struct *mm;
-	__u64 exec_vm;
 
 	if (state & TASK_DEAD) {
 		if (!trusted)
@@ -289,27 +320,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	if (want_kernel_stack)
 		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false) : STACK_ID_MISSED_ERROR;
 
-	mm = BPF_CORE_READ(prev, mm);
-	exec_vm = mm ? BPF_CORE_READ(mm, exec_vm) : 0;
-	/* No address space: the task is exiting (exit_mm() has run), and
-	 * there is nothing new to snapshot. */
-	if (notify_new_tasks && !kthread && mm &&
-	    (d->notified_mm != (__u64)mm || d->notified_exec_vm != exec_vm)) {
-		struct new_task_event *e;
-
-		e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-		if (e) {
-			e->tgid = tgid;
-			e->pid = tid;
-			e->changed = d->notified_mm != 0;
-			e->_pad = 0;
-			d->notified_mm = (__u64)mm;
-			d->notified_exec_vm = exec_vm;
-			bpf_ringbuf_submit(e, 0);
-		} else {
-			count(CNT_EVENTS_DROPPED);
-		}
-	}
+	if (notify_new_tasks && !kthread)
+		notify_new_mappings(prev, d, tgid, tid);
 }
 
 static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
