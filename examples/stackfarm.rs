@@ -5,18 +5,18 @@
 //! cargo run --release --example stackfarm -- [--procs P] [--depth D] [--sleep-ms S] [--seconds N]
 //! ```
 //!
-//! Starts P processes (this executable re-run as `stackfarm worker D N`),
-//! each with D threads; thread d recurses d levels through
-//! `farm_level` before it sleeps S ms (default 50) in a loop, so every thread blocks
+//! Starts P processes (this executable re-run as `stackfarm worker D S N`),
+//! each with D threads; thread d recurses d levels through `farm_level`
+//! before it sleeps S ms (default 50) in a loop, so every thread blocks
 //! under its own stack: P × D distinct stacks in all (1000 by default).
-//! Prints `ready` once every worker runs, and exits after N seconds
-//! (default 30) with its workers.
+//! Prints `ready` 300 ms after starting the workers, and exits after N
+//! seconds (default 30) with them.
 
 use std::hint::black_box;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-/// Recurses `levels` more times, then sleeps until `end`.
+/// Recurses `levels` more times, then sleeps until `end_ms` after `start`.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn farm_level(levels: u32, sleep_ms: u64, end_ms: u64, start: &Instant) -> u32 {

@@ -2,16 +2,45 @@
 //! mid-run. (Closed pipes and missing privileges are in e2e.rs.)
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::util::*;
 
+/// A child process, killed and reaped if the test ends before it does.
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn id(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Sets a flag when dropped: stops a helper thread however the test ends.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// The profiler started in the background with `-v`, once it has attached.
 struct Running {
-    child: Child,
+    child: Reaped,
     /// All of stderr, once the process has ended.
     stderr: JoinHandle<String>,
 }
@@ -39,6 +68,7 @@ impl Running {
             }
             all
         });
+        let child = Reaped(Some(child));
         rx.recv_timeout(Duration::from_secs(20))
             .expect("offcputime did not attach");
         Running { child, stderr }
@@ -67,22 +97,21 @@ impl Running {
     }
 
     /// Waits for the exit: (status, stdout, stderr).
-    fn finish(self) -> (std::process::ExitStatus, Vec<u8>, String) {
-        let out = self.child.wait_with_output().expect("wait");
+    fn finish(mut self) -> (std::process::ExitStatus, Vec<u8>, String) {
+        let child = self.child.0.take().expect("running");
+        let out = child.wait_with_output().expect("wait");
         (out.status, out.stdout, self.stderr.join().unwrap())
     }
 }
 
 /// The programs with these IDs that bpftool still lists, and the links
 /// that still refer to them; waits up to 5 s for the kernel to free them.
-fn still_loaded(ids: &[u32]) -> Vec<String> {
-    let bpftool = require_tool("bpftool", &["/usr/sbin/bpftool".into()])
-        .expect("bpftool (scripts/setup --test installs it)");
+fn still_loaded(bpftool: &Path, ids: &[u32]) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let mut left = Vec::new();
         for id in ids {
-            let out = std::process::Command::new(&bpftool)
+            let out = std::process::Command::new(bpftool)
                 .args(["prog", "show", "id", &id.to_string()])
                 .output()
                 .expect("bpftool");
@@ -93,7 +122,7 @@ fn still_loaded(ids: &[u32]) -> Vec<String> {
                 ));
             }
         }
-        let links = std::process::Command::new(&bpftool)
+        let links = std::process::Command::new(bpftool)
             .args(["-j", "link", "show"])
             .output()
             .expect("bpftool");
@@ -115,6 +144,9 @@ fn no_program_left_attached_after_exit_ctrl_c_or_kill_9() {
     if !require_root() {
         return;
     }
+    let Some(bpftool) = require_tool("bpftool", &["/usr/sbin/bpftool".into()]) else {
+        return;
+    };
     let _g = serial();
     for (how, args, sig) in [
         ("normal exit", &["-f", "2"][..], None),
@@ -134,7 +166,7 @@ fn no_program_left_attached_after_exit_ctrl_c_or_kill_9() {
             Some(libc::SIGKILL) => assert!(!status.success()),
             _ => assert!(status.success(), "{how}: {stderr}"),
         }
-        let left = still_loaded(&ids);
+        let left = still_loaded(&bpftool, &ids);
         assert!(left.is_empty(), "{how}: still loaded: {left:?}");
     }
 }
@@ -190,8 +222,7 @@ fn stack_storage_too_small() {
     // wl-nanosleep with its user frames has the matching kernel frames.
     for l in lines.iter().filter(|l| l.comm() == "wl-nanosleep") {
         if l.has("wl_nanosleep_thread") && !l.has("[Missed Kernel Stack]") {
-            let sleep = l.pos("do_nanosleep");
-            assert!(sleep.is_some(), "mismatched stack {:?}", l.frames);
+            assert!(l.has("do_nanosleep"), "mismatched stack {:?}", l.frames);
         }
     }
 }
@@ -219,7 +250,7 @@ fn soak_switch_storm_and_short_lived_processes() {
     }
     let secs: u64 = match std::env::var("OFFCPUTIME_SOAK_S") {
         Ok(s) => s.parse().expect("OFFCPUTIME_SOAK_S: seconds"),
-        Err(_) if std::env::var("CI").is_ok_and(|v| v == "true") => 300,
+        Err(_) if is_ci() => 300,
         Err(_) => {
             eprintln!("skipped: set OFFCPUTIME_SOAK_S=300 to run the soak test");
             return;
@@ -232,12 +263,14 @@ fn soak_switch_storm_and_short_lived_processes() {
 
     // Two threads passing a token through pipes as fast as they can, and
     // the main thread waiting for them: for longer than the soak.
-    let mut bench = std::process::Command::new(perf)
-        .args(["bench", "sched", "pipe", "-T", "-l", "2000000000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("perf bench");
+    let bench = Reaped(Some(
+        std::process::Command::new(perf)
+            .args(["bench", "sched", "pipe", "-T", "-l", "2000000000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("perf bench"),
+    ));
     // Beside it, threads that block in known ways, to check the numbers.
     let wl = Workload::start(&["--seconds", &(secs + 60).to_string()]);
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex"];
@@ -246,34 +279,33 @@ fn soak_switch_storm_and_short_lived_processes() {
 
     let run = Running::start(&["-f", &secs.to_string()]);
     let prof_pid = run.child.id();
+
     let started = Instant::now();
 
     // Short-lived processes: one every 50 ms, each sleeping 30 ms in
     // wl_child_sleep and exiting.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_spawner = SetOnDrop(stop.clone());
     let spawner = {
-        let stop = stop.clone();
         let blocker = blocker_path();
         std::thread::spawn(move || {
-            let mut started: Vec<(Instant, u64)> = Vec::new();
+            let mut spawned_at: Vec<Instant> = Vec::new();
             let mut children: Vec<Child> = Vec::new();
-            let mut n = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 children.push(
                     std::process::Command::new(&blocker)
                         .args(["child", "30"])
                         .spawn()
                         .expect("spawn blocker child"),
                 );
-                n += 1;
-                started.push((Instant::now(), n));
+                spawned_at.push(Instant::now());
                 children.retain_mut(|c| c.try_wait().ok().flatten().is_none());
                 std::thread::sleep(Duration::from_millis(50));
             }
             for mut c in children {
                 let _ = c.wait();
             }
-            started
+            spawned_at
         })
     };
 
@@ -286,11 +318,10 @@ fn soak_switch_storm_and_short_lived_processes() {
         std::thread::sleep(Duration::from_secs(1));
     }
     let (status, stdout, stderr) = run.finish();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(stop_spawner);
     let spawned = spawner.join().unwrap();
     let cpu = clock.finish();
-    let _ = bench.kill();
-    let _ = bench.wait();
+    drop(bench);
     assert!(status.success(), "{stderr}");
     let (_, from, to) = verbose_window(&stderr);
     let lines = parse_folded(&stdout);
@@ -303,7 +334,7 @@ fn soak_switch_storm_and_short_lived_processes() {
     let peak = rss.iter().map(|r| r.1).max().unwrap();
     let later = spawned
         .iter()
-        .filter(|(t, _)| t.duration_since(started) >= warm)
+        .filter(|t| t.duration_since(started) >= warm)
         .count() as u64;
     eprintln!(
         "soak: RSS {at_warm} KiB after warm-up, peak {peak} KiB; {} processes started, \

@@ -32,11 +32,27 @@ pub fn require_root() -> bool {
     if root {
         return true;
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
+    if is_ci() {
         panic!("end-to-end tests need root to load BPF, and CI=true forbids skipping them");
     }
     eprintln!("skipped: not root (BPF end-to-end tests need root)");
     false
+}
+
+/// Running under CI (`CI=true`), where nothing may be skipped.
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Whether this kernel can attach kprobes (`CONFIG_KPROBES`): the
+/// `finish_task_switch` hook needs them.
+pub fn has_kprobes() -> bool {
+    std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists()
+}
+
+/// The line `scripts/vmtest` reads for a kernel without kprobes.
+pub fn report_no_kprobes() {
+    eprintln!("matrix: finish-task-switch unsupported (no CONFIG_KPROBES)");
 }
 
 /// BPF tests run one at a time: they share the CPUs and the accuracy
@@ -220,7 +236,7 @@ pub fn require_tool(name: &str, candidates: &[PathBuf]) -> Option<PathBuf> {
         .chain(home_cargo)
         .find(|p| p.is_file());
     if found.is_none() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
+        if is_ci() {
             panic!(
                 "{name} is needed and CI=true forbids skipping (scripts/setup --test installs it)"
             );

@@ -14,8 +14,7 @@ fn kernel_matrix() {
     if !require_root() {
         return;
     }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    if !ci && std::env::var_os("OFFCPUTIME_VMTEST").is_none() {
+    if !is_ci() && std::env::var_os("OFFCPUTIME_VMTEST").is_none() {
         eprintln!("skipped: set OFFCPUTIME_VMTEST=1 to boot the kernel matrix");
         return;
     }
