@@ -195,6 +195,33 @@ fn parse_maps(text: &str) -> Vec<MapsLine<'_>> {
     out
 }
 
+/// A copy of this process's vDSO in an anonymous file. Every process on
+/// the machine maps the same image, whole, so an address at offset X in
+/// another process's `[vdso]` mapping is at file offset X in this copy
+/// (`clock_gettime` and friends, where a thread can be preempted).
+fn vdso_copy() -> Option<File> {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = parse_maps(&maps)
+        .into_iter()
+        .find(|l| l.key == ObjectKey::Pseudo("[vdso]".into()))?;
+    // SAFETY: the vDSO is mapped readable for the life of the process, at
+    // the range /proc/self/maps gives.
+    let image = unsafe {
+        std::slice::from_raw_parts(line.start as *const u8, (line.end - line.start) as usize)
+    };
+    // SAFETY: memfd_create with a NUL-terminated name; the new descriptor
+    // is owned by the File from here on.
+    let fd = unsafe { libc::memfd_create(c"vdso".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    file.write_all(image).ok()?;
+    Some(file)
+}
+
 fn process_alive(tgid: u32) -> bool {
     Path::new(&format!("/proc/{tgid}/maps")).exists()
 }
@@ -271,6 +298,14 @@ impl Symbolizer {
                 ObjectKey::File { .. } => line.path.to_string(),
             });
         let (path, segments, handle) = match line.key {
+            ObjectKey::Pseudo(ref n) if n == "[vdso]" => match vdso_copy() {
+                Some(f) => (
+                    Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+                    None,
+                    Some(f),
+                ),
+                None => (None, None, None),
+            },
             ObjectKey::Pseudo(_) => (None, None, None),
             ObjectKey::File { .. } => {
                 let (path, handle) =
@@ -502,6 +537,33 @@ mod tests {
         assert_eq!(lines[1].path, "/opt/my app/lib two.so (deleted)");
         assert!(lines[2].key == ObjectKey::Pseudo("[vdso]".into()));
         assert!(lines[3].key == ObjectKey::Pseudo("anon".into()));
+    }
+
+    #[test]
+    fn vdso_frames_are_named() {
+        // Where __vdso_clock_gettime is in the copy, then in this process.
+        let copy = vdso_copy().expect("a vDSO");
+        let path = format!("/proc/self/fd/{}", copy.as_raw_fd());
+        let inspector = blazesym::inspect::Inspector::new();
+        let found = inspector
+            .lookup(
+                &blazesym::inspect::source::Source::Elf(blazesym::inspect::source::Elf::new(&path)),
+                &["__vdso_clock_gettime"],
+            )
+            .unwrap();
+        let offset = found[0][0].file_offset.expect("file offset");
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let vdso = parse_maps(&maps)
+            .into_iter()
+            .find(|l| l.key == ObjectKey::Pseudo("[vdso]".into()))
+            .unwrap();
+        let addr = vdso.start + offset + 4;
+        let me = std::process::id();
+        let mut sym = Symbolizer::new(SymbolizeOptions::default());
+        sym.note_process(me, false);
+        let names = sym.user(me, &[(addr, AddrKind::Ip)]);
+        let name = &names[&(addr, AddrKind::Ip)];
+        assert!(name.contains("clock_gettime"), "{name}");
     }
 
     #[test]
