@@ -406,6 +406,12 @@ impl CpuClock {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
+            // Real-time priority, so that the samples stay 10 ms apart on a
+            // loaded machine (an emulated VM): the window's edges are
+            // interpolated between them. It sleeps between samples.
+            let param = libc::sched_param { sched_priority: 1 };
+            // SAFETY: sets this thread's own policy; `param` is valid.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
             let mut samples = Vec::new();
             loop {
                 let now = monotonic_ns();
