@@ -16,6 +16,7 @@ use crate::output::{folded, svg, text};
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
 use crate::tracer::{check_environment, Tracer};
+use crate::unwind::Unwinder;
 
 /// What `main` should do after `run`.
 pub enum Outcome {
@@ -78,6 +79,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
+        inline: config.inline,
+        lines: config.lines,
     });
     let mut started = Instant::now();
     let mut object = MaybeUninit::uninit();
@@ -108,9 +111,21 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         symbolizer.warm_up_kernel();
     }
 
+    let mut unwinder = tracer.take_unwind_store().map(Unwinder::new);
+    if let Some(u) = &mut unwinder {
+        // The processes asked for get their tables now rather than at
+        // their first block.
+        for &tgid in &config.tracer.tgids {
+            symbolizer.note_process(tgid, false);
+            u.note_process(&symbolizer, tgid);
+        }
+    }
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
     tracer.wait(deadline, &stop, |tgid, changed| {
-        symbolizer.note_process(tgid, changed)
+        symbolizer.note_process(tgid, changed);
+        if let Some(u) = &mut unwinder {
+            u.note_process(&symbolizer, tgid);
+        }
     })?;
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
@@ -134,6 +149,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     report_losses(&profile, config);
+    if let Some(u) = &unwinder {
+        report_unwinding(u, &profile, config.verbose);
+    }
     if config.verbose {
         eprintln!(
             "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {} stacks, {} blocks, \
@@ -202,6 +220,57 @@ fn report_losses(profile: &Profile, config: &Config) {
             "offcputime: {} new-process notifications were dropped; \
              frames of processes that exited early may be unnamed",
             c.events_dropped
+        );
+    }
+}
+
+/// What DWARF unwinding did not cover, and with -v its tables' size.
+fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
+    let c = &profile.counters;
+    if c.unwind_not_ready > 0 {
+        eprintln!(
+            "offcputime: {} user stacks were walked with frame pointers because their process's \
+             unwind tables were not ready yet (its first blocks)",
+            c.unwind_not_ready
+        );
+    }
+    let missing = u.not_covered();
+    if !missing.is_empty() {
+        const SHOWN: usize = 3;
+        for m in missing.iter().take(SHOWN) {
+            eprintln!(
+                "offcputime: no DWARF unwinding for {} in process {}: {}; frame pointers are \
+                 used there",
+                m.what, m.tgid, m.why
+            );
+        }
+        if missing.len() > SHOWN {
+            eprintln!(
+                "offcputime: ... and {} more objects or processes without DWARF unwinding",
+                missing.len() - SHOWN
+            );
+        }
+    }
+    if verbose {
+        let s = u.stats();
+        let mib = |n: usize, size: usize| (n * size) as f64 / (1 << 20) as f64;
+        let row = std::mem::size_of::<crate::bpf::types::unwind_row>();
+        let mapping = std::mem::size_of::<crate::bpf::types::unwind_mapping>();
+        eprintln!(
+            "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
+             {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
+             with them ({} cut short), {} frames through frame pointers",
+            s.objects,
+            s.objects_without_cfi,
+            s.rows,
+            s.mappings,
+            s.processes,
+            mib(s.rows, row) + mib(s.mappings, mapping),
+            mib(s.row_capacity, row) + mib(s.mapping_capacity, mapping),
+            s.build_ms,
+            c.unwind_dwarf,
+            c.unwind_truncated,
+            c.unwind_fp_frames,
         );
     }
 }

@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use crate::output::svg::{self, SvgOptions};
 use crate::output::Shape;
 use crate::profile::StackMode;
-use crate::tracer::{Hook, TracerOptions, MAX_STACK_DEPTH};
+use crate::tracer::{Hook, TracerOptions, Unwind, UnwindCapacity, MAX_STACK_DEPTH};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HookArg {
@@ -26,6 +26,17 @@ pub enum HookArg {
     TpBtf,
     /// raw_tp/sched_switch only
     RawTp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum UnwindArg {
+    /// frame pointers, walked by the kernel: misses callers of code built
+    /// without them (most distribution libraries, release builds)
+    Fp,
+    /// DWARF call-frame information (.eh_frame, .debug_frame), walked in
+    /// BPF with tables built for each process; frame pointers where there
+    /// is none (JIT code)
+    Dwarf,
 }
 
 /// Summarize off-CPU time by stack trace: where threads block, and for how
@@ -158,6 +169,23 @@ pub struct Args {
     #[arg(short = 's', long = "offset")]
     pub offset: bool,
 
+    /// How user stacks are walked
+    #[arg(long = "unwind", value_enum, default_value = "dwarf")]
+    pub unwind: UnwindArg,
+
+    /// Kernel memory for the DWARF unwind tables, in MiB
+    #[arg(long = "unwind-memory", value_name = "MIB", default_value = "16")]
+    pub unwind_memory: String,
+
+    /// Do not show inlined functions as frames of their own
+    #[arg(long = "no-inline")]
+    pub no_inline: bool,
+
+    /// Add the source file and line to each frame (func (file.c:12)), where
+    /// debug information has them
+    #[arg(long = "lines")]
+    pub lines: bool,
+
     /// The number of unique stack traces that can be stored and displayed
     #[arg(long = "stack-storage-size", value_name = "N", default_value = "16384")]
     pub stack_storage_size: String,
@@ -223,6 +251,10 @@ pub struct Config {
     /// `None` is stdout.
     pub output: Option<PathBuf>,
     pub offsets: bool,
+    /// Inlined functions as frames of their own.
+    pub inline: bool,
+    /// `file:line` on frames.
+    pub lines: bool,
     pub verbose: bool,
     pub duration: Option<Duration>,
 }
@@ -318,6 +350,10 @@ impl Args {
         if depth == 0 || depth > MAX_STACK_DEPTH as u64 {
             bail!("--perf-max-stack-depth must be between 1 and {MAX_STACK_DEPTH}: {depth}");
         }
+        let unwind_mib = parse_u64("--unwind-memory", &self.unwind_memory)?;
+        if !(1..=4096).contains(&unwind_mib) {
+            bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
+        }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
         let output = self.output.clone().filter(|p| p.as_os_str() != "-");
         let format = self.format(output.as_deref())?;
@@ -355,6 +391,13 @@ impl Args {
                 stack_storage_size: storage as u32,
                 max_stack_depth: depth as u32,
                 hook,
+                unwind: match self.unwind {
+                    UnwindArg::Fp => Unwind::FramePointers,
+                    UnwindArg::Dwarf if mode.user() => Unwind::Dwarf,
+                    // No user stacks: no tables to build.
+                    UnwindArg::Dwarf => Unwind::FramePointers,
+                },
+                unwind_capacity: UnwindCapacity::from_bytes(unwind_mib << 20),
             },
             shape: Shape {
                 mode,
@@ -363,6 +406,8 @@ impl Args {
             format,
             output,
             offsets: self.offset,
+            inline: !self.no_inline,
+            lines: self.lines,
             verbose: self.verbose,
             duration,
         };

@@ -2,7 +2,9 @@
 //!
 //! The pipeline is [`cli`] (flags to a [`cli::Config`]) → [`tracer`] (the
 //! BPF program: load, attach, read) → [`symbolize`] → [`profile`] (merged,
-//! symbolized stacks) → [`output`] (folded stacks or bcc's report).
+//! symbolized stacks) → [`output`] (folded stacks or bcc's report). While
+//! tracing, [`unwind`] gives the BPF program the DWARF unwind tables
+//! ([`unwind_table`]) of every process it sees.
 
 pub mod app;
 pub mod cli;
@@ -10,6 +12,8 @@ pub mod output;
 pub mod profile;
 pub mod symbolize;
 pub mod tracer;
+pub mod unwind;
+pub mod unwind_table;
 
 /// The generated BPF skeleton and the types shared with the BPF program.
 #[allow(
@@ -26,6 +30,7 @@ pub mod bpf {
     unsafe impl plain::Plain for types::offcpu_key {}
     unsafe impl plain::Plain for types::offcpu_val {}
     unsafe impl plain::Plain for types::new_task_event {}
+    unsafe impl plain::Plain for types::unwind_proc {}
 }
 
 /// The floor programs of the overhead benchmark (`examples/floor.rs`): the

@@ -143,7 +143,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
 
     let part = |r: StackRef,
                 first_is_ip: bool,
-                names: Option<&HashMap<(u64, AddrKind), String>>,
+                names: Option<&HashMap<(u64, AddrKind), Vec<String>>>,
                 kernel: bool| {
         match r {
             StackRef::None => Part::Absent,
@@ -151,11 +151,13 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             StackRef::Id(id) => match raw.stacks.get(&id) {
                 None => Part::Missed,
                 Some(frames) => {
+                    // An address can be several frames: functions inlined
+                    // there, innermost first.
                     let mut named: Vec<String> = kinds(frames, first_is_ip)
-                        .map(|k| {
+                        .flat_map(|k| {
                             names
                                 .and_then(|n| n.get(&k).cloned())
-                                .unwrap_or_else(|| "[unknown]".to_string())
+                                .unwrap_or_else(|| vec!["[unknown]".to_string()])
                         })
                         .collect();
                     if kernel {

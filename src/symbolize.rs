@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
-use blazesym::symbolize::{Input, Symbolized};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 
 /// One executable mapping of a process.
 #[derive(Clone, Copy, Debug)]
@@ -44,20 +44,32 @@ struct Object {
     /// With a debug file: the loadable segments of the file itself, to
     /// turn file offsets into the addresses both files share.
     segments: Option<Vec<Segment>>,
-    _handle: Option<File>,
+    /// The file as mapped, kept open.
+    handle: Option<File>,
 }
 
 /// A `PT_LOAD` program header: file offset, virtual address, size in the
 /// file.
 #[derive(Clone, Copy, Debug)]
-struct Segment {
-    offset: u64,
-    vaddr: u64,
-    filesz: u64,
+pub(crate) struct Segment {
+    pub offset: u64,
+    pub vaddr: u64,
+    pub filesz: u64,
+}
+
+/// An executable mapping of a process, as [`Symbolizer::mappings`] gives
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// The object mapped: see [`Symbolizer::object_file`].
+    pub object: u32,
 }
 
 /// The loadable segments of a 64-bit little-endian ELF file.
-fn load_segments(file: &File) -> Option<Vec<Segment>> {
+pub(crate) fn load_segments(file: &File) -> Option<Vec<Segment>> {
     use std::os::unix::fs::FileExt;
     let mut eh = [0u8; 64];
     file.read_exact_at(&mut eh, 0).ok()?;
@@ -109,6 +121,23 @@ fn debug_file_in(dir: &Path, path: &Path) -> Option<PathBuf> {
 pub struct SymbolizeOptions {
     /// `func+0x1a` instead of `func`.
     pub offsets: bool,
+    /// Functions inlined at an address as frames of their own (from DWARF,
+    /// where the object or its debug file has it).
+    pub inline: bool,
+    /// `func (file.c:12)`, where DWARF has the line.
+    pub lines: bool,
+}
+
+/// What an address resolved to: its function and the offset into it, and
+/// the functions inlined there, innermost first, each with its source
+/// location if asked for.
+#[derive(Clone, Debug)]
+struct Resolved {
+    name: String,
+    offset: u64,
+    /// ` (file.c:12)`, or empty.
+    location: String,
+    inlined: Vec<String>,
 }
 
 pub struct Symbolizer {
@@ -229,8 +258,8 @@ fn process_alive(tgid: u32) -> bool {
 impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
         let inner = blazesym::symbolize::Symbolizer::builder()
-            .enable_code_info(false)
-            .enable_inlined_fns(false)
+            .enable_code_info(opts.lines)
+            .enable_inlined_fns(opts.inline)
             .enable_demangling(true)
             .build();
         Symbolizer {
@@ -337,10 +366,44 @@ impl Symbolizer {
             name,
             path,
             segments,
-            _handle: handle,
+            handle,
         });
         self.object_ids.insert(line.key.clone(), id);
         id
+    }
+
+    /// The executable mappings of `tgid` as last snapshotted, sorted by
+    /// start address.
+    pub fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
+        let mut out: Vec<ExecMapping> = self
+            .processes
+            .get(&tgid)
+            .map(|ms| {
+                ms.iter()
+                    .map(|m| ExecMapping {
+                        start: m.start,
+                        end: m.end,
+                        file_offset: m.file_offset,
+                        object: m.object,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable_by_key(|m| m.start);
+        out
+    }
+
+    /// The file an object maps (the file itself, not its debug file),
+    /// open, if it could be opened.
+    pub fn object_file(&self, object: u32) -> Option<&File> {
+        self.objects.get(object as usize)?.handle.as_ref()
+    }
+
+    /// The object's file name, for messages.
+    pub fn object_name(&self, object: u32) -> &str {
+        self.objects
+            .get(object as usize)
+            .map_or("?", |o| o.name.as_str())
     }
 
     /// Reads the kernel's symbols now (kallsyms takes about 100 ms to
@@ -351,7 +414,7 @@ impl Symbolizer {
 
     /// Names of kernel frames.
     #[allow(clippy::field_reassign_with_default)]
-    pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), String> {
+    pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), Vec<String>> {
         // kallsyms only: looking for a vmlinux image with DWARF costs more
         // than it adds for function names. `Kernel` is non-exhaustive, so
         // its fields are set after `default()`.
@@ -362,9 +425,10 @@ impl Symbolizer {
         self.resolve(
             addrs,
             |lookup| {
-                names(
+                resolved(
                     self.inner.symbolize(&src, Input::AbsAddr(lookup)),
                     lookup.len(),
+                    false,
                 )
             },
             |_| None,
@@ -380,7 +444,7 @@ impl Symbolizer {
         &mut self,
         tgid: u32,
         addrs: &[(u64, AddrKind)],
-    ) -> HashMap<(u64, AddrKind), String> {
+    ) -> HashMap<(u64, AddrKind), Vec<String>> {
         if process_alive(tgid) {
             self.refresh_process(tgid);
         }
@@ -392,7 +456,7 @@ impl Symbolizer {
         )
     }
 
-    fn by_file_offset(&self, mappings: &[Mapping], lookup: &[u64]) -> Vec<Option<(String, u64)>> {
+    fn by_file_offset(&self, mappings: &[Mapping], lookup: &[u64]) -> Vec<Option<Resolved>> {
         let mut out = vec![None; lookup.len()];
         let mut by_object: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
         for (i, &addr) in lookup.iter().enumerate() {
@@ -408,7 +472,9 @@ impl Symbolizer {
                 continue;
             };
             let mut elf = Elf::new(path);
-            elf.debug_syms = false;
+            // DWARF only for what the symbol tables lack: inlined
+            // functions and source lines.
+            elf.debug_syms = self.opts.inline || self.opts.lines;
             let src = Source::Elf(elf);
             let found = match &object.segments {
                 None => self.inner.symbolize(&src, Input::FileOffset(&offsets)),
@@ -425,7 +491,7 @@ impl Symbolizer {
                     self.inner.symbolize(&src, Input::VirtOffset(&addrs))
                 }
             };
-            let found = names(found, offsets.len());
+            let found = resolved(found, offsets.len(), self.opts.lines);
             for (i, name) in idx.into_iter().zip(found) {
                 out[i] = name;
             }
@@ -447,9 +513,9 @@ impl Symbolizer {
     fn resolve(
         &self,
         addrs: &[(u64, AddrKind)],
-        symbolize: impl FnOnce(&[u64]) -> Vec<Option<(String, u64)>>,
+        symbolize: impl FnOnce(&[u64]) -> Vec<Option<Resolved>>,
         fallback: impl Fn(u64) -> Option<String>,
-    ) -> HashMap<(u64, AddrKind), String> {
+    ) -> HashMap<(u64, AddrKind), Vec<String>> {
         let unique: Vec<(u64, AddrKind)> = {
             let mut seen = HashSet::new();
             addrs.iter().copied().filter(|a| seen.insert(*a)).collect()
@@ -469,19 +535,22 @@ impl Symbolizer {
         let results = symbolize(&lookup);
         let mut out = HashMap::with_capacity(unique.len());
         for (i, &(addr, kind)) in unique.iter().enumerate() {
-            let named = results.get(i).cloned().flatten().map(|(name, offset)| {
-                if self.opts.offsets {
-                    // From the start of the symbol to the address itself
-                    // (not the looked-up call).
-                    format!("{name}+{:#x}", offset + (addr - lookup[i]))
-                } else {
-                    name
+            let frames = match results.get(i).cloned().flatten() {
+                Some(r) => {
+                    let outer = if self.opts.offsets {
+                        // From the start of the symbol to the address
+                        // itself (not the looked-up call).
+                        format!("{}+{:#x}{}", r.name, r.offset + (addr - lookup[i]), r.location)
+                    } else {
+                        format!("{}{}", r.name, r.location)
+                    };
+                    let mut frames = r.inlined;
+                    frames.push(outer);
+                    frames
                 }
-            });
-            let name = named
-                .or_else(|| fallback(addr))
-                .unwrap_or_else(|| "[unknown]".to_string());
-            out.insert((addr, kind), name);
+                None => vec![fallback(addr).unwrap_or_else(|| "[unknown]".to_string())],
+            };
+            out.insert((addr, kind), frames);
         }
         out
     }
@@ -494,12 +563,40 @@ fn find(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
 
 /// (name, offset of the address into the symbol) of each result, `len`
 /// of them.
-fn names(results: blazesym::Result<Vec<Symbolized<'_>>>, len: usize) -> Vec<Option<(String, u64)>> {
+fn resolved(
+    results: blazesym::Result<Vec<Symbolized<'_>>>,
+    len: usize,
+    lines: bool,
+) -> Vec<Option<Resolved>> {
+    let location = |c: Option<&CodeInfo<'_>>| match c {
+        Some(c) if lines => {
+            let file = Path::new(&c.file)
+                .file_name()
+                .unwrap_or(&c.file)
+                .to_string_lossy();
+            match c.line {
+                Some(l) => format!(" ({file}:{l})"),
+                None => format!(" ({file})"),
+            }
+        }
+        _ => String::new(),
+    };
     match results {
         Ok(r) => r
             .into_iter()
             .map(|s| match s {
-                Symbolized::Sym(sym) => Some((sym.name.to_string(), sym.offset as u64)),
+                Symbolized::Sym(sym) => Some(Resolved {
+                    name: sym.name.to_string(),
+                    offset: sym.offset as u64,
+                    location: location(sym.code_info.as_deref()),
+                    // Innermost first, as frames are.
+                    inlined: sym
+                        .inlined
+                        .iter()
+                        .rev()
+                        .map(|f| format!("{}{}", f.name, location(f.code_info.as_ref())))
+                        .collect(),
+                }),
                 _ => None,
             })
             .collect(),

@@ -66,6 +66,48 @@ impl AttachedHook {
     }
 }
 
+/// How user stacks are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwind {
+    /// Frame pointers, by the kernel (`bpf_get_stack`).
+    FramePointers,
+    /// DWARF call-frame information, by the BPF program with tables built
+    /// in userspace; frame pointers where an object has none.
+    Dwarf,
+}
+
+/// Sizes of the DWARF unwind tables, fixed at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnwindCapacity {
+    /// Rows of all objects' tables.
+    pub rows: u32,
+    /// Executable mappings of all processes.
+    pub mappings: u32,
+    /// Processes.
+    pub processes: u32,
+}
+
+impl UnwindCapacity {
+    /// The split of `bytes` of table memory: one mapping for every 64 rows.
+    pub fn from_bytes(bytes: u64) -> UnwindCapacity {
+        let row = std::mem::size_of::<types::unwind_row>() as u64;
+        let mapping = std::mem::size_of::<types::unwind_mapping>() as u64;
+        let rows = bytes * 64 / (64 * row + mapping);
+        let mappings = (rows / 64).max(1);
+        UnwindCapacity {
+            rows: rows.clamp(1, u32::MAX as u64) as u32,
+            mappings: mappings.min(u32::MAX as u64) as u32,
+            processes: 65536,
+        }
+    }
+
+    /// Bytes of kernel memory the two arrays take.
+    pub fn bytes(&self) -> u64 {
+        self.rows as u64 * std::mem::size_of::<types::unwind_row>() as u64
+            + self.mappings as u64 * std::mem::size_of::<types::unwind_mapping>() as u64
+    }
+}
+
 /// What the BPF program is told at load time.
 #[derive(Clone, Debug)]
 pub struct TracerOptions {
@@ -82,6 +124,8 @@ pub struct TracerOptions {
     pub stack_storage_size: u32,
     pub max_stack_depth: u32,
     pub hook: Hook,
+    pub unwind: Unwind,
+    pub unwind_capacity: UnwindCapacity,
 }
 
 /// A stack reference as stored in a count entry.
@@ -136,6 +180,15 @@ pub struct LossCounters {
     pub no_task_storage: u64,
     pub events_dropped: u64,
     pub blocks_at_end: u64,
+    /// `--unwind dwarf`: user stacks walked with frame pointers because
+    /// their process had no tables yet.
+    pub unwind_not_ready: u64,
+    /// User stacks walked with the tables.
+    pub unwind_dwarf: u64,
+    /// ... of which cut short.
+    pub unwind_truncated: u64,
+    /// Frames found through frame pointers in stacks walked with tables.
+    pub unwind_fp_frames: u64,
 }
 
 /// Everything read back from the kernel at the end of tracing.
@@ -158,6 +211,7 @@ pub struct Tracer<'obj> {
     /// The end of tracing on that clock, once known.
     end_ns: Option<u64>,
     stopped: bool,
+    unwind_store: Option<UnwindStore>,
 }
 
 /// Finds the name under which `finish_task_switch` is in kallsyms: the
@@ -282,6 +336,23 @@ impl<'obj> Tracer<'obj> {
             rodata.want_kernel_stack = opts.kernel_stacks;
             rodata.notify_new_tasks = opts.user_stacks;
             rodata.stack_bytes = opts.max_stack_depth * 8;
+            rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+        }
+        let dwarf = opts.unwind == Unwind::Dwarf;
+        if dwarf {
+            let cap = opts.unwind_capacity;
+            open.maps
+                .unwind_rows
+                .set_max_entries(cap.rows)
+                .context("unwind rows map size")?;
+            open.maps
+                .unwind_maps
+                .set_max_entries(cap.mappings)
+                .context("unwind mappings map size")?;
+            open.maps
+                .unwind_procs
+                .set_max_entries(cap.processes)
+                .context("unwind processes map size")?;
         }
         let depth_bytes = opts.max_stack_depth * 8;
         open.maps
@@ -369,8 +440,14 @@ impl<'obj> Tracer<'obj> {
                 (link, AttachedHook::Kprobe { symbol })
             }
         };
+        let unwind_store = if dwarf {
+            Some(UnwindStore::new(&skel)?)
+        } else {
+            None
+        };
         Ok(Tracer {
             skel,
+            unwind_store,
             links: vec![link],
             hook: attached,
             attached_at: Instant::now(),
@@ -382,6 +459,12 @@ impl<'obj> Tracer<'obj> {
 
     pub fn hook(&self) -> &AttachedHook {
         &self.hook
+    }
+
+    /// The DWARF unwind tables (`--unwind dwarf`), to be filled while
+    /// tracing.  Given once.
+    pub fn take_unwind_store(&mut self) -> Option<UnwindStore> {
+        self.unwind_store.take()
     }
 
     /// When the program was attached.
@@ -576,7 +659,107 @@ impl<'obj> Tracer<'obj> {
             no_task_storage: at(C::CNT_NO_TASK_STORAGE),
             events_dropped: at(C::CNT_EVENTS_DROPPED),
             blocks_at_end: at(C::CNT_BLOCKS_AT_END),
+            unwind_not_ready: at(C::CNT_UNWIND_NOT_READY),
+            unwind_dwarf: at(C::CNT_UNWIND_DWARF),
+            unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
+            unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
         })
+    }
+}
+
+/// An array map shared with the BPF program through mmap.
+struct Shared<T> {
+    ptr: *mut T,
+    len: usize,
+    bytes: usize,
+}
+
+impl<T> Shared<T> {
+    fn map(map: &impl MapCore, what: &str) -> Result<Shared<T>> {
+        use std::os::fd::AsRawFd;
+        let len = map.max_entries() as usize;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let bytes = (len * std::mem::size_of::<T>()).div_ceil(page) * page;
+        // SAFETY: a shared mapping of an mmapable BPF array of `len`
+        // elements of T (the value size is a multiple of 8, so elements
+        // are packed); nothing else in this process maps it.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("failed to map the {what} table"));
+        }
+        Ok(Shared {
+            ptr: ptr.cast(),
+            len,
+            bytes,
+        })
+    }
+
+    fn slice(&mut self) -> &mut [T] {
+        // SAFETY: `len` elements mapped at `ptr` for as long as self lives;
+        // the BPF program only reads them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T> Drop for Shared<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `map` mapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+    }
+}
+
+/// The BPF program's DWARF unwind tables (see `offcputime.h`): rows and
+/// mappings written in place, processes pointed at their mappings.  It
+/// outlives the tracer's maps safely: the mmaps and the map handle hold
+/// their own references.
+pub struct UnwindStore {
+    rows: Shared<types::unwind_row>,
+    mappings: Shared<types::unwind_mapping>,
+    procs: libbpf_rs::MapHandle,
+}
+
+impl UnwindStore {
+    fn new(skel: &OffcputimeSkel<'_>) -> Result<UnwindStore> {
+        Ok(UnwindStore {
+            rows: Shared::map(&skel.maps.unwind_rows, "unwind rows")?,
+            mappings: Shared::map(&skel.maps.unwind_maps, "unwind mappings")?,
+            procs: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_procs)
+                .context("failed to open the unwind processes map")?,
+        })
+    }
+
+    pub fn rows(&mut self) -> &mut [types::unwind_row] {
+        self.rows.slice()
+    }
+
+    pub fn mappings(&mut self) -> &mut [types::unwind_mapping] {
+        self.mappings.slice()
+    }
+
+    /// Points process `tgid` at `count` mappings from `start`, written
+    /// before: the BPF program uses them from its next unwind on.
+    pub fn set_process(&self, tgid: u32, start: u32, count: u32) -> Result<()> {
+        let proc = types::unwind_proc {
+            map_start: start,
+            map_count: count,
+            mm: 0,
+        };
+        // SAFETY: unwind_proc is plain old data.
+        let value = unsafe { plain::as_bytes(&proc) };
+        self.procs
+            .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
+            .with_context(|| format!("failed to store the unwind tables of process {tgid}"))
     }
 }
 

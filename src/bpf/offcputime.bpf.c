@@ -29,6 +29,7 @@
 #define E2BIG 7
 #define ENOMEM 12
 #define EEXIST 17
+#define BPF_F_MMAPABLE 1024
 
 /* Configuration, fixed at load time (see src/tracer.rs). */
 const volatile bool filter_by_tgid = false;
@@ -43,6 +44,8 @@ const volatile bool want_user_stack = true;
 const volatile bool want_kernel_stack = true;
 const volatile bool notify_new_tasks = true;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
+/* --unwind dwarf: walk user stacks with the tables in unwind_*. */
+const volatile bool unwind_dwarf = false;
 
 /*
  * The end of tracing, set by userspace: at attach when a duration is given
@@ -107,12 +110,40 @@ struct {
 	__type(value, struct offcpu_val);
 } counts SEC(".maps");
 
+/* One more slot than a stack needs, so that a frame index masked with
+ * MAX_STACK_DEPTH (2^7 - 1) is in bounds. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64[MAX_STACK_DEPTH]);
+	__type(value, __u64[MAX_STACK_DEPTH + 1]);
 } scratch SEC(".maps");
+
+/* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
+ * written by it through mmap. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+} unwind_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_mapping);
+} unwind_maps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_proc);
+} unwind_procs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -130,6 +161,11 @@ struct {
 struct new_task_event _new_task_event = {};
 enum stack_id_special _stack_id_special = STACK_ID_NONE;
 enum offcpu_counter _offcpu_counter = CNT_MAX;
+enum unwind_kind _unwind_kind = UNWIND_NONE;
+enum unwind_limits _unwind_limits = UNWIND_MAX_OBJECT_ROWS;
+struct unwind_row _unwind_row = {};
+struct unwind_mapping _unwind_mapping = {};
+struct unwind_proc _unwind_proc = {};
 
 static __always_inline void count(__u32 which)
 {
@@ -184,16 +220,232 @@ static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
 	return h;
 }
 
+static __always_inline void count_n(__u32 which, __u64 n)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &which);
+
+	if (c)
+		*c += n;
+}
+
+/* State of a DWARF unwind of the current task's user stack. */
+struct unwind_state {
+	/* Registers of the frame being unwound. */
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	/* The process's slice of unwind_maps. */
+	__u32 map_start;
+	__u32 map_count;
+	/* Frames written to `scratch`, and the most to write. */
+	__u32 nr;
+	__u32 max;
+	__u32 fp_frames;
+	bool truncated;
+};
+
+/* The process's mapping that holds `addr`: a binary search over its
+ * mappings, sorted by start address. */
+static __always_inline struct unwind_mapping *find_mapping(struct unwind_state *u, __u64 addr)
+{
+	__u32 lo = 0, hi = u->map_count, mid, idx;
+	struct unwind_mapping *m;
+	int i;
+
+	for (i = 0; i <= 10 && lo < hi; i++) { /* 2^10 = UNWIND_MAX_PROC_MAPPINGS */
+		mid = lo + (hi - lo) / 2;
+		idx = u->map_start + mid;
+		m = bpf_map_lookup_elem(&unwind_maps, &idx);
+		if (!m)
+			return NULL;
+		if (addr < m->start)
+			hi = mid;
+		else if (addr >= m->end)
+			lo = mid + 1;
+		else
+			return m;
+	}
+	return NULL;
+}
+
+/* The last of the `count` rows from `start` whose pc is at most `pc`. */
+static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u32 pc)
+{
+	__u32 lo = 0, hi = count, mid, idx;
+	struct unwind_row *r;
+	int i;
+
+	for (i = 0; i <= 24 && lo < hi; i++) { /* 2^24 = UNWIND_MAX_OBJECT_ROWS */
+		mid = lo + (hi - lo) / 2;
+		idx = start + mid;
+		r = bpf_map_lookup_elem(&unwind_rows, &idx);
+		if (!r)
+			return NULL;
+		if (r->pc <= pc)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0 || lo > count)
+		return NULL;
+	idx = start + lo - 1;
+	return bpf_map_lookup_elem(&unwind_rows, &idx);
+}
+
+/*
+ * One frame: record its pc, then find the caller's pc, sp and bp, with the
+ * object's table where it has one and through the frame pointer where it
+ * has not (JIT code, objects without call-frame information).  Returns 1
+ * to stop (bpf_loop callback).
+ */
+static long unwind_step(__u32 i, void *arg)
+{
+	struct unwind_state *u = arg;
+	struct unwind_mapping *m;
+	struct unwind_row *r;
+	__u64 *ips, cfa, ra, addr, frame[2];
+	__u32 zero = 0, idx;
+	__s64 rbp_off;
+
+	/* `i`, not a count kept in the state, indexes the frames: the
+	 * verifier then checks this callback once for any i, instead of once
+	 * per depth. */
+	ips = bpf_map_lookup_elem(&scratch, &zero);
+	if (!ips)
+		return 1;
+	if (i >= u->max || i >= MAX_STACK_DEPTH) {
+		u->truncated = true;
+		return 1;
+	}
+	/* The compiler forgets the check above, so that the verifier sees a
+	 * mask. */
+	idx = i;
+	asm volatile("" : "+r"(idx));
+	ips[idx & MAX_STACK_DEPTH] = u->pc;
+	u->nr = i + 1;
+
+	/* A return address is looked up at the call before it. */
+	addr = i == 0 ? u->pc : u->pc - 1;
+	m = find_mapping(u, addr);
+	r = NULL;
+	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
+		r = find_row(m->row_start, m->row_count, addr - m->bias);
+	if (r && r->kind != UNWIND_NONE) {
+		switch (r->kind) {
+		case UNWIND_END:
+			return 1;
+		case UNWIND_CFA_RSP:
+			cfa = u->sp + r->cfa_off;
+			break;
+		case UNWIND_CFA_RBP:
+			cfa = u->bp + r->cfa_off;
+			break;
+		case UNWIND_PLT:
+			cfa = u->sp + 8 + ((u->pc & 15) >= 11 ? 8 : 0);
+			break;
+		default:
+			u->truncated = true;
+			return 1;
+		}
+		rbp_off = r->rbp_off;
+		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8))) {
+			u->truncated = true;
+			return 1;
+		}
+		if (rbp_off && bpf_probe_read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8))) {
+			u->truncated = true;
+			return 1;
+		}
+		u->sp = cfa;
+	} else {
+		/* No call-frame information for this address: the saved frame
+		 * pointer and return address at bp.  A chain that ends (bp is
+		 * 0 in _start and thread entry points) or cannot be read is
+		 * the end of the stack. */
+		if (!u->bp || bpf_probe_read_user(frame, sizeof(frame), (void *)u->bp))
+			return 1;
+		ra = frame[1];
+		u->sp = u->bp + 16;
+		u->bp = frame[0];
+		u->fp_frames++;
+	}
+	if (!ra)
+		return 1;
+	u->pc = ra;
+	return 0;
+}
+
+/*
+ * Walks the current task's user stack into `scratch` with the DWARF tables
+ * of its process, from the user registers saved at kernel entry.  Returns
+ * its length in bytes, or -1 if the process has no tables (yet).
+ */
+static __always_inline long unwind_user(__u32 tgid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct unwind_state u = {};
+	__u32 zero = 0;
+	struct unwind_proc *p;
+	struct pt_regs *regs;
+	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
+
+	p = bpf_map_lookup_elem(&unwind_procs, &tgid);
+	if (!p || !mm) {
+		count(CNT_UNWIND_NOT_READY);
+		return -1;
+	}
+	/* The tables describe the address space they were built for: the
+	 * first unwind claims it, and an exec() or a reused pid since makes
+	 * them stale until userspace has built new ones. */
+	if (!p->mm)
+		p->mm = mm;
+	if (p->mm != mm) {
+		count(CNT_UNWIND_NOT_READY);
+		return -1;
+	}
+	regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return -1;
+	u.pc = BPF_CORE_READ(regs, ip);
+	u.sp = BPF_CORE_READ(regs, sp);
+	u.bp = BPF_CORE_READ(regs, bp);
+	u.map_start = p->map_start;
+	u.map_count = p->map_count;
+	if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
+		u.map_count = UNWIND_MAX_PROC_MAPPINGS;
+	u.max = clamp_stack_bytes() / sizeof(__u64);
+	bpf_loop(MAX_STACK_DEPTH, unwind_step, &u, 0);
+	/* Frames end at a zero, as bpf_get_stack() leaves them: the buffer
+	 * still holds deeper stacks walked before. */
+	if (u.nr < MAX_STACK_DEPTH) {
+		__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
+		__u32 idx = u.nr;
+
+		asm volatile("" : "+r"(idx));
+		if (ips)
+			ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	count(CNT_UNWIND_DWARF);
+	if (u.truncated)
+		count(CNT_UNWIND_TRUNCATED);
+	if (u.fp_frames)
+		count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	return u.nr * sizeof(__u64);
+}
+
 /* The user or kernel stack of the current task. */
 static __always_inline __u64 stack_of_current(void *ctx, bool user)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
-	long len;
+	long len = -1;
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
+	if (user && unwind_dwarf)
+		len = unwind_user(bpf_get_current_pid_tgid() >> 32);
+	if (len < 0)
+		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	return store_stack(buf, len, user);
 }
 

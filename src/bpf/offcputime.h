@@ -57,6 +57,66 @@ struct new_task_event {
 	__u32 _pad;
 };
 
+/*
+ * DWARF unwinding of user stacks (--unwind dwarf).  Userspace turns each
+ * mapped object's call-frame information into rows sorted by address
+ * (`unwind_rows`, shared by every process that maps the object), lists each
+ * process's executable mappings sorted by start address (`unwind_maps`), and
+ * points the process's entry in `unwind_procs` at its slice of that list.
+ */
+enum unwind_kind {
+	/* No call-frame information covers the address. */
+	UNWIND_NONE = 0,
+	/* CFA = rsp + cfa_off */
+	UNWIND_CFA_RSP = 1,
+	/* CFA = rbp + cfa_off */
+	UNWIND_CFA_RBP = 2,
+	/* Outermost frame: the return address is undefined (_start, the
+	 * child side of clone). */
+	UNWIND_END = 3,
+	/* A PLT entry: CFA = rsp + 8, plus 8 past the entry's push. */
+	UNWIND_PLT = 4,
+	/* Call-frame information this unwinder cannot follow. */
+	UNWIND_UNSUPPORTED = 5,
+};
+
+struct unwind_row {
+	/* First address of the row, in the object's own virtual addresses. */
+	__u32 pc;
+	__u16 cfa_off;
+	__u8 kind;
+	/* The caller's rbp is saved at CFA + 8 * rbp_off; 0: not saved. */
+	__s8 rbp_off;
+};
+
+/* Powers of two: they bound the binary searches. */
+enum unwind_limits {
+	/* Rows of one object. */
+	UNWIND_MAX_OBJECT_ROWS = 1 << 24,
+	/* Executable mappings of one process. */
+	UNWIND_MAX_PROC_MAPPINGS = 1 << 10,
+};
+
+struct unwind_mapping {
+	__u64 start;
+	__u64 end;
+	/* Subtracted from an address to get the object's virtual address. */
+	__u64 bias;
+	/* The object's rows: row_count 0 means it has none (frame pointers
+	 * are followed through it). */
+	__u32 row_start;
+	__u32 row_count;
+};
+
+struct unwind_proc {
+	__u32 map_start;
+	__u32 map_count;
+	/* The address space the tables are for: 0 when userspace writes
+	 * them, claimed by the first unwind in the process (see
+	 * unwind_user()). */
+	__u64 mm;
+};
+
 /* Reasons for lost data, counted by the BPF program (array indices). */
 enum offcpu_counter {
 	/* user / kernel stack lost: stacks map full */
@@ -75,6 +135,18 @@ enum offcpu_counter {
 	CNT_EVENTS_DROPPED,
 	/* blocks still in progress when tracing ended, counted up to the end */
 	CNT_BLOCKS_AT_END,
+	/* --unwind dwarf: user stacks walked with frame pointers because the
+	 * process had no unwind tables yet */
+	CNT_UNWIND_NOT_READY,
+	/* ... user stacks walked with DWARF tables */
+	CNT_UNWIND_DWARF,
+	/* ... of those, stacks cut short: an address without call-frame
+	 * information, a rule the unwinder cannot follow, unreadable stack
+	 * memory, or the depth limit */
+	CNT_UNWIND_TRUNCATED,
+	/* ... frames found through frame pointers (code without tables,
+	 * e.g. JIT code) inside stacks walked with tables */
+	CNT_UNWIND_FP_FRAMES,
 	CNT_MAX,
 };
 

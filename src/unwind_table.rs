@@ -1,0 +1,1066 @@
+//! DWARF call-frame information (CFI) of an x86-64 ELF file, flattened into
+//! a compact table sorted by pc that the BPF program binary-searches to
+//! unwind user stacks built without frame pointers.
+//!
+//! [`build`] reads only the ELF header, the section headers, the section
+//! name table and the CFI sections `.eh_frame` and `.debug_frame`, walks
+//! every row of every FDE with gimli, and keeps for each row only what the
+//! BPF unwinder can use: how to find the CFA (rsp or rbp plus an offset, or
+//! the PLT expression), whether the return address is undefined (the
+//! outermost frame), and where the caller's rbp was saved. Rows it cannot
+//! express are kept as [`KIND_UNSUPPORTED`] so that the unwinder stops
+//! there instead of guessing.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use anyhow::{bail, Context, Result};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Register,
+    RegisterRule, UnwindContext, UnwindOffset, UnwindSection,
+};
+
+/// How the canonical frame address (CFA) and the caller's registers are found at a pc.
+pub const KIND_NONE: u8 = 0; // no CFI covers this pc (a gap between FDEs, or past the last FDE)
+pub const KIND_CFA_RSP: u8 = 1; // CFA = rsp + cfa_off
+pub const KIND_CFA_RBP: u8 = 2; // CFA = rbp + cfa_off
+pub const KIND_END: u8 = 3; // outermost frame: the return address is undefined (DW_CFA_undefined rip), e.g. _start, clone3 child
+pub const KIND_PLT: u8 = 4; // the standard .plt/.plt.sec CFA expression: CFA = rsp + 8 + ((pc & 15) >= 11 ? 8 : 0); cfa_off = 8
+pub const KIND_UNSUPPORTED: u8 = 5; // CFI present but not expressible here (other expressions, other registers, offsets out of range)
+
+/// One row of the table: the unwind rule from `pc` up to the next row's pc.
+///
+/// Rows of kinds other than [`KIND_CFA_RSP`], [`KIND_CFA_RBP`] and
+/// [`KIND_PLT`] have `cfa_off` and `rbp_off` 0, so that consecutive ones
+/// merge. The layout is C's (8 bytes: `pc` at 0, `cfa_off` at 4, `kind` at
+/// 6, `rbp_off` at 7), so the rows can be copied as they are into a BPF map
+/// whose value is the same struct in C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct Row {
+    /// First address the row covers, in the object's own virtual addresses (ELF p_vaddr space, as FDE pc values are). The row holds until the next row's pc.
+    pub pc: u32,
+    /// KIND_CFA_RSP / KIND_CFA_RBP: CFA = reg + cfa_off. Must fit u16, else the row is KIND_UNSUPPORTED.
+    pub cfa_off: u16,
+    pub kind: u8,
+    /// Where the caller's rbp was saved: at CFA + 8 * rbp_off. 0 means rbp is unchanged (rule "same value"/"undefined"/not mentioned). An offset that is not a multiple of 8 or out of i8*8 range makes the row KIND_UNSUPPORTED.
+    pub rbp_off: i8,
+}
+
+/// Statistics for -v and tests.
+///
+/// `fdes` counts the FDEs whose rows went into the table (those of
+/// `.debug_frame` that overlap `.eh_frame` ones, and those beyond 4 GiB or
+/// empty, are not counted); `rows` and `unsupported_rows` count the rows
+/// of the final, merged table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub fdes: usize,
+    pub rows: usize,
+    pub unsupported_rows: usize,
+}
+
+/// DWARF register numbers of x86-64.
+const RBP: Register = Register(6);
+const RSP: Register = Register(7);
+const RA: Register = Register(16);
+
+/// The CFA expression of the standard lazy-binding PLT (and of `.plt.sec`):
+/// `DW_OP_breg7 (rsp): 8; DW_OP_breg16 (rip): 0; DW_OP_lit15; DW_OP_and;
+/// DW_OP_lit11; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus`. Byte 6 is
+/// `DW_OP_lit11` (GNU ld, the only form on this machine) or `DW_OP_lit10`
+/// (some other linkers); the two agree at every instruction boundary of a
+/// 16-byte PLT entry (0, 6, 11), so both are [`KIND_PLT`].
+const PLT_EXPR: [u8; 11] = [
+    0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+];
+const PLT_EXPR_LIT_AT: usize = 6;
+const DW_OP_LIT10: u8 = 0x3a;
+
+fn is_plt_expression(expr: &[u8]) -> bool {
+    expr.len() == PLT_EXPR.len()
+        && expr
+            .iter()
+            .zip(PLT_EXPR)
+            .enumerate()
+            .all(|(i, (&b, p))| b == p || (i == PLT_EXPR_LIT_AT && b == DW_OP_LIT10))
+}
+
+/// Builds the table of one ELF file from .eh_frame and, where present, .debug_frame.
+/// Returns Ok(None) if the file has no CFI at all. Errors only for I/O errors or malformed ELF.
+///
+/// Files that are not little-endian ELF64 for x86-64 are errors; relocatable
+/// objects and other files that are neither executables nor shared objects
+/// are `Ok(None)` (their pcs are not addresses). Compressed `.debug_frame`
+/// sections (`SHF_COMPRESSED`) are ignored. CFI that gimli cannot parse is
+/// skipped: an FDE that fails to evaluate contributes no rows, and a
+/// section whose entry list cannot be parsed contributes the FDEs before the
+/// bad entry.
+///
+/// Where both sections describe a pc, `.eh_frame` wins: an FDE of
+/// `.debug_frame` that overlaps any FDE of `.eh_frame` is left out whole,
+/// so that the rows of one function never mix the two sources.
+pub fn build(file: &File) -> Result<Option<(Vec<Row>, TableStats)>> {
+    let elf = Elf::read(file)?;
+    if !matches!(elf.e_type, ET_EXEC | ET_DYN) {
+        return Ok(None);
+    }
+    let eh_frame = elf.section(".eh_frame");
+    let debug_frame = elf
+        .section(".debug_frame")
+        .filter(|s| s.flags & SHF_COMPRESSED == 0);
+    if eh_frame.is_none() && debug_frame.is_none() {
+        return Ok(None);
+    }
+
+    let mut out = Collector::default();
+    if let Some(sec) = eh_frame {
+        let data = elf.read_section(file, sec)?;
+        let mut bases = BaseAddresses::default().set_eh_frame(sec.addr);
+        if let Some(s) = elf.section(".text") {
+            bases = bases.set_text(s.addr);
+        }
+        if let Some(s) = elf.section(".eh_frame_hdr") {
+            bases = bases.set_eh_frame_hdr(s.addr);
+        }
+        if let Some(s) = elf.section(".got") {
+            bases = bases.set_got(s.addr);
+        }
+        let mut section = EhFrame::new(&data, LittleEndian);
+        section.set_address_size(8);
+        out.walk(&section, &bases, &[]);
+    }
+    if let Some(sec) = debug_frame {
+        let data = elf.read_section(file, sec)?;
+        let mut section = DebugFrame::new(&data, LittleEndian);
+        section.set_address_size(8);
+        let taken = union_of(std::mem::take(&mut out.ranges));
+        out.walk(&section, &BaseAddresses::default(), &taken);
+    }
+    if out.fdes == 0 {
+        return Ok(None);
+    }
+    let rows = normalize(out.rows);
+    let stats = TableStats {
+        fdes: out.fdes,
+        rows: rows.len(),
+        unsupported_rows: rows.iter().filter(|r| r.kind == KIND_UNSUPPORTED).count(),
+    };
+    Ok(Some((rows, stats)))
+}
+
+/// The row that applies at `pc` (last row with row.pc <= pc), if any and not KIND_NONE.
+pub fn lookup(rows: &[Row], pc: u32) -> Option<Row> {
+    let i = rows.partition_point(|r| r.pc <= pc);
+    let row = *rows.get(i.checked_sub(1)?)?;
+    (row.kind != KIND_NONE).then_some(row)
+}
+
+/// Sorts rows by pc, keeps one row per pc, and merges runs of equal rules.
+///
+/// The sort is stable, and of the rows at one pc the last one written wins,
+/// except that a real row beats a [`KIND_NONE`] end marker (an FDE that
+/// starts where another ends). Then a row whose (kind, cfa_off, rbp_off)
+/// equals its predecessor's is dropped: the predecessor already covers it.
+fn normalize(mut rows: Vec<Row>) -> Vec<Row> {
+    rows.sort_by_key(|r| r.pc);
+    let mut out: Vec<Row> = Vec::with_capacity(rows.len());
+    let mut i = 0;
+    while i < rows.len() {
+        let pc = rows[i].pc;
+        let mut j = i;
+        let mut pick = rows[i];
+        while j < rows.len() && rows[j].pc == pc {
+            if rows[j].kind != KIND_NONE || pick.kind == KIND_NONE {
+                pick = rows[j];
+            }
+            j += 1;
+        }
+        i = j;
+        let same_rule =
+            |a: &Row| (a.kind, a.cfa_off, a.rbp_off) == (pick.kind, pick.cfa_off, pick.rbp_off);
+        if !out.last().is_some_and(same_rule) {
+            out.push(pick);
+        }
+    }
+    out
+}
+
+type Slice<'a> = EndianSlice<'a, LittleEndian>;
+
+/// Rows and FDE ranges gathered from the CFI sections, in the order written.
+#[derive(Default)]
+struct Collector {
+    rows: Vec<Row>,
+    /// The pc ranges of the FDEs taken so far.
+    ranges: Vec<(u32, u32)>,
+    fdes: usize,
+}
+
+impl Collector {
+    /// Adds the rows of every FDE of `section` whose range fits u32, is not
+    /// empty, and does not overlap `taken` (sorted, disjoint ranges).
+    fn walk<'a, S: UnwindSection<Slice<'a>>>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        taken: &[(u32, u32)],
+    ) {
+        let mut cies: HashMap<usize, gimli::CommonInformationEntry<Slice<'a>>> = HashMap::new();
+        let mut ctx = UnwindContext::new();
+        let mut entries = section.entries(bases);
+        // A parse error in the entry list leaves no way to find the next
+        // entry: keep what came before.
+        while let Ok(Some(entry)) = entries.next() {
+            let CieOrFde::Fde(partial) = entry else {
+                continue;
+            };
+            let fde = partial.parse(|section, bases, offset| {
+                let key: usize = UnwindOffset::into(offset);
+                if let Some(cie) = cies.get(&key) {
+                    return Ok(cie.clone());
+                }
+                let cie = section.cie_from_offset(bases, offset)?;
+                cies.insert(key, cie.clone());
+                Ok(cie)
+            });
+            let Ok(fde) = fde else { continue };
+            let (Ok(start), Ok(end)) = (
+                u32::try_from(fde.initial_address()),
+                u32::try_from(fde.end_address()),
+            ) else {
+                continue;
+            };
+            if start >= end || overlaps(taken, start, end) {
+                continue;
+            }
+            let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
+                continue;
+            };
+            let before = self.rows.len();
+            let ok = loop {
+                match table.next_row() {
+                    Ok(Some(row)) => {
+                        let (pc, row_end) = (row.start_address(), row.end_address());
+                        // Empty rows (an advance by 0, or a last advance
+                        // to the very end) hold nowhere.
+                        if pc >= row_end || pc < u64::from(start) || pc >= u64::from(end) {
+                            continue;
+                        }
+                        let mut r = translate(section, row);
+                        r.pc = pc as u32;
+                        self.rows.push(r);
+                    }
+                    Ok(None) => break true,
+                    Err(_) => break false,
+                }
+            };
+            if !ok {
+                self.rows.truncate(before);
+                continue;
+            }
+            // The end marker; where another FDE starts at `end`, its first
+            // row beats the marker in `normalize`.
+            self.rows.push(Row {
+                pc: end,
+                cfa_off: 0,
+                kind: KIND_NONE,
+                rbp_off: 0,
+            });
+            self.ranges.push((start, end));
+            self.fdes += 1;
+        }
+    }
+}
+
+/// The row (without its pc) for one row of the DWARF table.
+fn translate<'a, S: UnwindSection<Slice<'a>>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+) -> Row {
+    let kind_only = |kind| Row {
+        pc: 0,
+        cfa_off: 0,
+        kind,
+        rbp_off: 0,
+    };
+    match row.register(RA) {
+        Some(RegisterRule::Offset(-8)) => {}
+        Some(RegisterRule::Undefined) => return kind_only(KIND_END),
+        _ => return kind_only(KIND_UNSUPPORTED),
+    }
+    let (kind, cfa_off) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let kind = match *register {
+                RSP => KIND_CFA_RSP,
+                RBP => KIND_CFA_RBP,
+                _ => return kind_only(KIND_UNSUPPORTED),
+            };
+            match u16::try_from(*offset) {
+                Ok(off) => (kind, off),
+                Err(_) => return kind_only(KIND_UNSUPPORTED),
+            }
+        }
+        CfaRule::Expression(expr) => match expr.get(section) {
+            Ok(e) if is_plt_expression(e.0.slice()) => (KIND_PLT, 8),
+            _ => return kind_only(KIND_UNSUPPORTED),
+        },
+    };
+    let rbp_off = match row.register(RBP) {
+        None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => 0,
+        Some(RegisterRule::Offset(n)) if n != 0 && n % 8 == 0 => match i8::try_from(n / 8) {
+            Ok(off) => off,
+            Err(_) => return kind_only(KIND_UNSUPPORTED),
+        },
+        Some(_) => return kind_only(KIND_UNSUPPORTED),
+    };
+    Row {
+        pc: 0,
+        cfa_off,
+        kind,
+        rbp_off,
+    }
+}
+
+/// Sorted, disjoint ranges covering the same pcs as `ranges`.
+fn union_of(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// Whether [start, end) overlaps any of the sorted, disjoint `ranges`.
+fn overlaps(ranges: &[(u32, u32)], start: u32, end: u32) -> bool {
+    let i = ranges.partition_point(|r| r.0 < end);
+    i > 0 && ranges[i - 1].1 > start
+}
+
+const ET_EXEC: u16 = 2;
+const ET_DYN: u16 = 3;
+const EM_X86_64: u16 = 62;
+const SHT_NOBITS: u32 = 8;
+const SHF_COMPRESSED: u64 = 0x800;
+const SHN_XINDEX: u32 = 0xffff;
+
+/// What is needed of one section header.
+#[derive(Clone, Copy, Debug)]
+struct Section {
+    name: u32,
+    kind: u32,
+    flags: u64,
+    addr: u64,
+    offset: u64,
+    size: u64,
+}
+
+/// The section headers of a little-endian ELF64 file, and their names.
+struct Elf {
+    e_type: u16,
+    sections: Vec<Section>,
+    /// The section-name string table.
+    names: Vec<u8>,
+    len: u64,
+}
+
+impl Elf {
+    fn read(file: &File) -> Result<Elf> {
+        let len = file.metadata().context("reading the file's size")?.len();
+        let mut eh = [0u8; 64];
+        if len < 64 {
+            bail!("not an ELF file (too short)");
+        }
+        file.read_exact_at(&mut eh, 0)
+            .context("reading the ELF header")?;
+        if &eh[..4] != b"\x7fELF" {
+            bail!("not an ELF file");
+        }
+        if eh[4] != 2 || eh[5] != 1 {
+            bail!("not a little-endian ELF64 file");
+        }
+        let e_type = u16_at(&eh, 16);
+        let machine = u16_at(&eh, 18);
+        if machine != EM_X86_64 {
+            bail!("not an x86-64 ELF file (e_machine {machine})");
+        }
+        let shoff = u64_at(&eh, 40);
+        let shentsize = u64::from(u16_at(&eh, 58));
+        let mut shnum = u64::from(u16_at(&eh, 60));
+        let mut shstrndx = u32::from(u16_at(&eh, 62));
+        if shoff == 0 {
+            return Ok(Elf {
+                e_type,
+                sections: Vec::new(),
+                names: Vec::new(),
+                len,
+            });
+        }
+        if shentsize < 64 {
+            bail!("malformed ELF: section header size {shentsize}");
+        }
+        let header = |i: u64| -> Result<[u8; 64]> {
+            let mut h = [0u8; 64];
+            let at = i
+                .checked_mul(shentsize)
+                .and_then(|o| o.checked_add(shoff))
+                .filter(|o| o.checked_add(64).is_some_and(|e| e <= len))
+                .context("malformed ELF: section header beyond the end of the file")?;
+            file.read_exact_at(&mut h, at)
+                .context("reading a section header")?;
+            Ok(h)
+        };
+        // More than 0xff00 sections, or a name table index beyond that:
+        // the real values are in section 0.
+        if shnum == 0 || shstrndx == SHN_XINDEX {
+            let h0 = header(0)?;
+            if shnum == 0 {
+                shnum = u64_at(&h0, 32);
+            }
+            if shstrndx == SHN_XINDEX {
+                shstrndx = u32_at(&h0, 40);
+            }
+        }
+        let table_len = shnum
+            .checked_mul(shentsize)
+            .filter(|&n| shoff.checked_add(n).is_some_and(|e| e <= len))
+            .context("malformed ELF: section headers beyond the end of the file")?;
+        let mut raw = vec![0u8; table_len as usize];
+        file.read_exact_at(&mut raw, shoff)
+            .context("reading the section headers")?;
+        let sections: Vec<Section> = raw
+            .chunks_exact(shentsize as usize)
+            .map(|h| Section {
+                name: u32_at(h, 0),
+                kind: u32_at(h, 4),
+                flags: u64_at(h, 8),
+                addr: u64_at(h, 16),
+                offset: u64_at(h, 24),
+                size: u64_at(h, 32),
+            })
+            .collect();
+        let mut elf = Elf {
+            e_type,
+            sections,
+            names: Vec::new(),
+            len,
+        };
+        if let Some(&strtab) = elf.sections.get(shstrndx as usize) {
+            if shstrndx != 0 && strtab.kind != SHT_NOBITS {
+                elf.names = elf.read_section(file, strtab)?;
+            }
+        }
+        Ok(elf)
+    }
+
+    /// The first section named `name` that has contents in the file.
+    fn section(&self, name: &str) -> Option<Section> {
+        self.sections
+            .iter()
+            .find(|s| s.kind != SHT_NOBITS && self.name(s) == Some(name.as_bytes()))
+            .copied()
+    }
+
+    fn name(&self, s: &Section) -> Option<&[u8]> {
+        let rest = self.names.get(s.name as usize..)?;
+        Some(&rest[..rest.iter().position(|&b| b == 0)?])
+    }
+
+    fn read_section(&self, file: &File, s: Section) -> Result<Vec<u8>> {
+        if s.offset.checked_add(s.size).is_none_or(|e| e > self.len) {
+            bail!("malformed ELF: a section lies beyond the end of the file");
+        }
+        let mut data = vec![0u8; s.size as usize];
+        file.read_exact_at(&mut data, s.offset)
+            .context("reading a section")?;
+        Ok(data)
+    }
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::process::Command;
+    use std::time::Instant;
+
+    const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+
+    fn row(pc: u32, kind: u8, cfa_off: u16, rbp_off: i8) -> Row {
+        Row {
+            pc,
+            cfa_off,
+            kind,
+            rbp_off,
+        }
+    }
+
+    #[test]
+    fn row_layout() {
+        assert_eq!(std::mem::size_of::<Row>(), 8);
+        assert_eq!(std::mem::align_of::<Row>(), 4);
+        assert_eq!(std::mem::offset_of!(Row, cfa_off), 4);
+        assert_eq!(std::mem::offset_of!(Row, kind), 6);
+        assert_eq!(std::mem::offset_of!(Row, rbp_off), 7);
+    }
+
+    #[test]
+    fn normalize_sorts_dedupes_and_merges() {
+        let rows = vec![
+            row(0x20, KIND_CFA_RSP, 8, 0),
+            row(0x10, KIND_NONE, 0, 0), // end marker of an earlier FDE …
+            row(0x00, KIND_CFA_RSP, 8, 0),
+            row(0x04, KIND_CFA_RSP, 16, 0),
+            row(0x08, KIND_CFA_RSP, 16, 0), // same rule: merged into 0x04
+            row(0x0c, KIND_CFA_RSP, 8, 0),
+            row(0x10, KIND_CFA_RSP, 8, 0), // … beaten by a real row at 0x10, then merged into 0x0c
+            row(0x14, KIND_NONE, 0, 0),
+            row(0x18, KIND_NONE, 0, 0),      // merged into 0x14
+            row(0x20, KIND_CFA_RBP, 16, -2), // last written for 0x20 wins
+            row(0x24, KIND_NONE, 0, 0),
+            row(0x24, KIND_NONE, 0, 0),
+        ];
+        assert_eq!(
+            normalize(rows),
+            vec![
+                row(0x00, KIND_CFA_RSP, 8, 0),
+                row(0x04, KIND_CFA_RSP, 16, 0),
+                row(0x0c, KIND_CFA_RSP, 8, 0),
+                row(0x14, KIND_NONE, 0, 0),
+                row(0x20, KIND_CFA_RBP, 16, -2),
+                row(0x24, KIND_NONE, 0, 0),
+            ]
+        );
+        assert_eq!(normalize(vec![]), vec![]);
+    }
+
+    #[test]
+    fn lookup_finds_the_covering_row() {
+        let rows = normalize(vec![
+            row(0x100, KIND_CFA_RSP, 8, 0),
+            row(0x104, KIND_CFA_RSP, 16, 0),
+            row(0x110, KIND_NONE, 0, 0),
+            row(0x120, KIND_CFA_RBP, 16, -2),
+            row(0x130, KIND_NONE, 0, 0),
+        ]);
+        assert_eq!(lookup(&rows, 0), None);
+        assert_eq!(lookup(&rows, 0xff), None);
+        assert_eq!(lookup(&rows, 0x100), Some(row(0x100, KIND_CFA_RSP, 8, 0)));
+        assert_eq!(lookup(&rows, 0x103), Some(row(0x100, KIND_CFA_RSP, 8, 0)));
+        assert_eq!(lookup(&rows, 0x10f), Some(row(0x104, KIND_CFA_RSP, 16, 0)));
+        assert_eq!(lookup(&rows, 0x110), None); // the gap
+        assert_eq!(lookup(&rows, 0x11f), None);
+        assert_eq!(lookup(&rows, 0x12f), Some(row(0x120, KIND_CFA_RBP, 16, -2)));
+        assert_eq!(lookup(&rows, 0x130), None);
+        assert_eq!(lookup(&rows, u32::MAX), None);
+        assert_eq!(lookup(&[], 5), None);
+    }
+
+    /// A `.debug_frame` (version 1, 64-bit addresses) with one CIE
+    /// (CFA = rsp + 8, ra at CFA - 8) and one FDE per `(start, len, program)`.
+    fn debug_frame(fdes: &[(u64, u64, &[u8])]) -> Vec<u8> {
+        let mut cie = vec![];
+        cie.extend(0xffff_ffffu32.to_le_bytes()); // CIE id
+        cie.extend([1, 0]); // version, augmentation ""
+        cie.extend([1, 0x78, 16]); // code alignment 1, data alignment -8, ra column
+        cie.extend([0x0c, 7, 8]); // DW_CFA_def_cfa: rsp, 8
+        cie.extend([0x80 | 16, 1]); // DW_CFA_offset: r16 at cfa-8
+        let mut out = vec![];
+        out.extend((cie.len() as u32).to_le_bytes());
+        out.extend(cie);
+        for &(start, len, program) in fdes {
+            let mut fde = vec![];
+            fde.extend(0u32.to_le_bytes()); // the CIE at offset 0
+            fde.extend(start.to_le_bytes());
+            fde.extend(len.to_le_bytes());
+            fde.extend(program);
+            out.extend((fde.len() as u32).to_le_bytes());
+            out.extend(fde);
+        }
+        out
+    }
+
+    fn table_of(data: &[u8]) -> (Vec<Row>, usize) {
+        let mut section = DebugFrame::new(data, LittleEndian);
+        section.set_address_size(8);
+        let mut c = Collector::default();
+        c.walk(&section, &BaseAddresses::default(), &[]);
+        (normalize(c.rows), c.fdes)
+    }
+
+    #[test]
+    fn synthetic_cfi_translates_and_leaves_gaps() {
+        let mut plt: Vec<u8> = vec![0x0f, PLT_EXPR.len() as u8]; // DW_CFA_def_cfa_expression
+        plt.extend(PLT_EXPR);
+        let push_rbp: &[u8] = &[
+            0x41, // advance 1
+            0x0e,
+            16, // CFA = rsp + 16
+            0x80 | 6,
+            2,    // rbp at cfa-16
+            0x43, // advance 3
+            0x0d,
+            6,    // CFA = rbp + 16
+            0x48, // advance 8
+            0x0c,
+            7,
+            8,    // CFA = rsp + 8
+            0xc6, // DW_CFA_restore rbp
+        ];
+        let data = debug_frame(&[
+            (0x1000, 0x10, push_rbp),
+            // A gap at 0x1010..0x1020.
+            (0x1020, 0x10, &[0x07, 16]),   // ra undefined: outermost
+            (0x1030, 0x10, &plt),          // starts where the last one ends
+            (0x1040, 0x10, &[0x09, 6, 3]), // rbp is in rbx: unsupported
+            (0x1050, 0x10, &[0x0e, 0x80, 0x80, 0x04]), // CFA = rsp + 65536: unsupported
+            (0x1060, 0x10, &[0x80 | 6, 1]), // rbp at cfa-8 and CFA = rsp + 8: fine
+            (0x1_0000_0000, 0x10, &[]),    // beyond u32: skipped
+            (0xffff_fff0, 0x10, &[]),      // ends at 2^32: skipped
+            (0x2000, 0, &[]),              // empty: skipped
+        ]);
+        let (rows, fdes) = table_of(&data);
+        assert_eq!(fdes, 6);
+        assert_eq!(
+            rows,
+            vec![
+                row(0x1000, KIND_CFA_RSP, 8, 0),
+                row(0x1001, KIND_CFA_RSP, 16, -2),
+                row(0x1004, KIND_CFA_RBP, 16, -2),
+                row(0x100c, KIND_CFA_RSP, 8, 0),
+                row(0x1010, KIND_NONE, 0, 0),
+                row(0x1020, KIND_END, 0, 0),
+                row(0x1030, KIND_PLT, 8, 0),
+                row(0x1040, KIND_UNSUPPORTED, 0, 0),
+                row(0x1060, KIND_CFA_RSP, 8, -1),
+                row(0x1070, KIND_NONE, 0, 0),
+            ]
+        );
+        assert_eq!(lookup(&rows, 0x1015), None);
+        assert_eq!(lookup(&rows, 0x101f), None);
+        assert_eq!(lookup(&rows, 0x1020).map(|r| r.kind), Some(KIND_END));
+        assert_eq!(lookup(&rows, 0x103b).map(|r| r.kind), Some(KIND_PLT));
+        assert_eq!(lookup(&rows, 0x1070), None);
+        assert_eq!(lookup(&rows, 0xfff), None);
+
+        // lit10 is the PLT rule too; any other expression is not.
+        let mut plt10 = plt.clone();
+        plt10[2 + PLT_EXPR_LIT_AT] = DW_OP_LIT10;
+        let mut other = plt.clone();
+        other[2 + 1] = 0x10; // DW_OP_breg7 +16
+        let (rows, _) = table_of(&debug_frame(&[(0x10, 0x10, &plt10), (0x20, 0x10, &other)]));
+        assert_eq!(
+            rows,
+            vec![
+                row(0x10, KIND_PLT, 8, 0),
+                row(0x20, KIND_UNSUPPORTED, 0, 0),
+                row(0x30, KIND_NONE, 0, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn debug_frame_fdes_overlapping_eh_frame_ones_are_left_out() {
+        let taken = union_of(vec![(0x30, 0x40), (0x10, 0x20), (0x18, 0x28)]);
+        assert_eq!(taken, vec![(0x10, 0x28), (0x30, 0x40)]);
+        assert!(!overlaps(&taken, 0x0, 0x10));
+        assert!(overlaps(&taken, 0x0, 0x11));
+        assert!(overlaps(&taken, 0x27, 0x30));
+        assert!(!overlaps(&taken, 0x28, 0x30));
+        assert!(overlaps(&taken, 0x3f, 0x50));
+        assert!(!overlaps(&taken, 0x40, 0x50));
+        assert!(overlaps(&taken, 0x0, 0x100));
+
+        let data = debug_frame(&[(0x10, 0x10, &[0x41, 0x0e, 16]), (0x20, 0x10, &[])]);
+        let mut section = DebugFrame::new(&data[..], LittleEndian);
+        section.set_address_size(8);
+        let mut c = Collector::default();
+        c.walk(&section, &BaseAddresses::default(), &[(0x18, 0x1c)]);
+        assert_eq!(c.fdes, 1);
+        assert_eq!(
+            normalize(c.rows),
+            vec![row(0x20, KIND_CFA_RSP, 8, 0), row(0x30, KIND_NONE, 0, 0)]
+        );
+    }
+
+    #[test]
+    fn not_elf_is_an_error_not_a_panic() {
+        use std::io::Write;
+        let mut bytes: Vec<Vec<u8>> = vec![b"my-hostname\n".to_vec(), vec![], b"\x7fELF".to_vec()];
+        // A real ELF header: with the section header table moved out of the
+        // file; big-endian; with a name table larger than the file.
+        let mut header = vec![0u8; 64];
+        File::open(LIBC)
+            .and_then(|f| f.read_exact_at(&mut header, 0))
+            .unwrap();
+        let mut far = header.clone();
+        far[40..48].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        bytes.push(far);
+        let mut big_endian = header.clone();
+        big_endian[5] = 2;
+        bytes.push(big_endian);
+        let with_sections = |size: u64, shstrndx: u16| {
+            let mut elf = header.clone();
+            elf[40..48].copy_from_slice(&64u64.to_le_bytes()); // right after the header
+            elf[60..62].copy_from_slice(&2u16.to_le_bytes());
+            elf[62..64].copy_from_slice(&shstrndx.to_le_bytes());
+            elf.extend([0u8; 64]); // the null section
+            let mut sh = [0u8; 64];
+            sh[4..8].copy_from_slice(&1u32.to_le_bytes()); // PROGBITS
+            sh[24..32].copy_from_slice(&0u64.to_le_bytes()); // sh_offset
+            sh[32..40].copy_from_slice(&size.to_le_bytes()); // sh_size
+            elf.extend(sh);
+            elf
+        };
+        bytes.push(with_sections(u64::MAX, 1));
+        bytes.push(with_sections(1 << 40, 1));
+        for b in bytes {
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&b).unwrap();
+            assert!(build(&f).is_err(), "{b:?}");
+        }
+        // Sections but no CFI: Ok(None).
+        for (size, shstrndx) in [(u64::MAX, 0), (64, 1), (0, 1)] {
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&with_sections(size, shstrndx)).unwrap();
+            assert!(build(&f).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn truncated_files_do_not_panic() {
+        use std::io::Write;
+        let data = std::fs::read("/proc/self/exe").unwrap();
+        for len in [0, 63, 64, 4096, data.len() / 2, data.len() - 1] {
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&data[..len]).unwrap();
+            let _ = build(&f);
+        }
+    }
+
+    /// The rules readelf prints for one pc: column name → value.
+    type ReadelfRow = BTreeMap<String, String>;
+
+    /// An FDE of `readelf --debug-dump=frames-interp`.
+    struct ReadelfFde {
+        debug_frame: bool,
+        start: u64,
+        end: u64,
+        /// The rows, last one per pc; empty if the FDE has no instructions
+        /// (readelf then prints no table: the CIE's rules apply).
+        rows: BTreeMap<u64, ReadelfRow>,
+        cie: Option<ReadelfRow>,
+    }
+
+    /// Parses readelf's interpreted frames, or None if readelf is missing.
+    fn readelf_fdes(path: &str) -> Option<Vec<ReadelfFde>> {
+        let out = match Command::new("readelf")
+            .args([
+                "--wide",
+                "--debug-dump=no-follow-links",
+                "--debug-dump=frames-interp",
+                path,
+            ])
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+                assert!(
+                    !ci,
+                    "readelf (binutils) is needed to cross-check the unwind table"
+                );
+                println!("note: readelf not found, cross-check skipped");
+                return None;
+            }
+            Err(e) => panic!("readelf: {e}"),
+        };
+        assert!(out.status.success(), "readelf failed on {path}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut cies: HashMap<(bool, u64), ReadelfRow> = HashMap::new();
+        let mut fdes: Vec<ReadelfFde> = vec![];
+        let mut debug_frame = false;
+        // The entry being read: a CIE (its offset) or the last FDE.
+        let mut in_cie: Option<u64> = None;
+        let mut columns: Vec<String> = vec![];
+        for line in text.lines() {
+            // Values are separated by spaces, but a register rule reads
+            // "r9 (r9)": a token in parentheses belongs to the one before.
+            let mut t: Vec<String> = vec![];
+            for tok in line.split_whitespace() {
+                match t.last_mut() {
+                    Some(last) if tok.starts_with('(') => {
+                        last.push(' ');
+                        last.push_str(tok);
+                    }
+                    _ => t.push(tok.to_string()),
+                }
+            }
+            if line.starts_with("Contents of the ") {
+                debug_frame = line.contains(".debug_frame");
+                in_cie = None;
+                continue;
+            }
+            if t.len() == 3 && t[1] == "ZERO" {
+                columns.clear();
+                continue;
+            }
+            if t.len() >= 4 && (t[3] == "CIE" || t[3] == "FDE") {
+                columns.clear();
+                if t[3] == "CIE" {
+                    in_cie = Some(u64::from_str_radix(&t[0], 16).unwrap());
+                    continue;
+                }
+                in_cie = None;
+                let cie = u64::from_str_radix(t[4].strip_prefix("cie=").unwrap(), 16).unwrap();
+                let pc = t[5].strip_prefix("pc=").unwrap();
+                let (start, end) = pc.split_once("..").unwrap();
+                fdes.push(ReadelfFde {
+                    debug_frame,
+                    start: u64::from_str_radix(start, 16).unwrap(),
+                    end: u64::from_str_radix(end, 16).unwrap(),
+                    rows: BTreeMap::new(),
+                    cie: cies.get(&(debug_frame, cie)).cloned(),
+                });
+                continue;
+            }
+            if t.first().is_some_and(|t| t == "LOC") {
+                columns = t[1..].to_vec();
+                continue;
+            }
+            if columns.is_empty() || t.is_empty() {
+                continue;
+            }
+            let loc = u64::from_str_radix(&t[0], 16);
+            assert!(
+                loc.is_ok() && t.len() == columns.len() + 1,
+                "{path}: cannot read readelf's line {line:?} (columns {columns:?})"
+            );
+            let values: ReadelfRow = columns.iter().cloned().zip(t[1..].to_vec()).collect();
+            match in_cie {
+                Some(off) => {
+                    cies.insert((debug_frame, off), values);
+                }
+                None => {
+                    if let Some(fde) = fdes.last_mut() {
+                        fde.rows.insert(loc.unwrap(), values);
+                    }
+                }
+            }
+        }
+        Some(fdes)
+    }
+
+    /// What the table should say for a row readelf prints: (kind, cfa_off,
+    /// rbp_off), with "exp" CFAs as KIND_PLT (KIND_UNSUPPORTED also accepted).
+    fn expected(r: &ReadelfRow) -> (u8, u16, i8) {
+        const UNSUPPORTED: (u8, u16, i8) = (KIND_UNSUPPORTED, 0, 0);
+        match r.get("ra").map(String::as_str) {
+            Some("c-8") => {}
+            Some("u") => return (KIND_END, 0, 0),
+            _ => return UNSUPPORTED,
+        }
+        let cfa = r.get("CFA").map(String::as_str).unwrap_or("");
+        let (kind, off) = if let Some(n) = cfa.strip_prefix("rsp+") {
+            (KIND_CFA_RSP, n.parse::<u16>())
+        } else if let Some(n) = cfa.strip_prefix("rbp+") {
+            (KIND_CFA_RBP, n.parse::<u16>())
+        } else if cfa == "exp" {
+            (KIND_PLT, Ok(8))
+        } else {
+            return UNSUPPORTED;
+        };
+        let Ok(off) = off else { return UNSUPPORTED };
+        let rbp = match r.get("rbp").map(String::as_str) {
+            None | Some("u") | Some("s") => 0,
+            Some(v) => match v.strip_prefix("c-").and_then(|n| n.parse::<i64>().ok()) {
+                Some(n) if n != 0 && n % 8 == 0 && n / 8 <= 128 => (-n / 8) as i8,
+                _ => return UNSUPPORTED,
+            },
+        };
+        (kind, off, rbp)
+    }
+
+    /// Checks the table of `path` against every row readelf prints.
+    fn cross_check(path: &str, min_checked: usize) {
+        let Some(fdes) = readelf_fdes(path) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let (rows, stats) = build(&File::open(path).unwrap()).unwrap().unwrap();
+        let took = t0.elapsed();
+        let fits = |f: &ReadelfFde| f.start < f.end && f.end <= u64::from(u32::MAX);
+        let mut eh: Vec<(u32, u32)> = fdes
+            .iter()
+            .filter(|f| !f.debug_frame && fits(f))
+            .map(|f| (f.start as u32, f.end as u32))
+            .collect();
+        eh = union_of(eh);
+        let (mut checked, mut mismatches, mut plt, mut exp_unsupported) = (0, 0, 0, 0);
+        let mut unsupported: BTreeMap<String, usize> = BTreeMap::new();
+        for f in fdes.iter().filter(|f| fits(f)) {
+            if f.debug_frame && overlaps(&eh, f.start as u32, f.end as u32) {
+                continue;
+            }
+            let cie_rows;
+            let rows_here = if f.rows.is_empty() {
+                let Some(cie) = &f.cie else { continue };
+                cie_rows = BTreeMap::from([(f.start, cie.clone())]);
+                &cie_rows
+            } else {
+                &f.rows
+            };
+            for (&loc, values) in rows_here.range(f.start..f.end) {
+                checked += 1;
+                let want = expected(values);
+                let got = lookup(&rows, loc as u32).map(|r| (r.kind, r.cfa_off, r.rbp_off));
+                let ok = match got {
+                    Some((KIND_UNSUPPORTED, 0, 0)) if want.0 == KIND_PLT => {
+                        exp_unsupported += 1;
+                        true
+                    }
+                    Some(g) => g == want,
+                    None => false,
+                };
+                if got.is_some_and(|g| g.0 == KIND_PLT) {
+                    plt += 1;
+                }
+                if want.0 == KIND_UNSUPPORTED
+                    || (want.0 == KIND_PLT && ok && got.unwrap().0 != KIND_PLT)
+                {
+                    let key: Vec<String> = values
+                        .iter()
+                        .filter(|(k, v)| {
+                            matches!(k.as_str(), "CFA" | "rbp" | "ra") || v.as_str() == "exp"
+                        })
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    *unsupported.entry(key.join(" ")).or_default() += 1;
+                }
+                if !ok {
+                    mismatches += 1;
+                    if mismatches <= 10 {
+                        println!(
+                            "{path}: mismatch at {loc:#x} (FDE {:#x}..{:#x}): readelf {values:?}, want {want:?}, table {got:?}",
+                            f.start, f.end
+                        );
+                    }
+                }
+            }
+        }
+        println!(
+            "{path}: {stats:?} in {took:?}; {checked} readelf rows checked, {plt} PLT, \
+             {exp_unsupported} other expressions, {mismatches} mismatches"
+        );
+        for (k, n) in &unsupported {
+            println!("  unsupported: {n} x {k}");
+        }
+        assert!(
+            checked >= min_checked,
+            "{path}: only {checked} rows checked"
+        );
+        assert_eq!(mismatches, 0, "{path}: rows differ from readelf");
+    }
+
+    #[test]
+    fn matches_readelf_on_libc() {
+        cross_check(LIBC, 10_000);
+    }
+
+    #[test]
+    fn matches_readelf_on_this_executable() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        cross_check(exe.to_str().unwrap(), 10_000);
+    }
+
+    /// A C program whose own functions have only `.debug_frame` (the C
+    /// runtime's `_start` has `.eh_frame`), with frames on rbp and on rsp.
+    #[test]
+    fn matches_readelf_on_a_program_with_debug_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("t.c");
+        std::fs::write(
+            &src,
+            r#"#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) int leaf(int *a, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * i;
+    return s;
+}
+__attribute__((noinline)) int mid(int n) {
+    int *a = alloca(n * sizeof(int));
+    for (int i = 0; i < n; i++) a[i] = rand();
+    return leaf(a, n) + printf("%d\n", n);
+}
+int main(int argc, char **argv) { return mid(argc * 100) & 1; }
+"#,
+        )
+        .unwrap();
+        for (name, flags) in [
+            ("fp", &["-fno-omit-frame-pointer"][..]),
+            ("nofp", &["-fomit-frame-pointer"][..]),
+        ] {
+            let exe = dir.path().join(name);
+            let status = Command::new("cc")
+                .args(["-g", "-O2", "-fno-asynchronous-unwind-tables", "-o"])
+                .arg(&exe)
+                .args(flags)
+                .arg(&src)
+                .status();
+            match status {
+                Ok(s) => assert!(s.success(), "cc failed"),
+                Err(e) => {
+                    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+                    assert!(!ci, "cc: {e}");
+                    println!("note: no C compiler ({e}), .debug_frame check skipped");
+                    return;
+                }
+            }
+            let (rows, _) = build(&File::open(&exe).unwrap()).unwrap().unwrap();
+            if name == "fp" {
+                assert!(rows.iter().any(|r| r.kind == KIND_CFA_RBP), "{rows:?}");
+            }
+            cross_check(exe.to_str().unwrap(), 10);
+        }
+    }
+
+    #[test]
+    fn timing() {
+        for path in [LIBC, "/usr/bin/bash", "/proc/self/exe"] {
+            let Ok(f) = File::open(path) else {
+                println!("{path}: missing");
+                continue;
+            };
+            let t0 = Instant::now();
+            let (rows, stats) = build(&f).unwrap().unwrap();
+            let took = t0.elapsed();
+            let mut kinds = [0usize; 6];
+            for r in &rows {
+                kinds[r.kind as usize] += 1;
+            }
+            println!(
+                "timing {path}: {took:?}, {stats:?}, by kind (none, rsp, rbp, end, plt, unsupported) {kinds:?}, {} KiB",
+                rows.len() * std::mem::size_of::<Row>() / 1024
+            );
+            assert!(stats.rows > 100);
+        }
+    }
+}
