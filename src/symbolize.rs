@@ -258,7 +258,9 @@ fn process_alive(tgid: u32) -> bool {
 impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
         let inner = blazesym::symbolize::Symbolizer::builder()
-            .enable_code_info(opts.lines)
+            // blazesym reports inlined functions only with source
+            // locations on.
+            .enable_code_info(opts.lines || opts.inline)
             .enable_inlined_fns(opts.inline)
             .enable_demangling(true)
             .build();
@@ -471,27 +473,44 @@ impl Symbolizer {
             let Some(path) = &object.path else {
                 continue;
             };
-            let mut elf = Elf::new(path);
-            // DWARF only for what the symbol tables lack: inlined
-            // functions and source lines.
-            elf.debug_syms = self.opts.inline || self.opts.lines;
-            let src = Source::Elf(elf);
-            let found = match &object.segments {
-                None => self.inner.symbolize(&src, Input::FileOffset(&offsets)),
-                Some(segments) => {
-                    let addrs: Vec<u64> = offsets
-                        .iter()
-                        .map(|&o| {
-                            segments
-                                .iter()
-                                .find(|s| o >= s.offset && o < s.offset + s.filesz)
-                                .map_or(u64::MAX, |s| o - s.offset + s.vaddr)
-                        })
-                        .collect();
-                    self.inner.symbolize(&src, Input::VirtOffset(&addrs))
+            let symbolize = |debug_syms: bool| {
+                let mut elf = Elf::new(path);
+                elf.debug_syms = debug_syms;
+                let src = Source::Elf(elf);
+                match &object.segments {
+                    None => self.inner.symbolize(&src, Input::FileOffset(&offsets)),
+                    Some(segments) => {
+                        let addrs: Vec<u64> = offsets
+                            .iter()
+                            .map(|&o| {
+                                segments
+                                    .iter()
+                                    .find(|s| o >= s.offset && o < s.offset + s.filesz)
+                                    .map_or(u64::MAX, |s| o - s.offset + s.vaddr)
+                            })
+                            .collect();
+                        self.inner.symbolize(&src, Input::VirtOffset(&addrs))
+                    }
                 }
             };
-            let found = resolved(found, offsets.len(), self.opts.lines);
+            // Function names from the symbol tables: fully qualified, where
+            // DWARF can have a bare name (Rust at debuginfo=line-tables-only).
+            let mut found = resolved(symbolize(false), offsets.len(), false);
+            // DWARF only for what the symbol tables lack: inlined
+            // functions and source lines.
+            if self.opts.inline || self.opts.lines {
+                let dwarf = resolved(symbolize(true), offsets.len(), self.opts.lines);
+                for (f, d) in found.iter_mut().zip(dwarf) {
+                    match (f.as_mut(), d) {
+                        (Some(f), Some(d)) => {
+                            f.location = d.location;
+                            f.inlined = d.inlined;
+                        }
+                        (None, d) => *f = d,
+                        (Some(_), None) => {}
+                    }
+                }
+            }
             for (i, name) in idx.into_iter().zip(found) {
                 out[i] = name;
             }
@@ -540,7 +559,12 @@ impl Symbolizer {
                     let outer = if self.opts.offsets {
                         // From the start of the symbol to the address
                         // itself (not the looked-up call).
-                        format!("{}+{:#x}{}", r.name, r.offset + (addr - lookup[i]), r.location)
+                        format!(
+                            "{}+{:#x}{}",
+                            r.name,
+                            r.offset + (addr - lookup[i]),
+                            r.location
+                        )
                     } else {
                         format!("{}{}", r.name, r.location)
                     };

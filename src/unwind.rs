@@ -162,7 +162,8 @@ impl Unwinder {
         };
         let start = self.rows_used;
         let slots = self.store.rows();
-        if rows.len() > types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize || start + rows.len() > slots.len()
+        if rows.len() > types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize
+            || start + rows.len() > slots.len()
         {
             let name = sym.object_name(object).to_string();
             self.refuse(
@@ -212,12 +213,14 @@ impl Unwinder {
 
 /// What to subtract from an address in mapping `m` to get the object's
 /// virtual address: the mapping's file offset located in a loadable
-/// segment (whose file offset need not be page-aligned, while the
-/// mapping's is).
+/// segment. A segment's file offset need not be page-aligned while the
+/// mapping's is, so the page a segment starts in may also hold the end of
+/// the one before (linkers such as lld pack them): the last segment that
+/// the mapping's first page reaches is the one mapped.
 fn bias(segments: &[Segment], m: &ExecMapping) -> Option<u64> {
     let s = segments
         .iter()
-        .find(|s| m.file_offset >= s.offset & !0xfff && m.file_offset < s.offset + s.filesz)?;
+        .rfind(|s| m.file_offset >= s.offset & !0xfff && m.file_offset < s.offset + s.filesz)?;
     Some(
         m.start
             .wrapping_sub(m.file_offset)
@@ -274,5 +277,31 @@ mod tests {
             ..m
         };
         assert_eq!(bias(&segments, &outside), None);
+    }
+
+    #[test]
+    fn bias_of_a_text_segment_sharing_a_page_with_the_one_before() {
+        // lld's layout: read-only data up to 0x4a5b0, text from file
+        // offset 0x4a5c0 at vaddr 0x4b5c0; the text mapping starts at the
+        // page holding both.
+        let segments = [
+            Segment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x4a5b0,
+            },
+            Segment {
+                offset: 0x4a5c0,
+                vaddr: 0x4b5c0,
+                filesz: 0x9_0000,
+            },
+        ];
+        let m = ExecMapping {
+            start: 0x5555_5559_f000,
+            end: 0x5555_5563_0000,
+            file_offset: 0x4a000,
+            object: 0,
+        };
+        assert_eq!(bias(&segments, &m), Some(0x5555_5559_f000 - 0x4b000));
     }
 }

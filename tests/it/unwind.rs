@@ -4,12 +4,16 @@
 //! The `blockers` workload (`tests/workloads/blockers.{c,rs}`) is built
 //! three ways: C with frame pointers, C without, and Rust as a release build
 //! (no frame pointers). Each thread blocks forever in one libc call under
-//! three layers of the workload's own functions. For each build, the
+//! three layers of the workload's own functions (repeatedly, so that any
+//! window sees it block). For each build, the
 //! profiler (with each unwinder of [`UNWINDERS`]) and libbpf-tools'
 //! `offcputime` trace the running workload; then gdb attaches and
 //! backtraces every thread.
 //!
-//! What is compared, per thread: the addresses of gdb's (non-inline) frames,
+//! What is compared, per thread: the addresses of gdb's real frames (not
+//! its inline frames, which the symbolizer expands from the same
+//! addresses, nor its tail-call frames, which gdb reconstructs from DWARF
+//! call-site information: a tail call leaves nothing on the stack),
 //! named by the library's own symbolizer exactly as the profiler names its
 //! frames, against the profiler's dominant stack for that thread. Names come
 //! from addresses, so glibc's aliases (`__GI___clock_nanosleep` for gdb,
@@ -34,14 +38,14 @@ use offcputime::symbolize::{AddrKind, SymbolizeOptions, Symbolizer};
 use crate::util::*;
 
 /// The profiler's unwinders to measure: a label for the report and the
-/// arguments that select it. The default only, until `--unwind` exists;
-/// then `("dwarf", &["--unwind", "dwarf"])` and `("fp", &["--unwind",
-/// "fp"])`.
-const UNWINDERS: &[(&str, &[&str])] = &[("default", &[])];
+/// arguments that select it.
+const UNWINDERS: &[(&str, &[&str])] = &[
+    ("fp", &["--unwind", "fp"]),
+    ("dwarf", &["--unwind", "dwarf"]),
+];
 
-/// The unwinder that must match gdb on every thread of every build (the
-/// DWARF unwinder once it exists).
-const ASSERTED: &str = "default";
+/// The unwinder that must match gdb on every thread of every build.
+const ASSERTED: &str = "dwarf";
 
 /// The executable's name, and so the main thread's.
 const EXE: &str = "blockers";
@@ -166,7 +170,10 @@ fn check_build(build: Build) {
     let wl = Running::start(&exe);
 
     // The profilers first, gdb after: its stops must not be traced.
-    let mut sym = Symbolizer::new(SymbolizeOptions { offsets: false });
+    let mut sym = Symbolizer::new(SymbolizeOptions {
+        inline: true,
+        ..SymbolizeOptions::default()
+    });
     sym.note_process(wl.pid, false);
     let mut measured: Vec<(&str, BTreeMap<String, Vec<String>>)> = UNWINDERS
         .iter()
@@ -264,7 +271,7 @@ fn libbpf_tools() -> Option<PathBuf> {
 /// names of their own, one address will give several).
 fn names_for(sym: &mut Symbolizer, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<String> {
     let names = sym.user(pid, frames);
-    frames.iter().map(|f| names[f].clone()).collect()
+    frames.iter().flat_map(|f| names[f].clone()).collect()
 }
 
 /// Frame 0 is where the thread is; every other frame's address is a
@@ -369,6 +376,10 @@ struct GdbFrame {
     /// A call inlined into the frame below it (gdb's virtual frame, at the
     /// same pc).
     inline: bool,
+    /// A frame gdb reconstructs from DWARF call-site information: a
+    /// function that tail-called the one above it, and so left no return
+    /// address on the stack. No stack walker can see it.
+    tail_call: bool,
     /// gdb's name for the frame: the function's DWARF name where there is
     /// one (unqualified for Rust at `line-tables-only`).
     name: String,
@@ -404,12 +415,12 @@ for thread in gdb.selected_inferior().threads():
     frame = gdb.newest_frame()
     physical = 0
     while frame is not None:
-        inline = frame.type() == gdb.INLINE_FRAME
+        kind = {gdb.INLINE_FRAME: 1, gdb.TAILCALL_FRAME: 2}.get(frame.type(), 0)
         symbol = ""
-        if not inline:
+        if kind == 0:
             symbol = elf_symbol(frame.pc() - (1 if physical else 0))
             physical += 1
-        print("FRAME\t%s\t%#x\t%d\t%s\t%s" % (thread.name, frame.pc(), inline,
+        print("FRAME\t%s\t%#x\t%d\t%s\t%s" % (thread.name, frame.pc(), kind,
                                              frame.name() or "??", symbol))
         try:
             frame = frame.older()
@@ -434,7 +445,7 @@ fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String, Vec<GdbFr
             continue;
         };
         let f: Vec<&str> = rest.split('\t').collect();
-        let [thread, pc, inline, name, elf_symbol] = f[..] else {
+        let [thread, pc, kind, name, elf_symbol] = f[..] else {
             panic!("bad gdb line {line:?}");
         };
         stacks
@@ -442,7 +453,8 @@ fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String, Vec<GdbFr
             .or_default()
             .push(GdbFrame {
                 pc: u64::from_str_radix(pc.trim_start_matches("0x"), 16).expect(pc),
-                inline: inline == "1",
+                inline: kind == "1",
+                tail_call: kind == "2",
                 name: name.to_string(),
                 elf_symbol: elf_symbol.to_string(),
             });
@@ -461,7 +473,11 @@ fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String, Vec<GdbFr
 /// instruction (`0f 05`), read from the process's memory. Nothing in this
 /// depends on names.
 fn in_syscall(pid: u32, frames: &[GdbFrame]) -> bool {
-    let Some(pc) = frames.iter().find(|f| !f.inline).map(|f| f.pc) else {
+    let Some(pc) = frames
+        .iter()
+        .find(|f| !f.inline && !f.tail_call)
+        .map(|f| f.pc)
+    else {
         return false;
     };
     let mut insn = [0u8; 2];
@@ -561,7 +577,10 @@ fn expected_stack(
     frames: &[GdbFrame],
     own_ranges: &[(u64, u64)],
 ) -> Expected {
-    let real: Vec<&GdbFrame> = frames.iter().filter(|f| !f.inline).collect();
+    let real: Vec<&GdbFrame> = frames
+        .iter()
+        .filter(|f| !f.inline && !f.tail_call)
+        .collect();
     let pcs: Vec<u64> = real.iter().map(|f| f.pc).collect();
     let own = real
         .iter()
@@ -626,6 +645,9 @@ fn gdb_label(f: &GdbFrame) -> String {
     }
     if f.inline {
         name.push_str(" [inline]");
+    }
+    if f.tail_call {
+        name.push_str(" [tail call]");
     }
     name
 }
