@@ -84,12 +84,30 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     });
     let mut started = Instant::now();
     let mut object = MaybeUninit::uninit();
+    let mut unwinder: Option<Unwinder> = None;
     let started_tracer = prepare(config, &stop).and_then(|()| {
         started = Instant::now();
-        Tracer::start(&mut object, &config.tracer)
+        Tracer::start(&mut object, &config.tracer, &mut |store| {
+            // The processes asked for get their tables before tracing
+            // starts, not at their first block.
+            let mut u = Unwinder::new(store);
+            for &tgid in &config.tracer.tgids {
+                symbolizer.note_process(tgid, false);
+                u.note_process(&symbolizer, tgid);
+            }
+            unwinder = Some(u);
+        })
     });
     let mut tracer = match started_tracer {
-        Ok(t) => t,
+        Ok((t, None)) => t,
+        Ok((t, Some(why))) => {
+            unwinder = None;
+            eprintln!(
+                "offcputime: DWARF unwinding is not available here ({why:#}); user stacks are \
+                 walked with frame pointers"
+            );
+            t
+        }
         Err(e) => {
             sink.discard();
             return Err(e);
@@ -111,21 +129,37 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         symbolizer.warm_up_kernel();
     }
 
-    let mut unwinder = tracer.take_unwind_store().map(Unwinder::new);
-    if let Some(u) = &mut unwinder {
-        // The processes asked for get their tables now rather than at
-        // their first block.
-        for &tgid in &config.tracer.tgids {
-            symbolizer.note_process(tgid, false);
-            u.note_process(&symbolizer, tgid);
-        }
-    }
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
-    tracer.wait(deadline, &stop, |tgid, changed| {
-        symbolizer.note_process(tgid, changed);
-        if let Some(u) = &mut unwinder {
+    // Snapshots first, they are what names the frames of a process that
+    // exits soon; then unwind tables: at once for processes whose files
+    // all have theirs already (a new process of a known program), and for
+    // 20 ms at a time for the others, between reads of new events, so that
+    // building tables for many new files (all of a busy system's, at the
+    // start) holds up neither the next snapshots nor the next new
+    // processes.
+    let mut tables_wanted = std::collections::VecDeque::new();
+    tracer.wait(deadline, &stop, |new| {
+        for &(tgid, changed) in new {
+            symbolizer.note_process(tgid, changed);
+        }
+        let Some(u) = &mut unwinder else {
+            return false;
+        };
+        for &(tgid, _) in new {
+            if u.is_quick(&symbolizer, tgid) {
+                u.note_process(&symbolizer, tgid);
+            } else if !tables_wanted.contains(&tgid) {
+                tables_wanted.push_back(tgid);
+            }
+        }
+        let began = Instant::now();
+        while began.elapsed() < std::time::Duration::from_millis(20) {
+            let Some(tgid) = tables_wanted.pop_front() else {
+                break;
+            };
             u.note_process(&symbolizer, tgid);
         }
+        !tables_wanted.is_empty()
     })?;
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();

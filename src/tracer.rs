@@ -211,7 +211,6 @@ pub struct Tracer<'obj> {
     /// The end of tracing on that clock, once known.
     end_ns: Option<u64>,
     stopped: bool,
-    unwind_store: Option<UnwindStore>,
 }
 
 /// Finds the name under which `finish_task_switch` is in kallsyms: the
@@ -261,10 +260,44 @@ fn comm_to_string(comm: &[i8]) -> String {
 }
 
 impl<'obj> Tracer<'obj> {
-    /// Opens, configures, loads and attaches the BPF program.
+    /// Opens, configures, loads and attaches the BPF program. If the
+    /// DWARF unwinder cannot load (it needs `bpf_loop`, Linux 5.17) and
+    /// frame pointers can, tracing goes on with frame pointers, and the
+    /// reason is returned too.
+    ///
+    /// `on_tables` gets the DWARF unwind tables once the program is loaded
+    /// and before it is attached, so that the processes asked for can have
+    /// theirs from the first block on (again, if a hook loads but fails to
+    /// attach and the next is tried: the last call's are the ones used).
     pub fn start(
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
+        on_tables: &mut dyn FnMut(UnwindStore),
+    ) -> Result<(Tracer<'obj>, Option<anyhow::Error>)> {
+        if opts.unwind != Unwind::Dwarf {
+            return Self::start_with(object, opts, on_tables).map(|t| (t, None));
+        }
+        let object_ptr: *mut MaybeUninit<OpenObject> = object;
+        // SAFETY: as in start_with: a failed attempt drops every borrow of
+        // the object before the next one reuses it.
+        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, on_tables) {
+            Ok(t) => return Ok((t, None)),
+            Err(e) => e,
+        };
+        let fp = TracerOptions {
+            unwind: Unwind::FramePointers,
+            ..opts.clone()
+        };
+        match Self::start_with(unsafe { &mut *object_ptr }, &fp, on_tables) {
+            Ok(t) => Ok((t, Some(err))),
+            Err(_) => Err(err),
+        }
+    }
+
+    fn start_with(
+        object: &'obj mut MaybeUninit<OpenObject>,
+        opts: &TracerOptions,
+        on_tables: &mut dyn FnMut(UnwindStore),
     ) -> Result<Tracer<'obj>> {
         let kprobe_first = opts.min_block_ns > 1000
             && opts.state.is_none()
@@ -288,7 +321,7 @@ impl<'obj> Tracer<'obj> {
             // the object before the next one reuses it; only the
             // successful attempt's borrow outlives the loop.
             let object = unsafe { &mut *object_ptr };
-            match Self::try_start(object, opts, hook) {
+            match Self::try_start(object, opts, hook, on_tables) {
                 Ok(t) => return Ok(t),
                 Err(e) => errors.push((hook, e)),
             }
@@ -307,6 +340,7 @@ impl<'obj> Tracer<'obj> {
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
         hook: Hook,
+        on_tables: &mut dyn FnMut(UnwindStore),
     ) -> Result<Tracer<'obj>> {
         let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
             Some(find_finish_task_switch()?)
@@ -408,6 +442,10 @@ impl<'obj> Tracer<'obj> {
                 .update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
         }
 
+        if dwarf {
+            on_tables(UnwindStore::new(&skel)?);
+        }
+
         let (link, attached) = match hook {
             Hook::TpBtf => (
                 skel.progs
@@ -440,14 +478,8 @@ impl<'obj> Tracer<'obj> {
                 (link, AttachedHook::Kprobe { symbol })
             }
         };
-        let unwind_store = if dwarf {
-            Some(UnwindStore::new(&skel)?)
-        } else {
-            None
-        };
         Ok(Tracer {
             skel,
-            unwind_store,
             links: vec![link],
             hook: attached,
             attached_at: Instant::now(),
@@ -461,26 +493,23 @@ impl<'obj> Tracer<'obj> {
         &self.hook
     }
 
-    /// The DWARF unwind tables (`--unwind dwarf`), to be filled while
-    /// tracing.  Given once.
-    pub fn take_unwind_store(&mut self) -> Option<UnwindStore> {
-        self.unwind_store.take()
-    }
-
     /// When the program was attached.
     pub fn attached_at(&self) -> Instant {
         self.attached_at
     }
 
     /// Waits until `deadline` (or forever) or until `stop` is set, calling
-    /// `on_new_task(tgid, changed)` for every process seen blocking for the
-    /// first time, while it still exists, and again (`changed` true) when
-    /// a thread of it blocks after its executable mappings changed.
+    /// `on_new_tasks` at least every 100 ms with the `(tgid, changed)` of
+    /// every process seen blocking for the first time since the last call,
+    /// while it still exists, and again (`changed` true) when a thread of
+    /// it blocks after its executable mappings changed. Calls stop with
+    /// the trace: they must not delay its end. A call that returns true
+    /// has more work to do: the next comes as soon as new events are read.
     pub fn wait(
         &self,
         deadline: Option<Instant>,
         stop: &AtomicBool,
-        mut on_new_task: impl FnMut(u32, bool),
+        mut on_new_tasks: impl FnMut(&[(u32, bool)]) -> bool,
     ) -> Result<()> {
         let pending = std::cell::RefCell::new(Vec::<(u32, bool)>::new());
         let mut builder = RingBufferBuilder::new();
@@ -496,6 +525,7 @@ impl<'obj> Tracer<'obj> {
         let ringbuf = builder
             .build()
             .context("failed to set up the event ring buffer")?;
+        let mut busy = false;
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -510,19 +540,16 @@ impl<'obj> Tracer<'obj> {
                 }
                 None => Duration::from_millis(100),
             };
+            let timeout = if busy { Duration::ZERO } else { timeout };
             match ringbuf.poll(timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e).context("failed to poll the event ring buffer"),
             }
-            // Snapshots of new processes, unless the trace is over: they
-            // must not delay its end.
-            for (tgid, changed) in pending.take() {
-                if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                on_new_task(tgid, changed);
+            if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
+                break;
             }
+            busy = on_new_tasks(&pending.take());
         }
         Ok(())
     }

@@ -134,6 +134,14 @@ impl Unwinder {
         self.stats.processes = self.processes.len();
     }
 
+    /// Whether the tables of every file `tgid` maps are built already, so
+    /// that giving it its tables is quick.
+    pub fn is_quick(&self, sym: &Symbolizer, tgid: u32) -> bool {
+        sym.mappings(tgid)
+            .iter()
+            .all(|m| self.objects.contains_key(&m.object))
+    }
+
     /// The table of `object`, built the first time it is seen.
     fn object_table(&mut self, sym: &Symbolizer, tgid: u32, object: u32) -> Option<&ObjectTable> {
         if !self.objects.contains_key(&object) {

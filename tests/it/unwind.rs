@@ -3,12 +3,11 @@
 //!
 //! The `blockers` workload (`tests/workloads/blockers.{c,rs}`) is built
 //! three ways: C with frame pointers, C without, and Rust as a release build
-//! (no frame pointers). Each thread blocks forever in one libc call under
-//! three layers of the workload's own functions (repeatedly, so that any
-//! window sees it block). For each build, the
-//! profiler (with each unwinder of [`UNWINDERS`]) and libbpf-tools'
-//! `offcputime` trace the running workload; then gdb attaches and
-//! backtraces every thread.
+//! (no frame pointers). Each thread blocks, again and again, in one libc
+//! call under three layers of the workload's own functions. For each
+//! build, the profiler (with each unwinder of [`UNWINDERS`]) and
+//! libbpf-tools' `offcputime` trace the running workload; then gdb
+//! attaches and backtraces every thread.
 //!
 //! What is compared, per thread: the addresses of gdb's real frames (not
 //! its inline frames, which the symbolizer expands from the same
