@@ -83,7 +83,9 @@ fn kprobe_and_tracepoint_agree() {
         return;
     }
     let _g = serial();
-    let wl = Workload::start(&["--seconds", "30"]);
+    // Two traces one after the other, each with its report: in an emulated
+    // VM (the kernel matrix) that can take most of a minute.
+    let wl = Workload::start(&["--seconds", "120"]);
     let pid = wl.pid.to_string();
     // One after the other: each within 2% of the kernel's accounting.
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex"];
