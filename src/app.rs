@@ -93,7 +93,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             let mut u = Unwinder::new(store);
             for &tgid in &config.tracer.tgids {
                 symbolizer.note_process(tgid, false);
-                u.note_process(&symbolizer, tgid);
+                u.note_process(&symbolizer, tgid, true);
             }
             unwinder = Some(u);
         })
@@ -146,9 +146,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             return false;
         };
         for &(tgid, _) in new {
-            if u.is_quick(&symbolizer, tgid) {
-                u.note_process(&symbolizer, tgid);
-            } else if !tables_wanted.contains(&tgid) {
+            if !u.note_process(&symbolizer, tgid, false) && !tables_wanted.contains(&tgid) {
                 tables_wanted.push_back(tgid);
             }
         }
@@ -157,7 +155,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             let Some(tgid) = tables_wanted.pop_front() else {
                 break;
             };
-            u.note_process(&symbolizer, tgid);
+            u.note_process(&symbolizer, tgid, true);
         }
         !tables_wanted.is_empty()
     })?;

@@ -8,6 +8,7 @@
 
 pub mod app;
 pub mod cli;
+mod elf;
 pub mod output;
 pub mod profile;
 pub mod symbolize;

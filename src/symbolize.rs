@@ -18,6 +18,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use crate::elf::{load_segments, Segment};
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 
@@ -48,15 +49,6 @@ struct Object {
     handle: Option<File>,
 }
 
-/// A `PT_LOAD` program header: file offset, virtual address, size in the
-/// file.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Segment {
-    pub offset: u64,
-    pub vaddr: u64,
-    pub filesz: u64,
-}
-
 /// An executable mapping of a process, as [`Symbolizer::mappings`] gives
 /// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,34 +58,6 @@ pub struct ExecMapping {
     pub file_offset: u64,
     /// The object mapped: see [`Symbolizer::object_file`].
     pub object: u32,
-}
-
-/// The loadable segments of a 64-bit little-endian ELF file.
-pub(crate) fn load_segments(file: &File) -> Option<Vec<Segment>> {
-    use std::os::unix::fs::FileExt;
-    let mut eh = [0u8; 64];
-    file.read_exact_at(&mut eh, 0).ok()?;
-    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
-        return None;
-    }
-    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
-    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-    let (phoff, phentsize, phnum) = (u64_at(&eh, 32), u16_at(&eh, 54), u16_at(&eh, 56));
-    if phentsize < 56 || phnum > 256 {
-        return None;
-    }
-    let mut ph = vec![0u8; (phentsize * phnum) as usize];
-    file.read_exact_at(&mut ph, phoff).ok()?;
-    let segments = ph
-        .chunks(phentsize as usize)
-        .filter(|h| u32::from_le_bytes(h[..4].try_into().unwrap()) == 1) // PT_LOAD
-        .map(|h| Segment {
-            offset: u64_at(h, 8),
-            vaddr: u64_at(h, 16),
-            filesz: u64_at(h, 32),
-        })
-        .collect();
-    Some(segments)
 }
 
 /// Where distributions install separate debug files, by build id.
@@ -688,19 +652,6 @@ mod tests {
             frames.last().is_some_and(|f| f.contains("clock_gettime")),
             "{frames:?}"
         );
-    }
-
-    #[test]
-    fn load_segments_of_this_executable() {
-        let file = File::open("/proc/self/exe").unwrap();
-        let segments = load_segments(&file).expect("an ELF64 file");
-        assert!(!segments.is_empty());
-        // The first loadable segment starts the file.
-        assert_eq!(segments[0].offset, 0);
-        assert!(segments.iter().all(|s| s.filesz > 0 || s.offset > 0));
-        // Not an ELF file.
-        let text = File::open("/proc/self/maps").unwrap();
-        assert!(load_segments(&text).is_none());
     }
 
     #[test]

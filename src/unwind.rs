@@ -11,10 +11,11 @@
 //! objects get no table (frame pointers are followed through them) and new
 //! processes get none at all, and [`Unwinder::not_covered`] says which.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::bpf::types;
-use crate::symbolize::{load_segments, ExecMapping, Segment, Symbolizer};
+use crate::elf::{load_segments, Segment};
+use crate::symbolize::{ExecMapping, Symbolizer};
 use crate::tracer::UnwindStore;
 use crate::unwind_table;
 
@@ -55,8 +56,10 @@ pub struct Unwinder {
     /// By symbolizer object id; None: no table (no CFI, unreadable, or no
     /// room left).
     objects: HashMap<u32, Option<ObjectTable>>,
-    /// Processes with tables, and the mappings they were built for.
+    /// Processes dealt with, and the mappings they were dealt with for.
     processes: HashMap<u32, Vec<ExecMapping>>,
+    /// Processes with tables.
+    covered: HashSet<u32>,
     not_covered: Vec<NotCovered>,
     stats: UnwindStats,
 }
@@ -74,6 +77,7 @@ impl Unwinder {
             mappings_used: 0,
             objects: HashMap::new(),
             processes: HashMap::new(),
+            covered: HashSet::new(),
             not_covered: Vec::new(),
             stats,
         }
@@ -81,65 +85,77 @@ impl Unwinder {
 
     /// Gives the BPF program the tables of `tgid`'s mappings as `sym` last
     /// snapshotted them (call [`Symbolizer::note_process`] first), unless
-    /// it has them already for these same mappings.
-    pub fn note_process(&mut self, sym: &Symbolizer, tgid: u32) {
+    /// it has them already for these same mappings. Without `may_build`,
+    /// only if every file mapped has its table already (a quick update):
+    /// returns false if it had to leave the process for later.
+    pub fn note_process(&mut self, sym: &Symbolizer, tgid: u32, may_build: bool) -> bool {
         if tgid == 0 {
-            return;
+            return true;
         }
         let mappings = sym.mappings(tgid);
         if mappings.is_empty() || self.processes.get(&tgid) == Some(&mappings) {
-            return;
+            return true;
+        }
+        if !may_build
+            && mappings
+                .iter()
+                .any(|m| !self.objects.contains_key(&m.object))
+        {
+            return false;
         }
         let began = std::time::Instant::now();
         let mut entries = Vec::with_capacity(mappings.len());
         for m in &mappings {
-            let table = self.object_table(sym, tgid, m.object);
             let mut e = types::unwind_mapping {
                 start: m.start,
                 end: m.end,
                 ..Default::default()
             };
-            if let Some(bias) = table.and_then(|t| bias(&t.segments, m)) {
-                let t = table.expect("checked above");
-                e.bias = bias;
-                e.row_start = t.row_start;
-                e.row_count = t.row_count;
+            if let Some(t) = self.object_table(sym, tgid, m.object) {
+                if let Some(bias) = bias(&t.segments, m) {
+                    e.bias = bias;
+                    e.row_start = t.row_start;
+                    e.row_count = t.row_count;
+                }
             }
             entries.push(e);
         }
         self.stats.build_ms += began.elapsed().as_secs_f64() * 1e3;
+        // Whatever happens, these mappings are dealt with: a process that
+        // cannot be covered is not tried (and reported) again until they
+        // change.
+        match self.store_process(tgid, &entries) {
+            Ok(()) => {
+                self.covered.insert(tgid);
+                self.stats.processes = self.covered.len();
+            }
+            Err(why) => self.refuse(tgid, "the process", why),
+        }
+        self.processes.insert(tgid, mappings);
+        true
+    }
+
+    /// Writes a process's mappings and points it at them.
+    fn store_process(
+        &mut self,
+        tgid: u32,
+        entries: &[types::unwind_mapping],
+    ) -> Result<(), String> {
         let count = entries.len();
         if count > types::unwind_limits::UNWIND_MAX_PROC_MAPPINGS.0 as usize {
-            self.refuse(tgid, "the process", format!("{count} executable mappings"));
-            return;
+            return Err(format!("{count} executable mappings"));
         }
         let start = self.mappings_used;
         let slots = self.store.mappings();
         if start + count > slots.len() {
-            self.refuse(
-                tgid,
-                "the process",
-                "the unwind tables are full (--unwind-memory)".into(),
-            );
-            return;
+            return Err("the unwind tables are full (--unwind-memory)".into());
         }
-        slots[start..start + count].copy_from_slice(&entries);
+        slots[start..start + count].copy_from_slice(entries);
         self.mappings_used += count;
-        if let Err(e) = self.store.set_process(tgid, start as u32, count as u32) {
-            self.refuse(tgid, "the process", format!("{e:#}"));
-            return;
-        }
         self.stats.mappings = self.mappings_used;
-        self.processes.insert(tgid, mappings);
-        self.stats.processes = self.processes.len();
-    }
-
-    /// Whether the tables of every file `tgid` maps are built already, so
-    /// that giving it its tables is quick.
-    pub fn is_quick(&self, sym: &Symbolizer, tgid: u32) -> bool {
-        sym.mappings(tgid)
-            .iter()
-            .all(|m| self.objects.contains_key(&m.object))
+        self.store
+            .set_process(tgid, start as u32, count as u32)
+            .map_err(|e| format!("{e:#}"))
     }
 
     /// The table of `object`, built the first time it is seen.

@@ -13,9 +13,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 
-use anyhow::{bail, Context, Result};
+use crate::elf::{Elf, ET_DYN, ET_EXEC, SHF_COMPRESSED};
+use anyhow::Result;
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Register,
     RegisterRule, UnwindContext, UnwindOffset, UnwindSection,
@@ -342,162 +342,11 @@ fn overlaps(ranges: &[(u32, u32)], start: u32, end: u32) -> bool {
     i > 0 && ranges[i - 1].1 > start
 }
 
-const ET_EXEC: u16 = 2;
-const ET_DYN: u16 = 3;
-const EM_X86_64: u16 = 62;
-const SHT_NOBITS: u32 = 8;
-const SHF_COMPRESSED: u64 = 0x800;
-const SHN_XINDEX: u32 = 0xffff;
-
-/// What is needed of one section header.
-#[derive(Clone, Copy, Debug)]
-struct Section {
-    name: u32,
-    kind: u32,
-    flags: u64,
-    addr: u64,
-    offset: u64,
-    size: u64,
-}
-
-/// The section headers of a little-endian ELF64 file, and their names.
-struct Elf {
-    e_type: u16,
-    sections: Vec<Section>,
-    /// The section-name string table.
-    names: Vec<u8>,
-    len: u64,
-}
-
-impl Elf {
-    fn read(file: &File) -> Result<Elf> {
-        let len = file.metadata().context("reading the file's size")?.len();
-        let mut eh = [0u8; 64];
-        if len < 64 {
-            bail!("not an ELF file (too short)");
-        }
-        file.read_exact_at(&mut eh, 0)
-            .context("reading the ELF header")?;
-        if &eh[..4] != b"\x7fELF" {
-            bail!("not an ELF file");
-        }
-        if eh[4] != 2 || eh[5] != 1 {
-            bail!("not a little-endian ELF64 file");
-        }
-        let e_type = u16_at(&eh, 16);
-        let machine = u16_at(&eh, 18);
-        if machine != EM_X86_64 {
-            bail!("not an x86-64 ELF file (e_machine {machine})");
-        }
-        let shoff = u64_at(&eh, 40);
-        let shentsize = u64::from(u16_at(&eh, 58));
-        let mut shnum = u64::from(u16_at(&eh, 60));
-        let mut shstrndx = u32::from(u16_at(&eh, 62));
-        if shoff == 0 {
-            return Ok(Elf {
-                e_type,
-                sections: Vec::new(),
-                names: Vec::new(),
-                len,
-            });
-        }
-        if shentsize < 64 {
-            bail!("malformed ELF: section header size {shentsize}");
-        }
-        let header = |i: u64| -> Result<[u8; 64]> {
-            let mut h = [0u8; 64];
-            let at = i
-                .checked_mul(shentsize)
-                .and_then(|o| o.checked_add(shoff))
-                .filter(|o| o.checked_add(64).is_some_and(|e| e <= len))
-                .context("malformed ELF: section header beyond the end of the file")?;
-            file.read_exact_at(&mut h, at)
-                .context("reading a section header")?;
-            Ok(h)
-        };
-        // More than 0xff00 sections, or a name table index beyond that:
-        // the real values are in section 0.
-        if shnum == 0 || shstrndx == SHN_XINDEX {
-            let h0 = header(0)?;
-            if shnum == 0 {
-                shnum = u64_at(&h0, 32);
-            }
-            if shstrndx == SHN_XINDEX {
-                shstrndx = u32_at(&h0, 40);
-            }
-        }
-        let table_len = shnum
-            .checked_mul(shentsize)
-            .filter(|&n| shoff.checked_add(n).is_some_and(|e| e <= len))
-            .context("malformed ELF: section headers beyond the end of the file")?;
-        let mut raw = vec![0u8; table_len as usize];
-        file.read_exact_at(&mut raw, shoff)
-            .context("reading the section headers")?;
-        let sections: Vec<Section> = raw
-            .chunks_exact(shentsize as usize)
-            .map(|h| Section {
-                name: u32_at(h, 0),
-                kind: u32_at(h, 4),
-                flags: u64_at(h, 8),
-                addr: u64_at(h, 16),
-                offset: u64_at(h, 24),
-                size: u64_at(h, 32),
-            })
-            .collect();
-        let mut elf = Elf {
-            e_type,
-            sections,
-            names: Vec::new(),
-            len,
-        };
-        if let Some(&strtab) = elf.sections.get(shstrndx as usize) {
-            if shstrndx != 0 && strtab.kind != SHT_NOBITS {
-                elf.names = elf.read_section(file, strtab)?;
-            }
-        }
-        Ok(elf)
-    }
-
-    /// The first section named `name` that has contents in the file.
-    fn section(&self, name: &str) -> Option<Section> {
-        self.sections
-            .iter()
-            .find(|s| s.kind != SHT_NOBITS && self.name(s) == Some(name.as_bytes()))
-            .copied()
-    }
-
-    fn name(&self, s: &Section) -> Option<&[u8]> {
-        let rest = self.names.get(s.name as usize..)?;
-        Some(&rest[..rest.iter().position(|&b| b == 0)?])
-    }
-
-    fn read_section(&self, file: &File, s: Section) -> Result<Vec<u8>> {
-        if s.offset.checked_add(s.size).is_none_or(|e| e > self.len) {
-            bail!("malformed ELF: a section lies beyond the end of the file");
-        }
-        let mut data = vec![0u8; s.size as usize];
-        file.read_exact_at(&mut data, s.offset)
-            .context("reading a section")?;
-        Ok(data)
-    }
-}
-
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+    use std::os::unix::fs::FileExt;
     use std::process::Command;
     use std::time::Instant;
 
