@@ -1,12 +1,13 @@
 //! The program: parse, trace, report.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -15,7 +16,7 @@ use crate::cli::{check_targets, Args, Config, Format};
 use crate::output::{folded, svg, text};
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
-use crate::tracer::{check_environment, Tracer};
+use crate::tracer::{check_environment, TaskEvent, Tracer};
 use crate::unwind::Unwinder;
 
 /// What `main` should do after `run`.
@@ -44,6 +45,7 @@ pub fn run() -> Result<Outcome> {
         }
     };
     let config = args.into_config()?;
+    keep_large_allocations_apart();
     trace(&config, began)?;
     Ok(Outcome::Done)
 }
@@ -93,8 +95,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             let mut u = Unwinder::new(store);
             for &tgid in &config.tracer.tgids {
                 symbolizer.note_process(tgid, false);
-                u.note_process(&symbolizer, tgid, true);
+                u.note_process(&symbolizer, tgid);
             }
+            u.finish(&symbolizer, Duration::from_secs(10));
             unwinder = Some(u);
         })
     });
@@ -132,32 +135,55 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
     // Snapshots first, they are what names the frames of a process that
     // exits soon; then unwind tables: at once for processes whose files
-    // all have theirs already (a new process of a known program), and for
-    // 20 ms at a time for the others, between reads of new events, so that
-    // building tables for many new files (all of a busy system's, at the
-    // start) holds up neither the next snapshots nor the next new
-    // processes.
-    let mut tables_wanted = std::collections::VecDeque::new();
-    tracer.wait(deadline, &stop, |new| {
-        for &(tgid, changed) in new {
-            symbolizer.note_process(tgid, changed);
-        }
-        let Some(u) = &mut unwinder else {
-            return false;
-        };
-        for &(tgid, _) in new {
-            if !u.note_process(&symbolizer, tgid, false) && !tables_wanted.contains(&tgid) {
-                tables_wanted.push_back(tgid);
+    // all have theirs already (a new process of a known program), else as
+    // soon as the builder thread has built those of its new files.
+    // Processes that have exited give back what was kept for them (see
+    // `Exits`).
+    let mut exits = Exits::default();
+    let mut stats = StatsLine::from_env(began);
+    tracer.wait(deadline, &stop, |events| {
+        for &ev in events {
+            match ev {
+                TaskEvent::New(tgid) => {
+                    stats.processes += 1;
+                    symbolizer.note_process(tgid, false)
+                }
+                TaskEvent::Changed(tgid) => symbolizer.note_process(tgid, true),
+                TaskEvent::Exited(tgid) => exits.exited(tgid),
             }
         }
-        let began = Instant::now();
-        while began.elapsed() < std::time::Duration::from_millis(20) {
-            let Some(tgid) = tables_wanted.pop_front() else {
-                break;
-            };
-            u.note_process(&symbolizer, tgid, true);
+        exits.sweep(&symbolizer);
+        if let Some(gone) = exits.due() {
+            // Their stacks counted so far, kept as frames of objects; a
+            // failure to read them leaves their frames unnamed, nothing
+            // else.
+            let stacks = tracer.user_stacks_of(&gone).unwrap_or_default();
+            let mut by_tgid: HashMap<u32, Vec<(u64, Vec<u64>)>> = HashMap::new();
+            for (tgid, id, frames) in stacks {
+                by_tgid.entry(tgid).or_default().push((id, frames));
+            }
+            for &tgid in &gone {
+                symbolizer.retire(tgid, by_tgid.get(&tgid).map_or(&[][..], Vec::as_slice));
+                if let Some(u) = &mut unwinder {
+                    u.forget(tgid);
+                }
+            }
+            stats.exited += gone.len();
+            crate::give_back_freed_memory();
         }
-        !tables_wanted.is_empty()
+        let busy = match &mut unwinder {
+            None => false,
+            Some(u) => {
+                for ev in events {
+                    if let TaskEvent::New(tgid) | TaskEvent::Changed(tgid) = *ev {
+                        u.note_process(&symbolizer, tgid);
+                    }
+                }
+                u.poll(&symbolizer)
+            }
+        };
+        stats.maybe_print(unwinder.as_ref());
+        busy
     })?;
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
@@ -266,7 +292,7 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
             c.unwind_not_ready
         );
     }
-    let missing = u.not_covered();
+    let (missing, more) = u.not_covered();
     if !missing.is_empty() {
         const SHOWN: usize = 3;
         for m in missing.iter().take(SHOWN) {
@@ -276,10 +302,10 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
                 m.what, m.tgid, m.why
             );
         }
-        if missing.len() > SHOWN {
+        if missing.len() + more > SHOWN {
             eprintln!(
                 "offcputime: ... and {} more objects or processes without DWARF unwinding",
-                missing.len() - SHOWN
+                missing.len() + more - SHOWN
             );
         }
     }
@@ -304,6 +330,139 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
             c.unwind_truncated,
             c.unwind_fp_frames,
         );
+    }
+}
+
+/// Processes that have exited, until what was kept for them is given
+/// back: their snapshot becomes the frames of the stacks counted for them,
+/// and their unwind tables are freed. A process is let go [`Exits::GRACE`]
+/// after it was seen exiting, when its threads have surely stopped
+/// blocking, and those seen together are let go together (one pass over
+/// the counts). Exits come from the BPF program; a sweep over the
+/// processes kept finds those whose notice was lost.
+#[derive(Default)]
+struct Exits {
+    pending: HashMap<u32, Instant>,
+    last_due: Option<Instant>,
+    last_sweep: Option<Instant>,
+}
+
+impl Exits {
+    const GRACE: Duration = Duration::from_secs(1);
+    const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+    fn exited(&mut self, tgid: u32) {
+        self.pending.entry(tgid).or_insert_with(Instant::now);
+    }
+
+    /// Every SWEEP_EVERY: the processes kept whose /proc entry is gone.
+    fn sweep(&mut self, symbolizer: &Symbolizer) {
+        let now = Instant::now();
+        let last = *self.last_sweep.get_or_insert(now);
+        if now.duration_since(last) < Self::SWEEP_EVERY {
+            return;
+        }
+        self.last_sweep = Some(now);
+        let gone: Vec<u32> = symbolizer
+            .processes()
+            .filter(|t| !Path::new(&format!("/proc/{t}")).exists())
+            .collect();
+        for tgid in gone {
+            self.exited(tgid);
+        }
+    }
+
+    /// At most once per GRACE, the processes that exited at least GRACE
+    /// ago.
+    fn due(&mut self) -> Option<HashSet<u32>> {
+        let now = Instant::now();
+        if self.pending.is_empty()
+            || self
+                .last_due
+                .is_some_and(|t| now.duration_since(t) < Self::GRACE)
+        {
+            return None;
+        }
+        self.last_due = Some(now);
+        let due: HashSet<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, &at)| now.duration_since(at) >= Self::GRACE)
+            .map(|(&t, _)| t)
+            .collect();
+        self.pending.retain(|t, _| !due.contains(t));
+        (!due.is_empty()).then_some(due)
+    }
+}
+
+/// With `OFFCPUTIME_STATS_INTERVAL=SECONDS` in the environment, a line on
+/// stderr every so often while tracing, for long runs and benchmarks: how
+/// many processes came and went, the unwind tables' use and the resident
+/// memory.
+struct StatsLine {
+    every: Option<Duration>,
+    began: Instant,
+    last: Instant,
+    processes: usize,
+    exited: usize,
+}
+
+impl StatsLine {
+    fn from_env(began: Instant) -> StatsLine {
+        let every = std::env::var("OFFCPUTIME_STATS_INTERVAL")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64);
+        StatsLine {
+            every,
+            began,
+            last: Instant::now(),
+            processes: 0,
+            exited: 0,
+        }
+    }
+
+    fn maybe_print(&mut self, unwinder: Option<&Unwinder>) {
+        let Some(every) = self.every else {
+            return;
+        };
+        if self.last.elapsed() < every {
+            return;
+        }
+        self.last = Instant::now();
+        let tables = unwinder.map_or(String::new(), |u| {
+            let s = u.stats();
+            format!(
+                " objects={} rows={}/{} mappings={}/{} procs={}",
+                s.objects, s.rows, s.row_capacity, s.mappings, s.mapping_capacity, s.processes
+            )
+        });
+        let rss = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.split_whitespace().next().map(str::to_string))
+            })
+            .unwrap_or_default();
+        eprintln!(
+            "offcputime: stats: t={:.1}s processes={} exited={}{tables} rss_kib={rss}",
+            self.began.elapsed().as_secs_f64(),
+            self.processes,
+            self.exited,
+        );
+    }
+}
+
+/// Large buffers (tables being built, files read) are mapped apart and
+/// unmapped when freed, instead of glibc's threshold rising after the
+/// first one so that the next stay on the heap.
+fn keep_large_allocations_apart() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
 }
 

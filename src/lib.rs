@@ -30,7 +30,7 @@ pub mod bpf {
     // SAFETY: plain C structs of integers, valid for any bit pattern.
     unsafe impl plain::Plain for types::offcpu_key {}
     unsafe impl plain::Plain for types::offcpu_val {}
-    unsafe impl plain::Plain for types::new_task_event {}
+    unsafe impl plain::Plain for types::task_event {}
     unsafe impl plain::Plain for types::unwind_proc {}
 }
 
@@ -55,4 +55,15 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
         e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+/// Makes the allocator return freed memory to the system: building a large
+/// object's unwind table, or reading one object's symbols, takes tens of MB
+/// for a moment, which must not stay resident for the rest of the run.
+pub(crate) fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

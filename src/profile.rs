@@ -3,9 +3,9 @@
 //! Everything here is pure data; [`build`] is the one step that turns what
 //! the kernel recorded ([`RawProfile`]) into it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use crate::symbolize::{AddrKind, Symbolizer};
+use crate::symbolize::{AddrKind, Symbolizer, UserFrame};
 use crate::tracer::{LossCounters, RawProfile, StackRef};
 
 /// The user or the kernel part of a stack.
@@ -129,53 +129,71 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     }
     let knames = sym.kernel(&kaddrs);
 
-    // User frames, one batch per process.
-    let mut by_tgid: BTreeMap<u32, Vec<(u64, AddrKind)>> = BTreeMap::new();
+    // User frames: each stack as frames of objects (through the snapshot
+    // of its process, or as kept when the process exited), then all named
+    // object by object.
+    let mut user_stacks: HashMap<(u32, u64), Vec<(UserFrame, AddrKind)>> = HashMap::new();
     for e in &raw.entries {
-        if let Some(f) = part_addrs(e.user_stack, &raw.stacks) {
-            by_tgid.entry(e.tgid).or_default().extend(kinds(f, true));
+        if let (StackRef::Id(id), Some(addrs)) =
+            (e.user_stack, part_addrs(e.user_stack, &raw.stacks))
+        {
+            user_stacks.entry((e.tgid, id)).or_insert_with(|| {
+                let frames = sym.user_frames(e.tgid, id, addrs);
+                let kinds = kinds(addrs, true).map(|(_, k)| k);
+                frames.into_iter().zip(kinds).collect()
+            });
         }
     }
-    let mut unames = HashMap::new();
-    for (tgid, addrs) in by_tgid {
-        unames.insert(tgid, sym.user(tgid, &addrs));
-    }
+    let all: Vec<(UserFrame, AddrKind)> = user_stacks.values().flatten().copied().collect();
+    let unames = sym.user_names(&all);
 
-    let part = |r: StackRef,
-                first_is_ip: bool,
-                names: Option<&HashMap<(u64, AddrKind), Vec<String>>>,
-                kernel: bool| {
-        match r {
-            StackRef::None => Part::Absent,
-            StackRef::MissedFull | StackRef::MissedError => Part::Missed,
-            StackRef::Id(id) => match raw.stacks.get(&id) {
-                None => Part::Missed,
-                Some(frames) => {
-                    // An address can be several frames: functions inlined
-                    // there, innermost first.
-                    let mut named: Vec<String> = kinds(frames, first_is_ip)
-                        .flat_map(|k| {
-                            names
-                                .and_then(|n| n.get(&k).cloned())
-                                .unwrap_or_else(|| vec!["[unknown]".to_string()])
-                        })
-                        .collect();
-                    if kernel {
-                        let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
-                        named.drain(..ours);
-                    }
-                    Part::Frames(named)
-                }
-            },
-        }
+    let user_part = |tgid: u32, r: StackRef| match r {
+        StackRef::None => Part::Absent,
+        StackRef::MissedFull | StackRef::MissedError => Part::Missed,
+        StackRef::Id(id) => match user_stacks.get(&(tgid, id)) {
+            None => Part::Missed,
+            Some(frames) => Part::Frames(
+                frames
+                    .iter()
+                    .flat_map(|f| {
+                        unames
+                            .get(f)
+                            .cloned()
+                            .unwrap_or_else(|| vec!["[unknown]".to_string()])
+                    })
+                    .collect(),
+            ),
+        },
+    };
+    let kernel_part = |r: StackRef| match r {
+        StackRef::None => Part::Absent,
+        StackRef::MissedFull | StackRef::MissedError => Part::Missed,
+        StackRef::Id(id) => match raw.stacks.get(&id) {
+            None => Part::Missed,
+            Some(frames) => {
+                // An address can be several frames: functions inlined
+                // there, innermost first.
+                let mut named: Vec<String> = kinds(frames, kernel_first_is_ip)
+                    .flat_map(|k| {
+                        knames
+                            .get(&k)
+                            .cloned()
+                            .unwrap_or_else(|| vec!["[unknown]".to_string()])
+                    })
+                    .collect();
+                let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                named.drain(..ours);
+                Part::Frames(named)
+            }
+        },
     };
 
     // (tgid, pid, comm, user, kernel) -> (total ns, blocks)
     type MergeKey = (u32, u32, String, Part, Part);
     let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
     for e in &raw.entries {
-        let user = part(e.user_stack, true, unames.get(&e.tgid), false);
-        let kernel = part(e.kernel_stack, kernel_first_is_ip, Some(&knames), true);
+        let user = user_part(e.tgid, e.user_stack);
+        let kernel = kernel_part(e.kernel_stack);
         let slot = merged
             .entry((e.tgid, e.pid, e.comm.clone(), user, kernel))
             .or_default();

@@ -60,6 +60,15 @@ pub struct ExecMapping {
     pub object: u32,
 }
 
+/// A frame of a user stack, independent of where its object was mapped:
+/// the object and the file offset, or, outside every mapping known, the
+/// address itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UserFrame {
+    File { object: u32, offset: u64 },
+    Unmapped(u64),
+}
+
 /// Where distributions install separate debug files, by build id.
 const DEBUG_BUILD_ID_DIR: &str = "/usr/lib/debug/.build-id";
 
@@ -106,8 +115,17 @@ struct Resolved {
 
 pub struct Symbolizer {
     inner: blazesym::symbolize::Symbolizer,
-    /// Executable mappings by process, as last seen.
+    /// Executable mappings by process, as last seen, while it lives.
     processes: HashMap<u32, Vec<Mapping>>,
+    /// The user stacks counted for processes that have exited (see
+    /// [`Symbolizer::retire`]), by (tgid, stack id): an index into
+    /// `retired_stacks`, where stacks alike in every process of a program
+    /// are kept once.
+    retired: HashMap<(u32, u64), u32>,
+    retired_stacks: Vec<std::rc::Rc<[UserFrame]>>,
+    retired_ids: HashMap<std::rc::Rc<[UserFrame]>, u32>,
+    /// Live processes whose snapshot was taken again for the report.
+    refreshed: HashSet<u32>,
     objects: Vec<Object>,
     /// `objects` indices by (device, inode), or by name for mappings
     /// without a file.
@@ -221,16 +239,14 @@ fn process_alive(tgid: u32) -> bool {
 
 impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
-        let inner = blazesym::symbolize::Symbolizer::builder()
-            // blazesym reports inlined functions only with source
-            // locations on.
-            .enable_code_info(opts.lines || opts.inline)
-            .enable_inlined_fns(opts.inline)
-            .enable_demangling(true)
-            .build();
+        let inner = blazesym_symbolizer(opts);
         Symbolizer {
             inner,
             processes: HashMap::new(),
+            retired: HashMap::new(),
+            retired_stacks: Vec::new(),
+            retired_ids: HashMap::new(),
+            refreshed: HashSet::new(),
             objects: Vec::new(),
             object_ids: HashMap::new(),
             opts,
@@ -401,11 +417,49 @@ impl Symbolizer {
         )
     }
 
+    /// Process `tgid` has exited: its counted user `stacks` (stack id and
+    /// addresses, innermost first) are kept as frames of objects, and its
+    /// snapshot is let go. What is kept grows with the distinct stacks
+    /// counted, not with the processes seen: the same stack of another
+    /// process of the same program is stored once.
+    pub fn retire(&mut self, tgid: u32, stacks: &[(u64, Vec<u64>)]) {
+        let Some(mappings) = self.processes.remove(&tgid) else {
+            return;
+        };
+        for (id, addrs) in stacks {
+            let frames: std::rc::Rc<[UserFrame]> =
+                addrs.iter().map(|&a| user_frame(&mappings, a)).collect();
+            let next = self.retired_stacks.len() as u32;
+            let index = *self.retired_ids.entry(frames.clone()).or_insert(next);
+            if index == next {
+                self.retired_stacks.push(frames);
+            }
+            self.retired.insert((tgid, *id), index);
+        }
+    }
+
+    /// The processes with a snapshot (not retired).
+    pub fn processes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.processes.keys().copied()
+    }
+
+    /// The frames of user stack `id` of process `tgid` (its addresses
+    /// `addrs`, innermost first): as kept when the process exited, or
+    /// through its snapshot, taken again now if it is still running, for
+    /// libraries loaded since.
+    pub fn user_frames(&mut self, tgid: u32, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+        if let Some(&i) = self.retired.get(&(tgid, id)) {
+            return self.retired_stacks[i as usize].to_vec();
+        }
+        if self.refreshed.insert(tgid) && process_alive(tgid) {
+            self.refresh_process(tgid);
+        }
+        let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
+        addrs.iter().map(|&a| user_frame(mappings, a)).collect()
+    }
+
     /// Names of user frames of process `tgid`, through its snapshot (taken
-    /// again now if it is still running, for libraries loaded since): file
-    /// offsets, looked up file by file in the files' symbol tables.
-    /// DWARF is not read: parsing a library's debug information (glibc's
-    /// is 40 MB) would double the profiler's memory for the same names.
+    /// again now if it is still running).
     pub fn user(
         &mut self,
         tgid: u32,
@@ -415,82 +469,125 @@ impl Symbolizer {
             self.refresh_process(tgid);
         }
         let mappings = self.processes.get(&tgid).cloned().unwrap_or_default();
-        self.resolve(
-            addrs,
-            |lookup| self.by_file_offset(&mappings, lookup),
-            |addr| self.unnamed(&mappings, addr),
-        )
+        let frames: Vec<(UserFrame, AddrKind)> = addrs
+            .iter()
+            .map(|&(a, k)| (user_frame(&mappings, a), k))
+            .collect();
+        let names = self.user_names(&frames);
+        addrs
+            .iter()
+            .zip(&frames)
+            .map(|(&a, f)| (a, names.get(f).cloned().unwrap_or_default()))
+            .collect()
     }
 
-    fn by_file_offset(&self, mappings: &[Mapping], lookup: &[u64]) -> Vec<Option<Resolved>> {
-        let mut out = vec![None; lookup.len()];
+    /// Names of user frames: by file offset, looked up object by object
+    /// in the files' symbol tables (and DWARF, for inlined functions and
+    /// lines, where asked for); `[file+0xoffset]` where no symbol covers
+    /// the offset, `[unknown]` outside every mapping.
+    pub fn user_names(
+        &self,
+        frames: &[(UserFrame, AddrKind)],
+    ) -> HashMap<(UserFrame, AddrKind), Vec<String>> {
+        let unique: Vec<(UserFrame, AddrKind)> = {
+            let mut seen = HashSet::new();
+            frames.iter().copied().filter(|f| seen.insert(*f)).collect()
+        };
         let mut by_object: HashMap<u32, (Vec<usize>, Vec<u64>)> = HashMap::new();
-        for (i, &addr) in lookup.iter().enumerate() {
-            if let Some(m) = find(mappings, addr) {
-                let e = by_object.entry(m.object).or_default();
+        for (i, &(f, kind)) in unique.iter().enumerate() {
+            if let UserFrame::File { object, offset } = f {
+                let e = by_object.entry(object).or_default();
                 e.0.push(i);
-                e.1.push(addr - m.start + m.file_offset);
+                e.1.push(lookup_at(offset, kind));
             }
         }
+        let mut found: Vec<Option<Resolved>> = vec![None; unique.len()];
         for (object, (idx, offsets)) in by_object {
-            let object = &self.objects[object as usize];
-            let Some(path) = &object.path else {
-                continue;
-            };
-            let symbolize = |debug_syms: bool| {
-                let mut elf = Elf::new(path);
-                elf.debug_syms = debug_syms;
-                let src = Source::Elf(elf);
-                match &object.segments {
-                    None => self.inner.symbolize(&src, Input::FileOffset(&offsets)),
-                    Some(segments) => {
-                        let addrs: Vec<u64> = offsets
-                            .iter()
-                            .map(|&o| {
-                                segments
-                                    .iter()
-                                    .find(|s| o >= s.offset && o < s.offset + s.filesz)
-                                    .map_or(u64::MAX, |s| o - s.offset + s.vaddr)
-                            })
-                            .collect();
-                        self.inner.symbolize(&src, Input::VirtOffset(&addrs))
-                    }
-                }
-            };
-            // Function names from the symbol tables: fully qualified, where
-            // DWARF can have a bare name (Rust at debuginfo=line-tables-only).
-            let mut found = resolved(symbolize(false), offsets.len(), false);
-            // DWARF only for what the symbol tables lack: inlined
-            // functions and source lines.
-            if self.opts.inline || self.opts.lines {
-                let dwarf = resolved(symbolize(true), offsets.len(), self.opts.lines);
-                for (f, d) in found.iter_mut().zip(dwarf) {
-                    match (f.as_mut(), d) {
-                        (Some(f), Some(d)) => {
-                            f.location = d.location;
-                            f.inlined = d.inlined;
-                        }
-                        (None, d) => *f = d,
-                        (Some(_), None) => {}
-                    }
-                }
+            for (i, r) in idx.into_iter().zip(self.by_file_offset(object, &offsets)) {
+                found[i] = r;
             }
-            for (i, name) in idx.into_iter().zip(found) {
-                out[i] = name;
-            }
+            crate::give_back_freed_memory();
         }
-        out
+        unique
+            .iter()
+            .zip(found)
+            .map(|(&(f, kind), r)| {
+                let names = match (r, f) {
+                    (Some(r), UserFrame::File { offset, .. }) => {
+                        self.frames_of(r, offset - lookup_at(offset, kind))
+                    }
+                    (None, UserFrame::File { object, offset }) => vec![format!(
+                        "[{}+{offset:#x}]",
+                        self.objects[object as usize].name
+                    )],
+                    _ => vec!["[unknown]".to_string()],
+                };
+                ((f, kind), names)
+            })
+            .collect()
     }
 
-    /// `[file+0xoffset]` for an address in a mapping with no symbol for it.
-    fn unnamed(&self, mappings: &[Mapping], addr: u64) -> Option<String> {
-        find(mappings, addr).map(|m| {
-            format!(
-                "[{}+{:#x}]",
-                self.objects[m.object as usize].name,
-                addr - m.start + m.file_offset
-            )
-        })
+    /// Symbols of file offsets of one object. The file's symbol tables and
+    /// DWARF are parsed by a symbolizer of its own, dropped after: what is
+    /// resident at once is one object's, not every object's.
+    fn by_file_offset(&self, object: u32, offsets: &[u64]) -> Vec<Option<Resolved>> {
+        let object = &self.objects[object as usize];
+        let Some(path) = &object.path else {
+            return vec![None; offsets.len()];
+        };
+        let inner = blazesym_symbolizer(self.opts);
+        let symbolize = |debug_syms: bool| {
+            let mut elf = Elf::new(path);
+            elf.debug_syms = debug_syms;
+            let src = Source::Elf(elf);
+            match &object.segments {
+                None => inner.symbolize(&src, Input::FileOffset(offsets)),
+                Some(segments) => {
+                    let addrs: Vec<u64> = offsets
+                        .iter()
+                        .map(|&o| {
+                            segments
+                                .iter()
+                                .find(|s| o >= s.offset && o - s.offset < s.filesz)
+                                .map_or(u64::MAX, |s| (o - s.offset).wrapping_add(s.vaddr))
+                        })
+                        .collect();
+                    inner.symbolize(&src, Input::VirtOffset(&addrs))
+                }
+            }
+        };
+        // Function names from the symbol tables: fully qualified, where
+        // DWARF can have a bare name (Rust at debuginfo=line-tables-only).
+        let mut found = resolved(symbolize(false), offsets.len(), false);
+        // DWARF only for what the symbol tables lack: inlined functions
+        // and source lines.
+        if self.opts.inline || self.opts.lines {
+            let dwarf = resolved(symbolize(true), offsets.len(), self.opts.lines);
+            for (f, d) in found.iter_mut().zip(dwarf) {
+                match (f.as_mut(), d) {
+                    (Some(f), Some(d)) => {
+                        f.location = d.location;
+                        f.inlined = d.inlined;
+                    }
+                    (None, d) => *f = d,
+                    (Some(_), None) => {}
+                }
+            }
+        }
+        found
+    }
+
+    /// The frames of a resolved address, innermost first; `past` is how
+    /// far the address is past the one looked up (1 for a return address).
+    fn frames_of(&self, r: Resolved, past: u64) -> Vec<String> {
+        let outer = if self.opts.offsets {
+            format!("{}+{:#x}{}", r.name, r.offset + past, r.location)
+        } else {
+            format!("{}{}", r.name, r.location)
+        };
+        let mut frames = r.inlined;
+        frames.push(outer);
+        frames
     }
 
     fn resolve(
@@ -519,23 +616,9 @@ impl Symbolizer {
         let mut out = HashMap::with_capacity(unique.len());
         for (i, &(addr, kind)) in unique.iter().enumerate() {
             let frames = match results.get(i).cloned().flatten() {
-                Some(r) => {
-                    let outer = if self.opts.offsets {
-                        // From the start of the symbol to the address
-                        // itself (not the looked-up call).
-                        format!(
-                            "{}+{:#x}{}",
-                            r.name,
-                            r.offset + (addr - lookup[i]),
-                            r.location
-                        )
-                    } else {
-                        format!("{}{}", r.name, r.location)
-                    };
-                    let mut frames = r.inlined;
-                    frames.push(outer);
-                    frames
-                }
+                // Offsets from the start of the symbol to the address
+                // itself (not the looked-up call).
+                Some(r) => self.frames_of(r, addr - lookup[i]),
                 None => vec![fallback(addr).unwrap_or_else(|| "[unknown]".to_string())],
             };
             out.insert((addr, kind), frames);
@@ -544,9 +627,35 @@ impl Symbolizer {
     }
 }
 
-/// The mapping that holds `addr`.
-fn find(mappings: &[Mapping], addr: u64) -> Option<&Mapping> {
-    mappings.iter().find(|m| addr >= m.start && addr < m.end)
+fn blazesym_symbolizer(opts: SymbolizeOptions) -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder()
+        // blazesym reports inlined functions only with source locations
+        // on.
+        .enable_code_info(opts.lines || opts.inline)
+        .enable_inlined_fns(opts.inline)
+        .enable_demangling(true)
+        .build()
+}
+
+/// `addr` as a frame of the mapping that holds it.
+fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
+    match mappings.iter().find(|m| addr >= m.start && addr < m.end) {
+        Some(m) => UserFrame::File {
+            object: m.object,
+            offset: (addr - m.start).wrapping_add(m.file_offset),
+        },
+        None => UserFrame::Unmapped(addr),
+    }
+}
+
+/// Where a frame's function is looked up: a return address may be one
+/// past the end of the calling function (a call as its last
+/// instruction), so the call before it.
+fn lookup_at(offset: u64, kind: AddrKind) -> u64 {
+    match kind {
+        AddrKind::Ip => offset,
+        AddrKind::Return => offset.saturating_sub(1),
+    }
 }
 
 /// (name, offset of the address into the symbol) of each result, `len`

@@ -191,6 +191,25 @@ pub struct LossCounters {
     pub unwind_fp_frames: u64,
 }
 
+/// What the BPF program says of a process while tracing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskEvent {
+    /// A thread of it was seen blocking for the first time.
+    New(u32),
+    /// A thread of it blocked after its executable mappings changed.
+    Changed(u32),
+    /// Its last thread is gone.
+    Exited(u32),
+}
+
+impl TaskEvent {
+    pub fn tgid(self) -> u32 {
+        match self {
+            TaskEvent::New(t) | TaskEvent::Changed(t) | TaskEvent::Exited(t) => t,
+        }
+    }
+}
+
 /// Everything read back from the kernel at the end of tracing.
 #[derive(Clone, Debug, Default)]
 pub struct RawProfile {
@@ -499,25 +518,31 @@ impl<'obj> Tracer<'obj> {
     }
 
     /// Waits until `deadline` (or forever) or until `stop` is set, calling
-    /// `on_new_tasks` at least every 100 ms with the `(tgid, changed)` of
-    /// every process seen blocking for the first time since the last call,
-    /// while it still exists, and again (`changed` true) when a thread of
-    /// it blocks after its executable mappings changed. Calls stop with
-    /// the trace: they must not delay its end. A call that returns true
-    /// has more work to do: the next comes as soon as new events are read.
+    /// `on_events` at least every 100 ms with what the program said of
+    /// processes since the last call: a process seen blocking for the
+    /// first time, while it still exists; seen again after its executable
+    /// mappings changed; gone. Calls stop with the trace: they must not
+    /// delay its end. A call that returns true has work under way: the
+    /// next comes within 5 ms.
     pub fn wait(
         &self,
         deadline: Option<Instant>,
         stop: &AtomicBool,
-        mut on_new_tasks: impl FnMut(&[(u32, bool)]) -> bool,
+        mut on_events: impl FnMut(&[TaskEvent]) -> bool,
     ) -> Result<()> {
-        let pending = std::cell::RefCell::new(Vec::<(u32, bool)>::new());
+        let pending = std::cell::RefCell::new(Vec::<TaskEvent>::new());
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&self.skel.maps.events, |data: &[u8]| {
-                let mut ev = types::new_task_event::default();
+                let mut ev = types::task_event::default();
                 if plain::copy_from_bytes(&mut ev, data).is_ok() {
-                    pending.borrow_mut().push((ev.tgid, ev.changed != 0));
+                    use types::task_event_kind as K;
+                    let event = match K(ev.kind) {
+                        K::TASK_EVENT_NEW => TaskEvent::New(ev.tgid),
+                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(ev.tgid),
+                        _ => TaskEvent::Exited(ev.tgid),
+                    };
+                    pending.borrow_mut().push(event);
                 }
                 0
             })
@@ -540,7 +565,13 @@ impl<'obj> Tracer<'obj> {
                 }
                 None => Duration::from_millis(100),
             };
-            let timeout = if busy { Duration::ZERO } else { timeout };
+            // Work under way elsewhere (tables being built): look again
+            // soon for its results.
+            let timeout = if busy {
+                timeout.min(Duration::from_millis(5))
+            } else {
+                timeout
+            };
             match ringbuf.poll(timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
@@ -549,7 +580,7 @@ impl<'obj> Tracer<'obj> {
             if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
                 break;
             }
-            busy = on_new_tasks(&pending.take());
+            busy = on_events(&pending.take());
         }
         Ok(())
     }
@@ -644,22 +675,52 @@ impl<'obj> Tracer<'obj> {
         wanted_stacks.sort_unstable();
         wanted_stacks.dedup();
         for id in wanted_stacks {
-            if let Some(bytes) = self
-                .skel
-                .maps
-                .stacks
-                .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
-            {
-                let frames = bytes
-                    .chunks_exact(8)
-                    .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
-                    .take_while(|&ip| ip != 0)
-                    .collect();
+            if let Some(frames) = self.stack(id)? {
                 profile.stacks.insert(id, frames);
             }
         }
         profile.counters = self.read_counters()?;
         Ok(profile)
+    }
+
+    /// The user stacks counted so far for the processes in `tgids`: each
+    /// (tgid, stack id, frames) once.
+    pub fn user_stacks_of(
+        &self,
+        tgids: &std::collections::HashSet<u32>,
+    ) -> Result<Vec<(u32, u64, Vec<u64>)>> {
+        let mut wanted = std::collections::HashSet::new();
+        for key_bytes in self.skel.maps.counts.keys() {
+            let mut key = types::offcpu_key::default();
+            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() || !tgids.contains(&key.tgid) {
+                continue;
+            }
+            if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
+                wanted.insert((key.tgid, id));
+            }
+        }
+        let mut out = Vec::with_capacity(wanted.len());
+        for (tgid, id) in wanted {
+            if let Some(frames) = self.stack(id)? {
+                out.push((tgid, id, frames));
+            }
+        }
+        Ok(out)
+    }
+
+    fn stack(&self, id: u64) -> Result<Option<Vec<u64>>> {
+        Ok(self
+            .skel
+            .maps
+            .stacks
+            .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
+            .map(|bytes| {
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
+                    .take_while(|&ip| ip != 0)
+                    .collect()
+            }))
     }
 
     fn read_counters(&self) -> Result<LossCounters> {
@@ -694,89 +755,118 @@ impl<'obj> Tracer<'obj> {
     }
 }
 
-/// An array map shared with the BPF program through mmap.
-struct Shared<T> {
-    ptr: *mut T,
+/// An mmapable BPF array map that userspace writes through short-lived
+/// mappings of just the pages written: the table lives in kernel memory
+/// (its size fixed at load, see `-v`), and is not kept mapped, so that it
+/// does not count as the profiler's resident memory beyond a write.
+struct WindowedArray<T> {
+    map: libbpf_rs::MapHandle,
     len: usize,
-    bytes: usize,
+    _item: std::marker::PhantomData<T>,
 }
 
-impl<T> Shared<T> {
-    fn map(map: &impl MapCore, what: &str) -> Result<Shared<T>> {
-        use std::os::fd::AsRawFd;
-        let len = map.max_entries() as usize;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let bytes = (len * std::mem::size_of::<T>()).div_ceil(page) * page;
-        // SAFETY: a shared mapping of an mmapable BPF array of `len`
-        // elements of T (the value size is a multiple of 8, so elements
-        // are packed); nothing else in this process maps it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("failed to map the {what} table"));
-        }
-        Ok(Shared {
-            ptr: ptr.cast(),
-            len,
-            bytes,
+/// Bytes written through one mapping at most.
+const WINDOW_BYTES: usize = 1 << 20;
+
+impl<T: Copy> WindowedArray<T> {
+    fn new(map: &libbpf_rs::Map<'_>, what: &str) -> Result<WindowedArray<T>> {
+        Ok(WindowedArray {
+            map: libbpf_rs::MapHandle::try_from(map)
+                .with_context(|| format!("failed to open the {what} table"))?,
+            len: map.max_entries() as usize,
+            _item: std::marker::PhantomData,
         })
     }
 
-    fn slice(&mut self) -> &mut [T] {
-        // SAFETY: `len` elements mapped at `ptr` for as long as self lives;
-        // the BPF program only reads them.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl<T> Drop for Shared<T> {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `map` mapped.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+    /// Writes `items` from element `start` on.
+    fn write(&self, start: usize, items: &[T]) -> Result<()> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let size = std::mem::size_of::<T>();
+        let end = start
+            .checked_add(items.len())
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| anyhow!("write past the end of a table"))?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let per_window = (WINDOW_BYTES / size).max(1);
+        let mut at = start;
+        while at < end {
+            let chunk = &items[at - start..(at - start + per_window).min(end - start)];
+            let begin = at * size;
+            let offset = begin / page * page;
+            let bytes = (begin + std::mem::size_of_val(chunk) - offset).div_ceil(page) * page;
+            // SAFETY: a shared mapping of whole pages inside the array's
+            // data (elements of T are packed: their size is a multiple of
+            // 8), unmapped below before anything else can use it.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    self.map.as_fd().as_raw_fd(),
+                    offset as libc::off_t,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error())
+                    .context("failed to map an unwind table");
+            }
+            // SAFETY: `chunk` fits in the mapping from `begin - offset`;
+            // the BPF program only reads the table.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    chunk.as_ptr(),
+                    ptr.cast::<u8>().add(begin - offset).cast::<T>(),
+                    chunk.len(),
+                );
+                libc::munmap(ptr, bytes);
+            }
+            at += chunk.len();
+        }
+        Ok(())
     }
 }
 
 /// The BPF program's DWARF unwind tables (see `offcputime.h`): rows and
 /// mappings written in place, processes pointed at their mappings.  It
-/// outlives the tracer's maps safely: the mmaps and the map handle hold
-/// their own references.
+/// outlives the tracer's maps safely: the map handles hold their own
+/// references.
 pub struct UnwindStore {
-    rows: Shared<types::unwind_row>,
-    mappings: Shared<types::unwind_mapping>,
+    rows: WindowedArray<types::unwind_row>,
+    mappings: WindowedArray<types::unwind_mapping>,
     procs: libbpf_rs::MapHandle,
 }
 
 impl UnwindStore {
     fn new(skel: &OffcputimeSkel<'_>) -> Result<UnwindStore> {
         Ok(UnwindStore {
-            rows: Shared::map(&skel.maps.unwind_rows, "unwind rows")?,
-            mappings: Shared::map(&skel.maps.unwind_maps, "unwind mappings")?,
+            rows: WindowedArray::new(&skel.maps.unwind_rows, "unwind rows")?,
+            mappings: WindowedArray::new(&skel.maps.unwind_maps, "unwind mappings")?,
             procs: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_procs)
                 .context("failed to open the unwind processes map")?,
         })
     }
+}
 
-    pub fn rows(&mut self) -> &mut [types::unwind_row] {
-        self.rows.slice()
+impl crate::unwind::TableStore for UnwindStore {
+    fn row_capacity(&self) -> usize {
+        self.rows.len
     }
 
-    pub fn mappings(&mut self) -> &mut [types::unwind_mapping] {
-        self.mappings.slice()
+    fn mapping_capacity(&self) -> usize {
+        self.mappings.len
     }
 
-    /// Points process `tgid` at `count` mappings from `start`, written
-    /// before: the BPF program uses them from its next unwind on.
-    pub fn set_process(&self, tgid: u32, start: u32, count: u32) -> Result<()> {
+    fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()> {
+        self.rows.write(start, rows)
+    }
+
+    fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()> {
+        self.mappings.write(start, mappings)
+    }
+
+    fn set_process(&mut self, tgid: u32, start: u32, count: u32) -> Result<()> {
         let proc = types::unwind_proc {
             map_start: start,
             map_count: count,
@@ -787,6 +877,11 @@ impl UnwindStore {
         self.procs
             .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
             .with_context(|| format!("failed to store the unwind tables of process {tgid}"))
+    }
+
+    fn remove_process(&mut self, tgid: u32) {
+        // Not there (never stored) is fine.
+        let _ = self.procs.delete(&tgid.to_ne_bytes());
     }
 }
 

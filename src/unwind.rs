@@ -1,23 +1,248 @@
 //! DWARF unwind tables for the BPF program (`--unwind dwarf`).
 //!
 //! Each object (file) a process maps is turned into a table once
-//! ([`unwind_table::build`]) and appended to the shared rows; each process
+//! ([`unwind_table::build`]) and written into the shared rows; each process
 //! gets its executable mappings, sorted, each pointing at its object's rows
 //! with the bias that turns an address into the object's own virtual
 //! address. The BPF program unwinds a process only once it has its entry;
 //! blocks before that are walked with frame pointers, and counted.
 //!
-//! Memory is fixed at load ([`UnwindCapacity`]): when it is full, new
-//! objects get no table (frame pointers are followed through them) and new
-//! processes get none at all, and [`Unwinder::not_covered`] says which.
+//! Memory is fixed at load ([`crate::tracer::UnwindCapacity`]) and reused:
+//! a process that exits ([`Unwinder::forget`]) gives back its entry and its
+//! slice of mappings, and an object no live process maps any more keeps
+//! its rows only until the space is needed for another. So the tables hold
+//! what the processes alive now map, however many came and went. Space
+//! given back is reused only after [`GRACE`], when no walk that started
+//! before can still be reading it. When the live processes' objects do not
+//! fit, new objects get no table (frame pointers are followed through
+//! them) and processes that do not fit get none at all, and
+//! [`Unwinder::not_covered`] says which.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
 
 use crate::bpf::types;
 use crate::elf::{load_segments, Segment};
 use crate::symbolize::{ExecMapping, Symbolizer};
-use crate::tracer::UnwindStore;
 use crate::unwind_table;
+
+/// How long space given back stays unused: far longer than any walk of
+/// the BPF program (microseconds, never sleeping) that may have started
+/// before it was given back.
+pub const GRACE: Duration = Duration::from_millis(200);
+
+/// At most this many objects and processes without tables are named; the
+/// rest are only counted.
+const NOT_COVERED_KEPT: usize = 64;
+
+/// Where the tables go: the BPF program's maps ([`crate::tracer::UnwindStore`]),
+/// or a fake in tests.
+pub trait TableStore {
+    fn row_capacity(&self) -> usize;
+    fn mapping_capacity(&self) -> usize;
+    fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()>;
+    fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()>;
+    /// Points process `tgid` at `count` mappings from `start`, written
+    /// before: the BPF program uses them from its next unwind on.
+    fn set_process(&mut self, tgid: u32, start: u32, count: u32) -> Result<()>;
+    fn remove_process(&mut self, tgid: u32);
+}
+
+/// What the unwinder needs to know of processes and the files they map:
+/// the [`Symbolizer`]'s snapshots, or a fake in tests.
+pub trait Processes {
+    /// The executable mappings of `tgid`, sorted by start address.
+    fn mappings(&self, tgid: u32) -> Vec<ExecMapping>;
+    /// The file an object maps, open.
+    fn object_file(&self, object: u32) -> Option<&File>;
+    /// The object's file name, for messages.
+    fn object_name(&self, object: u32) -> &str;
+}
+
+impl Processes for Symbolizer {
+    fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
+        Symbolizer::mappings(self, tgid)
+    }
+    fn object_file(&self, object: u32) -> Option<&File> {
+        Symbolizer::object_file(self, object)
+    }
+    fn object_name(&self, object: u32) -> &str {
+        Symbolizer::object_name(self, object)
+    }
+}
+
+/// Free ranges of a table, first fit, merged with their neighbours when
+/// given back.
+#[derive(Debug)]
+struct RangeAlloc {
+    /// start -> length
+    free: BTreeMap<usize, usize>,
+    capacity: usize,
+    used: usize,
+}
+
+impl RangeAlloc {
+    fn new(capacity: usize) -> RangeAlloc {
+        let mut free = BTreeMap::new();
+        if capacity > 0 {
+            free.insert(0, capacity);
+        }
+        RangeAlloc {
+            free,
+            capacity,
+            used: 0,
+        }
+    }
+
+    fn alloc(&mut self, len: usize) -> Option<usize> {
+        if len == 0 {
+            return Some(0);
+        }
+        let (&start, &have) = self.free.iter().find(|(_, &l)| l >= len)?;
+        self.free.remove(&start);
+        if have > len {
+            self.free.insert(start + len, have - len);
+        }
+        self.used += len;
+        Some(start)
+    }
+
+    fn free(&mut self, start: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        debug_assert!(start + len <= self.capacity);
+        self.used -= len;
+        let (mut start, mut len) = (start, len);
+        if let Some((&s, &l)) = self.free.range(..start).next_back() {
+            if s + l == start {
+                self.free.remove(&s);
+                start = s;
+                len += l;
+            }
+        }
+        if let Some(&l) = self.free.get(&(start + len)) {
+            self.free.remove(&(start + len));
+            len += l;
+        }
+        self.free.insert(start, len);
+    }
+}
+
+/// A table asked of the builder: for whom, to report a failure once.
+#[derive(Debug)]
+struct Requested {
+    tgid: u32,
+    name: String,
+    /// The object's first build (not a retry for want of room).
+    first: bool,
+}
+
+/// A table built by the builder thread.
+struct Built {
+    object: u32,
+    /// The rows and the file's loadable segments; None: no call-frame
+    /// information; Err: why it could not be read.
+    table: std::result::Result<Option<(Vec<types::unwind_row>, Vec<Segment>)>, String>,
+    took: Duration,
+}
+
+/// The thread that turns files' call-frame information into rows, so
+/// that a large library (seconds to build) holds up neither the reading
+/// of events nor the tables of files already built.
+struct Builder {
+    jobs: Option<std::sync::mpsc::Sender<(u32, File)>>,
+    done: std::sync::mpsc::Receiver<Built>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Builder {
+    fn start() -> Builder {
+        let (jobs, todo) = std::sync::mpsc::channel::<(u32, File)>();
+        let (tell, done) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("unwind-tables".into())
+            .spawn(move || {
+                for (object, file) in todo {
+                    let began = Instant::now();
+                    // A file that makes the parser panic is one without
+                    // a table, not the end of the run.
+                    let table =
+                        std::panic::catch_unwind(|| build_table(&file)).unwrap_or_else(|_| {
+                            Err("its call-frame information could not be parsed".into())
+                        });
+                    drop(file);
+                    let built = Built {
+                        object,
+                        table,
+                        took: began.elapsed(),
+                    };
+                    if tell.send(built).is_err() {
+                        break;
+                    }
+                    crate::give_back_freed_memory();
+                }
+            })
+            .ok();
+        Builder {
+            jobs: thread.as_ref().map(|_| jobs),
+            done,
+            thread,
+        }
+    }
+
+    fn send(&self, object: u32, file: File) -> std::result::Result<(), ()> {
+        match &self.jobs {
+            Some(j) => j.send((object, file)).map_err(|_| ()),
+            None => Err(()),
+        }
+    }
+
+    fn try_recv(&self) -> Option<Built> {
+        self.done.try_recv().ok()
+    }
+
+    fn recv_timeout(&self, d: Duration) -> Option<Built> {
+        self.done.recv_timeout(d).ok()
+    }
+}
+
+impl Drop for Builder {
+    fn drop(&mut self) {
+        // No more jobs: the thread ends after the one it is on.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The rows of a file as the BPF program reads them, and its segments.
+fn build_table(
+    file: &File,
+) -> std::result::Result<Option<(Vec<types::unwind_row>, Vec<Segment>)>, String> {
+    let Some(segments) = load_segments(file) else {
+        return Ok(None);
+    };
+    match unwind_table::build(file) {
+        Ok(Some((rows, _))) => Ok(Some((
+            rows.iter()
+                .map(|r| types::unwind_row {
+                    pc: r.pc,
+                    cfa_off: r.cfa_off,
+                    kind: r.kind,
+                    rbp_off: r.rbp_off,
+                })
+                .collect(),
+            segments,
+        ))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
 
 /// An object's table in the shared rows.
 #[derive(Clone, Debug)]
@@ -25,6 +250,29 @@ struct ObjectTable {
     row_start: u32,
     row_count: u32,
     segments: Vec<Segment>,
+}
+
+#[derive(Debug)]
+struct ObjectEntry {
+    /// None: no table (no CFI, unreadable, or no room).
+    table: Option<ObjectTable>,
+    /// No room for its rows when it was built: how many it needs, to try
+    /// again once there may be room.
+    wants_rows: Option<usize>,
+    /// Processes dealt with that map it.
+    refs: u32,
+    /// Since when no process maps it (its rows can be reused).
+    idle_since: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct ProcessEntry {
+    /// The mappings it was dealt with for.
+    mappings: Vec<ExecMapping>,
+    /// Its slice of the mappings table, if it has tables.
+    slice: Option<(usize, usize)>,
+    /// The distinct objects it maps.
+    objects: Vec<u32>,
 }
 
 /// Why an object or a process has no tables.
@@ -38,72 +286,286 @@ pub struct NotCovered {
 /// Table statistics, for `-v`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct UnwindStats {
+    /// Objects with a table now.
     pub objects: usize,
+    /// Objects met without call-frame information.
     pub objects_without_cfi: usize,
     pub rows: usize,
     pub row_capacity: usize,
     pub mappings: usize,
     pub mapping_capacity: usize,
+    /// Processes with tables now.
     pub processes: usize,
+    /// Processes given tables since the start.
+    pub processes_covered: usize,
+    /// Processes whose tables were given back when they exited.
+    pub processes_forgotten: usize,
+    /// Tables of objects no process mapped any more, dropped for room.
+    pub objects_evicted: usize,
     /// Time spent building tables.
     pub build_ms: f64,
 }
 
 pub struct Unwinder {
-    store: UnwindStore,
-    rows_used: usize,
-    mappings_used: usize,
-    /// By symbolizer object id; None: no table (no CFI, unreadable, or no
-    /// room left).
-    objects: HashMap<u32, Option<ObjectTable>>,
-    /// Processes dealt with, and the mappings they were dealt with for.
-    processes: HashMap<u32, Vec<ExecMapping>>,
-    /// Processes with tables.
-    covered: HashSet<u32>,
+    store: Box<dyn TableStore>,
+    builder: Builder,
+    /// Objects whose tables the builder is working on.
+    building: HashMap<u32, Requested>,
+    /// Processes waiting for tables of files they map.
+    waiting: HashSet<u32>,
+    rows: RangeAlloc,
+    mappings: RangeAlloc,
+    /// By symbolizer object id.
+    objects: HashMap<u32, ObjectEntry>,
+    /// Processes dealt with.
+    processes: HashMap<u32, ProcessEntry>,
+    /// Slices of mappings given back, reusable once GRACE has passed.
+    /// (Rows are reused only from objects idle for that long.)
+    quarantine: VecDeque<(Instant, usize, usize)>,
     not_covered: Vec<NotCovered>,
+    not_covered_more: usize,
     stats: UnwindStats,
 }
 
 impl Unwinder {
-    pub fn new(mut store: UnwindStore) -> Unwinder {
-        let stats = UnwindStats {
-            row_capacity: store.rows().len(),
-            mapping_capacity: store.mappings().len(),
-            ..UnwindStats::default()
-        };
+    pub fn new(store: impl TableStore + 'static) -> Unwinder {
+        let (row_capacity, mapping_capacity) = (store.row_capacity(), store.mapping_capacity());
         Unwinder {
-            store,
-            rows_used: 0,
-            mappings_used: 0,
+            store: Box::new(store),
+            builder: Builder::start(),
+            building: HashMap::new(),
+            waiting: HashSet::new(),
+            rows: RangeAlloc::new(row_capacity),
+            mappings: RangeAlloc::new(mapping_capacity),
             objects: HashMap::new(),
             processes: HashMap::new(),
-            covered: HashSet::new(),
+            quarantine: VecDeque::new(),
             not_covered: Vec::new(),
-            stats,
+            not_covered_more: 0,
+            stats: UnwindStats {
+                row_capacity,
+                mapping_capacity,
+                ..UnwindStats::default()
+            },
         }
     }
 
-    /// Gives the BPF program the tables of `tgid`'s mappings as `sym` last
-    /// snapshotted them (call [`Symbolizer::note_process`] first), unless
-    /// it has them already for these same mappings. Without `may_build`,
-    /// only if every file mapped has its table already (a quick update):
-    /// returns false if it had to leave the process for later.
-    pub fn note_process(&mut self, sym: &Symbolizer, tgid: u32, may_build: bool) -> bool {
+    /// Gives the BPF program the tables of `tgid`'s mappings as `procs`
+    /// last snapshotted them (call [`Symbolizer::note_process`] first),
+    /// unless it has them already for these same mappings. Returns false
+    /// if tables of files it maps are being built first (on the builder
+    /// thread): [`Unwinder::poll`] finishes the process once they are.
+    pub fn note_process(&mut self, procs: &dyn Processes, tgid: u32) -> bool {
         if tgid == 0 {
             return true;
         }
-        let mappings = sym.mappings(tgid);
-        if mappings.is_empty() || self.processes.get(&tgid) == Some(&mappings) {
+        let mappings = procs.mappings(tgid);
+        if mappings.is_empty()
+            || self
+                .processes
+                .get(&tgid)
+                .is_some_and(|p| p.mappings == mappings)
+        {
+            self.waiting.remove(&tgid);
             return true;
         }
-        if !may_build
-            && mappings
-                .iter()
-                .any(|m| !self.objects.contains_key(&m.object))
-        {
+        let mut objects: Vec<u32> = mappings.iter().map(|m| m.object).collect();
+        objects.sort_unstable();
+        objects.dedup();
+        let mut pending = false;
+        for &o in &objects {
+            if self.building.contains_key(&o) {
+                pending = true;
+            } else if self.needs_build(o, &objects) {
+                self.request(procs, tgid, o);
+                pending = true;
+            }
+        }
+        if pending {
+            self.waiting.insert(tgid);
             return false;
         }
-        let began = std::time::Instant::now();
+        self.waiting.remove(&tgid);
+        self.install(procs, tgid, mappings, objects);
+        true
+    }
+
+    /// Whether `object` has no table yet, or had no room for it and may
+    /// have now.
+    fn needs_build(&self, object: u32, keep: &[u32]) -> bool {
+        match self.objects.get(&object) {
+            None => true,
+            Some(e) => e.wants_rows.is_some_and(|n| self.room(keep) >= n),
+        }
+    }
+
+    /// Asks the builder thread for the table of `object`; an object with
+    /// no file to read is settled at once (no table).
+    fn request(&mut self, procs: &dyn Processes, tgid: u32, object: u32) {
+        let file = procs.object_file(object).and_then(|f| f.try_clone().ok());
+        let Some(file) = file else {
+            self.settle(object, None, None, true);
+            return;
+        };
+        let first = !self.objects.contains_key(&object);
+        self.building.insert(
+            object,
+            Requested {
+                tgid,
+                name: procs.object_name(object).to_string(),
+                first,
+            },
+        );
+        if self.builder.send(object, file).is_err() {
+            // The builder is gone: no more tables.
+            self.building.remove(&object);
+            self.settle(object, None, None, first);
+        }
+    }
+
+    /// Takes in the tables built since the last call, and gives their
+    /// tables to the processes that waited for them. Returns whether
+    /// tables are still being built.
+    pub fn poll(&mut self, procs: &dyn Processes) -> bool {
+        self.reclaim();
+        let mut any = false;
+        while let Some(built) = self.builder.try_recv() {
+            self.take_built(built);
+            any = true;
+        }
+        if any {
+            let ready: Vec<u32> = self.waiting.iter().copied().collect();
+            for tgid in ready {
+                self.note_process(procs, tgid);
+            }
+        }
+        !self.building.is_empty()
+    }
+
+    /// Waits until every table asked for is built and given to its
+    /// processes (before tracing starts), or `limit` has passed.
+    pub fn finish(&mut self, procs: &dyn Processes, limit: Duration) {
+        let until = Instant::now() + limit;
+        while self.poll(procs) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            if let Some(built) = self
+                .builder
+                .recv_timeout(left.min(Duration::from_millis(50)))
+            {
+                self.take_built(built);
+                let ready: Vec<u32> = self.waiting.iter().copied().collect();
+                for tgid in ready {
+                    self.note_process(procs, tgid);
+                }
+            }
+        }
+    }
+
+    fn take_built(&mut self, built: Built) {
+        self.stats.build_ms += built.took.as_secs_f64() * 1e3;
+        let Some(req) = self.building.remove(&built.object) else {
+            return;
+        };
+        match built.table {
+            Ok(None) => self.settle(built.object, None, None, req.first),
+            Err(why) => {
+                if req.first {
+                    self.refuse(req.tgid, &req.name, why);
+                }
+                self.settle(built.object, None, None, false);
+            }
+            Ok(Some((rows, segments))) => {
+                let (table, wants) = self.place(req, rows, segments);
+                self.settle(built.object, table, wants, false);
+            }
+        }
+    }
+
+    /// Records what became of an object's table, keeping its references.
+    fn settle(
+        &mut self,
+        object: u32,
+        table: Option<ObjectTable>,
+        wants_rows: Option<usize>,
+        no_cfi: bool,
+    ) {
+        if no_cfi {
+            self.stats.objects_without_cfi += 1;
+        }
+        let (refs, idle_since) = self
+            .objects
+            .get(&object)
+            .map_or((0, Some(Instant::now())), |e| (e.refs, e.idle_since));
+        self.objects.insert(
+            object,
+            ObjectEntry {
+                table,
+                wants_rows,
+                refs,
+                idle_since,
+            },
+        );
+        self.update_stats();
+    }
+
+    /// Writes built rows into the shared table, making room from idle
+    /// objects if needed: the table, or None and the rows it needs.
+    fn place(
+        &mut self,
+        req: Requested,
+        rows: Vec<types::unwind_row>,
+        segments: Vec<Segment>,
+    ) -> (Option<ObjectTable>, Option<usize>) {
+        let max = types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize;
+        let start = if rows.len() > max {
+            None
+        } else {
+            self.alloc_rows(rows.len(), &[])
+        };
+        let Some(start) = start else {
+            if req.first {
+                self.refuse(
+                    req.tgid,
+                    &req.name,
+                    format!(
+                        "its {} unwind rows do not fit (--unwind-memory)",
+                        rows.len()
+                    ),
+                );
+            }
+            return (None, (rows.len() <= max).then_some(rows.len()));
+        };
+        if let Err(e) = self.store.write_rows(start, &rows) {
+            self.rows.free(start, rows.len());
+            if req.first {
+                self.refuse(req.tgid, &req.name, format!("{e:#}"));
+            }
+            return (None, None);
+        }
+        (
+            Some(ObjectTable {
+                row_start: start as u32,
+                row_count: rows.len() as u32,
+                segments,
+            }),
+            None,
+        )
+    }
+
+    /// Writes the mappings of a process whose objects are all settled and
+    /// points it at them.
+    fn install(
+        &mut self,
+        procs: &dyn Processes,
+        tgid: u32,
+        mappings: Vec<ExecMapping>,
+        objects: Vec<u32>,
+    ) {
+        let _ = procs;
+
         let mut entries = Vec::with_capacity(mappings.len());
         for m in &mappings {
             let mut e = types::unwind_mapping {
@@ -111,7 +573,8 @@ impl Unwinder {
                 end: m.end,
                 ..Default::default()
             };
-            if let Some(t) = self.object_table(sym, tgid, m.object) {
+            let table = self.objects.get(&m.object).and_then(|o| o.table.as_ref());
+            if let Some(t) = table {
                 if let Some(bias) = bias(&t.segments, m) {
                     e.bias = bias;
                     e.row_start = t.row_start;
@@ -120,19 +583,90 @@ impl Unwinder {
             }
             entries.push(e);
         }
-        self.stats.build_ms += began.elapsed().as_secs_f64() * 1e3;
+
+        for &o in &objects {
+            if let Some(e) = self.objects.get_mut(&o) {
+                e.refs += 1;
+                e.idle_since = None;
+            }
+        }
+        let old = self.processes.remove(&tgid);
         // Whatever happens, these mappings are dealt with: a process that
         // cannot be covered is not tried (and reported) again until they
         // change.
-        match self.store_process(tgid, &entries) {
-            Ok(()) => {
-                self.covered.insert(tgid);
-                self.stats.processes = self.covered.len();
+        let slice = match self.store_process(tgid, &entries) {
+            Ok(slice) => {
+                if old.as_ref().is_none_or(|o| o.slice.is_none()) {
+                    self.stats.processes_covered += 1;
+                }
+                Some(slice)
             }
-            Err(why) => self.refuse(tgid, "the process", why),
+            Err(why) => {
+                // Tables built for other mappings would be wrong now.
+                self.store.remove_process(tgid);
+                self.refuse(tgid, "the process", why);
+                None
+            }
+        };
+        if let Some(old) = old {
+            self.release(old);
         }
-        self.processes.insert(tgid, mappings);
-        true
+        self.processes.insert(
+            tgid,
+            ProcessEntry {
+                mappings,
+                slice,
+                objects,
+            },
+        );
+        self.update_stats();
+    }
+
+    /// Process `tgid` has exited: its entry and mappings are given back,
+    /// and the objects it mapped are kept only while some other process
+    /// maps them or until their room is needed.
+    pub fn forget(&mut self, tgid: u32) {
+        self.waiting.remove(&tgid);
+        if let Some(p) = self.processes.remove(&tgid) {
+            if p.slice.is_some() {
+                self.store.remove_process(tgid);
+                self.stats.processes_forgotten += 1;
+            }
+            self.release(p);
+            self.update_stats();
+        }
+    }
+
+    /// Whether `tgid` has been dealt with (and not forgotten).
+    pub fn knows(&self, tgid: u32) -> bool {
+        self.processes.contains_key(&tgid)
+    }
+
+    /// Makes space given back more than [`GRACE`] ago reusable.
+    pub fn reclaim(&mut self) {
+        let now = Instant::now();
+        while let Some(&(at, start, len)) = self.quarantine.front() {
+            if now.duration_since(at) < GRACE {
+                break;
+            }
+            self.quarantine.pop_front();
+            self.mappings.free(start, len);
+        }
+        self.update_stats();
+    }
+
+    fn release(&mut self, p: ProcessEntry) {
+        if let Some((start, len)) = p.slice {
+            self.quarantine.push_back((Instant::now(), start, len));
+        }
+        for o in p.objects {
+            if let Some(e) = self.objects.get_mut(&o) {
+                e.refs = e.refs.saturating_sub(1);
+                if e.refs == 0 {
+                    e.idle_since = Some(Instant::now());
+                }
+            }
+        }
     }
 
     /// Writes a process's mappings and points it at them.
@@ -140,84 +674,72 @@ impl Unwinder {
         &mut self,
         tgid: u32,
         entries: &[types::unwind_mapping],
-    ) -> Result<(), String> {
+    ) -> Result<(usize, usize), String> {
         let count = entries.len();
         if count > types::unwind_limits::UNWIND_MAX_PROC_MAPPINGS.0 as usize {
             return Err(format!("{count} executable mappings"));
         }
-        let start = self.mappings_used;
-        let slots = self.store.mappings();
-        if start + count > slots.len() {
-            return Err("the unwind tables are full (--unwind-memory)".into());
+        let start = self
+            .mappings
+            .alloc(count)
+            .ok_or("the unwind tables are full (--unwind-memory)")?;
+        let written = self
+            .store
+            .write_mappings(start, entries)
+            .and_then(|()| self.store.set_process(tgid, start as u32, count as u32));
+        if let Err(e) = written {
+            self.mappings.free(start, count);
+            return Err(format!("{e:#}"));
         }
-        slots[start..start + count].copy_from_slice(entries);
-        self.mappings_used += count;
-        self.stats.mappings = self.mappings_used;
-        self.store
-            .set_process(tgid, start as u32, count as u32)
-            .map_err(|e| format!("{e:#}"))
+        Ok((start, count))
     }
 
-    /// The table of `object`, built the first time it is seen.
-    fn object_table(&mut self, sym: &Symbolizer, tgid: u32, object: u32) -> Option<&ObjectTable> {
-        if !self.objects.contains_key(&object) {
-            let table = self.build_object(sym, tgid, object);
-            if table.is_none() {
-                self.stats.objects_without_cfi += 1;
-            } else {
-                self.stats.objects += 1;
-            }
-            self.objects.insert(object, table);
-        }
-        self.objects.get(&object).and_then(Option::as_ref)
+    /// Rows that are free or could be freed for an object now.
+    fn room(&self, keep: &[u32]) -> usize {
+        let now = Instant::now();
+        let idle: usize = self
+            .objects
+            .iter()
+            .filter(|(id, e)| Self::evictable(id, e, keep, now))
+            .filter_map(|(_, e)| e.table.as_ref())
+            .map(|t| t.row_count as usize)
+            .sum();
+        self.rows.capacity - self.rows.used + idle
     }
 
-    fn build_object(&mut self, sym: &Symbolizer, tgid: u32, object: u32) -> Option<ObjectTable> {
-        let file = sym.object_file(object)?;
-        let segments = load_segments(file)?;
-        let rows = match unwind_table::build(file) {
-            Ok(Some((rows, _))) => rows,
-            Ok(None) => return None,
-            Err(e) => {
-                let name = sym.object_name(object).to_string();
-                self.refuse(tgid, &name, format!("{e:#}"));
-                return None;
+    fn evictable(id: &u32, e: &ObjectEntry, keep: &[u32], now: Instant) -> bool {
+        e.table.is_some()
+            && e.refs == 0
+            && !keep.contains(id)
+            && e.idle_since.is_some_and(|t| now.duration_since(t) >= GRACE)
+    }
+
+    /// Room for `len` rows: free space, else the space of objects idle for
+    /// longer than [`GRACE`], the longest idle first.
+    fn alloc_rows(&mut self, len: usize, keep: &[u32]) -> Option<usize> {
+        loop {
+            if let Some(start) = self.rows.alloc(len) {
+                return Some(start);
             }
-        };
-        let start = self.rows_used;
-        let slots = self.store.rows();
-        if rows.len() > types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize
-            || start + rows.len() > slots.len()
-        {
-            let name = sym.object_name(object).to_string();
-            self.refuse(
-                tgid,
-                &name,
-                format!(
-                    "its {} unwind rows do not fit (--unwind-memory)",
-                    rows.len()
-                ),
-            );
-            return None;
+            let now = Instant::now();
+            let victim = self
+                .objects
+                .iter()
+                .filter(|(id, e)| Self::evictable(id, e, keep, now))
+                .min_by_key(|(_, e)| e.idle_since)
+                .map(|(&id, _)| id)?;
+            if let Some(ObjectEntry { table: Some(t), .. }) = self.objects.remove(&victim) {
+                self.rows.free(t.row_start as usize, t.row_count as usize);
+                self.stats.objects_evicted += 1;
+            }
         }
-        for (slot, r) in slots[start..start + rows.len()].iter_mut().zip(&rows) {
-            *slot = types::unwind_row {
-                pc: r.pc,
-                cfa_off: r.cfa_off,
-                kind: r.kind,
-                rbp_off: r.rbp_off,
-            };
-        }
-        self.rows_used += rows.len();
-        self.stats.rows = self.rows_used;
-        Some(ObjectTable {
-            row_start: start as u32,
-            row_count: rows.len() as u32,
-            segments,
-        })
     }
 
     fn refuse(&mut self, tgid: u32, what: &str, why: String) {
+        if self.not_covered.len() >= NOT_COVERED_KEPT {
+            self.not_covered_more += 1;
+            return;
+        }
         self.not_covered.push(NotCovered {
             tgid,
             what: what.to_string(),
@@ -225,9 +747,21 @@ impl Unwinder {
         });
     }
 
-    /// Objects and processes left without tables, in the order met.
-    pub fn not_covered(&self) -> &[NotCovered] {
-        &self.not_covered
+    fn update_stats(&mut self) {
+        self.stats.rows = self.rows.used;
+        self.stats.mappings = self.mappings.used;
+        self.stats.objects = self.objects.values().filter(|e| e.table.is_some()).count();
+        self.stats.processes = self
+            .processes
+            .values()
+            .filter(|p| p.slice.is_some())
+            .count();
+    }
+
+    /// Objects and processes left without tables, in the order met (the
+    /// first [`NOT_COVERED_KEPT`]), and how many more there were.
+    pub fn not_covered(&self) -> (&[NotCovered], usize) {
+        (&self.not_covered, self.not_covered_more)
     }
 
     pub fn stats(&self) -> UnwindStats {
@@ -242,9 +776,12 @@ impl Unwinder {
 /// the one before (linkers such as lld pack them): the last segment that
 /// the mapping's first page reaches is the one mapped.
 fn bias(segments: &[Segment], m: &ExecMapping) -> Option<u64> {
-    let s = segments
-        .iter()
-        .rfind(|s| m.file_offset >= s.offset & !0xfff && m.file_offset < s.offset + s.filesz)?;
+    let s = segments.iter().rfind(|s| {
+        m.file_offset >= s.offset & !0xfff
+            && s.offset
+                .checked_add(s.filesz)
+                .is_some_and(|end| m.file_offset < end)
+    })?;
     Some(
         m.start
             .wrapping_sub(m.file_offset)
@@ -327,5 +864,252 @@ mod tests {
             object: 0,
         };
         assert_eq!(bias(&segments, &m), Some(0x5555_5559_f000 - 0x4b000));
+    }
+
+    #[test]
+    fn ranges_are_reused_and_merged() {
+        let mut a = RangeAlloc::new(100);
+        let x = a.alloc(30).unwrap();
+        let y = a.alloc(30).unwrap();
+        let z = a.alloc(30).unwrap();
+        assert_eq!((x, y, z), (0, 30, 60));
+        assert_eq!(a.alloc(20), None, "only 10 left");
+        a.free(y, 30);
+        assert_eq!(a.alloc(40), None, "30 + 10 apart");
+        a.free(z, 30);
+        // y, z and the last 10 merge into one range of 70.
+        assert_eq!(a.alloc(70), Some(30));
+        a.free(30, 70);
+        a.free(x, 30);
+        assert_eq!(a.used, 0);
+        assert_eq!(a.free.len(), 1);
+        assert_eq!(a.alloc(100), Some(0));
+    }
+
+    /// Tables in vectors, as the BPF maps would hold them.
+    struct FakeStore {
+        rows: usize,
+        mappings: usize,
+        procs: std::rc::Rc<std::cell::RefCell<HashMap<u32, (u32, u32)>>>,
+    }
+
+    impl TableStore for FakeStore {
+        fn row_capacity(&self) -> usize {
+            self.rows
+        }
+        fn mapping_capacity(&self) -> usize {
+            self.mappings
+        }
+        fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()> {
+            assert!(start + rows.len() <= self.rows);
+            Ok(())
+        }
+        fn write_mappings(&mut self, start: usize, m: &[types::unwind_mapping]) -> Result<()> {
+            assert!(start + m.len() <= self.mappings);
+            Ok(())
+        }
+        fn set_process(&mut self, tgid: u32, start: u32, count: u32) -> Result<()> {
+            self.procs.borrow_mut().insert(tgid, (start, count));
+            Ok(())
+        }
+        fn remove_process(&mut self, tgid: u32) {
+            self.procs.borrow_mut().remove(&tgid);
+        }
+    }
+
+    /// Processes that each map the test binary (object 0) at their own
+    /// address, plus, for some, libc (object 1).
+    struct FakeProcesses {
+        files: Vec<File>,
+        with_libc: Vec<u32>,
+        moved: Vec<u32>,
+    }
+
+    fn libc_path() -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("/libc.so"))
+            .expect("libc mapped")
+            .to_string()
+    }
+
+    impl FakeProcesses {
+        fn new() -> FakeProcesses {
+            FakeProcesses {
+                files: vec![
+                    File::open("/proc/self/exe").unwrap(),
+                    File::open(libc_path()).unwrap(),
+                ],
+                with_libc: Vec::new(),
+                moved: Vec::new(),
+            }
+        }
+    }
+
+    impl Processes for FakeProcesses {
+        fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
+            let base = 0x5500_0000_0000 + u64::from(tgid) * 0x1_0000_0000;
+            let base = base
+                + if self.moved.contains(&tgid) {
+                    0x1000_0000
+                } else {
+                    0
+                };
+            let mut out = vec![ExecMapping {
+                start: base,
+                end: base + 0x10_0000,
+                file_offset: 0,
+                object: 0,
+            }];
+            if self.with_libc.contains(&tgid) {
+                out.push(ExecMapping {
+                    start: 0x7f00_0000_0000,
+                    end: 0x7f00_0010_0000,
+                    file_offset: 0,
+                    object: 1,
+                });
+            }
+            out
+        }
+        fn object_file(&self, object: u32) -> Option<&File> {
+            self.files.get(object as usize)
+        }
+        fn object_name(&self, object: u32) -> &str {
+            ["exe", "libc"][object as usize]
+        }
+    }
+
+    /// Tables for `tgid`, built and installed.
+    fn cover(u: &mut Unwinder, procs: &dyn Processes, tgid: u32) {
+        u.note_process(procs, tgid);
+        u.finish(procs, Duration::from_secs(60));
+        assert!(u.waiting.is_empty() && u.building.is_empty());
+    }
+
+    fn rows_of(f: &File) -> usize {
+        unwind_table::build(f).unwrap().unwrap().0.len()
+    }
+
+    #[test]
+    fn churn_never_fills_the_tables() {
+        let procs = FakeProcesses::new();
+        let exe_rows = rows_of(&procs.files[0]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        // Room for the binary's rows and ten processes' mappings.
+        let mut u = Unwinder::new(FakeStore {
+            rows: exe_rows + 10,
+            mappings: 10,
+            procs: live.clone(),
+        });
+        for round in 0..10u32 {
+            for tgid in round * 5 + 1..=round * 5 + 5 {
+                cover(&mut u, &procs, tgid);
+            }
+            for tgid in round * 5 + 1..=round * 5 + 5 {
+                u.forget(tgid);
+            }
+            std::thread::sleep(GRACE);
+        }
+        u.reclaim();
+        let s = u.stats();
+        assert_eq!(u.not_covered().0, &[], "{s:?}");
+        assert_eq!(s.processes_covered, 50);
+        assert_eq!(s.processes_forgotten, 50);
+        assert_eq!((s.processes, s.mappings), (0, 0));
+        assert!(live.borrow().is_empty());
+        // The binary's table was built once and stays while it fits.
+        assert_eq!((s.objects, s.rows), (1, exe_rows));
+    }
+
+    #[test]
+    fn idle_objects_make_room_and_live_ones_stay() {
+        let mut procs = FakeProcesses::new();
+        let exe_rows = rows_of(&procs.files[0]);
+        let libc_rows = rows_of(&procs.files[1]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        // Room for either object's rows, not both.
+        let mut u = Unwinder::new(FakeStore {
+            rows: exe_rows.max(libc_rows),
+            mappings: 16,
+            procs: live.clone(),
+        });
+        procs.with_libc = vec![2];
+        cover(&mut u, &procs, 1);
+        // Process 2 maps both: libc does not fit while process 1 lives.
+        cover(&mut u, &procs, 2);
+        assert_eq!(u.not_covered().0.len(), 1);
+        assert_eq!(u.stats().objects, 1);
+        u.forget(1);
+        u.forget(2);
+        // Idle, but not for long enough: its rows may still be read.
+        procs.with_libc = vec![3];
+        procs.moved = vec![3];
+        cover(&mut u, &procs, 3);
+        assert_eq!(u.stats().objects_evicted, 0);
+        u.forget(3);
+        std::thread::sleep(GRACE);
+        u.reclaim();
+        // Now only libc, mapped alone: the binary's idle table makes room.
+        procs.with_libc = vec![4];
+        let only_libc = FakeProcesses {
+            files: vec![
+                File::open("/proc/self/exe").unwrap(),
+                File::open(libc_path()).unwrap(),
+            ],
+            with_libc: vec![4],
+            moved: vec![],
+        };
+        struct LibcOnly(FakeProcesses);
+        impl Processes for LibcOnly {
+            fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
+                self.0
+                    .mappings(tgid)
+                    .into_iter()
+                    .filter(|m| m.object == 1)
+                    .collect()
+            }
+            fn object_file(&self, object: u32) -> Option<&File> {
+                self.0.object_file(object)
+            }
+            fn object_name(&self, object: u32) -> &str {
+                self.0.object_name(object)
+            }
+        }
+        let libc_only = LibcOnly(only_libc);
+        cover(&mut u, &libc_only, 4);
+        let s = u.stats();
+        assert_eq!(s.objects_evicted, 1, "{s:?}");
+        assert_eq!((s.objects, s.rows), (1, libc_rows));
+        assert_eq!(live.borrow().get(&4).map(|&(_, n)| n), Some(1));
+    }
+
+    #[test]
+    fn new_mappings_replace_the_old_slice() {
+        let mut procs = FakeProcesses::new();
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let mut u = Unwinder::new(FakeStore {
+            rows: 1 << 20,
+            mappings: 4,
+            procs: live.clone(),
+        });
+        cover(&mut u, &procs, 7);
+        let first = live.borrow()[&7];
+        // The same mappings: nothing to do.
+        assert!(u.note_process(&procs, 7));
+        assert_eq!(live.borrow()[&7], first);
+        // A library loaded: a new slice, the old one reusable after GRACE.
+        procs.with_libc = vec![7];
+        cover(&mut u, &procs, 7);
+        let second = live.borrow()[&7];
+        assert_ne!(second.0, first.0);
+        assert_eq!(second.1, 2);
+        assert_eq!(u.stats().processes_covered, 1);
+        // The old slice is still in use until GRACE has passed.
+        assert_eq!(u.stats().mappings, 3);
+        std::thread::sleep(GRACE);
+        u.reclaim();
+        assert_eq!(u.stats().mappings, 2);
+        assert_eq!(u.mappings.free.values().sum::<usize>(), 2);
     }
 }

@@ -158,7 +158,8 @@ struct {
 } events SEC(".maps");
 
 /* Make the shared types visible in the skeleton's `types` module. */
-struct new_task_event _new_task_event = {};
+struct task_event _task_event = {};
+enum task_event_kind _task_event_kind = TASK_EVENT_NEW;
 enum stack_id_special _stack_id_special = STACK_ID_NONE;
 enum offcpu_counter _offcpu_counter = CNT_MAX;
 enum unwind_kind _unwind_kind = UNWIND_NONE;
@@ -501,10 +502,21 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
 	return bpf_map_lookup_elem(&task_data_by_tid, &tid);
 }
 
-/*
- * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
- * storage; `stacks_now`: prev is current, so its stacks are taken now.
- */
+static __always_inline void send_event(__u32 tgid, __u32 tid, __u32 kind)
+{
+	struct task_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count(CNT_EVENTS_DROPPED);
+		return;
+	}
+	e->tgid = tgid;
+	e->pid = tid;
+	e->kind = kind;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, 0);
+}
+
 /*
  * Tells userspace to snapshot the mappings of `t`'s process, the first time
  * the thread blocks and again once its address space or the size of its
@@ -514,7 +526,6 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 						__u32 tgid, __u32 tid)
 {
 	struct mm_struct *mm = BPF_CORE_READ(t, mm);
-	struct new_task_event *e;
 	__u64 exec_vm;
 
 	/* No address space: the task is exiting (exit_mm() has run), and
@@ -524,20 +535,28 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 	exec_vm = BPF_CORE_READ(mm, exec_vm);
 	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
 		return;
-	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count(CNT_EVENTS_DROPPED);
-		return;
-	}
-	e->tgid = tgid;
-	e->pid = tid;
-	e->changed = d->notified_mm != 0;
-	e->_pad = 0;
+	send_event(tgid, tid, d->notified_mm ? TASK_EVENT_CHANGED : TASK_EVENT_NEW);
 	d->notified_mm = (__u64)mm;
 	d->notified_exec_vm = exec_vm;
-	bpf_ringbuf_submit(e, 0);
 }
 
+/*
+ * `t` is switched out for the last time.  If no thread of its process is
+ * left alive (signal->live, decremented by each exiting thread, is 0), the
+ * process is gone: userspace can give back its unwind tables and snapshot.
+ */
+static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32 tid)
+{
+	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid))
+		return;
+	if (BPF_CORE_READ(t, signal, live.counter) == 0)
+		send_event(tgid, tid, TASK_EVENT_EXITED);
+}
+
+/*
+ * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
+ * storage; `stacks_now`: prev is current, so its stacks are taken now.
+ */
 static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
 					  __u64 now, bool trusted, bool stacks_now)
 {
@@ -550,6 +569,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	if (state & TASK_DEAD) {
 		if (!trusted)
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
+		if (notify_new_tasks && !kthread)
+			notify_exit(prev, tgid, tid);
 		return;
 	}
 	if (!wanted(tgid, tid, kthread, state))

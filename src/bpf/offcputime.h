@@ -44,16 +44,27 @@ struct offcpu_val {
 	__u64 count;
 };
 
-/* Sent on the `events` ring buffer the first time a user thread is seen
- * blocking, and again the first time after its process's executable
- * mappings change (an exec(), the dynamic loader or dlopen() mapping a
- * library), so that userspace can snapshot them while the process still
- * exists. */
-struct new_task_event {
+/* What a task event says about a process (struct task_event). */
+enum task_event_kind {
+	/* A thread of it was seen blocking for the first time. */
+	TASK_EVENT_NEW = 0,
+	/* A thread of it blocked after its process's executable mappings
+	 * changed: an exec(), the dynamic loader or dlopen() mapping a
+	 * library. */
+	TASK_EVENT_CHANGED = 1,
+	/* Its last thread was switched out for the last time: the process
+	 * has exited, and what userspace keeps for it can be given back. */
+	TASK_EVENT_EXITED = 2,
+};
+
+/* Sent on the `events` ring buffer, so that userspace can snapshot a
+ * process's mappings while it still exists and let go of them once it is
+ * gone. */
+struct task_event {
 	__u32 tgid;
 	__u32 pid;
-	/* Not the thread's first event: its process's mappings changed. */
-	__u32 changed;
+	/* enum task_event_kind */
+	__u32 kind;
 	__u32 _pad;
 };
 

@@ -97,6 +97,15 @@ struct mm_struct {
 	unsigned long exec_vm;
 } __attribute__((preserve_access_index));
 
+typedef struct {
+	int counter;
+} atomic_t;
+
+/* live: threads of the process that have not exited yet. */
+struct signal_struct {
+	atomic_t live;
+};
+
 struct task_struct {
 	unsigned int __state;
 	unsigned int flags;
@@ -104,6 +113,7 @@ struct task_struct {
 	pid_t pid;
 	pid_t tgid;
 	char comm[16];
+	struct signal_struct *signal;
 };
 
 /* Before 5.14 the scheduling state was task_struct::state (a long). */

@@ -47,7 +47,12 @@ struct Running {
 
 impl Running {
     fn start(args: &[&str]) -> Running {
+        Running::start_with_env(args, &[])
+    }
+
+    fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Running {
         let mut child = offcputime()
+            .envs(env.iter().copied())
             .arg("-v")
             .args(args)
             .stdout(Stdio::piped())
@@ -227,6 +232,24 @@ fn stack_storage_too_small() {
     }
 }
 
+/// The key=value pairs of each `offcputime: stats:` line (see
+/// OFFCPUTIME_STATS_INTERVAL), with rows and mappings as their use.
+fn stats_lines(stderr: &str) -> Vec<std::collections::HashMap<String, f64>> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("offcputime: stats: "))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| {
+                    let v = v.trim_end_matches('s').split('/').next()?;
+                    Some((k.to_string(), v.parse().ok()?))
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Resident memory of a process, in KiB.
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -236,8 +259,9 @@ fn rss_kib(pid: u32) -> Option<u64> {
 
 /// A long run, system-wide, under the highest switch rate `perf bench sched
 /// pipe` makes, with short-lived processes starting and exiting all along:
-/// memory stays flat after warm-up but for the small snapshot each new
-/// process needs, the blocking threads of the workload still add up to the
+/// memory stays flat after warm-up but for the frames of the stacks counted
+/// for exited processes, the unwind tables hold only what the processes
+/// alive map, the blocking threads of the workload still add up to the
 /// kernel's own accounting, and processes that exited long before the end
 /// still have their frames named.
 ///
@@ -277,7 +301,10 @@ fn soak_switch_storm_and_short_lived_processes() {
     let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
     let clock = CpuClock::start(wl.pid, &tids);
 
-    let run = Running::start(&["-f", &secs.to_string()]);
+    let run = Running::start_with_env(
+        &["-f", &secs.to_string()],
+        &[("OFFCPUTIME_STATS_INTERVAL", "5")],
+    );
     let prof_pid = run.child.id();
 
     let started = Instant::now();
@@ -327,23 +354,67 @@ fn soak_switch_storm_and_short_lived_processes() {
     let lines = parse_folded(&stdout);
 
     // Memory: after a warm-up of a fifth of the run, RSS grows by no more
-    // than 1 KiB per process started since (the snapshot that names an
-    // exited process's frames), plus 1 MiB of allocator slack.
+    // than 0.25 KiB per process started since (what is kept of an exited
+    // process: its stacks as frames of objects, shared with every other
+    // process of the same program).
     let warm = Duration::from_secs(secs / 5);
     let at_warm = rss.iter().find(|(t, _)| *t >= warm).expect("RSS samples").1;
-    let peak = rss.iter().map(|r| r.1).max().unwrap();
+    let peak = rss
+        .iter()
+        .filter(|(t, _)| *t >= warm)
+        .map(|r| r.1)
+        .max()
+        .unwrap();
     let later = spawned
         .iter()
         .filter(|t| t.duration_since(started) >= warm)
         .count() as u64;
     eprintln!(
-        "soak: RSS {at_warm} KiB after warm-up, peak {peak} KiB; {} processes started, \
+        "soak: RSS {at_warm} KiB after warm-up, peak {peak} KiB after it; {} processes started, \
          {later} after warm-up",
         spawned.len()
     );
+    assert!(later > 0, "no process started after warm-up");
     assert!(
-        peak <= at_warm + later + 1024,
-        "RSS grew from {at_warm} to {peak} KiB with {later} new processes"
+        (peak.saturating_sub(at_warm)) * 4 <= later,
+        "RSS grew from {at_warm} to {peak} KiB with {later} new processes (more than 0.25 KiB \
+         each)"
+    );
+
+    // The unwind tables hold what the processes alive map: their use after
+    // warm-up stays about what it was then, however many came and went,
+    // and nothing is left without tables for want of room.
+    let stats = stats_lines(&stderr);
+    let warm_s = warm.as_secs_f64();
+    let at = |key: &str, when: &dyn Fn(f64) -> bool| -> Vec<u64> {
+        stats
+            .iter()
+            .filter(|s| when(s["t"]))
+            .map(|s| s[key] as u64)
+            .collect()
+    };
+    let (before, after) = (
+        at("mappings", &|t| t <= warm_s),
+        at("mappings", &|t| t > warm_s),
+    );
+    assert!(
+        !before.is_empty() && after.len() >= 10,
+        "stats lines: {stats:?}"
+    );
+    let exited = stats.last().map_or(0.0, |s| s["exited"]) as u64;
+    assert!(
+        exited >= later,
+        "only {exited} exited processes were let go, {later} started after warm-up"
+    );
+    let (warm_use, most) = (*before.last().unwrap(), *after.iter().max().unwrap());
+    eprintln!("soak: unwind mappings in use {warm_use} at warm-up, at most {most} after");
+    assert!(
+        most <= warm_use * 3 / 2 + 64,
+        "unwind mappings in use grew from {warm_use} to {most}"
+    );
+    assert!(
+        !stderr.contains("do not fit") && !stderr.contains("tables are full"),
+        "{stderr}"
     );
 
     // No time lost under the storm: the blocking threads of the workload
