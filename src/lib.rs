@@ -1,14 +1,16 @@
 //! offcputime: an off-CPU time profiler for Linux.
 //!
 //! The pipeline is [`cli`] (flags to a [`cli::Config`]) → [`tracer`] (the
-//! BPF program: load, attach, read) → [`symbolize`] → [`profile`] (merged,
-//! symbolized stacks) → [`output`] (folded stacks or bcc's report). While
+//! BPF program: load, attach, read) → [`symbolize`] (kernel frames through
+//! `ksyms`, a compact table of kallsyms) → [`profile`] (merged, symbolized
+//! stacks) → [`output`] (folded stacks or bcc's report). While
 //! tracing, [`unwind`] gives the BPF program the DWARF unwind tables
 //! ([`unwind_table`]) of every process it sees.
 
 pub mod app;
 pub mod cli;
 mod elf;
+mod ksyms;
 pub mod output;
 pub mod profile;
 pub mod symbolize;

@@ -12,14 +12,19 @@
 //! User addresses are named by file offset from symbol tables: the file's
 //! own, or its separate debug file's where one is installed. DWARF is never
 //! parsed; it would double the profiler's memory for the same names.
+//!
+//! Kernel addresses are named from kallsyms, through the compact table of
+//! [`crate::ksyms`] rather than blazesym's (a third of the memory).
 
+use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::elf::{load_segments, Segment};
-use blazesym::symbolize::source::{Elf, Kernel, Source};
+use crate::ksyms::KernelSymbols;
+use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 
 /// One executable mapping of a process.
@@ -130,6 +135,9 @@ pub struct Symbolizer {
     /// `objects` indices by (device, inode), or by name for mappings
     /// without a file.
     object_ids: HashMap<ObjectKey, u32>,
+    /// The kernel's symbols, read on first use; `None` if they could not
+    /// be.
+    kernel: OnceCell<Option<KernelSymbols>>,
     opts: SymbolizeOptions,
 }
 
@@ -249,6 +257,7 @@ impl Symbolizer {
             refreshed: HashSet::new(),
             objects: Vec::new(),
             object_ids: HashMap::new(),
+            kernel: OnceCell::new(),
             opts,
         }
     }
@@ -388,30 +397,57 @@ impl Symbolizer {
             .map_or("?", |o| o.name.as_str())
     }
 
-    /// Reads the kernel's symbols now (kallsyms takes about 100 ms to
-    /// parse), so that the report at the end does not wait for it.
+    /// Reads the kernel's symbols now (reading kallsyms takes 50 to 100
+    /// ms, most of it the kernel's), so that the report at the end does not
+    /// wait for it.
     pub fn warm_up_kernel(&self) {
-        let _ = self.kernel(&[(0, AddrKind::Ip)]);
+        self.kernel_symbols();
     }
 
-    /// Names of kernel frames.
-    #[allow(clippy::field_reassign_with_default)]
+    /// The kernel's symbols, read the first time. Says once on stderr why
+    /// kernel frames will be `[unknown]`, if they will.
+    fn kernel_symbols(&self) -> Option<&KernelSymbols> {
+        self.kernel
+            .get_or_init(|| match KernelSymbols::load() {
+                Ok(table) => {
+                    if table.addresses_hidden() {
+                        eprintln!(
+                            "offcputime: /proc/kallsyms hides kernel addresses \
+                             (kernel.kptr_restrict): kernel frames are [unknown]"
+                        );
+                    }
+                    Some(table)
+                }
+                Err(e) => {
+                    eprintln!("offcputime: {e:#}: kernel frames are [unknown]");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// Names of kernel frames, from kallsyms only: a vmlinux image's
+    /// DWARF would cost more than it adds for function names.
     pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), Vec<String>> {
-        // kallsyms only: looking for a vmlinux image with DWARF costs more
-        // than it adds for function names. `Kernel` is non-exhaustive, so
-        // its fields are set after `default()`.
-        let mut kernel = Kernel::default();
-        kernel.vmlinux = blazesym::MaybeDefault::None;
-        kernel.debug_syms = false;
-        let src = Source::Kernel(kernel);
+        if addrs.is_empty() {
+            return HashMap::new();
+        }
+        let table = self.kernel_symbols();
         self.resolve(
             addrs,
             |lookup| {
-                resolved(
-                    self.inner.symbolize(&src, Input::AbsAddr(lookup)),
-                    lookup.len(),
-                    false,
-                )
+                lookup
+                    .iter()
+                    .map(|&addr| {
+                        let sym = table?.resolve(addr)?;
+                        Some(Resolved {
+                            name: sym.name.to_string(),
+                            offset: sym.offset,
+                            location: String::new(),
+                            inlined: Vec::new(),
+                        })
+                    })
+                    .collect()
             },
             |_| None,
         )

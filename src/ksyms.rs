@@ -1,0 +1,572 @@
+//! The kernel's function symbols from `/proc/kallsyms`, in little memory.
+//!
+//! Kernel frames are named from kallsyms alone, as blazesym would name them
+//! with kallsyms as its only source, but blazesym keeps each of the 120,000
+//! or so symbols of a distribution kernel as a boxed name in a vector of
+//! enums: about 8 MB of heap, most of the profiler's baseline. This table
+//! keeps the same names in under 3 MB:
+//!
+//! - the names in one buffer, each ended by a newline (which a line of
+//!   kallsyms cannot hold), where a name that ends the one before it is not
+//!   stored again: `foo` points into `__pfx_foo` (the padding symbol in
+//!   front of each function of x86 kernels built with
+//!   `CONFIG_PREFIX_SYMBOLS`, half of all symbols);
+//! - a 4-byte offset into that buffer per symbol;
+//! - a 4-byte address per symbol: its low half, the high half being kept
+//!   once per run of symbols that share it (one run for all of x86-64's
+//!   kernel and modules);
+//! - module names once each, with the runs of symbols in each module.
+//!
+//! Only function symbols are kept (types `t`, `T`, `w`, `W`): stacks hold
+//! code addresses. Otherwise the lookup is blazesym's: kallsyms has no
+//! sizes, so an address resolves to the symbol with the greatest address at
+//! or below it, however far past that symbol's end; where several symbols
+//! share an address, the first in the file wins.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+
+use anyhow::{Context, Result};
+
+const KALLSYMS: &str = "/proc/kallsyms";
+
+/// The symbol an address is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSym<'a> {
+    pub name: &'a str,
+    /// From the start of the symbol to the address.
+    pub offset: u64,
+    /// The module the symbol belongs to (`ext4`, `bpf` for BPF programs),
+    /// or `None` for the kernel image.
+    pub module: Option<&'a str>,
+}
+
+/// The kernel's function symbols, by address.
+pub struct KernelSymbols {
+    addrs: Addrs,
+    /// Where each symbol's name starts in `names`.
+    name_at: Vec<u32>,
+    /// The names, each ended by a newline.
+    names: String,
+    /// Module names, each once.
+    modules: Vec<Box<str>>,
+    /// (first symbol, index into `modules`) of each run of symbols of the
+    /// same module, or of the kernel image (`None`), in symbol order.
+    module_runs: Vec<(u32, Option<u32>)>,
+    /// kallsyms gave every address as zero.
+    hidden: bool,
+}
+
+impl KernelSymbols {
+    /// Reads `/proc/kallsyms`, in one pass.
+    pub fn load() -> Result<KernelSymbols> {
+        let file = File::open(KALLSYMS).with_context(|| format!("failed to open {KALLSYMS}"))?;
+        KernelSymbols::parse(BufReader::new(file))
+            .with_context(|| format!("failed to read {KALLSYMS}"))
+    }
+
+    /// Reads kallsyms text: `ADDRESS TYPE NAME [MODULE]` lines. Lines that
+    /// are not are skipped.
+    pub fn parse(mut input: impl BufRead) -> Result<KernelSymbols> {
+        let mut table = KernelSymbols {
+            addrs: Addrs::default(),
+            name_at: Vec::new(),
+            names: String::new(),
+            modules: Vec::new(),
+            module_runs: Vec::new(),
+            hidden: false,
+        };
+        let mut zeros = false;
+        // The first symbol below the one before it, if any.
+        let mut unsorted_from = None;
+        // Where the last name stored starts.
+        let mut last_name = 0;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if input.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            let Some(sym) = parse_line(&line) else {
+                continue;
+            };
+            if !matches!(sym.kind, b't' | b'T' | b'w' | b'W') {
+                continue;
+            }
+            // Without CAP_SYSLOG, or under kptr_restrict, every address
+            // reads as zero.
+            if sym.addr == 0 {
+                zeros = true;
+                continue;
+            }
+            // The name, or where the previous name ends with it.
+            let last = table.names[last_name..].strip_suffix('\n');
+            let name_at = if last.is_some_and(|last| last.ends_with(sym.name)) {
+                table.names.len() - 1 - sym.name.len()
+            } else {
+                last_name = table.names.len();
+                table.names.push_str(sym.name);
+                table.names.push('\n');
+                last_name
+            };
+            let len = table.name_at.len();
+            let (Ok(name_at), Ok(_)) = (u32::try_from(name_at), u32::try_from(len)) else {
+                break;
+            };
+            if unsorted_from.is_none() && len > 0 && sym.addr < table.addrs.get(len - 1) {
+                unsorted_from = Some(len);
+            }
+            let module = sym.module.map(|m| table.module_index(m));
+            table.push(sym.addr, name_at, module);
+        }
+        if let Some(from) = unsorted_from {
+            table.sort(from);
+        }
+        table.hidden = zeros && table.name_at.is_empty();
+        table.addrs.shrink_to_fit();
+        table.name_at.shrink_to_fit();
+        table.names.shrink_to_fit();
+        Ok(table)
+    }
+
+    /// The index of module `name` in `modules`, added if new.
+    fn module_index(&mut self, name: &str) -> u32 {
+        // Symbols come module by module: the last one is the likely one.
+        if let Some(i) = self.modules.iter().rposition(|m| &**m == name) {
+            return i as u32;
+        }
+        self.modules.push(name.into());
+        (self.modules.len() - 1) as u32
+    }
+
+    /// Adds a symbol at the end.
+    fn push(&mut self, addr: u64, name_at: u32, module: Option<u32>) {
+        let index = self.name_at.len() as u32;
+        if self.module_runs.last().is_none_or(|&(_, m)| m != module) {
+            self.module_runs.push((index, module));
+        }
+        self.addrs.push(addr);
+        self.name_at.push(name_at);
+    }
+
+    /// Puts the symbols in address order, keeping the file's order among
+    /// symbols at one address, when they are in order up to `from`. kallsyms
+    /// lists the kernel image in order, then modules and BPF programs: only
+    /// these, and the image's symbols above the lowest of them, are moved.
+    fn sort(&mut self, from: usize) {
+        let len = self.name_at.len();
+        let lowest = (from..len).map(|i| self.addrs.get(i)).min();
+        let mut keep = from;
+        while keep > 0 && lowest.is_some_and(|l| self.addrs.get(keep - 1) > l) {
+            keep -= 1;
+        }
+        let mut moved: Vec<(u64, u32, Option<u32>)> = (keep..len)
+            .map(|i| (self.addrs.get(i), self.name_at[i], self.module_of(i)))
+            .collect();
+        moved.sort_by_key(|&(addr, _, _)| addr);
+        self.addrs.truncate(keep);
+        self.name_at.truncate(keep);
+        while self
+            .module_runs
+            .last()
+            .is_some_and(|&(first, _)| first as usize >= keep)
+        {
+            self.module_runs.pop();
+        }
+        for (addr, name_at, module) in moved {
+            self.push(addr, name_at, module);
+        }
+    }
+
+    /// The index into `modules` of symbol `i`'s module.
+    fn module_of(&self, i: usize) -> Option<u32> {
+        let run = self
+            .module_runs
+            .partition_point(|&(first, _)| first as usize <= i);
+        self.module_runs.get(run.checked_sub(1)?)?.1
+    }
+
+    /// Whether kallsyms hid the addresses (all zero): then nothing
+    /// resolves.
+    pub fn addresses_hidden(&self) -> bool {
+        self.hidden
+    }
+
+    /// The symbol `addr` is in: the one with the greatest address at or
+    /// below it (the first in the file among several there). `None` below
+    /// the first symbol.
+    pub fn resolve(&self, addr: u64) -> Option<KernelSym<'_>> {
+        let last = self.addrs.floor(addr)?;
+        let start = self.addrs.get(last);
+        // The first of the symbols at `start`.
+        let i = start
+            .checked_sub(1)
+            .and_then(|below| self.addrs.floor(below))
+            .map_or(0, |j| j + 1);
+        let rest = self.names.get(*self.name_at.get(i)? as usize..)?;
+        Some(KernelSym {
+            name: rest.split('\n').next().unwrap_or(rest),
+            offset: addr - start,
+            module: self
+                .module_of(i)
+                .and_then(|m| self.modules.get(m as usize))
+                .map(|m| &**m),
+        })
+    }
+
+    /// The number of symbols kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.name_at.len()
+    }
+}
+
+/// A kallsyms line's fields.
+struct Line<'a> {
+    addr: u64,
+    kind: u8,
+    name: &'a str,
+    module: Option<&'a str>,
+}
+
+/// `ffffffff81000000 T _stext` or `ffffffffc0201000 t fuse_init\t[fuse]`,
+/// or `None` if the line is not of that form.
+fn parse_line(line: &[u8]) -> Option<Line<'_>> {
+    let mut fields = std::str::from_utf8(line).ok()?.split_ascii_whitespace();
+    let (addr, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
+    let module = match fields.next() {
+        Some(m) => Some(m.strip_prefix('[')?.strip_suffix(']')?),
+        None => None,
+    };
+    if fields.next().is_some()
+        || kind.len() != 1
+        || addr.len() > 16
+        || !addr.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    Some(Line {
+        addr: u64::from_str_radix(addr, 16).ok()?,
+        kind: kind.as_bytes()[0],
+        name,
+        module,
+    })
+}
+
+/// Addresses in 4 bytes each: their low halves, and the high half once per
+/// run of addresses that share it.
+#[derive(Default)]
+struct Addrs {
+    low: Vec<u32>,
+    /// (first index, high half) of each run.
+    high: Vec<(u32, u32)>,
+}
+
+impl Addrs {
+    fn push(&mut self, addr: u64) {
+        let high = (addr >> 32) as u32;
+        if self.high.last().is_none_or(|&(_, h)| h != high) {
+            self.high.push((self.low.len() as u32, high));
+        }
+        self.low.push(addr as u32);
+    }
+
+    /// The `i`th address; `i` must be in range.
+    fn get(&self, i: usize) -> u64 {
+        let run = self.high.partition_point(|&(first, _)| first as usize <= i);
+        let high = run.checked_sub(1).map_or(0, |r| self.high[r].1);
+        (u64::from(high) << 32) | u64::from(self.low[i])
+    }
+
+    /// The index of the last of the greatest addresses at or below `addr`,
+    /// the addresses being in ascending order.
+    fn floor(&self, addr: u64) -> Option<usize> {
+        let high = (addr >> 32) as u32;
+        let run = self
+            .high
+            .partition_point(|&(_, h)| h <= high)
+            .checked_sub(1)?;
+        let (first, h) = self.high[run];
+        let first = first as usize;
+        let end = self
+            .high
+            .get(run + 1)
+            .map_or(self.low.len(), |&(next, _)| next as usize);
+        let past = if h < high {
+            end
+        } else {
+            first + self.low[first..end].partition_point(|&low| low <= addr as u32)
+        };
+        past.checked_sub(1)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.low.truncate(len);
+        while self
+            .high
+            .last()
+            .is_some_and(|&(first, _)| first as usize >= len)
+        {
+            self.high.pop();
+        }
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.low.shrink_to_fit();
+        self.high.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn table(text: &[u8]) -> KernelSymbols {
+        KernelSymbols::parse(text).unwrap()
+    }
+
+    fn at(t: &KernelSymbols, addr: u64) -> Option<(&str, u64, Option<&str>)> {
+        t.resolve(addr).map(|s| (s.name, s.offset, s.module))
+    }
+
+    #[test]
+    fn keeps_function_symbols_in_address_order() {
+        let t = table(
+            b"ffffffff81000000 T srso_alias_untrain_ret
+ffffffff81000000 T _stext
+ffffffff81000010 t __pfx_foo
+ffffffff81000020 t foo
+ffffffff81000040 D some_data
+ffffffff81000048 R some_rodata
+ffffffff81000030 T bar
+ffffffff81000060 W weak_upper
+ffffffff81000070 w weak_lower
+ffffffffc0000100 t fuse_exit\t[fuse]
+ffffffffc0000000 t fuse_init\t[fuse]
+ffffffffa0001000 t bpf_prog_0123456789abcdef_prog\t[bpf]
+ffff800000001000 T other_half
+",
+        );
+        assert_eq!(t.len(), 11);
+        assert!(!t.addresses_hidden());
+        assert_eq!(at(&t, 0xffff800000000fff), None, "below the first");
+        assert_eq!(at(&t, 0xffff800000001002), Some(("other_half", 2, None)));
+        // Between runs of high halves: the last symbol of the lower one.
+        assert_eq!(
+            at(&t, 0xffff800100000000),
+            Some(("other_half", 0xfffff000, None))
+        );
+        assert_eq!(
+            at(&t, 0xffffffff80ffffff),
+            Some(("other_half", 0x7fff80ffefff, None))
+        );
+        // The first in the file of the symbols at one address.
+        assert_eq!(
+            at(&t, 0xffffffff81000000),
+            Some(("srso_alias_untrain_ret", 0, None))
+        );
+        assert_eq!(at(&t, 0xffffffff81000015), Some(("__pfx_foo", 5, None)));
+        assert_eq!(at(&t, 0xffffffff81000024), Some(("foo", 4, None)));
+        // Data symbols are not kept, and the input need not be sorted.
+        assert_eq!(at(&t, 0xffffffff81000044), Some(("bar", 0x14, None)));
+        assert_eq!(at(&t, 0xffffffff81000061), Some(("weak_upper", 1, None)));
+        assert_eq!(at(&t, 0xffffffff81000070), Some(("weak_lower", 0, None)));
+        assert_eq!(
+            at(&t, 0xffffffffa0001008),
+            Some(("bpf_prog_0123456789abcdef_prog", 8, Some("bpf")))
+        );
+        assert_eq!(
+            at(&t, 0xffffffffc0000010),
+            Some(("fuse_init", 0x10, Some("fuse")))
+        );
+        // No sizes: past the last symbol is still in it.
+        assert_eq!(
+            at(&t, 0xffffffffffffffff),
+            Some(("fuse_exit", 0x3ffffeff, Some("fuse")))
+        );
+        // Between the image and a module: the image's last symbol.
+        assert_eq!(
+            at(&t, 0xffffffff9fffffff),
+            Some(("weak_lower", 0x1effff8f, None))
+        );
+        assert_eq!(t.modules.len(), 2);
+    }
+
+    #[test]
+    fn symbols_out_of_order_are_moved_in_file_order() {
+        let t = table(
+            b"ffffffff81000000 T a
+ffffffff81000100 T b
+ffffffff81000200 T c
+ffffffffc0000100 t m2\t[m]
+ffffffffc0000000 t m1\t[m]
+ffffffff81000180 t bpf_prog_1\t[bpf]
+ffffffff81000100 t b_too
+",
+        );
+        let order: Vec<_> = (0..t.len())
+            .map(|i| at(&t, t.addrs.get(i) + 1).unwrap())
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("a", 1, None),
+                ("b", 1, None),
+                ("b", 1, None),
+                ("bpf_prog_1", 1, Some("bpf")),
+                ("c", 1, None),
+                ("m1", 1, Some("m")),
+                ("m2", 1, Some("m")),
+            ]
+        );
+    }
+
+    #[test]
+    fn names_are_stored_once() {
+        let t = table(
+            b"ffffffff81000010 t __pfx_foo
+ffffffff81000020 t foo
+ffffffffc0201000 t ftrace_trampoline\t[__builtin__ftrace]
+ffffffffc0201000 t ftrace_trampoline\t[__builtin__ftrace]
+",
+        );
+        assert_eq!(t.names, "__pfx_foo\nftrace_trampoline\n");
+        assert_eq!(at(&t, 0xffffffff81000020), Some(("foo", 0, None)));
+        assert_eq!(
+            at(&t, 0xffffffffc0201001),
+            Some(("ftrace_trampoline", 1, Some("__builtin__ftrace")))
+        );
+        assert_eq!(t.modules.len(), 1);
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped() {
+        let mut text = b"ffffffff81000000 T first
+garbage
+ffffffff81000010
+ffffffff81000010 T
+zzzzzzzz81000010 T bad_hex
++fffffff81000010 T signed
+1ffffffff81000010 T too_wide
+ffffffff81000010 TT two_letters
+ffffffff81000010 t too many fields
+ffffffff81000010 t bad_module\tfuse
+ffffffff81000010 t bad_module2\t[fuse
+
+   
+ffffffff81000020 T last"
+            .to_vec();
+        text.extend_from_slice(b"\nffffffff81000010 t bad_utf8_\xff\n");
+        let t = table(&text);
+        assert_eq!(t.len(), 2);
+        assert_eq!(at(&t, 0xffffffff8100001f), Some(("first", 0x1f, None)));
+        assert_eq!(at(&t, 0xffffffff81000021), Some(("last", 1, None)));
+    }
+
+    #[test]
+    fn zero_addresses_are_hidden_addresses() {
+        let t = table(
+            b"0000000000000000 T _stext
+0000000000000000 t foo
+0000000000000000 t fuse_init\t[fuse]
+",
+        );
+        assert!(t.addresses_hidden());
+        assert_eq!(t.len(), 0);
+        assert_eq!(at(&t, 0), None);
+        assert_eq!(at(&t, 0xffffffff81000000), None);
+        // An empty file hides nothing; it has nothing.
+        let t = table(b"");
+        assert!(!t.addresses_hidden());
+        assert_eq!(at(&t, 0xffffffff81000000), None);
+    }
+
+    /// Against blazesym, as it named kernel frames before (kallsyms only),
+    /// on this machine's kernel: symbol starts and a few addresses into
+    /// some 1500 functions of the kernel image (module symbols come and go
+    /// with BPF programs).
+    #[test]
+    #[allow(clippy::field_reassign_with_default)]
+    fn resolves_like_blazesym_on_this_kernel() {
+        use blazesym::symbolize::source::{Kernel, Source};
+        use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+
+        let t = KernelSymbols::load().unwrap();
+        if t.addresses_hidden() || t.len() == 0 {
+            let why = "/proc/kallsyms gives no addresses (run as root)";
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            println!("skipped: {why}");
+            return;
+        }
+        // Every symbol, of any type: blazesym keeps data symbols too, so
+        // addresses stay below the next symbol of any type.
+        let text = std::fs::read_to_string(KALLSYMS).unwrap();
+        let mut all: Vec<Line<'_>> = text
+            .lines()
+            .filter_map(|l| parse_line(l.as_bytes()))
+            .filter(|s| s.addr != 0)
+            .collect();
+        all.sort_by_key(|s| s.addr);
+        let mut names_at: HashMap<u64, Vec<(&str, bool)>> = HashMap::new();
+        for s in &all {
+            let function = matches!(s.kind, b't' | b'T' | b'w' | b'W');
+            names_at.entry(s.addr).or_default().push((s.name, function));
+        }
+        let mut starts: Vec<u64> = names_at.keys().copied().collect();
+        starts.sort_unstable();
+        let image: Vec<u64> = starts
+            .iter()
+            .copied()
+            .filter(|a| names_at[a].iter().any(|&(_, f)| f))
+            .filter(|&a| t.resolve(a).is_some_and(|s| s.module.is_none()))
+            .collect();
+        let step = (image.len() / 1500).max(1);
+        let mut addrs = Vec::new();
+        for &start in image.iter().step_by(step) {
+            let next = starts[starts.partition_point(|&a| a <= start)..]
+                .first()
+                .copied()
+                .unwrap_or(u64::MAX);
+            for off in [0, 1, 5, 0x13, 0x40] {
+                if start + off < next {
+                    addrs.push(start + off);
+                }
+            }
+        }
+        assert!(addrs.len() > 3000, "{} addresses", addrs.len());
+
+        let mut kernel = Kernel::default();
+        kernel.vmlinux = blazesym::MaybeDefault::None;
+        kernel.debug_syms = false;
+        let blazesym = Symbolizer::new();
+        let theirs = blazesym
+            .symbolize(&Source::Kernel(kernel), Input::AbsAddr(&addrs))
+            .unwrap();
+        for (&addr, theirs) in addrs.iter().zip(theirs) {
+            let Symbolized::Sym(theirs) = theirs else {
+                panic!("{addr:#x}: blazesym found nothing");
+            };
+            let ours = t.resolve(addr).unwrap();
+            assert_eq!(ours.offset, theirs.offset as u64, "{addr:#x}: {ours:?}");
+            let there = &names_at[&(addr - ours.offset)];
+            assert!(
+                there.iter().any(|&(n, _)| n == ours.name)
+                    && there.iter().any(|&(n, _)| n == theirs.name),
+                "{addr:#x}: {} against blazesym's {}",
+                ours.name,
+                theirs.name
+            );
+            // Both take the first in the file where only functions are;
+            // except that blazesym, past the lowest address of all, takes
+            // the last there (its backward scan for the first stops short
+            // at the start of its table).
+            if there.iter().all(|&(_, f)| f)
+                && (addr - ours.offset != starts[0] || ours.offset == 0)
+            {
+                assert_eq!(ours.name, theirs.name, "{addr:#x}");
+            }
+        }
+        println!("{} addresses named as blazesym names them", addrs.len());
+    }
+}
