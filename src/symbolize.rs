@@ -1,4 +1,5 @@
-//! Addresses to frame names, with one long-lived blazesym `Symbolizer`.
+//! Addresses to frame names: kernel frames from kallsyms ([`crate::ksyms`]),
+//! user frames from each file's symbol tables through blazesym.
 //!
 //! A process's executable mappings are snapshotted the first time it is
 //! seen blocking, and again when they change (see
@@ -119,7 +120,6 @@ struct Resolved {
 }
 
 pub struct Symbolizer {
-    inner: blazesym::symbolize::Symbolizer,
     /// Executable mappings by process, as last seen, while it lives.
     processes: HashMap<u32, Vec<Mapping>>,
     /// The user stacks counted for processes that have exited (see
@@ -247,9 +247,7 @@ fn process_alive(tgid: u32) -> bool {
 
 impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
-        let inner = blazesym_symbolizer(opts);
         Symbolizer {
-            inner,
             processes: HashMap::new(),
             retired: HashMap::new(),
             retired_stacks: Vec::new(),
