@@ -105,6 +105,12 @@ fn kinds(frames: &[u64], first_is_ip: bool) -> impl Iterator<Item = (u64, AddrKi
     })
 }
 
+/// What each frame of a user stack is: the instruction pointer, then
+/// return addresses.
+fn user_kinds() -> impl Iterator<Item = AddrKind> {
+    std::iter::once(AddrKind::Ip).chain(std::iter::repeat(AddrKind::Return))
+}
+
 /// Frames the profiler itself adds on top of a kernel stack when the stack
 /// is taken from inside the tracepoint.  Dropped, so that kernel stacks
 /// start at the scheduler.
@@ -132,20 +138,22 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     // User frames: each stack as frames of objects (through the snapshot
     // of its process, or as kept when the process exited), then all named
     // object by object.
-    let mut user_stacks: HashMap<(u32, u64), Vec<(UserFrame, AddrKind)>> = HashMap::new();
+    let mut user_stacks: HashMap<(u32, u64), Vec<UserFrame>> = HashMap::new();
+    let mut distinct = std::collections::HashSet::new();
     for e in &raw.entries {
         if let (StackRef::Id(id), Some(addrs)) =
             (e.user_stack, part_addrs(e.user_stack, &raw.stacks))
         {
             user_stacks.entry((e.tgid, id)).or_insert_with(|| {
                 let frames = sym.user_frames(e.tgid, id, addrs);
-                let kinds = kinds(addrs, true).map(|(_, k)| k);
-                frames.into_iter().zip(kinds).collect()
+                distinct.extend(frames.iter().copied().zip(user_kinds()));
+                frames
             });
         }
     }
-    let all: Vec<(UserFrame, AddrKind)> = user_stacks.values().flatten().copied().collect();
-    let unames = sym.user_names(&all);
+    let distinct: Vec<(UserFrame, AddrKind)> = distinct.into_iter().collect();
+    let unames = sym.user_names(&distinct);
+    drop(distinct);
 
     let user_part = |tgid: u32, r: StackRef| match r {
         StackRef::None => Part::Absent,
@@ -155,9 +163,10 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             Some(frames) => Part::Frames(
                 frames
                     .iter()
-                    .flat_map(|f| {
+                    .zip(user_kinds())
+                    .flat_map(|(&f, k)| {
                         unames
-                            .get(f)
+                            .get(&(f, k))
                             .cloned()
                             .unwrap_or_else(|| vec!["[unknown]".to_string()])
                     })
