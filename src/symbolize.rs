@@ -95,6 +95,32 @@ fn debug_file_in(dir: &Path, path: &Path) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// (stack id, tgid) -> index of its frames, for processes that exited.
+#[derive(Default)]
+struct RetiredList {
+    entries: Vec<(u64, u32, u32)>,
+    sorted: bool,
+}
+
+impl RetiredList {
+    fn push(&mut self, tgid: u32, id: u64, index: u32) {
+        self.entries.push((id, tgid, index));
+        self.sorted = false;
+    }
+
+    fn get(&mut self, tgid: u32, id: u64) -> Option<u32> {
+        if !self.sorted {
+            self.entries.sort_unstable();
+            self.sorted = true;
+        }
+        let at = self
+            .entries
+            .binary_search_by(|&(i, t, _)| (i, t).cmp(&(id, tgid)))
+            .ok()?;
+        Some(self.entries[at].2)
+    }
+}
+
 /// How frames are written.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SymbolizeOptions {
@@ -125,8 +151,10 @@ pub struct Symbolizer {
     /// The user stacks counted for processes that have exited (see
     /// [`Symbolizer::retire`]), by (tgid, stack id): an index into
     /// `retired_stacks`, where stacks alike in every process of a program
-    /// are kept once.
-    retired: HashMap<(u32, u64), u32>,
+    /// are kept once. A list (16 bytes an entry, sorted when first looked
+    /// up), not a hash map: it is what grows with every process that
+    /// exits.
+    retired: RetiredList,
     retired_stacks: Vec<std::rc::Rc<[UserFrame]>>,
     retired_ids: HashMap<std::rc::Rc<[UserFrame]>, u32>,
     /// Live processes whose snapshot was taken again for the report.
@@ -249,7 +277,7 @@ impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
         Symbolizer {
             processes: HashMap::new(),
-            retired: HashMap::new(),
+            retired: RetiredList::default(),
             retired_stacks: Vec::new(),
             retired_ids: HashMap::new(),
             refreshed: HashSet::new(),
@@ -468,7 +496,7 @@ impl Symbolizer {
             if index == next {
                 self.retired_stacks.push(frames);
             }
-            self.retired.insert((tgid, *id), index);
+            self.retired.push(tgid, *id, index);
         }
     }
 
@@ -482,7 +510,7 @@ impl Symbolizer {
     /// through its snapshot, taken again now if it is still running, for
     /// libraries loaded since.
     pub fn user_frames(&mut self, tgid: u32, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
-        if let Some(&i) = self.retired.get(&(tgid, id)) {
+        if let Some(i) = self.retired.get(tgid, id) {
             return self.retired_stacks[i as usize].to_vec();
         }
         if self.refreshed.insert(tgid) && process_alive(tgid) {
