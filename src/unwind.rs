@@ -141,12 +141,14 @@ struct Requested {
     first: bool,
 }
 
+/// The rows and the file's loadable segments; None: no call-frame
+/// information; Err: why it could not be read.
+type BuiltTable = std::result::Result<Option<(Vec<unwind_table::Row>, Vec<Segment>)>, String>;
+
 /// A table built by the builder thread.
 struct Built {
     object: u32,
-    /// The rows and the file's loadable segments; None: no call-frame
-    /// information; Err: why it could not be read.
-    table: std::result::Result<Option<(Vec<types::unwind_row>, Vec<Segment>)>, String>,
+    table: BuiltTable,
     took: Duration,
 }
 
@@ -220,25 +222,13 @@ impl Drop for Builder {
     }
 }
 
-/// The rows of a file as the BPF program reads them, and its segments.
-fn build_table(
-    file: &File,
-) -> std::result::Result<Option<(Vec<types::unwind_row>, Vec<Segment>)>, String> {
+/// The rows of a file, and its segments.
+fn build_table(file: &File) -> BuiltTable {
     let Some(segments) = load_segments(file) else {
         return Ok(None);
     };
     match unwind_table::build(file) {
-        Ok(Some((rows, _))) => Ok(Some((
-            rows.iter()
-                .map(|r| types::unwind_row {
-                    pc: r.pc,
-                    cfa_off: r.cfa_off,
-                    kind: r.kind,
-                    rbp_off: r.rbp_off,
-                })
-                .collect(),
-            segments,
-        ))),
+        Ok(Some((rows, _))) => Ok(Some((rows, segments))),
         Ok(None) => Ok(None),
         Err(e) => Err(format!("{e:#}")),
     }
@@ -434,6 +424,7 @@ impl Unwinder {
             any = true;
         }
         if any {
+            crate::give_back_freed_memory();
             let ready: Vec<u32> = self.waiting.iter().copied().collect();
             for tgid in ready {
                 self.note_process(procs, tgid);
@@ -516,7 +507,7 @@ impl Unwinder {
     fn place(
         &mut self,
         req: Requested,
-        rows: Vec<types::unwind_row>,
+        rows: Vec<unwind_table::Row>,
         segments: Vec<Segment>,
     ) -> (Option<ObjectTable>, Option<usize>) {
         let max = types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize;
@@ -538,7 +529,21 @@ impl Unwinder {
             }
             return (None, (rows.len() <= max).then_some(rows.len()));
         };
-        if let Err(e) = self.store.write_rows(start, &rows) {
+        // Written a piece at a time, so that no second copy of a large
+        // table is made.
+        let written = rows.chunks(1 << 16).enumerate().try_for_each(|(i, chunk)| {
+            let converted: Vec<types::unwind_row> = chunk
+                .iter()
+                .map(|r| types::unwind_row {
+                    pc: r.pc,
+                    cfa_off: r.cfa_off,
+                    kind: r.kind,
+                    rbp_off: r.rbp_off,
+                })
+                .collect();
+            self.store.write_rows(start + (i << 16), &converted)
+        });
+        if let Err(e) = written {
             self.rows.free(start, rows.len());
             if req.first {
                 self.refuse(req.tgid, &req.name, format!("{e:#}"));
