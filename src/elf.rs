@@ -28,6 +28,28 @@ const SHT_NOBITS: u32 = 8;
 pub(crate) const SHF_COMPRESSED: u64 = 0x800;
 const SHN_XINDEX: u32 = 0xffff;
 
+/// The largest section read (or section header table): far beyond any
+/// real program's call-frame information, and small enough that a file
+/// whose headers claim more (sparse, or hostile: any user can map one
+/// into a process the profiler reads) costs a refusal, not the run.
+pub(crate) const MAX_SECTION_BYTES: u64 = 256 << 20;
+
+/// A zeroed buffer of `len` bytes, or an error if it is larger than
+/// `max` or cannot be allocated (never an abort).
+fn buffer(len: u64, max: u64, what: &str) -> Result<Vec<u8>> {
+    if len > max {
+        bail!(
+            "{what} claims {len} bytes, more than the {} MiB read from a file",
+            max >> 20
+        );
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(len as usize)
+        .with_context(|| format!("no memory for {what} ({len} bytes)"))?;
+    v.resize(len as usize, 0);
+    Ok(v)
+}
+
 /// What is needed of one section header.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Section {
@@ -122,7 +144,7 @@ impl Elf {
             .checked_mul(shentsize)
             .filter(|&n| shoff.checked_add(n).is_some_and(|e| e <= len))
             .context("malformed ELF: section headers beyond the end of the file")?;
-        let mut raw = vec![0u8; table_len as usize];
+        let mut raw = buffer(table_len, MAX_SECTION_BYTES, "the section headers")?;
         file.read_exact_at(&mut raw, shoff)
             .context("reading the section headers")?;
         let sections: Vec<Section> = raw
@@ -170,7 +192,7 @@ impl Elf {
         if s.offset.checked_add(s.size).is_none_or(|e| e > self.len) {
             bail!("malformed ELF: a section lies beyond the end of the file");
         }
-        let mut data = vec![0u8; s.size as usize];
+        let mut data = buffer(s.size, MAX_SECTION_BYTES, "a section")?;
         file.read_exact_at(&mut data, s.offset)
             .context("reading a section")?;
         Ok(data)
@@ -228,5 +250,58 @@ mod tests {
         // Not an ELF file.
         let text = File::open("/proc/self/maps").unwrap();
         assert!(load_segments(&text).is_none());
+    }
+
+    /// An ELF header and three section headers (null, the name table,
+    /// `.eh_frame` of `eh_size` bytes at 0x1000) in a sparse file of
+    /// `len` bytes.
+    fn sparse_elf(len: u64, eh_size: u64) -> File {
+        use std::io::Write;
+        let mut f = tempfile::tempfile().unwrap();
+        let names = b"\0.shstrtab\0.eh_frame\0";
+        let mut eh = [0u8; 64];
+        eh[..4].copy_from_slice(b"\x7fELF");
+        eh[4] = 2; // ELF64
+        eh[5] = 1; // little-endian
+        eh[16..18].copy_from_slice(&ET_DYN.to_le_bytes());
+        eh[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
+        eh[40..48].copy_from_slice(&64u64.to_le_bytes()); // shoff
+        eh[58..60].copy_from_slice(&64u16.to_le_bytes()); // shentsize
+        eh[60..62].copy_from_slice(&3u16.to_le_bytes()); // shnum
+        eh[62..64].copy_from_slice(&1u16.to_le_bytes()); // shstrndx
+        let section = |name: u32, offset: u64, size: u64| {
+            let mut h = [0u8; 64];
+            h[0..4].copy_from_slice(&name.to_le_bytes());
+            h[4..8].copy_from_slice(&1u32.to_le_bytes()); // PROGBITS
+            h[24..32].copy_from_slice(&offset.to_le_bytes());
+            h[32..40].copy_from_slice(&size.to_le_bytes());
+            h
+        };
+        f.write_all(&eh).unwrap();
+        f.write_all(&[0u8; 64]).unwrap();
+        f.write_all(&section(1, 256, names.len() as u64)).unwrap();
+        f.write_all(&section(11, 0x1000, eh_size)).unwrap();
+        f.write_all(names).unwrap();
+        f.set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_section_claiming_a_terabyte_is_refused_not_allocated() {
+        // Any user can map such a file into a process the profiler reads.
+        let f = sparse_elf((1 << 40) + 0x2000, 1 << 40);
+        let elf = Elf::read(&f).expect("headers");
+        let eh = elf.section(".eh_frame").expect("the section");
+        let err = elf.read_section(&f, eh).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("more than the 256 MiB"),
+            "{err:#}"
+        );
+        assert!(crate::unwind_table::build(&f).is_err());
+        // Within the limit, the (empty) contents are read.
+        let f = sparse_elf(0x3000, 0x1000);
+        let elf = Elf::read(&f).unwrap();
+        let eh = elf.section(".eh_frame").unwrap();
+        assert_eq!(elf.read_section(&f, eh).unwrap().len(), 0x1000);
     }
 }

@@ -48,6 +48,12 @@ pub struct Row {
     pub rbp_off: i8,
 }
 
+/// Rows gathered from one file at most (before merging): twice what the
+/// BPF program can search in one object (`UNWIND_MAX_OBJECT_ROWS`), so
+/// that a table that could fit after merging is built, and a file that
+/// claims endless rows is refused while it is read.
+const MAX_ROWS: usize = 1 << 25;
+
 /// Statistics for -v and tests.
 ///
 /// `fdes` counts the FDEs whose rows went into the table (those of
@@ -138,6 +144,9 @@ pub fn build(file: &File) -> Result<Option<(Vec<Row>, TableStats)>> {
         let taken = union_of(std::mem::take(&mut out.ranges));
         out.walk(&section, &BaseAddresses::default(), &taken);
     }
+    if out.too_many {
+        anyhow::bail!("more than {MAX_ROWS} unwind rows");
+    }
     if out.fdes == 0 {
         return Ok(None);
     }
@@ -165,7 +174,8 @@ pub fn lookup(rows: &[Row], pc: u32) -> Option<Row> {
 /// equals its predecessor's is dropped: the predecessor already covers it.
 fn normalize(mut rows: Vec<Row>) -> Vec<Row> {
     rows.sort_by_key(|r| r.pc);
-    let mut out: Vec<Row> = Vec::with_capacity(rows.len());
+    // In place: rows[..kept] is the output, never ahead of the reading.
+    let mut kept = 0;
     let mut i = 0;
     while i < rows.len() {
         let pc = rows[i].pc;
@@ -180,11 +190,14 @@ fn normalize(mut rows: Vec<Row>) -> Vec<Row> {
         i = j;
         let same_rule =
             |a: &Row| (a.kind, a.cfa_off, a.rbp_off) == (pick.kind, pick.cfa_off, pick.rbp_off);
-        if !out.last().is_some_and(same_rule) {
-            out.push(pick);
+        if kept == 0 || !same_rule(&rows[kept - 1]) {
+            rows[kept] = pick;
+            kept += 1;
         }
     }
-    out
+    rows.truncate(kept);
+    rows.shrink_to_fit();
+    rows
 }
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
@@ -193,6 +206,8 @@ type Slice<'a> = EndianSlice<'a, LittleEndian>;
 #[derive(Default)]
 struct Collector {
     rows: Vec<Row>,
+    /// More than MAX_ROWS rows: the file is refused.
+    too_many: bool,
     /// The pc ranges of the FDEs taken so far.
     ranges: Vec<(u32, u32)>,
     fdes: usize,
@@ -247,6 +262,10 @@ impl Collector {
                         // to the very end) hold nowhere.
                         if pc >= row_end || pc < u64::from(start) || pc >= u64::from(end) {
                             continue;
+                        }
+                        if self.rows.len() >= MAX_ROWS {
+                            self.too_many = true;
+                            return;
                         }
                         let mut r = translate(section, row);
                         r.pc = pc as u32;

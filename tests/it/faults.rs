@@ -384,7 +384,10 @@ fn soak_switch_storm_and_short_lived_processes() {
          {} processes started, {later} after warm-up",
         spawned.len()
     );
-    for l in stderr.lines().filter(|l| l.starts_with("offcputime: stats:")) {
+    for l in stderr
+        .lines()
+        .filter(|l| l.starts_with("offcputime: stats:"))
+    {
         eprintln!("soak: {l}");
     }
     assert!(later > 0, "no process started after warm-up");
