@@ -434,8 +434,14 @@ impl StatsLine {
         let tables = unwinder.map_or(String::new(), |u| {
             let s = u.stats();
             format!(
-                " objects={} rows={}/{} mappings={}/{} procs={}",
-                s.objects, s.rows, s.row_capacity, s.mappings, s.mapping_capacity, s.processes
+                " objects={} rows={}/{} mappings={}/{} procs={} building={}",
+                s.objects,
+                s.rows,
+                s.row_capacity,
+                s.mappings,
+                s.mapping_capacity,
+                s.processes,
+                u.building()
             )
         });
         let rss = std::fs::read_to_string("/proc/self/status")

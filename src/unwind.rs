@@ -642,6 +642,11 @@ impl Unwinder {
         }
     }
 
+    /// Tables being built now.
+    pub fn building(&self) -> usize {
+        self.building.len()
+    }
+
     /// Whether `tgid` has been dealt with (and not forgotten).
     pub fn knows(&self, tgid: u32) -> bool {
         self.processes.contains_key(&tgid)

@@ -358,30 +358,38 @@ fn soak_switch_storm_and_short_lived_processes() {
     // process: its stacks as frames of objects, shared with every other
     // process of the same program). RSS settled after warm-up (the median
     // of the next fifth of the run) is compared with RSS settled at the end
-    // (the median of the last fifth): a table built for a large program
-    // that starts meanwhile (some other test's, the machine's) takes tens
-    // of MB for a moment and gives them back, which is not growth.
+    // (the median of the last fifth), as the profiler reports it every 5 s
+    // when no table is being built: a table built for a large program that
+    // starts meanwhile (some other test's, the machine's) takes tens of MB
+    // for a moment and gives them back, which is not growth.
+    let stats = stats_lines(&stderr);
     let warm = Duration::from_secs(secs / 5);
-    let median_between = |from: Duration, to: Duration| {
-        let mut v: Vec<u64> = rss
+    let settled_between = |from: Duration, to: Duration| {
+        let mut v: Vec<u64> = stats
             .iter()
-            .filter(|(t, _)| *t >= from && *t < to)
-            .map(|r| r.1)
+            .filter(|s| s["building"] == 0.0)
+            .filter(|s| (from.as_secs_f64()..to.as_secs_f64()).contains(&s["t"]))
+            .map(|s| s["rss_kib"] as u64)
             .collect();
         v.sort_unstable();
-        assert!(!v.is_empty(), "no RSS sample between {from:?} and {to:?}");
+        assert!(
+            !v.is_empty(),
+            "no settled RSS between {from:?} and {to:?}: {stats:?}"
+        );
         v[v.len() / 2]
     };
-    let at_warm = median_between(warm, warm * 2);
-    let at_end = median_between(Duration::from_secs(secs) - warm, Duration::from_secs(secs));
+    let at_warm = settled_between(warm, warm * 2);
+    let at_end = settled_between(Duration::from_secs(secs) - warm, Duration::from_secs(secs));
     let peak = rss.iter().map(|r| r.1).max().unwrap();
+    // Processes started between the middles of the two windows.
+    let (mid_warm, mid_end) = (warm * 3 / 2, Duration::from_secs(secs) - warm / 2);
     let later = spawned
         .iter()
-        .filter(|t| t.duration_since(started) >= warm)
+        .filter(|t| (mid_warm..mid_end).contains(&t.duration_since(started)))
         .count() as u64;
     eprintln!(
         "soak: RSS {at_warm} KiB settled after warm-up, {at_end} KiB at the end, peak {peak} KiB; \
-         {} processes started, {later} after warm-up",
+         {} processes started, {later} between the two",
         spawned.len()
     );
     for l in stderr
@@ -400,7 +408,6 @@ fn soak_switch_storm_and_short_lived_processes() {
     // The unwind tables hold what the processes alive map: their use after
     // warm-up stays about what it was then, however many came and went,
     // and nothing is left without tables for want of room.
-    let stats = stats_lines(&stderr);
     let warm_s = warm.as_secs_f64();
     let at = |key: &str, when: &dyn Fn(f64) -> bool| -> Vec<u64> {
         stats
@@ -417,10 +424,16 @@ fn soak_switch_storm_and_short_lived_processes() {
         !before.is_empty() && after.len() >= 10,
         "stats lines: {stats:?}"
     );
+    // Every child that exited more than a few seconds before the end was
+    // let go.
     let exited = stats.last().map_or(0.0, |s| s["exited"]) as u64;
+    let long_gone = spawned
+        .iter()
+        .filter(|t| t.duration_since(started) + Duration::from_secs(10) < Duration::from_secs(secs))
+        .count() as u64;
     assert!(
-        exited >= later,
-        "only {exited} exited processes were let go, {later} started after warm-up"
+        exited >= long_gone,
+        "only {exited} exited processes were let go, {long_gone} children were long gone"
     );
     let (warm_use, most) = (*before.last().unwrap(), *after.iter().max().unwrap());
     eprintln!("soak: unwind mappings in use {warm_use} at warm-up, at most {most} after");
