@@ -176,9 +176,48 @@ fn auto_hook_prefers_tp_btf() {
 }
 
 /// Whether glibc's separate debug file is installed (Debian: libc6-dbg).
+/// (The debug file of the libc.so.6 this process maps, by its build id,
+/// where the symbolizer looks for it.)
 fn libc_debug_file_installed() -> bool {
-    std::fs::read_dir("/usr/lib/debug/.build-id").is_ok_and(|mut d| d.next().is_some())
-        && std::path::Path::new("/usr/share/doc/libc6-dbg").exists()
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .expect("this process maps libc.so.6");
+    let id = build_id(&std::fs::read(libc).expect("read libc")).expect("libc has a build id");
+    std::path::Path::new(&format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &id[..2],
+        &id[2..]
+    ))
+    .exists()
+}
+
+/// The GNU build id of an ELF64 file, in hex, from its PT_NOTE segments.
+fn build_id(elf: &[u8]) -> Option<String> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?) as usize);
+    let (phoff, phentsize, phnum) = (u64_at(32)?, u16_at(54)? as usize, u16_at(56)? as usize);
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        if u32_at(ph)? != 4 {
+            continue; // not PT_NOTE
+        }
+        let (mut at, end) = (u64_at(ph + 8)?, u64_at(ph + 8)? + u64_at(ph + 32)?);
+        while at + 12 <= end {
+            let (namesz, descsz, kind) = (u32_at(at)?, u32_at(at + 4)?, u32_at(at + 8)?);
+            let name = at + 12;
+            let desc = name + (namesz as usize).next_multiple_of(4);
+            if kind == 3 && elf.get(name..name + namesz as usize)? == b"GNU\0" {
+                let id = elf.get(desc..desc + descsz as usize)?;
+                return Some(id.iter().map(|b| format!("{b:02x}")).collect());
+            }
+            at = desc + (descsz as usize).next_multiple_of(4);
+        }
+    }
+    None
 }
 
 fn blocked_time_and_frames(hook: &str) {
@@ -277,8 +316,8 @@ fn blocked_time_and_frames(hook: &str) {
         in_order(main, frames);
         // glibc's thread entry, named from the symbol table of its
         // separate debug file (libc.so.6 itself is stripped), where one is
-        // installed (scripts/setup --test installs libc6-dbg; the VMs of
-        // the kernel matrix have none).
+        // installed (scripts/setup --test installs libc6-dbg; scripts/vmtest
+        // copies it into the VMs of the kernel matrix).
         // The walk (DWARF, the default) goes down to the outermost frame,
         // clone3's child side, whose call-frame information ends the stack.
         // Under CI=true the check must run (scripts/vmtest puts the
