@@ -1,7 +1,7 @@
 //! End to end: the profiler traces the `blocker` workload, whose threads
 //! block in known ways, and its numbers and frames are checked.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::util::*;
 
@@ -225,20 +225,29 @@ fn blocked_time_and_frames(hook: &str) {
         return;
     }
     let _g = serial();
-    let wl = Workload::start(&["--seconds", "30"]);
+    let mut wl = Workload::start(&["--seconds", "30", "--tail"]);
     let pid = wl.pid.to_string();
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex", "wl-spin"];
     let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
     let clock = CpuClock::start(wl.pid, &tids);
-    let out = profile(&[
-        "--hook",
-        hook,
-        "-v",
-        "-f",
-        "-p",
-        &pid,
-        &WINDOW_S.to_string(),
-    ]);
+    // Once the profiler has attached: 1.5 s in, wl-tail starts a block
+    // that lasts past the end of the window; 0.3 s before the deadline the
+    // profiler is stopped (SIGSTOP) until 0.6 s after it, so that it reads
+    // the profile late, while threads are still blocking.
+    let (out, started, attached_seen) = profile_during(
+        &["--hook", hook, "-f", "-p", &pid, &WINDOW_S.to_string()],
+        |profiler| {
+            let at = Instant::now();
+            let signal = |pid: u32, sig: i32, after_ms: u64| {
+                std::thread::sleep(Duration::from_millis(after_ms).saturating_sub(at.elapsed()));
+                // SAFETY: plain kill(2) of a child of this test.
+                unsafe { libc::kill(pid as i32, sig) };
+            };
+            signal(wl.pid, libc::SIGUSR1, 1500);
+            signal(profiler, libc::SIGSTOP, WINDOW_S * 1000 - 300);
+            signal(profiler, libc::SIGCONT, WINDOW_S * 1000 + 600);
+        },
+    );
     let cpu = clock.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let (attached, from, to) = verbose_window(&stderr);
@@ -252,11 +261,46 @@ fn blocked_time_and_frames(hook: &str) {
     }
     let lines = parse_folded(&out.stdout);
     assert!(!lines.is_empty(), "no output");
-    // The window the profiler reports: exactly the duration asked for.
+    // The window the profiler reports: exactly the duration asked for,
+    // starting between its start and its saying it had attached (as this
+    // test saw them).
     let window_us = (to - from) as f64 / 1e3;
     assert!(
         (window_us - (WINDOW_S * 1_000_000) as f64).abs() < 1.0,
         "traced {window_us} us for a {WINDOW_S} s run"
+    );
+    assert!(
+        started <= from && from <= attached_seen,
+        "window from {from} ns, but the profiler started at {started} and said it had \
+         attached at {attached_seen}"
+    );
+    // Nothing counted past the end of the window, though the profiler
+    // read the profile late: no thread is off-CPU longer than the window
+    // (rounding: under 1 us per line).
+    let mut by_comm: std::collections::BTreeMap<&str, u64> = Default::default();
+    for l in &lines {
+        *by_comm.entry(l.comm()).or_default() += l.us;
+    }
+    for (comm, us) in &by_comm {
+        assert!(
+            *us as f64 <= window_us + 10.0,
+            "{comm}: {us} us off-CPU in a {window_us} us window"
+        );
+    }
+    // A block under way at the end counts up to the end of the window,
+    // exactly: wl-tail's last block started when it said so.
+    let tail_start: u64 = wl.line_after("tail ").parse().expect("tail ns");
+    assert!(
+        from < tail_start && tail_start < to,
+        "wl-tail's block started at {tail_start}, outside the window {from}..{to}"
+    );
+    let tail = sum_us_where(&lines, |l| l.comm() == "wl-tail" && l.has("wl_block_tail")) as f64;
+    let remaining = (to - tail_start) as f64 / 1e3;
+    eprintln!("wl-tail: last block {tail} us, {remaining:.0} us of the window left when it began");
+    assert!(
+        (tail - remaining).abs() < 5000.0,
+        "wl-tail: its last block counted {tail} us, but it began {remaining:.0} us before \
+         the end of the window"
     );
 
     // The blocking threads: their off-CPU time within 2% of the window of
@@ -556,28 +600,73 @@ fn state_filter() {
         return;
     }
     let _g = serial();
-    let wl = Workload::start(&["--seconds", "30"]);
+    // With a thread in a killable wait (wl-vfork: a vfork-style clone) and
+    // two spinners pinned to one CPU, each preempted about half the time.
+    let wl = Workload::start(&["--seconds", "30", "--killable", "--pinned-spinners"]);
     let pid = wl.pid.to_string();
+    let vfork_wait = |l: &Folded| l.comm() == "wl-vfork" && l.has("kernel_clone");
 
-    // TASK_INTERRUPTIBLE (1): every sleeping thread, never the spinner.
+    // TASK_INTERRUPTIBLE (1): every sleeping thread, never the spinner,
+    // nor the killable wait (TASK_WAKEKILL | TASK_UNINTERRUPTIBLE).
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "1", "2"]).stdout);
     for comm in ["wl-nanosleep", "wl-pipe", "wl-futex"] {
         assert!(sum_us(&lines, comm) > 1_900_000, "--state 1 misses {comm}");
     }
     assert_eq!(sum_us(&lines, "wl-spin"), 0, "--state 1 let in preemptions");
+    assert_eq!(
+        sum_us_where(&lines, vfork_wait),
+        0,
+        "--state 1 let in a killable wait"
+    );
 
     // 0 = preempted (TASK_RUNNING): any thread can be preempted while it
-    // runs, but none of the sleeps may be counted.
-    let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "0", "2"]).stdout);
+    // runs, but none of the sleeps may be counted; and the pinned
+    // spinners' preemptions are: off-CPU at least half as long as the
+    // kernel says they waited for the CPU (run_delay; see the tolerance
+    // for wl-spin in blocked_time_and_frames), and no longer.
+    let pinned = ["wl-pin-a", "wl-pin-b"];
+    let tids: Vec<u32> = pinned.iter().map(|c| wl.tid(c)).collect();
+    let clock = CpuClock::start(wl.pid, &tids);
+    let out = profile(&["-v", "-f", "-p", &pid, "--state", "0", "2"]);
+    let cpu = clock.finish();
+    let (_, from, to) = verbose_window(&String::from_utf8_lossy(&out.stderr));
+    let window_us = (to - from) as f64 / 1e3;
+    let lines = parse_folded(&out.stdout);
     let sleeping = sum_us_where(&lines, |l| {
-        ["do_nanosleep", "pipe_read", "anon_pipe_read", "futex_wait"]
-            .iter()
-            .any(|f| l.has(f))
+        [
+            "do_nanosleep",
+            "pipe_read",
+            "anon_pipe_read",
+            "futex_wait",
+            "kernel_clone",
+        ]
+        .iter()
+        .any(|f| l.has(f))
     });
     assert!(sleeping < 20_000, "--state 0 let in sleeps: {sleeping} us");
-    // TASK_UNINTERRUPTIBLE (2): none of these sleeps either.
+    for (i, comm) in pinned.iter().enumerate() {
+        let off = sum_us(&lines, comm) as f64;
+        let waited = cpu.waited_us(i, from, to);
+        eprintln!("{comm}: {off} us preempted, waited for a CPU {waited:.0} us");
+        assert!(
+            waited > 0.3 * window_us,
+            "{comm} waited for a CPU only {waited:.0} us of {window_us:.0}: not sharing one"
+        );
+        assert!(
+            off >= 0.5 * waited && off <= waited + 0.01 * window_us,
+            "--state 0: {comm} preempted {off} us, but waited for a CPU {waited:.0} us"
+        );
+    }
+
+    // TASK_UNINTERRUPTIBLE (2): none of these sleeps either, but the
+    // killable wait (TASK_KILLABLE has the bit), for nearly all the window.
     let lines = parse_folded(&profile(&["-f", "-p", &pid, "--state", "2", "2"]).stdout);
     assert_eq!(sum_us(&lines, "wl-nanosleep"), 0);
+    let killable = sum_us_where(&lines, vfork_wait);
+    assert!(
+        killable > 1_800_000,
+        "--state 2: the killable wait only {killable} us of 2 s: {lines:?}"
+    );
 }
 
 #[test]
