@@ -21,6 +21,14 @@
 //! | `wl-reaper`     | `wl_reaper_thread`     | `wl_block_waitpid` (only with a child)     |
 //! | main thread     | `wl_pipe_feeder`       | `wl_block_feeder_sleep` (20 ms nanosleep)  |
 //!
+//! Optional threads, for the tests that need them:
+//!
+//! | flag                | thread(s)              | does                                       |
+//! |---------------------|------------------------|--------------------------------------------|
+//! | `--killable`        | `wl-vfork`             | `wl_block_vfork`: a vfork-style clone whose child (`wl-vfork-child`) sleeps 100 ms; the parent waits in `TASK_KILLABLE` |
+//! | `--pinned-spinners` | `wl-pin-a`, `wl-pin-b` | busy loops, both pinned to CPU 0: each is preempted for the other about half the time |
+//! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and sleeps 60 s in `wl_block_tail` |
+//!
 //! The main thread feeds the pipe one byte every 20 ms. With `--child-ms M`
 //! a child process (this executable re-run as `blocker child M`, comm
 //! `wl-child`) sleeps M ms in `wl_child_sleep` (10 ms nanosleeps) and exits;
@@ -174,6 +182,130 @@ pub extern "C" fn wl_spin_thread() {
     black_box(x);
 }
 
+/// Pins the calling thread to CPU 0.
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // inside it; sched_setaffinity reads `size_of` bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// `wl-pin-a`, `wl-pin-b`: spin on CPU 0, sharing it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_pinned_spin_thread() {
+    pin_to_cpu0();
+    wl_spin_thread();
+}
+
+/// The child of the vfork-style clone: names itself, sleeps 100 ms and
+/// exits (returning from here makes glibc's clone call exit). Raw system
+/// calls only: it runs on the parent's memory.
+extern "C" fn vfork_child(_: *mut libc::c_void) -> libc::c_int {
+    let ts = timespec_ms(100);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
+    // bytes; `ts` is a valid timespec and a null `rem` is allowed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_SET_NAME,
+            c"wl-vfork-child".as_ptr(),
+        );
+        libc::syscall(
+            libc::SYS_nanosleep,
+            &ts,
+            std::ptr::null_mut::<libc::timespec>(),
+        );
+    }
+    0
+}
+
+/// Clones a child that shares this memory (CLONE_VM | CLONE_VFORK, as
+/// posix_spawn does): this thread waits, TASK_KILLABLE, until the child
+/// exits 100 ms later; then reaps it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_vfork(stack: *mut u8, len: usize) -> libc::pid_t {
+    // The stack grows down from its (16-byte aligned) top.
+    let top = (stack as usize + len) & !15;
+    // SAFETY: `vfork_child` only makes raw system calls on its own stack
+    // `top`, which stays valid: this thread is suspended until the child
+    // exits.
+    let pid = unsafe {
+        libc::clone(
+            vfork_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    if pid > 0 {
+        let mut status = 0;
+        // SAFETY: `status` is a valid, writable int.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    }
+    black_box(pid)
+}
+
+/// `wl-vfork`: vfork-style clones, one after the other.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_vfork_thread() {
+    let mut stack = vec![0u8; 64 * 1024];
+    while !stopped() {
+        if wl_block_vfork(stack.as_mut_ptr(), stack.len()) < 0 {
+            return;
+        }
+    }
+}
+
+/// Set by SIGUSR1: `wl-tail` starts its long block.
+static TAIL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigusr1(_: libc::c_int) {
+    TAIL.store(true, Ordering::Relaxed);
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_tail_wait() -> libc::c_int {
+    black_box(nanosleep_ms(5))
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_tail() -> libc::c_int {
+    black_box(nanosleep_ms(60_000))
+}
+
+/// `wl-tail`: short sleeps until SIGUSR1, then one long block, whose start
+/// it prints first.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_tail_thread() {
+    while !TAIL.load(Ordering::Relaxed) {
+        if stopped() {
+            return;
+        }
+        wl_block_tail_wait();
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let line = format!(
+        "tail {}\n",
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    );
+    let _ = std::io::stdout().lock().write_all(line.as_bytes());
+    wl_block_tail();
+}
+
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_waitpid(pid: libc::pid_t) -> libc::pid_t {
@@ -255,9 +387,13 @@ fn spawn_named(
 struct Args {
     seconds: u64,
     child_ms: Option<u64>,
+    killable: bool,
+    pinned_spinners: bool,
+    tail: bool,
 }
 
-const USAGE: &str = "usage: blocker [--seconds N] [--child-ms M]";
+const USAGE: &str = "usage: blocker [--seconds N] [--child-ms M] [--killable] \
+                     [--pinned-spinners] [--tail]";
 
 fn parse_num(flag: &str, value: Option<String>) -> Result<u64, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -268,11 +404,17 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
         seconds: 30,
         child_ms: None,
+        killable: false,
+        pinned_spinners: false,
+        tail: false,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seconds" => parsed.seconds = parse_num("--seconds", args.next())?,
             "--child-ms" => parsed.child_ms = Some(parse_num("--child-ms", args.next())?),
+            "--killable" => parsed.killable = true,
+            "--pinned-spinners" => parsed.pinned_spinners = true,
+            "--tail" => parsed.tail = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unexpected argument {other:?}\n{USAGE}")),
         }
@@ -321,6 +463,21 @@ fn main() -> ExitCode {
     spawn_named("wl-pipe", &tx, move || wl_pipe_thread(read_fd));
     spawn_named("wl-futex", &tx, || wl_futex_thread());
     let spinner = spawn_named("wl-spin", &tx, || wl_spin_thread());
+    if args.killable {
+        names.push("wl-vfork");
+        spawn_named("wl-vfork", &tx, || wl_vfork_thread());
+    }
+    if args.pinned_spinners {
+        names.extend(["wl-pin-a", "wl-pin-b"]);
+        spawn_named("wl-pin-a", &tx, || wl_pinned_spin_thread());
+        spawn_named("wl-pin-b", &tx, || wl_pinned_spin_thread());
+    }
+    if args.tail {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(libc::SIGUSR1, on_sigusr1 as *const () as libc::sighandler_t) };
+        names.push("wl-tail");
+        spawn_named("wl-tail", &tx, || wl_tail_thread());
+    }
 
     let mut child_pid = None;
     if let Some(ms) = args.child_ms {

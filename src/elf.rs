@@ -239,14 +239,58 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 mod tests {
     use super::*;
 
+    /// The `LOAD` rows of `readelf -lW`: (offset, virtual address, size in
+    /// the file); None if readelf is missing (a failure under CI=true).
+    fn readelf_loads(path: &str) -> Option<Vec<(u64, u64, u64)>> {
+        let out = match std::process::Command::new("readelf")
+            .args(["-lW", path])
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+                assert!(!ci, "readelf (binutils) is needed to check the segments");
+                eprintln!("skipped: readelf not found");
+                return None;
+            }
+            Err(e) => panic!("readelf: {e}"),
+        };
+        assert!(out.status.success(), "readelf -lW {path} failed");
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+        Some(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .filter(|t| t.first() == Some(&"LOAD"))
+                .map(|t| (hex(t[1]), hex(t[2]), hex(t[4])))
+                .collect(),
+        )
+    }
+
+    /// The loadable segments are readelf's, field by field: of this test
+    /// executable (a PIE whose later segments are placed at an address
+    /// other than their offset, so the two cannot be confused) and of libc.
     #[test]
-    fn load_segments_of_this_executable() {
-        let file = File::open("/proc/self/exe").unwrap();
-        let segments = load_segments(&file).expect("an ELF64 file");
-        assert!(!segments.is_empty());
-        // The first loadable segment starts the file.
-        assert_eq!(segments[0].offset, 0);
-        assert!(segments.iter().all(|s| s.filesz > 0 || s.offset > 0));
+    fn load_segments_match_readelf() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        for path in [exe.to_str().unwrap(), "/lib/x86_64-linux-gnu/libc.so.6"] {
+            let Some(want) = readelf_loads(path) else {
+                return;
+            };
+            let segments = load_segments(&File::open(path).unwrap()).expect("an ELF64 file");
+            let got: Vec<_> = segments
+                .iter()
+                .map(|s| (s.offset, s.vaddr, s.filesz))
+                .collect();
+            assert!(want.len() >= 2, "{path}: {want:x?}");
+            assert_eq!(got, want, "{path}: segments differ from readelf -lW");
+            if path != "/lib/x86_64-linux-gnu/libc.so.6" {
+                assert!(
+                    want.iter().any(|&(off, vaddr, _)| off != vaddr),
+                    "{path}: every segment at its offset: the check cannot tell them apart"
+                );
+            }
+        }
         // Not an ELF file.
         let text = File::open("/proc/self/maps").unwrap();
         assert!(load_segments(&text).is_none());

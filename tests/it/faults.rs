@@ -109,36 +109,52 @@ impl Running {
     }
 }
 
-/// The programs with these IDs that bpftool still lists, and the links
-/// that still refer to them; waits up to 5 s for the kernel to free them.
-fn still_loaded(bpftool: &Path, ids: &[u32]) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut left = Vec::new();
-        for id in ids {
+/// What bpftool shows of the programs with these IDs.
+#[derive(Debug)]
+struct Listed {
+    /// The IDs `bpftool prog show id N` succeeds for.
+    progs: Vec<u32>,
+    /// How many of them a link refers to.
+    linked: usize,
+}
+
+fn listed(bpftool: &Path, ids: &[u32]) -> Listed {
+    let progs = ids
+        .iter()
+        .copied()
+        .filter(|id| {
             let out = std::process::Command::new(bpftool)
                 .args(["prog", "show", "id", &id.to_string()])
                 .output()
                 .expect("bpftool");
-            if out.status.success() {
-                left.push(format!(
-                    "prog {}",
-                    String::from_utf8_lossy(&out.stdout).trim()
-                ));
-            }
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).starts_with(&format!("{id}: "))
+        })
+        .collect();
+    let links = std::process::Command::new(bpftool)
+        .args(["-j", "link", "show"])
+        .output()
+        .expect("bpftool");
+    assert!(links.status.success(), "bpftool link show failed");
+    let links = String::from_utf8_lossy(&links.stdout);
+    let linked = ids
+        .iter()
+        .filter(|id| links.contains(&format!("\"prog_id\":{id},")))
+        .count();
+    Listed { progs, linked }
+}
+
+/// The programs with these IDs that bpftool still lists, and the links
+/// that still refer to them; waits up to 5 s for the kernel to free them.
+fn still_loaded(bpftool: &Path, ids: &[u32]) -> Option<Listed> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = listed(bpftool, ids);
+        if left.progs.is_empty() && left.linked == 0 {
+            return None;
         }
-        let links = std::process::Command::new(bpftool)
-            .args(["-j", "link", "show"])
-            .output()
-            .expect("bpftool");
-        let links = String::from_utf8_lossy(&links.stdout);
-        for id in ids {
-            if links.contains(&format!("\"prog_id\":{id},")) {
-                left.push(format!("a link to prog {id}"));
-            }
-        }
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
+        if Instant::now() > deadline {
+            return Some(left);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -162,6 +178,18 @@ fn no_program_left_attached_after_exit_ctrl_c_or_kill_9() {
         let ids = run.prog_ids();
         // The switch hook, and the iterator loaded beside it.
         assert!(!ids.is_empty(), "{how}: no BPF program held");
+        // The positive control: while the profiler runs, bpftool lists
+        // every one of its programs, and a link attaches one of them (a
+        // bpftool that cannot list anything would pass the check below).
+        let listed = listed(&bpftool, &ids);
+        assert_eq!(
+            listed.progs, ids,
+            "{how}: bpftool lists only {listed:?} of {ids:?}"
+        );
+        assert!(
+            listed.linked > 0,
+            "{how}: bpftool shows no link to any of {ids:?}"
+        );
         if let Some(sig) = sig {
             std::thread::sleep(Duration::from_millis(300));
             run.signal(sig);
@@ -172,7 +200,7 @@ fn no_program_left_attached_after_exit_ctrl_c_or_kill_9() {
             _ => assert!(status.success(), "{how}: {stderr}"),
         }
         let left = still_loaded(&bpftool, &ids);
-        assert!(left.is_empty(), "{how}: still loaded: {left:?}");
+        assert!(left.is_none(), "{how}: still loaded: {left:?}");
     }
 }
 
@@ -186,8 +214,12 @@ fn stack_storage_too_small() {
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex"];
     let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
     let clock = CpuClock::start(wl.pid, &tids);
-    // System-wide, so that far more than 8 distinct stacks compete.
-    let out = profile(&["-v", "-f", "--stack-storage-size", "8", "3"]);
+    // The workload alone has far more than 8 distinct stacks (the spinner
+    // is preempted at a different address each time), and its sleepers
+    // block so often that some of their stacks are among the first stored
+    // (system-wide, which 8 stacks are stored first is chance).
+    let pid = wl.pid.to_string();
+    let out = profile(&["-v", "-f", "-p", &pid, "--stack-storage-size", "8", "3"]);
     let cpu = clock.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let (_, from, to) = verbose_window(&stderr);
@@ -223,13 +255,45 @@ fn stack_storage_too_small() {
     // No time is lost with the stacks: each blocking thread's total is
     // still within 2% of the window of the kernel's accounting.
     check_blocked_threads(&lines, &cpu, &comms, (from, to), "");
-    // The stacks that were kept are whole and the right ones: a line of
-    // wl-nanosleep with its user frames has the matching kernel frames.
-    for l in lines.iter().filter(|l| l.comm() == "wl-nanosleep") {
-        if l.has("wl_nanosleep_thread") && !l.has("[Missed Kernel Stack]") {
-            assert!(l.has("do_nanosleep"), "mismatched stack {:?}", l.frames);
+    // The stacks that were kept are whole and the right ones: a line whose
+    // user stack was kept has the kernel stack of the same block, of the
+    // call its wl_block_* function makes and no other sleep (and a
+    // preempted spinner none of a sleep).
+    let sleeps = ["do_nanosleep", "pipe_read|anon_pipe_read", "futex_wait"];
+    let expected = [
+        ("wl_block_nanosleep", sleeps[0]),
+        ("wl_block_shortsleep", sleeps[0]),
+        ("wl_block_feeder_sleep", sleeps[0]),
+        ("wl_block_pipe_read", sleeps[1]),
+        ("wl_block_futex_wait", sleeps[2]),
+    ];
+    let has_any = |l: &Folded, alts: &str| alts.split('|').any(|f| l.has(f));
+    let mut whole = 0;
+    for l in &lines {
+        if l.has("[Missed User Stack]") || l.has("[Missed Kernel Stack]") {
+            continue;
+        }
+        if let Some((_, kernel)) = expected.iter().find(|(user, _)| l.has(user)) {
+            // (A thread can also be preempted in its wl_block_* function,
+            // before the call: a kernel stack of no sleep.)
+            for other in sleeps.iter().filter(|s| *s != kernel) {
+                assert!(!has_any(l, other), "mismatched stack {:?}", l.frames);
+            }
+            if has_any(l, kernel) {
+                whole += 1;
+            }
+        } else if l.has("wl_spin_thread") {
+            assert!(
+                !sleeps.iter().any(|s| has_any(l, s)),
+                "mismatched stack {:?}",
+                l.frames
+            );
         }
     }
+    assert!(
+        whole > 0,
+        "no line of a sleeping thread with both stacks kept, nothing checked: {lines:?}"
+    );
 }
 
 /// The key=value pairs of each `offcputime: stats:` line (see

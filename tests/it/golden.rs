@@ -71,7 +71,24 @@ pub fn check(name: &str, actual: &str) {
         .join("tests/data")
         .join(name);
     if std::env::var_os("BLESS").is_some() {
+        // Blessing rewrites the expected output instead of checking it: a
+        // CI run must never do that, and a run by hand must not pass
+        // silently.
+        assert!(
+            !crate::util::is_ci(),
+            "BLESS is set under CI=true: {name} would be rewritten instead of checked"
+        );
+        let old = std::fs::read_to_string(&path).ok();
         std::fs::write(&path, actual).expect("write golden file");
+        eprintln!(
+            "BLESS: {} {} (NOT CHECKED: this run compares nothing)",
+            path.display(),
+            match old {
+                Some(o) if o == actual => "rewritten unchanged",
+                Some(_) => "CHANGED",
+                None => "created",
+            }
+        );
         return;
     }
     let expected = std::fs::read_to_string(&path)
@@ -157,12 +174,25 @@ fn folded_merges_threads_and_rounds_once() {
 #[test]
 fn frame_names_cannot_break_folded_lines() {
     let mut p = synthetic();
-    p.samples[0].user = frames(&["operator;weird", "main"]);
+    let i = p
+        .samples
+        .iter()
+        .position(|s| s.total_ns == 2_000_400_000)
+        .expect("the 2 s sample");
+    p.samples[i].user = frames(&["operator;weird", "main"]);
     let mut out = Vec::new();
     folded::write(&p, Shape::default(), &mut out).unwrap();
-    for line in String::from_utf8(out).unwrap().lines() {
+    let text = String::from_utf8(out).unwrap();
+    for line in text.lines() {
         assert!(!line.contains("operator;weird"), "{line}");
     }
+    // The frame is still there, as one frame with the `;` replaced, in
+    // its place in its own line with its own time.
+    let want = "app;main;operator:weird;hrtimer_nanosleep;do_nanosleep;schedule;__schedule 2000400";
+    assert!(
+        text.lines().any(|l| l == want),
+        "no line {want:?} in\n{text}"
+    );
 }
 
 #[test]

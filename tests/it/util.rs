@@ -68,6 +68,8 @@ pub struct Workload {
     pub pid: u32,
     pub tids: Vec<(String, u32)>,
     pub child_pid: Option<u32>,
+    /// What it prints after `ready` (the `tail` line of `--tail`).
+    stdout: std::io::Lines<BufReader<std::process::ChildStdout>>,
 }
 
 impl Workload {
@@ -81,7 +83,8 @@ impl Workload {
         let mut pid = 0;
         let mut tids = Vec::new();
         let mut child_pid = None;
-        for line in BufReader::new(stdout).lines() {
+        let mut stdout = BufReader::new(stdout).lines();
+        for line in stdout.by_ref() {
             let line = line.expect("read blocker output");
             let parts: Vec<&str> = line.split_whitespace().collect();
             match parts.as_slice() {
@@ -100,7 +103,19 @@ impl Workload {
             pid,
             tids,
             child_pid,
+            stdout,
         }
+    }
+
+    /// The next line the workload prints that starts with `prefix`, without
+    /// it (waits for it).
+    pub fn line_after(&mut self, prefix: &str) -> String {
+        for line in self.stdout.by_ref() {
+            if let Some(rest) = line.expect("read blocker output").strip_prefix(prefix) {
+                return rest.to_string();
+            }
+        }
+        panic!("the workload exited without printing {prefix:?}");
     }
 
     pub fn tid(&self, name: &str) -> u32 {
@@ -128,6 +143,63 @@ pub fn profile(args: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// A run of the profiler (with `-v`) to completion, with `during` called
+/// once it has attached, given its pid; panics with its stderr on failure.
+/// Returns its output, and when (CLOCK_MONOTONIC ns) it was started and
+/// its "attached" line was read: the window must start between the two.
+pub fn profile_during(args: &[&str], during: impl FnOnce(u32)) -> (Output, u64, u64) {
+    let started = monotonic_ns();
+    let mut child = offcputime()
+        .arg("-v")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start offcputime");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if line.contains("offcputime: attached ") {
+                let _ = tx.send(monotonic_ns());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut all).expect("read stdout");
+        all
+    });
+    let attached = rx.recv_timeout(Duration::from_secs(60));
+    if let Ok(_) = attached {
+        during(child.id());
+    }
+    let status = child.wait().expect("wait for offcputime");
+    let out = Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap().into_bytes(),
+    };
+    let attached = attached.unwrap_or_else(|_| {
+        panic!(
+            "offcputime {args:?} did not attach: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        out.status.success(),
+        "offcputime {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, started, attached)
 }
 
 /// One line of folded output.
