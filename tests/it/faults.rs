@@ -505,10 +505,19 @@ fn soak_switch_storm_and_short_lived_processes() {
         most <= warm_use * 3 / 2 + 64,
         "unwind mappings in use grew from {warm_use} to {most}"
     );
-    assert!(
-        !stderr.contains("do not fit") && !stderr.contains("tables are full"),
-        "{stderr}"
-    );
+    // (A large program of the machine's may find the tables full of what
+    // the live processes map; the workload's files and processes never.)
+    let refused: Vec<&str> = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("tables are full")
+                || (l.contains("do not fit")
+                    && ["blocker", "libc.so", "perf", "ld-linux"]
+                        .iter()
+                        .any(|f| l.contains(&format!("unwinding for {f}"))))
+        })
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
 
     // No time lost under the storm: the blocking threads of the workload
     // add up, over the whole run, to what the kernel says they were
