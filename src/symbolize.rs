@@ -489,8 +489,16 @@ impl Symbolizer {
             return;
         };
         for (id, addrs) in stacks {
-            let frames: std::rc::Rc<[UserFrame]> =
-                addrs.iter().map(|&a| user_frame(&mappings, a)).collect();
+            // An address outside every mapping is `[unknown]` whatever
+            // it is: kept as one, so that such stacks of different
+            // processes are kept once too.
+            let frames: std::rc::Rc<[UserFrame]> = addrs
+                .iter()
+                .map(|&a| match user_frame(&mappings, a) {
+                    UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
+                    f => f,
+                })
+                .collect();
             let next = self.retired_stacks.len() as u32;
             let index = *self.retired_ids.entry(frames.clone()).or_insert(next);
             if index == next {
