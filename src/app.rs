@@ -116,9 +116,6 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             return Err(e);
         }
     };
-    if let Some(d) = config.duration {
-        tracer.end_after(d);
-    }
     if config.verbose {
         eprintln!(
             "offcputime: attached {} {:.1} ms after start (load and attach {:.1} ms)",

@@ -374,6 +374,7 @@ impl Args {
         };
         let mut config = Config {
             tracer: TracerOptions {
+                duration,
                 tgids,
                 tids,
                 user_threads_only: self.user_threads_only,

@@ -111,6 +111,9 @@ impl UnwindCapacity {
 /// What the BPF program is told at load time.
 #[derive(Clone, Debug)]
 pub struct TracerOptions {
+    /// How long to trace: the end of the window is set in the BPF program
+    /// before it is attached. None: until stopped.
+    pub duration: Option<Duration>,
     pub tgids: Vec<u32>,
     pub tids: Vec<u32>,
     pub user_threads_only: bool,
@@ -445,7 +448,7 @@ impl<'obj> Tracer<'obj> {
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
-        let skel = open
+        let mut skel = open
             .load()
             .with_context(|| format!("failed to load the BPF program ({what})"))?;
 
@@ -465,6 +468,17 @@ impl<'obj> Tracer<'obj> {
             on_tables(UnwindStore::new(&skel)?);
         }
 
+        // The window starts before the hook is live, and its end is set
+        // before too: a block counted cannot have started before the start,
+        // and however long this thread then waits for a CPU (hundreds of
+        // ms on a loaded machine), no block counts past the end.
+        let (started_at, started_ns) = (Instant::now(), monotonic_ns());
+        let end_ns = opts
+            .duration
+            .map(|d| started_ns.saturating_add(d.as_nanos().try_into().unwrap_or(u64::MAX)));
+        if let (Some(end), Some(bss)) = (end_ns, skel.maps.bss_data.as_deref_mut()) {
+            bss.trace_end_ns = end;
+        }
         let (link, attached) = match hook {
             Hook::TpBtf => (
                 skel.progs
@@ -497,13 +511,21 @@ impl<'obj> Tracer<'obj> {
                 (link, AttachedHook::Kprobe { symbol })
             }
         };
+        if let Some(ms) = std::env::var("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            // For tests: the attaching thread held up as a loaded machine
+            // would.
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         Ok(Tracer {
             skel,
             links: vec![link],
             hook: attached,
-            attached_at: Instant::now(),
-            attached_ns: monotonic_ns(),
-            end_ns: None,
+            attached_at: started_at,
+            attached_ns: started_ns,
+            end_ns,
             stopped: false,
         })
     }
@@ -512,7 +534,7 @@ impl<'obj> Tracer<'obj> {
         &self.hook
     }
 
-    /// When the program was attached.
+    /// When the window started: just before the program was attached.
     pub fn attached_at(&self) -> Instant {
         self.attached_at
     }
@@ -583,16 +605,6 @@ impl<'obj> Tracer<'obj> {
             busy = on_events(&pending.take());
         }
         Ok(())
-    }
-
-    /// Sets the end of tracing `duration` after attach, ahead of time: the
-    /// program itself stops counting there, so the window is exact even if
-    /// this process is late to notice the deadline.
-    pub fn end_after(&mut self, duration: Duration) {
-        let end = self
-            .attached_ns
-            .saturating_add(duration.as_nanos().try_into().unwrap_or(u64::MAX));
-        self.set_end(end);
     }
 
     fn set_end(&mut self, end: u64) {

@@ -48,8 +48,8 @@ const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 const volatile bool unwind_dwarf = false;
 
 /*
- * The end of tracing, set by userspace: at attach when a duration is given
- * (so that a late wake-up of userspace does not stretch the window), or
+ * The end of tracing, set by userspace: before attaching when a duration is
+ * given (so that a late wake-up of userspace does not stretch the window), or
  * when tracing is stopped early. Blocks are counted only up to this
  * instant, and the iterator adds the blocks still in progress at the end.
  */

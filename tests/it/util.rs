@@ -145,13 +145,19 @@ pub fn profile(args: &[&str]) -> Output {
     out
 }
 
-/// A run of the profiler (with `-v`) to completion, with `during` called
-/// once it has attached, given its pid; panics with its stderr on failure.
-/// Returns its output, and when (CLOCK_MONOTONIC ns) it was started and
-/// its "attached" line was read: the window must start between the two.
-pub fn profile_during(args: &[&str], during: impl FnOnce(u32)) -> (Output, u64, u64) {
-    let started = monotonic_ns();
+/// Starts the profiler with `-v` (and `env`), stdout and stderr piped: the
+/// child, a thread that collects all of stderr, and a channel that gets
+/// the time (CLOCK_MONOTONIC ns) its "attached" line was read.
+pub fn spawn_verbose(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (
+    Child,
+    std::thread::JoinHandle<String>,
+    std::sync::mpsc::Receiver<u64>,
+) {
     let mut child = offcputime()
+        .envs(env.iter().copied())
         .arg("-v")
         .args(args)
         .stdout(Stdio::piped())
@@ -172,6 +178,16 @@ pub fn profile_during(args: &[&str], during: impl FnOnce(u32)) -> (Output, u64, 
         }
         all
     });
+    (child, stderr, rx)
+}
+
+/// A run of the profiler (with `-v`) to completion, with `during` called
+/// once it has attached, given its pid; panics with its stderr on failure.
+/// Returns its output, and when (CLOCK_MONOTONIC ns) it was started and
+/// its "attached" line was read: the window must start between the two.
+pub fn profile_during(args: &[&str], during: impl FnOnce(u32)) -> (Output, u64, u64) {
+    let started = monotonic_ns();
+    let (mut child, stderr, rx) = spawn_verbose(args, &[]);
     let mut stdout = child.stdout.take().unwrap();
     let stdout = std::thread::spawn(move || {
         let mut all = Vec::new();
