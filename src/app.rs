@@ -332,10 +332,10 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
 
 /// Processes that have exited, until what was kept for them is given
 /// back: their snapshot becomes the frames of the stacks counted for them,
-/// and their unwind tables are freed. A process is let go [`Exits::GRACE`]
-/// after it was seen exiting, when its threads have surely stopped
-/// blocking, and those seen together are let go together (one pass over
-/// the counts). Exits come from the BPF program; a sweep over the
+/// and their unwind tables are freed. A process is let go at least
+/// [`Exits::GRACE`] after it was seen exiting, when its threads have surely
+/// stopped blocking, and those seen within [`Exits::EVERY`] are let go
+/// together (one pass over the counts). Exits come from the BPF program; a sweep over the
 /// processes kept finds those whose notice was lost.
 #[derive(Default)]
 struct Exits {
@@ -346,6 +346,9 @@ struct Exits {
 
 impl Exits {
     const GRACE: Duration = Duration::from_secs(1);
+    /// Processes let go together at most this often: each time is one
+    /// pass over the counts.
+    const EVERY: Duration = Duration::from_secs(3);
     const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
     fn exited(&mut self, tgid: u32) {
@@ -369,14 +372,14 @@ impl Exits {
         }
     }
 
-    /// At most once per GRACE, the processes that exited at least GRACE
+    /// At most once per EVERY, the processes that exited at least GRACE
     /// ago.
     fn due(&mut self) -> Option<HashSet<u32>> {
         let now = Instant::now();
         if self.pending.is_empty()
             || self
                 .last_due
-                .is_some_and(|t| now.duration_since(t) < Self::GRACE)
+                .is_some_and(|t| now.duration_since(t) < Self::EVERY)
         {
             return None;
         }

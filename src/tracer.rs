@@ -702,14 +702,21 @@ impl<'obj> Tracer<'obj> {
         tgids: &std::collections::HashSet<u32>,
     ) -> Result<Vec<(u32, u64, Vec<u64>)>> {
         let mut wanted = std::collections::HashSet::new();
-        for key_bytes in self.skel.maps.counts.keys() {
+        let mut note = |key_bytes: &[u8]| {
             let mut key = types::offcpu_key::default();
-            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() || !tgids.contains(&key.tgid) {
-                continue;
+            if plain::copy_from_bytes(&mut key, key_bytes).is_ok() && tgids.contains(&key.tgid) {
+                if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
+                    wanted.insert((key.tgid, id));
+                }
             }
-            if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
-                wanted.insert((key.tgid, id));
-            }
+        };
+        // In batches (one system call per 1024 entries: the table holds
+        // every thread's stacks, tens of thousands on a busy machine),
+        // or key by key where the kernel has no batch lookup.
+        let counts = &self.skel.maps.counts;
+        match counts.lookup_batch(1024, MapFlags::ANY, MapFlags::ANY) {
+            Ok(batch) => batch.for_each(|(k, _)| note(&k)),
+            Err(_) => counts.keys().for_each(|k| note(&k)),
         }
         let mut out = Vec::with_capacity(wanted.len());
         for (tgid, id) in wanted {

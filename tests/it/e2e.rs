@@ -1066,7 +1066,7 @@ fn out_of_unwind_memory_is_said_and_falls_back() {
             let _ = self.0.wait();
         }
     }
-    let child = Killed(
+    let mut child = Killed(
         std::process::Command::new(rustc)
             .args(["-", "--crate-type", "lib", "-o", "/dev/null"])
             .stdin(std::process::Stdio::piped())
@@ -1075,6 +1075,14 @@ fn out_of_unwind_memory_is_said_and_falls_back() {
             .spawn()
             .expect("start rustc"),
     );
+    // A space every 20 ms: its reading thread blocks again and again.
+    let mut stdin = child.0.stdin.take().expect("stdin");
+    std::thread::spawn(move || {
+        use std::io::Write;
+        while stdin.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
     std::thread::sleep(Duration::from_millis(1500));
     let pid = child.0.id().to_string();
     let out = profile(&["-v", "-f", "--unwind-memory", "1", "-p", &pid, "2"]);
