@@ -527,22 +527,16 @@ fn soak_switch_storm_and_short_lived_processes() {
     // after it has exited, because every CPU is busy with the storm, keeps
     // unnamed frames (about 1.5% of the time on 2 CPUs).
     let slept = sum_us_where(&lines, |l| l.comm() == "wl-child" && l.has("do_nanosleep"));
+    let named_stack =
+        |l: &Folded| l.has("blocker::run_child") && !l.frames.iter().any(|f| f.starts_with('['));
     let named = sum_us_where(&lines, |l| {
-        l.comm() == "wl-child"
-            && l.has("do_nanosleep")
-            && l.has("blocker::run_child")
-            && !l.frames.iter().any(|f| f.starts_with('['))
+        l.comm() == "wl-child" && l.has("do_nanosleep") && named_stack(l)
     });
     eprintln!("soak: children slept {slept} us, {named} us of it under named frames");
     if (named as f64) < 0.95 * slept as f64 {
         let mut unnamed: Vec<_> = lines
             .iter()
-            .filter(|l| {
-                l.comm() == "wl-child"
-                    && l.has("do_nanosleep")
-                    && !(l.has("blocker::run_child")
-                        && !l.frames.iter().any(|f| f.starts_with('[')))
-            })
+            .filter(|l| l.comm() == "wl-child" && l.has("do_nanosleep") && !named_stack(l))
             .collect();
         unnamed.sort_by_key(|l| std::cmp::Reverse(l.us));
         for l in unnamed.iter().take(5) {

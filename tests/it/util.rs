@@ -195,7 +195,7 @@ pub fn profile_during(args: &[&str], during: impl FnOnce(u32)) -> (Output, u64, 
         all
     });
     let attached = rx.recv_timeout(Duration::from_secs(60));
-    if let Ok(_) = attached {
+    if attached.is_ok() {
         during(child.id());
     }
     let status = child.wait().expect("wait for offcputime");
