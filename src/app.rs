@@ -137,6 +137,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // Processes that have exited give back what was kept for them (see
     // `Exits`).
     let mut exits = Exits::default();
+    let mut scan = None;
     let mut stats = StatsLine::from_env(began);
     tracer.wait(deadline, &stop, |events| {
         for &ev in events {
@@ -150,24 +151,34 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             }
         }
         exits.sweep(&symbolizer);
-        if let Some(gone) = exits.due() {
-            // Their stacks counted so far, kept as frames of objects; a
-            // failure to read them leaves their frames unnamed, nothing
-            // else.
-            let stacks = tracer.user_stacks_of(&gone).unwrap_or_default();
-            let mut by_tgid: HashMap<u32, Vec<(u64, Vec<u64>)>> = HashMap::new();
-            for (tgid, id, frames) in stacks {
-                by_tgid.entry(tgid).or_default().push((id, frames));
-            }
-            for &tgid in &gone {
-                symbolizer.retire(tgid, by_tgid.get(&tgid).map_or(&[][..], Vec::as_slice));
-                if let Some(u) = &mut unwinder {
-                    u.forget(tgid);
+        if scan.is_none() {
+            scan = exits.due().map(|gone| tracer.scan_user_stacks(gone));
+        }
+        // A slice of the pass over the counts at a time, between reads of
+        // events.
+        let scanning = if let Some(s) = &mut scan {
+            match s.step(&tracer, 4096) {
+                None => true,
+                Some(stacks) => {
+                    let gone = scan.take().map(|s| s.tgids().clone()).unwrap_or_default();
+                    let mut by_tgid: HashMap<u32, Vec<(u64, Vec<u64>)>> = HashMap::new();
+                    for (tgid, id, frames) in stacks {
+                        by_tgid.entry(tgid).or_default().push((id, frames));
+                    }
+                    for &tgid in &gone {
+                        symbolizer.retire(tgid, by_tgid.get(&tgid).map_or(&[][..], Vec::as_slice));
+                        if let Some(u) = &mut unwinder {
+                            u.forget(tgid);
+                        }
+                    }
+                    stats.exited += gone.len();
+                    crate::give_back_freed_memory();
+                    false
                 }
             }
-            stats.exited += gone.len();
-            crate::give_back_freed_memory();
-        }
+        } else {
+            false
+        };
         let busy = match &mut unwinder {
             None => false,
             Some(u) => {
@@ -180,8 +191,10 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             }
         };
         stats.maybe_print(unwinder.as_ref());
-        busy
+        busy || scanning
     })?;
+    // A pass under way is left: what it was for keeps its snapshot.
+    drop(scan);
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();

@@ -1,7 +1,7 @@
 //! The BPF side: configure, load and attach the program, then read what it
 //! measured.  This is the only module that touches libbpf-rs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -210,6 +210,48 @@ impl TaskEvent {
         match self {
             TaskEvent::New(t) | TaskEvent::Changed(t) | TaskEvent::Exited(t) => t,
         }
+    }
+}
+
+/// A pass over the counts for some processes' user stacks.
+pub struct StackScan<'t> {
+    tgids: HashSet<u32>,
+    keys: Box<dyn Iterator<Item = Vec<u8>> + 't>,
+    wanted: HashSet<(u32, u64)>,
+}
+
+impl StackScan<'_> {
+    /// The processes scanned for.
+    pub fn tgids(&self) -> &HashSet<u32> {
+        &self.tgids
+    }
+
+    /// Reads up to `n` more entries; once the pass is over, the stacks
+    /// found: each (tgid, stack id, frames) once.
+    pub fn step(&mut self, tracer: &Tracer<'_>, n: usize) -> Option<Vec<(u32, u64, Vec<u64>)>> {
+        let mut read = 0;
+        for key_bytes in self.keys.by_ref().take(n) {
+            read += 1;
+            let mut key = types::offcpu_key::default();
+            if plain::copy_from_bytes(&mut key, &key_bytes).is_ok()
+                && self.tgids.contains(&key.tgid)
+            {
+                if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
+                    self.wanted.insert((key.tgid, id));
+                }
+            }
+        }
+        if read == n {
+            return None;
+        }
+        // A stack that cannot be read leaves its frames unnamed, nothing
+        // else.
+        Some(
+            self.wanted
+                .drain()
+                .filter_map(|(tgid, id)| Some((tgid, id, tracer.stack(id).ok()??)))
+                .collect(),
+        )
     }
 }
 
@@ -695,36 +737,21 @@ impl<'obj> Tracer<'obj> {
         Ok(profile)
     }
 
-    /// The user stacks counted so far for the processes in `tgids`: each
-    /// (tgid, stack id, frames) once.
-    pub fn user_stacks_of(
-        &self,
-        tgids: &std::collections::HashSet<u32>,
-    ) -> Result<Vec<(u32, u64, Vec<u64>)>> {
-        let mut wanted = std::collections::HashSet::new();
-        let mut note = |key_bytes: &[u8]| {
-            let mut key = types::offcpu_key::default();
-            if plain::copy_from_bytes(&mut key, key_bytes).is_ok() && tgids.contains(&key.tgid) {
-                if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
-                    wanted.insert((key.tgid, id));
-                }
-            }
-        };
-        // In batches (one system call per 1024 entries: the table holds
-        // every thread's stacks, tens of thousands on a busy machine),
-        // or key by key where the kernel has no batch lookup.
-        let counts = &self.skel.maps.counts;
-        match counts.lookup_batch(1024, MapFlags::ANY, MapFlags::ANY) {
-            Ok(batch) => batch.for_each(|(k, _)| note(&k)),
-            Err(_) => counts.keys().for_each(|k| note(&k)),
+    /// A pass over the counts for the user stacks counted so far for the
+    /// processes in `tgids`, done a slice at a time (see
+    /// [`StackScan::step`]): the table holds every thread's stacks, tens
+    /// of thousands on a busy machine, and reading it all at once would
+    /// hold up the reading of events.
+    pub fn scan_user_stacks(&self, tgids: HashSet<u32>) -> StackScan<'_> {
+        // Key by key: the batched lookup of this libbpf-rs version gave
+        // keys that matched no process under load (the soak test's
+        // exited children lost their names), where the plain walk does not.
+        let keys: Box<dyn Iterator<Item = Vec<u8>> + '_> = Box::new(self.skel.maps.counts.keys());
+        StackScan {
+            tgids,
+            keys,
+            wanted: HashSet::new(),
         }
-        let mut out = Vec::with_capacity(wanted.len());
-        for (tgid, id) in wanted {
-            if let Some(frames) = self.stack(id)? {
-                out.push((tgid, id, frames));
-            }
-        }
-        Ok(out)
     }
 
     fn stack(&self, id: u64) -> Result<Option<Vec<u64>>> {

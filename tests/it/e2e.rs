@@ -225,7 +225,7 @@ fn blocked_time_and_frames(hook: &str) {
         return;
     }
     let _g = serial();
-    let mut wl = Workload::start(&["--seconds", "30", "--tail"]);
+    let mut wl = Workload::start(&["--seconds", "120", "--tail"]);
     let pid = wl.pid.to_string();
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex", "wl-spin"];
     let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();

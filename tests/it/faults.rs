@@ -482,11 +482,13 @@ fn soak_switch_storm_and_short_lived_processes() {
         exited >= long_gone,
         "only {exited} exited processes were let go, {long_gone} children were long gone"
     );
-    let (warm_use, most) = (*before.last().unwrap(), *after.iter().max().unwrap());
-    eprintln!("soak: unwind mappings in use {warm_use} at warm-up, at most {most} after");
+    // (Exited processes are let go together every few seconds: the use
+    // moves within a band; compared with the band during warm-up.)
+    let (warm_use, most) = (*before.iter().max().unwrap(), *after.iter().max().unwrap());
+    eprintln!("soak: unwind mappings in use at most {warm_use} during warm-up, {most} after");
     assert!(
         most <= warm_use * 3 / 2 + 64,
-        "unwind mappings in use grew from {warm_use} to {most}"
+        "unwind mappings in use grew from at most {warm_use} to {most}"
     );
     // (A large program of the machine's may find the tables full of what
     // the live processes map; the workload's files and processes never.)
