@@ -672,16 +672,7 @@ impl Symbolizer {
         };
         // A return address may be one past the end of the calling
         // function (a call as its last instruction): look up the call.
-        let lookup: Vec<u64> = unique
-            .iter()
-            .map(|&(a, k)| {
-                if k == AddrKind::Return {
-                    a.saturating_sub(1)
-                } else {
-                    a
-                }
-            })
-            .collect();
+        let lookup: Vec<u64> = unique.iter().map(|&(a, k)| lookup_at(a, k)).collect();
         let results = symbolize(&lookup);
         let mut out = HashMap::with_capacity(unique.len());
         for (i, &(addr, kind)) in unique.iter().enumerate() {

@@ -418,19 +418,27 @@ impl Unwinder {
     /// tables are still being built.
     pub fn poll(&mut self, procs: &dyn Processes) -> bool {
         self.reclaim();
-        let mut any = false;
-        while let Some(built) = self.builder.try_recv() {
-            self.take_built(built);
-            any = true;
+        let mut built = Vec::new();
+        while let Some(b) = self.builder.try_recv() {
+            built.push(b);
         }
-        if any {
-            crate::give_back_freed_memory();
-            let ready: Vec<u32> = self.waiting.iter().copied().collect();
-            for tgid in ready {
-                self.note_process(procs, tgid);
-            }
-        }
+        self.take_in(procs, built);
         !self.building.is_empty()
+    }
+
+    /// Takes in built tables and gives them to the processes that waited.
+    fn take_in(&mut self, procs: &dyn Processes, built: Vec<Built>) {
+        if built.is_empty() {
+            return;
+        }
+        for b in built {
+            self.take_built(b);
+        }
+        crate::give_back_freed_memory();
+        let ready: Vec<u32> = self.waiting.iter().copied().collect();
+        for tgid in ready {
+            self.note_process(procs, tgid);
+        }
     }
 
     /// Waits until every table asked for is built and given to its
@@ -442,16 +450,10 @@ impl Unwinder {
             if left.is_zero() {
                 return;
             }
-            if let Some(built) = self
+            let built = self
                 .builder
-                .recv_timeout(left.min(Duration::from_millis(50)))
-            {
-                self.take_built(built);
-                let ready: Vec<u32> = self.waiting.iter().copied().collect();
-                for tgid in ready {
-                    self.note_process(procs, tgid);
-                }
-            }
+                .recv_timeout(left.min(Duration::from_millis(50)));
+            self.take_in(procs, built.into_iter().collect());
         }
     }
 
@@ -645,11 +647,6 @@ impl Unwinder {
     /// Tables being built now.
     pub fn building(&self) -> usize {
         self.building.len()
-    }
-
-    /// Whether `tgid` has been dealt with (and not forgotten).
-    pub fn knows(&self, tgid: u32) -> bool {
-        self.processes.contains_key(&tgid)
     }
 
     /// Makes space given back more than [`GRACE`] ago reusable.
