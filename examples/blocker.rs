@@ -29,6 +29,14 @@
 //! | `--pinned-spinners` | `wl-pin-a`, `wl-pin-b` | busy loops, both pinned to CPU 0: each is preempted for the other about half the time |
 //! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and sleeps 60 s in `wl_block_tail` |
 //!
+//! `blocker stuck` is another process altogether, whose threads are all
+//! blocked for good from the start, until it is killed: `wl-stuck-cond` in
+//! `wl_block_cond_wait` (a condition variable never signalled),
+//! `wl-stuck-pipe` in `wl_block_stuck_read` (a pipe nobody writes),
+//! `wl-stuck-sleep` in `wl_block_long_sleep` (a 1000 s nanosleep), and the
+//! main thread, `wl-stuck-main`, in `wl_block_join` (pthread_join of the
+//! first). It prints the same `pid`/`tid`/`ready` lines.
+//!
 //! The main thread feeds the pipe one byte every 20 ms. With `--child-ms M`
 //! a child process (this executable re-run as `blocker child M`, comm
 //! `wl-child`) sleeps M ms in `wl_child_sleep` (10 ms nanosleeps) and exits;
@@ -354,6 +362,95 @@ pub extern "C" fn wl_child_sleep(ms: u64) {
     }
 }
 
+static mut STUCK_MUTEX: libc::pthread_mutex_t = libc::PTHREAD_MUTEX_INITIALIZER;
+static mut STUCK_COND: libc::pthread_cond_t = libc::PTHREAD_COND_INITIALIZER;
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_cond_wait() -> libc::c_int {
+    // SAFETY: the statics are initialized pthread objects, only ever used
+    // through these pointers; the mutex is held around the wait.
+    let r = unsafe {
+        let (m, c) = (
+            std::ptr::addr_of_mut!(STUCK_MUTEX),
+            std::ptr::addr_of_mut!(STUCK_COND),
+        );
+        libc::pthread_mutex_lock(m);
+        let r = libc::pthread_cond_wait(c, m);
+        libc::pthread_mutex_unlock(m);
+        r
+    };
+    black_box(r)
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_stuck_read(fd: libc::c_int) -> libc::ssize_t {
+    // readv, not read: the function must not be folded into
+    // wl_block_pipe_read, its twin.
+    let mut byte = 0u8;
+    let iov = libc::iovec {
+        iov_base: (&mut byte as *mut u8).cast(),
+        iov_len: 1,
+    };
+    // SAFETY: `iov` describes `byte`, valid and writable for the whole call.
+    let n = unsafe { libc::readv(fd, &iov, 1) };
+    black_box(n)
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_long_sleep() -> libc::c_int {
+    black_box(nanosleep_ms(1_000_000))
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_join(thread: libc::pthread_t) -> libc::c_int {
+    // SAFETY: `thread` is a joinable thread that is never joined elsewhere.
+    black_box(unsafe { libc::pthread_join(thread, std::ptr::null_mut()) })
+}
+
+/// `blocker stuck`: every thread blocked for good (see the module docs).
+fn run_stuck() -> ExitCode {
+    // SAFETY: as in run_child; 14 bytes including the NUL.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"wl-stuck-main".as_ptr()) };
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!("blocker: pipe2: {}", std::io::Error::last_os_error());
+        return ExitCode::FAILURE;
+    }
+    // The write end stays open and unwritten: the read never returns.
+    let read_fd = fds[0];
+    let (tx, rx) = mpsc::channel();
+    let names = ["wl-stuck-cond", "wl-stuck-pipe", "wl-stuck-sleep"];
+    let cond = spawn_named("wl-stuck-cond", &tx, || loop {
+        wl_block_cond_wait();
+    });
+    spawn_named("wl-stuck-pipe", &tx, move || loop {
+        wl_block_stuck_read(read_fd);
+    });
+    spawn_named("wl-stuck-sleep", &tx, || loop {
+        wl_block_long_sleep();
+    });
+    drop(tx);
+    let mut report = format!("pid {}\ntid main {}\n", std::process::id(), gettid());
+    for _ in 0..names.len() {
+        let (name, tid) = rx.recv().expect("a thread died before reporting");
+        report += &format!("tid {name} {tid}\n");
+    }
+    report += "ready\n";
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(report.as_bytes()).and_then(|()| out.flush());
+    drop(out);
+    use std::os::unix::thread::JoinHandleExt;
+    let thread = cond.into_pthread_t();
+    loop {
+        wl_block_join(thread);
+    }
+}
+
 fn run_child(ms: u64) -> ExitCode {
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes;
     // this literal is 9 bytes including the NUL.
@@ -424,6 +521,9 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 
 fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1).peekable();
+    if argv.peek().map(String::as_str) == Some("stuck") {
+        return run_stuck();
+    }
     if argv.peek().map(String::as_str) == Some("child") {
         argv.next();
         return match parse_num("child", argv.next()) {

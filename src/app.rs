@@ -16,7 +16,7 @@ use crate::cli::{check_targets, Args, Config, Format};
 use crate::output::{folded, svg, text};
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
-use crate::tracer::{check_environment, TaskEvent, Tracer};
+use crate::tracer::{check_environment, StackRef, TaskEvent, Tracer};
 use crate::unwind::Unwinder;
 
 /// What `main` should do after `run`.
@@ -90,10 +90,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let started_tracer = prepare(config, &stop).and_then(|()| {
         started = Instant::now();
         Tracer::start(&mut object, &config.tracer, &mut |store| {
-            // The processes asked for get their tables before tracing
-            // starts, not at their first block.
+            // The processes traced get their tables before tracing starts,
+            // not at their first block: the stacks of threads blocked since
+            // before the start are walked with them too.
             let mut u = Unwinder::new(store);
-            for &tgid in &config.tracer.tgids {
+            for tgid in processes_to_trace(&config.tracer) {
                 symbolizer.note_process(tgid, false);
                 u.note_process(&symbolizer, tgid);
             }
@@ -118,10 +119,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     };
     if config.verbose {
         eprintln!(
-            "offcputime: attached {} {:.1} ms after start (load and attach {:.1} ms)",
+            "offcputime: attached {} {:.1} ms after start (load and attach {:.1} ms: {})",
             tracer.hook(),
             began.elapsed().as_secs_f64() * 1e3,
             started.elapsed().as_secs_f64() * 1e3,
+            tracer.phases(),
         );
     }
     eprintln!("{}", config.status_line());
@@ -200,6 +202,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let ended = Instant::now();
 
     let raw = tracer.read()?;
+    let unreadable = raw
+        .entries
+        .iter()
+        .filter(|e| e.user_stack == StackRef::NotReadable)
+        .count();
     let profile = profile::build(
         &raw,
         &mut symbolizer,
@@ -216,21 +223,22 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
     }
 
-    report_losses(&profile, config);
+    report_losses(&profile, config, unreadable);
     if let Some(u) = &unwinder {
         report_unwinding(u, &profile, config.verbose);
     }
     if config.verbose {
         eprintln!(
             "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {} stacks, {} blocks, \
-             {:.3} s off-CPU in total; {} blocks in progress at the end counted up to it; \
-             report in {:.1} ms",
+             {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
+             progress at the end counted up to it; report in {:.1} ms",
             (window_end - window_start) as f64 / 1e9,
             window_start as f64 / 1e9,
             window_end as f64 / 1e9,
             profile.samples.len(),
             profile.samples.iter().map(|s| s.count).sum::<u64>(),
             profile.total_ns() as f64 / 1e9,
+            profile.counters.blocks_at_start,
             profile.counters.blocks_at_end,
             ended.elapsed().as_secs_f64() * 1e3,
         );
@@ -252,9 +260,54 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     Ok(())
 }
 
-fn report_losses(profile: &Profile, config: &Config) {
+/// The processes alive now whose threads are traced (none if no user
+/// stacks are wanted): those of -p, those of the threads of -t, else all.
+fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
+    if t.kernel_threads_only || !t.user_stacks {
+        return Vec::new();
+    }
+    if !t.tgids.is_empty() {
+        return t.tgids.clone();
+    }
+    let tgid_of = |tid: u32| {
+        std::fs::read_to_string(format!("/proc/{tid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    if !t.tids.is_empty() {
+        let mut tgids: Vec<u32> = t.tids.iter().filter_map(|&tid| tgid_of(tid)).collect();
+        tgids.sort_unstable();
+        tgids.dedup();
+        return tgids;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
+fn report_losses(profile: &Profile, config: &Config, unreadable: usize) {
     let c = &profile.counters;
-    let missed = profile.missed_stacks(config.shape.mode);
+    if unreadable > 0 && config.shape.mode.user() {
+        eprintln!(
+            "offcputime: {unreadable} stacks of threads blocked since before tracing started \
+             show no user stack: they are counted from the start, but this kernel cannot read \
+             another thread's user stack from BPF (Linux 5.18 and later can)"
+        );
+    }
+    let missed =
+        profile
+            .missed_stacks(config.shape.mode)
+            .saturating_sub(if config.shape.mode.user() {
+                unreadable
+            } else {
+                0
+            });
     if missed > 0 {
         let full = c.user_stack_full + c.kernel_stack_full > 0;
         eprintln!(

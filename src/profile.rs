@@ -157,7 +157,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
 
     let user_part = |tgid: u32, r: StackRef| match r {
         StackRef::None => Part::Absent,
-        StackRef::MissedFull | StackRef::MissedError => Part::Missed,
+        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
         StackRef::Id(id) => match user_stacks.get(&(tgid, id)) {
             None => Part::Missed,
             Some(frames) => Part::Frames(
@@ -176,7 +176,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     };
     let kernel_part = |r: StackRef| match r {
         StackRef::None => Part::Absent,
-        StackRef::MissedFull | StackRef::MissedError => Part::Missed,
+        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
         StackRef::Id(id) => match raw.stacks.get(&id) {
             None => Part::Missed,
             Some(frames) => {

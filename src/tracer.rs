@@ -112,7 +112,7 @@ impl UnwindCapacity {
 #[derive(Clone, Debug)]
 pub struct TracerOptions {
     /// How long to trace: the end of the window is set in the BPF program
-    /// before it is attached. None: until stopped.
+    /// when it opens the window. None: until stopped.
     pub duration: Option<Duration>,
     pub tgids: Vec<u32>,
     pub tids: Vec<u32>,
@@ -140,6 +140,9 @@ pub enum StackRef {
     MissedFull,
     /// Lost: the kernel could not walk the stack.
     MissedError,
+    /// The user stack of a thread blocked since before tracing started,
+    /// which this kernel cannot read from BPF.
+    NotReadable,
     /// Frames in `RawProfile::stacks`.
     Id(u64),
 }
@@ -153,6 +156,8 @@ impl StackRef {
             StackRef::None
         } else if id == S::STACK_ID_MISSED_FULL.0 as u64 {
             StackRef::MissedFull
+        } else if id == S::STACK_ID_NOT_READABLE.0 as u64 {
+            StackRef::NotReadable
         } else {
             StackRef::MissedError
         }
@@ -183,6 +188,8 @@ pub struct LossCounters {
     pub no_task_storage: u64,
     pub events_dropped: u64,
     pub blocks_at_end: u64,
+    /// Blocks under way when tracing started, counted from the start.
+    pub blocks_at_start: u64,
     /// `--unwind dwarf`: user stacks walked with frame pointers because
     /// their process had no tables yet.
     pub unwind_not_ready: u64,
@@ -275,6 +282,56 @@ pub struct Tracer<'obj> {
     /// The end of tracing on that clock, once known.
     end_ns: Option<u64>,
     stopped: bool,
+    /// The start iterator could read the user stacks of threads blocked
+    /// since before tracing started (sleepable iterator, Linux 5.18).
+    start_user_stacks: bool,
+    phases: Phases,
+}
+
+/// How long each step of starting took.
+#[derive(Debug)]
+pub struct Phases {
+    last: Instant,
+    pub steps: Vec<(&'static str, Duration)>,
+}
+
+impl Default for Phases {
+    fn default() -> Phases {
+        Phases {
+            last: Instant::now(),
+            steps: Vec::new(),
+        }
+    }
+}
+
+impl Phases {
+    fn mark(&mut self, what: &'static str) {
+        let now = Instant::now();
+        self.steps.push((what, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (what, d)) in self.steps.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{what} {:.1} ms", d.as_secs_f64() * 1e3)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs a task iterator program over every thread, once.
+fn run_iterator(prog: &libbpf_rs::ProgramMut<'_>) -> Result<()> {
+    let link = prog
+        .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+        .context("failed to attach the task iterator")?;
+    let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
+    let mut sink = Vec::new();
+    iter.read_to_end(&mut sink)
+        .context("failed to read the task iterator")?;
+    Ok(())
 }
 
 /// Finds the name under which `finish_task_switch` is in kallsyms: the
@@ -384,10 +441,23 @@ impl<'obj> Tracer<'obj> {
             // SAFETY: each attempt that fails drops everything borrowing
             // the object before the next one reuses it; only the
             // successful attempt's borrow outlives the loop.
+            // The start iterator that reads user stacks needs a kernel
+            // that lets BPF read another task's memory (5.18); without
+            // it, blocks under way at the start have no user stack.
             let object = unsafe { &mut *object_ptr };
-            match Self::try_start(object, opts, hook, on_tables) {
+            let err = if std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_some() {
+                // For tests: as on a kernel without it.
+                anyhow!("not tried")
+            } else {
+                match Self::try_start(object, opts, hook, true, on_tables) {
+                    Ok(t) => return Ok(t),
+                    Err(e) => e,
+                }
+            };
+            let object = unsafe { &mut *object_ptr };
+            match Self::try_start(object, opts, hook, false, on_tables) {
                 Ok(t) => return Ok(t),
-                Err(e) => errors.push((hook, e)),
+                Err(_) => errors.push((hook, err)),
             }
         }
         let first_tracepoint = errors
@@ -404,6 +474,7 @@ impl<'obj> Tracer<'obj> {
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
         hook: Hook,
+        start_user_stacks: bool,
         on_tables: &mut dyn FnMut(UnwindStore),
     ) -> Result<Tracer<'obj>> {
         let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
@@ -411,10 +482,12 @@ impl<'obj> Tracer<'obj> {
         } else {
             None
         };
+        let mut phases = Phases::default();
         let builder = OffcputimeSkelBuilder::default();
         let mut open = builder
             .open(object)
             .context("failed to open the BPF object")?;
+        phases.mark("open");
 
         {
             let rodata = open
@@ -435,6 +508,9 @@ impl<'obj> Tracer<'obj> {
             rodata.notify_new_tasks = opts.user_stacks;
             rodata.stack_bytes = opts.max_stack_depth * 8;
             rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+            rodata.trace_duration_ns = opts
+                .duration
+                .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
         }
         let dwarf = opts.unwind == Unwind::Dwarf;
         if dwarf {
@@ -480,6 +556,15 @@ impl<'obj> Tracer<'obj> {
             .set_autoload(hook == Hook::FinishTaskSwitch);
         open.progs.flush_in_progress.set_autoload(trusted);
         open.progs.flush_in_progress_by_tid.set_autoload(!trusted);
+        let user = start_user_stacks;
+        open.progs.start_blocked.set_autoload(trusted && !user);
+        open.progs
+            .start_blocked_by_tid
+            .set_autoload(!trusted && !user);
+        open.progs.start_blocked_user.set_autoload(trusted && user);
+        open.progs
+            .start_blocked_user_by_tid
+            .set_autoload(!trusted && user);
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -490,10 +575,11 @@ impl<'obj> Tracer<'obj> {
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
-        let mut skel = open
+        let skel = open
             .load()
             .with_context(|| format!("failed to load the BPF program ({what})"))?;
 
+        phases.mark("load");
         let one = [1u8];
         for tgid in &opts.tgids {
             skel.maps
@@ -510,17 +596,9 @@ impl<'obj> Tracer<'obj> {
             on_tables(UnwindStore::new(&skel)?);
         }
 
-        // The window starts before the hook is live, and its end is set
-        // before too: a block counted cannot have started before the start,
-        // and however long this thread then waits for a CPU (hundreds of
-        // ms on a loaded machine), no block counts past the end.
-        let (started_at, started_ns) = (Instant::now(), monotonic_ns());
-        let end_ns = opts
-            .duration
-            .map(|d| started_ns.saturating_add(d.as_nanos().try_into().unwrap_or(u64::MAX)));
-        if let (Some(end), Some(bss)) = (end_ns, skel.maps.bss_data.as_deref_mut()) {
-            bss.trace_end_ns = end;
-        }
+        phases.mark("tables");
+        // The hook only notes switches until the start iterator, run next,
+        // has claimed the blocks under way and opened the window.
         let (link, attached) = match hook {
             Hook::TpBtf => (
                 skel.progs
@@ -553,6 +631,14 @@ impl<'obj> Tracer<'obj> {
                 (link, AttachedHook::Kprobe { symbol })
             }
         };
+        phases.mark("attach");
+        let (started_ns, end_ns) = Self::open_window(&skel, trusted, start_user_stacks)?;
+        phases.mark("start iterator");
+        let started_at = Instant::now()
+            .checked_sub(Duration::from_nanos(
+                monotonic_ns().saturating_sub(started_ns),
+            ))
+            .unwrap_or_else(Instant::now);
         if let Some(ms) = std::env::var("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -569,14 +655,62 @@ impl<'obj> Tracer<'obj> {
             attached_ns: started_ns,
             end_ns,
             stopped: false,
+            start_user_stacks,
+            phases,
         })
+    }
+
+    /// Runs the start iterator: every thread blocked since before the hook
+    /// was attached is claimed as blocked from the window's start, then the
+    /// program opens the window (and sets its end, given a duration).
+    /// Returns both ends, in CLOCK_MONOTONIC ns.
+    fn open_window(
+        skel: &OffcputimeSkel<'_>,
+        trusted: bool,
+        user: bool,
+    ) -> Result<(u64, Option<u64>)> {
+        let progs = &skel.progs;
+        let prog = match (trusted, user) {
+            (true, false) => &progs.start_blocked,
+            (false, false) => &progs.start_blocked_by_tid,
+            (true, true) => &progs.start_blocked_user,
+            (false, true) => &progs.start_blocked_user_by_tid,
+        };
+        run_iterator(prog).context("failed to run the start iterator")?;
+        let bss = skel
+            .maps
+            .bss_data
+            .as_deref()
+            .ok_or_else(|| anyhow!("BPF object has no .bss"))?;
+        // SAFETY: the mmap'ed .bss is shared with the running program.
+        let (start, end) = unsafe {
+            (
+                std::ptr::read_volatile(&bss.trace_start_ns),
+                std::ptr::read_volatile(&bss.trace_end_ns),
+            )
+        };
+        if start == 0 {
+            bail!("the start iterator did not open the window");
+        }
+        Ok((start, (end != 0).then_some(end)))
+    }
+
+    /// How long starting took, step by step.
+    pub fn phases(&self) -> &Phases {
+        &self.phases
+    }
+
+    /// Whether blocks under way at the start have user stacks.
+    pub fn start_user_stacks(&self) -> bool {
+        self.start_user_stacks
     }
 
     pub fn hook(&self) -> &AttachedHook {
         &self.hook
     }
 
-    /// When the window started: just before the program was attached.
+    /// When the window started: once the program was attached and the
+    /// blocks under way claimed.
     pub fn attached_at(&self) -> Instant {
         self.attached_at
     }
@@ -684,14 +818,7 @@ impl<'obj> Tracer<'obj> {
         } else {
             &self.skel.progs.flush_in_progress_by_tid
         };
-        let link = flush
-            .attach_iter_with_opts(libbpf_rs::IterOpts::None)
-            .context("failed to attach the task iterator")?;
-        let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
-        let mut sink = Vec::new();
-        iter.read_to_end(&mut sink)
-            .context("failed to run the task iterator")?;
-        Ok(())
+        run_iterator(flush).context("failed to run the end iterator")
     }
 
     /// Reads the counts, the stacks they refer to and the loss counters.
@@ -793,6 +920,7 @@ impl<'obj> Tracer<'obj> {
             no_task_storage: at(C::CNT_NO_TASK_STORAGE),
             events_dropped: at(C::CNT_EVENTS_DROPPED),
             blocks_at_end: at(C::CNT_BLOCKS_AT_END),
+            blocks_at_start: at(C::CNT_BLOCKS_AT_START),
             unwind_not_ready: at(C::CNT_UNWIND_NOT_READY),
             unwind_dwarf: at(C::CNT_UNWIND_DWARF),
             unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),

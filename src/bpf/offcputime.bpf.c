@@ -25,6 +25,7 @@
 
 #define PF_KTHREAD 0x00200000
 #define TASK_DEAD 0x00000080
+#define TASK_NEW 0x00000800
 #define EFAULT 14
 #define E2BIG 7
 #define ENOMEM 12
@@ -47,19 +48,41 @@ const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
 
+/* How long to trace (0: until userspace stops it). */
+const volatile __u64 trace_duration_ns = 0;
+
 /*
- * The end of tracing, set by userspace: before attaching when a duration is
- * given (so that a late wake-up of userspace does not stretch the window), or
- * when tracing is stopped early. Blocks are counted only up to this
- * instant, and the iterator adds the blocks still in progress at the end.
+ * The window.  Its start is set by the start iterator (start_blocked), once
+ * it has claimed every block already under way; until then the hooks only
+ * note switches, and count nothing.  Its end is set at the same moment when
+ * a duration is given (so that no wake-up of userspace, however late, can
+ * stretch the window), or by userspace when tracing is stopped early.
+ * Blocks are counted only inside the window, and the end iterator adds the
+ * blocks still in progress at its end.
  */
+volatile __u64 trace_start_ns = 0;
 volatile __u64 trace_end_ns = 0;
+
+/*
+ * task_data.start_ns: the switch-out time of a block under way, or one of
+ * these (a ktime in ns is never this small).  0: no block.  START_SEEN: the
+ * task was switched in or out since the hook was attached (so it cannot
+ * have been blocked since before).  START_AT_WINDOW: blocked since before
+ * the hook was attached, claimed by the start iterator: counted from the
+ * window's start, with the stacks it took (start_*_stack_id).
+ */
+#define START_SEEN 1
+#define START_AT_WINDOW 2
 
 /* Per-thread state while it is switched out. */
 struct task_data {
 	__u64 start_ns;
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
+	/* The stacks of a block under way at the start, kept apart so that
+	 * the iterator never overwrites those of a switch-out that raced it. */
+	__u64 start_user_stack_id;
+	__u64 start_kernel_stack_id;
 	/* The address space its last new-task event was sent for, and the
 	 * size of its executable mappings then. */
 	__u64 notified_mm;
@@ -118,6 +141,16 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64[MAX_STACK_DEPTH + 1]);
 } scratch SEC(".maps");
+
+/* The start iterator's frames: it may sleep (reading another task's stack
+ * memory can fault), and a switch hook on its CPU would reuse `scratch`
+ * meanwhile. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[MAX_STACK_DEPTH + 1]);
+} start_scratch SEC(".maps");
 
 /* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
  * written by it through mmap. */
@@ -243,53 +276,104 @@ struct unwind_state {
 	__u32 max;
 	__u32 fp_frames;
 	bool truncated;
+	/* The task whose stack it is, when it is not the current one. */
+	struct task_struct *task;
 };
+
+/* Reads the user memory of the current task, or of `task` (which may
+ * sleep, so only from the sleepable start iterator). */
+static __always_inline long read_user(void *dst, __u32 size, const void *src,
+				      struct task_struct *task, bool remote)
+{
+	if (remote)
+		return bpf_copy_from_user_task(dst, size, src, task, 0);
+	return bpf_probe_read_user(dst, size, src);
+}
+
+/* A binary search over `count` entries of an array map from `start`, one
+ * halving per bpf_loop step: the verifier then checks a step once, not
+ * every path through an unrolled search (which made loading slow). */
+struct search {
+	__u32 start;
+	__u32 lo;
+	__u32 hi;
+	__u64 addr;
+	/* find_mapping: s->lo is the mapping that holds addr. */
+	__u32 found;
+};
+
+static long mapping_step(__u32 i, void *arg)
+{
+	struct search *s = arg;
+	struct unwind_mapping *m;
+	__u32 mid, idx;
+
+	if (s->lo >= s->hi)
+		return 1;
+	mid = s->lo + (s->hi - s->lo) / 2;
+	idx = s->start + mid;
+	m = bpf_map_lookup_elem(&unwind_maps, &idx);
+	if (!m)
+		return 1;
+	if (s->addr < m->start) {
+		s->hi = mid;
+	} else if (s->addr >= m->end) {
+		s->lo = mid + 1;
+	} else {
+		s->lo = mid;
+		s->hi = 0;
+		s->found = 1;
+		return 1;
+	}
+	return 0;
+}
 
 /* The process's mapping that holds `addr`: a binary search over its
  * mappings, sorted by start address. */
 static __always_inline struct unwind_mapping *find_mapping(struct unwind_state *u, __u64 addr)
 {
-	__u32 lo = 0, hi = u->map_count, mid, idx;
-	struct unwind_mapping *m;
-	int i;
+	struct search s = { .start = u->map_start, .hi = u->map_count, .addr = addr };
+	__u32 idx;
 
-	for (i = 0; i <= 10 && lo < hi; i++) { /* 2^10 = UNWIND_MAX_PROC_MAPPINGS */
-		mid = lo + (hi - lo) / 2;
-		idx = u->map_start + mid;
-		m = bpf_map_lookup_elem(&unwind_maps, &idx);
-		if (!m)
-			return NULL;
-		if (addr < m->start)
-			hi = mid;
-		else if (addr >= m->end)
-			lo = mid + 1;
-		else
-			return m;
-	}
-	return NULL;
+	/* 2^10 = UNWIND_MAX_PROC_MAPPINGS */
+	bpf_loop(11, mapping_step, &s, 0);
+	if (!s.found)
+		return NULL;
+	idx = s.start + s.lo;
+	return bpf_map_lookup_elem(&unwind_maps, &idx);
+}
+
+static long row_step(__u32 i, void *arg)
+{
+	struct search *s = arg;
+	struct unwind_row *r;
+	__u32 mid, idx;
+
+	if (s->lo >= s->hi)
+		return 1;
+	mid = s->lo + (s->hi - s->lo) / 2;
+	idx = s->start + mid;
+	r = bpf_map_lookup_elem(&unwind_rows, &idx);
+	if (!r)
+		return 1;
+	if (r->pc <= s->addr)
+		s->lo = mid + 1;
+	else
+		s->hi = mid;
+	return 0;
 }
 
 /* The last of the `count` rows from `start` whose pc is at most `pc`. */
 static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u32 pc)
 {
-	__u32 lo = 0, hi = count, mid, idx;
-	struct unwind_row *r;
-	int i;
+	struct search s = { .start = start, .hi = count, .addr = pc };
+	__u32 idx;
 
-	for (i = 0; i <= 24 && lo < hi; i++) { /* 2^24 = UNWIND_MAX_OBJECT_ROWS */
-		mid = lo + (hi - lo) / 2;
-		idx = start + mid;
-		r = bpf_map_lookup_elem(&unwind_rows, &idx);
-		if (!r)
-			return NULL;
-		if (r->pc <= pc)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo == 0 || lo > count)
+	/* 2^24 = UNWIND_MAX_OBJECT_ROWS */
+	bpf_loop(25, row_step, &s, 0);
+	if (s.lo == 0 || s.lo > count || s.lo < s.hi)
 		return NULL;
-	idx = start + lo - 1;
+	idx = start + s.lo - 1;
 	return bpf_map_lookup_elem(&unwind_rows, &idx);
 }
 
@@ -299,21 +383,17 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
  * has not (JIT code, objects without call-frame information).  Returns 1
  * to stop (bpf_loop callback).
  */
-static long unwind_step(__u32 i, void *arg)
+static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips, bool remote)
 {
-	struct unwind_state *u = arg;
 	struct unwind_mapping *m;
 	struct unwind_row *r;
-	__u64 *ips, cfa, ra, addr, frame[2];
-	__u32 zero = 0, idx;
+	__u64 cfa, ra, addr, frame[2];
+	__u32 idx;
 	__s64 rbp_off;
 
 	/* `i`, not a count kept in the state, indexes the frames: the
 	 * verifier then checks this callback once for any i, instead of once
 	 * per depth. */
-	ips = bpf_map_lookup_elem(&scratch, &zero);
-	if (!ips)
-		return 1;
 	if (i >= u->max || i >= MAX_STACK_DEPTH) {
 		u->truncated = true;
 		return 1;
@@ -349,11 +429,12 @@ static long unwind_step(__u32 i, void *arg)
 			return 1;
 		}
 		rbp_off = r->rbp_off;
-		if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8))) {
+		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, remote)) {
 			u->truncated = true;
 			return 1;
 		}
-		if (rbp_off && bpf_probe_read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8))) {
+		if (rbp_off && read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8),
+					 u->task, remote)) {
 			u->truncated = true;
 			return 1;
 		}
@@ -363,7 +444,7 @@ static long unwind_step(__u32 i, void *arg)
 		 * pointer and return address at bp.  A chain that ends (bp is
 		 * 0 in _start and thread entry points) or cannot be read is
 		 * the end of the stack. */
-		if (!u->bp || bpf_probe_read_user(frame, sizeof(frame), (void *)u->bp))
+		if (!u->bp || read_user(frame, sizeof(frame), (void *)u->bp, u->task, remote))
 			return 1;
 		ra = frame[1];
 		u->sp = u->bp + 16;
@@ -376,16 +457,58 @@ static long unwind_step(__u32 i, void *arg)
 	return 0;
 }
 
-/*
- * Walks the current task's user stack into `scratch` with the DWARF tables
- * of its process, from the user registers saved at kernel entry.  Returns
- * its length in bytes, or -1 if the process has no tables (yet).
- */
-static __always_inline long unwind_user(__u32 tgid)
+static long unwind_step_current(__u32 i, void *arg)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct unwind_state u = {};
 	__u32 zero = 0;
+	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
+
+	return ips ? unwind_step(i, arg, ips, false) : 1;
+}
+
+static long unwind_step_task(__u32 i, void *arg)
+{
+	__u32 zero = 0;
+	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
+
+	return ips ? unwind_step(i, arg, ips, true) : 1;
+}
+
+/*
+ * Walks the stack from u's registers into `scratch` (`start_scratch` for
+ * another task), through the tables of u's mappings if it has any, else
+ * through frame pointers.  Returns the number of frames.
+ */
+static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
+{
+	__u64 *ips;
+	__u32 zero = 0, idx;
+
+	u->max = clamp_stack_bytes() / sizeof(__u64);
+	if (remote)
+		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, u, 0);
+	else
+		bpf_loop(MAX_STACK_DEPTH, unwind_step_current, u, 0);
+	/* Frames end at a zero, as bpf_get_stack() leaves them: the buffer
+	 * still holds deeper stacks walked before. */
+	if (u->nr < MAX_STACK_DEPTH) {
+		ips = bpf_map_lookup_elem(remote ? (void *)&start_scratch : (void *)&scratch, &zero);
+		idx = u->nr;
+		asm volatile("" : "+r"(idx));
+		if (ips)
+			ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	return u->nr;
+}
+
+/*
+ * Walks the user stack of `task` (the current task unless `remote`) with the
+ * DWARF tables of its process, from the user registers saved at kernel
+ * entry.  Returns its length in bytes, or -1 if the process has no tables
+ * (yet).
+ */
+static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
+{
+	struct unwind_state u = {};
 	struct unwind_proc *p;
 	struct pt_regs *regs;
 	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
@@ -414,18 +537,8 @@ static __always_inline long unwind_user(__u32 tgid)
 	u.map_count = p->map_count;
 	if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
 		u.map_count = UNWIND_MAX_PROC_MAPPINGS;
-	u.max = clamp_stack_bytes() / sizeof(__u64);
-	bpf_loop(MAX_STACK_DEPTH, unwind_step, &u, 0);
-	/* Frames end at a zero, as bpf_get_stack() leaves them: the buffer
-	 * still holds deeper stacks walked before. */
-	if (u.nr < MAX_STACK_DEPTH) {
-		__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
-		__u32 idx = u.nr;
-
-		asm volatile("" : "+r"(idx));
-		if (ips)
-			ips[idx & MAX_STACK_DEPTH] = 0;
-	}
+	u.task = task;
+	walk_user(&u, remote);
 	count(CNT_UNWIND_DWARF);
 	if (u.truncated)
 		count(CNT_UNWIND_TRUNCATED);
@@ -444,7 +557,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user)
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf)
-		len = unwind_user(bpf_get_current_pid_tgid() >> 32);
+		len = unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
 	if (len < 0)
 		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	return store_stack(buf, len, user);
@@ -618,52 +731,91 @@ static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
 }
 
 /*
+ * The part of a block from `start` (a switch-out time, or START_AT_WINDOW) to
+ * `now` that lies inside the window, or 0 if none, or if the block does not
+ * pass -m/-M.  `ended`: the block ends at `now`.  The filters see the whole
+ * block where it is known, even beyond the window; a block under way since
+ * before the hook was attached, or still under way at the end, is only known
+ * to be at least as long as what was seen of it: it passes -m once that
+ * part does, and with -M it can never be known to pass.
+ */
+static __always_inline __u64 block_in_window(__u64 start, __u64 now, bool ended)
+{
+	__u64 w = trace_start_ns, end = trace_end_ns, from, to, seen;
+	bool at_window = start == START_AT_WINDOW;
+
+	if (start <= START_SEEN || !w)
+		return 0;
+	from = !at_window && start > w ? start : w;
+	to = end && now > end ? end : now;
+	if (to <= from)
+		return 0;
+	seen = now - (at_window ? w : start);
+	if (seen < min_block_ns)
+		return 0;
+	if (ended && !at_window ? seen > max_block_ns : max_block_ns != ~0ULL)
+		return 0;
+	return to - from;
+}
+
+static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid)
+{
+	key->tgid = BPF_CORE_READ(t, tgid);
+	key->pid = tid;
+	BPF_CORE_READ_STR_INTO(&key->comm, t, comm);
+}
+
+/*
  * `next` is switched in.  `next_is_current`: we run in next's own context
  * (finish_task_switch), so its stacks are taken now; otherwise they were
- * taken at switch-out.
+ * taken at switch-out (or by the start iterator).
  */
 static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
 					 bool trusted, bool next_is_current)
 {
 	__u32 tid = BPF_CORE_READ(next, pid);
+	bool starting = !trace_start_ns;
 	struct offcpu_key key = {};
 	struct task_data *d;
-	__u64 delta, start, end = trace_end_ns;
+	__u64 delta, start;
 	bool kthread;
 
 	if (tid == 0)
 		return;
-	d = get_data(next, tid, trusted, false);
-	if (!d || !d->start_ns)
+	/* Until the window starts every switch-in is noted, so that the
+	 * start iterator cannot take this task for one blocked since before
+	 * the hook was attached. */
+	d = get_data(next, tid, trusted, starting);
+	if (!d)
 		return;
-	start = d->start_ns;
-	d->start_ns = 0;
-	if (end && start >= end)
+	/* Claimed here or by the end iterator, never both. */
+	start = __sync_lock_test_and_set(&d->start_ns, starting ? START_SEEN : 0);
+	delta = block_in_window(start, now, true);
+	if (!delta)
 		return;
-	/* The filters see the whole block; only its part before the end of
-	 * tracing is counted (the end may be set ahead, at the deadline, and
-	 * a block that ends before the iterator runs is counted here, since
-	 * start_ns is now cleared). */
-	delta = now - start;
-	if (delta < min_block_ns || delta > max_block_ns)
-		return;
-	if (end && now > end)
-		delta = end - start;
 
-	key.tgid = BPF_CORE_READ(next, tgid);
-	key.pid = tid;
-	BPF_CORE_READ_STR_INTO(&key.comm, next, comm);
+	fill_key(&key, next, tid);
 	kthread = is_kthread(next);
 	if (kthread)
 		count(CNT_KTHREAD_BLOCKS);
+	if (start == START_AT_WINDOW)
+		count(CNT_BLOCKS_AT_START);
 	if (want_user_stack) {
 		if (next_is_current)
 			key.user_stack_id = kthread ? STACK_ID_NONE : stack_of_current(ctx, true);
+		else if (start == START_AT_WINDOW)
+			key.user_stack_id = d->start_user_stack_id;
 		else
 			key.user_stack_id = d->user_stack_id;
 	}
-	if (want_kernel_stack)
-		key.kernel_stack_id = next_is_current ? stack_of_current(ctx, false) : d->kernel_stack_id;
+	if (want_kernel_stack) {
+		if (next_is_current)
+			key.kernel_stack_id = stack_of_current(ctx, false);
+		else if (start == START_AT_WINDOW)
+			key.kernel_stack_id = d->start_kernel_stack_id;
+		else
+			key.kernel_stack_id = d->kernel_stack_id;
+	}
 	add_block(&key, delta);
 }
 
@@ -705,38 +857,163 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 	return 0;
 }
 
+/* The kernel stack of `task`, which is not running.  The kernel leaves out
+ * the scheduler's own frames (those in .sched.text). */
+static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
+{
+	__u32 zero = 0;
+	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
+
+	if (!buf)
+		return STACK_ID_MISSED_ERROR;
+	return store_stack(buf, bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
+}
+
+/* The user stack of `task`, which is not running: with its process's
+ * tables where it has them, else through frame pointers, as at a
+ * switch-out.  Only from the sleepable start iterator. */
+static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 tgid)
+{
+	struct unwind_state u = {};
+	struct pt_regs *regs;
+	__u32 zero = 0;
+	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
+	long len = -1;
+
+	if (!buf)
+		return STACK_ID_MISSED_ERROR;
+	if (!BPF_CORE_READ(task, mm))
+		return STACK_ID_NONE;
+	if (unwind_dwarf)
+		len = unwind_user(task, tgid, true);
+	if (len < 0) {
+		regs = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (!regs)
+			return STACK_ID_MISSED_ERROR;
+		u.pc = BPF_CORE_READ(regs, ip);
+		u.sp = BPF_CORE_READ(regs, sp);
+		u.bp = BPF_CORE_READ(regs, bp);
+		u.task = task;
+		len = walk_user(&u, true) * sizeof(__u64);
+	}
+	return store_stack(buf, len, true);
+}
+
+/*
+ * The start iterator: every thread blocked (or waiting for a CPU) since
+ * before the hook was attached, and not switched since, is claimed as
+ * blocked from the window's start, with its stacks as the kernel keeps
+ * them.  `user_stacks`: the kernel can read another task's user memory
+ * (the sleepable iterator); else such blocks have no user stack.  Its last
+ * call (no task) opens the window.
+ */
+static __always_inline void start_task(struct task_struct *task, bool trusted, bool user_stacks)
+{
+	__u64 ustack = STACK_ID_NONE, kstack = STACK_ID_NONE, now;
+	struct task_data *d;
+	__u32 tid, tgid, state;
+	bool kthread;
+
+	if (!task) {
+		now = bpf_ktime_get_ns();
+		if (!trace_start_ns) {
+			if (trace_duration_ns)
+				trace_end_ns = now + trace_duration_ns;
+			trace_start_ns = now;
+		}
+		return;
+	}
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0 || BPF_CORE_READ(task, on_cpu))
+		return;
+	state = task_state(task);
+	/* Gone, or never run yet (TASK_NEW). */
+	if ((state & (TASK_DEAD | TASK_NEW)) || BPF_CORE_READ(task, exit_state))
+		return;
+	tgid = BPF_CORE_READ(task, tgid);
+	kthread = is_kthread(task);
+	if (!wanted(tgid, tid, kthread, state))
+		return;
+	d = get_data(task, tid, trusted, true);
+	if (!d) {
+		count(CNT_NO_TASK_STORAGE);
+		return;
+	}
+	if (d->start_ns)
+		return;
+	if (want_user_stack && !kthread)
+		ustack = user_stacks ? user_stack_of_task(task, tgid) : STACK_ID_NOT_READABLE;
+	if (want_kernel_stack)
+		kstack = kernel_stack_of_task(task);
+	d->start_user_stack_id = ustack;
+	d->start_kernel_stack_id = kstack;
+	if (__sync_val_compare_and_swap(&d->start_ns, 0, START_AT_WINDOW) != 0)
+		return;
+	if (notify_new_tasks && !kthread)
+		notify_new_mappings(task, d, tgid, tid);
+}
+
+SEC("iter/task")
+int start_blocked(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, true, false);
+	return 0;
+}
+
+SEC("iter/task")
+int start_blocked_by_tid(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, false, false);
+	return 0;
+}
+
+SEC("iter.s/task")
+int start_blocked_user(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, true, true);
+	return 0;
+}
+
+SEC("iter.s/task")
+int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, false, true);
+	return 0;
+}
+
 /*
  * Run once after tracing ends (trace_end_ns set, switch hooks detached):
  * count every block still in progress up to trace_end_ns.
  */
-static __always_inline void flush_task(void *ctx, struct task_struct *task, bool trusted)
+static __always_inline void flush_task(struct task_struct *task, bool trusted)
 {
-	__u32 tid;
 	struct offcpu_key key = {};
 	struct task_data *d;
-	__u64 delta, end = trace_end_ns;
+	__u64 delta, start;
+	__u32 tid;
 
-	if (!task || !end)
+	if (!task || !trace_end_ns)
 		return;
 	tid = BPF_CORE_READ(task, pid);
 	if (tid == 0)
 		return;
 	d = get_data(task, tid, trusted, false);
-	if (!d || !d->start_ns || d->start_ns >= end)
+	if (!d)
 		return;
-	delta = end - d->start_ns;
-	d->start_ns = 0;
-	/* The block's full length is unknown, only that it is at least
-	 * delta: it passes -m once delta does, but with -M it can never be
-	 * known to pass. */
-	if (delta < min_block_ns || max_block_ns != ~0ULL)
+	start = __sync_lock_test_and_set(&d->start_ns, 0);
+	delta = block_in_window(start, trace_end_ns, false);
+	if (!delta)
 		return;
 
-	key.tgid = BPF_CORE_READ(task, tgid);
-	key.pid = tid;
-	BPF_CORE_READ_STR_INTO(&key.comm, task, comm);
-	key.user_stack_id = d->user_stack_id;
-	key.kernel_stack_id = d->kernel_stack_id;
+	fill_key(&key, task, tid);
+	if (start == START_AT_WINDOW) {
+		count(CNT_BLOCKS_AT_START);
+		key.user_stack_id = d->start_user_stack_id;
+		key.kernel_stack_id = d->start_kernel_stack_id;
+	} else {
+		key.user_stack_id = d->user_stack_id;
+		key.kernel_stack_id = d->kernel_stack_id;
+	}
 	count(CNT_BLOCKS_AT_END);
 	add_block(&key, delta);
 }
@@ -744,14 +1021,14 @@ static __always_inline void flush_task(void *ctx, struct task_struct *task, bool
 SEC("iter/task")
 int flush_in_progress(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx, ctx->task, true);
+	flush_task(ctx->task, true);
 	return 0;
 }
 
 SEC("iter/task")
 int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx, ctx->task, false);
+	flush_task(ctx->task, false);
 	return 0;
 }
 

@@ -24,6 +24,10 @@ enum stack_id_special {
 	STACK_ID_MISSED_FULL = 1,
 	/* The kernel could not walk the stack (any other capture error). */
 	STACK_ID_MISSED_ERROR = 2,
+	/* A user stack of a thread blocked since before tracing started, on
+	 * a kernel that cannot read another thread's user memory from BPF
+	 * (bpf_copy_from_user_task and sleepable task iterators: 5.18). */
+	STACK_ID_NOT_READABLE = 3,
 };
 
 #define STACK_ID_HASH_BIT (1ULL << 63)
@@ -158,6 +162,9 @@ enum offcpu_counter {
 	/* ... frames found through frame pointers (code without tables,
 	 * e.g. JIT code) inside stacks walked with tables */
 	CNT_UNWIND_FP_FRAMES,
+	/* blocks under way when tracing started (claimed by the start
+	 * iterator), counted from the start */
+	CNT_BLOCKS_AT_START,
 	CNT_MAX,
 };
 

@@ -109,6 +109,10 @@ struct signal_struct {
 struct task_struct {
 	unsigned int __state;
 	unsigned int flags;
+	/* 1 while the task runs on a CPU (from the switch to it until the
+	 * switch away from it is finished). */
+	int on_cpu;
+	int exit_state;
 	struct mm_struct *mm;
 	pid_t pid;
 	pid_t tgid;

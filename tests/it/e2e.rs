@@ -225,8 +225,10 @@ fn blocked_time_and_frames(hook: &str) {
         return;
     }
     let _g = serial();
+    // Blocked for good since before tracing starts, traced with the rest.
+    let stuck = Workload::start(&["stuck"]);
     let mut wl = Workload::start(&["--seconds", "120", "--tail"]);
-    let pid = wl.pid.to_string();
+    let pid = format!("{},{}", wl.pid, stuck.pid);
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex", "wl-spin"];
     let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
     let clock = CpuClock::start(wl.pid, &tids);
@@ -412,10 +414,99 @@ fn blocked_time_and_frames(hook: &str) {
             l.comm()
         );
     }
+    check_stuck(&lines, (from, to), true, "-p");
+
+    // The same threads system-wide.
+    let out = offcputime()
+        .args(["-v", "--hook", hook, "-f", "1"])
+        .output()
+        .expect("run offcputime");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, from, to) = verbose_window(&stderr);
+    check_stuck(&parse_folded(&out.stdout), (from, to), true, "system-wide");
+    drop(stuck);
+
     // One line for the kernel matrix table (scripts/vmtest).
     eprintln!(
         "matrix: {hook} attached {attached}, worst error {:.2}% of the window",
         worst * 100.0
+    );
+}
+
+/// The threads of `blocker stuck`, blocked since before tracing started,
+/// each off-CPU for the whole window (at least 99% of it, never more), under
+/// its own function and the kernel function it sleeps in (the kernel gives
+/// the stack of a thread that is not running without the scheduler's own
+/// frames). `user_stacks`: the kernel could read their user stacks.
+fn check_stuck(lines: &[Folded], (from, to): (u64, u64), user_stacks: bool, what: &str) {
+    let window_us = (to - from) as f64 / 1e3;
+    let expect: [(&str, &str, &str); 4] = [
+        ("wl-stuck-cond", "wl_block_cond_wait", "futex_wait"),
+        (
+            "wl-stuck-pipe",
+            "wl_block_stuck_read",
+            "pipe_read|anon_pipe_read",
+        ),
+        ("wl-stuck-sleep", "wl_block_long_sleep", "hrtimer_nanosleep"),
+        ("wl-stuck-main", "wl_block_join", "futex_wait"),
+    ];
+    for (comm, user, kernel) in expect {
+        let total = sum_us(lines, comm) as f64;
+        eprintln!("{what}: {comm}: {total} us off-CPU in a {window_us:.0} us window");
+        assert!(
+            total >= 0.99 * window_us && total <= window_us + 1.0,
+            "{what}: {comm} blocked since before the start: {total} us off-CPU in a \
+             {window_us:.0} us window"
+        );
+        let main = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| panic!("{what}: no stack for {comm}"));
+        if user_stacks {
+            in_order(main, &[user, kernel]);
+        } else {
+            in_order(main, &["[Missed User Stack]", kernel]);
+        }
+    }
+}
+
+/// Where the kernel cannot read another thread's user stack from BPF (no
+/// sleepable task iterator before 5.18; forced here), threads blocked since
+/// before the start are still counted for the whole window, with their
+/// kernel stacks and a missed user stack, and stderr says why, once.
+#[test]
+fn blocked_since_before_start_without_user_stacks() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let out = offcputime()
+        .args(["-v", "-f", "-p", &stuck.pid.to_string(), "1"])
+        .env("OFFCPUTIME_TEST_NO_START_USER_STACKS", "1")
+        .output()
+        .expect("run offcputime");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, from, to) = verbose_window(&stderr);
+    check_stuck(
+        &parse_folded(&out.stdout),
+        (from, to),
+        false,
+        "no user stacks",
+    );
+    assert_eq!(
+        stderr
+            .matches("blocked since before tracing started")
+            .count(),
+        1,
+        "{stderr}"
     );
 }
 
