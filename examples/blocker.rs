@@ -28,6 +28,7 @@
 //! | `--killable`        | `wl-vfork`             | `wl_block_vfork`: a vfork-style clone whose child (`wl-vfork-child`) sleeps 100 ms; the parent waits in `TASK_KILLABLE` |
 //! | `--pinned-spinners` | `wl-pin-a`, `wl-pin-b` | busy loops, both pinned to CPU 0: each is preempted for the other about half the time |
 //! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and sleeps 60 s in `wl_block_tail` |
+//! | `--brief MS`        | `wl-brief`             | started by the main thread on SIGUSR2; 1 ms sleeps (`wl_block_brief`) for MS ms, then prints `brief <tid> <first ns> <last ns> <cpu ns> <spawned ns>` (CLOCK_MONOTONIC at its first and last instruction, its CPU time, and when the main thread started creating it) and exits |
 //!
 //! `blocker stuck` is another process altogether, whose threads are all
 //! blocked for good from the start, until it is killed: `wl-stuck-cond` in
@@ -314,6 +315,55 @@ pub extern "C" fn wl_tail_thread() {
     wl_block_tail();
 }
 
+/// Set by SIGUSR2: the main thread starts `wl-brief`.
+static BRIEF: AtomicBool = AtomicBool::new(false);
+static BRIEF_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static BRIEF_SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn on_sigusr2(_: libc::c_int) {
+    BRIEF.store(true, Ordering::Relaxed);
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_brief() -> libc::c_int {
+    black_box(nanosleep_ms(1))
+}
+
+/// `wl-brief`: lives `ms` ms in 1 ms sleeps, says how long it lived and ran,
+/// and exits.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_brief_thread(ms: u64) {
+    let first = clock_ns(libc::CLOCK_MONOTONIC);
+    while clock_ns(libc::CLOCK_MONOTONIC) < first + ms * 1_000_000 {
+        wl_block_brief();
+    }
+    let cpu = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+    let last = clock_ns(libc::CLOCK_MONOTONIC);
+    let spawned = BRIEF_SPAWNED.load(Ordering::Relaxed);
+    let line = format!("brief {} {first} {last} {cpu} {spawned}\n", gettid());
+    let _ = std::io::stdout().lock().write_all(line.as_bytes());
+}
+
+fn start_brief_thread() {
+    let ms = BRIEF_MS.load(Ordering::Relaxed);
+    BRIEF_SPAWNED.store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Relaxed);
+    let _ = thread::Builder::new()
+        .name("wl-brief".into())
+        .spawn(move || wl_brief_thread(ms));
+}
+
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_waitpid(pid: libc::pid_t) -> libc::pid_t {
@@ -345,6 +395,9 @@ pub extern "C" fn wl_pipe_feeder(fd: libc::c_int, run_ms: u64) {
         // SAFETY: `byte` is a valid 1-byte buffer; `fd` is our pipe's write end.
         unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
         wl_block_feeder_sleep();
+        if BRIEF.swap(false, Ordering::Relaxed) {
+            start_brief_thread();
+        }
     }
 }
 
@@ -487,10 +540,11 @@ struct Args {
     killable: bool,
     pinned_spinners: bool,
     tail: bool,
+    brief_ms: Option<u64>,
 }
 
 const USAGE: &str = "usage: blocker [--seconds N] [--child-ms M] [--killable] \
-                     [--pinned-spinners] [--tail]";
+                     [--pinned-spinners] [--tail] [--brief MS]";
 
 fn parse_num(flag: &str, value: Option<String>) -> Result<u64, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -504,6 +558,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         killable: false,
         pinned_spinners: false,
         tail: false,
+        brief_ms: None,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -512,6 +567,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--killable" => parsed.killable = true,
             "--pinned-spinners" => parsed.pinned_spinners = true,
             "--tail" => parsed.tail = true,
+            "--brief" => parsed.brief_ms = Some(parse_num("--brief", args.next())?),
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unexpected argument {other:?}\n{USAGE}")),
         }
@@ -577,6 +633,12 @@ fn main() -> ExitCode {
         unsafe { libc::signal(libc::SIGUSR1, on_sigusr1 as *const () as libc::sighandler_t) };
         names.push("wl-tail");
         spawn_named("wl-tail", &tx, || wl_tail_thread());
+    }
+
+    if let Some(ms) = args.brief_ms {
+        BRIEF_MS.store(ms, Ordering::Relaxed);
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(libc::SIGUSR2, on_sigusr2 as *const () as libc::sighandler_t) };
     }
 
     let mut child_pid = None;

@@ -31,6 +31,9 @@ pub extern "C" fn farm_level(levels: u32, sleep_ms: u64, end_ms: u64, start: &In
 }
 
 fn worker(depth: u32, sleep_ms: u64, seconds: u64) {
+    // Killed with the farm, if it goes first.
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and nothing else.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let start = Instant::now();
     let end_ms = seconds * 1000;
     let threads: Vec<_> = (0..depth)

@@ -87,6 +87,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let mut started = Instant::now();
     let mut object = MaybeUninit::uninit();
     let mut unwinder: Option<Unwinder> = None;
+    let raised = crate::priority::raise();
     let started_tracer = prepare(config, &stop).and_then(|()| {
         started = Instant::now();
         Tracer::start(&mut object, &config.tracer, &mut |store| {
@@ -102,6 +103,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             unwinder = Some(u);
         })
     });
+    drop(raised);
     let mut tracer = match started_tracer {
         Ok((t, None)) => t,
         Ok((t, Some(why))) => {
@@ -247,7 +249,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             "offcputime: stack captures lost: storage full {} user / {} kernel, walk failed \
              {} user / {} kernel (no stack is dropped for a hash collision: stacks are keyed by a 64-bit hash of \
              their frames); {} blocks of kernel threads (no user stack); {} blocks untimed \
-             (no task storage); {} new-process notifications dropped",
+             (no task storage); {} new-process notifications dropped; {} switches the \
+             tracepoint did not report (blocks closed where the kernel dates the switch)",
             c.user_stack_full,
             c.kernel_stack_full,
             c.user_stack_error,
@@ -255,6 +258,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             c.kernel_thread_blocks,
             c.no_task_storage,
             c.events_dropped,
+            c.unseen_switch_in,
         );
     }
     Ok(())
@@ -322,6 +326,13 @@ fn report_losses(profile: &Profile, config: &Config, unreadable: usize) {
             } else {
                 ""
             }
+        );
+    }
+    if c.unseen_untimed > 0 {
+        eprintln!(
+            "WARNING: {} blocks were not counted: the kernel switched their thread back in \
+             without reporting it, and only for normal (CFS) threads does it say when.",
+            c.unseen_untimed
         );
     }
     if c.counts_full > 0 {

@@ -12,6 +12,7 @@ pub mod cli;
 mod elf;
 mod ksyms;
 pub mod output;
+pub mod priority;
 pub mod profile;
 pub mod symbolize;
 pub mod tracer;

@@ -190,6 +190,11 @@ pub struct LossCounters {
     pub blocks_at_end: u64,
     /// Blocks under way when tracing started, counted from the start.
     pub blocks_at_start: u64,
+    /// Switches to a thread that the sched_switch tracepoint did not
+    /// report, found at its next switch-out.
+    pub unseen_switch_in: u64,
+    /// ... of which the block could not be timed (not a CFS thread).
+    pub unseen_untimed: u64,
     /// `--unwind dwarf`: user stacks walked with frame pointers because
     /// their process had no tables yet.
     pub unwind_not_ready: u64,
@@ -921,6 +926,8 @@ impl<'obj> Tracer<'obj> {
             events_dropped: at(C::CNT_EVENTS_DROPPED),
             blocks_at_end: at(C::CNT_BLOCKS_AT_END),
             blocks_at_start: at(C::CNT_BLOCKS_AT_START),
+            unseen_switch_in: at(C::CNT_UNSEEN_SWITCH_IN),
+            unseen_untimed: at(C::CNT_UNSEEN_UNTIMED),
             unwind_not_ready: at(C::CNT_UNWIND_NOT_READY),
             unwind_dwarf: at(C::CNT_UNWIND_DWARF),
             unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),

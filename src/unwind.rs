@@ -169,6 +169,7 @@ impl Builder {
             .name("unwind-tables".into())
             .spawn(move || {
                 for (object, file) in todo {
+                    crate::priority::settle();
                     let began = Instant::now();
                     // A file that makes the parser panic is one without
                     // a table, not the end of the run.

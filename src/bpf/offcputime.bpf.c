@@ -26,6 +26,9 @@
 #define PF_KTHREAD 0x00200000
 #define TASK_DEAD 0x00000080
 #define TASK_NEW 0x00000800
+#define SCHED_NORMAL 0
+#define SCHED_BATCH 3
+#define SCHED_IDLE 5
 #define EFAULT 14
 #define E2BIG 7
 #define ENOMEM 12
@@ -666,6 +669,9 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 		send_event(tgid, tid, TASK_EVENT_EXITED);
 }
 
+static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
+					       __u32 tid, __u64 now);
+
 /*
  * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
  * storage; `stacks_now`: prev is current, so its stacks are taken now.
@@ -679,6 +685,9 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	bool kthread = is_kthread(prev);
 	struct task_data *d;
 
+	d = get_data(prev, tid, trusted, false);
+	if (d && d->start_ns > START_SEEN)
+		close_unseen_block(prev, d, tid, now);
 	if (state & TASK_DEAD) {
 		if (!trusted)
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
@@ -855,6 +864,51 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 	on_switch_out(ctx, prev, false, now, false, false);
 	on_switch_in(ctx, curr, now, false, true);
 	return 0;
+}
+
+/*
+ * `prev` is being switched out while its last block is still open: the
+ * kernel put it on a CPU without the sched_switch tracepoint (seen on 6.18:
+ * about one switch-in in a few hundred, for threads that sleep and wake
+ * often; the kernel's own ftrace event is missing too).  The block ended
+ * when its current run began, which CFS dates: its run time since it was
+ * last picked.
+ */
+static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
+					       __u32 tid, __u64 now)
+{
+	struct offcpu_key key = {};
+	__u64 start, ran, in, delta;
+	__u32 policy;
+
+	start = __sync_lock_test_and_set(&d->start_ns, 0);
+	if (start <= START_SEEN)
+		return;
+	count(CNT_UNSEEN_SWITCH_IN);
+	policy = BPF_CORE_READ(prev, policy);
+	ran = BPF_CORE_READ(prev, se.sum_exec_runtime) -
+	      BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
+	in = now - ran;
+	if ((policy != SCHED_NORMAL && policy != SCHED_BATCH && policy != SCHED_IDLE) ||
+	    ran > now || (start != START_AT_WINDOW && in < start)) {
+		count(CNT_UNSEEN_UNTIMED);
+		return;
+	}
+	delta = block_in_window(start, in, true);
+	if (!delta)
+		return;
+	fill_key(&key, prev, tid);
+	if (is_kthread(prev))
+		count(CNT_KTHREAD_BLOCKS);
+	if (start == START_AT_WINDOW) {
+		count(CNT_BLOCKS_AT_START);
+		key.user_stack_id = d->start_user_stack_id;
+		key.kernel_stack_id = d->start_kernel_stack_id;
+	} else {
+		key.user_stack_id = d->user_stack_id;
+		key.kernel_stack_id = d->kernel_stack_id;
+	}
+	add_block(&key, delta);
 }
 
 /* The kernel stack of `task`, which is not running.  The kernel leaves out

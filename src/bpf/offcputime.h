@@ -165,6 +165,12 @@ enum offcpu_counter {
 	/* blocks under way when tracing started (claimed by the start
 	 * iterator), counted from the start */
 	CNT_BLOCKS_AT_START,
+	/* switches to a thread the sched_switch tracepoint did not report
+	 * (its next switch-out found its block still open): the block is
+	 * closed where the kernel says the thread's current run began */
+	CNT_UNSEEN_SWITCH_IN,
+	/* ... of those, blocks that could not be timed (not a CFS task) */
+	CNT_UNSEEN_UNTIMED,
 	CNT_MAX,
 };
 

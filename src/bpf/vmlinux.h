@@ -106,8 +106,16 @@ struct signal_struct {
 	atomic_t live;
 };
 
+struct sched_entity {
+	u64 sum_exec_runtime;
+	/* sum_exec_runtime when the task was last picked to run (CFS). */
+	u64 prev_sum_exec_runtime;
+};
+
 struct task_struct {
 	unsigned int __state;
+	unsigned int policy;
+	struct sched_entity se;
 	unsigned int flags;
 	/* 1 while the task runs on a CPU (from the switch to it until the
 	 * switch away from it is finished). */

@@ -693,6 +693,24 @@ fn block_time_filters() {
     let futex = slept("wl-futex", "futex_wait");
     assert!(futex < 20_000, "-M 5000 let in 20 ms blocks: {futex} us");
     assert!(sum_us(&lines, "wl-nanosleep") < 20_000);
+
+    // Blocks under way at the start (and at the end): only known to be at
+    // least as long as what was seen of them. They pass -m once that does,
+    // and -M never.
+    let stuck = Workload::start(&["stuck"]);
+    let pid = stuck.pid.to_string();
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "-m", "500000", "1"]).stdout);
+    for comm in ["wl-stuck-cond", "wl-stuck-sleep"] {
+        let us = sum_us(&lines, comm);
+        assert!(
+            us > 990_000,
+            "-m 500000: {comm} blocked since the start: {us} us"
+        );
+    }
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "-m", "2000000", "1"]).stdout);
+    assert!(lines.is_empty(), "-m 2000000 in a 1 s window: {lines:?}");
+    let lines = parse_folded(&profile(&["-f", "-p", &pid, "-M", "100000000", "1"]).stdout);
+    assert!(lines.is_empty(), "-M: blocks of unknown length: {lines:?}");
 }
 
 #[test]
@@ -1199,4 +1217,157 @@ fn out_of_unwind_memory_is_said_and_falls_back() {
             .any(|l| l.has("schedule") && l.frames.len() > 4),
         "{lines:?}"
     );
+}
+
+/// The invariant, for every thread of the workload: its off-CPU time (the
+/// profile) plus its on-CPU time (the kernel's own accounting) is the
+/// window, within 0.5% of it; for a thread created and gone inside the
+/// window, its lifetime; and no thread is ever off-CPU longer than the
+/// window.
+///
+/// The kernel starts and stops a thread's run time a little away from the
+/// sched_switch tracepoint (its run-queue clock is read earlier in the
+/// switch), so a thread that switches a thousand times a second (1 ms
+/// sleeps) runs, by the kernel, a few microseconds longer per switch than
+/// between the tracepoints: 7 to 10 us per switch on the 2-CPU VM these
+/// figures come from. The bound allows 12 us per switch on top.
+const PER_SWITCH_US: f64 = 12.0;
+
+fn every_thread_adds_up(load: bool) {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let farm = load.then(|| {
+        let mut farm = std::process::Command::new(example_path("stackfarm"))
+            .args(["--procs", "200", "--depth", "40", "--seconds", "120"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start stackfarm");
+        let mut out = std::io::BufReader::new(farm.stdout.take().unwrap());
+        let mut line = String::new();
+        while std::io::BufRead::read_line(&mut out, &mut line).unwrap_or(0) > 0 {
+            if line.trim() == "ready" {
+                break;
+            }
+            line.clear();
+        }
+        KillOnDrop(farm)
+    });
+    for run in 0..if load { 2 } else { 1 } {
+        let mut wl = Workload::start(&["--seconds", "600", "--brief", "1000"]);
+        let comms = [
+            "wl-nanosleep",
+            "wl-shortsleep",
+            "wl-pipe",
+            "wl-futex",
+            "wl-spin",
+            "blocker",
+        ];
+        let tids: Vec<u32> = [
+            "wl-nanosleep",
+            "wl-shortsleep",
+            "wl-pipe",
+            "wl-futex",
+            "wl-spin",
+        ]
+        .iter()
+        .map(|c| wl.tid(c))
+        .chain([wl.pid])
+        .collect();
+        let clock = CpuClock::start(wl.pid, &tids);
+        let pid = wl.pid;
+        let (out, _, _) = profile_during(&["-f", "-p", &pid.to_string(), "3"], |_| {
+            std::thread::sleep(Duration::from_millis(500));
+            // SAFETY: plain kill(2) of a child of this test.
+            unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
+        });
+        let cpu = clock.finish();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (_, from, to) = verbose_window(&stderr);
+        let lines = parse_folded(&out.stdout);
+        let window_us = (to - from) as f64 / 1e3;
+        let what = format!("{} run {run}", if load { "under load" } else { "idle" });
+        for l in stderr.lines().filter(|l| l.starts_with("offcputime: ")) {
+            eprintln!("{what}: {l}");
+        }
+        // The main thread's comm is also wl-brief's until that thread has
+        // named itself: under load it can be preempted before it does, and
+        // that block counts under "blocker". The two are checked together.
+        let brief: Vec<u64> = wl
+            .line_after("brief ")
+            .split_whitespace()
+            .map(|v| v.parse().expect("brief line"))
+            .collect();
+        let (first, last, ran, spawned) = (brief[1], brief[2], brief[3], brief[4]);
+        assert!(
+            from < spawned && last < to,
+            "{what}: wl-brief lived {first}..{last}, not inside the window {from}..{to}"
+        );
+        let brief_expected = (last - first).saturating_sub(ran) as f64 / 1e3;
+        // Before its first instruction a new thread waits for a CPU (under
+        // load, for tens of ms), and it may be preempted inside the thread
+        // library before that: counted, but not between first and last.
+        let before_first = (first - spawned) as f64 / 1e3;
+        for (i, comm) in comms.iter().enumerate() {
+            let mut total = sum_us(&lines, comm) as f64;
+            let mut expected = cpu.off_cpu_us(i, from, to);
+            let mut switches = cpu.switches(i, from, to);
+            let mut above = 0.0;
+            if *comm == "blocker" {
+                above = before_first;
+                total += sum_us(&lines, "wl-brief") as f64;
+                expected += brief_expected;
+                // About one switch per 1 ms sleep of wl-brief.
+                switches += 1000.0;
+            }
+            eprintln!(
+                "{what}: {comm}: {total} us off-CPU, by the kernel {expected:.0} us; \
+                 {switches:.0} switches"
+            );
+            let tol = 0.005 * window_us + PER_SWITCH_US * switches;
+            assert!(
+                total > expected - tol && total < expected + above + tol,
+                "{what}: {comm}: {total} us off-CPU, by the kernel's accounting {expected:.0} \
+                 us, in a {window_us:.0} us window, with {switches:.0} switches"
+            );
+        }
+        if !load {
+            let total = sum_us(&lines, "wl-brief") as f64;
+            eprintln!("{what}: wl-brief: {total} us off-CPU, lived {brief_expected:.0} us off-CPU");
+            // About one switch per 1 ms sleep.
+            assert!(
+                (total - brief_expected).abs() < 0.005 * window_us + PER_SWITCH_US * 1000.0,
+                "{what}: wl-brief: {total} us off-CPU, but lived {} us and ran {} us",
+                (last - first) / 1000,
+                ran / 1000
+            );
+        }
+        let mut by_comm: std::collections::BTreeMap<&str, u64> = Default::default();
+        for l in &lines {
+            *by_comm.entry(l.comm()).or_default() += l.us;
+        }
+        for (comm, us) in by_comm {
+            if comm == "blocker" {
+                continue;
+            }
+            assert!(
+                us as f64 <= window_us + 1.0,
+                "{what}: {comm}: {us} us off-CPU in a {window_us:.0} us window"
+            );
+        }
+    }
+    drop(farm);
+}
+
+#[test]
+fn every_thread_adds_up_to_the_window() {
+    every_thread_adds_up(false);
+}
+
+/// The same with 8,000 threads of `stackfarm` (200 processes x 40) running:
+/// twice.
+#[test]
+fn every_thread_adds_up_to_the_window_under_load() {
+    every_thread_adds_up(true);
 }

@@ -12,16 +12,31 @@ pub fn offcputime() -> Command {
 
 /// The `blocker` example, built by `cargo test` next to the test binary.
 pub fn blocker_path() -> PathBuf {
+    example_path("blocker")
+}
+
+/// An example, built by `cargo test` next to the test binary.
+pub fn example_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/it-<hash> -> target/<profile>/examples/blocker
+    // target/<profile>/deps/it-<hash> -> target/<profile>/examples/<name>
     let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let p = profile_dir.join("examples").join("blocker");
+    let p = profile_dir.join("examples").join(name);
     assert!(
         p.exists(),
         "{} not built (run through cargo test)",
         p.display()
     );
     p
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Whether BPF end-to-end tests can run.  Outside CI, without root they are
@@ -469,7 +484,7 @@ pub struct CpuClock {
 
 /// When (CLOCK_MONOTONIC ns, the clock of the profiler's window), and per
 /// thread (ran ns, waited ns).
-type Sample = (u64, Vec<(u64, u64)>);
+type Sample = (u64, Vec<(u64, u64, u64)>);
 
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -508,7 +523,7 @@ impl CpuClock {
                     .map(|p| {
                         let s = std::fs::read_to_string(p).expect("schedstat");
                         let mut f = s.split_whitespace().map(|x| x.parse().unwrap());
-                        (f.next().unwrap(), f.next().unwrap())
+                        (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
                     })
                     .collect();
                 samples.push((now, ran));
@@ -532,7 +547,7 @@ impl CpuClock {
 impl CpuSamples {
     /// Thread `i`'s counters (in the order given to `start`) at `t`, in
     /// ns, interpolated between the samples around it.
-    fn at(&self, i: usize, t: u64) -> (f64, f64) {
+    fn at(&self, i: usize, t: u64) -> (f64, f64, f64) {
         let s = &self.samples;
         assert!(
             s.first().unwrap().0 <= t && t <= s.last().unwrap().0,
@@ -547,7 +562,11 @@ impl CpuSamples {
             0.0
         };
         let lerp = |x: u64, y: u64| x as f64 + (y as f64 - x as f64) * f;
-        (lerp(a[i].0, b[i].0), lerp(a[i].1, b[i].1))
+        (
+            lerp(a[i].0, b[i].0),
+            lerp(a[i].1, b[i].1),
+            lerp(a[i].2, b[i].2),
+        )
     }
 
     /// Microseconds thread `i` was off-CPU between `from` and `to` (ns,
@@ -563,6 +582,11 @@ impl CpuSamples {
     /// kernels with IRQ time accounting subtract from the run time.)
     pub fn waited_us(&self, i: usize, from: u64, to: u64) -> f64 {
         (self.at(i, to).1 - self.at(i, from).1) / 1e3
+    }
+
+    /// How many times thread `i` was switched in between `from` and `to`.
+    pub fn switches(&self, i: usize, from: u64, to: u64) -> f64 {
+        self.at(i, to).2 - self.at(i, from).2
     }
 }
 
