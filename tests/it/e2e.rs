@@ -417,18 +417,8 @@ fn blocked_time_and_frames(hook: &str) {
     check_stuck(&lines, (from, to), true, "-p");
 
     // The same threads system-wide.
-    let out = offcputime()
-        .args(["-v", "--hook", hook, "-f", "1"])
-        .output()
-        .expect("run offcputime");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let (_, from, to) = verbose_window(&stderr);
-    check_stuck(&parse_folded(&out.stdout), (from, to), true, "system-wide");
+    let (out, window) = profile_window(&["--hook", hook, "-f", "1"], &[]);
+    check_stuck(&parse_folded(&out.stdout), window, true, "system-wide");
     drop(stuck);
 
     // One line for the kernel matrix table (scripts/vmtest).
@@ -487,20 +477,12 @@ fn blocked_since_before_start_without_user_stacks() {
     }
     let _g = serial();
     let stuck = Workload::start(&["stuck"]);
-    let out = offcputime()
-        .args(["-v", "-f", "-p", &stuck.pid.to_string(), "1"])
-        .env("OFFCPUTIME_TEST_NO_START_USER_STACKS", "1")
-        .output()
-        .expect("run offcputime");
-    assert!(out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let (_, from, to) = verbose_window(&stderr);
-    check_stuck(
-        &parse_folded(&out.stdout),
-        (from, to),
-        false,
-        "no user stacks",
+    let (out, window) = profile_window(
+        &["-f", "-p", &stuck.pid.to_string(), "1"],
+        &[("OFFCPUTIME_TEST_NO_START_USER_STACKS", "1")],
     );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    check_stuck(&parse_folded(&out.stdout), window, false, "no user stacks");
     assert_eq!(
         stderr
             .matches("blocked since before tracing started")
@@ -1116,18 +1098,10 @@ fn a_stalled_attach_adds_no_time() {
     }
     let _g = serial();
     let wl = Workload::start(&["--seconds", "30"]);
-    let out = offcputime()
-        .env("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS", "800")
-        .args(["-v", "-f", "-p", &wl.pid.to_string(), "2"])
-        .output()
-        .expect("run offcputime");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (out, (from, to)) = profile_window(
+        &["-f", "-p", &wl.pid.to_string(), "2"],
+        &[("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS", "800")],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let (_, from, to) = verbose_window(&stderr);
     assert_eq!(to - from, 2_000_000_000, "the window is the duration");
     let lines = parse_folded(&out.stdout);
     let window_us = (to - from) / 1000;

@@ -160,6 +160,25 @@ pub fn profile(args: &[&str]) -> Output {
     out
 }
 
+/// Runs the profiler with `-v`, `args` and `env` to the end; it must
+/// succeed. Returns its output and the window it traced (CLOCK_MONOTONIC
+/// ns).
+pub fn profile_window(args: &[&str], env: &[(&str, &str)]) -> (Output, (u64, u64)) {
+    let out = offcputime()
+        .arg("-v")
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run offcputime");
+    assert!(
+        out.status.success(),
+        "offcputime {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, from, to) = verbose_window(&String::from_utf8_lossy(&out.stderr));
+    (out, (from, to))
+}
+
 /// Starts the profiler with `-v` (and `env`), stdout and stderr piped: the
 /// child, a thread that collects all of stderr, and a channel that gets
 /// the time (CLOCK_MONOTONIC ns) its "attached" line was read.
