@@ -209,6 +209,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         .iter()
         .filter(|e| e.user_stack == StackRef::NotReadable)
         .count();
+    let unreadable = (unreadable, tracer.start_user_stacks());
     let profile = profile::build(
         &raw,
         &mut symbolizer,
@@ -295,13 +296,23 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
         .collect()
 }
 
-fn report_losses(profile: &Profile, config: &Config, unreadable: usize) {
+/// `unreadable`: how many stacks of threads blocked since before the start
+/// have no user stack, and whether this kernel could read such stacks at
+/// all.
+fn report_losses(profile: &Profile, config: &Config, (unreadable, could): (usize, bool)) {
     let c = &profile.counters;
     if unreadable > 0 && config.shape.mode.user() {
+        let why = if could {
+            "their process's memory map was locked for writing when tracing started (a \
+             thread in mmap, or one stuck in a page fault), and reading it could have held \
+             up the start"
+        } else {
+            "this kernel cannot read another thread's user stack from BPF (Linux 5.18 and \
+             later can)"
+        };
         eprintln!(
             "offcputime: {unreadable} stacks of threads blocked since before tracing started \
-             show no user stack: they are counted from the start, but this kernel cannot read \
-             another thread's user stack from BPF (Linux 5.18 and later can)"
+             show no user stack: they are counted from the start, but {why}"
         );
     }
     let missed =

@@ -449,20 +449,19 @@ impl<'obj> Tracer<'obj> {
             // The start iterator that reads user stacks needs a kernel
             // that lets BPF read another task's memory (5.18); without
             // it, blocks under way at the start have no user stack.
-            let object = unsafe { &mut *object_ptr };
-            let err = if std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_some() {
-                // For tests: as on a kernel without it.
-                anyhow!("not tried")
-            } else {
-                match Self::try_start(object, opts, hook, true, on_tables) {
-                    Ok(t) => return Ok(t),
-                    Err(e) => e,
+            // The test variable: as on a kernel without it. If the attempt
+            // without it fails too, its error is the one that says what is
+            // wrong with the hook.
+            if std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none() {
+                let object = unsafe { &mut *object_ptr };
+                if let Ok(t) = Self::try_start(object, opts, hook, true, on_tables) {
+                    return Ok(t);
                 }
-            };
+            }
             let object = unsafe { &mut *object_ptr };
             match Self::try_start(object, opts, hook, false, on_tables) {
                 Ok(t) => return Ok(t),
-                Err(_) => errors.push((hook, err)),
+                Err(e) => errors.push((hook, e)),
             }
         }
         let first_tracepoint = errors

@@ -26,6 +26,8 @@
 #define PF_KTHREAD 0x00200000
 #define TASK_DEAD 0x00000080
 #define TASK_NEW 0x00000800
+#define RWSEM_WRITER_LOCKED 1
+#define RWSEM_FLAG_WAITERS 2
 #define SCHED_NORMAL 0
 #define SCHED_BATCH 3
 #define SCHED_IDLE 5
@@ -578,8 +580,8 @@ static __always_inline bool is_kthread(struct task_struct *t)
 	return BPF_CORE_READ(t, flags) & PF_KTHREAD;
 }
 
-/* The in-kernel filters on the thread that blocks (-p -t -u -k --state). */
-static __always_inline bool wanted(__u32 tgid, __u32 tid, bool kthread, __u32 state)
+/* The in-kernel filters on the thread (-p -t -u -k). */
+static __always_inline bool wanted_thread(__u32 tgid, __u32 tid, bool kthread)
 {
 	if (tid == 0) /* the idle tasks */
 		return false;
@@ -590,6 +592,14 @@ static __always_inline bool wanted(__u32 tgid, __u32 tid, bool kthread, __u32 st
 	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid))
 		return false;
 	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &tid))
+		return false;
+	return true;
+}
+
+/* ... and on the block (--state). */
+static __always_inline bool wanted(__u32 tgid, __u32 tid, bool kthread, __u32 state)
+{
+	if (!wanted_thread(tgid, tid, kthread))
 		return false;
 	if (filter_by_state) {
 		/* As bcc: 0 means exactly TASK_RUNNING (preempted), any
@@ -670,7 +680,7 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 }
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
-					       __u32 tid, __u64 now);
+					       __u32 tid, __u64 now, bool unseen);
 
 /*
  * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
@@ -687,7 +697,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 
 	d = get_data(prev, tid, trusted, false);
 	if (d && d->start_ns > START_SEEN)
-		close_unseen_block(prev, d, tid, now);
+		close_unseen_block(prev, d, tid, now, true);
 	if (state & TASK_DEAD) {
 		if (!trusted)
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
@@ -791,9 +801,11 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 
 	if (tid == 0)
 		return;
-	/* Until the window starts every switch-in is noted, so that the
-	 * start iterator cannot take this task for one blocked since before
-	 * the hook was attached. */
+	/* Until the window starts every switch-in of a thread traced is
+	 * noted, so that the start iterator cannot take it for one blocked
+	 * since before the hook was attached. */
+	if (starting)
+		starting = wanted_thread(BPF_CORE_READ(next, tgid), tid, is_kthread(next));
 	d = get_data(next, tid, trusted, starting);
 	if (!d)
 		return;
@@ -874,23 +886,28 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
  * when its current run began, which CFS dates: its run time since it was
  * last picked.
  */
+static __always_inline bool is_cfs(struct task_struct *t)
+{
+	__u32 policy = BPF_CORE_READ(t, policy);
+
+	return policy == SCHED_NORMAL || policy == SCHED_BATCH || policy == SCHED_IDLE;
+}
+
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
-					       __u32 tid, __u64 now)
+					       __u32 tid, __u64 now, bool unseen)
 {
 	struct offcpu_key key = {};
 	__u64 start, ran, in, delta;
-	__u32 policy;
 
 	start = __sync_lock_test_and_set(&d->start_ns, 0);
 	if (start <= START_SEEN)
 		return;
-	count(CNT_UNSEEN_SWITCH_IN);
-	policy = BPF_CORE_READ(prev, policy);
+	if (unseen)
+		count(CNT_UNSEEN_SWITCH_IN);
 	ran = BPF_CORE_READ(prev, se.sum_exec_runtime) -
 	      BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
 	in = now - ran;
-	if ((policy != SCHED_NORMAL && policy != SCHED_BATCH && policy != SCHED_IDLE) ||
-	    ran > now || (start != START_AT_WINDOW && in < start)) {
+	if (!is_cfs(prev) || ran > now || (start != START_AT_WINDOW && in < start)) {
 		count(CNT_UNSEEN_UNTIMED);
 		return;
 	}
@@ -938,6 +955,12 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		return STACK_ID_MISSED_ERROR;
 	if (!BPF_CORE_READ(task, mm))
 		return STACK_ID_NONE;
+	/* Reading another task's memory takes its mmap lock: if a writer
+	 * holds it or waits for it (a thread stuck in a page fault on a hung
+	 * file system, another in mmap), the iterator could wait as long, and
+	 * the window never open.  Such a stack is not read. */
+	if (BPF_CORE_READ(task, mm, mmap_lock.count.counter) & (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS))
+		return STACK_ID_NOT_READABLE;
 	if (unwind_dwarf)
 		len = unwind_user(task, tgid, true);
 	if (len < 0) {
@@ -972,7 +995,8 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		now = bpf_ktime_get_ns();
 		if (!trace_start_ns) {
 			if (trace_duration_ns)
-				trace_end_ns = now + trace_duration_ns;
+				trace_end_ns = now + trace_duration_ns < now ? ~0ULL
+									    : now + trace_duration_ns;
 			trace_start_ns = now;
 		}
 		return;
@@ -1054,6 +1078,13 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 	d = get_data(task, tid, trusted, false);
 	if (!d)
 		return;
+	/* Running now, with a block still open: either switched in after the
+	 * hook was detached (the block ended then), or switched in without the
+	 * tracepoint; either way the block ended when its current run began. */
+	if (BPF_CORE_READ(task, on_cpu) && is_cfs(task)) {
+		close_unseen_block(task, d, tid, bpf_ktime_get_ns(), false);
+		return;
+	}
 	start = __sync_lock_test_and_set(&d->start_ns, 0);
 	delta = block_in_window(start, trace_end_ns, false);
 	if (!delta)

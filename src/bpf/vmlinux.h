@@ -93,8 +93,15 @@ struct pt_regs {
 };
 
 /* exec_vm: pages of executable, non-writable mappings (VM_EXEC). */
+struct rw_semaphore {
+	struct {
+		long counter;
+	} count;
+} __attribute__((preserve_access_index));
+
 struct mm_struct {
 	unsigned long exec_vm;
+	struct rw_semaphore mmap_lock;
 } __attribute__((preserve_access_index));
 
 typedef struct {
