@@ -34,7 +34,12 @@ pub fn run() -> Result<Outcome> {
         Err(e) => {
             use clap::error::ErrorKind;
             if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                print!("{e}");
+                // Not print!: a reader gone (`| head`) is an error to
+                // return (it exits 0), not a panic.
+                let mut out = io::stdout().lock();
+                out.write_all(e.to_string().as_bytes())
+                    .and_then(|()| out.flush())
+                    .context("failed to write the help")?;
                 return Ok(Outcome::Info);
             }
             // clap's first line, without its usage block.

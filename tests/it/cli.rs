@@ -138,6 +138,23 @@ fn help_and_version_succeed() {
         .success());
 }
 
+/// `offcputime --help | head -1`: the reader is gone before the help is
+/// written; the profiler exits 0, quietly, as with any closed pipe.
+#[test]
+fn help_into_a_closed_pipe() {
+    let mut child = offcputime()
+        .arg("--help")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(err.is_empty(), "{err}");
+}
+
 #[test]
 fn output_formats() {
     use offcputime::cli::Format;
