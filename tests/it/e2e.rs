@@ -309,8 +309,11 @@ fn blocked_time_and_frames(hook: &str) {
     }) as f64;
     let remaining = (to - tail_start) as f64 / 1e3;
     eprintln!("wl-tail: last block {tail} us, {remaining:.0} us of the window left when it began");
+    // It can count a little less: the thread reads the clock and prints
+    // before it blocks, and may be preempted in between (9 ms seen in an
+    // emulated VM). Never more.
     assert!(
-        (tail - remaining).abs() < 5000.0,
+        tail < remaining + 5000.0 && tail > remaining - 0.01 * (to - from) as f64 / 1e3,
         "wl-tail: its last block counted {tail} us, but it began {remaining:.0} us before \
          the end of the window"
     );
@@ -1285,6 +1288,23 @@ fn every_thread_adds_up(load: bool) {
         let before_first = (first - spawned) as f64 / 1e3;
         for (i, comm) in comms.iter().enumerate() {
             let mut total = sum_us(&lines, comm) as f64;
+            // A thread that never blocks is off-CPU only while it waits for
+            // a CPU: its run time leaves out the interrupts it took (IRQ
+            // time accounting), so the window minus it overstates that
+            // (44 ms against 22 in one run); the kernel's run-queue wait
+            // is the measure, which comes out somewhat higher than the
+            // profile's (up to a fifth, see blocked_time_and_frames).
+            if *comm == "wl-spin" {
+                let total = sum_us(&lines, comm) as f64;
+                let waited = cpu.waited_us(i, from, to);
+                let tol = 0.005 * window_us;
+                eprintln!("{what}: {comm}: {total} us off-CPU, waited for a CPU {waited:.0} us");
+                assert!(
+                    total < waited + tol && total > 0.8 * waited - tol,
+                    "{what}: {comm}: {total} us off-CPU, waited for a CPU {waited:.0} us"
+                );
+                continue;
+            }
             let mut expected = cpu.off_cpu_us(i, from, to);
             let mut switches = cpu.switches(i, from, to);
             let mut above = 0.0;
