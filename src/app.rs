@@ -1,10 +1,9 @@
 //! The program: parse, trace, report.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::mem::MaybeUninit;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use crate::cli::{check_targets, Args, Config, Format};
+use crate::output::sink::Sink;
 use crate::output::{folded, svg, text};
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
@@ -82,7 +82,7 @@ fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
 pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // Opened first: a path that cannot be written fails now, before any
     // measurement, whatever else is wrong.
-    let mut sink = Sink::open(config.output.as_deref())?;
+    let sink = Sink::open(config.output.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
@@ -232,6 +232,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     report_losses(&profile, config, unreadable);
+    report_denied(&symbolizer, config);
     if let Some(u) = &unwinder {
         report_unwinding(u, &profile, config.verbose);
     }
@@ -304,6 +305,35 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
 /// `unreadable`: how many stacks of threads blocked since before the start
 /// have no user stack, and whether this kernel could read such stacks at
 /// all.
+/// Processes and files the profiler had no right to read, and what that
+/// cost, once each.
+fn report_denied(symbolizer: &Symbolizer, config: &Config) {
+    if !config.shape.mode.user() {
+        return;
+    }
+    let d = symbolizer.denied();
+    if !d.processes.is_empty() {
+        eprintln!(
+            "offcputime: the memory maps of {} processes of other users could not be read \
+             (that needs CAP_SYS_PTRACE): their user frames are [unknown]",
+            d.processes.len()
+        );
+    }
+    if let Some((first, why)) = d.files.first() {
+        eprintln!(
+            "offcputime: {} files mapped by traced processes could not be opened ({first}: \
+             {why}{}): their frames are [unknown], their stacks walked with frame pointers",
+            d.files.len(),
+            if d.files.len() > 1 { ", and others" } else { "" },
+        );
+        if config.verbose {
+            for (path, why) in &d.files[1..] {
+                eprintln!("offcputime:   {path}: {why}");
+            }
+        }
+    }
+}
+
 fn report_losses(profile: &Profile, config: &Config, (unreadable, could): (usize, bool)) {
     let c = &profile.counters;
     if unreadable > 0 && config.shape.mode.user() {
@@ -562,84 +592,5 @@ fn keep_large_allocations_apart() {
     // SAFETY: mallopt has no preconditions.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
-    }
-}
-
-/// Where the report goes: stdout, or a file opened before tracing.
-enum Sink {
-    Stdout,
-    File {
-        file: File,
-        path: PathBuf,
-        /// It did not exist before: remove it if nothing is written.
-        created: bool,
-    },
-}
-
-impl Sink {
-    fn open(path: Option<&Path>) -> Result<Sink> {
-        let Some(path) = path else {
-            return Ok(Sink::Stdout);
-        };
-        let show = path.display();
-        if path.is_dir() {
-            anyhow::bail!("cannot write the output to {show}: it is a directory");
-        }
-        let created = !path.exists();
-        // Not truncated until the report is written: a run that fails to
-        // start leaves an existing file as it was.
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("cannot write the output to {show}"))?;
-        Ok(Sink::File {
-            file,
-            path: path.to_path_buf(),
-            created,
-        })
-    }
-
-    /// Removes a file this run created, when there is nothing to write.
-    fn discard(self) {
-        if let Sink::File {
-            path,
-            created: true,
-            ..
-        } = self
-        {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-
-    fn write(&mut self, render: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
-        match self {
-            Sink::Stdout => {
-                let stdout = io::stdout();
-                let mut out = BufWriter::with_capacity(64 * 1024, stdout.lock());
-                render(&mut out)
-                    .and_then(|()| out.flush())
-                    .context("failed to write the report")
-            }
-            Sink::File { file, path, .. } => {
-                let written = || -> io::Result<()> {
-                    // Devices and pipes are neither truncated nor synced.
-                    let regular = file.metadata()?.is_file();
-                    if regular {
-                        file.set_len(0)?;
-                    }
-                    let mut out = BufWriter::with_capacity(64 * 1024, &*file);
-                    render(&mut out)?;
-                    out.flush()?;
-                    if regular {
-                        file.sync_data()?;
-                    }
-                    Ok(())
-                };
-                written()
-                    .with_context(|| format!("failed to write the report to {}", path.display()))
-            }
-        }
     }
 }

@@ -167,6 +167,21 @@ pub struct Symbolizer {
     /// be.
     kernel: OnceCell<Option<KernelSymbols>>,
     opts: SymbolizeOptions,
+    /// What could not be read for want of privilege, for the one line
+    /// that says so at the end.
+    denied: Denied,
+}
+
+/// Processes and files the profiler was not allowed to read.
+#[derive(Default)]
+pub struct Denied {
+    /// Processes whose `/proc/PID/maps` could not be read: their frames
+    /// are `[unknown]`.
+    pub processes: HashSet<u32>,
+    /// Files mapped by traced processes that could not be opened, by
+    /// name, with the reason: their frames are `[unknown]`, their stacks
+    /// walked with frame pointers.
+    pub files: Vec<(String, String)>,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -192,6 +207,64 @@ struct MapsLine<'a> {
     key: ObjectKey,
     range: &'a str,
     path: &'a str,
+}
+
+/// Opens the file a process maps at `line`: through its
+/// `/proc/PID/map_files` entry where the profiler may (CAP_SYS_ADMIN, or
+/// since Linux 5.9 CAP_CHECKPOINT_RESTORE with CAP_DAC_READ_SEARCH: the
+/// file even if deleted or in another mount namespace); else by its path as the process sees it
+/// (`/proc/PID/root`, which needs the right to trace the process:
+/// CAP_SYS_PTRACE for another user's), else by its path here. Either path
+/// must lead to the file mapped (device and inode).
+fn open_mapped(tgid: u32, line: &MapsLine<'_>) -> std::io::Result<File> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::MetadataExt;
+    let denied = match File::open(format!("/proc/{tgid}/map_files/{}", line.range)) {
+        Ok(f) => return Ok(f),
+        Err(e) => e,
+    };
+    if denied.kind() != ErrorKind::PermissionDenied {
+        return Err(denied);
+    }
+    let ObjectKey::File { dev, inode } = &line.key else {
+        return Err(denied);
+    };
+    if !line.path.starts_with('/') || line.path.ends_with(" (deleted)") {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            "deleted since it was mapped; opening it needs CAP_SYS_ADMIN, or \
+             CAP_CHECKPOINT_RESTORE with CAP_DAC_READ_SEARCH",
+        ));
+    }
+    let want = dev.split_once(':').and_then(|(a, b)| {
+        Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?))
+    });
+    let mapped = |f: &File| {
+        f.metadata().is_ok_and(|m| {
+            m.ino() == *inode && want == Some((libc::major(m.dev()), libc::minor(m.dev())))
+        })
+    };
+    let mut refused = false;
+    for path in [format!("/proc/{tgid}/root{}", line.path), line.path.to_string()] {
+        match File::open(&path) {
+            Ok(f) if mapped(&f) => return Ok(f),
+            Ok(_) => {}
+            Err(e) => refused |= e.kind() == ErrorKind::PermissionDenied,
+        }
+    }
+    Err(if refused {
+        Error::new(
+            ErrorKind::PermissionDenied,
+            "permission denied; CAP_SYS_PTRACE opens another user's process's files, \
+             CAP_DAC_READ_SEARCH files this user may not read",
+        )
+    } else {
+        Error::new(
+            ErrorKind::NotFound,
+            "its path leads to another file now (replaced, or in another mount namespace); \
+             CAP_SYS_PTRACE or CAP_SYS_ADMIN opens the one mapped",
+        )
+    })
 }
 
 fn parse_maps(text: &str) -> Vec<MapsLine<'_>> {
@@ -285,6 +358,7 @@ impl Symbolizer {
             object_ids: HashMap::new(),
             kernel: OnceCell::new(),
             opts,
+            denied: Denied::default(),
         }
     }
 
@@ -299,10 +373,17 @@ impl Symbolizer {
     }
 
     fn refresh_process(&mut self, tgid: u32) {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{tgid}/maps")) else {
-            // Gone already: keep what we had.
-            self.processes.entry(tgid).or_default();
-            return;
+        let text = match std::fs::read_to_string(format!("/proc/{tgid}/maps")) {
+            Ok(t) => t,
+            Err(e) => {
+                // Another user's process, without CAP_SYS_PTRACE.
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    self.denied.processes.insert(tgid);
+                }
+                // Gone already: keep what we had.
+                self.processes.entry(tgid).or_default();
+                return;
+            }
         };
         let mut mappings = Vec::new();
         for line in parse_maps(&text) {
@@ -354,15 +435,17 @@ impl Symbolizer {
             },
             ObjectKey::Pseudo(_) => (None, None, None),
             ObjectKey::File { .. } => {
-                let (path, handle) =
-                    match File::open(format!("/proc/{tgid}/map_files/{}", line.range)) {
-                        Ok(f) => (
-                            PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
-                            Some(f),
-                        ),
-                        // Out of file descriptors, say: the path as mapped.
-                        Err(_) => (PathBuf::from(line.path), None),
-                    };
+                let (path, handle) = match open_mapped(tgid, line) {
+                    Ok(f) => (
+                        PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                        Some(f),
+                    ),
+                    Err(e) => {
+                        self.denied.files.push((line.path.to_string(), e.to_string()));
+                        // The path as mapped, for the names at least.
+                        (PathBuf::from(line.path), None)
+                    }
+                };
                 // A debug file's own segments need not point at its
                 // contents: addresses are worked out in the file itself.
                 let debug = debug_file(&path).and_then(|d| {
@@ -387,6 +470,11 @@ impl Symbolizer {
         });
         self.object_ids.insert(line.key.clone(), id);
         id
+    }
+
+    /// What could not be read for want of privilege.
+    pub fn denied(&self) -> &Denied {
+        &self.denied
     }
 
     /// The executable mappings of `tgid` as last snapshotted, sorted by
@@ -438,8 +526,9 @@ impl Symbolizer {
                 Ok(table) => {
                     if table.addresses_hidden() {
                         eprintln!(
-                            "offcputime: /proc/kallsyms hides kernel addresses \
-                             (kernel.kptr_restrict): kernel frames are [unknown]"
+                            "offcputime: /proc/kallsyms hides kernel addresses from \
+                             this user (kernel.kptr_restrict, kernel.perf_event_paranoid): \
+                             kernel frames are [unknown]; CAP_SYSLOG shows them"
                         );
                     }
                     Some(table)

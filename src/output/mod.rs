@@ -1,6 +1,7 @@
 //! Renderings of a [`Profile`](crate::profile::Profile).
 
 pub mod folded;
+pub mod sink;
 pub mod svg;
 pub mod text;
 

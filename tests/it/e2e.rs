@@ -38,6 +38,17 @@ fn blocked_time_and_frames_tp_btf() {
     blocked_time_and_frames("tp-btf");
 }
 
+/// The same, with the profiler run as user nobody with only the
+/// capabilities README names (and the workload root's): the same stacks
+/// and times, and nothing on stderr about what it could not read.
+#[test]
+fn blocked_time_and_frames_least_privilege() {
+    if !require_root() {
+        return;
+    }
+    as_least_privileged(LEAST_CAPS, || blocked_time_and_frames("tp-btf"));
+}
+
 #[test]
 fn blocked_time_and_frames_raw_tp() {
     blocked_time_and_frames("raw-tp");
@@ -252,6 +263,9 @@ fn blocked_time_and_frames(hook: &str) {
     );
     let cpu = clock.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    for denied in ["hides kernel addresses", "could not be opened", "could not be read"] {
+        assert!(!stderr.contains(denied), "{denied}: {stderr}");
+    }
     let (attached, from, to) = verbose_window(&stderr);
     match hook {
         "tp-btf" => assert_eq!(attached, "tp_btf/sched_switch"),
@@ -1385,4 +1399,87 @@ fn every_thread_adds_up_to_the_window() {
 #[test]
 fn every_thread_adds_up_to_the_window_under_load() {
     every_thread_adds_up(true);
+}
+
+/// With less than README's set of capabilities, each part that cannot be
+/// read is named in one line on stderr, with what it costs; the rest of
+/// the stacks stay right.
+#[test]
+fn missing_capabilities_are_named() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let run = |wl: &Workload| {
+        let out = profile(&["-f", "-p", &wl.pid.to_string(), "1"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let lines = parse_folded(&out.stdout);
+        let main = lines
+            .iter()
+            .filter(|l| l.comm() == "wl-nanosleep")
+            .max_by_key(|l| l.us)
+            .cloned()
+            .unwrap_or_else(|| panic!("no stack for wl-nanosleep: {err}"));
+        (err, main)
+    };
+    let once = |err: &str, what: &str| {
+        assert_eq!(err.matches(what).count(), 1, "{what}: {err}");
+    };
+    // Without CAP_SYSLOG (kernel.perf_event_paranoid is 2 here, as on most
+    // distributions): kernel frames unnamed, user frames right.
+    as_least_privileged("+bpf,+perfmon,+sys_ptrace", || {
+        let wl = Workload::start(&["--seconds", "30"]);
+        let (err, main) = run(&wl);
+        once(&err, "/proc/kallsyms hides kernel addresses from this user");
+        assert!(err.contains("CAP_SYSLOG shows them"), "{err}");
+        in_order(&main, &["wl_nanosleep_thread", "wl_block_nanosleep", "[unknown]"]);
+        assert!(!main.has("do_nanosleep"), "{:?}", main.frames);
+    });
+    // Without CAP_SYS_PTRACE, a process of another user in the same mount
+    // namespace: its maps are readable (CAP_PERFMON), its files opened by
+    // their paths; the stacks are whole. Once its program is readable by
+    // root only, that file cannot be opened, and that is said.
+    as_least_privileged("+bpf,+perfmon,+syslog", || {
+        use std::os::unix::fs::PermissionsExt;
+        let wl = Workload::start(&["--seconds", "30"]);
+        let (err, main) = run(&wl);
+        assert!(!err.contains("could not"), "{err}");
+        in_order(&main, &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"]);
+        std::fs::set_permissions(blocker_path(), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let wl = Workload::start(&["--seconds", "30"]);
+        let (err, main) = run(&wl);
+        once(&err, "files mapped by traced processes could not be opened");
+        assert!(
+            err.contains("blocker: permission denied; CAP_SYS_PTRACE opens"),
+            "{err}"
+        );
+        assert!(!main.has("wl_block_nanosleep"), "{:?}", main.frames);
+        in_order(&main, &["do_nanosleep", "schedule"]);
+    });
+    // A program deleted since it started: without CAP_SYS_ADMIN or
+    // CAP_CHECKPOINT_RESTORE (with CAP_DAC_READ_SEARCH, for the map_files
+    // directory) its file cannot be opened (the path names nothing now),
+    // and that is said; with them it can.
+    for (caps, opened) in [
+        (LEAST_CAPS.to_string(), false),
+        (format!("{LEAST_CAPS},+checkpoint_restore,+dac_read_search"), true),
+    ] {
+        as_least_privileged(&caps, || {
+            let wl = Workload::start(&["--seconds", "30"]);
+            std::fs::remove_file(blocker_path()).unwrap();
+            let (err, main) = run(&wl);
+            if opened {
+                assert!(!err.contains("could not be opened"), "{caps}: {err}");
+                in_order(&main, &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"]);
+            } else {
+                once(&err, "files mapped by traced processes could not be opened");
+                assert!(
+                    err.contains("blocker (deleted): deleted since it was mapped"),
+                    "{err}"
+                );
+                assert!(!main.has("wl_block_nanosleep"), "{:?}", main.frames);
+            }
+        });
+    }
 }

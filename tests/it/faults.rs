@@ -550,3 +550,144 @@ fn soak_switch_storm_and_short_lived_processes() {
         "{named} of {slept} us named; warnings: {losses:?}"
     );
 }
+
+/// `sleep 600`, a process blocked the whole window: every run of it has
+/// something to write.
+fn sleeper() -> KillOnDrop {
+    KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("start sleep"),
+    )
+}
+
+/// The entries of a directory, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn lchown(path: &Path, uid: u32, gid: u32) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: the path is NUL-terminated.
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), uid, gid) }, 0, "lchown {}", path.display());
+}
+
+/// A symbolic link planted in a sticky, world-writable directory by
+/// another user is not followed (the kernel's `fs.protected_symlinks` is
+/// 0 on some systems, this machine among them), nor is one among the
+/// path's directories; the caller's own link is.
+#[test]
+fn output_symlink_planted_by_another_user() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let public = tmp.path().join("public");
+    let private = tmp.path().join("private");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = private.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let planted = public.join("attack.svg");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    lchown(&planted, 65534, 65534);
+    let planted_dir = public.join("sub");
+    std::os::unix::fs::symlink(&private, &planted_dir).unwrap();
+    lchown(&planted_dir, 65534, 65534);
+
+    let s = sleeper();
+    let pid = s.0.id().to_string();
+    for target in [planted.clone(), planted_dir.join("victim")] {
+        let out = offcputime()
+            .args(["-p", &pid, "-o", target.to_str().unwrap(), "0.5"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", target.display());
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("cannot write the output to")
+                && err.contains("symbolic link owned by another user (uid 65534)"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    }
+    assert_eq!(entries(&private), ["victim"]);
+
+    // The caller's own link in the same directory leads to its target,
+    // and stays a link.
+    let mine = public.join("mine.folded");
+    let target = private.join("mine.folded");
+    std::os::unix::fs::symlink(&target, &mine).unwrap();
+    let out = offcputime()
+        .args(["-f", "-p", &pid, "-o", mine.to_str().unwrap(), "0.5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(std::fs::symlink_metadata(&mine).unwrap().file_type().is_symlink());
+    let written = std::fs::read_to_string(&target).unwrap();
+    assert!(
+        written.lines().any(|l| l.starts_with("sleep;")),
+        "no stack of sleep in {}:\n{written}",
+        target.display()
+    );
+}
+
+/// A run killed while its report is being written leaves the old file
+/// whole and nothing beside it; a run that completes replaces it, keeping
+/// its permissions and owner.
+#[test]
+fn killed_while_writing_the_output() {
+    use std::io::BufRead;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.folded");
+    std::fs::write(&file, "keep me\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    lchown(&file, 65534, 65534);
+    let s = sleeper();
+    let pid = s.0.id().to_string();
+
+    let mut p = offcputime()
+        .args(["-f", "-p", &pid, "-o", file.to_str().unwrap(), "0.5"])
+        .env("OFFCPUTIME_TEST_STALL_IN_WRITE_MS", "20000")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(p.stderr.take().unwrap()).lines();
+    let stalled = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("stalling"));
+    assert!(stalled.is_some(), "the profiler never reached its write");
+    p.kill().unwrap();
+    p.wait().unwrap();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
+    assert_eq!(entries(dir.path()), ["out.folded"], "left beside the output");
+
+    let out = offcputime()
+        .args(["-f", "-p", &pid, "-o", file.to_str().unwrap(), "0.5"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(written.lines().any(|l| l.starts_with("sleep;")), "{written}");
+    let m = std::fs::metadata(&file).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.uid(), m.gid()), (0o640, 65534, 65534));
+    assert_eq!(entries(dir.path()), ["out.folded"]);
+}

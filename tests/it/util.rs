@@ -6,13 +6,72 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+/// The profiler; run as user nobody with the least privilege inside
+/// [`as_least_privileged`].
 pub fn offcputime() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_offcputime"))
+    LEAST_PRIVILEGED.with(|l| match &*l.borrow() {
+        None => Command::new(env!("CARGO_BIN_EXE_offcputime")),
+        Some((dir, caps)) => {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(format!("--inh-caps=-all,{caps}"))
+                .arg(format!("--ambient-caps={caps}"))
+                .arg(dir.path().join("offcputime"));
+            c
+        }
+    })
 }
 
-/// The `blocker` example, built by `cargo test` next to the test binary.
+/// The capabilities README names as enough for everything: loading and
+/// attaching (bpf, perfmon), other users' processes' mappings and files
+/// (sys_ptrace), kernel symbols' addresses (syslog).
+pub const LEAST_CAPS: &str = "+bpf,+perfmon,+sys_ptrace,+syslog";
+
+thread_local! {
+    /// Inside [`as_least_privileged`]: copies of the profiler and the
+    /// workload where user nobody can read them, and the capabilities.
+    static LEAST_PRIVILEGED: std::cell::RefCell<Option<(tempfile::TempDir, String)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with every profiler this thread starts (through
+/// [`offcputime`]) run as user nobody with only `caps` (setpriv, ambient
+/// capabilities), and the workload started from a copy that nobody may
+/// read (the build directory may be private to root). The workload itself
+/// runs as root: another user's process.
+pub fn as_least_privileged<T>(caps: &str, f: impl FnOnce() -> T) -> T {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("offcputime-public-")
+        .tempdir()
+        .expect("temporary directory");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (from, name) in [
+        (PathBuf::from(env!("CARGO_BIN_EXE_offcputime")), "offcputime"),
+        (example_path("blocker"), "blocker"),
+    ] {
+        let to = dir.path().join(name);
+        std::fs::copy(&from, &to).expect("copy a binary");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            LEAST_PRIVILEGED.with(|l| l.borrow_mut().take());
+        }
+    }
+    LEAST_PRIVILEGED.with(|l| *l.borrow_mut() = Some((dir, caps.to_string())));
+    let _reset = Reset;
+    f()
+}
+
+/// The `blocker` example, built by `cargo test` next to the test binary
+/// (inside [`as_least_privileged`], its public copy).
 pub fn blocker_path() -> PathBuf {
-    example_path("blocker")
+    LEAST_PRIVILEGED.with(|l| match &*l.borrow() {
+        Some((dir, _)) => dir.path().join("blocker"),
+        None => example_path("blocker"),
+    })
 }
 
 /// An example, built by `cargo test` next to the test binary.
