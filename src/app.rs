@@ -51,6 +51,7 @@ pub fn run() -> Result<Outcome> {
     };
     let config = args.into_config()?;
     keep_large_allocations_apart();
+    allow_open_files();
     trace(&config, began)?;
     Ok(Outcome::Done)
 }
@@ -310,6 +311,13 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
 fn report_denied(symbolizer: &Symbolizer, config: &Config) {
     if !config.shape.mode.user() {
         return;
+    }
+    if symbolizer.unparsable() > 0 {
+        eprintln!(
+            "offcputime: the symbols of {} files could not be parsed (malformed): their frames \
+             are named by file and offset",
+            symbolizer.unparsable()
+        );
     }
     let d = symbolizer.denied();
     if !d.processes.is_empty() {
@@ -581,6 +589,24 @@ impl StatsLine {
             self.processes,
             self.exited,
         );
+    }
+}
+
+/// The soft limit on open files raised to the hard one: every distinct
+/// file the traced processes map is held open (by descriptor, so that it
+/// is still named once deleted, or once its process has exited), and a
+/// busy machine maps more than the usual soft limit of 1024.
+fn allow_open_files() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
     }
 }
 

@@ -10,6 +10,8 @@
 pub mod app;
 pub mod cli;
 mod elf;
+#[cfg(test)]
+mod hostile;
 mod ksyms;
 pub mod output;
 pub mod priority;

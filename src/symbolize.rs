@@ -81,7 +81,7 @@ const DEBUG_BUILD_ID_DIR: &str = "/usr/lib/debug/.build-id";
 /// The separate debug file of the ELF file at `path`, if installed:
 /// `/usr/lib/debug/.build-id/ab/cdef….debug`. Its symbol table names what
 /// the stripped file's dynamic symbols leave unnamed (`start_thread`).
-fn debug_file(path: &Path) -> Option<PathBuf> {
+pub(crate) fn debug_file(path: &Path) -> Option<PathBuf> {
     debug_file_in(Path::new(DEBUG_BUILD_ID_DIR), path)
 }
 
@@ -137,7 +137,7 @@ pub struct SymbolizeOptions {
 /// the functions inlined there, innermost first, each with its source
 /// location if asked for.
 #[derive(Clone, Debug)]
-struct Resolved {
+pub(crate) struct Resolved {
     name: String,
     offset: u64,
     /// ` (file.c:12)`, or empty.
@@ -170,6 +170,8 @@ pub struct Symbolizer {
     /// What could not be read for want of privilege, for the one line
     /// that says so at the end.
     denied: Denied,
+    /// Files whose symbols could not be parsed (the parser panicked).
+    hostile: std::cell::Cell<usize>,
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -200,7 +202,7 @@ pub enum AddrKind {
 }
 
 /// One executable line of `/proc/PID/maps`.
-struct MapsLine<'a> {
+pub(crate) struct MapsLine<'a> {
     start: u64,
     end: u64,
     file_offset: u64,
@@ -267,7 +269,7 @@ fn open_mapped(tgid: u32, line: &MapsLine<'_>) -> std::io::Result<File> {
     })
 }
 
-fn parse_maps(text: &str) -> Vec<MapsLine<'_>> {
+pub(crate) fn parse_maps(text: &str) -> Vec<MapsLine<'_>> {
     let mut out = Vec::new();
     for line in text.lines() {
         let mut it = line.split_whitespace();
@@ -359,6 +361,7 @@ impl Symbolizer {
             kernel: OnceCell::new(),
             opts,
             denied: Denied::default(),
+            hostile: std::cell::Cell::new(0),
         }
     }
 
@@ -475,6 +478,11 @@ impl Symbolizer {
     /// What could not be read for want of privilege.
     pub fn denied(&self) -> &Denied {
         &self.denied
+    }
+
+    /// How many files' symbols could not be parsed at all.
+    pub fn unparsable(&self) -> usize {
+        self.hostile.get()
     }
 
     /// The executable mappings of `tgid` as last snapshotted, sorted by
@@ -694,46 +702,10 @@ impl Symbolizer {
         let Some(path) = &object.path else {
             return vec![None; offsets.len()];
         };
-        let inner = blazesym_symbolizer(self.opts);
-        let symbolize = |debug_syms: bool| {
-            let mut elf = Elf::new(path);
-            elf.debug_syms = debug_syms;
-            let src = Source::Elf(elf);
-            match &object.segments {
-                None => inner.symbolize(&src, Input::FileOffset(offsets)),
-                Some(segments) => {
-                    let addrs: Vec<u64> = offsets
-                        .iter()
-                        .map(|&o| {
-                            segments
-                                .iter()
-                                .find(|s| o >= s.offset && o - s.offset < s.filesz)
-                                .map_or(u64::MAX, |s| (o - s.offset).wrapping_add(s.vaddr))
-                        })
-                        .collect();
-                    inner.symbolize(&src, Input::VirtOffset(&addrs))
-                }
-            }
-        };
-        // Function names from the symbol tables: fully qualified, where
-        // DWARF can have a bare name (Rust at debuginfo=line-tables-only).
-        let mut found = resolved(symbolize(false), offsets.len(), false);
-        // DWARF only for what the symbol tables lack: inlined functions
-        // and source lines.
-        if self.opts.inline || self.opts.lines {
-            let dwarf = resolved(symbolize(true), offsets.len(), self.opts.lines);
-            for (f, d) in found.iter_mut().zip(dwarf) {
-                match (f.as_mut(), d) {
-                    (Some(f), Some(d)) => {
-                        f.location = d.location;
-                        f.inlined = d.inlined;
-                    }
-                    (None, d) => *f = d,
-                    (Some(_), None) => {}
-                }
-            }
-        }
-        found
+        names_in_file(path, object.segments.as_deref(), offsets, self.opts).unwrap_or_else(|| {
+            self.hostile.set(self.hostile.get() + 1);
+            vec![None; offsets.len()]
+        })
     }
 
     /// The frames of a resolved address, innermost first; `past` is how
@@ -785,6 +757,63 @@ fn blazesym_symbolizer(opts: SymbolizeOptions) -> blazesym::symbolize::Symbolize
         .enable_inlined_fns(opts.inline)
         .enable_demangling(true)
         .build()
+}
+
+/// Symbols of file offsets of the ELF file at `path` (with `segments`,
+/// those of the file the offsets are of, when `path` is its separate debug
+/// file). The file's symbol tables and DWARF are parsed by a symbolizer of
+/// its own, dropped after: what is resident at once is one file's. `None`
+/// if the parser gave up on the file by panicking (a file made to break
+/// it: any user can map one into a traced process).
+pub(crate) fn names_in_file(
+    path: &Path,
+    segments: Option<&[Segment]>,
+    offsets: &[u64],
+    opts: SymbolizeOptions,
+) -> Option<Vec<Option<Resolved>>> {
+    std::panic::catch_unwind(|| {
+        let inner = blazesym_symbolizer(opts);
+        let symbolize = |debug_syms: bool| {
+            let mut elf = Elf::new(path);
+            elf.debug_syms = debug_syms;
+            let src = Source::Elf(elf);
+            match segments {
+                None => inner.symbolize(&src, Input::FileOffset(offsets)),
+                Some(segments) => {
+                    let addrs: Vec<u64> = offsets
+                        .iter()
+                        .map(|&o| {
+                            segments
+                                .iter()
+                                .find(|s| o >= s.offset && o - s.offset < s.filesz)
+                                .map_or(u64::MAX, |s| (o - s.offset).wrapping_add(s.vaddr))
+                        })
+                        .collect();
+                    inner.symbolize(&src, Input::VirtOffset(&addrs))
+                }
+            }
+        };
+        // Function names from the symbol tables: fully qualified, where
+        // DWARF can have a bare name (Rust at debuginfo=line-tables-only).
+        let mut found = resolved(symbolize(false), offsets.len(), false);
+        // DWARF only for what the symbol tables lack: inlined functions
+        // and source lines.
+        if opts.inline || opts.lines {
+            let dwarf = resolved(symbolize(true), offsets.len(), opts.lines);
+            for (f, d) in found.iter_mut().zip(dwarf) {
+                match (f.as_mut(), d) {
+                    (Some(f), Some(d)) => {
+                        f.location = d.location;
+                        f.inlined = d.inlined;
+                    }
+                    (None, d) => *f = d,
+                    (Some(_), None) => {}
+                }
+            }
+        }
+        found
+    })
+    .ok()
 }
 
 /// `addr` as a frame of the mapping that holds it.

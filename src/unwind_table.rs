@@ -108,6 +108,19 @@ fn is_plt_expression(expr: &[u8]) -> bool {
 /// `.debug_frame` that overlaps any FDE of `.eh_frame` is left out whole,
 /// so that the rows of one function never mix the two sources.
 pub fn build(file: &File) -> Result<Option<(Vec<Row>, TableStats)>> {
+    build_within(file, MAX_BUILD_TIME)
+}
+
+/// At most this long to build one file's table (libc takes 5 ms, a
+/// 200 MB program a second or two): a file made to take longer is
+/// refused, its frames walked with frame pointers.
+pub const MAX_BUILD_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`build`], giving up after `budget`.
+pub fn build_within(
+    file: &File,
+    budget: std::time::Duration,
+) -> Result<Option<(Vec<Row>, TableStats)>> {
     let elf = Elf::read(file)?;
     if !matches!(elf.e_type, ET_EXEC | ET_DYN) {
         return Ok(None);
@@ -120,7 +133,10 @@ pub fn build(file: &File) -> Result<Option<(Vec<Row>, TableStats)>> {
         return Ok(None);
     }
 
-    let mut out = Collector::default();
+    let mut out = Collector {
+        deadline: Some(std::time::Instant::now() + budget),
+        ..Collector::default()
+    };
     if let Some(sec) = eh_frame {
         let data = elf.read_section(file, sec)?;
         let mut bases = BaseAddresses::default().set_eh_frame(sec.addr);
@@ -142,10 +158,15 @@ pub fn build(file: &File) -> Result<Option<(Vec<Row>, TableStats)>> {
         let mut section = DebugFrame::new(&data, LittleEndian);
         section.set_address_size(8);
         let taken = union_of(std::mem::take(&mut out.ranges));
-        out.walk(&section, &BaseAddresses::default(), &taken);
+        if !out.too_slow {
+            out.walk(&section, &BaseAddresses::default(), &taken);
+        }
     }
     if out.too_many {
         anyhow::bail!("more than {MAX_ROWS} unwind rows");
+    }
+    if out.too_slow {
+        anyhow::bail!("reading its call-frame information took more than {budget:?}");
     }
     if out.fdes == 0 {
         return Ok(None);
@@ -208,6 +229,9 @@ struct Collector {
     rows: Vec<Row>,
     /// More than MAX_ROWS rows: the file is refused.
     too_many: bool,
+    /// Past this, the walk stops and the file is refused.
+    deadline: Option<std::time::Instant>,
+    too_slow: bool,
     /// The pc ranges of the FDEs taken so far.
     ranges: Vec<(u32, u32)>,
     fdes: usize,
@@ -227,7 +251,13 @@ impl Collector {
         let mut entries = section.entries(bases);
         // A parse error in the entry list leaves no way to find the next
         // entry: keep what came before.
+        let mut seen = 0u32;
         while let Ok(Some(entry)) = entries.next() {
+            seen = seen.wrapping_add(1);
+            if seen.is_multiple_of(256) && self.deadline.is_some_and(|d| std::time::Instant::now() > d) {
+                self.too_slow = true;
+                return;
+            }
             let CieOrFde::Fde(partial) = entry else {
                 continue;
             };
@@ -610,6 +640,14 @@ mod tests {
             f.write_all(&with_sections(size, shstrndx)).unwrap();
             assert!(build(&f).unwrap().is_none());
         }
+    }
+
+    #[test]
+    fn a_build_past_its_budget_is_refused() {
+        let f = File::open(LIBC).unwrap();
+        let err = build_within(&f, std::time::Duration::ZERO).unwrap_err();
+        assert!(format!("{err:#}").contains("took more than"), "{err:#}");
+        assert!(build(&f).unwrap().is_some());
     }
 
     #[test]
