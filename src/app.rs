@@ -3,7 +3,6 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::mem::MaybeUninit;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use clap::Parser;
 use crate::cli::{check_targets, Args, Config, Format};
 use crate::output::sink::Sink;
 use crate::output::{folded, svg, text};
+use crate::process::Proc;
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
 use crate::tracer::{check_environment, StackRef, TaskEvent, Tracer};
@@ -102,7 +102,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             // before the start are walked with them too.
             let mut u = Unwinder::new(store);
             for tgid in processes_to_trace(&config.tracer) {
-                symbolizer.note_process(tgid, false);
+                symbolizer.note_process(tgid, None, false);
                 u.note_process(&symbolizer, tgid);
             }
             u.finish(&symbolizer, Duration::from_secs(10));
@@ -152,12 +152,12 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     tracer.wait(deadline, &stop, |events| {
         for &ev in events {
             match ev {
-                TaskEvent::New(tgid) => {
+                TaskEvent::New(p) => {
                     stats.processes += 1;
-                    symbolizer.note_process(tgid, false)
+                    symbolizer.note_process(p.tgid, Some(p.start), false)
                 }
-                TaskEvent::Changed(tgid) => symbolizer.note_process(tgid, true),
-                TaskEvent::Exited(tgid) => exits.exited(tgid),
+                TaskEvent::Changed(p) => symbolizer.note_process(p.tgid, Some(p.start), true),
+                TaskEvent::Exited(p) => exits.exited(p),
             }
         }
         exits.sweep(&symbolizer);
@@ -170,15 +170,19 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             match s.step(&tracer, 4096) {
                 None => true,
                 Some(stacks) => {
-                    let gone = scan.take().map(|s| s.tgids().clone()).unwrap_or_default();
-                    let mut by_tgid: HashMap<u32, Vec<(u64, Vec<u64>)>> = HashMap::new();
-                    for (tgid, id, frames) in stacks {
-                        by_tgid.entry(tgid).or_default().push((id, frames));
+                    let gone = scan.take().map(|s| s.procs().clone()).unwrap_or_default();
+                    let mut by_proc: HashMap<Proc, Vec<(u64, Vec<u64>)>> = HashMap::new();
+                    for (p, id, frames) in stacks {
+                        by_proc.entry(p).or_default().push((id, frames));
                     }
-                    for &tgid in &gone {
-                        symbolizer.retire(tgid, by_tgid.get(&tgid).map_or(&[][..], Vec::as_slice));
+                    for &p in &gone {
+                        symbolizer.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
+                        // Unless another process has its pid now, with
+                        // tables of its own.
                         if let Some(u) = &mut unwinder {
-                            u.forget(tgid);
+                            if !symbolizer.is_current(p) && !symbolizer.has_pid(p.tgid) {
+                                u.forget(p.tgid);
+                            }
                         }
                     }
                     stats.exited += gone.len();
@@ -193,8 +197,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             None => false,
             Some(u) => {
                 for ev in events {
-                    if let TaskEvent::New(tgid) | TaskEvent::Changed(tgid) = *ev {
-                        u.note_process(&symbolizer, tgid);
+                    if let TaskEvent::New(p) | TaskEvent::Changed(p) = *ev {
+                        u.note_process(&symbolizer, p.tgid);
                     }
                 }
                 u.poll(&symbolizer)
@@ -470,7 +474,7 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
 /// processes kept finds those whose notice was lost.
 #[derive(Default)]
 struct Exits {
-    pending: HashMap<u32, Instant>,
+    pending: HashMap<Proc, Instant>,
     last_due: Option<Instant>,
     last_sweep: Option<Instant>,
 }
@@ -482,11 +486,12 @@ impl Exits {
     const EVERY: Duration = Duration::from_secs(3);
     const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
-    fn exited(&mut self, tgid: u32) {
-        self.pending.entry(tgid).or_insert_with(Instant::now);
+    fn exited(&mut self, p: Proc) {
+        self.pending.entry(p).or_insert_with(Instant::now);
     }
 
-    /// Every SWEEP_EVERY: the processes kept whose /proc entry is gone.
+    /// Every SWEEP_EVERY: the processes kept whose /proc entry is gone, or
+    /// is another process's now.
     fn sweep(&mut self, symbolizer: &Symbolizer) {
         let now = Instant::now();
         let last = *self.last_sweep.get_or_insert(now);
@@ -494,18 +499,25 @@ impl Exits {
             return;
         }
         self.last_sweep = Some(now);
-        let gone: Vec<u32> = symbolizer
+        let gone: Vec<Proc> = symbolizer
             .processes()
-            .filter(|t| !Path::new(&format!("/proc/{t}")).exists())
+            .filter_map(|(tgid, start)| {
+                let alive = crate::process::start_ticks(tgid);
+                match (start, alive) {
+                    (Some(s), a) if a != Some(s) => Some(Proc { tgid, start: s }),
+                    (None, None) => Some(Proc { tgid, start: 0 }),
+                    _ => None,
+                }
+            })
             .collect();
-        for tgid in gone {
-            self.exited(tgid);
+        for p in gone {
+            self.exited(p);
         }
     }
 
     /// At most once per EVERY, the processes that exited at least GRACE
     /// ago.
-    fn due(&mut self) -> Option<HashSet<u32>> {
+    fn due(&mut self) -> Option<HashSet<Proc>> {
         let now = Instant::now();
         if self.pending.is_empty()
             || self
@@ -515,13 +527,13 @@ impl Exits {
             return None;
         }
         self.last_due = Some(now);
-        let due: HashSet<u32> = self
+        let due: HashSet<Proc> = self
             .pending
             .iter()
             .filter(|(_, &at)| now.duration_since(at) >= Self::GRACE)
-            .map(|(&t, _)| t)
+            .map(|(&p, _)| p)
             .collect();
-        self.pending.retain(|t, _| !due.contains(t));
+        self.pending.retain(|p, _| !due.contains(p));
         (!due.is_empty()).then_some(due)
     }
 }

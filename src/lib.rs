@@ -15,6 +15,7 @@ mod hostile;
 mod ksyms;
 pub mod output;
 pub mod priority;
+pub mod process;
 pub mod profile;
 pub mod symbolize;
 pub mod tracer;

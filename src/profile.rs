@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use crate::process::Proc;
 use crate::symbolize::{AddrKind, Symbolizer, UserFrame};
 use crate::tracer::{LossCounters, RawProfile, StackRef};
 
@@ -138,14 +139,18 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     // User frames: each stack as frames of objects (through the snapshot
     // of its process, or as kept when the process exited), then all named
     // object by object.
-    let mut user_stacks: HashMap<(u32, u64), Vec<UserFrame>> = HashMap::new();
+    let mut user_stacks: HashMap<(Proc, u64), Vec<UserFrame>> = HashMap::new();
     let mut distinct = std::collections::HashSet::new();
     for e in &raw.entries {
         if let (StackRef::Id(id), Some(addrs)) =
             (e.user_stack, part_addrs(e.user_stack, &raw.stacks))
         {
-            user_stacks.entry((e.tgid, id)).or_insert_with(|| {
-                let frames = sym.user_frames(e.tgid, id, addrs);
+            let proc = Proc {
+                tgid: e.tgid,
+                start: e.start,
+            };
+            user_stacks.entry((proc, id)).or_insert_with(|| {
+                let frames = sym.user_frames(proc, id, addrs);
                 distinct.extend(frames.iter().copied().zip(user_kinds()));
                 frames
             });
@@ -155,10 +160,10 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     let unames = sym.user_names(&distinct);
     drop(distinct);
 
-    let user_part = |tgid: u32, r: StackRef| match r {
+    let user_part = |proc: Proc, r: StackRef| match r {
         StackRef::None => Part::Absent,
         StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
-        StackRef::Id(id) => match user_stacks.get(&(tgid, id)) {
+        StackRef::Id(id) => match user_stacks.get(&(proc, id)) {
             None => Part::Missed,
             Some(frames) => Part::Frames(
                 frames
@@ -201,7 +206,13 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     type MergeKey = (u32, u32, String, Part, Part);
     let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
     for e in &raw.entries {
-        let user = user_part(e.tgid, e.user_stack);
+        let user = user_part(
+            Proc {
+                tgid: e.tgid,
+                start: e.start,
+            },
+            e.user_stack,
+        );
         let kernel = kernel_part(e.kernel_stack);
         let slot = merged
             .entry((e.tgid, e.pid, e.comm.clone(), user, kernel))

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use crate::elf::{load_segments, Segment};
 use crate::ksyms::KernelSymbols;
+use crate::process::Proc;
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 
@@ -86,13 +87,23 @@ pub(crate) fn debug_file(path: &Path) -> Option<PathBuf> {
 }
 
 fn debug_file_in(dir: &Path, path: &Path) -> Option<PathBuf> {
-    let id = blazesym::helper::read_elf_build_id(&path).ok()??;
+    // The parser may panic on a malformed file: then there is no id.
+    let id = std::panic::catch_unwind(|| blazesym::helper::read_elf_build_id(&path))
+        .ok()?
+        .ok()??;
     if id.len() < 2 {
         return None;
     }
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let p = dir.join(&hex[..2]).join(format!("{}.debug", &hex[2..]));
     p.is_file().then_some(p)
+}
+
+/// The id a retired stack is kept under: the stack id mixed with its
+/// process's start time, so that the stacks of two processes that had the
+/// same pid are kept apart (a 64-bit hash either way).
+fn retired_id(id: u64, start: u64) -> u64 {
+    id ^ start.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// (stack id, tgid) -> index of its frames, for processes that exited.
@@ -148,6 +159,12 @@ pub(crate) struct Resolved {
 pub struct Symbolizer {
     /// Executable mappings by process, as last seen, while it lives.
     processes: HashMap<u32, Vec<Mapping>>,
+    /// When each process in `processes` started, where known: its pid may
+    /// be reused by another process.
+    starts: HashMap<u32, u64>,
+    /// Snapshots of processes whose pid another process took before they
+    /// were let go.
+    superseded: HashMap<Proc, Vec<Mapping>>,
     /// The user stacks counted for processes that have exited (see
     /// [`Symbolizer::retire`]), by (tgid, stack id): an index into
     /// `retired_stacks`, where stacks alike in every process of a program
@@ -352,6 +369,8 @@ impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
         Symbolizer {
             processes: HashMap::new(),
+            starts: HashMap::new(),
+            superseded: HashMap::new(),
             retired: RetiredList::default(),
             retired_stacks: Vec::new(),
             retired_ids: HashMap::new(),
@@ -368,10 +387,37 @@ impl Symbolizer {
     /// Snapshots what is needed to symbolize `tgid` later, even after it
     /// exits.  Cheap to call again for a known process, unless `changed`
     /// says that its mappings have.
-    pub fn note_process(&mut self, tgid: u32, changed: bool) {
-        if tgid == 0 || (!changed && self.processes.contains_key(&tgid)) {
+    /// `start`: when the process started, where known (the BPF program's
+    /// events say it); otherwise `/proc` is asked.
+    pub fn note_process(&mut self, tgid: u32, start: Option<u64>, changed: bool) {
+        if tgid == 0 {
             return;
         }
+        let now = crate::process::start_ticks(tgid);
+        let start = start.or(now);
+        let Some(start) = start else {
+            // Gone: keep what we had.
+            self.processes.entry(tgid).or_default();
+            return;
+        };
+        match self.starts.get(&tgid) {
+            // Another process has this pid now: the snapshot is the old
+            // one's, kept apart for the stacks counted for it.
+            Some(&old) if old != start => {
+                if let Some(m) = self.processes.remove(&tgid) {
+                    self.superseded.insert(Proc { tgid, start: old }, m);
+                }
+                self.starts.remove(&tgid);
+            }
+            Some(_) if !changed => return,
+            None if !changed && self.processes.contains_key(&tgid) => return,
+            _ => {}
+        }
+        // The event may be older than the process now at this pid.
+        if now != Some(start) {
+            return;
+        }
+        self.starts.insert(tgid, start);
         self.refresh_process(tgid);
     }
 
@@ -581,8 +627,15 @@ impl Symbolizer {
     /// snapshot is let go. What is kept grows with the distinct stacks
     /// counted, not with the processes seen: the same stack of another
     /// process of the same program is stored once.
-    pub fn retire(&mut self, tgid: u32, stacks: &[(u64, Vec<u64>)]) {
-        let Some(mappings) = self.processes.remove(&tgid) else {
+    pub fn retire(&mut self, p: Proc, stacks: &[(u64, Vec<u64>)]) {
+        let tgid = p.tgid;
+        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
+            self.starts.remove(&tgid);
+            self.processes.remove(&tgid)
+        } else {
+            self.superseded.remove(&p)
+        };
+        let Some(mappings) = mappings else {
             return;
         };
         for (id, addrs) in stacks {
@@ -601,27 +654,49 @@ impl Symbolizer {
             if index == next {
                 self.retired_stacks.push(frames);
             }
-            self.retired.push(tgid, *id, index);
+            self.retired.push(tgid, retired_id(*id, p.start), index);
         }
     }
 
-    /// The processes with a snapshot (not retired).
-    pub fn processes(&self) -> impl Iterator<Item = u32> + '_ {
-        self.processes.keys().copied()
+    /// The processes with a snapshot (not retired), with their start
+    /// time where known.
+    pub fn processes(&self) -> impl Iterator<Item = (u32, Option<u64>)> + '_ {
+        self.processes
+            .keys()
+            .map(|&t| (t, self.starts.get(&t).copied()))
+            .chain(self.superseded.keys().map(|p| (p.tgid, Some(p.start))))
+    }
+
+    /// Whether some process at pid `tgid` still has a snapshot.
+    pub fn has_pid(&self, tgid: u32) -> bool {
+        self.processes.contains_key(&tgid)
+    }
+
+    /// Whether the process now at pid `tgid` has a snapshot (its unwind
+    /// tables are its own, not a process's that had the pid before).
+    pub fn is_current(&self, p: Proc) -> bool {
+        self.processes.contains_key(&p.tgid) && self.starts.get(&p.tgid).is_none_or(|&s| s == p.start)
     }
 
     /// The frames of user stack `id` of process `tgid` (its addresses
     /// `addrs`, innermost first): as kept when the process exited, or
     /// through its snapshot, taken again now if it is still running, for
     /// libraries loaded since.
-    pub fn user_frames(&mut self, tgid: u32, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
-        if let Some(i) = self.retired.get(tgid, id) {
+    pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+        let tgid = p.tgid;
+        if let Some(i) = self.retired.get(tgid, retired_id(id, p.start)) {
             return self.retired_stacks[i as usize].to_vec();
         }
-        if self.refreshed.insert(tgid) && process_alive(tgid) {
-            self.refresh_process(tgid);
-        }
-        let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
+        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
+            if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
+                self.refresh_process(tgid);
+            }
+            self.processes.get(&tgid)
+        } else {
+            // A process whose pid was taken by another.
+            self.superseded.get(&p)
+        };
+        let mappings = mappings.map_or(&[][..], Vec::as_slice);
         addrs.iter().map(|&a| user_frame(mappings, a)).collect()
     }
 
@@ -933,7 +1008,7 @@ mod tests {
         let addr = vdso.start + offset + 4;
         let me = std::process::id();
         let mut sym = Symbolizer::new(SymbolizeOptions::default());
-        sym.note_process(me, false);
+        sym.note_process(me, None, false);
         let names = sym.user(me, &[(addr, AddrKind::Ip)]);
         let frames = &names[&(addr, AddrKind::Ip)];
         assert!(

@@ -12,6 +12,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use crate::bpf::types;
+use crate::process::{ticks_of_ns, Proc};
 use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
 
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
@@ -168,6 +169,8 @@ impl StackRef {
 #[derive(Clone, Debug)]
 pub struct RawEntry {
     pub tgid: u32,
+    /// When the process started (see [`Proc`]).
+    pub start: u64,
     pub pid: u32,
     pub comm: String,
     pub user_stack: StackRef,
@@ -210,46 +213,44 @@ pub struct LossCounters {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskEvent {
     /// A thread of it was seen blocking for the first time.
-    New(u32),
+    New(Proc),
     /// A thread of it blocked after its executable mappings changed.
-    Changed(u32),
+    Changed(Proc),
     /// Its last thread is gone.
-    Exited(u32),
+    Exited(Proc),
 }
 
-impl TaskEvent {
-    pub fn tgid(self) -> u32 {
-        match self {
-            TaskEvent::New(t) | TaskEvent::Changed(t) | TaskEvent::Exited(t) => t,
-        }
-    }
-}
 
 /// A pass over the counts for some processes' user stacks.
 pub struct StackScan<'t> {
-    tgids: HashSet<u32>,
+    procs: HashSet<Proc>,
     keys: Box<dyn Iterator<Item = Vec<u8>> + 't>,
-    wanted: HashSet<(u32, u64)>,
+    wanted: HashSet<(Proc, u64)>,
 }
 
 impl StackScan<'_> {
     /// The processes scanned for.
-    pub fn tgids(&self) -> &HashSet<u32> {
-        &self.tgids
+    pub fn procs(&self) -> &HashSet<Proc> {
+        &self.procs
     }
 
     /// Reads up to `n` more entries; once the pass is over, the stacks
-    /// found: each (tgid, stack id, frames) once.
-    pub fn step(&mut self, tracer: &Tracer<'_>, n: usize) -> Option<Vec<(u32, u64, Vec<u64>)>> {
+    /// found: each (process, stack id, frames) once.
+    pub fn step(&mut self, tracer: &Tracer<'_>, n: usize) -> Option<Vec<(Proc, u64, Vec<u64>)>> {
         let mut read = 0;
         for key_bytes in self.keys.by_ref().take(n) {
             read += 1;
             let mut key = types::offcpu_key::default();
-            if plain::copy_from_bytes(&mut key, &key_bytes).is_ok()
-                && self.tgids.contains(&key.tgid)
-            {
+            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() {
+                continue;
+            }
+            let p = Proc {
+                tgid: key.tgid,
+                start: ticks_of_ns(key.process_start),
+            };
+            if self.procs.contains(&p) {
                 if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
-                    self.wanted.insert((key.tgid, id));
+                    self.wanted.insert((p, id));
                 }
             }
         }
@@ -261,7 +262,7 @@ impl StackScan<'_> {
         Some(
             self.wanted
                 .drain()
-                .filter_map(|(tgid, id)| Some((tgid, id, tracer.stack(id).ok()??)))
+                .filter_map(|(p, id)| Some((p, id, tracer.stack(id).ok()??)))
                 .collect(),
         )
     }
@@ -739,10 +740,14 @@ impl<'obj> Tracer<'obj> {
                 let mut ev = types::task_event::default();
                 if plain::copy_from_bytes(&mut ev, data).is_ok() {
                     use types::task_event_kind as K;
+                    let p = Proc {
+                        tgid: ev.tgid,
+                        start: ticks_of_ns(ev.process_start),
+                    };
                     let event = match K(ev.kind) {
-                        K::TASK_EVENT_NEW => TaskEvent::New(ev.tgid),
-                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(ev.tgid),
-                        _ => TaskEvent::Exited(ev.tgid),
+                        K::TASK_EVENT_NEW => TaskEvent::New(p),
+                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p),
+                        _ => TaskEvent::Exited(p),
                     };
                     pending.borrow_mut().push(event);
                 }
@@ -843,6 +848,7 @@ impl<'obj> Tracer<'obj> {
                 .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
             let entry = RawEntry {
                 tgid: key.tgid,
+                start: ticks_of_ns(key.process_start),
                 pid: key.pid,
                 comm: comm_to_string(&key.comm),
                 user_stack: StackRef::from_raw(key.user_stack_id),
@@ -869,17 +875,17 @@ impl<'obj> Tracer<'obj> {
     }
 
     /// A pass over the counts for the user stacks counted so far for the
-    /// processes in `tgids`, done a slice at a time (see
+    /// processes in `procs`, done a slice at a time (see
     /// [`StackScan::step`]): the table holds every thread's stacks, tens
     /// of thousands on a busy machine, and reading it all at once would
     /// hold up the reading of events.
-    pub fn scan_user_stacks(&self, tgids: HashSet<u32>) -> StackScan<'_> {
+    pub fn scan_user_stacks(&self, procs: HashSet<Proc>) -> StackScan<'_> {
         // Key by key: the batched lookup of this libbpf-rs version gave
         // keys that matched no process under load (the soak test's
         // exited children lost their names), where the plain walk does not.
         let keys: Box<dyn Iterator<Item = Vec<u8>> + '_> = Box::new(self.skel.maps.counts.keys());
         StackScan {
-            tgids,
+            procs,
             keys,
             wanted: HashSet::new(),
         }

@@ -628,7 +628,13 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
 	return bpf_map_lookup_elem(&task_data_by_tid, &tid);
 }
 
-static __always_inline void send_event(__u32 tgid, __u32 tid, __u32 kind)
+/* When `t`'s process started: with its pid, who it is. */
+static __always_inline __u64 process_start(struct task_struct *t)
+{
+	return BPF_CORE_READ(t, group_leader, start_boottime);
+}
+
+static __always_inline void send_event(struct task_struct *t, __u32 tgid, __u32 tid, __u32 kind)
 {
 	struct task_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
@@ -640,6 +646,7 @@ static __always_inline void send_event(__u32 tgid, __u32 tid, __u32 kind)
 	e->pid = tid;
 	e->kind = kind;
 	e->_pad = 0;
+	e->process_start = process_start(t);
 	bpf_ringbuf_submit(e, 0);
 }
 
@@ -661,7 +668,7 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 	exec_vm = BPF_CORE_READ(mm, exec_vm);
 	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
 		return;
-	send_event(tgid, tid, d->notified_mm ? TASK_EVENT_CHANGED : TASK_EVENT_NEW);
+	send_event(t, tgid, tid, d->notified_mm ? TASK_EVENT_CHANGED : TASK_EVENT_NEW);
 	d->notified_mm = (__u64)mm;
 	d->notified_exec_vm = exec_vm;
 }
@@ -676,7 +683,7 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid))
 		return;
 	if (BPF_CORE_READ(t, signal, live.counter) == 0)
-		send_event(tgid, tid, TASK_EVENT_EXITED);
+		send_event(t, tgid, tid, TASK_EVENT_EXITED);
 }
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
@@ -781,6 +788,7 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
 {
 	key->tgid = BPF_CORE_READ(t, tgid);
 	key->pid = tid;
+	key->process_start = process_start(t);
 	BPF_CORE_READ_STR_INTO(&key->comm, t, comm);
 }
 

@@ -36,6 +36,9 @@ enum stack_id_special {
 struct offcpu_key {
 	__u32 tgid;
 	__u32 pid;
+	/* When the process started (its leader's start_boottime, ns): a pid
+	 * reused during the trace is another process, with other names. */
+	__u64 process_start;
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
 	char comm[TASK_COMM_LEN];
@@ -70,6 +73,8 @@ struct task_event {
 	/* enum task_event_kind */
 	__u32 kind;
 	__u32 _pad;
+	/* As in struct offcpu_key. */
+	__u64 process_start;
 };
 
 /*

@@ -131,6 +131,10 @@ struct task_struct {
 	struct mm_struct *mm;
 	pid_t pid;
 	pid_t tgid;
+	/* Boot-based start time (ns): with the pid, it tells a process from
+	 * a later one that reuses its pid. */
+	__u64 start_boottime;
+	struct task_struct *group_leader;
 	char comm[16];
 	struct signal_struct *signal;
 };

@@ -1483,3 +1483,61 @@ fn missing_capabilities_are_named() {
         });
     }
 }
+
+/// A pid reused while tracing (forced with `ns_last_pid`, by perl): the
+/// later process's stacks are named and walked from its own program, never the
+/// earlier one's, and the earlier one's stacks keep their names after it
+/// exited.
+#[test]
+fn reused_pid_gets_its_own_names() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let mut a = Workload::start(&["--seconds", "2"]);
+    let pid = a.pid;
+    let mut reused: Option<KillOnDrop> = None;
+    let (out, _, _) = profile_during(&["-f", "-p", &pid.to_string(), "6"], |_| {
+        a.child.wait().expect("wait for the first process");
+        for _ in 0..200 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("write ns_last_pid");
+            let b = KillOnDrop(
+                std::process::Command::new("perl")
+                    .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
+                    .spawn()
+                    .expect("start perl"),
+            );
+            if b.0.id() == pid {
+                reused = Some(b);
+                break;
+            }
+        }
+    });
+    assert!(reused.is_some(), "pid {pid} was not reused");
+    let lines = parse_folded(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let b = lines
+        .iter()
+        .filter(|l| l.comm() == "perl")
+        .max_by_key(|l| l.us)
+        .unwrap_or_else(|| panic!("no stack of the process that took pid {pid}: {stderr}"));
+    eprintln!("pid {pid} reused by perl: {:?}", b.frames);
+    for l in lines.iter().filter(|l| l.comm() == "perl") {
+        assert!(
+            !l.frames.iter().any(|f| f.contains("blocker") || f.contains("wl_")),
+            "the second process at pid {pid} got the first one's names: {:?}",
+            l.frames
+        );
+    }
+    in_order(
+        b,
+        &["__libc_start_call_main", "perl_run", "Perl_pp_sselect", "do_select"],
+    );
+    let a_main = lines
+        .iter()
+        .filter(|l| l.comm() == "wl-nanosleep")
+        .max_by_key(|l| l.us)
+        .unwrap_or_else(|| panic!("no stack of the first process: {stderr}"));
+    in_order(a_main, &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"]);
+}

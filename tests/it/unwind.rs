@@ -173,7 +173,7 @@ fn check_build(build: Build) {
         inline: true,
         ..SymbolizeOptions::default()
     });
-    sym.note_process(wl.pid, false);
+    sym.note_process(wl.pid, None, false);
     let mut measured: Vec<(&str, BTreeMap<String, Vec<String>>)> = UNWINDERS
         .iter()
         .map(|(label, args)| (*label, profiler_stacks(wl.pid, args)))

@@ -1,0 +1,73 @@
+//! Who a process is: its pid and when it started. A pid can be reused
+//! while tracing; the start time tells the later process from the one
+//! whose stacks were counted under the same pid.
+
+/// A process: its pid and its start time, in clock ticks since boot (as
+/// `/proc/PID/stat` gives it, field 22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Proc {
+    pub tgid: u32,
+    pub start: u64,
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// A start time as the BPF program reads it (the leader's
+/// `start_boottime`, ns) in the ticks of `/proc/PID/stat`, rounded down
+/// as the kernel rounds it there.
+pub fn ticks_of_ns(ns: u64) -> u64 {
+    ns / (1_000_000_000 / ticks_per_second())
+}
+
+/// When process `tgid` started, if it exists.
+pub fn start_ticks(tgid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    parse_start(&stat)
+}
+
+/// Field 22 of a `/proc/PID/stat` line. The command (field 2) is in
+/// parentheses and may hold spaces and parentheses itself: the fields
+/// after it are counted from the last `)`.
+fn parse_start(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (the state) is the first after the command.
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_field_after_a_command_with_spaces_and_parentheses() {
+        let line = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615";
+        assert_eq!(parse_start(line), Some(987654));
+        assert_eq!(parse_start("1 (x) S 1"), None);
+        assert_eq!(parse_start("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_started_when_the_kernel_says() {
+        let me = std::process::id();
+        let start = start_ticks(me).expect("own stat");
+        // Since boot, and not after now.
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        let now = ticks_of_ns(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+        assert!(start > 0 && start <= now, "{start} {now}");
+    }
+}
