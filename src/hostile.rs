@@ -115,6 +115,49 @@ fn layout(d: &[u8]) -> Layout {
     }
 }
 
+/// Fields (offset, width) of the ELF header, a section header and a
+/// program header.
+const ELF_HEADER_FIELDS: &[(usize, usize)] = &[
+    (0x10, 2),
+    (0x18, 8),
+    (0x20, 8),
+    (0x28, 8),
+    (0x34, 2),
+    (0x36, 2),
+    (0x38, 2),
+    (0x3a, 2),
+    (0x3c, 2),
+    (0x3e, 2),
+];
+const SECTION_HEADER_FIELDS: &[(usize, usize)] = &[
+    (0, 4),
+    (4, 4),
+    (8, 8),
+    (0x10, 8),
+    (0x18, 8),
+    (0x20, 8),
+    (0x28, 4),
+    (0x2c, 4),
+    (0x30, 8),
+    (0x38, 8),
+];
+const PROGRAM_HEADER_FIELDS: &[(usize, usize)] = &[
+    (0, 4),
+    (4, 4),
+    (8, 8),
+    (0x10, 8),
+    (0x20, 8),
+    (0x28, 8),
+    (0x30, 8),
+];
+
+/// One of `fields` of the header at `base` set to a new value.
+fn set_field(rng: &mut Rng, d: &mut [u8], base: usize, fields: &[(usize, usize)]) {
+    let (f, w) = *rng.pick(fields);
+    let v = value(rng, read_u(d, base + f, w), d.len() as u64);
+    write_u(d, base + f, w, v);
+}
+
 /// One to four mutations of `orig`, aimed at the headers, the section and
 /// program headers, and the sections' contents.
 fn mutate(rng: &mut Rng, orig: &[u8], l: &Layout) -> Vec<u8> {
@@ -125,53 +168,14 @@ fn mutate(rng: &mut Rng, orig: &[u8], l: &Layout) -> Vec<u8> {
             break;
         }
         match rng.below(6) {
-            0 => {
-                // ELF header field: (offset, width).
-                let (at, w) = *rng.pick(&[
-                    (0x10, 2),
-                    (0x18, 8),
-                    (0x20, 8),
-                    (0x28, 8),
-                    (0x34, 2),
-                    (0x36, 2),
-                    (0x38, 2),
-                    (0x3a, 2),
-                    (0x3c, 2),
-                    (0x3e, 2),
-                ]);
-                let v = value(rng, read_u(&d, at, w), len);
-                write_u(&mut d, at, w, v);
-            }
+            0 => set_field(rng, &mut d, 0, ELF_HEADER_FIELDS),
             1 if l.shnum > 0 => {
                 let h = l.shoff + rng.below(l.shnum as u64) as usize * 64;
-                let (f, w) = *rng.pick(&[
-                    (0, 4),
-                    (4, 4),
-                    (8, 8),
-                    (0x10, 8),
-                    (0x18, 8),
-                    (0x20, 8),
-                    (0x28, 4),
-                    (0x2c, 4),
-                    (0x30, 8),
-                    (0x38, 8),
-                ]);
-                let v = value(rng, read_u(&d, h + f, w), len);
-                write_u(&mut d, h + f, w, v);
+                set_field(rng, &mut d, h, SECTION_HEADER_FIELDS);
             }
             2 if l.phnum > 0 => {
                 let h = l.phoff + rng.below(l.phnum as u64) as usize * 56;
-                let (f, w) = *rng.pick(&[
-                    (0, 4),
-                    (4, 4),
-                    (8, 8),
-                    (0x10, 8),
-                    (0x20, 8),
-                    (0x28, 8),
-                    (0x30, 8),
-                ]);
-                let v = value(rng, read_u(&d, h + f, w), len);
-                write_u(&mut d, h + f, w, v);
+                set_field(rng, &mut d, h, PROGRAM_HEADER_FIELDS);
             }
             3 if !l.sections.is_empty() => {
                 // Inside a section: CFI, symbol tables, strings, notes.
