@@ -10,6 +10,24 @@ pub struct Proc {
     pub start: u64,
 }
 
+/// Whether this process has capability `cap` (its number, as in
+/// `linux/capability.h`) in its effective set.
+pub fn has_capability(cap: u32) -> bool {
+    effective_capabilities() & (1u64 << cap) != 0
+}
+
+/// The effective capability set, from `/proc/self/status`.
+pub fn effective_capabilities() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+pub const CAP_SYS_PTRACE: u32 = 19;
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
 fn ticks_per_second() -> u64 {
     // SAFETY: sysconf has no preconditions.

@@ -425,8 +425,12 @@ impl Symbolizer {
         let text = match std::fs::read_to_string(format!("/proc/{tgid}/maps")) {
             Ok(t) => t,
             Err(e) => {
-                // Another user's process, without CAP_SYS_PTRACE.
-                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                // Another user's process, without CAP_SYS_PTRACE (with
+                // it, a process in the middle of an exec can refuse too,
+                // for a moment).
+                if e.kind() == std::io::ErrorKind::PermissionDenied
+                    && !crate::process::has_capability(crate::process::CAP_SYS_PTRACE)
+                {
                     self.denied.processes.insert(tgid);
                 }
                 // Gone already: keep what we had.

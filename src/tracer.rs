@@ -1081,12 +1081,7 @@ pub fn check_environment() -> Result<()> {
              offcputime needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
         );
     }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let cap_eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
+    let cap_eff = crate::process::effective_capabilities();
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;

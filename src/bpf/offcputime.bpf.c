@@ -195,6 +195,22 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
 
+/* What userspace was last told of each process (struct notified): one
+ * notice a process, not one a thread, so that a start with thousands of
+ * threads does not overflow the ring buffer. */
+struct notified {
+	__u64 start;
+	__u64 mm;
+	__u64 exec_vm;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct notified);
+} notified_procs SEC(".maps");
+
 /* Make the shared types visible in the skeleton's `types` module. */
 struct task_event _task_event = {};
 enum task_event_kind _task_event_kind = TASK_EVENT_NEW;
@@ -634,13 +650,13 @@ static __always_inline __u64 process_start(struct task_struct *t)
 	return BPF_CORE_READ(t, group_leader, start_boottime);
 }
 
-static __always_inline void send_event(struct task_struct *t, __u32 tgid, __u32 tid, __u32 kind)
+static __always_inline bool send_event(struct task_struct *t, __u32 tgid, __u32 tid, __u32 kind)
 {
 	struct task_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
 		count(CNT_EVENTS_DROPPED);
-		return;
+		return false;
 	}
 	e->tgid = tgid;
 	e->pid = tid;
@@ -648,6 +664,7 @@ static __always_inline void send_event(struct task_struct *t, __u32 tgid, __u32 
 	e->_pad = 0;
 	e->process_start = process_start(t);
 	bpf_ringbuf_submit(e, 0);
+	return true;
 }
 
 /*
@@ -666,11 +683,28 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 	if (!mm)
 		return;
 	exec_vm = BPF_CORE_READ(mm, exec_vm);
+	struct notified *p, now = { .start = process_start(t), .mm = (__u64)mm, .exec_vm = exec_vm };
+	__u32 kind = TASK_EVENT_NEW;
+
 	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
 		return;
-	send_event(t, tgid, tid, d->notified_mm ? TASK_EVENT_CHANGED : TASK_EVENT_NEW);
-	d->notified_mm = (__u64)mm;
-	d->notified_exec_vm = exec_vm;
+	/* Another thread of the process may have told it already. */
+	p = bpf_map_lookup_elem(&notified_procs, &tgid);
+	if (p && p->start == now.start) {
+		if (p->mm == now.mm && p->exec_vm == now.exec_vm) {
+			d->notified_mm = now.mm;
+			d->notified_exec_vm = now.exec_vm;
+			return;
+		}
+		kind = TASK_EVENT_CHANGED;
+	}
+	/* A notice the ring buffer had no room for is sent again at the
+	 * thread's next block. */
+	if (!send_event(t, tgid, tid, kind))
+		return;
+	bpf_map_update_elem(&notified_procs, &tgid, &now, BPF_ANY);
+	d->notified_mm = now.mm;
+	d->notified_exec_vm = now.exec_vm;
 }
 
 /*
@@ -682,8 +716,10 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 {
 	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid))
 		return;
-	if (BPF_CORE_READ(t, signal, live.counter) == 0)
+	if (BPF_CORE_READ(t, signal, live.counter) == 0) {
+		bpf_map_delete_elem(&notified_procs, &tgid);
 		send_event(t, tgid, tid, TASK_EVENT_EXITED);
+	}
 }
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,

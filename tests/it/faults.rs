@@ -691,3 +691,102 @@ fn killed_while_writing_the_output() {
     assert_eq!((m.mode() & 0o7777, m.uid(), m.gid()), (0o640, 65534, 65534));
     assert_eq!(entries(dir.path()), ["out.folded"]);
 }
+
+/// The (name, offset, size) of every section of an ELF64 file.
+fn elf_sections(d: &[u8]) -> Vec<(String, usize, usize)> {
+    let u = |at: usize, w: usize| {
+        let mut b = [0u8; 8];
+        b[..w].copy_from_slice(&d[at..at + w]);
+        u64::from_le_bytes(b) as usize
+    };
+    let (shoff, shnum, shstrndx) = (u(0x28, 8), u(0x3c, 2), u(0x3e, 2));
+    let header = |i: usize| shoff + i * 64;
+    let strtab = u(header(shstrndx) + 0x18, 8);
+    (0..shnum)
+        .map(|i| {
+            let h = header(i);
+            let name_at = strtab + u(h, 4);
+            let end = d[name_at..].iter().position(|&c| c == 0).unwrap_or(0);
+            let name = String::from_utf8_lossy(&d[name_at..name_at + end]).into_owned();
+            (name, u(h + 0x18, 8), u(h + 0x20, 8))
+        })
+        .collect()
+}
+
+/// A program whose call-frame information, symbol tables and debug
+/// sections are 30% random bytes, traced beside a sound one: the run ends
+/// normally and the sound process's stacks are whole.
+#[test]
+fn corrupted_program_leaves_the_others_right() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("blocker");
+    let mut d = std::fs::read(blocker_path()).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut changed = 0;
+    for (name, off, size) in elf_sections(&d) {
+        let hit = name == ".eh_frame"
+            || name == ".eh_frame_hdr"
+            || name == ".symtab"
+            || name == ".strtab"
+            || name.starts_with(".debug_");
+        if !hit || off + size > d.len() {
+            continue;
+        }
+        for b in &mut d[off..off + size] {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            if seed % 10 < 3 {
+                *b = (seed >> 32) as u8;
+                changed += 1;
+            }
+        }
+    }
+    assert!(changed > 10_000, "only {changed} bytes changed");
+    std::fs::write(&bad, &d).unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut corrupt = KillOnDrop(
+        std::process::Command::new(&bad)
+            .args(["--seconds", "30"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the corrupted program"),
+    );
+    // It runs (nothing it needs to run was touched): wait for it.
+    {
+        use std::io::BufRead;
+        let out = corrupt.0.stdout.take().unwrap();
+        let ready = std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l == "ready");
+        assert!(ready, "the corrupted program did not start");
+    }
+    let sound = Workload::start(&["--seconds", "30"]);
+    let pids = format!("{},{}", sound.pid, corrupt.0.id());
+    for args in [vec!["-f", "-p", pids.as_str(), "2"], vec!["-f", "2"]] {
+        let out = profile(&args);
+        let lines = parse_folded(&out.stdout);
+        let main = lines
+            .iter()
+            .filter(|l| l.comm() == "wl-nanosleep" && l.has("do_nanosleep"))
+            .filter(|l| l.has("wl_block_nanosleep"))
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| {
+                panic!("{args:?}: no whole stack of the sound process: {}", String::from_utf8_lossy(&out.stderr))
+            });
+        assert_eq!(main.frames[1..3], ["__clone3", "start_thread"], "{:?}", main.frames);
+        // Both processes' threads are there; the sound one's time whole.
+        let sound_us: u64 = lines
+            .iter()
+            .filter(|l| l.comm() == "wl-nanosleep")
+            .map(|l| l.us)
+            .sum();
+        assert!(sound_us > 2 * 2_000_000 * 9 / 10, "{args:?}: {sound_us} us");
+    }
+}
