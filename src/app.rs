@@ -180,7 +180,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                         // Unless another process has its pid now, with
                         // tables of its own.
                         if let Some(u) = &mut unwinder {
-                            if !symbolizer.is_current(p) && !symbolizer.has_pid(p.tgid) {
+                            if !symbolizer.has_pid(p.tgid) {
                                 u.forget(p.tgid);
                             }
                         }
@@ -307,9 +307,6 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
         .collect()
 }
 
-/// `unreadable`: how many stacks of threads blocked since before the start
-/// have no user stack, and whether this kernel could read such stacks at
-/// all.
 /// Processes and files the profiler had no right to read, and what that
 /// cost, once each.
 fn report_denied(symbolizer: &Symbolizer, config: &Config) {
@@ -334,7 +331,7 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
     if let Some((first, why)) = d.files.first() {
         eprintln!(
             "offcputime: {} files mapped by traced processes could not be opened ({first}: \
-             {why}{}): their frames are [unknown], their stacks walked with frame pointers",
+             {why}{}): their frames are unnamed, their stacks walked with frame pointers",
             d.files.len(),
             if d.files.len() > 1 { ", and others" } else { "" },
         );
@@ -346,6 +343,9 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
     }
 }
 
+/// `unreadable`: how many stacks of threads blocked since before the start
+/// have no user stack, and whether this kernel could read such stacks at
+/// all.
 fn report_losses(profile: &Profile, config: &Config, (unreadable, could): (usize, bool)) {
     let c = &profile.counters;
     if unreadable > 0 && config.shape.mode.user() {

@@ -676,12 +676,6 @@ impl Symbolizer {
         self.processes.contains_key(&tgid)
     }
 
-    /// Whether the process now at pid `tgid` has a snapshot (its unwind
-    /// tables are its own, not a process's that had the pid before).
-    pub fn is_current(&self, p: Proc) -> bool {
-        self.processes.contains_key(&p.tgid) && self.starts.get(&p.tgid).is_none_or(|&s| s == p.start)
-    }
-
     /// The frames of user stack `id` of process `tgid` (its addresses
     /// `addrs`, innermost first): as kept when the process exited, or
     /// through its snapshot, taken again now if it is still running, for
