@@ -595,8 +595,9 @@ impl StatsLine {
                     .and_then(|v| v.split_whitespace().next().map(str::to_string))
             })
             .unwrap_or_default();
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
         eprintln!(
-            "offcputime: stats: t={:.1}s processes={} exited={}{tables} rss_kib={rss}",
+            "offcputime: stats: t={:.1}s processes={} exited={}{tables} rss_kib={rss} fds={fds}",
             self.began.elapsed().as_secs_f64(),
             self.processes,
             self.exited,

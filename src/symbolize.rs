@@ -52,8 +52,19 @@ struct Object {
     /// With a debug file: the loadable segments of the file itself, to
     /// turn file offsets into the addresses both files share.
     segments: Option<Vec<Segment>>,
-    /// The file as mapped, kept open.
+    /// The file as mapped, kept open while a process maps it (see
+    /// [`Symbolizer::release`]).
     handle: Option<File>,
+    /// The path as mapped and the file's device and inode: where to find
+    /// the file again once its descriptor was let go.
+    mapped: Option<(PathBuf, u64, u64)>,
+    /// `path` is the descriptor's `/proc/self/fd/N`; once the descriptor
+    /// is let go, it is `mapped`'s path, checked to be the same file
+    /// before it is read.
+    path_is_handle: bool,
+    /// Snapshots (of live processes, or kept for one whose pid was reused)
+    /// that map it.
+    users: u32,
 }
 
 /// An executable mapping of a process, as [`Symbolizer::mappings`] gives
@@ -189,6 +200,8 @@ pub struct Symbolizer {
     denied: Denied,
     /// Files whose symbols could not be parsed (the parser panicked).
     hostile: std::cell::Cell<usize>,
+    /// Descriptors let go (see [`Symbolizer::release`]).
+    released: usize,
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -381,6 +394,7 @@ impl Symbolizer {
             opts,
             denied: Denied::default(),
             hostile: std::cell::Cell::new(0),
+            released: 0,
         }
     }
 
@@ -460,13 +474,71 @@ impl Symbolizer {
             mappings.extend(kept);
         }
         mappings.shrink_to_fit();
-        self.processes.insert(tgid, mappings);
+        let old = self.processes.insert(tgid, mappings);
+        let new = distinct_objects(&self.processes[&tgid]);
+        for &o in &new {
+            self.objects[o as usize].users += 1;
+        }
+        if let Some(old) = old {
+            self.drop_users(&distinct_objects(&old));
+        }
+    }
+
+    /// One snapshot fewer maps each of `objects`; those no snapshot maps
+    /// any more let go of their descriptors.
+    fn drop_users(&mut self, objects: &[u32]) {
+        for &o in objects {
+            let obj = &mut self.objects[o as usize];
+            obj.users = obj.users.saturating_sub(1);
+            if obj.users == 0 {
+                self.release(o);
+            }
+        }
+    }
+
+    /// Lets go of an object's descriptor when no live process maps it
+    /// (a machine that runs many programs would hold thousands), where the
+    /// file can be found again: its path still leads to it (same device
+    /// and inode). A file deleted or replaced since, or in another mount
+    /// namespace, keeps its descriptor: it is the only way to its names.
+    fn release(&mut self, id: u32) {
+        use std::os::unix::fs::MetadataExt;
+        let o = &mut self.objects[id as usize];
+        let (Some(_), Some((path, dev, ino))) = (&o.handle, &o.mapped) else {
+            return;
+        };
+        if !std::fs::metadata(path).is_ok_and(|m| m.dev() == *dev && m.ino() == *ino) {
+            return;
+        }
+        if o.path_is_handle {
+            o.path = Some(path.clone());
+            o.path_is_handle = false;
+        }
+        o.handle = None;
+        self.released += 1;
+    }
+
+    /// How many descriptors of files no live process maps were let go.
+    pub fn released(&self) -> usize {
+        self.released
     }
 
     /// The index of the object `line` maps, opening its file the first
     /// time it is seen.
     fn object(&mut self, tgid: u32, line: &MapsLine<'_>) -> u32 {
         if let Some(&id) = self.object_ids.get(&line.key) {
+            // Mapped again after its descriptor was let go: the unwinder
+            // may need the file.
+            let o = &mut self.objects[id as usize];
+            if o.handle.is_none() && o.mapped.is_some() {
+                if let Ok(f) = open_mapped(tgid, line) {
+                    if !o.path_is_handle && o.segments.is_none() {
+                        o.path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+                        o.path_is_handle = true;
+                    }
+                    o.handle = Some(f);
+                }
+            }
             return id;
         }
         let name = Path::new(line.path)
@@ -514,12 +586,22 @@ impl Symbolizer {
                 }
             }
         };
+        let mapped = handle.as_ref().and_then(|f| {
+            use std::os::unix::fs::MetadataExt;
+            let m = f.metadata().ok()?;
+            (line.path.starts_with('/') && !line.path.ends_with(" (deleted)"))
+                .then(|| (PathBuf::from(line.path), m.dev(), m.ino()))
+        });
+        let path_is_handle = segments.is_none() && handle.is_some();
         let id = self.objects.len() as u32;
         self.objects.push(Object {
             name,
             path,
             segments,
             handle,
+            mapped,
+            path_is_handle,
+            users: 0,
         });
         self.object_ids.insert(line.key.clone(), id);
         id
@@ -642,6 +724,7 @@ impl Symbolizer {
         let Some(mappings) = mappings else {
             return;
         };
+        self.drop_users(&distinct_objects(&mappings));
         for (id, addrs) in stacks {
             // An address outside every mapping is `[unknown]` whatever
             // it is: kept as one, so that such stacks of different
@@ -775,7 +858,22 @@ impl Symbolizer {
         let Some(path) = &object.path else {
             return vec![None; offsets.len()];
         };
-        names_in_file(path, object.segments.as_deref(), offsets, self.opts).unwrap_or_else(|| {
+        // A file found again by its path must still be the one mapped.
+        let reopened;
+        let path = match (&object.handle, &object.mapped) {
+            (None, Some((p, dev, ino))) if path == p => {
+                use std::os::unix::fs::MetadataExt;
+                match File::open(p) {
+                    Ok(f) if f.metadata().is_ok_and(|m| m.dev() == *dev && m.ino() == *ino) => {
+                        reopened = f;
+                        PathBuf::from(format!("/proc/self/fd/{}", reopened.as_raw_fd()))
+                    }
+                    _ => return vec![None; offsets.len()],
+                }
+            }
+            _ => path.clone(),
+        };
+        names_in_file(&path, object.segments.as_deref(), offsets, self.opts).unwrap_or_else(|| {
             self.hostile.set(self.hostile.get() + 1);
             vec![None; offsets.len()]
         })
@@ -887,6 +985,14 @@ pub(crate) fn names_in_file(
         found
     })
     .ok()
+}
+
+/// The objects `mappings` map, each once.
+fn distinct_objects(mappings: &[Mapping]) -> Vec<u32> {
+    let mut v: Vec<u32> = mappings.iter().map(|m| m.object).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// `addr` as a frame of the mapping that holds it.

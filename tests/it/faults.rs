@@ -790,3 +790,98 @@ fn corrupted_program_leaves_the_others_right() {
         assert!(sound_us > 2 * 2_000_000 * 9 / 10, "{args:?}: {sound_us} us");
     }
 }
+
+/// Many programs (distinct files) that start, block and exit while the
+/// whole system is traced: the descriptors of files no live process maps
+/// are let go, and the exited programs' frames are still named, from
+/// their files found again by path.
+#[test]
+fn descriptors_of_exited_programs_are_let_go() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require_root() {
+        return;
+    }
+    let Some(clang) = require_tool("clang", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.path().join("w.c");
+    std::fs::write(
+        &src,
+        "#include <time.h>\n\
+         __attribute__((noinline)) void fdtest_wait(void) {\n\
+             struct timespec t = {0, 20000000};\n\
+             for (int i = 0; i < 15; i++) nanosleep(&t, 0);\n\
+         }\n\
+         int main(void) { fdtest_wait(); return 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.path().join("w");
+    let st = std::process::Command::new(&clang)
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("run clang");
+    assert!(st.success(), "clang failed");
+    const N: usize = 120;
+    let copies: Vec<std::path::PathBuf> = (0..N)
+        .map(|i| {
+            let p = dir.path().join(format!("fdw{i}"));
+            std::fs::copy(&exe, &p).unwrap();
+            p
+        })
+        .collect();
+
+    let (mut child, stderr, attached) = spawn_verbose(
+        &["-f", "10"],
+        &[("OFFCPUTIME_STATS_INTERVAL", "1")],
+    );
+    attached
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the profiler did not attach");
+    // Twelve at a time, each living 0.3 s: done about 3.5 s in.
+    for wave in copies.chunks(12) {
+        let mut running: Vec<Child> = wave
+            .iter()
+            .map(|p| std::process::Command::new(p).spawn().expect("start a copy"))
+            .collect();
+        for c in &mut running {
+            c.wait().unwrap();
+        }
+    }
+    let mut stdout = Vec::new();
+    std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(child.wait().unwrap().success());
+    let stderr = stderr.join().unwrap();
+    let fds: Vec<f64> = stats_lines(&stderr).iter().filter_map(|s| s.get("fds").copied()).collect();
+    assert!(fds.len() >= 5, "too few stats lines: {stderr}");
+    let (first, peak, last) = (
+        fds[0],
+        fds.iter().cloned().fold(0.0, f64::max),
+        *fds.last().unwrap(),
+    );
+    eprintln!("descriptors: {first} at the start, at most {peak}, {last} at the end; {N} programs");
+    // Every program was held open while it ran; once they have all been
+    // let go, the count is back near where it started.
+    assert!(peak >= first + 10.0, "the programs were never held open: {fds:?}");
+    assert!(
+        last < first + 20.0,
+        "{last} descriptors at the end, {first} at the start, after {N} programs came and went"
+    );
+    let lines = parse_folded(&stdout);
+    let named = (0..N)
+        .filter(|i| {
+            let comm = format!("fdw{i}");
+            lines
+                .iter()
+                .any(|l| l.comm() == comm && l.has("fdtest_wait") && l.has("main"))
+        })
+        .count();
+    assert!(
+        named >= N * 9 / 10,
+        "only {named} of {N} exited programs have their own frames named"
+    );
+}
