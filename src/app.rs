@@ -333,7 +333,11 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
             "offcputime: {} files mapped by traced processes could not be opened ({first}: \
              {why}{}): their frames are unnamed, their stacks walked with frame pointers",
             d.files.len(),
-            if d.files.len() > 1 { ", and others" } else { "" },
+            if d.files.len() > 1 {
+                ", and others"
+            } else {
+                ""
+            },
         );
         if config.verbose {
             for (path, why) in &d.files[1..] {

@@ -102,7 +102,10 @@ fn layout(d: &[u8]) -> Layout {
     let sections = (0..shnum)
         .filter_map(|i| {
             let h = shoff + i * 64;
-            let (off, size) = (read_u(d, h + 0x18, 8) as usize, read_u(d, h + 0x20, 8) as usize);
+            let (off, size) = (
+                read_u(d, h + 0x18, 8) as usize,
+                read_u(d, h + 0x20, 8) as usize,
+            );
             (size > 0 && off.checked_add(size).is_some_and(|e| e <= d.len())).then_some((off, size))
         })
         .collect();
@@ -322,7 +325,10 @@ fn mutated_binaries_do_not_break_the_readers() {
         if r.is_err() {
             let keep = std::env::temp_dir().join(format!("offcputime-fuzz-{seed}-{i}"));
             let _ = std::fs::copy(&path, &keep);
-            panic!("a reader panicked on {replay} (copied to {})", keep.display());
+            panic!(
+                "a reader panicked on {replay} (copied to {})",
+                keep.display()
+            );
         }
         let peak = peak_kib_and_reset().unwrap_or(0).saturating_sub(base);
         assert!(took < Duration::from_secs(10), "{took:?} on {replay}");
@@ -343,8 +349,14 @@ fn mutated_binaries_do_not_break_the_readers() {
     // Not vacuous: enough files, and mutations that the readers accept
     // in part, so that their insides ran.
     assert!(files >= 20, "only {files} files in {time:?}");
-    assert!(reached.elf * 4 >= files, "too few mutated files read as ELF");
-    assert!(reached.rows > 0 && reached.named > 0, "no mutated file reached the readers' insides");
+    assert!(
+        reached.elf * 4 >= files,
+        "too few mutated files read as ELF"
+    );
+    assert!(
+        reached.rows > 0 && reached.named > 0,
+        "no mutated file reached the readers' insides"
+    );
 }
 
 #[test]

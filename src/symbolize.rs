@@ -269,7 +269,10 @@ fn open_mapped(tgid: u32, line: &MapsLine<'_>) -> std::io::Result<File> {
         ));
     }
     let want = dev.split_once(':').and_then(|(a, b)| {
-        Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?))
+        Some((
+            u32::from_str_radix(a, 16).ok()?,
+            u32::from_str_radix(b, 16).ok()?,
+        ))
     });
     let mapped = |f: &File| {
         f.metadata().is_ok_and(|m| {
@@ -277,7 +280,10 @@ fn open_mapped(tgid: u32, line: &MapsLine<'_>) -> std::io::Result<File> {
         })
     };
     let mut refused = false;
-    for path in [format!("/proc/{tgid}/root{}", line.path), line.path.to_string()] {
+    for path in [
+        format!("/proc/{tgid}/root{}", line.path),
+        line.path.to_string(),
+    ] {
         match File::open(&path) {
             Ok(f) if mapped(&f) => return Ok(f),
             Ok(_) => {}
@@ -566,7 +572,9 @@ impl Symbolizer {
                         Some(f),
                     ),
                     Err(e) => {
-                        self.denied.files.push((line.path.to_string(), e.to_string()));
+                        self.denied
+                            .files
+                            .push((line.path.to_string(), e.to_string()));
                         // The path as mapped, for the names at least.
                         (PathBuf::from(line.path), None)
                     }
@@ -864,7 +872,10 @@ impl Symbolizer {
             (None, Some((p, dev, ino))) if path == p => {
                 use std::os::unix::fs::MetadataExt;
                 match File::open(p) {
-                    Ok(f) if f.metadata().is_ok_and(|m| m.dev() == *dev && m.ino() == *ino) => {
+                    Ok(f)
+                        if f.metadata()
+                            .is_ok_and(|m| m.dev() == *dev && m.ino() == *ino) =>
+                    {
                         reopened = f;
                         PathBuf::from(format!("/proc/self/fd/{}", reopened.as_raw_fd()))
                     }

@@ -12,8 +12,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use crate::bpf::types;
-use crate::process::{ticks_of_ns, Proc};
 use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
+use crate::process::{ticks_of_ns, Proc};
 
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
 pub const MAX_STACK_DEPTH: u32 = 127;
@@ -219,7 +219,6 @@ pub enum TaskEvent {
     /// Its last thread is gone.
     Exited(Proc),
 }
-
 
 /// A pass over the counts for some processes' user stacks.
 pub struct StackScan<'t> {

@@ -254,7 +254,9 @@ impl Collector {
         let mut seen = 0u32;
         while let Ok(Some(entry)) = entries.next() {
             seen = seen.wrapping_add(1);
-            if seen.is_multiple_of(256) && self.deadline.is_some_and(|d| std::time::Instant::now() > d) {
+            if seen.is_multiple_of(256)
+                && self.deadline.is_some_and(|d| std::time::Instant::now() > d)
+            {
                 self.too_slow = true;
                 return;
             }

@@ -27,7 +27,10 @@ pub enum Sink {
     Stdout,
     /// A device, a pipe or a socket: written in place, neither truncated
     /// nor synced.
-    InPlace { file: File, show: PathBuf },
+    InPlace {
+        file: File,
+        show: PathBuf,
+    },
     /// A regular file, new or replaced whole at the end.
     Replace(Box<Replacement>),
 }
@@ -64,10 +67,8 @@ impl Sink {
             }
             Ok(m) if !m.is_file() => {
                 let ft = m.file_type();
-                let special = ft.is_char_device()
-                    || ft.is_block_device()
-                    || ft.is_fifo()
-                    || ft.is_socket();
+                let special =
+                    ft.is_char_device() || ft.is_block_device() || ft.is_fifo() || ft.is_socket();
                 if !special {
                     anyhow::bail!("{}: not a regular file, a device or a pipe", cannot());
                 }

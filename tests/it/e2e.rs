@@ -263,7 +263,11 @@ fn blocked_time_and_frames(hook: &str) {
     );
     let cpu = clock.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for denied in ["hides kernel addresses", "could not be opened", "could not be read"] {
+    for denied in [
+        "hides kernel addresses",
+        "could not be opened",
+        "could not be read",
+    ] {
         assert!(!stderr.contains(denied), "{denied}: {stderr}");
     }
     let (attached, from, to) = verbose_window(&stderr);
@@ -1432,7 +1436,10 @@ fn missing_capabilities_are_named() {
         let (err, main) = run(&wl);
         once(&err, "/proc/kallsyms hides kernel addresses from this user");
         assert!(err.contains("CAP_SYSLOG shows them"), "{err}");
-        in_order(&main, &["wl_nanosleep_thread", "wl_block_nanosleep", "[unknown]"]);
+        in_order(
+            &main,
+            &["wl_nanosleep_thread", "wl_block_nanosleep", "[unknown]"],
+        );
         assert!(!main.has("do_nanosleep"), "{:?}", main.frames);
     });
     // Without CAP_SYS_PTRACE, a process of another user in the same mount
@@ -1444,9 +1451,11 @@ fn missing_capabilities_are_named() {
         let wl = Workload::start(&["--seconds", "30"]);
         let (err, main) = run(&wl);
         assert!(!err.contains("could not"), "{err}");
-        in_order(&main, &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"]);
-        std::fs::set_permissions(blocker_path(), std::fs::Permissions::from_mode(0o700))
-            .unwrap();
+        in_order(
+            &main,
+            &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"],
+        );
+        std::fs::set_permissions(blocker_path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         let wl = Workload::start(&["--seconds", "30"]);
         let (err, main) = run(&wl);
         once(&err, "files mapped by traced processes could not be opened");
@@ -1463,7 +1472,10 @@ fn missing_capabilities_are_named() {
     // and that is said; with them it can.
     for (caps, opened) in [
         (LEAST_CAPS.to_string(), false),
-        (format!("{LEAST_CAPS},+checkpoint_restore,+dac_read_search"), true),
+        (
+            format!("{LEAST_CAPS},+checkpoint_restore,+dac_read_search"),
+            true,
+        ),
     ] {
         as_least_privileged(&caps, || {
             let wl = Workload::start(&["--seconds", "30"]);
@@ -1471,7 +1483,10 @@ fn missing_capabilities_are_named() {
             let (err, main) = run(&wl);
             if opened {
                 assert!(!err.contains("could not be opened"), "{caps}: {err}");
-                in_order(&main, &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"]);
+                in_order(
+                    &main,
+                    &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"],
+                );
             } else {
                 once(&err, "files mapped by traced processes could not be opened");
                 assert!(
@@ -1525,19 +1540,29 @@ fn reused_pid_gets_its_own_names() {
     eprintln!("pid {pid} reused by perl: {:?}", b.frames);
     for l in lines.iter().filter(|l| l.comm() == "perl") {
         assert!(
-            !l.frames.iter().any(|f| f.contains("blocker") || f.contains("wl_")),
+            !l.frames
+                .iter()
+                .any(|f| f.contains("blocker") || f.contains("wl_")),
             "the second process at pid {pid} got the first one's names: {:?}",
             l.frames
         );
     }
     in_order(
         b,
-        &["__libc_start_call_main", "perl_run", "Perl_pp_sselect", "do_select"],
+        &[
+            "__libc_start_call_main",
+            "perl_run",
+            "Perl_pp_sselect",
+            "do_select",
+        ],
     );
     let a_main = lines
         .iter()
         .filter(|l| l.comm() == "wl-nanosleep")
         .max_by_key(|l| l.us)
         .unwrap_or_else(|| panic!("no stack of the first process: {stderr}"));
-    in_order(a_main, &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"]);
+    in_order(
+        a_main,
+        &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"],
+    );
 }

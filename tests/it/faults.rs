@@ -576,7 +576,12 @@ fn lchown(path: &Path, uid: u32, gid: u32) {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: the path is NUL-terminated.
-    assert_eq!(unsafe { libc::lchown(c.as_ptr(), uid, gid) }, 0, "lchown {}", path.display());
+    assert_eq!(
+        unsafe { libc::lchown(c.as_ptr(), uid, gid) },
+        0,
+        "lchown {}",
+        path.display()
+    );
 }
 
 /// A symbolic link planted in a sticky, world-writable directory by
@@ -635,7 +640,10 @@ fn output_symlink_planted_by_another_user() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(std::fs::symlink_metadata(&mine).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&mine)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     let written = std::fs::read_to_string(&target).unwrap();
     assert!(
         written.lines().any(|l| l.starts_with("sleep;")),
@@ -678,15 +686,26 @@ fn killed_while_writing_the_output() {
     p.kill().unwrap();
     p.wait().unwrap();
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
-    assert_eq!(entries(dir.path()), ["out.folded"], "left beside the output");
+    assert_eq!(
+        entries(dir.path()),
+        ["out.folded"],
+        "left beside the output"
+    );
 
     let out = offcputime()
         .args(["-f", "-p", &pid, "-o", file.to_str().unwrap(), "0.5"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let written = std::fs::read_to_string(&file).unwrap();
-    assert!(written.lines().any(|l| l.starts_with("sleep;")), "{written}");
+    assert!(
+        written.lines().any(|l| l.starts_with("sleep;")),
+        "{written}"
+    );
     let m = std::fs::metadata(&file).unwrap();
     assert_eq!((m.mode() & 0o7777, m.uid(), m.gid()), (0o640, 65534, 65534));
     assert_eq!(entries(dir.path()), ["out.folded"]);
@@ -778,9 +797,17 @@ fn corrupted_program_leaves_the_others_right() {
             .filter(|l| l.has("wl_block_nanosleep"))
             .max_by_key(|l| l.us)
             .unwrap_or_else(|| {
-                panic!("{args:?}: no whole stack of the sound process: {}", String::from_utf8_lossy(&out.stderr))
+                panic!(
+                    "{args:?}: no whole stack of the sound process: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
             });
-        assert_eq!(main.frames[1..3], ["__clone3", "start_thread"], "{:?}", main.frames);
+        assert_eq!(
+            main.frames[1..3],
+            ["__clone3", "start_thread"],
+            "{:?}",
+            main.frames
+        );
         // Both processes' threads are there; the sound one's time whole.
         let sound_us: u64 = lines
             .iter()
@@ -835,10 +862,8 @@ fn descriptors_of_exited_programs_are_let_go() {
         })
         .collect();
 
-    let (mut child, stderr, attached) = spawn_verbose(
-        &["-f", "10"],
-        &[("OFFCPUTIME_STATS_INTERVAL", "1")],
-    );
+    let (mut child, stderr, attached) =
+        spawn_verbose(&["-f", "10"], &[("OFFCPUTIME_STATS_INTERVAL", "1")]);
     attached
         .recv_timeout(Duration::from_secs(60))
         .expect("the profiler did not attach");
@@ -856,7 +881,10 @@ fn descriptors_of_exited_programs_are_let_go() {
     std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
     assert!(child.wait().unwrap().success());
     let stderr = stderr.join().unwrap();
-    let fds: Vec<f64> = stats_lines(&stderr).iter().filter_map(|s| s.get("fds").copied()).collect();
+    let fds: Vec<f64> = stats_lines(&stderr)
+        .iter()
+        .filter_map(|s| s.get("fds").copied())
+        .collect();
     assert!(fds.len() >= 5, "too few stats lines: {stderr}");
     let (first, peak, last) = (
         fds[0],
@@ -866,7 +894,10 @@ fn descriptors_of_exited_programs_are_let_go() {
     eprintln!("descriptors: {first} at the start, at most {peak}, {last} at the end; {N} programs");
     // Every program was held open while it ran; once they have all been
     // let go, the count is back near where it started.
-    assert!(peak >= first + 10.0, "the programs were never held open: {fds:?}");
+    assert!(
+        peak >= first + 10.0,
+        "the programs were never held open: {fds:?}"
+    );
     assert!(
         last < first + 20.0,
         "{last} descriptors at the end, {first} at the start, after {N} programs came and went"

@@ -47,7 +47,10 @@ pub fn as_least_privileged<T>(caps: &str, f: impl FnOnce() -> T) -> T {
         .expect("temporary directory");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     for (from, name) in [
-        (PathBuf::from(env!("CARGO_BIN_EXE_offcputime")), "offcputime"),
+        (
+            PathBuf::from(env!("CARGO_BIN_EXE_offcputime")),
+            "offcputime",
+        ),
         (example_path("blocker"), "blocker"),
     ] {
         let to = dir.path().join(name);
