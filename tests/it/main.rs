@@ -8,6 +8,7 @@ mod cli;
 mod e2e;
 mod faults;
 mod golden;
+mod states;
 mod svg;
 mod unwind;
 mod util;
