@@ -30,6 +30,14 @@
 //! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and sleeps 60 s in `wl_block_tail` |
 //! | `--brief MS`        | `wl-brief`             | started by the main thread on SIGUSR2; 1 ms sleeps (`wl_block_brief`) for MS ms, then prints `brief <tid> <first ns> <last ns> <cpu ns> <spawned ns>` (CLOCK_MONOTONIC at its first and last instruction, its CPU time, and when the main thread started creating it) and exits |
 //!
+//! `blocker wakers` is another process, whose sleepers are woken by known
+//! functions every 20 ms: `wl-cond-wait` (`wl_block_signalled`, a
+//! condition variable) by `wake_by_signal` in `wl-signaller`; `wl-pipe-wait`
+//! (`wl_block_written`, a pipe read) by `wake_by_write` in `wl-writer`;
+//! `wl-futex-wait` (`wl_block_shared_futex`) by `wake_by_futex` in a child
+//! process, `wl-futex-waker` (printed as `waker PID`); and `wl-timer-wait`
+//! (`wl_block_timer`) by its timer alone.
+//!
 //! `blocker stuck` is another process altogether, whose threads are all
 //! blocked for good from the start, until it is killed: `wl-stuck-cond` in
 //! `wl_block_cond_wait` (a condition variable never signalled),
@@ -504,6 +512,210 @@ fn run_stuck() -> ExitCode {
     }
 }
 
+static mut WAKE_MUTEX: libc::pthread_mutex_t = libc::PTHREAD_MUTEX_INITIALIZER;
+static mut WAKE_COND: libc::pthread_cond_t = libc::PTHREAD_COND_INITIALIZER;
+static WAKE_TURN: AtomicU32 = AtomicU32::new(0);
+
+/// `wl-cond-wait`: waits on a condition variable until `wake_by_signal`
+/// signals it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_signalled() -> libc::c_int {
+    // SAFETY: the statics are initialized pthread objects, only ever used
+    // through these pointers; the mutex is held around the wait.
+    let r = unsafe {
+        let (m, c) = (
+            std::ptr::addr_of_mut!(WAKE_MUTEX),
+            std::ptr::addr_of_mut!(WAKE_COND),
+        );
+        libc::pthread_mutex_lock(m);
+        let seen = WAKE_TURN.load(Ordering::Relaxed);
+        let mut r = 0;
+        while WAKE_TURN.load(Ordering::Relaxed) == seen && r == 0 {
+            r = libc::pthread_cond_wait(c, m);
+        }
+        libc::pthread_mutex_unlock(m);
+        r
+    };
+    black_box(r)
+}
+
+/// `wl-signaller`: signals the condition variable.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wake_by_signal() -> libc::c_int {
+    // SAFETY: as in wl_block_signalled.
+    let r = unsafe {
+        let (m, c) = (
+            std::ptr::addr_of_mut!(WAKE_MUTEX),
+            std::ptr::addr_of_mut!(WAKE_COND),
+        );
+        libc::pthread_mutex_lock(m);
+        WAKE_TURN.fetch_add(1, Ordering::Relaxed);
+        let r = libc::pthread_cond_signal(c);
+        libc::pthread_mutex_unlock(m);
+        r
+    };
+    black_box(r)
+}
+
+/// `wl-pipe-wait`: reads a pipe that `wake_by_write` writes.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_written(fd: libc::c_int) -> libc::ssize_t {
+    // Up to two bytes, not one: the function must not be folded into
+    // wl_block_pipe_read, its twin.
+    let mut bytes = [0u8; 2];
+    // SAFETY: `bytes` is valid and writable for the whole call.
+    black_box(unsafe { libc::read(fd, bytes.as_mut_ptr().cast(), bytes.len()) })
+}
+
+/// `wl-writer`: writes one byte to the pipe.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wake_by_write(fd: libc::c_int) -> libc::ssize_t {
+    let byte = [b'w'];
+    // SAFETY: writes one byte from a valid buffer.
+    black_box(unsafe { libc::write(fd, byte.as_ptr().cast(), 1) })
+}
+
+/// `wl-futex-wait`: waits on a futex in memory shared with another
+/// process, `wl-futex-waker`, which wakes it with `wake_by_futex`.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_shared_futex(word: &AtomicU32) -> libc::c_long {
+    let seen = word.load(Ordering::Acquire);
+    // SAFETY: FUTEX_WAIT (shared) on a valid, aligned u32, no timeout.
+    black_box(unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            std::ptr::null::<libc::timespec>(),
+        )
+    })
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wake_by_futex(word: &AtomicU32) -> libc::c_long {
+    word.fetch_add(1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE (shared) of one waiter on a valid, aligned u32.
+    black_box(unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) })
+}
+
+/// `blocker wakers`: sleepers woken by known functions of known threads,
+/// every 20 ms: `wl-cond-wait` by `wake_by_signal` (thread `wl-signaller`),
+/// `wl-pipe-wait` by `wake_by_write` (`wl-writer`), `wl-futex-wait` by
+/// `wake_by_futex` in another process (`wl-futex-waker`), and
+/// `wl-timer-wait` by its own 20 ms timer only (`wl_block_timer`). Prints
+/// the `pid`/`tid` lines, `waker PID` for the other process, and `ready`.
+fn run_wakers() -> ExitCode {
+    // SAFETY: a shared anonymous page for the cross-process futex.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        eprintln!("blocker: mmap: {}", std::io::Error::last_os_error());
+        return ExitCode::FAILURE;
+    }
+    // SAFETY: the page is mapped, zeroed and aligned; an AtomicU32 over
+    // its first word lives as long as the process.
+    let word: &'static AtomicU32 = unsafe { &*(page as *const AtomicU32) };
+    // SAFETY: fork with one thread so far; the child only makes raw system
+    // calls and exits when its parent is gone.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        eprintln!("blocker: fork: {}", std::io::Error::last_os_error());
+        return ExitCode::FAILURE;
+    }
+    if child == 0 {
+        // SAFETY: PR_SET_NAME with a 15-byte literal; PR_SET_PDEATHSIG so
+        // that the child ends with its parent.
+        unsafe {
+            libc::prctl(libc::PR_SET_NAME, c"wl-futex-waker".as_ptr());
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        }
+        loop {
+            nanosleep_ms(20);
+            wake_by_futex(word);
+        }
+    }
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        eprintln!("blocker: pipe2: {}", std::io::Error::last_os_error());
+        return ExitCode::FAILURE;
+    }
+    let [read_fd, write_fd] = fds;
+    let (tx, rx) = mpsc::channel();
+    let names = [
+        "wl-cond-wait",
+        "wl-signaller",
+        "wl-pipe-wait",
+        "wl-writer",
+        "wl-futex-wait",
+        "wl-timer-wait",
+    ];
+    spawn_named("wl-cond-wait", &tx, || loop {
+        wl_block_signalled();
+    });
+    spawn_named("wl-signaller", &tx, || loop {
+        nanosleep_ms(20);
+        wake_by_signal();
+    });
+    spawn_named("wl-pipe-wait", &tx, move || loop {
+        if wl_block_written(read_fd) <= 0 {
+            return;
+        }
+    });
+    spawn_named("wl-writer", &tx, move || loop {
+        nanosleep_ms(20);
+        wake_by_write(write_fd);
+    });
+    spawn_named("wl-futex-wait", &tx, move || loop {
+        wl_block_shared_futex(word);
+    });
+    spawn_named("wl-timer-wait", &tx, || loop {
+        wl_block_timer();
+    });
+    drop(tx);
+    let mut report = format!(
+        "pid {}\ntid main {}\nwaker {child}\n",
+        std::process::id(),
+        gettid()
+    );
+    for _ in 0..names.len() {
+        let (name, tid) = rx.recv().expect("a thread died before reporting");
+        report += &format!("tid {name} {tid}\n");
+    }
+    report += "ready\n";
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(report.as_bytes()).and_then(|()| out.flush());
+    drop(out);
+    loop {
+        wl_block_long_sleep();
+    }
+}
+
+/// `wl-timer-wait`: a 20 ms sleep that only its timer ends.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_timer() -> libc::c_int {
+    // clock_nanosleep, not nanosleep: not to be folded into its twins.
+    let ts = timespec_ms(20);
+    // SAFETY: a relative sleep on a valid timespec.
+    black_box(unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, std::ptr::null_mut()) })
+}
+
 fn run_child(ms: u64) -> ExitCode {
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes;
     // this literal is 9 bytes including the NUL.
@@ -579,6 +791,9 @@ fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1).peekable();
     if argv.peek().map(String::as_str) == Some("stuck") {
         return run_stuck();
+    }
+    if argv.peek().map(String::as_str) == Some("wakers") {
+        return run_wakers();
     }
     if argv.peek().map(String::as_str) == Some("child") {
         argv.next();

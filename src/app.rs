@@ -289,6 +289,19 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                 c.wakeups
             );
         }
+        if config.tracer.wakers {
+            eprintln!(
+                "offcputime: {} wakers recorded ({} distinct), {} lost for a full table",
+                c.wakers,
+                profile
+                    .samples
+                    .iter()
+                    .filter_map(|s| s.waker.as_ref())
+                    .collect::<std::collections::HashSet<_>>()
+                    .len(),
+                c.wakers_full
+            );
+        }
     }
     Ok(())
 }
@@ -412,6 +425,13 @@ fn report_losses(profile: &Profile, config: &Config, (unreadable, could): (usize
             "WARNING: {} blocks were not counted: the kernel switched their thread back in \
              without reporting it, and only for normal (CFS) threads does it say when.",
             c.unseen_untimed
+        );
+    }
+    if c.wakers_full > 0 {
+        eprintln!(
+            "WARNING: {} wakers were not recorded because the table of wakers was full \
+             (shown as [Missed Waker]). Consider increasing --stack-storage-size.",
+            c.wakers_full
         );
     }
     if c.counts_full > 0 {

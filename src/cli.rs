@@ -224,6 +224,12 @@ pub struct Args {
     #[arg(long = "states")]
     pub states: bool,
 
+    /// With each block, the stacks of the task that woke it, taken at the
+    /// wake-up (folded: bcc offwaketime's format, `--` then the waker's
+    /// stacks innermost first and its command last)
+    #[arg(long = "wakers")]
+    pub wakers: bool,
+
     /// Where to hook the context switch
     #[arg(long = "hook", value_enum, default_value = "auto")]
     pub hook: HookArg,
@@ -406,6 +412,7 @@ impl Args {
                 },
                 unwind_capacity: UnwindCapacity::from_bytes(unwind_mib << 20),
                 states: self.states,
+                wakers: self.wakers,
             },
             shape: Shape {
                 mode,
@@ -507,6 +514,9 @@ impl Config {
         }
         if t.states {
             parts.push("split by thread state".to_string());
+        }
+        if t.wakers {
+            parts.push("with wakers".to_string());
         }
         parts.join(", ")
     }

@@ -222,6 +222,77 @@ impl KernelSymbols {
 }
 
 /// A kallsyms line's fields.
+/// Where interrupts enter the kernel and where softirqs are run, as
+/// address ranges: a wake-up from a stack that went through either is not
+/// the current task's doing (`--wakers`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InterruptEntries {
+    /// x86-64's hardware interrupt stubs (`asm_common_interrupt`,
+    /// `asm_spurious_interrupt`, `asm_sysvec_*`), which the kernel lays
+    /// out together; (0, 0) if they are not found together, apart from
+    /// the exception stubs (a page fault runs in its task's context).
+    pub irq: (u64, u64),
+    /// `handle_softirqs` (`__do_softirq` before 6.3); (0, 0) if absent.
+    pub softirq: (u64, u64),
+}
+
+impl InterruptEntries {
+    /// From `/proc/kallsyms`; all (0, 0) where the addresses are hidden.
+    pub fn load() -> Result<InterruptEntries> {
+        let file = File::open(KALLSYMS).with_context(|| format!("failed to open {KALLSYMS}"))?;
+        InterruptEntries::parse(BufReader::new(file))
+            .with_context(|| format!("failed to read {KALLSYMS}"))
+    }
+
+    /// From kallsyms text (the kernel image's symbols only).
+    pub fn parse(mut input: impl BufRead) -> Result<InterruptEntries> {
+        let mut text: Vec<u64> = Vec::new();
+        let mut irq: Vec<u64> = Vec::new();
+        let mut exceptions: Vec<u64> = Vec::new();
+        let (mut handle_softirqs, mut do_softirq) = (None, None);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if input.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            let Some(sym) = parse_line(&line) else {
+                continue;
+            };
+            if sym.module.is_some() || sym.addr == 0 || !matches!(sym.kind, b't' | b'T') {
+                continue;
+            }
+            text.push(sym.addr);
+            match sym.name {
+                "asm_common_interrupt" | "asm_spurious_interrupt" => irq.push(sym.addr),
+                n if n.starts_with("asm_sysvec_") => irq.push(sym.addr),
+                n if n.starts_with("asm_exc_") => exceptions.push(sym.addr),
+                "handle_softirqs" => handle_softirqs = Some(sym.addr),
+                "__do_softirq" => do_softirq = Some(sym.addr),
+                _ => {}
+            }
+        }
+        text.sort_unstable();
+        text.dedup();
+        // A function ends where the next symbol starts.
+        let end_of = |addr: u64| text.get(text.partition_point(|&a| a <= addr)).copied();
+        let mut out = InterruptEntries::default();
+        if let (Some(&lo), Some(&last)) = (irq.iter().min(), irq.iter().max()) {
+            if let Some(hi) = end_of(last) {
+                if !exceptions.iter().any(|&e| lo <= e && e < hi) {
+                    out.irq = (lo, hi);
+                }
+            }
+        }
+        if let Some(start) = handle_softirqs.or(do_softirq) {
+            if let Some(end) = end_of(start) {
+                out.softirq = (start, end);
+            }
+        }
+        Ok(out)
+    }
+}
+
 struct Line<'a> {
     addr: u64,
     kind: u8,
@@ -568,5 +639,47 @@ ffffffff81000020 T last"
             }
         }
         println!("{} addresses named as blazesym names them", addrs.len());
+    }
+
+    #[test]
+    fn interrupt_entries() {
+        let text = b"ffffffff81000c60 T asm_exc_page_fault
+ffffffff81000d10 T asm_exc_double_fault
+ffffffff81000d40 T asm_common_interrupt
+ffffffff81000d80 T asm_spurious_interrupt
+ffffffff81000df0 T asm_sysvec_apic_timer_interrupt
+ffffffff81000f50 T asm_sysvec_kvm_asyncpf_interrupt
+ffffffff81000f70 T __irqentry_text_end
+ffffffff81360020 t handle_softirqs
+ffffffff81360300 t __irq_exit_rcu
+ffffffff82202160 T __do_softirq
+ffffffff82202170 T __do_softirq_end
+ffffffffc0201000 t asm_sysvec_fake\t[mod]
+";
+        let e = InterruptEntries::parse(&text[..]).unwrap();
+        assert_eq!(e.irq, (0xffffffff81000d40, 0xffffffff81000f70));
+        assert_eq!(e.softirq, (0xffffffff81360020, 0xffffffff81360300));
+        // An exception stub among them: no range (a page fault is the
+        // task's own).
+        let mixed = b"ffffffff81000d40 T asm_common_interrupt
+ffffffff81000d50 T asm_exc_page_fault
+ffffffff81000df0 T asm_sysvec_apic_timer_interrupt
+ffffffff81000e10 T next
+";
+        assert_eq!(InterruptEntries::parse(&mixed[..]).unwrap().irq, (0, 0));
+        // Hidden addresses: nothing.
+        let hidden = b"0000000000000000 T asm_common_interrupt
+0000000000000000 t handle_softirqs
+";
+        assert_eq!(
+            InterruptEntries::parse(&hidden[..]).unwrap(),
+            InterruptEntries::default()
+        );
+        // The machine's own, where kallsyms shows addresses.
+        if let Ok(e) = InterruptEntries::load() {
+            if e.irq != (0, 0) {
+                assert!(e.irq.0 < e.irq.1 && e.irq.1 - e.irq.0 < 1 << 16, "{e:?}");
+            }
+        }
     }
 }

@@ -38,6 +38,7 @@ pub mod bpf {
     unsafe impl plain::Plain for types::offcpu_val {}
     unsafe impl plain::Plain for types::task_event {}
     unsafe impl plain::Plain for types::unwind_proc {}
+    unsafe impl plain::Plain for types::waker_info {}
 }
 
 /// The floor programs of the overhead benchmark (`examples/floor.rs`): the

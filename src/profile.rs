@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use crate::process::Proc;
 use crate::symbolize::{AddrKind, Symbolizer, UserFrame};
 pub use crate::tracer::OffState;
-use crate::tracer::{LossCounters, RawProfile, StackRef};
+use crate::tracer::{LossCounters, RawProfile, StackRef, WakerRef};
 
 /// The user or the kernel part of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -32,8 +32,99 @@ pub struct Sample {
     pub kernel: Part,
     /// Why the thread was off the CPU (`--states`); None without it.
     pub state: Option<OffState>,
+    /// Who ended the block (`--wakers`); None without it.
+    pub waker: Option<Waker>,
     pub total_ns: u64,
     pub count: u64,
+}
+
+/// Who ended a block (`--wakers`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Waker {
+    /// A task, with its stacks in its own context at the wake-up.
+    Task {
+        comm: String,
+        pid: u32,
+        user: Part,
+        kernel: Part,
+    },
+    /// An interrupt (a timer, a device): its kernel frames, up to where
+    /// it entered. The task it interrupted did not wake anybody.
+    Interrupt { kernel: Part },
+    /// A softirq (timers, network receive), run on the way out of an
+    /// interrupt, by `ksoftirqd` or where a task re-enabled them: its
+    /// kernel frames, up to where softirqs were run.
+    Softirq { kernel: Part },
+    /// No wake-up: the thread was preempted, runnable all along.
+    Preempted,
+    /// Not woken: still blocked when tracing ended.
+    NotWoken,
+    /// The wake-up was not seen (it came before tracing started).
+    Unseen,
+    /// Lost: the table of wakers was full.
+    Missed,
+}
+
+impl Waker {
+    /// The name the waker stands under, as its command does for a task.
+    pub fn name(&self) -> &str {
+        match self {
+            Waker::Task { comm, .. } => comm,
+            Waker::Interrupt { .. } => "[interrupt]",
+            Waker::Softirq { .. } => "[softirq]",
+            Waker::Preempted => "[preempted]",
+            Waker::NotWoken => "[not woken]",
+            Waker::Unseen => "[unknown waker]",
+            Waker::Missed => "[Missed Waker]",
+        }
+    }
+
+    /// The waker's user and kernel parts (absent for the kinds that have
+    /// no stacks).
+    pub fn parts(&self) -> (&Part, &Part) {
+        match self {
+            Waker::Task { user, kernel, .. } => (user, kernel),
+            Waker::Interrupt { kernel } | Waker::Softirq { kernel } => (&Part::Absent, kernel),
+            _ => (&Part::Absent, &Part::Absent),
+        }
+    }
+
+    /// A task's waker from its stacks: an interrupt or a softirq, where
+    /// its kernel frames (innermost first) went through the entry of one,
+    /// cut there; else the task.
+    pub fn classify(comm: String, pid: u32, user: Part, kernel: Part) -> Waker {
+        if let Part::Frames(frames) = &kernel {
+            for (i, f) in frames.iter().enumerate() {
+                let cut = || Part::Frames(frames[..=i].to_vec());
+                if is_softirq_frame(f) {
+                    return Waker::Softirq { kernel: cut() };
+                }
+                if is_interrupt_entry_frame(f) {
+                    return Waker::Interrupt { kernel: cut() };
+                }
+            }
+        }
+        Waker::Task {
+            comm,
+            pid,
+            user,
+            kernel,
+        }
+    }
+}
+
+/// Where softirqs are run (`__do_softirq` before 6.3).
+fn is_softirq_frame(name: &str) -> bool {
+    name == "handle_softirqs" || name == "__do_softirq"
+}
+
+/// The entry of a hardware interrupt on x86-64: the `asm_` stub of a
+/// system vector or of a device interrupt (not of an exception: a page
+/// fault runs in its task's context).
+fn is_interrupt_entry_frame(name: &str) -> bool {
+    name.starts_with("asm_sysvec_")
+        || name == "asm_common_interrupt"
+        || name == "asm_spurious_interrupt"
 }
 
 impl Sample {
@@ -137,6 +228,13 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             kaddrs.extend(kinds(f, kernel_first_is_ip));
         }
     }
+    // The wakers' kernel stacks are taken in a tracepoint: return
+    // addresses only.
+    for w in raw.wakers.values() {
+        if let Some(f) = part_addrs(w.kernel_stack, &raw.stacks) {
+            kaddrs.extend(kinds(f, false));
+        }
+    }
     let knames = sym.kernel(&kaddrs);
 
     // User frames: each stack as frames of objects (through the snapshot
@@ -151,6 +249,21 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             let proc = Proc {
                 tgid: e.tgid,
                 start: e.start,
+            };
+            user_stacks.entry((proc, id)).or_insert_with(|| {
+                let frames = sym.user_frames(proc, id, addrs);
+                distinct.extend(frames.iter().copied().zip(user_kinds()));
+                frames
+            });
+        }
+    }
+    for w in raw.wakers.values() {
+        if let (StackRef::Id(id), Some(addrs)) =
+            (w.user_stack, part_addrs(w.user_stack, &raw.stacks))
+        {
+            let proc = Proc {
+                tgid: w.tgid,
+                start: w.start,
             };
             user_stacks.entry((proc, id)).or_insert_with(|| {
                 let frames = sym.user_frames(proc, id, addrs);
@@ -182,7 +295,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             ),
         },
     };
-    let kernel_part = |r: StackRef| match r {
+    let kernel_part = |r: StackRef, first_is_ip: bool| match r {
         StackRef::None => Part::Absent,
         StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
         StackRef::Id(id) => match raw.stacks.get(&id) {
@@ -190,7 +303,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             Some(frames) => {
                 // An address can be several frames: functions inlined
                 // there, innermost first.
-                let mut named: Vec<String> = kinds(frames, kernel_first_is_ip)
+                let mut named: Vec<String> = kinds(frames, first_is_ip)
                     .flat_map(|k| {
                         knames
                             .get(&k)
@@ -205,8 +318,16 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         },
     };
 
-    // (tgid, pid, comm, user, kernel, state) -> (total ns, blocks)
-    type MergeKey = (u32, u32, String, Part, Part, Option<OffState>);
+    // (tgid, pid, comm, user, kernel, state, waker) -> (total ns, blocks)
+    type MergeKey = (
+        u32,
+        u32,
+        String,
+        Part,
+        Part,
+        Option<OffState>,
+        Option<Waker>,
+    );
     let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
     for e in &raw.entries {
         let user = user_part(
@@ -216,9 +337,30 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             },
             e.user_stack,
         );
-        let kernel = kernel_part(e.kernel_stack);
+        let kernel = kernel_part(e.kernel_stack, kernel_first_is_ip);
+        let waker = e.waker.map(|w| match w {
+            WakerRef::Preempted => Waker::Preempted,
+            WakerRef::NotWoken => Waker::NotWoken,
+            WakerRef::Unseen => Waker::Unseen,
+            WakerRef::MissedFull => Waker::Missed,
+            WakerRef::Id(id) => match raw.wakers.get(&id) {
+                None => Waker::Missed,
+                Some(w) => Waker::classify(
+                    w.comm.clone(),
+                    w.pid,
+                    user_part(
+                        Proc {
+                            tgid: w.tgid,
+                            start: w.start,
+                        },
+                        w.user_stack,
+                    ),
+                    kernel_part(w.kernel_stack, false),
+                ),
+            },
+        });
         let slot = merged
-            .entry((e.tgid, e.pid, e.comm.clone(), user, kernel, e.state))
+            .entry((e.tgid, e.pid, e.comm.clone(), user, kernel, e.state, waker))
             .or_default();
         slot.0 += e.total_ns;
         slot.1 += e.count;
@@ -226,13 +368,14 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     let mut samples: Vec<Sample> = merged
         .into_iter()
         .map(
-            |((tgid, pid, comm, user, kernel, state), (total_ns, count))| Sample {
+            |((tgid, pid, comm, user, kernel, state, waker), (total_ns, count))| Sample {
                 comm,
                 tgid,
                 pid,
                 user,
                 kernel,
                 state,
+                waker,
                 total_ns,
                 count,
             },
@@ -255,5 +398,6 @@ pub fn sort_samples(samples: &mut [Sample]) {
             .then_with(|| a.user.cmp(&b.user))
             .then_with(|| a.kernel.cmp(&b.kernel))
             .then_with(|| a.state.cmp(&b.state))
+            .then_with(|| a.waker.cmp(&b.waker))
     });
 }

@@ -133,6 +133,9 @@ pub struct TracerOptions {
     /// `--states`: each block split by thread state at its wake-up (a
     /// `sched_wakeup` hook beside the switch hook).
     pub states: bool,
+    /// `--wakers`: the stacks of the task that woke each block (a
+    /// `sched_waking` hook beside the switch hook).
+    pub wakers: bool,
 }
 
 /// A stack reference as stored in a count entry.
@@ -180,8 +183,51 @@ pub struct RawEntry {
     pub kernel_stack: StackRef,
     /// Why the thread was off the CPU (`--states`), None without it.
     pub state: Option<OffState>,
+    /// Who ended the block (`--wakers`), None without it.
+    pub waker: Option<WakerRef>,
     pub total_ns: u64,
     pub count: u64,
+}
+
+/// Who ended a block (`--wakers`), as stored in a count entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WakerRef {
+    /// No wake-up: the thread was preempted.
+    Preempted,
+    /// Not woken: still blocked when tracing ended.
+    NotWoken,
+    /// The wake-up was not seen (it came before tracing started).
+    Unseen,
+    /// Lost: the wakers table was full.
+    MissedFull,
+    /// A task: [`RawProfile::wakers`] under this id.
+    Id(u64),
+}
+
+impl WakerRef {
+    fn from_raw(id: u64) -> Option<WakerRef> {
+        use types::waker_id_special as W;
+        Some(match id {
+            id if id >= 1 << 63 => WakerRef::Id(id),
+            id if id == W::WAKER_ID_PREEMPTED.0 as u64 => WakerRef::Preempted,
+            id if id == W::WAKER_ID_NOT_WOKEN.0 as u64 => WakerRef::NotWoken,
+            id if id == W::WAKER_ID_UNSEEN.0 as u64 => WakerRef::Unseen,
+            id if id == W::WAKER_ID_MISSED_FULL.0 as u64 => WakerRef::MissedFull,
+            _ => return None,
+        })
+    }
+}
+
+/// The task that woke a block, and its stacks at the wake-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawWaker {
+    pub tgid: u32,
+    /// When its process started (see [`Proc`]).
+    pub start: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
 }
 
 /// Why a thread was off the CPU (`--states`): the kernel's `enum
@@ -268,6 +314,9 @@ pub struct LossCounters {
     pub unwind_fp_frames: u64,
     /// `--states`: wake-ups that split a block.
     pub wakeups: u64,
+    /// `--wakers`: wakers recorded, and lost for a full table.
+    pub wakers: u64,
+    pub wakers_full: u64,
 }
 
 /// What the BPF program says of a process while tracing.
@@ -334,6 +383,8 @@ pub struct RawProfile {
     pub entries: Vec<RawEntry>,
     /// Frames of each stored stack, innermost first.
     pub stacks: HashMap<u64, Vec<u64>>,
+    /// The wakers the entries refer to (`--wakers`).
+    pub wakers: HashMap<u64, RawWaker>,
     pub counters: LossCounters,
 }
 
@@ -351,6 +402,8 @@ pub struct Tracer<'obj> {
     /// The start iterator could read the user stacks of threads blocked
     /// since before tracing started (sleepable iterator, Linux 5.18).
     start_user_stacks: bool,
+    /// `--wakers`: the wakers table is in use.
+    wakers: bool,
     phases: Phases,
 }
 
@@ -574,6 +627,14 @@ impl<'obj> Tracer<'obj> {
             rodata.stack_bytes = opts.max_stack_depth * 8;
             rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
             rodata.want_states = opts.states;
+            rodata.want_wakers = opts.wakers;
+            if opts.wakers {
+                // Unreadable or hidden: userspace tells interrupts by
+                // their frames' names alone.
+                let entries = crate::ksyms::InterruptEntries::load().unwrap_or_default();
+                (rodata.irq_entry_start, rodata.irq_entry_end) = entries.irq;
+                (rodata.softirq_start, rodata.softirq_end) = entries.softirq;
+            }
             rodata.trace_duration_ns = opts
                 .duration
                 .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
@@ -603,6 +664,16 @@ impl<'obj> Tracer<'obj> {
             .stacks
             .set_max_entries(opts.stack_storage_size)
             .context("stacks map size")?;
+        // One slot per distinct waker (task and stacks), at most as many
+        // as stacks; a single one without --wakers.
+        open.maps
+            .wakers
+            .set_max_entries(if opts.wakers {
+                opts.stack_storage_size
+            } else {
+                1
+            })
+            .context("wakers map size")?;
         open.maps
             .tgids
             .set_max_entries(opts.tgids.len().max(1) as u32)?;
@@ -626,6 +697,12 @@ impl<'obj> Tracer<'obj> {
         open.progs
             .sched_wakeup_raw
             .set_autoload(opts.states && !trusted);
+        open.progs
+            .sched_waking_btf
+            .set_autoload(opts.wakers && trusted);
+        open.progs
+            .sched_waking_raw
+            .set_autoload(opts.wakers && !trusted);
         open.progs.flush_in_progress.set_autoload(trusted);
         open.progs.flush_in_progress_by_tid.set_autoload(!trusted);
         let user = start_user_stacks;
@@ -681,6 +758,16 @@ impl<'obj> Tracer<'obj> {
                     .attach_raw_tracepoint("sched_wakeup")
             };
             links.push(link.context("failed to attach the sched_wakeup hook (--states)")?);
+        }
+        if opts.wakers {
+            let link = if trusted {
+                skel.progs.sched_waking_btf.attach()
+            } else {
+                skel.progs
+                    .sched_waking_raw
+                    .attach_raw_tracepoint("sched_waking")
+            };
+            links.push(link.context("failed to attach the sched_waking hook (--wakers)")?);
         }
         // The hook only notes switches until the start iterator, run next,
         // has claimed the blocks under way and opened the window.
@@ -744,6 +831,7 @@ impl<'obj> Tracer<'obj> {
             end_ns,
             stopped: false,
             start_user_stacks,
+            wakers: opts.wakers,
             phases,
         })
     }
@@ -919,6 +1007,7 @@ impl<'obj> Tracer<'obj> {
         let counts = &self.skel.maps.counts;
         let keys: Vec<Vec<u8>> = counts.keys().collect();
         let mut wanted_stacks = Vec::new();
+        let mut wanted_wakers = Vec::new();
         for key_bytes in keys {
             let Some(val_bytes) = counts.lookup(&key_bytes, MapFlags::ANY)? else {
                 continue;
@@ -937,6 +1026,7 @@ impl<'obj> Tracer<'obj> {
                 user_stack: StackRef::from_raw(key.user_stack_id),
                 kernel_stack: StackRef::from_raw(key.kernel_stack_id),
                 state: OffState::from_raw(key.state),
+                waker: WakerRef::from_raw(key.waker_id),
                 total_ns: val.total_ns,
                 count: val.count,
             };
@@ -945,7 +1035,22 @@ impl<'obj> Tracer<'obj> {
                     wanted_stacks.push(id);
                 }
             }
+            if let Some(WakerRef::Id(id)) = entry.waker {
+                wanted_wakers.push(id);
+            }
             profile.entries.push(entry);
+        }
+        wanted_wakers.sort_unstable();
+        wanted_wakers.dedup();
+        for id in wanted_wakers {
+            if let Some(w) = self.waker(id)? {
+                for s in [w.user_stack, w.kernel_stack] {
+                    if let StackRef::Id(id) = s {
+                        wanted_stacks.push(id);
+                    }
+                }
+                profile.wakers.insert(id, w);
+            }
         }
         wanted_stacks.sort_unstable();
         wanted_stacks.dedup();
@@ -964,6 +1069,12 @@ impl<'obj> Tracer<'obj> {
     /// of thousands on a busy machine, and reading it all at once would
     /// hold up the reading of events.
     pub fn scan_user_stacks(&self, procs: HashSet<Proc>) -> StackScan<'_> {
+        // The wakers' stacks are few (one per distinct waker): all at once.
+        let wanted = if self.wakers {
+            self.waker_user_stacks(&procs).into_iter().collect()
+        } else {
+            HashSet::new()
+        };
         // Key by key: the batched lookup of this libbpf-rs version gave
         // keys that matched no process under load (the soak test's
         // exited children lost their names), where the plain walk does not.
@@ -971,8 +1082,56 @@ impl<'obj> Tracer<'obj> {
         StackScan {
             procs,
             keys,
-            wanted: HashSet::new(),
+            wanted,
         }
+    }
+
+    fn waker(&self, id: u64) -> Result<Option<RawWaker>> {
+        let Some(bytes) = self
+            .skel
+            .maps
+            .wakers
+            .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
+        else {
+            return Ok(None);
+        };
+        let mut w = types::waker_info::default();
+        plain::copy_from_bytes(&mut w, &bytes)
+            .map_err(|e| anyhow!("bad value in wakers map: {e:?}"))?;
+        Ok(Some(RawWaker {
+            tgid: w.tgid,
+            start: ticks_of_ns(w.process_start),
+            pid: w.pid,
+            comm: comm_to_string(&w.comm),
+            user_stack: StackRef::from_raw(w.user_stack_id),
+            kernel_stack: StackRef::from_raw(w.kernel_stack_id),
+        }))
+    }
+
+    /// The user stacks of the wakers of `procs` (`--wakers`): (process,
+    /// stack id).
+    fn waker_user_stacks(&self, procs: &HashSet<Proc>) -> Vec<(Proc, u64)> {
+        let wakers = &self.skel.maps.wakers;
+        let mut out = Vec::new();
+        for key in wakers.keys() {
+            let Ok(Some(bytes)) = wakers.lookup(&key, MapFlags::ANY) else {
+                continue;
+            };
+            let mut w = types::waker_info::default();
+            if plain::copy_from_bytes(&mut w, &bytes).is_err() {
+                continue;
+            }
+            let p = Proc {
+                tgid: w.tgid,
+                start: ticks_of_ns(w.process_start),
+            };
+            if let (true, StackRef::Id(id)) =
+                (procs.contains(&p), StackRef::from_raw(w.user_stack_id))
+            {
+                out.push((p, id));
+            }
+        }
+        out
     }
 
     fn stack(&self, id: u64) -> Result<Option<Vec<u64>>> {
@@ -1022,6 +1181,8 @@ impl<'obj> Tracer<'obj> {
             unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
             unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
             wakeups: at(C::CNT_WAKEUPS),
+            wakers: at(C::CNT_WAKERS),
+            wakers_full: at(C::CNT_WAKERS_FULL),
         })
     }
 }

@@ -58,6 +58,16 @@ const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 const volatile bool unwind_dwarf = false;
 /* --states: blocks split by thread state, at their wake-up. */
 const volatile bool want_states = false;
+/* --wakers: the stacks of the task that woke each block. */
+const volatile bool want_wakers = false;
+/* ... and where interrupts and softirqs enter, to tell them from tasks. */
+const volatile __u64 irq_entry_start = 0;
+const volatile __u64 irq_entry_end = 0;
+const volatile __u64 softirq_start = 0;
+const volatile __u64 softirq_end = 0;
+/* Frames searched for those (an interrupt's entry is a few frames below
+ * the wake-up). */
+#define MAX_INTERRUPT_SCAN 48
 
 /* How long to trace (0: until userspace stops it). */
 const volatile __u64 trace_duration_ns = 0;
@@ -104,6 +114,8 @@ struct task_data {
 	__u64 wake_ns;
 	__u32 state;
 	__u32 start_state;
+	/* --wakers: who woke the open block (a waker id; 0: nobody yet). */
+	__u64 waker_id;
 };
 
 struct {
@@ -149,6 +161,14 @@ struct {
 	__type(key, struct offcpu_key);
 	__type(value, struct offcpu_val);
 } counts SEC(".maps");
+
+/* --wakers: each distinct waker (task and stacks) under a 64-bit hash. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct waker_info);
+} wakers SEC(".maps");
 
 /* One more slot than a stack needs, so that a frame index masked with
  * MAX_STACK_DEPTH (2^7 - 1) is in bounds. */
@@ -227,6 +247,8 @@ struct {
 struct task_event _task_event = {};
 enum task_event_kind _task_event_kind = TASK_EVENT_NEW;
 enum offcpu_state _offcpu_state = OFFCPU_STATE_ANY;
+enum waker_id_special _waker_id_special = WAKER_ID_NONE;
+struct waker_info _waker_info = {};
 enum stack_id_special _stack_id_special = STACK_ID_NONE;
 enum offcpu_counter _offcpu_counter = CNT_MAX;
 enum unwind_kind _unwind_kind = UNWIND_NONE;
@@ -743,7 +765,10 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
  */
 static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32 tid)
 {
-	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid))
+	/* Processes not traced are told of only if a thread of theirs woke
+	 * a traced one (--wakers). */
+	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid) &&
+	    !bpf_map_lookup_elem(&notified_procs, &tgid))
 		return;
 	if (BPF_CORE_READ(t, signal, live.counter) == 0) {
 		bpf_map_delete_elem(&notified_procs, &tgid);
@@ -787,7 +812,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		count(CNT_NO_TASK_STORAGE);
 		return;
 	}
-	if (want_states) {
+	if (want_states || want_wakers) {
 		d->wake_ns = 0;
 		d->state = offcpu_state(prev, state);
 	}
@@ -860,10 +885,19 @@ static __always_inline __u64 block_in_window(__u64 start, __u64 now, bool ended)
  * OFFCPU_STATE_RUNQUEUE from then on.
  */
 static __always_inline void add_block_parts(struct offcpu_key *key, struct task_data *d,
-					    __u32 state, __u64 now, __u64 delta)
+					    __u32 state, __u64 now, __u64 delta, bool ended)
 {
 	__u64 end = trace_end_ns, to = end && now > end ? end : now, from = to - delta;
 	__u64 wake;
+
+	if (want_wakers) {
+		if (state == OFFCPU_STATE_RUNQUEUE)
+			key->waker_id = WAKER_ID_PREEMPTED;
+		else if (d->waker_id)
+			key->waker_id = d->waker_id;
+		else
+			key->waker_id = ended ? WAKER_ID_UNSEEN : WAKER_ID_NOT_WOKEN;
+	}
 
 	if (!want_states) {
 		add_block(key, delta);
@@ -919,8 +953,11 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	/* Claimed here or by the end iterator, never both. */
 	start = __sync_lock_test_and_set(&d->start_ns, starting ? START_SEEN : 0);
 	delta = block_in_window(start, now, true);
-	if (!delta)
+	if (!delta) {
+		if (want_wakers)
+			d->waker_id = 0;
 		return;
+	}
 
 	fill_key(&key, next, tid);
 	kthread = is_kthread(next);
@@ -944,7 +981,10 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		else
 			key.kernel_stack_id = d->kernel_stack_id;
 	}
-	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, now, delta);
+	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, now, delta,
+			true);
+	if (want_wakers)
+		d->waker_id = 0;
 }
 
 SEC("tp_btf/sched_switch")
@@ -1019,6 +1059,129 @@ int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
 }
 
 /*
+ * Whether a kernel stack (`nr` frames at `ips`, innermost first) is that of
+ * an interrupt or a softirq rather than of the current task: one of its
+ * frames is in a hardware interrupt's entry (x86-64's asm_common_interrupt
+ * and asm_sysvec_* stubs, which lie together) or where softirqs are run.
+ * Userspace gives both address ranges (0 where kallsyms hides them: then
+ * it tells by the frames' names).
+ */
+static __always_inline bool interrupt_stack(__u64 *ips, long nr)
+{
+	int i;
+
+	for (i = 0; i < MAX_INTERRUPT_SCAN; i++) {
+		__u64 ip;
+
+		if (i >= nr)
+			break;
+		ip = ips[i];
+		if ((ip >= irq_entry_start && ip < irq_entry_end) ||
+		    (ip >= softirq_start && ip < softirq_end))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Store `w` in `wakers` (unless already there) and return its id, or
+ * WAKER_ID_MISSED_FULL.
+ */
+static __always_inline __u64 store_waker(struct waker_info *w)
+{
+	__u64 h = 0xcbf29ce484222325ULL, *words = (__u64 *)w;
+	int i, err;
+
+	for (i = 0; i < sizeof(*w) / sizeof(__u64); i++) {
+		h ^= words[i];
+		h *= 0x100000001b3ULL;
+		h ^= h >> 32;
+	}
+	h |= STACK_ID_HASH_BIT;
+	if (bpf_map_lookup_elem(&wakers, &h))
+		return h;
+	err = bpf_map_update_elem(&wakers, &h, w, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		count(CNT_WAKERS_FULL);
+		return WAKER_ID_MISSED_FULL;
+	}
+	return h;
+}
+
+/*
+ * --wakers: `p` is being woken, in the context of the task that wakes it
+ * (current).  Only a wake-up that ends a block is kept: p is off its run
+ * queue (it blocked, or is blocking on another CPU right now, its
+ * switch-out about to be seen).  The kernel serializes wakers of a task,
+ * and only the first finds it asleep: one waker per block.  From an
+ * interrupt, current is whatever task was interrupted; userspace tells
+ * that from the kernel stack (an interrupt entry frame) and shows the
+ * interrupt, not the task, as the waker.
+ */
+static __always_inline void on_waking(void *ctx, struct task_struct *p, bool trusted)
+{
+	struct task_struct *waker = trusted ? bpf_get_current_task_btf()
+					    : (struct task_struct *)bpf_get_current_task();
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = BPF_CORE_READ(p, pid);
+	struct waker_info w = {};
+	struct task_data *d, *wd;
+	bool kthread, irq;
+	__u32 zero = 0;
+	__u64 *buf;
+	long len;
+
+	if (tid == 0 || BPF_CORE_READ(p, on_rq))
+		return;
+	d = get_data(p, tid, trusted, false);
+	if (!d)
+		return;
+	/* The kernel stack always: it tells an interrupt from a task. */
+	buf = bpf_map_lookup_elem(&scratch, &zero);
+	if (!buf)
+		return;
+	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), 0);
+	irq = len > 0 && interrupt_stack(buf, len / sizeof(__u64));
+	w.kernel_stack_id = store_stack(buf, len, false);
+	if (irq) {
+		/* Not the interrupted task's doing: no task, no user stack. */
+		d->waker_id = store_waker(&w);
+		count(CNT_WAKERS);
+		return;
+	}
+	kthread = is_kthread(waker);
+	w.tgid = id >> 32;
+	w.pid = (__u32)id;
+	w.process_start = process_start(waker);
+	bpf_get_current_comm(&w.comm, sizeof(w.comm));
+	if (want_user_stack && !kthread && w.pid)
+		w.user_stack_id = stack_of_current(ctx, true);
+	d->waker_id = store_waker(&w);
+	count(CNT_WAKERS);
+	/* The waker's process may be one that is not traced: its mappings
+	 * are needed to name its user frames. */
+	if (notify_new_tasks && !kthread && w.pid) {
+		wd = get_data(waker, w.pid, trusted, true);
+		if (wd)
+			notify_new_mappings(waker, wd, w.tgid, w.pid);
+	}
+}
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(sched_waking_btf, struct task_struct *p)
+{
+	on_waking(ctx, p, true);
+	return 0;
+}
+
+SEC("raw_tp/sched_waking")
+int BPF_PROG(sched_waking_raw, struct task_struct *p)
+{
+	on_waking(ctx, p, false);
+	return 0;
+}
+
+/*
  * `prev` is being switched out while its last block is still open: the
  * kernel put it on a CPU without the sched_switch tracepoint (seen on 6.18:
  * about one switch-in in a few hundred, for threads that sleep and wake
@@ -1040,8 +1203,11 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 	__u64 start, ran, in, delta;
 
 	start = __sync_lock_test_and_set(&d->start_ns, 0);
-	if (start <= START_SEEN)
+	if (start <= START_SEEN) {
+		if (want_wakers)
+			d->waker_id = 0;
 		return;
+	}
 	if (unseen)
 		count(CNT_UNSEEN_SWITCH_IN);
 	ran = BPF_CORE_READ(prev, se.sum_exec_runtime) -
@@ -1065,7 +1231,10 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 		key.user_stack_id = d->user_stack_id;
 		key.kernel_stack_id = d->kernel_stack_id;
 	}
-	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, in, delta);
+	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, in, delta,
+			true);
+	if (want_wakers)
+		d->waker_id = 0;
 }
 
 /* The kernel stack of `task`, which is not running.  The kernel leaves out
@@ -1165,10 +1334,10 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		kstack = kernel_stack_of_task(task);
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
-	if (want_states) {
+	if (want_states || want_wakers)
 		d->start_state = offcpu_state(task, state);
+	if (want_states)
 		d->wake_ns = 0;
-	}
 	if (__sync_val_compare_and_swap(&d->start_ns, 0, START_AT_WINDOW) != 0)
 		return;
 	if (notify_new_tasks && !kthread)
@@ -1245,7 +1414,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 	}
 	count(CNT_BLOCKS_AT_END);
 	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state,
-			trace_end_ns, delta);
+			trace_end_ns, delta, false);
 }
 
 SEC("iter/task")

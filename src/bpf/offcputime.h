@@ -46,6 +46,34 @@ struct offcpu_key {
 	 * OFFCPU_STATE_ANY. */
 	__u32 state;
 	__u32 _pad;
+	/* --wakers: who ended the block (struct waker_info in `wakers` under
+	 * this id, top bit set), or enum waker_id_special. */
+	__u64 waker_id;
+};
+
+/* Waker ids in struct offcpu_key that are not a task. */
+enum waker_id_special {
+	/* --wakers not asked. */
+	WAKER_ID_NONE = 0,
+	/* No wake-up: the thread was preempted, runnable all along. */
+	WAKER_ID_PREEMPTED = 1,
+	/* Not woken yet: the block was still under way when tracing ended. */
+	WAKER_ID_NOT_WOKEN = 2,
+	/* The wake-up was not seen (it came before tracing started). */
+	WAKER_ID_UNSEEN = 3,
+	/* Lost: the wakers table was full. */
+	WAKER_ID_MISSED_FULL = 4,
+};
+
+/* The task that woke a block, in its own context at the wake-up. */
+struct waker_info {
+	__u32 tgid;
+	__u32 pid;
+	/* As in struct offcpu_key. */
+	__u64 process_start;
+	__u64 user_stack_id;
+	__u64 kernel_stack_id;
+	char comm[TASK_COMM_LEN];
 };
 
 /*
@@ -203,6 +231,9 @@ enum offcpu_counter {
 	CNT_UNSEEN_UNTIMED,
 	/* --states: wake-ups seen for blocks under way (split there) */
 	CNT_WAKEUPS,
+	/* --wakers: wakers recorded, and lost because the table was full */
+	CNT_WAKERS,
+	CNT_WAKERS_FULL,
 	CNT_MAX,
 };
 

@@ -2,7 +2,9 @@
 //! reads them: `comm;user frames;[-;]kernel frames value`, outermost frame
 //! first, one line per distinct stack, the value in microseconds. With
 //! `--states`, the thread state is a frame of its own after the command:
-//! `comm;[sleep];user frames;...`.
+//! `comm;[sleep];user frames;...`. With `--wakers`, bcc `offwaketime`'s
+//! shape: `...;kernel frames;--;waker kernel frames;[-;]waker user frames;
+//! waker` with the waker's frames innermost first and its command last.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -22,12 +24,28 @@ fn clean(name: &str) -> String {
 /// `stackcollapse` writes it); inferno shows the name without it.
 pub const KERNEL_ANNOTATION: &str = "_[k]";
 
+/// Suffix that marks a frame of the waker's part (`--wakers`); inferno
+/// shows the name without it.
+pub const WAKER_ANNOTATION: &str = "_[w]";
+
+/// Between the blocked thread's stacks and its waker's (bcc's
+/// `offwaketime`).
+pub const WAKER_SEPARATOR: &str = "--";
+
 /// The frames of one sample, outermost first, without the count. With
-/// `annotate_kernel`, kernel frames end in [`KERNEL_ANNOTATION`].
-pub fn frames(sample: &Sample, shape: Shape, annotate_kernel: bool) -> Vec<String> {
+/// `annotate`, kernel frames end in [`KERNEL_ANNOTATION`] and the waker's
+/// in [`WAKER_ANNOTATION`].
+pub fn frames(sample: &Sample, shape: Shape, annotate: bool) -> Vec<String> {
     let kernel_name = |n: &str| {
-        if annotate_kernel {
+        if annotate {
             format!("{}{KERNEL_ANNOTATION}", clean(n))
+        } else {
+            clean(n)
+        }
+    };
+    let waker_name = |n: &str| {
+        if annotate {
+            format!("{}{WAKER_ANNOTATION}", clean(n))
         } else {
             clean(n)
         }
@@ -55,17 +73,42 @@ pub fn frames(sample: &Sample, shape: Shape, annotate_kernel: bool) -> Vec<Strin
             Part::Frames(f) => line.extend(f.iter().rev().map(|n| kernel_name(n))),
         }
     }
+    // The waker, as bcc's offwaketime folds it: its kernel frames, then
+    // its user frames, innermost first, and its name last.
+    if let Some(waker) = &sample.waker {
+        line.push(WAKER_SEPARATOR.to_string());
+        let (user, kernel) = waker.parts();
+        if shape.mode.kernel() {
+            match kernel {
+                Part::Absent => {}
+                Part::Missed => line.push(waker_name(MISSED_KERNEL)),
+                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n))),
+            }
+        }
+        if shape.mode.user() {
+            let both = matches!(user, Part::Frames(_)) && matches!(kernel, Part::Frames(_));
+            if shape.delimited && shape.mode.kernel() && both {
+                line.push("-".to_string());
+            }
+            match user {
+                Part::Absent => {}
+                Part::Missed => line.push(waker_name(MISSED_USER)),
+                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n))),
+            }
+        }
+        line.push(waker_name(waker.name()));
+    }
     line
 }
 
 /// Distinct folded stacks with their total time in microseconds, hottest
 /// first (ties by stack text). Stacks that round to 0 us are left out: this
 /// is what `-f` prints and what `--svg` draws.
-pub fn lines(profile: &Profile, shape: Shape, annotate_kernel: bool) -> Vec<(String, u64)> {
+pub fn lines(profile: &Profile, shape: Shape, annotate: bool) -> Vec<(String, u64)> {
     let mut totals: HashMap<String, u64> = HashMap::new();
     for s in &profile.samples {
         *totals
-            .entry(frames(s, shape, annotate_kernel).join(";"))
+            .entry(frames(s, shape, annotate).join(";"))
             .or_default() += s.total_ns;
     }
     let mut out: Vec<(String, u64)> = totals

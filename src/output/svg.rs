@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use inferno::flamegraph::color::{BasicPalette, Color, MultiPalette, PaletteMap};
 use inferno::flamegraph::{self, Direction, Palette};
 
-use super::folded::{self, KERNEL_ANNOTATION};
+use super::folded::{self, KERNEL_ANNOTATION, WAKER_ANNOTATION};
 use super::Shape;
 use crate::profile::{OffState, Profile};
 
@@ -114,6 +114,18 @@ fn state_color(state: OffState) -> Color {
     Color { r, g, b }
 }
 
+/// The colour of a waker's frame (`--wakers`): yellow-green shades, apart
+/// from the blocked thread's blue and orange.
+fn waker_color(name: &str) -> Color {
+    let v = shade(name);
+    let scale = |base: u8, range: f32| base + (range * v) as u8;
+    Color {
+        r: scale(190, 50.0),
+        g: scale(215, 35.0),
+        b: scale(80, 50.0),
+    }
+}
+
 fn palette_knows_kernel(p: Palette) -> bool {
     matches!(
         p,
@@ -139,6 +151,22 @@ pub fn write(
         OffState::Stopped,
     ] {
         kernel_colors.insert(state.frame(), state_color(state));
+    }
+    // The waker's part (--wakers): a colour family of its own.
+    kernel_colors.insert(
+        folded::WAKER_SEPARATOR,
+        Color {
+            r: 160,
+            g: 160,
+            b: 160,
+        },
+    );
+    for (stack, _) in &stacks {
+        for frame in stack.split(';').filter(|f| f.ends_with(WAKER_ANNOTATION)) {
+            if kernel_colors.get(frame).is_none() {
+                kernel_colors.insert(frame, waker_color(frame));
+            }
+        }
     }
     if !palette_knows_kernel(opts.palette) {
         for (stack, _) in &stacks {

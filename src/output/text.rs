@@ -2,19 +2,44 @@
 //! frames then the user frames (most recent first), `-  comm (tid)` and the
 //! total in microseconds; ascending by total so the largest ends up last,
 //! next to the prompt. With `--states`, the thread state (`[sleep]`, ...)
-//! is the last frame, as it is the outermost one in folded stacks.
+//! is the last frame, as it is the outermost one in folded stacks. With
+//! `--wakers`, each entry starts with its waker (`waker: comm (pid)`), the
+//! waker's user then kernel frames outermost first, and `--`.
 
 use std::io::{self, Write};
 
-use super::folded::{MISSED_KERNEL, MISSED_USER};
+use super::folded::{MISSED_KERNEL, MISSED_USER, WAKER_SEPARATOR};
 use super::Shape;
-use crate::profile::{Part, Profile};
+use crate::profile::{Part, Profile, Waker};
 
 pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<()> {
     // `profile.samples` is sorted ascending by time.
     for s in &profile.samples {
         if s.total_us() == 0 {
             continue;
+        }
+        // The waker first, outermost frame first, so that the stacks read
+        // from the waker's start down to the wake-up, then from where the
+        // thread blocked out to its start, as the flame graph stacks them.
+        if let Some(waker) = &s.waker {
+            match waker {
+                Waker::Task { comm, pid, .. } => {
+                    writeln!(w, "    {:<16} {} ({})", "waker:", comm, pid)?
+                }
+                other => writeln!(w, "    {:<16} {}", "waker:", other.name())?,
+            }
+            let (user, kernel) = waker.parts();
+            if shape.mode.user() {
+                write_part_reversed(w, user, MISSED_USER)?;
+            }
+            if shape.mode.kernel() {
+                let both = matches!(user, Part::Frames(_)) && matches!(kernel, Part::Frames(_));
+                if shape.delimited && shape.mode.user() && both {
+                    writeln!(w, "    -")?;
+                }
+                write_part_reversed(w, kernel, MISSED_KERNEL)?;
+            }
+            writeln!(w, "    {:<16} {}", WAKER_SEPARATOR, WAKER_SEPARATOR)?;
         }
         if shape.mode.kernel() {
             write_part(w, &s.kernel, MISSED_KERNEL)?;
@@ -33,6 +58,18 @@ pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<(
         writeln!(w, "        {}\n", s.total_us())?;
     }
     Ok(())
+}
+
+/// The frames of one part, outermost first, or its "missed" marker.
+fn write_part_reversed(w: &mut dyn Write, part: &Part, missed: &str) -> io::Result<()> {
+    match part {
+        Part::Absent => Ok(()),
+        Part::Missed => writeln!(w, "    {missed}"),
+        Part::Frames(f) => f
+            .iter()
+            .rev()
+            .try_for_each(|name| writeln!(w, "    {name}")),
+    }
 }
 
 /// The frames of one part, most recent first, or its "missed" marker.

@@ -21,6 +21,7 @@ pub fn synthetic() -> Profile {
         user,
         kernel,
         state: None,
+        waker: None,
         total_ns,
         count: 1,
     };

@@ -13,3 +13,4 @@ mod svg;
 mod unwind;
 mod util;
 mod vm;
+mod wakers;

@@ -224,7 +224,7 @@ fn same_frames_as_inferno_flamegraph() {
 }
 
 /// Runs a flame-graph tool with `input` on stdin; returns its SVG.
-fn run_tool(tool: &Path, args: &[&str], input: &str) -> String {
+pub fn run_tool(tool: &Path, args: &[&str], input: &str) -> String {
     use std::io::Write;
     let mut cmd = if tool.extension().is_some_and(|e| e == "pl") {
         let mut c = Command::new("perl");
@@ -256,7 +256,7 @@ fn run_tool(tool: &Path, args: &[&str], input: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn flamegraph_pl() -> Option<PathBuf> {
+pub fn flamegraph_pl() -> Option<PathBuf> {
     let mut candidates = Vec::new();
     if let Some(p) = std::env::var_os("FLAMEGRAPH_PL") {
         candidates.push(PathBuf::from(p));
