@@ -158,7 +158,9 @@ impl Profile {
             Part::Frames(f) => Part::Frames(f.iter().map(|f| Frame::named(&*f.name)).collect()),
             other => other.clone(),
         };
-        let mut merged: HashMap<(u32, u32, String, Part, Part), (u64, u64)> = HashMap::new();
+        // (tgid, pid, comm, user, kernel) -> (total ns, blocks)
+        type NameKey = (u32, u32, String, Part, Part);
+        let mut merged: HashMap<NameKey, (u64, u64)> = HashMap::new();
         for s in &self.samples {
             let slot = merged
                 .entry((
