@@ -7,7 +7,10 @@
 //! `comm` and `pid` (and `thread_id` if asked for); its locations are the
 //! stack, leaf first, as `-U`/`-K` shape it, a lost part being one frame
 //! named by its marker (`[Missed User Stack]`) as in the folded output.
-//! The thread's name is a label, not a frame.
+//! The thread's name is a label, not a frame. A block with no frame at
+//! all (a kernel thread's, with `-U`) has one location, [`NO_FRAMES`]:
+//! pprof's readers leave out samples without locations, and its time with
+//! them.
 //!
 //! Each file frames are in is one mapping, with its path and build id;
 //! kernel frames are in a `[kernel.kallsyms]` mapping. A user frame's
@@ -31,6 +34,8 @@ use crate::profile::{Frame, Origin, Profile, Sample};
 /// The mapping kernel frames are in, as `perf` and Parca name it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 pub const UNIT: &str = "nanoseconds";
+/// The frame of a sample that has none.
+pub const NO_FRAMES: &str = "[kernel thread]";
 
 /// The name of the one sample type.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -86,7 +91,10 @@ pub fn build(profile: &Profile, shape: Shape, opts: &PprofOptions) -> pb::Profil
         if s.total_ns == 0 {
             continue;
         }
-        let stack = super::leaf_first(s, shape);
+        let mut stack = super::leaf_first(s, shape);
+        if stack.is_empty() {
+            stack.push(std::borrow::Cow::Owned(Frame::named(NO_FRAMES)));
+        }
         let mut ids = Vec::with_capacity(stack.len());
         let mut group: Vec<&Frame> = Vec::new();
         for f in &stack {
