@@ -300,6 +300,163 @@ fn tags(go: &Path, file: &Path) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
+/// A function name as `-top` and `-traces` print it, without their note
+/// on inlining.
+fn plain_name(name: &str) -> &str {
+    name.trim_end_matches(" (inline)")
+        .trim_end_matches(" (partial-inline)")
+}
+
+/// Every function `go tool pprof -top` lists (nothing left out), with
+/// its cumulative time in nanoseconds.
+fn top_functions(go: &Path, file: &Path) -> BTreeMap<String, u64> {
+    let text = go_pprof(
+        go,
+        &["-top", "-nodefraction=0", "-nodecount=1000000", "-unit=ns"],
+        file,
+    );
+    let ns = |v: &str| v.trim_end_matches("ns").parse::<u64>().unwrap();
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+    {
+        // flat flat% sum% cum cum% name (which may have spaces)
+        let mut rest = line.trim_start();
+        let mut cols = Vec::new();
+        for _ in 0..5 {
+            let (col, r) = rest.split_once(char::is_whitespace).unwrap();
+            cols.push(col);
+            rest = r.trim_start();
+        }
+        *out.entry(plain_name(rest).to_string()).or_default() += ns(cols[3]);
+    }
+    out
+}
+
+/// `go tool pprof -traces`: each trace's folded stack (`comm;outermost;…;
+/// leaf`, its comm from the label) and its time in nanoseconds, as far as
+/// the tool's rounding of it shows.
+fn traces(go: &Path, file: &Path) -> BTreeMap<String, f64> {
+    let text = go_pprof(go, &["-traces"], file);
+    let duration = |v: &str| -> f64 {
+        let (number, scale) = [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)]
+            .iter()
+            .find_map(|(unit, scale)| v.strip_suffix(unit).map(|n| (n, *scale)))
+            .unwrap_or_else(|| panic!("a duration: {v:?}"));
+        number.parse::<f64>().unwrap() * scale
+    };
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    let mut finish = |comm: &mut String, frames: &mut Vec<String>, value: &mut f64| {
+        if !frames.is_empty() {
+            // A block without frames: its folded line is the comm alone.
+            if *frames == [pprof::NO_FRAMES] {
+                frames.clear();
+            }
+            frames.push(std::mem::take(comm));
+            frames.reverse();
+            *out.entry(frames.join(";")).or_default() += *value;
+        }
+        frames.clear();
+        *value = 0.0;
+    };
+    let (mut comm, mut frames, mut value) = (String::new(), Vec::new(), 0.0);
+    // The header (file, type) ends at the first separator.
+    let mut started = false;
+    for line in text.lines() {
+        if line.starts_with("-----------+") {
+            finish(&mut comm, &mut frames, &mut value);
+            started = true;
+            continue;
+        }
+        if !started || line.len() < 12 || !line.is_char_boundary(11) {
+            continue;
+        }
+        let (head, name) = (line[..11].trim(), line[11..].trim());
+        if let Some(key) = head.strip_suffix(':') {
+            if key == "comm" {
+                comm = name.to_string();
+            }
+        } else if !head.is_empty() {
+            value = duration(head);
+            frames.push(plain_name(name).to_string());
+        } else if !frames.is_empty() {
+            frames.push(plain_name(name).to_string());
+        }
+    }
+    finish(&mut comm, &mut frames, &mut value);
+    out
+}
+
+/// Each function of the folded lines with its cumulative time (once per
+/// line it is in), in microseconds.
+fn folded_functions(folded: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (stack, us) in folded {
+        let frames: BTreeSet<&str> = stack.split(';').skip(1).collect();
+        for f in frames {
+            *out.entry(f.to_string()).or_default() += us;
+        }
+    }
+    out
+}
+
+/// `-top` and `-traces` agree with the folded lines of the same profile:
+/// the same functions with the same cumulative times, the same stacks with
+/// the same times, within the folded lines' rounding (and, for `-traces`,
+/// the tool's own: three or four significant digits).
+fn check_top_and_traces(go: &Path, file: &Path, folded: &BTreeMap<String, u64>) {
+    let top = top_functions(go, file);
+    let want = folded_functions(folded);
+    let slack_ns = 500 * (folded.len() as u64 + 1);
+    for (f, us) in &want {
+        let got = top
+            .get(f)
+            .copied()
+            .unwrap_or_else(|| panic!("{f} not in -top"));
+        assert!(
+            got.abs_diff(us * 1000) <= slack_ns,
+            "{f}: -top {got} ns, folded {us} us"
+        );
+    }
+    // Blocks without frames: folded lines of a comm alone.
+    let frameless: u64 = folded
+        .iter()
+        .filter(|(s, _)| !s.contains(';'))
+        .map(|(_, us)| us)
+        .sum();
+    let got = top.get(pprof::NO_FRAMES).copied().unwrap_or(0);
+    assert!(
+        got.abs_diff(frameless * 1000) <= slack_ns,
+        "{got} ns vs {frameless} us"
+    );
+    // Functions only of stacks too short for a folded line.
+    for (f, ns) in &top {
+        assert!(
+            want.contains_key(f) || f == pprof::NO_FRAMES || *ns < 500,
+            "{f}: {ns} ns"
+        );
+    }
+    let traces = traces(go, file);
+    for (stack, us) in folded {
+        let got = traces
+            .get(stack)
+            .unwrap_or_else(|| panic!("no trace {stack}"));
+        let want = *us as f64 * 1000.0;
+        assert!(
+            (got - want).abs() <= want * 0.006 + 500.0,
+            "{stack}: -traces {got} ns, folded {us} us"
+        );
+    }
+    for (stack, ns) in &traces {
+        assert!(
+            folded.contains_key(stack) || *ns < 500.0,
+            "{stack}: {ns} ns"
+        );
+    }
+}
+
 #[test]
 fn pprof_in_go_tool_pprof() {
     let Some(go) = go() else {
@@ -317,6 +474,7 @@ fn pprof_in_go_tool_pprof() {
         let raw = parse_raw(&go_pprof(&go, &["-raw"], &file));
         assert_eq!(raw.sample_type, "offcpu/nanoseconds[dflt]");
         assert_eq!(raw_as_folded(&raw), folded_map(&p, shape(mode)), "{mode:?}");
+        check_top_and_traces(&go, &file, &folded_map(&p, shape(mode)));
         // Nanoseconds, unrounded: the block of 400 ns is there too.
         assert_eq!(top_total_ns(&go, &file), p.total_ns());
     }
@@ -688,17 +846,13 @@ fn e2e_pprof_and_speedscope_of_one_run() {
     assert_eq!(raw.sample_type, "offcpu/nanoseconds[dflt]");
     let from_pprof = raw_as_folded(&raw);
     assert_eq!(from_pprof, folded);
-    // -traces shows the same functions (its own rendering of the names
-    // aside, every frame of a workload function is there).
-    let traces = go_pprof(&go, &["-traces"], &pprof_path);
-    for f in [
-        "wl_nanosleep_thread",
-        "wl_block_futex_wait",
-        "wl_pipe_thread",
-        "do_nanosleep",
-    ] {
-        assert!(traces.contains(f), "{f} not in -traces");
-    }
+    // -top and -traces: the same functions and stacks, the same times.
+    check_top_and_traces(&go, &pprof_path, &folded);
+    // Functions inlined at an address are lines of one location.
+    assert!(
+        raw.locations.values().any(|l| l.2.len() > 1),
+        "no location with inlined functions"
+    );
     // -top's total is the sum of the lines within their rounding.
     let total_ns = top_total_ns(&go, &pprof_path);
     let folded_us: u64 = folded.values().sum();
