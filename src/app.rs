@@ -228,11 +228,12 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         .filter(|e| e.user_stack == StackRef::NotReadable)
         .count();
     let unreadable = (unreadable, tracer.start_user_stacks());
-    let profile = profile::build(
+    let mut profile = profile::build(
         &raw,
         &mut symbolizer,
         tracer.hook().kernel_first_frame_is_ip(),
     );
+    profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
     drop(tracer);
 
     let mut sinks = std::iter::once(sink).chain(more_sinks);

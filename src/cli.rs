@@ -152,7 +152,7 @@ pub struct Args {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Vec<PathBuf>,
 
-    /// pprof sample type name
+    /// Name of the pprof sample type [default: offcpu]
     #[arg(
         long = "pprof-sample-type",
         value_enum,

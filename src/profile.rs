@@ -130,6 +130,37 @@ pub struct Profile {
     pub counters: LossCounters,
     /// The files [`Origin::Object`] frames are in.
     pub objects: Vec<ObjectInfo>,
+    /// The window traced, where known.
+    pub window: Option<Window>,
+}
+
+/// When the trace was taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Its start, in nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+}
+
+impl Window {
+    /// The window of CLOCK_MONOTONIC times `start..end`, dated by the
+    /// wall clock now.
+    pub fn from_monotonic(start: u64, end: u64) -> Window {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid pointer to a timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let mono_now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        let wall_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Window {
+            start_unix_ns: wall_now.saturating_sub(mono_now.saturating_sub(start)),
+            duration_ns: end.saturating_sub(start),
+        }
+    }
 }
 
 impl Profile {
@@ -193,6 +224,7 @@ impl Profile {
             samples,
             counters: self.counters.clone(),
             objects: Vec::new(),
+            window: self.window,
         }
     }
 }
@@ -379,6 +411,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         samples,
         counters: raw.counters.clone(),
         objects,
+        window: None,
     }
 }
 

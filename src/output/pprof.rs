@@ -18,7 +18,8 @@
 //! it, so a file's mapping starts at 0 with file offset 0; a kernel frame's
 //! is the kernel address. Functions inlined at an address are lines of one
 //! location, innermost first. Frames are named (`has_functions`): no
-//! symbolization is needed to read the profile.
+//! symbolization is needed to read the profile. The profile is dated by
+//! the window traced (`time_nanos`, `duration_nanos`).
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -87,6 +88,10 @@ pub fn build(profile: &Profile, shape: Shape, opts: &PprofOptions) -> pb::Profil
     b.out.default_sample_type = sample_type.r#type;
     b.out.period_type = Some(sample_type.clone());
     b.out.sample_type = vec![sample_type];
+    if let Some(w) = profile.window {
+        b.out.time_nanos = i64::try_from(w.start_unix_ns).unwrap_or(0);
+        b.out.duration_nanos = i64::try_from(w.duration_ns).unwrap_or(0);
+    }
     for s in &profile.samples {
         if s.total_ns == 0 {
             continue;

@@ -13,7 +13,7 @@ use std::process::Command;
 use offcputime::output::pprof::{self, PprofOptions, SampleType};
 use offcputime::output::speedscope::{self, SpeedscopeOptions};
 use offcputime::output::{folded, Shape};
-use offcputime::profile::{Frame, ObjectInfo, Origin, Part, Profile, StackMode};
+use offcputime::profile::{Frame, ObjectInfo, Origin, Part, Profile, StackMode, Window};
 
 use crate::golden::{check, synthetic};
 use crate::util::{is_ci, profile, require_root, require_tool, serial, Workload};
@@ -33,6 +33,10 @@ pub fn with_addresses() -> Profile {
             s.tgid = 100;
         }
     }
+    p.window = Some(Window {
+        start_unix_ns: 1_700_000_000_000_000_000,
+        duration_ns: 5_000_000_000,
+    });
     p.objects = vec![
         ObjectInfo {
             path: "/usr/bin/app".into(),
@@ -160,6 +164,9 @@ fn go_pprof(go: &Path, args: &[&str], file: &Path) -> String {
 /// What `go tool pprof -raw` prints of a profile.
 #[derive(Debug, Default)]
 struct Raw {
+    /// The `Time:` and `Duration:` lines, as printed.
+    time: String,
+    duration: String,
     sample_type: String,
     /// Value, location ids (leaf first), labels.
     samples: Vec<(u64, Vec<u64>, BTreeMap<String, String>)>,
@@ -183,6 +190,13 @@ fn parse_raw(text: &str) -> Raw {
             _ => {}
         }
         let t = line.trim();
+        if section.is_empty() {
+            if let Some(v) = t.strip_prefix("Time: ") {
+                raw.time = v.to_string();
+            } else if let Some(v) = t.strip_prefix("Duration: ") {
+                raw.duration = v.to_string();
+            }
+        }
         match section {
             "Samples:" if raw.sample_type.is_empty() => raw.sample_type = t.to_string(),
             "Samples:" => {
@@ -486,6 +500,9 @@ fn pprof_in_go_tool_pprof() {
     )
     .unwrap();
     let raw = parse_raw(&go_pprof(&go, &["-raw"], &file));
+    // Dated by the window.
+    assert_eq!(raw.time, "2023-11-14 22:13:20 +0000 UTC");
+    assert_eq!(raw.duration, "5s");
     // (pprof orders them as it likes: the main program first.)
     let mapping = |id: u64| -> &str {
         let prefix = format!("{id}: ");
@@ -846,6 +863,14 @@ fn e2e_pprof_and_speedscope_of_one_run() {
     assert_eq!(raw.sample_type, "offcpu/nanoseconds[dflt]");
     let from_pprof = raw_as_folded(&raw);
     assert_eq!(from_pprof, folded);
+    // Dated: the window of 2 s.
+    assert!(!raw.time.is_empty());
+    let secs: f64 = raw
+        .duration
+        .strip_suffix('s')
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("duration {:?}", raw.duration));
+    assert!((1.99..2.1).contains(&secs), "{secs}");
     // -top and -traces: the same functions and stacks, the same times.
     check_top_and_traces(&go, &pprof_path, &folded);
     // Functions inlined at an address are lines of one location.
@@ -969,6 +994,23 @@ fn several_outputs_and_names() {
     assert!(bad(&["--format", "pprof", "-f", "1"]).contains("cannot be used with"));
     // Neither file was created.
     assert!(!Path::new(a).exists() && !Path::new(b).exists());
+
+    // Gzipped binary data is not written to a terminal (util-linux's
+    // `script` gives the profiler one).
+    let Some(script) = require_tool("script", &["/usr/bin/script".into()]) else {
+        return;
+    };
+    let command = format!("{} --format pprof 1", env!("CARGO_BIN_EXE_offcputime"));
+    let out = Command::new(script)
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("a pprof profile is gzipped binary data: write it with -o FILE.pb.gz"),
+        "{text}"
+    );
 }
 
 #[test]
