@@ -679,7 +679,12 @@ impl Symbolizer {
             .map(|id| id.to_vec())
             .unwrap_or_default();
         crate::profile::ObjectInfo {
-            path: o.maps_path.clone(),
+            // A mapping without a file (JIT code) by its kind, `anon`.
+            path: if o.maps_path.is_empty() {
+                o.name.clone()
+            } else {
+                o.maps_path.clone()
+            },
             build_id,
         }
     }
