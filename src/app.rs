@@ -283,6 +283,23 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             c.events_dropped,
             c.unseen_switch_in,
         );
+        if config.tracer.states {
+            let mut by_state: std::collections::BTreeMap<_, u64> = Default::default();
+            for s in &profile.samples {
+                if let Some(st) = s.state {
+                    *by_state.entry(st).or_default() += s.total_ns;
+                }
+            }
+            let parts: Vec<String> = by_state
+                .iter()
+                .map(|(st, ns)| format!("{} {:.3} s", st.frame(), *ns as f64 / 1e9))
+                .collect();
+            eprintln!(
+                "offcputime: by state: {}; {} wake-ups split a block",
+                parts.join(", "),
+                c.wakeups
+            );
+        }
     }
     Ok(())
 }

@@ -275,6 +275,12 @@ pub struct Args {
     #[arg(long = "state", value_name = "STATE")]
     pub state: Option<String>,
 
+    /// Split off-CPU time by thread state: [sleep], [io], [blocked] until
+    /// the wake-up, [runqueue] from the wake-up (or a preemption) until the
+    /// thread runs, [stopped]; shown as a frame after the command name
+    #[arg(long = "states")]
+    pub states: bool,
+
     /// Where to hook the context switch
     #[arg(long = "hook", value_enum, default_value = "auto")]
     pub hook: HookArg,
@@ -471,6 +477,7 @@ impl Args {
                     UnwindArg::Dwarf => Unwind::FramePointers,
                 },
                 unwind_capacity: UnwindCapacity::from_bytes(unwind_mib << 20),
+                states: self.states,
             },
             shape: Shape {
                 mode,
@@ -672,6 +679,9 @@ impl Config {
         }
         if let Some(s) = t.state {
             parts.push(format!("state {s}"));
+        }
+        if t.states {
+            parts.push("split by thread state".to_string());
         }
         parts.join(", ")
     }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use crate::process::Proc;
 use crate::symbolize::{AddrKind, Symbolizer, UserFrame};
+pub use crate::tracer::OffState;
 use crate::tracer::{LossCounters, RawProfile, StackRef};
 
 /// The user or the kernel part of a stack.
@@ -91,6 +92,8 @@ pub struct Sample {
     pub pid: u32,
     pub user: Part,
     pub kernel: Part,
+    /// Why the thread was off the CPU (`--states`); None without it.
+    pub state: Option<OffState>,
     pub total_ns: u64,
     pub count: u64,
 }
@@ -189,8 +192,8 @@ impl Profile {
             Part::Frames(f) => Part::Frames(f.iter().map(|f| Frame::named(&*f.name)).collect()),
             other => other.clone(),
         };
-        // (tgid, pid, comm, user, kernel) -> (total ns, blocks)
-        type NameKey = (u32, u32, String, Part, Part);
+        // (tgid, pid, comm, user, kernel, state) -> (total ns, blocks)
+        type NameKey = (u32, u32, String, Part, Part, Option<OffState>);
         let mut merged: HashMap<NameKey, (u64, u64)> = HashMap::new();
         for s in &self.samples {
             let slot = merged
@@ -200,6 +203,7 @@ impl Profile {
                     s.comm.clone(),
                     names(&s.user),
                     names(&s.kernel),
+                    s.state,
                 ))
                 .or_default();
             slot.0 += s.total_ns;
@@ -208,12 +212,13 @@ impl Profile {
         let mut samples: Vec<Sample> = merged
             .into_iter()
             .map(
-                |((tgid, pid, comm, user, kernel), (total_ns, count))| Sample {
+                |((tgid, pid, comm, user, kernel, state), (total_ns, count))| Sample {
                     comm,
                     tgid,
                     pid,
                     user,
                     kernel,
+                    state,
                     total_ns,
                     count,
                 },
@@ -374,8 +379,8 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         },
     };
 
-    // (tgid, pid, comm, user, kernel) -> (total ns, blocks)
-    type MergeKey = (u32, u32, String, Part, Part);
+    // (tgid, pid, comm, user, kernel, state) -> (total ns, blocks)
+    type MergeKey = (u32, u32, String, Part, Part, Option<OffState>);
     let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
     for e in &raw.entries {
         let user = user_part(
@@ -387,7 +392,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         );
         let kernel = kernel_part(e.kernel_stack);
         let slot = merged
-            .entry((e.tgid, e.pid, e.comm.clone(), user, kernel))
+            .entry((e.tgid, e.pid, e.comm.clone(), user, kernel, e.state))
             .or_default();
         slot.0 += e.total_ns;
         slot.1 += e.count;
@@ -395,12 +400,13 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     let mut samples: Vec<Sample> = merged
         .into_iter()
         .map(
-            |((tgid, pid, comm, user, kernel), (total_ns, count))| Sample {
+            |((tgid, pid, comm, user, kernel, state), (total_ns, count))| Sample {
                 comm,
                 tgid,
                 pid,
                 user,
                 kernel,
+                state,
                 total_ns,
                 count,
             },
@@ -424,5 +430,6 @@ pub fn sort_samples(samples: &mut [Sample]) {
             .then_with(|| a.pid.cmp(&b.pid))
             .then_with(|| a.user.cmp(&b.user))
             .then_with(|| a.kernel.cmp(&b.kernel))
+            .then_with(|| a.state.cmp(&b.state))
     });
 }

@@ -130,6 +130,9 @@ pub struct TracerOptions {
     pub hook: Hook,
     pub unwind: Unwind,
     pub unwind_capacity: UnwindCapacity,
+    /// `--states`: each block split by thread state at its wake-up (a
+    /// `sched_wakeup` hook beside the switch hook).
+    pub states: bool,
 }
 
 /// A stack reference as stored in a count entry.
@@ -175,8 +178,64 @@ pub struct RawEntry {
     pub comm: String,
     pub user_stack: StackRef,
     pub kernel_stack: StackRef,
+    /// Why the thread was off the CPU (`--states`), None without it.
+    pub state: Option<OffState>,
     pub total_ns: u64,
     pub count: u64,
+}
+
+/// Why a thread was off the CPU (`--states`): the kernel's `enum
+/// offcpu_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OffState {
+    /// Interruptible sleep, until the wake-up.
+    Sleep,
+    /// Uninterruptible sleep waiting for I/O, until the wake-up.
+    Io,
+    /// Other uninterruptible sleep, until the wake-up.
+    Blocked,
+    /// Runnable without a CPU: preempted, or woken and not yet running.
+    RunQueue,
+    /// Stopped by a signal or a tracer.
+    Stopped,
+}
+
+impl OffState {
+    fn from_raw(state: u32) -> Option<OffState> {
+        use types::offcpu_state as S;
+        Some(match state {
+            s if s == S::OFFCPU_STATE_SLEEP.0 => OffState::Sleep,
+            s if s == S::OFFCPU_STATE_IO.0 => OffState::Io,
+            s if s == S::OFFCPU_STATE_BLOCKED.0 => OffState::Blocked,
+            s if s == S::OFFCPU_STATE_RUNQUEUE.0 => OffState::RunQueue,
+            s if s == S::OFFCPU_STATE_STOPPED.0 => OffState::Stopped,
+            _ => return None,
+        })
+    }
+
+    /// The name shown as a frame: `[sleep]`, `[io]`, ...
+    pub fn frame(self) -> &'static str {
+        match self {
+            OffState::Sleep => "[sleep]",
+            OffState::Io => "[io]",
+            OffState::Blocked => "[blocked]",
+            OffState::RunQueue => "[runqueue]",
+            OffState::Stopped => "[stopped]",
+        }
+    }
+
+    /// The state named by a frame of [`OffState::frame`].
+    pub fn from_frame(frame: &str) -> Option<OffState> {
+        [
+            OffState::Sleep,
+            OffState::Io,
+            OffState::Blocked,
+            OffState::RunQueue,
+            OffState::Stopped,
+        ]
+        .into_iter()
+        .find(|s| s.frame() == frame)
+    }
 }
 
 /// Why data was lost or is incomplete, as counted in the kernel.
@@ -207,6 +266,8 @@ pub struct LossCounters {
     pub unwind_truncated: u64,
     /// Frames found through frame pointers in stacks walked with tables.
     pub unwind_fp_frames: u64,
+    /// `--states`: wake-ups that split a block.
+    pub wakeups: u64,
 }
 
 /// What the BPF program says of a process while tracing.
@@ -512,6 +573,7 @@ impl<'obj> Tracer<'obj> {
             rodata.notify_new_tasks = opts.user_stacks;
             rodata.stack_bytes = opts.max_stack_depth * 8;
             rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+            rodata.want_states = opts.states;
             rodata.trace_duration_ns = opts
                 .duration
                 .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
@@ -558,6 +620,12 @@ impl<'obj> Tracer<'obj> {
         open.progs
             .finish_task_switch_kprobe
             .set_autoload(hook == Hook::FinishTaskSwitch);
+        open.progs
+            .sched_wakeup_btf
+            .set_autoload(opts.states && trusted);
+        open.progs
+            .sched_wakeup_raw
+            .set_autoload(opts.states && !trusted);
         open.progs.flush_in_progress.set_autoload(trusted);
         open.progs.flush_in_progress_by_tid.set_autoload(!trusted);
         let user = start_user_stacks;
@@ -601,6 +669,19 @@ impl<'obj> Tracer<'obj> {
         }
 
         phases.mark("tables");
+        // The wake-up hook first: no wake-up of a block the switch hook
+        // sees may be missed.
+        let mut links = Vec::new();
+        if opts.states {
+            let link = if trusted {
+                skel.progs.sched_wakeup_btf.attach()
+            } else {
+                skel.progs
+                    .sched_wakeup_raw
+                    .attach_raw_tracepoint("sched_wakeup")
+            };
+            links.push(link.context("failed to attach the sched_wakeup hook (--states)")?);
+        }
         // The hook only notes switches until the start iterator, run next,
         // has claimed the blocks under way and opened the window.
         let (link, attached) = match hook {
@@ -653,7 +734,10 @@ impl<'obj> Tracer<'obj> {
         }
         Ok(Tracer {
             skel,
-            links: vec![link],
+            links: {
+                links.push(link);
+                links
+            },
             hook: attached,
             attached_at: started_at,
             attached_ns: started_ns,
@@ -852,6 +936,7 @@ impl<'obj> Tracer<'obj> {
                 comm: comm_to_string(&key.comm),
                 user_stack: StackRef::from_raw(key.user_stack_id),
                 kernel_stack: StackRef::from_raw(key.kernel_stack_id),
+                state: OffState::from_raw(key.state),
                 total_ns: val.total_ns,
                 count: val.count,
             };
@@ -936,6 +1021,7 @@ impl<'obj> Tracer<'obj> {
             unwind_dwarf: at(C::CNT_UNWIND_DWARF),
             unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
             unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
+            wakeups: at(C::CNT_WAKEUPS),
         })
     }
 }

@@ -24,6 +24,10 @@
 #include "offcputime.h"
 
 #define PF_KTHREAD 0x00200000
+#define TASK_INTERRUPTIBLE 0x00000001
+#define TASK_UNINTERRUPTIBLE 0x00000002
+#define TASK_STOPPED_OR_TRACED 0x0000000c
+#define TASK_PARKED 0x00000040
 #define TASK_DEAD 0x00000080
 #define TASK_NEW 0x00000800
 #define RWSEM_WRITER_LOCKED 1
@@ -52,6 +56,8 @@ const volatile bool notify_new_tasks = true;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
+/* --states: blocks split by thread state, at their wake-up. */
+const volatile bool want_states = false;
 
 /* How long to trace (0: until userspace stops it). */
 const volatile __u64 trace_duration_ns = 0;
@@ -92,6 +98,12 @@ struct task_data {
 	 * size of its executable mappings then. */
 	__u64 notified_mm;
 	__u64 notified_exec_vm;
+	/* --states: when the open block was woken (0: not yet), and the
+	 * state it blocked in (enum offcpu_state); start_state for a block
+	 * under way at the start, kept apart as its stacks are. */
+	__u64 wake_ns;
+	__u32 state;
+	__u32 start_state;
 };
 
 struct {
@@ -214,6 +226,7 @@ struct {
 /* Make the shared types visible in the skeleton's `types` module. */
 struct task_event _task_event = {};
 enum task_event_kind _task_event_kind = TASK_EVENT_NEW;
+enum offcpu_state _offcpu_state = OFFCPU_STATE_ANY;
 enum stack_id_special _stack_id_special = STACK_ID_NONE;
 enum offcpu_counter _offcpu_counter = CNT_MAX;
 enum unwind_kind _unwind_kind = UNWIND_NONE;
@@ -596,6 +609,22 @@ static __always_inline bool is_kthread(struct task_struct *t)
 	return BPF_CORE_READ(t, flags) & PF_KTHREAD;
 }
 
+/* Why `t` is off the CPU (enum offcpu_state), given its scheduler state
+ * (`state`, 0 when it was preempted). */
+static __always_inline __u32 offcpu_state(struct task_struct *t, __u32 state)
+{
+	if (state == 0)
+		return OFFCPU_STATE_RUNQUEUE;
+	if (state & (TASK_INTERRUPTIBLE | TASK_PARKED))
+		return OFFCPU_STATE_SLEEP;
+	if (state & TASK_UNINTERRUPTIBLE)
+		return BPF_CORE_READ_BITFIELD_PROBED(t, in_iowait) ? OFFCPU_STATE_IO
+								   : OFFCPU_STATE_BLOCKED;
+	if (state & TASK_STOPPED_OR_TRACED)
+		return OFFCPU_STATE_STOPPED;
+	return OFFCPU_STATE_BLOCKED;
+}
+
 /* The in-kernel filters on the thread (-p -t -u -k). */
 static __always_inline bool wanted_thread(__u32 tgid, __u32 tid, bool kthread)
 {
@@ -758,6 +787,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		count(CNT_NO_TASK_STORAGE);
 		return;
 	}
+	if (want_states) {
+		d->wake_ns = 0;
+		d->state = offcpu_state(prev, state);
+	}
 	d->start_ns = now;
 	d->user_stack_id = STACK_ID_NONE;
 	d->kernel_stack_id = STACK_ID_NONE;
@@ -818,6 +851,36 @@ static __always_inline __u64 block_in_window(__u64 start, __u64 now, bool ended)
 	if (ended && !at_window ? seen > max_block_ns : max_block_ns != ~0ULL)
 		return 0;
 	return to - from;
+}
+
+/*
+ * Adds the part of a block inside the window, `delta` ns ending at `now` (or
+ * at the window's end), under `key`.  With --states, under the state the
+ * thread blocked in (`state`) until its wake-up, and under
+ * OFFCPU_STATE_RUNQUEUE from then on.
+ */
+static __always_inline void add_block_parts(struct offcpu_key *key, struct task_data *d,
+					    __u32 state, __u64 now, __u64 delta)
+{
+	__u64 end = trace_end_ns, to = end && now > end ? end : now, from = to - delta;
+	__u64 wake;
+
+	if (!want_states) {
+		add_block(key, delta);
+		return;
+	}
+	wake = d->wake_ns;
+	key->state = state;
+	if (state != OFFCPU_STATE_RUNQUEUE && wake) {
+		if (wake <= from) {
+			key->state = OFFCPU_STATE_RUNQUEUE;
+		} else if (wake < to) {
+			add_block(key, wake - from);
+			key->state = OFFCPU_STATE_RUNQUEUE;
+			delta = to - wake;
+		}
+	}
+	add_block(key, delta);
 }
 
 static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid)
@@ -881,7 +944,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		else
 			key.kernel_stack_id = d->kernel_stack_id;
 	}
-	add_block(&key, delta);
+	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, now, delta);
 }
 
 SEC("tp_btf/sched_switch")
@@ -919,6 +982,39 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
 	on_switch_out(ctx, prev, false, now, false, false);
 	on_switch_in(ctx, curr, now, false, true);
+	return 0;
+}
+
+/*
+ * --states: `p` is woken.  Its open block is split here: from now on it
+ * waits for a CPU.  The tracepoint runs with p's run queue locked, after p
+ * was switched out, so the block it sees is the one the wake-up ends.
+ */
+static __always_inline void on_wakeup(struct task_struct *p, bool trusted)
+{
+	__u32 tid = BPF_CORE_READ(p, pid);
+	struct task_data *d;
+
+	if (tid == 0)
+		return;
+	d = get_data(p, tid, trusted, false);
+	if (!d || d->start_ns <= START_SEEN || d->wake_ns)
+		return;
+	d->wake_ns = bpf_ktime_get_ns();
+	count(CNT_WAKEUPS);
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(sched_wakeup_btf, struct task_struct *p)
+{
+	on_wakeup(p, true);
+	return 0;
+}
+
+SEC("raw_tp/sched_wakeup")
+int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
+{
+	on_wakeup(p, false);
 	return 0;
 }
 
@@ -969,7 +1065,7 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 		key.user_stack_id = d->user_stack_id;
 		key.kernel_stack_id = d->kernel_stack_id;
 	}
-	add_block(&key, delta);
+	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, in, delta);
 }
 
 /* The kernel stack of `task`, which is not running.  The kernel leaves out
@@ -1069,6 +1165,10 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		kstack = kernel_stack_of_task(task);
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
+	if (want_states) {
+		d->start_state = offcpu_state(task, state);
+		d->wake_ns = 0;
+	}
 	if (__sync_val_compare_and_swap(&d->start_ns, 0, START_AT_WINDOW) != 0)
 		return;
 	if (notify_new_tasks && !kthread)
@@ -1144,7 +1244,8 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 		key.kernel_stack_id = d->kernel_stack_id;
 	}
 	count(CNT_BLOCKS_AT_END);
-	add_block(&key, delta);
+	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state,
+			trace_end_ns, delta);
 }
 
 SEC("iter/task")

@@ -42,6 +42,31 @@ struct offcpu_key {
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
 	char comm[TASK_COMM_LEN];
+	/* enum offcpu_state: why the thread was off the CPU (--states), or
+	 * OFFCPU_STATE_ANY. */
+	__u32 state;
+	__u32 _pad;
+};
+
+/*
+ * Why a thread was off the CPU (--states).  A block that a wake-up ends is
+ * split there: before it, the state the thread blocked in; after it, until
+ * the thread runs, OFFCPU_STATE_RUNQUEUE.
+ */
+enum offcpu_state {
+	/* --states not asked: all states together. */
+	OFFCPU_STATE_ANY = 0,
+	/* TASK_INTERRUPTIBLE (and a parked kernel thread) */
+	OFFCPU_STATE_SLEEP = 1,
+	/* TASK_UNINTERRUPTIBLE waiting for I/O (in_iowait) */
+	OFFCPU_STATE_IO = 2,
+	/* any other TASK_UNINTERRUPTIBLE: killable waits, D-state locks */
+	OFFCPU_STATE_BLOCKED = 3,
+	/* runnable, waiting for a CPU: preempted, or woken and not yet on
+	 * a CPU */
+	OFFCPU_STATE_RUNQUEUE = 4,
+	/* stopped by a signal or a tracer */
+	OFFCPU_STATE_STOPPED = 5,
 };
 
 struct offcpu_val {
@@ -176,6 +201,8 @@ enum offcpu_counter {
 	CNT_UNSEEN_SWITCH_IN,
 	/* ... of those, blocks that could not be timed (not a CFS task) */
 	CNT_UNSEEN_UNTIMED,
+	/* --states: wake-ups seen for blocks under way (split there) */
+	CNT_WAKEUPS,
 	CNT_MAX,
 };
 

@@ -138,6 +138,10 @@ struct task_struct {
 	struct task_struct *group_leader;
 	char comm[16];
 	struct signal_struct *signal;
+	/* Queued on a run queue (1), being migrated (2), or not (0). */
+	int on_rq;
+	/* Set while the task sleeps waiting for I/O (io_schedule()). */
+	unsigned int in_iowait:1;
 };
 
 /* Before 5.14 the scheduling state was task_struct::state (a long). */

@@ -1,6 +1,8 @@
 //! Folded stacks, as bcc's `offcputime -f` writes them and `flamegraph.pl`
 //! reads them: `comm;user frames;[-;]kernel frames value`, outermost frame
-//! first, one line per distinct stack, the value in microseconds.
+//! first, one line per distinct stack, the value in microseconds. With
+//! `--states`, the thread state is a frame of its own after the command:
+//! `comm;[sleep];user frames;...`.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -31,6 +33,9 @@ pub fn frames(sample: &Sample, shape: Shape, annotate_kernel: bool) -> Vec<Strin
         }
     };
     let mut line = vec![clean(&sample.comm)];
+    if let Some(state) = sample.state {
+        line.push(state.frame().to_string());
+    }
     if shape.mode.user() {
         match &sample.user {
             Part::Absent => {}

@@ -4,7 +4,9 @@
 //! One sample type, `offcpu`/`nanoseconds` (the name Grafana Alloy gives
 //! off-CPU profiles), or `wallclock`/`nanoseconds` (Parca's); values are the
 //! blocked time in nanoseconds, unrounded. Each sample has the labels
-//! `comm` and `pid` (and `thread_id` if asked for); its locations are the
+//! `comm` and `pid` (and `thread_id` if asked for, and `state` with
+//! `--states`: `sleep`, `io`, `blocked`, `stopped`, `runqueue`, the
+//! state frame of the folded output as a label); its locations are the
 //! stack, leaf first, as `-U`/`-K` shape it, a lost part being one frame
 //! named by its marker (`[Missed User Stack]`) as in the folded output.
 //! The thread's name is a label, not a frame. A block with no frame at
@@ -30,7 +32,7 @@ use prost::Message;
 
 use super::profile_proto as pb;
 use super::Shape;
-use crate::profile::{Frame, Origin, Profile, Sample};
+use crate::profile::{Frame, OffState, Origin, Profile, Sample};
 
 /// The mapping kernel frames are in, as `perf` and Parca name it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -66,14 +68,21 @@ pub struct PprofOptions {
     pub thread_ids: bool,
 }
 
+/// A thread state as a label's value: `sleep`, `io`, ... (the frame
+/// `-f` shows, without its brackets).
+pub fn state_name(state: OffState) -> &'static str {
+    state.frame().trim_start_matches('[').trim_end_matches(']')
+}
+
 /// The labels of a sample, in this order.
 fn labels(s: &Sample, opts: &PprofOptions) -> Vec<(&'static str, String)> {
     let mut l = vec![("comm", s.comm.clone()), ("pid", s.tgid.to_string())];
     if opts.thread_ids {
         l.push(("thread_id", s.pid.to_string()));
     }
-    // A sample's thread state, once samples carry one, is a `state`
-    // label here.
+    if let Some(state) = s.state {
+        l.push(("state", state_name(state).to_string()));
+    }
     l
 }
 

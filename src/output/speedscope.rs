@@ -9,8 +9,9 @@
 //! first; profiles come hottest first too. A thread's profile is named
 //! `comm (tid)`; with one profile per process, named `comm (pid)` after its
 //! main thread, each stack starts with its thread's name, as a folded line
-//! does. Frames of a file say which (`file`), kernel frames say
-//! `[kernel.kallsyms]`.
+//! does. With `--states`, the thread state (`[sleep]`, ...) is the frame
+//! after the thread's name, or the root, as in the folded output. Frames of
+//! a file say which (`file`), kernel frames say `[kernel.kallsyms]`.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -93,6 +94,10 @@ pub fn write(
         let mut stack: Vec<usize> = Vec::new();
         if opts.per_process {
             stack.push(frame_id(&s.comm, None));
+        }
+        // As in the folded output: the state first (`--states`).
+        if let Some(state) = s.state {
+            stack.push(frame_id(state.frame(), None));
         }
         for f in super::leaf_first(s, shape).iter().rev() {
             stack.push(frame_id(&f.name, file_of(f).as_deref()));

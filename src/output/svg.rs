@@ -8,7 +8,7 @@ use inferno::flamegraph::{self, Direction, Palette};
 
 use super::folded::{self, KERNEL_ANNOTATION};
 use super::Shape;
-use crate::profile::Profile;
+use crate::profile::{OffState, Profile};
 
 pub const DEFAULT_TITLE: &str = "Off-CPU Time Flame Graph";
 pub const COUNT_NAME: &str = "us";
@@ -100,6 +100,20 @@ fn kernel_color(name: &str, user_palette: Palette) -> Color {
 }
 
 /// Whether the palette colours `_[k]` frames itself.
+/// The colour of a `--states` frame, apart from the user (blue) and
+/// kernel (orange) frames: teal asleep, magenta in I/O, red blocked, green
+/// waiting for a CPU, grey stopped.
+fn state_color(state: OffState) -> Color {
+    let (r, g, b) = match state {
+        OffState::Sleep => (60, 190, 200),
+        OffState::Io => (200, 90, 170),
+        OffState::Blocked => (220, 60, 60),
+        OffState::RunQueue => (70, 190, 90),
+        OffState::Stopped => (160, 160, 160),
+    };
+    Color { r, g, b }
+}
+
 fn palette_knows_kernel(p: Palette) -> bool {
     matches!(
         p,
@@ -116,6 +130,16 @@ pub fn write(
     let stacks = folded::lines(profile, shape, true);
 
     let mut kernel_colors = PaletteMap::default();
+    // The states of --states: one fixed colour each, whatever the palette.
+    for state in [
+        OffState::Sleep,
+        OffState::Io,
+        OffState::Blocked,
+        OffState::RunQueue,
+        OffState::Stopped,
+    ] {
+        kernel_colors.insert(state.frame(), state_color(state));
+    }
     if !palette_knows_kernel(opts.palette) {
         for (stack, _) in &stacks {
             for frame in stack.split(';').filter(|f| f.ends_with(KERNEL_ANNOTATION)) {

@@ -1,7 +1,8 @@
 //! bcc's default multi-line report: per thread and stack pair, the kernel
 //! frames then the user frames (most recent first), `-  comm (tid)` and the
 //! total in microseconds; ascending by total so the largest ends up last,
-//! next to the prompt.
+//! next to the prompt. With `--states`, the thread state (`[sleep]`, ...)
+//! is the last frame, as it is the outermost one in folded stacks.
 
 use std::io::{self, Write};
 
@@ -25,6 +26,9 @@ pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<(
                 writeln!(w, "    --")?;
             }
             write_part(w, &s.user, MISSED_USER)?;
+        }
+        if let Some(state) = s.state {
+            writeln!(w, "    {}", state.frame())?;
         }
         writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?;
         writeln!(w, "        {}\n", s.total_us())?;

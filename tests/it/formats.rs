@@ -13,7 +13,7 @@ use std::process::Command;
 use offcputime::output::pprof::{self, PprofOptions, SampleType};
 use offcputime::output::speedscope::{self, SpeedscopeOptions};
 use offcputime::output::{folded, Shape};
-use offcputime::profile::{Frame, ObjectInfo, Origin, Part, Profile, StackMode, Window};
+use offcputime::profile::{Frame, ObjectInfo, OffState, Origin, Part, Profile, StackMode, Window};
 
 use crate::golden::{check, synthetic};
 use crate::util::{is_ci, profile, require_root, require_tool, serial, Workload};
@@ -268,6 +268,10 @@ fn raw_as_folded(raw: &Raw) -> BTreeMap<String, u64> {
         if frames == [pprof::NO_FRAMES] {
             frames.clear();
         }
+        // With --states, the state is the frame after the comm.
+        if let Some(state) = labels.get("state") {
+            frames.push(format!("[{state}]"));
+        }
         frames.push(labels["comm"].clone());
         frames.reverse();
         *ns.entry(frames.join(";")).or_default() += value;
@@ -362,25 +366,30 @@ fn traces(go: &Path, file: &Path) -> BTreeMap<String, f64> {
         number.parse::<f64>().unwrap() * scale
     };
     let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    let mut finish = |comm: &mut String, frames: &mut Vec<String>, value: &mut f64| {
-        if !frames.is_empty() {
-            // A block without frames: its folded line is the comm alone.
-            if *frames == [pprof::NO_FRAMES] {
-                frames.clear();
+    let mut finish =
+        |labels: &mut BTreeMap<String, String>, frames: &mut Vec<String>, value: &mut f64| {
+            if !frames.is_empty() {
+                // A block without frames: its folded line is the comm alone.
+                if *frames == [pprof::NO_FRAMES] {
+                    frames.clear();
+                }
+                if let Some(state) = labels.get("state") {
+                    frames.push(format!("[{state}]"));
+                }
+                frames.push(labels.get("comm").cloned().unwrap_or_default());
+                frames.reverse();
+                *out.entry(frames.join(";")).or_default() += *value;
             }
-            frames.push(std::mem::take(comm));
-            frames.reverse();
-            *out.entry(frames.join(";")).or_default() += *value;
-        }
-        frames.clear();
-        *value = 0.0;
-    };
-    let (mut comm, mut frames, mut value) = (String::new(), Vec::new(), 0.0);
+            frames.clear();
+            labels.clear();
+            *value = 0.0;
+        };
+    let (mut labels, mut frames, mut value) = (BTreeMap::new(), Vec::new(), 0.0);
     // The header (file, type) ends at the first separator.
     let mut started = false;
     for line in text.lines() {
         if line.starts_with("-----------+") {
-            finish(&mut comm, &mut frames, &mut value);
+            finish(&mut labels, &mut frames, &mut value);
             started = true;
             continue;
         }
@@ -389,9 +398,7 @@ fn traces(go: &Path, file: &Path) -> BTreeMap<String, f64> {
         }
         let (head, name) = (line[..11].trim(), line[11..].trim());
         if let Some(key) = head.strip_suffix(':') {
-            if key == "comm" {
-                comm = name.to_string();
-            }
+            labels.insert(key.to_string(), name.to_string());
         } else if !head.is_empty() {
             value = duration(head);
             frames.push(plain_name(name).to_string());
@@ -399,7 +406,7 @@ fn traces(go: &Path, file: &Path) -> BTreeMap<String, f64> {
             frames.push(plain_name(name).to_string());
         }
     }
-    finish(&mut comm, &mut frames, &mut value);
+    finish(&mut labels, &mut frames, &mut value);
     out
 }
 
@@ -408,7 +415,13 @@ fn traces(go: &Path, file: &Path) -> BTreeMap<String, f64> {
 fn folded_functions(folded: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for (stack, us) in folded {
-        let frames: BTreeSet<&str> = stack.split(';').skip(1).collect();
+        // Not the comm, nor the state (--states): labels in pprof.
+        let frames: BTreeSet<&str> = stack
+            .split(';')
+            .enumerate()
+            .filter(|&(i, f)| i > 1 || (i == 1 && OffState::from_frame(f).is_none()))
+            .map(|(_, f)| f)
+            .collect();
         for f in frames {
             *out.entry(f.to_string()).or_default() += us;
         }
@@ -1069,4 +1082,53 @@ fn formats_by_flag_and_name() {
     assert_eq!(o.title, "T");
     assert_eq!(o.subtitle.as_deref(), Some("PID 7, user + kernel stacks"));
     assert!(matches!(formats[1], Format::Pprof(_)));
+}
+
+/// With `--states`, the state is a pprof label and a speedscope frame: the
+/// folded lines' state frame either way.
+#[test]
+fn states_as_labels_and_frames() {
+    let p = crate::states::synthetic_states();
+    if let Some(go) = go() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("states.pb.gz");
+        std::fs::write(
+            &file,
+            pprof_bytes(&p, Shape::default(), &PprofOptions::default()),
+        )
+        .unwrap();
+        let raw = parse_raw(&go_pprof(&go, &["-raw"], &file));
+        let folded = folded_map(&p, Shape::default());
+        assert!(folded.keys().any(|l| l.starts_with("app;[runqueue];")));
+        assert_eq!(raw_as_folded(&raw), folded);
+        check_top_and_traces(&go, &file, &folded);
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(
+            tags(&go, &file)["state"],
+            set(&["blocked", "io", "runqueue", "sleep", "stopped"])
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&speedscope_text(&p, &SpeedscopeOptions::default())).unwrap();
+    let frames = v["shared"]["frames"].as_array().unwrap();
+    let app = v["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "app (100)")
+        .unwrap();
+    let roots: BTreeMap<&str, f64> = app["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(app["weights"].as_array().unwrap())
+        .map(|(s, w)| {
+            let root = s[0].as_u64().unwrap() as usize;
+            (frames[root]["name"].as_str().unwrap(), w.as_f64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        roots,
+        BTreeMap::from([("[runqueue]", 400.0), ("[sleep]", 2_000_000.0)])
+    );
 }

@@ -20,6 +20,7 @@ pub fn synthetic() -> Profile {
         pid,
         user,
         kernel,
+        state: None,
         total_ns,
         count: 1,
     };

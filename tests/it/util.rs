@@ -665,6 +665,25 @@ impl CpuSamples {
         (self.at(i, to).1 - self.at(i, from).1) / 1e3
     }
 
+    /// How far [`CpuSamples::waited_us`] can be off at `t` (us): the kernel
+    /// adds a run-queue wait to `run_delay` whole when it ends, so a wait
+    /// under way at `t` is counted after it. Bounded by the growth of
+    /// `run_delay` over the sampling interval in which the thread next
+    /// reached a CPU (from the one holding `t`).
+    pub fn wait_under_way_us(&self, i: usize, t: u64) -> f64 {
+        let s = &self.samples;
+        let k = s.partition_point(|(at, _)| *at <= t).max(1);
+        for w in s[k - 1..].windows(2) {
+            let (a, b) = (&w[0].1[i], &w[1].1[i]);
+            if b.2 > a.2 {
+                return (b.1 - a.1) as f64 / 1e3;
+            }
+        }
+        // No arrival sampled after `t`: the rest of the samples is all
+        // the thread could have waited.
+        (s.last().unwrap().0 - s[k - 1].0) as f64 / 1e3
+    }
+
     /// How many times thread `i` was switched in between `from` and `to`.
     pub fn switches(&self, i: usize, from: u64, to: u64) -> f64 {
         self.at(i, to).2 - self.at(i, from).2
