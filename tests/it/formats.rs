@@ -953,6 +953,41 @@ fn e2e_pprof_and_speedscope_of_one_run() {
         );
     }
 
+    // With --states, another run: the state labels give the folded lines'
+    // state frames.
+    let states_folded = dir.path().join("states.folded");
+    let states_pprof = dir.path().join("states.pb.gz");
+    {
+        let w = Workload::start(&[]);
+        profile(&[
+            "--states",
+            "-p",
+            &w.pid.to_string(),
+            "-o",
+            states_folded.to_str().unwrap(),
+            "-o",
+            states_pprof.to_str().unwrap(),
+            "2",
+        ]);
+    }
+    let states_lines: BTreeMap<String, u64> = std::fs::read_to_string(&states_folded)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (stack, us) = l.rsplit_once(' ').unwrap();
+            (stack.to_string(), us.parse().unwrap())
+        })
+        .collect();
+    assert!(
+        states_lines
+            .keys()
+            .any(|l| l.starts_with("wl-pipe;[sleep];")),
+        "{states_lines:?}"
+    );
+    let raw = parse_raw(&go_pprof(&go, &["-raw"], &states_pprof));
+    assert_eq!(raw_as_folded(&raw), states_lines);
+    assert!(tags(&go, &states_pprof)["state"].contains("sleep"));
+
     // In speedscope's app: no errors, the workload's functions shown.
     let (dom, log) = open_in_speedscope(&chromium, &package, &doc);
     let bad: Vec<&String> = log.iter().filter(|l| !benign(l)).collect();
