@@ -7,11 +7,12 @@
 //! and its weight is the blocked time in microseconds, to the nanosecond
 //! (`1500.25`). Identical stacks of a profile are one sample, hottest
 //! first; profiles come hottest first too. A thread's profile is named
-//! `comm (tid)`; with one profile per process, named `comm (pid)` after its
-//! main thread, each stack starts with its thread's name, as a folded line
-//! does. With `--states`, the thread state (`[sleep]`, ...) is the frame
-//! after the thread's name, or the root, as in the folded output. Frames of
-//! a file say which (`file`), kernel frames say `[kernel.kallsyms]`.
+//! `comm (tid)`. With one profile per process, named `comm (pid)` after its
+//! main thread (or, if that never blocked, its first thread seen), each
+//! stack starts with its thread's name, as a folded line does. With
+//! `--states`, the thread state (`[sleep]`, ...) is the frame after the
+//! thread's name, or the root, as in the folded output. Frames of a file
+//! say which (`file`), kernel frames say `[kernel.kallsyms]`.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
