@@ -12,7 +12,7 @@ use clap::Parser;
 
 use crate::cli::{check_targets, Args, Config, Format};
 use crate::output::sink::Sink;
-use crate::output::{folded, svg, text};
+use crate::output::{folded, pprof, speedscope, svg, text};
 use crate::process::Proc;
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
@@ -84,6 +84,13 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // Opened first: a path that cannot be written fails now, before any
     // measurement, whatever else is wrong.
     let sink = Sink::open(config.output.as_deref())?;
+    let more_sinks = match open_more(config, &sink) {
+        Ok(s) => s,
+        Err(e) => {
+            sink.discard();
+            return Err(e);
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let mut symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
@@ -122,6 +129,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         }
         Err(e) => {
             sink.discard();
+            more_sinks.into_iter().for_each(Sink::discard);
             return Err(e);
         }
     };
@@ -220,18 +228,21 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         .filter(|e| e.user_stack == StackRef::NotReadable)
         .count();
     let unreadable = (unreadable, tracer.start_user_stacks());
-    let profile = profile::build(
+    let mut profile = profile::build(
         &raw,
         &mut symbolizer,
         tracer.hook().kernel_first_frame_is_ip(),
     );
+    profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
     drop(tracer);
 
-    sink.write(|out| match &config.format {
-        Format::Text => text::write(&profile, config.shape, out),
-        Format::Folded => folded::write(&profile, config.shape, out),
-        Format::Svg(o) => svg::write(&profile, config.shape, o, out),
-    })?;
+    let mut sinks = std::iter::once(sink).chain(more_sinks);
+    for ((_, format), sink) in config.outputs().zip(sinks.by_ref()) {
+        if let Err(e) = sink.write(|out| render(&profile, config, format, out)) {
+            sinks.for_each(Sink::discard);
+            return Err(e);
+        }
+    }
     if profile.samples.is_empty() {
         eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
     }
@@ -304,6 +315,47 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sinks of the outputs after the first, opened before tracing like
+/// the first; a pprof profile is not written to a terminal.
+fn open_more(config: &Config, first: &Sink) -> Result<Vec<Sink>> {
+    if matches!(first, Sink::Stdout) && matches!(config.format, Format::Pprof(_)) {
+        // SAFETY: isatty has no preconditions.
+        if unsafe { libc::isatty(1) } == 1 {
+            anyhow::bail!(
+                "a pprof profile is gzipped binary data: write it with -o FILE.pb.gz, or \
+                 redirect stdout"
+            );
+        }
+    }
+    let mut sinks = Vec::new();
+    for (path, _) in &config.more_outputs {
+        match Sink::open(Some(path)) {
+            Ok(s) => sinks.push(s),
+            Err(e) => {
+                sinks.into_iter().for_each(Sink::discard);
+                return Err(e);
+            }
+        }
+    }
+    Ok(sinks)
+}
+
+/// Writes the profile in one format.
+fn render(
+    profile: &Profile,
+    config: &Config,
+    format: &Format,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    match format {
+        Format::Text => text::write(profile, config.shape, out),
+        Format::Folded => folded::write(profile, config.shape, out),
+        Format::Svg(o) => svg::write(profile, config.shape, o, out),
+        Format::Pprof(o) => pprof::write(profile, config.shape, o, out),
+        Format::Speedscope(o) => speedscope::write(profile, config.shape, o, out),
+    }
 }
 
 /// The processes alive now whose threads are traced (none if no user

@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 
+use crate::output::pprof::{PprofOptions, SampleType};
+use crate::output::speedscope::SpeedscopeOptions;
 use crate::output::svg::{self, SvgOptions};
 use crate::output::Shape;
 use crate::profile::StackMode;
@@ -39,6 +41,28 @@ pub enum UnwindArg {
     Dwarf,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    /// folded stacks, one line per stack (as -f)
+    Folded,
+    /// bcc's multi-line report
+    Report,
+    /// a flame graph (as --svg)
+    Svg,
+    /// a gzipped pprof profile.proto, for go tool pprof, Pyroscope, Parca
+    Pprof,
+    /// speedscope's JSON file format
+    Speedscope,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SampleTypeArg {
+    /// offcpu/nanoseconds, as Grafana Alloy names off-CPU profiles
+    Offcpu,
+    /// wallclock/nanoseconds, as Parca's agent names them
+    Wallclock,
+}
+
 /// Summarize off-CPU time by stack trace: where threads block, and for how
 /// long.
 #[derive(Parser, Debug)]
@@ -51,6 +75,8 @@ pub enum UnwindArg {
     offcputime -f 5        # 5 seconds, and output in folded format\n  \
     offcputime --svg 5 > offcpu.svg   # 5 seconds, as a flame graph\n  \
     offcputime -o out.svg 5           # the same, written to a file\n  \
+    offcputime -o out.pb.gz 5         # 5 seconds, a pprof profile\n  \
+    offcputime -o out.speedscope.json 5   # 5 seconds, for speedscope\n  \
     offcputime -m 1000     # trace only events that last more than 1000 usec\n  \
     offcputime -M 10000    # trace only events that last less than 10000 usec\n  \
     offcputime -p 185      # only trace threads for PID 185\n  \
@@ -110,10 +136,41 @@ pub struct Args {
     #[arg(long = "svg", conflicts_with = "folded")]
     pub svg: bool,
 
-    /// Write the output to FILE instead of stdout ("-" is stdout); a FILE
-    /// ending in .svg gets a flame graph unless -f is given
+    /// Output format [default: the report, or what -o FILE's name says]
+    #[arg(
+        long = "format",
+        value_enum,
+        value_name = "FORMAT",
+        conflicts_with_all = ["folded", "svg"]
+    )]
+    pub format: Option<FormatArg>,
+
+    /// Write the output to FILE instead of stdout ("-" is stdout). A FILE
+    /// ending in .svg, .pb.gz, .speedscope.json, .folded or .txt gets that
+    /// format unless -f, --svg or --format say otherwise. Given several
+    /// times, one run writes each file in the format its name says
     #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: Option<PathBuf>,
+    pub output: Vec<PathBuf>,
+
+    /// Name of the pprof sample type [default: offcpu]
+    #[arg(
+        long = "pprof-sample-type",
+        value_enum,
+        value_name = "NAME",
+        help_heading = "pprof (--format pprof)"
+    )]
+    pub pprof_sample_type: Option<SampleTypeArg>,
+
+    /// A thread_id label on each pprof sample
+    #[arg(long = "thread-ids", help_heading = "pprof (--format pprof)")]
+    pub thread_ids: bool,
+
+    /// One speedscope profile per process instead of one per thread
+    #[arg(
+        long = "per-process",
+        help_heading = "speedscope (--format speedscope)"
+    )]
+    pub per_process: bool,
 
     /// Flame graph title [default: "Off-CPU Time Flame Graph"]
     #[arg(
@@ -252,6 +309,10 @@ pub enum Format {
     Folded,
     /// A flame graph (`--svg`).
     Svg(SvgOptions),
+    /// A gzipped pprof `profile.proto`.
+    Pprof(PprofOptions),
+    /// speedscope's JSON.
+    Speedscope(SpeedscopeOptions),
 }
 
 /// What to trace and how to show it, validated.
@@ -262,6 +323,9 @@ pub struct Config {
     pub format: Format,
     /// `None` is stdout.
     pub output: Option<PathBuf>,
+    /// Further files written from the same profile (`-o` given several
+    /// times), each in its own format.
+    pub more_outputs: Vec<(PathBuf, Format)>,
     pub offsets: bool,
     /// Inlined functions as frames of their own.
     pub inline: bool,
@@ -367,8 +431,16 @@ impl Args {
             bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
         }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
-        let output = self.output.clone().filter(|p| p.as_os_str() != "-");
-        let format = self.format(output.as_deref())?;
+        let outputs: Vec<Option<PathBuf>> = self
+            .output
+            .iter()
+            .map(|p| Some(p.clone()).filter(|p| p.as_os_str() != "-"))
+            .collect();
+        let mut formats = self.formats(&outputs)?;
+        let format = formats.remove(0);
+        let output = outputs.first().cloned().flatten();
+        let more_outputs: Vec<(PathBuf, Format)> =
+            outputs.into_iter().skip(1).flatten().zip(formats).collect();
 
         let mode = if self.user_stacks_only {
             StackMode::UserOnly
@@ -420,6 +492,7 @@ impl Args {
             },
             format,
             output,
+            more_outputs,
             offsets: self.offset,
             inline: !self.no_inline,
             lines: self.lines,
@@ -427,23 +500,83 @@ impl Args {
             duration,
         };
         let description = config.description();
-        if let Format::Svg(o) = &mut config.format {
-            o.subtitle = match o.subtitle.take() {
-                None => Some(description),
-                Some(s) if s.is_empty() => None,
-                some => some,
-            };
+        let more = config.more_outputs.iter_mut().map(|(_, f)| f);
+        for format in std::iter::once(&mut config.format).chain(more) {
+            if let Format::Svg(o) = format {
+                o.subtitle = match o.subtitle.take() {
+                    None => Some(description.clone()),
+                    Some(s) if s.is_empty() => None,
+                    some => some,
+                };
+            }
         }
         Ok(config)
     }
 }
 
+/// The format a file name says: `.svg`, `.pb.gz`, `.speedscope.json`,
+/// `.folded`, `.txt` (in any case).
+pub fn format_by_name(path: &std::path::Path) -> Option<FormatArg> {
+    let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
+    [
+        (".svg", FormatArg::Svg),
+        (".pb.gz", FormatArg::Pprof),
+        (".speedscope.json", FormatArg::Speedscope),
+        (".folded", FormatArg::Folded),
+        (".txt", FormatArg::Report),
+    ]
+    .into_iter()
+    .find(|(ending, _)| name.len() > ending.len() && name.ends_with(ending))
+    .map(|(_, f)| f)
+}
+
 impl Args {
-    /// `-f`, `--svg`, or the text report; `-o x.svg` alone means `--svg`.
-    fn format(&self, output: Option<&std::path::Path>) -> Result<Format> {
-        let svg_by_name = !self.folded
-            && output.is_some_and(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")));
-        if !(self.svg || svg_by_name) {
+    /// The format of each output (`None` is stdout): `--format`, `-f` or
+    /// `--svg`, else what the file's name says, else the report. Several
+    /// files each take the format their name says.
+    fn formats(&self, outputs: &[Option<PathBuf>]) -> Result<Vec<Format>> {
+        let explicit = match (self.format, self.folded, self.svg) {
+            (Some(f), _, _) => Some(f),
+            (None, true, _) => Some(FormatArg::Folded),
+            (None, _, true) => Some(FormatArg::Svg),
+            _ => None,
+        };
+        let kinds: Vec<FormatArg> = if outputs.len() > 1 {
+            if explicit.is_some() {
+                bail!(
+                    "with several -o, each file's name says its format (.svg, .pb.gz, \
+                     .speedscope.json, .folded, .txt): -f, --svg and --format are for one output"
+                );
+            }
+            let mut seen = std::collections::HashSet::new();
+            outputs
+                .iter()
+                .map(|o| {
+                    let Some(path) = o else {
+                        bail!("with several -o, stdout (-) cannot be one of them");
+                    };
+                    if !seen.insert(path) {
+                        bail!("-o {} is given twice", path.display());
+                    }
+                    format_by_name(path).with_context(|| {
+                        format!(
+                            "-o {}: with several -o, each file's name must say its format \
+                             (.svg, .pb.gz, .speedscope.json, .folded, .txt)",
+                            path.display()
+                        )
+                    })
+                })
+                .collect::<Result<_>>()?
+        } else {
+            let by_name = outputs
+                .first()
+                .cloned()
+                .flatten()
+                .and_then(|p| format_by_name(&p));
+            vec![explicit.or(by_name).unwrap_or(FormatArg::Report)]
+        };
+        let wants = |k: FormatArg| kinds.contains(&k);
+        if !wants(FormatArg::Svg) {
             let svg_flags = [
                 ("--title", self.title.is_some()),
                 ("--subtitle", self.subtitle.is_some()),
@@ -456,12 +589,45 @@ impl Args {
             if let Some((flag, _)) = svg_flags.iter().find(|f| f.1) {
                 bail!("{flag} is a flame graph option: add --svg");
             }
-            return Ok(if self.folded {
-                Format::Folded
-            } else {
-                Format::Text
-            });
         }
+        if !wants(FormatArg::Pprof) {
+            let pprof_flags = [
+                ("--pprof-sample-type", self.pprof_sample_type.is_some()),
+                ("--thread-ids", self.thread_ids),
+            ];
+            if let Some((flag, _)) = pprof_flags.iter().find(|f| f.1) {
+                bail!("{flag} is a pprof option: add --format pprof");
+            }
+        }
+        if !wants(FormatArg::Speedscope) && self.per_process {
+            bail!("--per-process is a speedscope option: add --format speedscope");
+        }
+        let svg = if wants(FormatArg::Svg) {
+            Some(self.svg_options()?)
+        } else {
+            None
+        };
+        Ok(kinds
+            .into_iter()
+            .map(|k| match k {
+                FormatArg::Folded => Format::Folded,
+                FormatArg::Report => Format::Text,
+                FormatArg::Svg => Format::Svg(svg.clone().unwrap_or_default()),
+                FormatArg::Pprof => Format::Pprof(PprofOptions {
+                    sample_type: match self.pprof_sample_type {
+                        Some(SampleTypeArg::Wallclock) => SampleType::Wallclock,
+                        Some(SampleTypeArg::Offcpu) | None => SampleType::Offcpu,
+                    },
+                    thread_ids: self.thread_ids,
+                }),
+                FormatArg::Speedscope => Format::Speedscope(SpeedscopeOptions {
+                    per_process: self.per_process,
+                }),
+            })
+            .collect())
+    }
+
+    fn svg_options(&self) -> Result<SvgOptions> {
         let mut o = SvgOptions::default();
         if let Some(t) = &self.title {
             o.title = t.clone();
@@ -491,11 +657,20 @@ impl Args {
         if let Some(c) = &self.colors {
             o.palette = svg::parse_palette(c.trim()).map_err(anyhow::Error::msg)?;
         }
-        Ok(Format::Svg(o))
+        Ok(o)
     }
 }
 
 impl Config {
+    /// Every output: the first (`None` is stdout), then the further files.
+    pub fn outputs(&self) -> impl Iterator<Item = (Option<&std::path::Path>, &Format)> {
+        std::iter::once((self.output.as_deref(), &self.format)).chain(
+            self.more_outputs
+                .iter()
+                .map(|(p, f)| (Some(p.as_path()), f)),
+        )
+    }
+
     /// What was traced, in a few words: the flame graph's default subtitle.
     pub fn description(&self) -> String {
         let t = &self.tracer;

@@ -18,8 +18,70 @@ pub enum Part {
     Absent,
     /// The stack was lost (stack storage full, or the walk failed).
     Missed,
-    /// Frame names, innermost (most recent) first.
-    Frames(Vec<String>),
+    /// Frames, innermost (most recent) first.
+    Frames(Vec<Frame>),
+}
+
+/// What a frame's address is an address in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Origin {
+    /// Nothing known: outside every mapping of its process, or a frame
+    /// made up for a profile without addresses.
+    #[default]
+    Unknown,
+    /// The kernel: the address is a kernel address.
+    Kernel,
+    /// A file, by index into [`Profile::objects`]: the address is an
+    /// offset into the file, the same in every process that maps it.
+    Object(u32),
+}
+
+/// One frame of a stack: the function's name as the outputs show it, and
+/// where it came from. Functions inlined at an address are frames of their
+/// own with the same address and origin, `inlined` on all but the
+/// outermost.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frame {
+    pub name: String,
+    pub addr: u64,
+    pub origin: Origin,
+    /// Inlined into the next (outer) frame, at the same address.
+    pub inlined: bool,
+}
+
+impl Frame {
+    /// A frame known by its name only.
+    pub fn named(name: impl Into<String>) -> Frame {
+        Frame {
+            name: name.into(),
+            addr: 0,
+            origin: Origin::Unknown,
+            inlined: false,
+        }
+    }
+}
+
+/// A frame reads as its name wherever a name is wanted (the folded lines,
+/// the report).
+impl std::ops::Deref for Frame {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// A file frames are in: its path as the process mapped it and its GNU
+/// build id (empty if it has none, or could not be read).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub path: String,
+    pub build_id: Vec<u8>,
 }
 
 /// Blocked time of one thread in one distinct pair of stacks.
@@ -86,6 +148,26 @@ impl Waker {
             Waker::Task { user, kernel, .. } => (user, kernel),
             Waker::Interrupt { kernel } | Waker::Softirq { kernel } => (&Part::Absent, kernel),
             _ => (&Part::Absent, &Part::Absent),
+        }
+    }
+
+    /// The waker with `f` applied to each of its parts.
+    pub fn map_parts(&self, f: impl Fn(&Part) -> Part) -> Waker {
+        match self {
+            Waker::Task {
+                comm,
+                pid,
+                user,
+                kernel,
+            } => Waker::Task {
+                comm: comm.clone(),
+                pid: *pid,
+                user: f(user),
+                kernel: f(kernel),
+            },
+            Waker::Interrupt { kernel } => Waker::Interrupt { kernel: f(kernel) },
+            Waker::Softirq { kernel } => Waker::Softirq { kernel: f(kernel) },
+            other => other.clone(),
         }
     }
 
@@ -160,13 +242,47 @@ impl StackMode {
 pub struct Profile {
     pub samples: Vec<Sample>,
     pub counters: LossCounters,
+    /// The files [`Origin::Object`] frames are in.
+    pub objects: Vec<ObjectInfo>,
+    /// The window traced, where known.
+    pub window: Option<Window>,
+}
+
+/// When the trace was taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Its start, in nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+}
+
+impl Window {
+    /// The window of CLOCK_MONOTONIC times `start..end`, dated by the
+    /// wall clock now.
+    pub fn from_monotonic(start: u64, end: u64) -> Window {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid pointer to a timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let mono_now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        let wall_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Window {
+            start_unix_ns: wall_now.saturating_sub(mono_now.saturating_sub(start)),
+            duration_ns: end.saturating_sub(start),
+        }
+    }
 }
 
 impl Profile {
     /// Stacks that could not be shown (bcc's "stack traces could not be
     /// displayed"): samples with a missed part that the mode shows.
     pub fn missed_stacks(&self, mode: StackMode) -> usize {
-        self.samples
+        self.by_name()
+            .samples
             .iter()
             .filter(|s| {
                 (mode.user() && s.user == Part::Missed)
@@ -177,6 +293,65 @@ impl Profile {
 
     pub fn total_ns(&self) -> u64 {
         self.samples.iter().map(|s| s.total_ns).sum()
+    }
+
+    /// The profile with frames reduced to their names, and the samples of
+    /// a thread that then look alike merged: what the text outputs show,
+    /// where two call sites in one function are one frame.
+    pub fn by_name(&self) -> Profile {
+        let names = |p: &Part| match p {
+            Part::Frames(f) => Part::Frames(f.iter().map(|f| Frame::named(&*f.name)).collect()),
+            other => other.clone(),
+        };
+        // (tgid, pid, comm, user, kernel, state, waker) -> (total ns, blocks)
+        type NameKey = (
+            u32,
+            u32,
+            String,
+            Part,
+            Part,
+            Option<OffState>,
+            Option<Waker>,
+        );
+        let mut merged: HashMap<NameKey, (u64, u64)> = HashMap::new();
+        for s in &self.samples {
+            let slot = merged
+                .entry((
+                    s.tgid,
+                    s.pid,
+                    s.comm.clone(),
+                    names(&s.user),
+                    names(&s.kernel),
+                    s.state,
+                    s.waker.as_ref().map(|w| w.map_parts(names)),
+                ))
+                .or_default();
+            slot.0 += s.total_ns;
+            slot.1 += s.count;
+        }
+        let mut samples: Vec<Sample> = merged
+            .into_iter()
+            .map(
+                |((tgid, pid, comm, user, kernel, state, waker), (total_ns, count))| Sample {
+                    comm,
+                    tgid,
+                    pid,
+                    user,
+                    kernel,
+                    state,
+                    waker,
+                    total_ns,
+                    count,
+                },
+            )
+            .collect();
+        sort_samples(&mut samples);
+        Profile {
+            samples,
+            counters: self.counters.clone(),
+            objects: Vec::new(),
+            window: self.window,
+        }
     }
 }
 
@@ -276,6 +451,33 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     let unames = sym.user_names(&distinct);
     drop(distinct);
 
+    // The files user frames are in, each once, numbered as the profile
+    // lists them.
+    let mut objects = Vec::new();
+    let mut object_index: HashMap<u32, u32> = HashMap::new();
+    for frames in user_stacks.values() {
+        for f in frames {
+            if let UserFrame::File { object, .. } = *f {
+                object_index.entry(object).or_insert_with(|| {
+                    objects.push(sym.object_info(object));
+                    (objects.len() - 1) as u32
+                });
+            }
+        }
+    }
+    // The frames of one address: functions inlined there, innermost
+    // first, then the function itself.
+    let frames_at = |names: Vec<String>, addr: u64, origin: Origin| {
+        let last = names.len().saturating_sub(1);
+        names.into_iter().enumerate().map(move |(i, name)| Frame {
+            name,
+            addr,
+            origin,
+            inlined: i < last,
+        })
+    };
+    let unknown = || vec!["[unknown]".to_string()];
+
     let user_part = |proc: Proc, r: StackRef| match r {
         StackRef::None => Part::Absent,
         StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
@@ -286,10 +488,14 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                     .iter()
                     .zip(user_kinds())
                     .flat_map(|(&f, k)| {
-                        unames
-                            .get(&(f, k))
-                            .cloned()
-                            .unwrap_or_else(|| vec!["[unknown]".to_string()])
+                        let (addr, origin) = match f {
+                            UserFrame::File { object, offset } => {
+                                (offset, Origin::Object(object_index[&object]))
+                            }
+                            UserFrame::Unmapped(a) => (a, Origin::Unknown),
+                        };
+                        let names = unames.get(&(f, k)).cloned().unwrap_or_else(unknown);
+                        frames_at(names, addr, origin)
                     })
                     .collect(),
             ),
@@ -303,12 +509,10 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
             Some(frames) => {
                 // An address can be several frames: functions inlined
                 // there, innermost first.
-                let mut named: Vec<String> = kinds(frames, first_is_ip)
+                let mut named: Vec<Frame> = kinds(frames, first_is_ip)
                     .flat_map(|k| {
-                        knames
-                            .get(&k)
-                            .cloned()
-                            .unwrap_or_else(|| vec!["[unknown]".to_string()])
+                        let names = knames.get(&k).cloned().unwrap_or_else(unknown);
+                        frames_at(names, k.0, Origin::Kernel)
                     })
                     .collect();
                 let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
@@ -385,6 +589,8 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     Profile {
         samples,
         counters: raw.counters.clone(),
+        objects,
+        window: None,
     }
 }
 

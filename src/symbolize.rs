@@ -44,6 +44,9 @@ struct Mapping {
 struct Object {
     /// File name for unnamed frames: `[libfoo.so+0x1234]`.
     name: String,
+    /// The path as the maps give it (`[vdso]`, `anon` for mappings
+    /// without a file): what the profile says the frames are in.
+    maps_path: String,
     /// Where blazesym reads the symbols: the file's separate debug file
     /// if one is installed (found by build id), else the file itself,
     /// through `/proc/self/fd/N` of the handle below, or the path in the
@@ -604,6 +607,7 @@ impl Symbolizer {
         let id = self.objects.len() as u32;
         self.objects.push(Object {
             name,
+            maps_path: line.path.to_string(),
             path,
             segments,
             handle,
@@ -650,6 +654,39 @@ impl Symbolizer {
     /// open, if it could be opened.
     pub fn object_file(&self, object: u32) -> Option<&File> {
         self.objects.get(object as usize)?.handle.as_ref()
+    }
+
+    /// The object's path as mapped and its build id, for outputs that
+    /// name the files frames are in.
+    pub fn object_info(&self, object: u32) -> crate::profile::ObjectInfo {
+        let Some(o) = self.objects.get(object as usize) else {
+            return Default::default();
+        };
+        // The descriptor where it is held, else the path it was read
+        // from (a separate debug file has the same build id).
+        let from = match &o.handle {
+            Some(f) => Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+            None => o.path.clone(),
+        };
+        let build_id = from
+            .and_then(|p| {
+                // The parser may panic on a malformed file: then there is
+                // no id.
+                std::panic::catch_unwind(|| blazesym::helper::read_elf_build_id(&p))
+                    .ok()?
+                    .ok()?
+            })
+            .map(|id| id.to_vec())
+            .unwrap_or_default();
+        crate::profile::ObjectInfo {
+            // A mapping without a file (JIT code) by its kind, `anon`.
+            path: if o.maps_path.is_empty() {
+                o.name.clone()
+            } else {
+                o.maps_path.clone()
+            },
+            build_id,
+        }
     }
 
     /// The object's file name, for messages.

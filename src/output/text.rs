@@ -13,7 +13,8 @@ use super::Shape;
 use crate::profile::{Part, Profile, Waker};
 
 pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<()> {
-    // `profile.samples` is sorted ascending by time.
+    // Sorted ascending by time.
+    let profile = profile.by_name();
     for s in &profile.samples {
         if s.total_us() == 0 {
             continue;

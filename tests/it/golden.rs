@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 use offcputime::output::{folded, text, Shape};
-use offcputime::profile::{sort_samples, Part, Profile, Sample, StackMode};
+use offcputime::profile::{sort_samples, Frame, Part, Profile, Sample, StackMode};
 
 fn frames(names: &[&str]) -> Part {
-    Part::Frames(names.iter().map(|s| s.to_string()).collect())
+    Part::Frames(names.iter().map(|&s| Frame::named(s)).collect())
 }
 
 /// A small profile with every case the formats distinguish: user + kernel,

@@ -7,6 +7,7 @@
 mod cli;
 mod e2e;
 mod faults;
+mod formats;
 mod golden;
 mod states;
 mod svg;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use offcputime::output::{folded, svg, text, Shape};
-use offcputime::profile::{sort_samples, OffState, Part, Profile, StackMode, Waker};
+use offcputime::profile::{sort_samples, Frame, OffState, Part, Profile, StackMode, Waker};
 
 use crate::golden::check;
 use crate::svg::{flamegraph_pl, run_tool};
@@ -243,7 +243,7 @@ fn wakers_shapes_and_flame_graph_tools() {
 /// The synthetic profile of the golden tests with a waker on every sample.
 pub fn synthetic_wakers() -> Profile {
     let mut p = crate::states::synthetic_states();
-    let frames = |names: &[&str]| Part::Frames(names.iter().map(|s| s.to_string()).collect());
+    let frames = |names: &[&str]| Part::Frames(names.iter().map(|&s| Frame::named(s)).collect());
     for s in &mut p.samples {
         s.waker = Some(match (s.comm.as_str(), s.pid, s.state) {
             (_, _, Some(OffState::RunQueue)) if s.pid != 100 => Waker::Preempted,
@@ -325,7 +325,7 @@ fn golden_wakers() {
 /// its entry, else the task.
 #[test]
 fn interrupts_and_softirqs_are_not_the_interrupted_task() {
-    let frames = |names: &[&str]| Part::Frames(names.iter().map(|s| s.to_string()).collect());
+    let frames = |names: &[&str]| Part::Frames(names.iter().map(|&s| Frame::named(s)).collect());
     let user = frames(&["spin", "main"]);
     let irq = Waker::classify(
         "busy".into(),
@@ -370,4 +370,44 @@ fn interrupts_and_softirqs_are_not_the_interrupted_task() {
         frames(&["try_to_wake_up", "handle_mm_fault", "asm_exc_page_fault"]),
     );
     assert!(matches!(task, Waker::Task { .. }), "{task:?}");
+}
+
+/// pprof keeps the waker's name as a label of each sample (its stacks are
+/// not a call chain of the blocked thread's); speedscope stacks it on top,
+/// as the folded lines do.
+#[test]
+fn wakers_in_pprof_and_speedscope() {
+    use offcputime::output::{pprof, speedscope};
+    let p = synthetic_wakers();
+    let pb = pprof::build(&p, Shape::default(), &pprof::PprofOptions::default());
+    let s = |i: i64| pb.string_table[i as usize].as_str();
+    let mut wakers: Vec<&str> = pb
+        .sample
+        .iter()
+        .map(|sample| {
+            let l = sample
+                .label
+                .iter()
+                .find(|l| s(l.key) == "waker")
+                .expect("every sample has a waker label");
+            s(l.str)
+        })
+        .collect();
+    wakers.sort();
+    wakers.dedup();
+    for want in ["writer", "[interrupt]", "[softirq]", "[not woken]"] {
+        assert!(wakers.contains(&want), "{wakers:?}");
+    }
+    let mut out = Vec::new();
+    speedscope::write(&p, Shape::default(), &Default::default(), &mut out).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let frames: Vec<&str> = json["shared"]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    for want in ["--", "wake_by_write", "writer", "[interrupt]"] {
+        assert!(frames.contains(&want), "{frames:?}");
+    }
 }
