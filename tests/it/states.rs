@@ -270,3 +270,44 @@ fn states_coloured_apart() {
     assert_eq!(g.frame("[sleep]").us, 3_001_600);
     assert_eq!(g.frame("[runqueue]").us, 400);
 }
+
+/// Blocks under way since before tracing started keep the state their
+/// thread was in, and with --wakers, not woken in the window, say so.
+#[test]
+fn states_of_blocks_under_way_at_the_start() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let (out, (from, to)) = profile_window(
+        &[
+            "--states",
+            "--wakers",
+            "-f",
+            "-p",
+            &stuck.pid.to_string(),
+            "1",
+        ],
+        &[],
+    );
+    let window_us = (to - from) as f64 / 1e3;
+    let lines = parse_folded(&out.stdout);
+    for comm in [
+        "wl-stuck-cond",
+        "wl-stuck-pipe",
+        "wl-stuck-sleep",
+        "wl-stuck-main",
+    ] {
+        let asleep: u64 = lines
+            .iter()
+            .filter(|l| l.comm() == comm && l.frames[1] == "[sleep]")
+            .filter(|l| l.frames.last().map(String::as_str) == Some("[not woken]"))
+            .map(|l| l.us)
+            .sum();
+        assert!(
+            asleep as f64 >= 0.99 * window_us && asleep as f64 <= window_us + 1.0,
+            "{comm}: {asleep} us [sleep] and not woken, in a {window_us:.0} us window: {lines:?}"
+        );
+    }
+}
