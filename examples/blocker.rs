@@ -274,6 +274,10 @@ pub extern "C" fn wl_vfork_thread() {
     let mut stack = vec![0u8; 64 * 1024];
     while !stopped() {
         if wl_block_vfork(stack.as_mut_ptr(), stack.len()) < 0 {
+            eprintln!(
+                "blocker: vfork-style clone: {}",
+                std::io::Error::last_os_error()
+            );
             return;
         }
     }

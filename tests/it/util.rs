@@ -602,7 +602,8 @@ impl CpuClock {
                 let ran = paths
                     .iter()
                     .map(|p| {
-                        let s = std::fs::read_to_string(p).expect("schedstat");
+                        let s = std::fs::read_to_string(p)
+                            .unwrap_or_else(|e| panic!("{p}: {e} (the thread is gone)"));
                         let mut f = s.split_whitespace().map(|x| x.parse().unwrap());
                         (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
                     })
