@@ -45,7 +45,7 @@ fn states(hook: &str) {
         return;
     }
     let _g = serial();
-    let wl = Workload::start(&["--seconds", "60", "--killable", "--pinned-spinners"]);
+    let wl = Workload::start(&["--seconds", "600", "--killable", "--pinned-spinners"]);
     let sleepers = ["wl-nanosleep", "wl-shortsleep", "wl-pipe", "wl-futex"];
     let spinners = ["wl-spin", "wl-pin-a", "wl-pin-b"];
     let comms: Vec<&str> = sleepers
