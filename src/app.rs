@@ -57,6 +57,21 @@ pub fn run() -> Result<Outcome> {
 }
 
 fn set_libbpf_logging(verbose: bool) {
+    if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
+        // For start-up measurements: the verifier's line of statistics of
+        // each program loaded.
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg: String| {
+            for line in msg.lines() {
+                if line.starts_with("prog '") && line.contains("BEGIN PROG LOAD LOG")
+                    || line.starts_with("verification time")
+                    || line.starts_with("processed ")
+                {
+                    eprintln!("libbpf: {line}");
+                }
+            }
+        })));
+        return;
+    }
     if verbose {
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, |_, msg: String| {
             eprint!("libbpf: {msg}")

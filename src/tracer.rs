@@ -574,6 +574,25 @@ impl<'obj> Tracer<'obj> {
             open.maps.task_data_by_tid.set_max_entries(1)?;
         }
 
+        if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
+            // The verifier's statistics of each program (time, instructions
+            // processed, states), printed by libbpf's debug log: see
+            // set_libbpf_logging.
+            let p = &mut open.progs;
+            for prog in [
+                &mut p.sched_switch_btf,
+                &mut p.sched_switch_raw,
+                &mut p.finish_task_switch_kprobe,
+                &mut p.start_blocked,
+                &mut p.start_blocked_by_tid,
+                &mut p.flush_in_progress,
+                &mut p.flush_in_progress_by_tid,
+                &mut p.start_blocked_user,
+                &mut p.start_blocked_user_by_tid,
+            ] {
+                prog.set_log_level(4);
+            }
+        }
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
             Hook::RawTp => "raw_tp/sched_switch",
