@@ -239,16 +239,24 @@ static __always_inline __u32 clamp_stack_bytes(void)
 	return size;
 }
 
+/* A stack's frames as the scratch maps hold them. */
+struct frames {
+	__u64 ip[MAX_STACK_DEPTH + 1];
+};
+
 /*
- * Store the `len` bytes of frames at `ips` in `stacks` (unless already there)
- * and return their id, or one of the STACK_ID_* codes.
+ * Store the `len` bytes of frames at `f` in `stacks` (unless already there)
+ * and return their id, or one of the STACK_ID_* codes.  A global function:
+ * the verifier checks it once, not at each of its callers' calls.
  */
-static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
+__noinline __u64 store_stack(struct frames *f, long len, int user)
 {
 	__u64 h = 0xcbf29ce484222325ULL;
 	long nr;
 	int i, err;
 
+	if (!f)
+		return STACK_ID_MISSED_ERROR;
 	if (len == 0 || len == -EFAULT)
 		return STACK_ID_NONE;
 	if (len < 0) {
@@ -259,7 +267,7 @@ static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
 	for (i = 0; i < MAX_STACK_DEPTH; i++) {
 		if (i >= nr)
 			break;
-		h ^= ips[i];
+		h ^= f->ip[i];
 		h *= 0x100000001b3ULL;
 		h ^= h >> 32;
 	}
@@ -267,7 +275,7 @@ static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
 
 	if (bpf_map_lookup_elem(&stacks, &h))
 		return h;
-	err = bpf_map_update_elem(&stacks, &h, ips, BPF_NOEXIST);
+	err = bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
 	if (err && err != -EEXIST) {
 		count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
 		return STACK_ID_MISSED_FULL;
@@ -349,11 +357,11 @@ static long mapping_step(__u32 i, void *arg)
 	return 0;
 }
 
-/* The process's mapping that holds `addr`: a binary search over its
- * mappings, sorted by start address. */
-static __always_inline struct unwind_mapping *find_mapping(struct unwind_state *u, __u64 addr)
+/* The mapping that holds `addr` among the `count` from `start` (a
+ * process's, sorted by start address): a binary search. */
+static __always_inline struct unwind_mapping *find_mapping(__u32 start, __u32 count, __u64 addr)
 {
-	struct search s = { .start = u->map_start, .hi = u->map_count, .addr = addr };
+	struct search s = { .start = start, .hi = count, .addr = addr };
 	__u32 idx;
 
 	/* 2^10 = UNWIND_MAX_PROC_MAPPINGS */
@@ -398,6 +406,48 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
 	return bpf_map_lookup_elem(&unwind_rows, &idx);
 }
 
+/* What unwind_rule() is asked, and what it finds. */
+struct unwind_query {
+	/* The address, and the process's slice of unwind_maps. */
+	__u64 addr;
+	__u32 map_start;
+	__u32 map_count;
+	/* The rule: UNWIND_NONE where no call-frame information covers the
+	 * address (frame pointers are followed there). */
+	__u32 kind;
+	__u32 cfa_off;
+	__s32 rbp_off;
+	__u32 _pad;
+};
+
+/*
+ * The unwind rule of an address: its mapping, then its object's row.  A
+ * global function, so that the verifier checks it once for any query, on
+ * its own, instead of again at every call in every state of its callers
+ * (most of the load time went there).  It only looks up array maps, which
+ * sleepable and non-sleepable programs may both do.
+ */
+__noinline int unwind_rule(struct unwind_query *q)
+{
+	struct unwind_mapping *m;
+	struct unwind_row *r = NULL;
+	__u64 addr;
+
+	if (!q)
+		return 0;
+	q->kind = UNWIND_NONE;
+	addr = q->addr;
+	m = find_mapping(q->map_start, q->map_count, addr);
+	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
+		r = find_row(m->row_start, m->row_count, addr - m->bias);
+	if (r) {
+		q->kind = r->kind;
+		q->cfa_off = r->cfa_off;
+		q->rbp_off = r->rbp_off;
+	}
+	return 0;
+}
+
 /*
  * One frame: record its pc, then find the caller's pc, sp and bp, with the
  * object's table where it has one and through the frame pointer where it
@@ -406,9 +456,8 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
  */
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips, bool remote)
 {
-	struct unwind_mapping *m;
-	struct unwind_row *r;
-	__u64 cfa, ra, addr, frame[2];
+	struct unwind_query q = {};
+	__u64 cfa, ra, frame[2];
 	__u32 idx;
 	__s64 rbp_off;
 
@@ -427,20 +476,19 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	u->nr = i + 1;
 
 	/* A return address is looked up at the call before it. */
-	addr = i == 0 ? u->pc : u->pc - 1;
-	m = find_mapping(u, addr);
-	r = NULL;
-	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
-		r = find_row(m->row_start, m->row_count, addr - m->bias);
-	if (r && r->kind != UNWIND_NONE) {
-		switch (r->kind) {
+	q.addr = i == 0 ? u->pc : u->pc - 1;
+	q.map_start = u->map_start;
+	q.map_count = u->map_count;
+	unwind_rule(&q);
+	if (q.kind != UNWIND_NONE) {
+		switch (q.kind) {
 		case UNWIND_END:
 			return 1;
 		case UNWIND_CFA_RSP:
-			cfa = u->sp + r->cfa_off;
+			cfa = u->sp + q.cfa_off;
 			break;
 		case UNWIND_CFA_RBP:
-			cfa = u->bp + r->cfa_off;
+			cfa = u->bp + q.cfa_off;
 			break;
 		case UNWIND_PLT:
 			cfa = u->sp + 8 + ((u->pc & 15) >= 11 ? 8 : 0);
@@ -449,7 +497,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			u->truncated = true;
 			return 1;
 		}
-		rbp_off = r->rbp_off;
+		rbp_off = q.rbp_off;
 		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, remote)) {
 			u->truncated = true;
 			return 1;
@@ -581,7 +629,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user)
 		len = unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
 	if (len < 0)
 		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
-	return store_stack(buf, len, user);
+	return store_stack((struct frames *)buf, len, user);
 }
 
 static __always_inline __u32 task_state(struct task_struct *t)
@@ -981,7 +1029,8 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	return store_stack(buf, bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
+	return store_stack((struct frames *)buf,
+			   bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
 }
 
 /* The user stack of `task`, which is not running: with its process's
@@ -1017,7 +1066,7 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		u.task = task;
 		len = walk_user(&u, true) * sizeof(__u64);
 	}
-	return store_stack(buf, len, true);
+	return store_stack((struct frames *)buf, len, true);
 }
 
 /*
