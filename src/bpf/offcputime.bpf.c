@@ -731,11 +731,12 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 	if (!mm)
 		return;
 	exec_vm = BPF_CORE_READ(mm, exec_vm);
+	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
+		return;
+	/* Only past the check above: every switch-out gets there. */
 	struct notified *p, now = { .start = process_start(t), .mm = (__u64)mm, .exec_vm = exec_vm };
 	__u32 kind = TASK_EVENT_NEW;
 
-	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
-		return;
 	/* Another thread of the process may have told it already. */
 	p = bpf_map_lookup_elem(&notified_procs, &tgid);
 	if (p && p->start == now.start) {
