@@ -132,6 +132,28 @@ pub struct TracerOptions {
     pub unwind_capacity: UnwindCapacity,
 }
 
+/// The DWARF unwind tables' part in starting (see [`Tracer::start`]).
+pub trait StartTables {
+    /// Runs while the BPF program loads on another thread (the verifier
+    /// takes as long as the tables, and the two can use two CPUs): what
+    /// can be done before there are maps to write into. Called before
+    /// each attempt to load; only the first call has work to do.
+    fn prepare(&mut self, capacity: UnwindCapacity);
+    /// The maps to write the tables into, once loaded and before the hook
+    /// is attached: the processes asked for have their tables from the
+    /// first block on (again, if a hook loads but fails to attach and the
+    /// next is tried: the last call's store is the one used).
+    fn install(&mut self, store: UnwindStore);
+}
+
+/// An open skeleton handed to the thread that loads it.
+struct SendOpen<T>(T);
+
+// SAFETY: the open skeleton is used by one thread at a time (moved to the
+// loading thread, which hands back the loaded one); libbpf objects are not
+// tied to the thread that made them.
+unsafe impl<T> Send for SendOpen<T> {}
+
 /// A stack reference as stored in a count entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StackRef {
@@ -391,22 +413,21 @@ impl<'obj> Tracer<'obj> {
     /// frame pointers can, tracing goes on with frame pointers, and the
     /// reason is returned too.
     ///
-    /// `on_tables` gets the DWARF unwind tables once the program is loaded
-    /// and before it is attached, so that the processes asked for can have
-    /// theirs from the first block on (again, if a hook loads but fails to
-    /// attach and the next is tried: the last call's are the ones used).
+    /// `tables` prepares the DWARF unwind tables while the program loads,
+    /// and writes them once it is loaded, before it is attached (see
+    /// [`StartTables`]).
     pub fn start(
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
-        on_tables: &mut dyn FnMut(UnwindStore),
+        tables: &mut dyn StartTables,
     ) -> Result<(Tracer<'obj>, Option<anyhow::Error>)> {
         if opts.unwind != Unwind::Dwarf {
-            return Self::start_with(object, opts, on_tables).map(|t| (t, None));
+            return Self::start_with(object, opts, tables).map(|t| (t, None));
         }
         let object_ptr: *mut MaybeUninit<OpenObject> = object;
         // SAFETY: as in start_with: a failed attempt drops every borrow of
         // the object before the next one reuses it.
-        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, on_tables) {
+        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, tables) {
             Ok(t) => return Ok((t, None)),
             Err(e) => e,
         };
@@ -414,7 +435,7 @@ impl<'obj> Tracer<'obj> {
             unwind: Unwind::FramePointers,
             ..opts.clone()
         };
-        match Self::start_with(unsafe { &mut *object_ptr }, &fp, on_tables) {
+        match Self::start_with(unsafe { &mut *object_ptr }, &fp, tables) {
             Ok(t) => Ok((t, Some(err))),
             Err(_) => Err(err),
         }
@@ -423,7 +444,7 @@ impl<'obj> Tracer<'obj> {
     fn start_with(
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
-        on_tables: &mut dyn FnMut(UnwindStore),
+        tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_first = opts.min_block_ns > 1000
             && opts.state.is_none()
@@ -454,12 +475,12 @@ impl<'obj> Tracer<'obj> {
             // wrong with the hook.
             if std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none() {
                 let object = unsafe { &mut *object_ptr };
-                if let Ok(t) = Self::try_start(object, opts, hook, true, on_tables) {
+                if let Ok(t) = Self::try_start(object, opts, hook, true, tables) {
                     return Ok(t);
                 }
             }
             let object = unsafe { &mut *object_ptr };
-            match Self::try_start(object, opts, hook, false, on_tables) {
+            match Self::try_start(object, opts, hook, false, tables) {
                 Ok(t) => return Ok(t),
                 Err(e) => errors.push((hook, e)),
             }
@@ -479,7 +500,7 @@ impl<'obj> Tracer<'obj> {
         opts: &TracerOptions,
         hook: Hook,
         start_user_stacks: bool,
-        on_tables: &mut dyn FnMut(UnwindStore),
+        tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
             Some(find_finish_task_switch()?)
@@ -598,9 +619,30 @@ impl<'obj> Tracer<'obj> {
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
-        let skel = open
-            .load()
-            .with_context(|| format!("failed to load the BPF program ({what})"))?;
+        // The verifier runs on a thread of its own, meanwhile the tables
+        // are prepared on this one.
+        let open = SendOpen(open);
+        let loaded = std::thread::scope(|s| {
+            let loader = std::thread::Builder::new()
+                .name("bpf-load".into())
+                .spawn_scoped(s, move || {
+                    // The whole wrapper moves, not just its field.
+                    let open = open;
+                    SendOpen(open.0.load())
+                });
+            let loader = match loader {
+                Ok(l) => l,
+                Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
+            };
+            if dwarf {
+                tables.prepare(opts.unwind_capacity);
+            }
+            match loader.join() {
+                Ok(SendOpen(r)) => r.map_err(anyhow::Error::from),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        });
+        let skel = loaded.with_context(|| format!("failed to load the BPF program ({what})"))?;
 
         phases.mark("load");
         let one = [1u8];
@@ -616,7 +658,7 @@ impl<'obj> Tracer<'obj> {
         }
 
         if dwarf {
-            on_tables(UnwindStore::new(&skel)?);
+            tables.install(UnwindStore::new(&skel)?);
         }
 
         phases.mark("tables");

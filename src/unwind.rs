@@ -298,7 +298,9 @@ pub struct UnwindStats {
 }
 
 pub struct Unwinder {
-    store: Box<dyn TableStore>,
+    /// None until the BPF program's maps exist (see
+    /// [`Unwinder::without_store`]).
+    store: Option<Box<dyn TableStore>>,
     builder: Builder,
     /// Objects whose tables the builder is working on.
     building: HashMap<u32, Requested>,
@@ -320,9 +322,18 @@ pub struct Unwinder {
 
 impl Unwinder {
     pub fn new(store: impl TableStore + 'static) -> Unwinder {
-        let (row_capacity, mapping_capacity) = (store.row_capacity(), store.mapping_capacity());
+        let mut u = Unwinder::without_store(store.row_capacity(), store.mapping_capacity());
+        u.store = Some(Box::new(store));
+        u
+    }
+
+    /// An unwinder that builds tables before there is anywhere to write
+    /// them (while the BPF program loads, which takes as long): processes
+    /// noted wait, and their tables are written once
+    /// [`Unwinder::set_store`] gives it a store of these capacities.
+    pub fn without_store(row_capacity: usize, mapping_capacity: usize) -> Unwinder {
         Unwinder {
-            store: Box::new(store),
+            store: None,
             builder: Builder::start(),
             building: HashMap::new(),
             waiting: HashSet::new(),
@@ -372,13 +383,44 @@ impl Unwinder {
                 pending = true;
             }
         }
-        if pending {
+        if pending || self.store.is_none() {
             self.waiting.insert(tgid);
             return false;
         }
         self.waiting.remove(&tgid);
         self.install(procs, tgid, mappings, objects);
         true
+    }
+
+    /// Where the tables go from now on (see [`Unwinder::without_store`]):
+    /// the processes noted so far get theirs as the tables they wait for
+    /// are taken in ([`Unwinder::poll`], [`Unwinder::finish`]), at once
+    /// if they wait for none.
+    pub fn set_store(&mut self, procs: &dyn Processes, store: impl TableStore + 'static) {
+        if store.row_capacity() != self.rows.capacity
+            || store.mapping_capacity() != self.mappings.capacity
+        {
+            // Not the capacities planned for: start over with these.
+            let waiting: Vec<u32> = self.waiting.iter().copied().collect();
+            *self = Unwinder::new(store);
+            for tgid in waiting {
+                self.note_process(procs, tgid);
+            }
+            return;
+        }
+        self.store = Some(Box::new(store));
+        let ready: Vec<u32> = self.waiting.iter().copied().collect();
+        for tgid in ready {
+            self.note_process(procs, tgid);
+        }
+    }
+
+    fn store(&mut self) -> &mut dyn TableStore {
+        // Tables are taken in and processes installed only once there is
+        // a store (note_process, poll and finish wait for it).
+        self.store
+            .as_deref_mut()
+            .expect("unwind tables written before their store was set")
     }
 
     /// Whether `object` has no table yet, or had no room for it and may
@@ -418,6 +460,9 @@ impl Unwinder {
     /// tables to the processes that waited for them. Returns whether
     /// tables are still being built.
     pub fn poll(&mut self, procs: &dyn Processes) -> bool {
+        if self.store.is_none() {
+            return true;
+        }
         self.reclaim();
         let mut built = Vec::new();
         while let Some(b) = self.builder.try_recv() {
@@ -445,6 +490,9 @@ impl Unwinder {
     /// Waits until every table asked for is built and given to its
     /// processes (before tracing starts), or `limit` has passed.
     pub fn finish(&mut self, procs: &dyn Processes, limit: Duration) {
+        if self.store.is_none() {
+            return;
+        }
         let until = Instant::now() + limit;
         while self.poll(procs) {
             let left = until.saturating_duration_since(Instant::now());
@@ -544,7 +592,7 @@ impl Unwinder {
                     rbp_off: r.rbp_off,
                 })
                 .collect();
-            self.store.write_rows(start + (i << 16), &converted)
+            self.store().write_rows(start + (i << 16), &converted)
         });
         if let Err(e) = written {
             self.rows.free(start, rows.len());
@@ -611,7 +659,7 @@ impl Unwinder {
             }
             Err(why) => {
                 // Tables built for other mappings would be wrong now.
-                self.store.remove_process(tgid);
+                self.store().remove_process(tgid);
                 self.refuse(tgid, "the process", why);
                 None
             }
@@ -637,7 +685,7 @@ impl Unwinder {
         self.waiting.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
             if p.slice.is_some() {
-                self.store.remove_process(tgid);
+                self.store().remove_process(tgid);
                 self.stats.processes_forgotten += 1;
             }
             self.release(p);
@@ -692,9 +740,9 @@ impl Unwinder {
             .alloc(count)
             .ok_or("the unwind tables are full (--unwind-memory)")?;
         let written = self
-            .store
+            .store()
             .write_mappings(start, entries)
-            .and_then(|()| self.store.set_process(tgid, start as u32, count as u32));
+            .and_then(|()| self.store().set_process(tgid, start as u32, count as u32));
         if let Err(e) = written {
             self.mappings.free(start, count);
             return Err(format!("{e:#}"));
