@@ -157,6 +157,27 @@ struct {
 	__type(value, __u64[MAX_STACK_DEPTH + 1]);
 } start_scratch SEC(".maps");
 
+/* The start iterator's copy of the stack of the thread it walks, from its
+ * stack pointer: one read of another task's memory (which takes its mmap
+ * lock and pins its pages) instead of one or two a frame, which made the
+ * iterator take a second under thousands of deep stacks.  Reads beyond it
+ * are made one by one. */
+#define STACK_COPY_BYTES 8192
+struct stack_copy {
+	__u64 base;
+	__u64 len;
+	/* 16 bytes more: a read of up to 16 bytes from any offset below
+	 * STACK_COPY_BYTES stays inside. */
+	__u8 bytes[STACK_COPY_BYTES + 16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_copy);
+} start_stack SEC(".maps");
+
 /* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
  * written by it through mmap. */
 struct {
@@ -309,14 +330,20 @@ struct unwind_state {
 	struct task_struct *task;
 };
 
-/* Reads the user memory of the current task, or of `task` (which may
+/* Reads the user memory of the current task, or of `task` from the copy
+ * of its stack `c` where it has the bytes, else from the task (which may
  * sleep, so only from the sleepable start iterator). */
 static __always_inline long read_user(void *dst, __u32 size, const void *src,
-				      struct task_struct *task, bool remote)
+				      struct task_struct *task, struct stack_copy *c)
 {
-	if (remote)
-		return bpf_copy_from_user_task(dst, size, src, task, 0);
-	return bpf_probe_read_user(dst, size, src);
+	__u64 off;
+
+	if (!c)
+		return bpf_probe_read_user(dst, size, src);
+	off = (__u64)src - c->base;
+	if ((__u64)src >= c->base && off < STACK_COPY_BYTES && off + size <= c->len)
+		return bpf_probe_read_kernel(dst, size, &c->bytes[off & (STACK_COPY_BYTES - 1)]);
+	return bpf_copy_from_user_task(dst, size, src, task, 0);
 }
 
 /* A binary search over `count` entries of an array map from `start`, one
@@ -454,7 +481,8 @@ __noinline int unwind_rule(struct unwind_query *q)
  * has not (JIT code, objects without call-frame information).  Returns 1
  * to stop (bpf_loop callback).
  */
-static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips, bool remote)
+static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
+				       struct stack_copy *c)
 {
 	struct unwind_query q = {};
 	__u64 cfa, ra, frame[2];
@@ -498,12 +526,12 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			return 1;
 		}
 		rbp_off = q.rbp_off;
-		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, remote)) {
+		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, c)) {
 			u->truncated = true;
 			return 1;
 		}
 		if (rbp_off && read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8),
-					 u->task, remote)) {
+					 u->task, c)) {
 			u->truncated = true;
 			return 1;
 		}
@@ -513,7 +541,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		 * pointer and return address at bp.  A chain that ends (bp is
 		 * 0 in _start and thread entry points) or cannot be read is
 		 * the end of the stack. */
-		if (!u->bp || read_user(frame, sizeof(frame), (void *)u->bp, u->task, remote))
+		if (!u->bp || read_user(frame, sizeof(frame), (void *)u->bp, u->task, c))
 			return 1;
 		ra = frame[1];
 		u->sp = u->bp + 16;
@@ -531,15 +559,39 @@ static long unwind_step_current(__u32 i, void *arg)
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 
-	return ips ? unwind_step(i, arg, ips, false) : 1;
+	return ips ? unwind_step(i, arg, ips, NULL) : 1;
 }
 
 static long unwind_step_task(__u32 i, void *arg)
 {
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
+	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
 
-	return ips ? unwind_step(i, arg, ips, true) : 1;
+	return ips && c ? unwind_step(i, arg, ips, c) : 1;
+}
+
+/* Copies the stack of the task being walked from its stack pointer: as
+ * much of STACK_COPY_BYTES as can be read (at least the rest of its page,
+ * which holds the stack pointer). */
+static __always_inline void copy_stack(struct unwind_state *u)
+{
+	__u32 zero = 0, n;
+	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
+
+	if (!c)
+		return;
+	c->base = u->sp;
+	c->len = 0;
+	if (!bpf_copy_from_user_task(c->bytes, STACK_COPY_BYTES, (void *)u->sp, u->task, 0)) {
+		c->len = STACK_COPY_BYTES;
+		return;
+	}
+	n = 4096 - (u->sp & 4095);
+	if (n > STACK_COPY_BYTES)
+		return;
+	if (!bpf_copy_from_user_task(c->bytes, n, (void *)u->sp, u->task, 0))
+		c->len = n;
 }
 
 /*
@@ -553,9 +605,10 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
 	__u32 zero = 0, idx;
 
 	u->max = clamp_stack_bytes() / sizeof(__u64);
-	if (remote)
+	if (remote) {
+		copy_stack(u);
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, u, 0);
-	else
+	} else
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_current, u, 0);
 	/* Frames end at a zero, as bpf_get_stack() leaves them: the buffer
 	 * still holds deeper stacks walked before. */
@@ -573,7 +626,8 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
  * Walks the user stack of `task` (the current task unless `remote`) with the
  * DWARF tables of its process, from the user registers saved at kernel
  * entry.  Returns its length in bytes, or -1 if the process has no tables
- * (yet).
+ * (yet); for another task, it is then walked with frame pointers here, as a
+ * single walk (the verifier checks each walk called).
  */
 static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
 {
@@ -581,20 +635,19 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 	struct unwind_proc *p;
 	struct pt_regs *regs;
 	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
+	bool ready;
 
 	p = bpf_map_lookup_elem(&unwind_procs, &tgid);
-	if (!p || !mm) {
-		count(CNT_UNWIND_NOT_READY);
-		return -1;
-	}
 	/* The tables describe the address space they were built for: the
 	 * first unwind claims it, and an exec() or a reused pid since makes
 	 * them stale until userspace has built new ones. */
-	if (!p->mm)
+	if (p && mm && !p->mm)
 		p->mm = mm;
-	if (p->mm != mm) {
+	ready = p && mm && p->mm == mm;
+	if (!ready) {
 		count(CNT_UNWIND_NOT_READY);
-		return -1;
+		if (!remote)
+			return -1;
 	}
 	regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
@@ -602,17 +655,21 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 	u.pc = BPF_CORE_READ(regs, ip);
 	u.sp = BPF_CORE_READ(regs, sp);
 	u.bp = BPF_CORE_READ(regs, bp);
-	u.map_start = p->map_start;
-	u.map_count = p->map_count;
-	if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
-		u.map_count = UNWIND_MAX_PROC_MAPPINGS;
+	if (ready && p) {
+		u.map_start = p->map_start;
+		u.map_count = p->map_count;
+		if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
+			u.map_count = UNWIND_MAX_PROC_MAPPINGS;
+	}
 	u.task = task;
 	walk_user(&u, remote);
-	count(CNT_UNWIND_DWARF);
-	if (u.truncated)
-		count(CNT_UNWIND_TRUNCATED);
-	if (u.fp_frames)
-		count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	if (ready) {
+		count(CNT_UNWIND_DWARF);
+		if (u.truncated)
+			count(CNT_UNWIND_TRUNCATED);
+		if (u.fp_frames)
+			count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	}
 	return u.nr * sizeof(__u64);
 }
 
@@ -1055,9 +1112,9 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	 * the window never open.  Such a stack is not read. */
 	if (BPF_CORE_READ(task, mm, mmap_lock.count.counter) & (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS))
 		return STACK_ID_NOT_READABLE;
-	if (unwind_dwarf)
+	if (unwind_dwarf) {
 		len = unwind_user(task, tgid, true);
-	if (len < 0) {
+	} else {
 		regs = (struct pt_regs *)bpf_task_pt_regs(task);
 		if (!regs)
 			return STACK_ID_MISSED_ERROR;
@@ -1067,6 +1124,8 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		u.task = task;
 		len = walk_user(&u, true) * sizeof(__u64);
 	}
+	if (len < 0)
+		return STACK_ID_MISSED_ERROR;
 	return store_stack((struct frames *)buf, len, true);
 }
 
