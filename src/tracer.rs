@@ -320,6 +320,9 @@ pub struct Tracer<'obj> {
 pub struct Phases {
     last: Instant,
     pub steps: Vec<(&'static str, Duration)>,
+    /// What ran side by side during the load: the BPF object's load (the
+    /// verifier, mostly) and the tables prepared meanwhile.
+    pub overlapped: Option<(Duration, Duration)>,
 }
 
 impl Default for Phases {
@@ -327,6 +330,7 @@ impl Default for Phases {
         Phases {
             last: Instant::now(),
             steps: Vec::new(),
+            overlapped: None,
         }
     }
 }
@@ -344,6 +348,14 @@ impl std::fmt::Display for Phases {
         for (i, (what, d)) in self.steps.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
             write!(f, "{sep}{what} {:.1} ms", d.as_secs_f64() * 1e3)?;
+        }
+        if let Some((bpf, tables)) = self.overlapped {
+            write!(
+                f,
+                "; during the load: BPF object {:.1} ms, tables prepared {:.1} ms",
+                bpf.as_secs_f64() * 1e3,
+                tables.as_secs_f64() * 1e3
+            )?;
         }
         Ok(())
     }
@@ -628,17 +640,23 @@ impl<'obj> Tracer<'obj> {
                 .spawn_scoped(s, move || {
                     // The whole wrapper moves, not just its field.
                     let open = open;
-                    SendOpen(open.0.load())
+                    let began = Instant::now();
+                    SendOpen((open.0.load(), began.elapsed()))
                 });
             let loader = match loader {
                 Ok(l) => l,
                 Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
             };
+            let began = Instant::now();
             if dwarf {
                 tables.prepare(opts.unwind_capacity);
             }
+            let prepared = began.elapsed();
             match loader.join() {
-                Ok(SendOpen(r)) => r.map_err(anyhow::Error::from),
+                Ok(SendOpen((r, took))) => {
+                    phases.overlapped = Some((took, prepared));
+                    r.map_err(anyhow::Error::from)
+                }
                 Err(p) => std::panic::resume_unwind(p),
             }
         });
