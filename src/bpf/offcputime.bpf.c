@@ -266,11 +266,10 @@ struct frames {
 };
 
 /*
- * Store the `len` bytes of frames at `f` in `stacks` (unless already there)
- * and return their id, or one of the STACK_ID_* codes.  A global function:
- * the verifier checks it once, not at each of its callers' calls.
+ * Store the first `len` bytes of frames `f` in `stacks` (unless already
+ * there) and return their id, or one of the STACK_ID_* codes.
  */
-__noinline __u64 store_stack(struct frames *f, long len, int user)
+static __always_inline __u64 store_frames(struct frames *f, long len, int user)
 {
 	__u64 h = 0xcbf29ce484222325ULL;
 	long nr;
@@ -302,6 +301,27 @@ __noinline __u64 store_stack(struct frames *f, long len, int user)
 		return STACK_ID_MISSED_FULL;
 	}
 	return h;
+}
+
+/*
+ * store_frames() of the frames in `scratch`, and of those in `start_scratch`
+ * (the start iterator's).  Global functions: the verifier checks each once,
+ * not at every call in every state of their callers.  They look the frames
+ * up themselves: before 6.2 a map update takes no value from memory passed
+ * as an argument.
+ */
+__noinline __u64 store_stack(long len, int user)
+{
+	__u32 zero = 0;
+
+	return store_frames(bpf_map_lookup_elem(&scratch, &zero), len, user);
+}
+
+__noinline __u64 store_task_stack(long len, int user)
+{
+	__u32 zero = 0;
+
+	return store_frames(bpf_map_lookup_elem(&start_scratch, &zero), len, user);
 }
 
 static __always_inline void count_n(__u32 which, __u64 n)
@@ -673,6 +693,14 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 	return u.nr * sizeof(__u64);
 }
 
+/* The current task's user stack, walked with its process's tables into
+ * `scratch`: its length in bytes, or -1 if the process has none (yet).  A
+ * global function, checked once on its own (see unwind_rule). */
+__noinline long unwind_current(void)
+{
+	return unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
+}
+
 /* The user or kernel stack of the current task. */
 static __always_inline __u64 stack_of_current(void *ctx, bool user)
 {
@@ -683,10 +711,10 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user)
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf)
-		len = unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
+		len = unwind_current();
 	if (len < 0)
 		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
-	return store_stack((struct frames *)buf, len, user);
+	return store_stack(len, user);
 }
 
 static __always_inline __u32 task_state(struct task_struct *t)
@@ -1087,8 +1115,7 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	return store_stack((struct frames *)buf,
-			   bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
+	return store_task_stack(bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
 }
 
 /* The user stack of `task`, which is not running: with its process's
@@ -1126,7 +1153,7 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	}
 	if (len < 0)
 		return STACK_ID_MISSED_ERROR;
-	return store_stack((struct frames *)buf, len, true);
+	return store_task_stack(len, true);
 }
 
 /*
