@@ -1079,6 +1079,60 @@ mod tests {
     }
 
     #[test]
+    fn tables_built_before_the_store_are_written_once_it_is_set() {
+        let mut procs = FakeProcesses::new();
+        procs.with_libc = vec![2];
+        let rows = rows_of(&procs.files[0]) + rows_of(&procs.files[1]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let mut u = Unwinder::without_store(rows, 4);
+        for tgid in [1, 2] {
+            assert!(!u.note_process(&procs, tgid));
+        }
+        // Nothing is taken in, nor written anywhere, without a store.
+        assert!(u.poll(&procs));
+        u.finish(&procs, Duration::from_secs(60));
+        assert_eq!(u.stats().processes_covered, 0);
+        // The builder has had time to finish: what it built waits.
+        std::thread::sleep(Duration::from_millis(200));
+        u.set_store(
+            &procs,
+            FakeStore {
+                rows,
+                mappings: 4,
+                procs: live.clone(),
+            },
+        );
+        u.finish(&procs, Duration::from_secs(60));
+        assert!(u.waiting.is_empty() && u.building.is_empty());
+        let s = u.stats();
+        assert_eq!(u.not_covered().0, &[], "{s:?}");
+        assert_eq!((s.processes_covered, s.objects, s.rows), (2, 2, rows));
+        assert_eq!(live.borrow().len(), 2);
+        assert_eq!(live.borrow()[&2].1, 2);
+    }
+
+    #[test]
+    fn store_of_other_capacities_starts_over() {
+        let procs = FakeProcesses::new();
+        let rows = rows_of(&procs.files[0]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let mut u = Unwinder::without_store(1, 1);
+        assert!(!u.note_process(&procs, 1));
+        u.set_store(
+            &procs,
+            FakeStore {
+                rows,
+                mappings: 2,
+                procs: live.clone(),
+            },
+        );
+        u.finish(&procs, Duration::from_secs(60));
+        let s = u.stats();
+        assert_eq!((s.processes_covered, s.row_capacity), (1, rows), "{s:?}");
+        assert!(live.borrow().contains_key(&1));
+    }
+
+    #[test]
     fn idle_objects_make_room_and_live_ones_stay() {
         let mut procs = FakeProcesses::new();
         let exe_rows = rows_of(&procs.files[0]);
