@@ -307,8 +307,8 @@ static __always_inline __u64 store_frames(struct frames *f, long len, int user)
  * store_frames() of the frames in `scratch`, and of those in `start_scratch`
  * (the start iterator's).  Global functions: the verifier checks each once,
  * not at every call in every state of their callers.  They look the frames
- * up themselves: before 6.2 a map update takes no value from memory passed
- * as an argument.
+ * up themselves: 6.1 takes no map update value from memory passed as an
+ * argument.
  */
 __noinline __u64 store_stack(long len, int user)
 {
@@ -453,46 +453,34 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
 	return bpf_map_lookup_elem(&unwind_rows, &idx);
 }
 
-/* What unwind_rule() is asked, and what it finds. */
-struct unwind_query {
-	/* The address, and the process's slice of unwind_maps. */
-	__u64 addr;
-	__u32 map_start;
-	__u32 map_count;
-	/* The rule: UNWIND_NONE where no call-frame information covers the
-	 * address (frame pointers are followed there). */
-	__u32 kind;
-	__u32 cfa_off;
-	__s32 rbp_off;
-	__u32 _pad;
-};
+/* unwind_rule()'s answer: kind | cfa_off << 8 | (__u8)rbp_off << 24. */
+#define RULE_KIND(r) ((__u32)((r) & 0xff))
+#define RULE_CFA_OFF(r) ((__u32)(((r) >> 8) & 0xffff))
+#define RULE_RBP_OFF(r) ((__s64)(__s8)(((r) >> 24) & 0xff))
 
 /*
- * The unwind rule of an address: its mapping, then its object's row.  A
- * global function, so that the verifier checks it once for any query, on
- * its own, instead of again at every call in every state of its callers
- * (most of the load time went there).  It only looks up array maps, which
- * sleepable and non-sleepable programs may both do.
+ * The unwind rule of `addr` in the process whose mappings are the `count`
+ * from `start` in unwind_maps: its mapping, then its object's row; kind
+ * UNWIND_NONE where no call-frame information covers it (frame pointers
+ * are followed there).  A global function, so that the verifier checks it
+ * once for any address, on its own, instead of again at every call in
+ * every state of its callers (most of the load time went there).  It
+ * answers in its return value, not through memory: the verifier of 6.1
+ * takes a caller's stack passed to a global function as unchanged by the
+ * call (and drops the code that reads the answer as dead).  It only looks
+ * up array maps, which sleepable and non-sleepable programs may both do.
  */
-__noinline int unwind_rule(struct unwind_query *q)
+__noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
 {
 	struct unwind_mapping *m;
 	struct unwind_row *r = NULL;
-	__u64 addr;
 
-	if (!q)
-		return 0;
-	q->kind = UNWIND_NONE;
-	addr = q->addr;
-	m = find_mapping(q->map_start, q->map_count, addr);
+	m = find_mapping(start, count, addr);
 	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
 		r = find_row(m->row_start, m->row_count, addr - m->bias);
-	if (r) {
-		q->kind = r->kind;
-		q->cfa_off = r->cfa_off;
-		q->rbp_off = r->rbp_off;
-	}
-	return 0;
+	if (!r)
+		return UNWIND_NONE;
+	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
 }
 
 /*
@@ -504,8 +492,7 @@ __noinline int unwind_rule(struct unwind_query *q)
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
 				       struct stack_copy *c)
 {
-	struct unwind_query q = {};
-	__u64 cfa, ra, frame[2];
+	__u64 cfa, ra, frame[2], rule;
 	__u32 idx;
 	__s64 rbp_off;
 
@@ -524,19 +511,16 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	u->nr = i + 1;
 
 	/* A return address is looked up at the call before it. */
-	q.addr = i == 0 ? u->pc : u->pc - 1;
-	q.map_start = u->map_start;
-	q.map_count = u->map_count;
-	unwind_rule(&q);
-	if (q.kind != UNWIND_NONE) {
-		switch (q.kind) {
+	rule = unwind_rule(i == 0 ? u->pc : u->pc - 1, u->map_start, u->map_count);
+	if (RULE_KIND(rule) != UNWIND_NONE) {
+		switch (RULE_KIND(rule)) {
 		case UNWIND_END:
 			return 1;
 		case UNWIND_CFA_RSP:
-			cfa = u->sp + q.cfa_off;
+			cfa = u->sp + RULE_CFA_OFF(rule);
 			break;
 		case UNWIND_CFA_RBP:
-			cfa = u->bp + q.cfa_off;
+			cfa = u->bp + RULE_CFA_OFF(rule);
 			break;
 		case UNWIND_PLT:
 			cfa = u->sp + 8 + ((u->pc & 15) >= 11 ? 8 : 0);
@@ -545,7 +529,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			u->truncated = true;
 			return 1;
 		}
-		rbp_off = q.rbp_off;
+		rbp_off = RULE_RBP_OFF(rule);
 		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, c)) {
 			u->truncated = true;
 			return 1;
