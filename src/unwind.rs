@@ -152,48 +152,67 @@ struct Built {
     took: Duration,
 }
 
-/// The thread that turns files' call-frame information into rows, so
-/// that a large library (seconds to build) holds up neither the reading
-/// of events nor the tables of files already built.
+/// How many threads build tables: two, where there are two CPUs, so that
+/// one large library (seconds to build) does not hold up the others at
+/// start-up, when every process alive waits for its tables.
+const BUILDERS: usize = 2;
+
+/// The threads that turn files' call-frame information into rows, so that
+/// a large library holds up neither the reading of events nor the tables
+/// of files already built.
 struct Builder {
     jobs: Option<std::sync::mpsc::Sender<(u32, File)>>,
     done: std::sync::mpsc::Receiver<Built>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Builder {
     fn start() -> Builder {
         let (jobs, todo) = std::sync::mpsc::channel::<(u32, File)>();
+        let todo = std::sync::Arc::new(std::sync::Mutex::new(todo));
         let (tell, done) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("unwind-tables".into())
-            .spawn(move || {
-                for (object, file) in todo {
-                    crate::priority::settle();
-                    let began = Instant::now();
-                    // A file that makes the parser panic is one without
-                    // a table, not the end of the run.
-                    let table =
-                        std::panic::catch_unwind(|| build_table(&file)).unwrap_or_else(|_| {
-                            Err("its call-frame information could not be parsed".into())
-                        });
-                    drop(file);
-                    let built = Built {
-                        object,
-                        table,
-                        took: began.elapsed(),
-                    };
-                    if tell.send(built).is_err() {
-                        break;
-                    }
-                    crate::give_back_freed_memory();
-                }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads: Vec<_> = (0..BUILDERS.min(cpus))
+            .filter_map(|_| {
+                let todo = todo.clone();
+                let tell = tell.clone();
+                std::thread::Builder::new()
+                    .name("unwind-tables".into())
+                    .spawn(move || loop {
+                        // The lock is held only while waiting for a job.
+                        let job = match todo.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => break,
+                        };
+                        let Ok((object, file)) = job else {
+                            break;
+                        };
+                        crate::priority::settle();
+                        let began = Instant::now();
+                        // A file that makes the parser panic is one
+                        // without a table, not the end of the run.
+                        let table =
+                            std::panic::catch_unwind(|| build_table(&file)).unwrap_or_else(|_| {
+                                Err("its call-frame information could not be parsed".into())
+                            });
+                        drop(file);
+                        let built = Built {
+                            object,
+                            table,
+                            took: began.elapsed(),
+                        };
+                        if tell.send(built).is_err() {
+                            break;
+                        }
+                        crate::give_back_freed_memory();
+                    })
+                    .ok()
             })
-            .ok();
+            .collect();
         Builder {
-            jobs: thread.as_ref().map(|_| jobs),
+            jobs: (!threads.is_empty()).then_some(jobs),
             done,
-            thread,
+            threads,
         }
     }
 
@@ -215,9 +234,9 @@ impl Builder {
 
 impl Drop for Builder {
     fn drop(&mut self) {
-        // No more jobs: the thread ends after the one it is on.
+        // No more jobs: each thread ends after the one it is on.
         self.jobs = None;
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
