@@ -57,6 +57,21 @@ pub fn run() -> Result<Outcome> {
 }
 
 fn set_libbpf_logging(verbose: bool) {
+    if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
+        // For start-up measurements: the verifier's line of statistics of
+        // each program loaded.
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg: String| {
+            for line in msg.lines() {
+                if line.starts_with("prog '") && line.contains("BEGIN PROG LOAD LOG")
+                    || line.starts_with("verification time")
+                    || line.starts_with("processed ")
+                {
+                    eprintln!("libbpf: {line}");
+                }
+            }
+        })));
+        return;
+    }
     if verbose {
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, |_, msg: String| {
             eprint!("libbpf: {msg}")
@@ -65,6 +80,55 @@ fn set_libbpf_logging(verbose: bool) {
         // Failures are reported once, by us; libbpf's own log (verifier
         // output of a hook that is tried and skipped) is noise.
         libbpf_rs::set_print(None);
+    }
+}
+
+/// The processes traced get their tables before tracing starts, not at
+/// their first block: the stacks of threads blocked since before the start
+/// are walked with them too. Their mappings are read and the tables built
+/// while the BPF program loads, and written once it has.
+struct StartingTables<'a> {
+    config: &'a crate::tracer::TracerOptions,
+    symbolizer: &'a mut Symbolizer,
+    unwinder: &'a mut Option<Unwinder>,
+    /// The processes noted by `prepare`.
+    noted: Vec<u32>,
+    /// A store was given already (a hook loaded, then failed to attach).
+    installed: bool,
+}
+
+impl crate::tracer::StartTables for StartingTables<'_> {
+    fn prepare(&mut self, capacity: crate::tracer::UnwindCapacity) {
+        if self.unwinder.is_some() {
+            return;
+        }
+        let mut u = Unwinder::without_store(capacity.rows as usize, capacity.mappings as usize);
+        self.noted = processes_to_trace(self.config);
+        for &tgid in &self.noted {
+            self.symbolizer.note_process(tgid, None, false);
+            u.note_process(&*self.symbolizer, tgid);
+        }
+        *self.unwinder = Some(u);
+    }
+
+    fn install(&mut self, store: crate::tracer::UnwindStore) {
+        let symbolizer = &*self.symbolizer;
+        let u = match self.unwinder.as_mut() {
+            Some(u) if !self.installed => {
+                u.set_store(symbolizer, store);
+                u
+            }
+            _ => {
+                // Another attempt's maps: everything written again.
+                let mut u = Unwinder::new(store);
+                for &tgid in &self.noted {
+                    u.note_process(symbolizer, tgid);
+                }
+                self.unwinder.insert(u)
+            }
+        };
+        self.installed = true;
+        u.finish(symbolizer, Duration::from_secs(10));
     }
 }
 
@@ -103,18 +167,17 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let raised = crate::priority::raise();
     let started_tracer = prepare(config, &stop).and_then(|()| {
         started = Instant::now();
-        Tracer::start(&mut object, &config.tracer, &mut |store| {
-            // The processes traced get their tables before tracing starts,
-            // not at their first block: the stacks of threads blocked since
-            // before the start are walked with them too.
-            let mut u = Unwinder::new(store);
-            for tgid in processes_to_trace(&config.tracer) {
-                symbolizer.note_process(tgid, None, false);
-                u.note_process(&symbolizer, tgid);
-            }
-            u.finish(&symbolizer, Duration::from_secs(10));
-            unwinder = Some(u);
-        })
+        Tracer::start(
+            &mut object,
+            &config.tracer,
+            &mut StartingTables {
+                config: &config.tracer,
+                symbolizer: &mut symbolizer,
+                unwinder: &mut unwinder,
+                noted: Vec::new(),
+                installed: false,
+            },
+        )
     });
     drop(raised);
     let mut tracer = match started_tracer {

@@ -138,6 +138,28 @@ pub struct TracerOptions {
     pub wakers: bool,
 }
 
+/// The DWARF unwind tables' part in starting (see [`Tracer::start`]).
+pub trait StartTables {
+    /// Runs while the BPF program loads on another thread (the verifier
+    /// takes as long as the tables, and the two can use two CPUs): what
+    /// can be done before there are maps to write into. Called before
+    /// each attempt to load; only the first call has work to do.
+    fn prepare(&mut self, capacity: UnwindCapacity);
+    /// The maps to write the tables into, once loaded and before the hook
+    /// is attached: the processes asked for have their tables from the
+    /// first block on (again, if a hook loads but fails to attach and the
+    /// next is tried: the last call's store is the one used).
+    fn install(&mut self, store: UnwindStore);
+}
+
+/// An open skeleton handed to the thread that loads it.
+struct SendOpen<T>(T);
+
+// SAFETY: the open skeleton is used by one thread at a time (moved to the
+// loading thread, which hands back the loaded one); libbpf objects are not
+// tied to the thread that made them.
+unsafe impl<T> Send for SendOpen<T> {}
+
 /// A stack reference as stored in a count entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StackRef {
@@ -412,6 +434,9 @@ pub struct Tracer<'obj> {
 pub struct Phases {
     last: Instant,
     pub steps: Vec<(&'static str, Duration)>,
+    /// What ran side by side during the load: the BPF object's load (the
+    /// verifier, mostly) and the tables prepared meanwhile.
+    pub overlapped: Option<(Duration, Duration)>,
 }
 
 impl Default for Phases {
@@ -419,6 +444,7 @@ impl Default for Phases {
         Phases {
             last: Instant::now(),
             steps: Vec::new(),
+            overlapped: None,
         }
     }
 }
@@ -436,6 +462,14 @@ impl std::fmt::Display for Phases {
         for (i, (what, d)) in self.steps.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
             write!(f, "{sep}{what} {:.1} ms", d.as_secs_f64() * 1e3)?;
+        }
+        if let Some((bpf, tables)) = self.overlapped {
+            write!(
+                f,
+                "; during the load: BPF object {:.1} ms, tables prepared {:.1} ms",
+                bpf.as_secs_f64() * 1e3,
+                tables.as_secs_f64() * 1e3
+            )?;
         }
         Ok(())
     }
@@ -505,22 +539,21 @@ impl<'obj> Tracer<'obj> {
     /// frame pointers can, tracing goes on with frame pointers, and the
     /// reason is returned too.
     ///
-    /// `on_tables` gets the DWARF unwind tables once the program is loaded
-    /// and before it is attached, so that the processes asked for can have
-    /// theirs from the first block on (again, if a hook loads but fails to
-    /// attach and the next is tried: the last call's are the ones used).
+    /// `tables` prepares the DWARF unwind tables while the program loads,
+    /// and writes them once it is loaded, before it is attached (see
+    /// [`StartTables`]).
     pub fn start(
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
-        on_tables: &mut dyn FnMut(UnwindStore),
+        tables: &mut dyn StartTables,
     ) -> Result<(Tracer<'obj>, Option<anyhow::Error>)> {
         if opts.unwind != Unwind::Dwarf {
-            return Self::start_with(object, opts, on_tables).map(|t| (t, None));
+            return Self::start_with(object, opts, tables).map(|t| (t, None));
         }
         let object_ptr: *mut MaybeUninit<OpenObject> = object;
         // SAFETY: as in start_with: a failed attempt drops every borrow of
         // the object before the next one reuses it.
-        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, on_tables) {
+        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, tables) {
             Ok(t) => return Ok((t, None)),
             Err(e) => e,
         };
@@ -528,7 +561,7 @@ impl<'obj> Tracer<'obj> {
             unwind: Unwind::FramePointers,
             ..opts.clone()
         };
-        match Self::start_with(unsafe { &mut *object_ptr }, &fp, on_tables) {
+        match Self::start_with(unsafe { &mut *object_ptr }, &fp, tables) {
             Ok(t) => Ok((t, Some(err))),
             Err(_) => Err(err),
         }
@@ -537,7 +570,7 @@ impl<'obj> Tracer<'obj> {
     fn start_with(
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
-        on_tables: &mut dyn FnMut(UnwindStore),
+        tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_first = opts.min_block_ns > 1000
             && opts.state.is_none()
@@ -568,12 +601,12 @@ impl<'obj> Tracer<'obj> {
             // wrong with the hook.
             if std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none() {
                 let object = unsafe { &mut *object_ptr };
-                if let Ok(t) = Self::try_start(object, opts, hook, true, on_tables) {
+                if let Ok(t) = Self::try_start(object, opts, hook, true, tables) {
                     return Ok(t);
                 }
             }
             let object = unsafe { &mut *object_ptr };
-            match Self::try_start(object, opts, hook, false, on_tables) {
+            match Self::try_start(object, opts, hook, false, tables) {
                 Ok(t) => return Ok(t),
                 Err(e) => errors.push((hook, e)),
             }
@@ -593,7 +626,7 @@ impl<'obj> Tracer<'obj> {
         opts: &TracerOptions,
         hook: Hook,
         start_user_stacks: bool,
-        on_tables: &mut dyn FnMut(UnwindStore),
+        tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
             Some(find_finish_task_switch()?)
@@ -719,14 +752,60 @@ impl<'obj> Tracer<'obj> {
             open.maps.task_data_by_tid.set_max_entries(1)?;
         }
 
+        if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
+            // The verifier's statistics of each program (time, instructions
+            // processed, states), printed by libbpf's debug log: see
+            // set_libbpf_logging.
+            let p = &mut open.progs;
+            for prog in [
+                &mut p.sched_switch_btf,
+                &mut p.sched_switch_raw,
+                &mut p.finish_task_switch_kprobe,
+                &mut p.start_blocked,
+                &mut p.start_blocked_by_tid,
+                &mut p.flush_in_progress,
+                &mut p.flush_in_progress_by_tid,
+                &mut p.start_blocked_user,
+                &mut p.start_blocked_user_by_tid,
+            ] {
+                prog.set_log_level(4);
+            }
+        }
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
-        let skel = open
-            .load()
-            .with_context(|| format!("failed to load the BPF program ({what})"))?;
+        // The verifier runs on a thread of its own, meanwhile the tables
+        // are prepared on this one.
+        let open = SendOpen(open);
+        let loaded = std::thread::scope(|s| {
+            let loader = std::thread::Builder::new()
+                .name("bpf-load".into())
+                .spawn_scoped(s, move || {
+                    // The whole wrapper moves, not just its field.
+                    let open = open;
+                    let began = Instant::now();
+                    SendOpen((open.0.load(), began.elapsed()))
+                });
+            let loader = match loader {
+                Ok(l) => l,
+                Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
+            };
+            let began = Instant::now();
+            if dwarf {
+                tables.prepare(opts.unwind_capacity);
+            }
+            let prepared = began.elapsed();
+            match loader.join() {
+                Ok(SendOpen((r, took))) => {
+                    phases.overlapped = Some((took, prepared));
+                    r.map_err(anyhow::Error::from)
+                }
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        });
+        let skel = loaded.with_context(|| format!("failed to load the BPF program ({what})"))?;
 
         phases.mark("load");
         let one = [1u8];
@@ -742,7 +821,7 @@ impl<'obj> Tracer<'obj> {
         }
 
         if dwarf {
-            on_tables(UnwindStore::new(&skel)?);
+            tables.install(UnwindStore::new(&skel)?);
         }
 
         phases.mark("tables");

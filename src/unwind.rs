@@ -152,48 +152,67 @@ struct Built {
     took: Duration,
 }
 
-/// The thread that turns files' call-frame information into rows, so
-/// that a large library (seconds to build) holds up neither the reading
-/// of events nor the tables of files already built.
+/// How many threads build tables: two, where there are two CPUs, so that
+/// one large library (seconds to build) does not hold up the others at
+/// start-up, when every process alive waits for its tables.
+const BUILDERS: usize = 2;
+
+/// The threads that turn files' call-frame information into rows, so that
+/// a large library holds up neither the reading of events nor the tables
+/// of files already built.
 struct Builder {
     jobs: Option<std::sync::mpsc::Sender<(u32, File)>>,
     done: std::sync::mpsc::Receiver<Built>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Builder {
     fn start() -> Builder {
         let (jobs, todo) = std::sync::mpsc::channel::<(u32, File)>();
+        let todo = std::sync::Arc::new(std::sync::Mutex::new(todo));
         let (tell, done) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("unwind-tables".into())
-            .spawn(move || {
-                for (object, file) in todo {
-                    crate::priority::settle();
-                    let began = Instant::now();
-                    // A file that makes the parser panic is one without
-                    // a table, not the end of the run.
-                    let table =
-                        std::panic::catch_unwind(|| build_table(&file)).unwrap_or_else(|_| {
-                            Err("its call-frame information could not be parsed".into())
-                        });
-                    drop(file);
-                    let built = Built {
-                        object,
-                        table,
-                        took: began.elapsed(),
-                    };
-                    if tell.send(built).is_err() {
-                        break;
-                    }
-                    crate::give_back_freed_memory();
-                }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads: Vec<_> = (0..BUILDERS.min(cpus))
+            .filter_map(|_| {
+                let todo = todo.clone();
+                let tell = tell.clone();
+                std::thread::Builder::new()
+                    .name("unwind-tables".into())
+                    .spawn(move || loop {
+                        // The lock is held only while waiting for a job.
+                        let job = match todo.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => break,
+                        };
+                        let Ok((object, file)) = job else {
+                            break;
+                        };
+                        crate::priority::settle();
+                        let began = Instant::now();
+                        // A file that makes the parser panic is one
+                        // without a table, not the end of the run.
+                        let table =
+                            std::panic::catch_unwind(|| build_table(&file)).unwrap_or_else(|_| {
+                                Err("its call-frame information could not be parsed".into())
+                            });
+                        drop(file);
+                        let built = Built {
+                            object,
+                            table,
+                            took: began.elapsed(),
+                        };
+                        if tell.send(built).is_err() {
+                            break;
+                        }
+                        crate::give_back_freed_memory();
+                    })
+                    .ok()
             })
-            .ok();
+            .collect();
         Builder {
-            jobs: thread.as_ref().map(|_| jobs),
+            jobs: (!threads.is_empty()).then_some(jobs),
             done,
-            thread,
+            threads,
         }
     }
 
@@ -215,9 +234,9 @@ impl Builder {
 
 impl Drop for Builder {
     fn drop(&mut self) {
-        // No more jobs: the thread ends after the one it is on.
+        // No more jobs: each thread ends after the one it is on.
         self.jobs = None;
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -298,7 +317,9 @@ pub struct UnwindStats {
 }
 
 pub struct Unwinder {
-    store: Box<dyn TableStore>,
+    /// None until the BPF program's maps exist (see
+    /// [`Unwinder::without_store`]).
+    store: Option<Box<dyn TableStore>>,
     builder: Builder,
     /// Objects whose tables the builder is working on.
     building: HashMap<u32, Requested>,
@@ -320,9 +341,18 @@ pub struct Unwinder {
 
 impl Unwinder {
     pub fn new(store: impl TableStore + 'static) -> Unwinder {
-        let (row_capacity, mapping_capacity) = (store.row_capacity(), store.mapping_capacity());
+        let mut u = Unwinder::without_store(store.row_capacity(), store.mapping_capacity());
+        u.store = Some(Box::new(store));
+        u
+    }
+
+    /// An unwinder that builds tables before there is anywhere to write
+    /// them (while the BPF program loads, which takes as long): processes
+    /// noted wait, and their tables are written once
+    /// [`Unwinder::set_store`] gives it a store of these capacities.
+    pub fn without_store(row_capacity: usize, mapping_capacity: usize) -> Unwinder {
         Unwinder {
-            store: Box::new(store),
+            store: None,
             builder: Builder::start(),
             building: HashMap::new(),
             waiting: HashSet::new(),
@@ -372,13 +402,44 @@ impl Unwinder {
                 pending = true;
             }
         }
-        if pending {
+        if pending || self.store.is_none() {
             self.waiting.insert(tgid);
             return false;
         }
         self.waiting.remove(&tgid);
         self.install(procs, tgid, mappings, objects);
         true
+    }
+
+    /// Where the tables go from now on (see [`Unwinder::without_store`]):
+    /// the processes noted so far get theirs as the tables they wait for
+    /// are taken in ([`Unwinder::poll`], [`Unwinder::finish`]), at once
+    /// if they wait for none.
+    pub fn set_store(&mut self, procs: &dyn Processes, store: impl TableStore + 'static) {
+        if store.row_capacity() != self.rows.capacity
+            || store.mapping_capacity() != self.mappings.capacity
+        {
+            // Not the capacities planned for: start over with these.
+            let waiting: Vec<u32> = self.waiting.iter().copied().collect();
+            *self = Unwinder::new(store);
+            for tgid in waiting {
+                self.note_process(procs, tgid);
+            }
+            return;
+        }
+        self.store = Some(Box::new(store));
+        let ready: Vec<u32> = self.waiting.iter().copied().collect();
+        for tgid in ready {
+            self.note_process(procs, tgid);
+        }
+    }
+
+    fn store(&mut self) -> &mut dyn TableStore {
+        // Tables are taken in and processes installed only once there is
+        // a store (note_process, poll and finish wait for it).
+        self.store
+            .as_deref_mut()
+            .expect("unwind tables written before their store was set")
     }
 
     /// Whether `object` has no table yet, or had no room for it and may
@@ -418,6 +479,9 @@ impl Unwinder {
     /// tables to the processes that waited for them. Returns whether
     /// tables are still being built.
     pub fn poll(&mut self, procs: &dyn Processes) -> bool {
+        if self.store.is_none() {
+            return true;
+        }
         self.reclaim();
         let mut built = Vec::new();
         while let Some(b) = self.builder.try_recv() {
@@ -445,6 +509,9 @@ impl Unwinder {
     /// Waits until every table asked for is built and given to its
     /// processes (before tracing starts), or `limit` has passed.
     pub fn finish(&mut self, procs: &dyn Processes, limit: Duration) {
+        if self.store.is_none() {
+            return;
+        }
         let until = Instant::now() + limit;
         while self.poll(procs) {
             let left = until.saturating_duration_since(Instant::now());
@@ -544,7 +611,7 @@ impl Unwinder {
                     rbp_off: r.rbp_off,
                 })
                 .collect();
-            self.store.write_rows(start + (i << 16), &converted)
+            self.store().write_rows(start + (i << 16), &converted)
         });
         if let Err(e) = written {
             self.rows.free(start, rows.len());
@@ -611,7 +678,7 @@ impl Unwinder {
             }
             Err(why) => {
                 // Tables built for other mappings would be wrong now.
-                self.store.remove_process(tgid);
+                self.store().remove_process(tgid);
                 self.refuse(tgid, "the process", why);
                 None
             }
@@ -637,7 +704,7 @@ impl Unwinder {
         self.waiting.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
             if p.slice.is_some() {
-                self.store.remove_process(tgid);
+                self.store().remove_process(tgid);
                 self.stats.processes_forgotten += 1;
             }
             self.release(p);
@@ -692,9 +759,9 @@ impl Unwinder {
             .alloc(count)
             .ok_or("the unwind tables are full (--unwind-memory)")?;
         let written = self
-            .store
+            .store()
             .write_mappings(start, entries)
-            .and_then(|()| self.store.set_process(tgid, start as u32, count as u32));
+            .and_then(|()| self.store().set_process(tgid, start as u32, count as u32));
         if let Err(e) = written {
             self.mappings.free(start, count);
             return Err(format!("{e:#}"));
@@ -1028,6 +1095,60 @@ mod tests {
         assert!(live.borrow().is_empty());
         // The binary's table was built once and stays while it fits.
         assert_eq!((s.objects, s.rows), (1, exe_rows));
+    }
+
+    #[test]
+    fn tables_built_before_the_store_are_written_once_it_is_set() {
+        let mut procs = FakeProcesses::new();
+        procs.with_libc = vec![2];
+        let rows = rows_of(&procs.files[0]) + rows_of(&procs.files[1]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let mut u = Unwinder::without_store(rows, 4);
+        for tgid in [1, 2] {
+            assert!(!u.note_process(&procs, tgid));
+        }
+        // Nothing is taken in, nor written anywhere, without a store.
+        assert!(u.poll(&procs));
+        u.finish(&procs, Duration::from_secs(60));
+        assert_eq!(u.stats().processes_covered, 0);
+        // The builder has had time to finish: what it built waits.
+        std::thread::sleep(Duration::from_millis(200));
+        u.set_store(
+            &procs,
+            FakeStore {
+                rows,
+                mappings: 4,
+                procs: live.clone(),
+            },
+        );
+        u.finish(&procs, Duration::from_secs(60));
+        assert!(u.waiting.is_empty() && u.building.is_empty());
+        let s = u.stats();
+        assert_eq!(u.not_covered().0, &[], "{s:?}");
+        assert_eq!((s.processes_covered, s.objects, s.rows), (2, 2, rows));
+        assert_eq!(live.borrow().len(), 2);
+        assert_eq!(live.borrow()[&2].1, 2);
+    }
+
+    #[test]
+    fn store_of_other_capacities_starts_over() {
+        let procs = FakeProcesses::new();
+        let rows = rows_of(&procs.files[0]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let mut u = Unwinder::without_store(1, 1);
+        assert!(!u.note_process(&procs, 1));
+        u.set_store(
+            &procs,
+            FakeStore {
+                rows,
+                mappings: 2,
+                procs: live.clone(),
+            },
+        );
+        u.finish(&procs, Duration::from_secs(60));
+        let s = u.stats();
+        assert_eq!((s.processes_covered, s.row_capacity), (1, rows), "{s:?}");
+        assert!(live.borrow().contains_key(&1));
     }
 
     #[test]

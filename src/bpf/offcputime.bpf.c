@@ -189,6 +189,27 @@ struct {
 	__type(value, __u64[MAX_STACK_DEPTH + 1]);
 } start_scratch SEC(".maps");
 
+/* The start iterator's copy of the stack of the thread it walks, from its
+ * stack pointer: one read of another task's memory (which takes its mmap
+ * lock and pins its pages) instead of one or two a frame, which made the
+ * iterator take a second under thousands of deep stacks.  Reads beyond it
+ * are made one by one. */
+#define STACK_COPY_BYTES 8192
+struct stack_copy {
+	__u64 base;
+	__u64 len;
+	/* 16 bytes more: a read of up to 16 bytes from any offset below
+	 * STACK_COPY_BYTES stays inside. */
+	__u8 bytes[STACK_COPY_BYTES + 16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_copy);
+} start_stack SEC(".maps");
+
 /* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
  * written by it through mmap. */
 struct {
@@ -274,16 +295,23 @@ static __always_inline __u32 clamp_stack_bytes(void)
 	return size;
 }
 
+/* A stack's frames as the scratch maps hold them. */
+struct frames {
+	__u64 ip[MAX_STACK_DEPTH + 1];
+};
+
 /*
- * Store the `len` bytes of frames at `ips` in `stacks` (unless already there)
- * and return their id, or one of the STACK_ID_* codes.
+ * Store the first `len` bytes of frames `f` in `stacks` (unless already
+ * there) and return their id, or one of the STACK_ID_* codes.
  */
-static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
+static __always_inline __u64 store_frames(struct frames *f, long len, int user)
 {
 	__u64 h = 0xcbf29ce484222325ULL;
 	long nr;
 	int i, err;
 
+	if (!f)
+		return STACK_ID_MISSED_ERROR;
 	if (len == 0 || len == -EFAULT)
 		return STACK_ID_NONE;
 	if (len < 0) {
@@ -294,7 +322,7 @@ static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
 	for (i = 0; i < MAX_STACK_DEPTH; i++) {
 		if (i >= nr)
 			break;
-		h ^= ips[i];
+		h ^= f->ip[i];
 		h *= 0x100000001b3ULL;
 		h ^= h >> 32;
 	}
@@ -302,12 +330,33 @@ static __always_inline __u64 store_stack(__u64 *ips, long len, bool user)
 
 	if (bpf_map_lookup_elem(&stacks, &h))
 		return h;
-	err = bpf_map_update_elem(&stacks, &h, ips, BPF_NOEXIST);
+	err = bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
 	if (err && err != -EEXIST) {
 		count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
 		return STACK_ID_MISSED_FULL;
 	}
 	return h;
+}
+
+/*
+ * store_frames() of the frames in `scratch`, and of those in `start_scratch`
+ * (the start iterator's).  Global functions: the verifier checks each once,
+ * not at every call in every state of their callers.  They look the frames
+ * up themselves: 6.1 takes no map update value from memory passed as an
+ * argument.
+ */
+__noinline __u64 store_stack(long len, int user)
+{
+	__u32 zero = 0;
+
+	return store_frames(bpf_map_lookup_elem(&scratch, &zero), len, user);
+}
+
+__noinline __u64 store_task_stack(long len, int user)
+{
+	__u32 zero = 0;
+
+	return store_frames(bpf_map_lookup_elem(&start_scratch, &zero), len, user);
 }
 
 static __always_inline void count_n(__u32 which, __u64 n)
@@ -336,14 +385,20 @@ struct unwind_state {
 	struct task_struct *task;
 };
 
-/* Reads the user memory of the current task, or of `task` (which may
+/* Reads the user memory of the current task, or of `task` from the copy
+ * of its stack `c` where it has the bytes, else from the task (which may
  * sleep, so only from the sleepable start iterator). */
 static __always_inline long read_user(void *dst, __u32 size, const void *src,
-				      struct task_struct *task, bool remote)
+				      struct task_struct *task, struct stack_copy *c)
 {
-	if (remote)
-		return bpf_copy_from_user_task(dst, size, src, task, 0);
-	return bpf_probe_read_user(dst, size, src);
+	__u64 off;
+
+	if (!c)
+		return bpf_probe_read_user(dst, size, src);
+	off = (__u64)src - c->base;
+	if ((__u64)src >= c->base && off < STACK_COPY_BYTES && off + size <= c->len)
+		return bpf_probe_read_kernel(dst, size, &c->bytes[off & (STACK_COPY_BYTES - 1)]);
+	return bpf_copy_from_user_task(dst, size, src, task, 0);
 }
 
 /* A binary search over `count` entries of an array map from `start`, one
@@ -384,11 +439,11 @@ static long mapping_step(__u32 i, void *arg)
 	return 0;
 }
 
-/* The process's mapping that holds `addr`: a binary search over its
- * mappings, sorted by start address. */
-static __always_inline struct unwind_mapping *find_mapping(struct unwind_state *u, __u64 addr)
+/* The mapping that holds `addr` among the `count` from `start` (a
+ * process's, sorted by start address): a binary search. */
+static __always_inline struct unwind_mapping *find_mapping(__u32 start, __u32 count, __u64 addr)
 {
-	struct search s = { .start = u->map_start, .hi = u->map_count, .addr = addr };
+	struct search s = { .start = start, .hi = count, .addr = addr };
 	__u32 idx;
 
 	/* 2^10 = UNWIND_MAX_PROC_MAPPINGS */
@@ -433,17 +488,46 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
 	return bpf_map_lookup_elem(&unwind_rows, &idx);
 }
 
+/* unwind_rule()'s answer: kind | cfa_off << 8 | (__u8)rbp_off << 24. */
+#define RULE_KIND(r) ((__u32)((r) & 0xff))
+#define RULE_CFA_OFF(r) ((__u32)(((r) >> 8) & 0xffff))
+#define RULE_RBP_OFF(r) ((__s64)(__s8)(((r) >> 24) & 0xff))
+
+/*
+ * The unwind rule of `addr` in the process whose mappings are the `count`
+ * from `start` in unwind_maps: its mapping, then its object's row; kind
+ * UNWIND_NONE where no call-frame information covers it (frame pointers
+ * are followed there).  A global function, so that the verifier checks it
+ * once for any address, on its own, instead of again at every call in
+ * every state of its callers (most of the load time went there).  It
+ * answers in its return value, not through memory: the verifier of 6.1
+ * takes a caller's stack passed to a global function as unchanged by the
+ * call (and drops the code that reads the answer as dead).  It only looks
+ * up array maps, which sleepable and non-sleepable programs may both do.
+ */
+__noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
+{
+	struct unwind_mapping *m;
+	struct unwind_row *r = NULL;
+
+	m = find_mapping(start, count, addr);
+	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
+		r = find_row(m->row_start, m->row_count, addr - m->bias);
+	if (!r)
+		return UNWIND_NONE;
+	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
+}
+
 /*
  * One frame: record its pc, then find the caller's pc, sp and bp, with the
  * object's table where it has one and through the frame pointer where it
  * has not (JIT code, objects without call-frame information).  Returns 1
  * to stop (bpf_loop callback).
  */
-static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips, bool remote)
+static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
+				       struct stack_copy *c)
 {
-	struct unwind_mapping *m;
-	struct unwind_row *r;
-	__u64 cfa, ra, addr, frame[2];
+	__u64 cfa, ra, frame[2], rule;
 	__u32 idx;
 	__s64 rbp_off;
 
@@ -462,20 +546,16 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	u->nr = i + 1;
 
 	/* A return address is looked up at the call before it. */
-	addr = i == 0 ? u->pc : u->pc - 1;
-	m = find_mapping(u, addr);
-	r = NULL;
-	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
-		r = find_row(m->row_start, m->row_count, addr - m->bias);
-	if (r && r->kind != UNWIND_NONE) {
-		switch (r->kind) {
+	rule = unwind_rule(i == 0 ? u->pc : u->pc - 1, u->map_start, u->map_count);
+	if (RULE_KIND(rule) != UNWIND_NONE) {
+		switch (RULE_KIND(rule)) {
 		case UNWIND_END:
 			return 1;
 		case UNWIND_CFA_RSP:
-			cfa = u->sp + r->cfa_off;
+			cfa = u->sp + RULE_CFA_OFF(rule);
 			break;
 		case UNWIND_CFA_RBP:
-			cfa = u->bp + r->cfa_off;
+			cfa = u->bp + RULE_CFA_OFF(rule);
 			break;
 		case UNWIND_PLT:
 			cfa = u->sp + 8 + ((u->pc & 15) >= 11 ? 8 : 0);
@@ -484,13 +564,13 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			u->truncated = true;
 			return 1;
 		}
-		rbp_off = r->rbp_off;
-		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, remote)) {
+		rbp_off = RULE_RBP_OFF(rule);
+		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, c)) {
 			u->truncated = true;
 			return 1;
 		}
 		if (rbp_off && read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8),
-					 u->task, remote)) {
+					 u->task, c)) {
 			u->truncated = true;
 			return 1;
 		}
@@ -500,7 +580,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		 * pointer and return address at bp.  A chain that ends (bp is
 		 * 0 in _start and thread entry points) or cannot be read is
 		 * the end of the stack. */
-		if (!u->bp || read_user(frame, sizeof(frame), (void *)u->bp, u->task, remote))
+		if (!u->bp || read_user(frame, sizeof(frame), (void *)u->bp, u->task, c))
 			return 1;
 		ra = frame[1];
 		u->sp = u->bp + 16;
@@ -518,15 +598,39 @@ static long unwind_step_current(__u32 i, void *arg)
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 
-	return ips ? unwind_step(i, arg, ips, false) : 1;
+	return ips ? unwind_step(i, arg, ips, NULL) : 1;
 }
 
 static long unwind_step_task(__u32 i, void *arg)
 {
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
+	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
 
-	return ips ? unwind_step(i, arg, ips, true) : 1;
+	return ips && c ? unwind_step(i, arg, ips, c) : 1;
+}
+
+/* Copies the stack of the task being walked from its stack pointer: as
+ * much of STACK_COPY_BYTES as can be read (at least the rest of its page,
+ * which holds the stack pointer). */
+static __always_inline void copy_stack(struct unwind_state *u)
+{
+	__u32 zero = 0, n;
+	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
+
+	if (!c)
+		return;
+	c->base = u->sp;
+	c->len = 0;
+	if (!bpf_copy_from_user_task(c->bytes, STACK_COPY_BYTES, (void *)u->sp, u->task, 0)) {
+		c->len = STACK_COPY_BYTES;
+		return;
+	}
+	n = 4096 - (u->sp & 4095);
+	if (n > STACK_COPY_BYTES)
+		return;
+	if (!bpf_copy_from_user_task(c->bytes, n, (void *)u->sp, u->task, 0))
+		c->len = n;
 }
 
 /*
@@ -540,9 +644,10 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
 	__u32 zero = 0, idx;
 
 	u->max = clamp_stack_bytes() / sizeof(__u64);
-	if (remote)
+	if (remote) {
+		copy_stack(u);
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, u, 0);
-	else
+	} else
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_current, u, 0);
 	/* Frames end at a zero, as bpf_get_stack() leaves them: the buffer
 	 * still holds deeper stacks walked before. */
@@ -560,7 +665,8 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
  * Walks the user stack of `task` (the current task unless `remote`) with the
  * DWARF tables of its process, from the user registers saved at kernel
  * entry.  Returns its length in bytes, or -1 if the process has no tables
- * (yet).
+ * (yet); for another task, it is then walked with frame pointers here, as a
+ * single walk (the verifier checks each walk called).
  */
 static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
 {
@@ -568,20 +674,19 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 	struct unwind_proc *p;
 	struct pt_regs *regs;
 	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
+	bool ready;
 
 	p = bpf_map_lookup_elem(&unwind_procs, &tgid);
-	if (!p || !mm) {
-		count(CNT_UNWIND_NOT_READY);
-		return -1;
-	}
 	/* The tables describe the address space they were built for: the
 	 * first unwind claims it, and an exec() or a reused pid since makes
 	 * them stale until userspace has built new ones. */
-	if (!p->mm)
+	if (p && mm && !p->mm)
 		p->mm = mm;
-	if (p->mm != mm) {
+	ready = p && mm && p->mm == mm;
+	if (!ready) {
 		count(CNT_UNWIND_NOT_READY);
-		return -1;
+		if (!remote)
+			return -1;
 	}
 	regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
@@ -589,18 +694,30 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 	u.pc = BPF_CORE_READ(regs, ip);
 	u.sp = BPF_CORE_READ(regs, sp);
 	u.bp = BPF_CORE_READ(regs, bp);
-	u.map_start = p->map_start;
-	u.map_count = p->map_count;
-	if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
-		u.map_count = UNWIND_MAX_PROC_MAPPINGS;
+	if (ready && p) {
+		u.map_start = p->map_start;
+		u.map_count = p->map_count;
+		if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
+			u.map_count = UNWIND_MAX_PROC_MAPPINGS;
+	}
 	u.task = task;
 	walk_user(&u, remote);
-	count(CNT_UNWIND_DWARF);
-	if (u.truncated)
-		count(CNT_UNWIND_TRUNCATED);
-	if (u.fp_frames)
-		count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	if (ready) {
+		count(CNT_UNWIND_DWARF);
+		if (u.truncated)
+			count(CNT_UNWIND_TRUNCATED);
+		if (u.fp_frames)
+			count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	}
 	return u.nr * sizeof(__u64);
+}
+
+/* The current task's user stack, walked with its process's tables into
+ * `scratch`: its length in bytes, or -1 if the process has none (yet).  A
+ * global function, checked once on its own (see unwind_rule). */
+__noinline long unwind_current(void)
+{
+	return unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
 }
 
 /* The user or kernel stack of the current task. */
@@ -613,10 +730,10 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user)
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf)
-		len = unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
+		len = unwind_current();
 	if (len < 0)
 		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
-	return store_stack(buf, len, user);
+	return store_stack(len, user);
 }
 
 static __always_inline __u32 task_state(struct task_struct *t)
@@ -734,11 +851,12 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 	if (!mm)
 		return;
 	exec_vm = BPF_CORE_READ(mm, exec_vm);
+	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
+		return;
+	/* Only past the check above: every switch-out gets there. */
 	struct notified *p, now = { .start = process_start(t), .mm = (__u64)mm, .exec_vm = exec_vm };
 	__u32 kind = TASK_EVENT_NEW;
 
-	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
-		return;
 	/* Another thread of the process may have told it already. */
 	p = bpf_map_lookup_elem(&notified_procs, &tgid);
 	if (p && p->start == now.start) {
@@ -1142,7 +1260,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 		return;
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), 0);
 	irq = len > 0 && interrupt_stack(buf, len / sizeof(__u64));
-	w.kernel_stack_id = store_stack(buf, len, false);
+	w.kernel_stack_id = store_stack(len, false);
 	if (irq) {
 		/* Not the interrupted task's doing: no task, no user stack. */
 		d->waker_id = store_waker(&w);
@@ -1246,7 +1364,7 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	return store_stack(buf, bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
+	return store_task_stack(bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
 }
 
 /* The user stack of `task`, which is not running: with its process's
@@ -1270,9 +1388,9 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	 * the window never open.  Such a stack is not read. */
 	if (BPF_CORE_READ(task, mm, mmap_lock.count.counter) & (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS))
 		return STACK_ID_NOT_READABLE;
-	if (unwind_dwarf)
+	if (unwind_dwarf) {
 		len = unwind_user(task, tgid, true);
-	if (len < 0) {
+	} else {
 		regs = (struct pt_regs *)bpf_task_pt_regs(task);
 		if (!regs)
 			return STACK_ID_MISSED_ERROR;
@@ -1282,7 +1400,9 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		u.task = task;
 		len = walk_user(&u, true) * sizeof(__u64);
 	}
-	return store_stack(buf, len, true);
+	if (len < 0)
+		return STACK_ID_MISSED_ERROR;
+	return store_task_stack(len, true);
 }
 
 /*
