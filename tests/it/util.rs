@@ -132,6 +132,12 @@ pub fn report_no_kprobes() {
     eprintln!("matrix: finish-task-switch unsupported (no CONFIG_KPROBES)");
 }
 
+/// Whether this runs under software emulation (qemu's TCG, as the kernel
+/// matrix does where there is no KVM): its CPU model says so.
+pub fn emulated() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("QEMU TCG CPU"))
+}
+
 /// BPF tests run one at a time: they share the CPUs and the accuracy
 /// checks should not see each other's load.
 pub fn serial() -> MutexGuard<'static, ()> {
