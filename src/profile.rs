@@ -303,20 +303,9 @@ impl Profile {
             Part::Frames(f) => Part::Frames(f.iter().map(|f| Frame::named(&*f.name)).collect()),
             other => other.clone(),
         };
-        // (tgid, pid, comm, user, kernel, state, waker) -> (total ns, blocks)
-        type NameKey = (
-            u32,
-            u32,
-            String,
-            Part,
-            Part,
-            Option<OffState>,
-            Option<Waker>,
-        );
-        let mut merged: HashMap<NameKey, (u64, u64)> = HashMap::new();
-        for s in &self.samples {
-            let slot = merged
-                .entry((
+        let samples = merged_samples(self.samples.iter().map(|s| {
+            (
+                (
                     s.tgid,
                     s.pid,
                     s.comm.clone(),
@@ -324,28 +313,11 @@ impl Profile {
                     names(&s.kernel),
                     s.state,
                     s.waker.as_ref().map(|w| w.map_parts(names)),
-                ))
-                .or_default();
-            slot.0 += s.total_ns;
-            slot.1 += s.count;
-        }
-        let mut samples: Vec<Sample> = merged
-            .into_iter()
-            .map(
-                |((tgid, pid, comm, user, kernel, state, waker), (total_ns, count))| Sample {
-                    comm,
-                    tgid,
-                    pid,
-                    user,
-                    kernel,
-                    state,
-                    waker,
-                    total_ns,
-                    count,
-                },
+                ),
+                s.total_ns,
+                s.count,
             )
-            .collect();
-        sort_samples(&mut samples);
+        }));
         Profile {
             samples,
             counters: self.counters.clone(),
@@ -522,17 +494,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         },
     };
 
-    // (tgid, pid, comm, user, kernel, state, waker) -> (total ns, blocks)
-    type MergeKey = (
-        u32,
-        u32,
-        String,
-        Part,
-        Part,
-        Option<OffState>,
-        Option<Waker>,
-    );
-    let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
+    let mut parts = Vec::with_capacity(raw.entries.len());
     for e in &raw.entries {
         let user = user_part(
             Proc {
@@ -563,11 +525,41 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                 ),
             },
         });
-        let slot = merged
-            .entry((e.tgid, e.pid, e.comm.clone(), user, kernel, e.state, waker))
-            .or_default();
-        slot.0 += e.total_ns;
-        slot.1 += e.count;
+        parts.push((
+            (e.tgid, e.pid, e.comm.clone(), user, kernel, e.state, waker),
+            e.total_ns,
+            e.count,
+        ));
+    }
+    let samples = merged_samples(parts.into_iter());
+    Profile {
+        samples,
+        counters: raw.counters.clone(),
+        objects,
+        window: None,
+    }
+}
+
+/// What makes blocked time one sample: process, thread, command, stacks,
+/// state and waker.
+type MergeKey = (
+    u32,
+    u32,
+    String,
+    Part,
+    Part,
+    Option<OffState>,
+    Option<Waker>,
+);
+
+/// Blocked time (ns, blocks) summed by key, as samples in the order of
+/// [`sort_samples`].
+fn merged_samples(parts: impl Iterator<Item = (MergeKey, u64, u64)>) -> Vec<Sample> {
+    let mut merged: HashMap<MergeKey, (u64, u64)> = HashMap::new();
+    for (key, ns, count) in parts {
+        let slot = merged.entry(key).or_default();
+        slot.0 += ns;
+        slot.1 += count;
     }
     let mut samples: Vec<Sample> = merged
         .into_iter()
@@ -586,12 +578,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         )
         .collect();
     sort_samples(&mut samples);
-    Profile {
-        samples,
-        counters: raw.counters.clone(),
-        objects,
-        window: None,
-    }
+    samples
 }
 
 /// A total order, so that output is stable: by time, then by identity.

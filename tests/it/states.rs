@@ -215,7 +215,9 @@ pub fn synthetic_states() -> Profile {
     p
 }
 
-fn render(profile: &Profile, shape: Shape, format: &str) -> String {
+/// `profile` in the folded, report or SVG shape (a fixed width, every
+/// frame drawn, `subtitle`): what the golden files of the opt-in modes hold.
+pub fn render_as(profile: &Profile, shape: Shape, format: &str, subtitle: &str) -> String {
     let mut out = Vec::new();
     match format {
         "folded" => folded::write(profile, shape, &mut out).unwrap(),
@@ -226,7 +228,7 @@ fn render(profile: &Profile, shape: Shape, format: &str) -> String {
             &svg::SvgOptions {
                 width: Some(1200),
                 min_width: 0.0,
-                subtitle: Some("synthetic profile, split by thread state".into()),
+                subtitle: Some(subtitle.into()),
                 ..Default::default()
             },
             &mut out,
@@ -234,6 +236,15 @@ fn render(profile: &Profile, shape: Shape, format: &str) -> String {
         .unwrap(),
     }
     String::from_utf8(out).unwrap()
+}
+
+fn render(profile: &Profile, shape: Shape, format: &str) -> String {
+    render_as(
+        profile,
+        shape,
+        format,
+        "synthetic profile, split by thread state",
+    )
 }
 
 #[test]

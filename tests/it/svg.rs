@@ -256,6 +256,17 @@ pub fn run_tool(tool: &Path, args: &[&str], input: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A frame set with '<' and '>' written as '(' and ')', as this
+/// flamegraph.pl writes them in names.
+pub fn same_brackets(set: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = set
+        .into_iter()
+        .map(|(n, us)| (n.replace('<', "(").replace('>', ")"), us))
+        .collect();
+    v.sort();
+    v
+}
+
 pub fn flamegraph_pl() -> Option<PathBuf> {
     let mut candidates = Vec::new();
     if let Some(p) = std::env::var_os("FLAMEGRAPH_PL") {
@@ -357,15 +368,6 @@ fn e2e_flame_graphs_in_the_tools_and_a_browser() {
         &["--minwidth", "0", "--countname", "us", "--colors", "io"],
         &folded,
     ));
-    // This flamegraph.pl writes '<' and '>' in names as '(' and ')'.
-    let same_brackets = |set: Vec<(String, u64)>| -> Vec<(String, u64)> {
-        let mut v: Vec<_> = set
-            .into_iter()
-            .map(|(n, us)| (n.replace('<', "(").replace('>', ")"), us))
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(
         same_brackets(pl_svg.frame_set()),
         same_brackets(inferno_svg.frame_set())

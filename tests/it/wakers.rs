@@ -5,11 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use offcputime::output::{folded, svg, text, Shape};
+use offcputime::output::Shape;
 use offcputime::profile::{sort_samples, Frame, OffState, Part, Profile, StackMode, Waker};
 
 use crate::golden::check;
-use crate::svg::{flamegraph_pl, run_tool};
+use crate::svg::{flamegraph_pl, run_tool, same_brackets};
 use crate::util::*;
 
 #[test]
@@ -229,14 +229,6 @@ fn wakers_shapes_and_flame_graph_tools() {
         &["--minwidth", "0", "--countname", "us"],
         &folded,
     ));
-    let same_brackets = |set: Vec<(String, u64)>| -> Vec<(String, u64)> {
-        let mut v: Vec<_> = set
-            .into_iter()
-            .map(|(n, us)| (n.replace('<', "(").replace('>', ")"), us))
-            .collect();
-        v.sort();
-        v
-    };
     assert_eq!(
         same_brackets(pl_svg.frame_set()),
         same_brackets(inferno_svg.frame_set())
@@ -291,24 +283,7 @@ pub fn synthetic_wakers() -> Profile {
 }
 
 fn render(profile: &Profile, shape: Shape, format: &str) -> String {
-    let mut out = Vec::new();
-    match format {
-        "folded" => folded::write(profile, shape, &mut out).unwrap(),
-        "report" => text::write(profile, shape, &mut out).unwrap(),
-        _ => svg::write(
-            profile,
-            shape,
-            &svg::SvgOptions {
-                width: Some(1200),
-                min_width: 0.0,
-                subtitle: Some("synthetic profile, with wakers".into()),
-                ..Default::default()
-            },
-            &mut out,
-        )
-        .unwrap(),
-    }
-    String::from_utf8(out).unwrap()
+    crate::states::render_as(profile, shape, format, "synthetic profile, with wakers")
 }
 
 #[test]
