@@ -222,9 +222,25 @@ pub struct Args {
     )]
     pub colors: Option<String>,
 
-    /// Show address offsets (func+0x1a)
+    /// Keep only stacks with a frame whose name matches this regular
+    /// expression (the waker's frames count with --wakers); repeated, any
+    /// of them
+    #[arg(long = "grep", value_name = "REGEX")]
+    pub grep: Vec<String>,
+
+    /// Leave out stacks with a frame whose name matches this regular
+    /// expression; repeated, any of them
+    #[arg(long = "exclude", value_name = "REGEX")]
+    pub exclude: Vec<String>,
+
+    /// Show address offsets, function sizes and modules
+    /// (func+0x1a/0x90 [libc.so.6])
     #[arg(short = 's', long = "offset")]
     pub offset: bool,
+
+    /// Show each frame's address before its name (0x7f3a5c1147e2:func)
+    #[arg(long = "addresses")]
+    pub addresses: bool,
 
     /// How user stacks are walked
     #[arg(long = "unwind", value_enum, default_value = "dwarf")]
@@ -327,6 +343,10 @@ pub struct Config {
     /// times), each in its own format.
     pub more_outputs: Vec<(PathBuf, Format)>,
     pub offsets: bool,
+    /// `--addresses`.
+    pub addresses: bool,
+    /// `--grep` and `--exclude`.
+    pub filter: Option<crate::filter::StackFilter>,
     /// Inlined functions as frames of their own.
     pub inline: bool,
     /// `file:line` on frames.
@@ -431,6 +451,7 @@ impl Args {
             bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
         }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
+        let filter = crate::filter::StackFilter::new(&self.grep, &self.exclude)?;
         let outputs: Vec<Option<PathBuf>> = self
             .output
             .iter()
@@ -494,6 +515,8 @@ impl Args {
             output,
             more_outputs,
             offsets: self.offset,
+            addresses: self.addresses,
+            filter,
             inline: !self.no_inline,
             lines: self.lines,
             verbose: self.verbose,

@@ -260,6 +260,7 @@ fn exercise(path: &Path, reached: &mut Reached) {
         offsets: true,
         inline: true,
         lines: true,
+        addresses: false,
     };
     let offsets = [0u64, 0x1000, 0x2_0000, 0x2_8000, 0x10_0000, u64::MAX];
     if let Some(names) = names_in_file(path, None, &offsets, opts) {

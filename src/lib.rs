@@ -11,6 +11,7 @@
 pub mod app;
 pub mod cli;
 mod elf;
+pub mod filter;
 #[cfg(test)]
 mod hostile;
 mod ksyms;
