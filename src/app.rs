@@ -366,7 +366,10 @@ fn render(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     match format {
-        Format::Text => text::write(profile, config.shape, out),
+        Format::Text => match config.group {
+            Some(sort) => crate::output::group::write(profile, config.shape, sort, out),
+            None => text::write(profile, config.shape, out),
+        },
         Format::Folded => folded::write(profile, config.shape, out),
         Format::Svg(o) => svg::write(profile, config.shape, o, out),
         Format::Pprof(o) => pprof::write(profile, config.shape, o, out),

@@ -56,6 +56,14 @@ pub enum FormatArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupSortArg {
+    /// fewest threads first, the stack most threads share last (BTstack)
+    Asc,
+    /// most threads first
+    Desc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SampleTypeArg {
     /// offcpu/nanoseconds, as Grafana Alloy names off-CPU profiles
     Offcpu,
@@ -233,6 +241,15 @@ pub struct Args {
     #[arg(long = "exclude", value_name = "REGEX")]
     pub exclude: Vec<String>,
 
+    /// Report: one entry per stack, with the threads, processes and
+    /// commands that blocked in it and their blocks and time
+    #[arg(long = "group")]
+    pub group: bool,
+
+    /// Order of --group's entries [default: asc]
+    #[arg(long = "group-sort", value_enum, value_name = "ORDER")]
+    pub group_sort: Option<GroupSortArg>,
+
     /// Show address offsets, function sizes and modules
     /// (func+0x1a/0x90 [libc.so.6])
     #[arg(short = 's', long = "offset")]
@@ -345,6 +362,8 @@ pub struct Config {
     pub offsets: bool,
     /// `--addresses`.
     pub addresses: bool,
+    /// `--group`, in this order (the report only).
+    pub group: Option<crate::output::group::GroupSort>,
     /// `--grep` and `--exclude`.
     pub filter: Option<crate::filter::StackFilter>,
     /// Inlined functions as frames of their own.
@@ -452,12 +471,20 @@ impl Args {
         }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
         let filter = crate::filter::StackFilter::new(&self.grep, &self.exclude)?;
+        let group = self.group()?;
         let outputs: Vec<Option<PathBuf>> = self
             .output
             .iter()
             .map(|p| Some(p.clone()).filter(|p| p.as_os_str() != "-"))
             .collect();
         let mut formats = self.formats(&outputs)?;
+        if group.is_some() && formats.iter().any(|f| *f != Format::Text) {
+            bail!(
+                "--group merges threads in the report only: folded stacks, flame graphs, pprof \
+                 and speedscope merge them already (without -f, --svg or --format, or with -o \
+                 FILE.txt)"
+            );
+        }
         let format = formats.remove(0);
         let output = outputs.first().cloned().flatten();
         let more_outputs: Vec<(PathBuf, Format)> =
@@ -516,6 +543,7 @@ impl Args {
             more_outputs,
             offsets: self.offset,
             addresses: self.addresses,
+            group,
             filter,
             inline: !self.no_inline,
             lines: self.lines,
@@ -648,6 +676,17 @@ impl Args {
                 }),
             })
             .collect())
+    }
+
+    /// `--group` and its order; `--group-sort` without it is an error.
+    fn group(&self) -> Result<Option<crate::output::group::GroupSort>> {
+        use crate::output::group::GroupSort;
+        match (self.group, self.group_sort) {
+            (false, Some(_)) => bail!("--group-sort is a --group option: add --group"),
+            (false, None) => Ok(None),
+            (true, Some(GroupSortArg::Desc)) => Ok(Some(GroupSort::Desc)),
+            (true, _) => Ok(Some(GroupSort::Asc)),
+        }
     }
 
     fn svg_options(&self) -> Result<SvgOptions> {
