@@ -88,9 +88,9 @@ pub fn write(
         writeln!(w, "    {:<16} {}", "commands:", commands.join(", "))?;
         writeln!(
             w,
-            "    {:<16} {} blocks, {} us\n",
+            "    {:<16} {}, {} us\n",
             "total:",
-            g.blocks,
+            plural(g.blocks as usize, "block", "blocks"),
             ns_to_us(g.total_ns)
         )?;
     }
