@@ -421,6 +421,9 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
             symbolizer.unparsable()
         );
     }
+    for note in symbolizer.jit_notes() {
+        eprintln!("offcputime: {note}");
+    }
     let d = symbolizer.denied();
     if !d.processes.is_empty() {
         eprintln!(

@@ -14,6 +14,7 @@ mod elf;
 pub mod filter;
 #[cfg(test)]
 mod hostile;
+pub mod jit;
 mod ksyms;
 pub mod output;
 pub mod priority;

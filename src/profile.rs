@@ -533,7 +533,11 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                             }
                             UserFrame::Unmapped(a) => (a, Origin::Unknown),
                         };
-                        let names = unames.get(&(f, k)).cloned().unwrap_or_else(unknown);
+                        // JIT code: named by its runtime's perf map.
+                        let names = match sym.jit_name(proc, f, at, k) {
+                            Some(n) => vec![n],
+                            None => unames.get(&(f, k)).cloned().unwrap_or_else(unknown),
+                        };
                         frames_at(names, addr, at, origin)
                     })
                     .collect(),

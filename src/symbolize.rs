@@ -232,6 +232,11 @@ pub struct Symbolizer {
     hostile: std::cell::Cell<usize>,
     /// Descriptors let go (see [`Symbolizer::release`]).
     released: usize,
+    /// JIT runtimes' perf maps (`/tmp/perf-PID.map`), as last read while
+    /// their process lived.
+    perf_maps: HashMap<Proc, crate::jit::PerfMap>,
+    /// Perf maps refused (a link, another user's file), once each.
+    perf_maps_refused: Vec<String>,
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -431,6 +436,8 @@ impl Symbolizer {
             denied: Denied::default(),
             hostile: std::cell::Cell::new(0),
             released: 0,
+            perf_maps: HashMap::new(),
+            perf_maps_refused: Vec::new(),
         }
     }
 
@@ -510,6 +517,7 @@ impl Symbolizer {
             mappings.extend(kept);
         }
         mappings.shrink_to_fit();
+        self.read_perf_map(tgid);
         let old = self.processes.insert(tgid, mappings);
         let new = distinct_objects(&self.processes[&tgid]);
         for &o in &new {
@@ -644,6 +652,73 @@ impl Symbolizer {
         });
         self.object_ids.insert(line.key.clone(), id);
         id
+    }
+
+    /// Reads live process `tgid`'s perf map again, if it has one and it
+    /// changed.
+    fn read_perf_map(&mut self, tgid: u32) {
+        let Some(&start) = self.starts.get(&tgid) else {
+            return;
+        };
+        let p = Proc { tgid, start };
+        match crate::jit::read(tgid, self.perf_maps.get(&p)) {
+            Ok(Some(map)) => {
+                self.perf_maps.insert(p, map);
+            }
+            Ok(None) | Err(crate::jit::Refused::Absent) => {}
+            Err(crate::jit::Refused::Unsafe(why)) => {
+                if !self.perf_maps_refused.contains(&why) {
+                    self.perf_maps_refused.push(why);
+                }
+            }
+        }
+    }
+
+    /// The name of a JIT-compiled function at `addr` in process `p`, from
+    /// its perf map, for a frame outside every file (`frame`): the name
+    /// the map gives, and with `-s` its offset and size, `[jit]` as the
+    /// module.
+    pub fn jit_name(&self, p: Proc, frame: UserFrame, addr: u64, kind: AddrKind) -> Option<Named> {
+        let map = self.perf_maps.get(&p)?;
+        if let UserFrame::File { object, .. } = frame {
+            let o = &self.objects[object as usize];
+            if o.maps_path.starts_with('/') || o.maps_path == "[vdso]" {
+                return None;
+            }
+        }
+        let (name, start, size) = map.lookup(lookup_at(addr, kind))?;
+        let shown = self
+            .opts
+            .offsets
+            .then(|| format!("{name}+{:#x}/{size:#x} [jit]", addr - start));
+        Some(Named {
+            name: name.to_string(),
+            shown,
+        })
+    }
+
+    /// What the perf maps read cost: refused files, lines skipped, maps
+    /// cut at their size limit; one line each, for stderr.
+    pub fn jit_notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .perf_maps_refused
+            .iter()
+            .map(|why| format!("a JIT perf map was not read: {why}; its frames are unnamed"))
+            .collect();
+        let bad: usize = self.perf_maps.values().map(|m| m.bad_lines).sum();
+        if bad > 0 {
+            notes.push(format!(
+                "{bad} lines of JIT perf maps did not parse and were skipped"
+            ));
+        }
+        let cut = self.perf_maps.values().filter(|m| m.truncated).count();
+        if cut > 0 {
+            notes.push(format!(
+                "{cut} JIT perf maps were larger than {} MiB: only their start was read",
+                crate::jit::MAX_BYTES >> 20
+            ));
+        }
+        notes
     }
 
     /// How frames are written.
