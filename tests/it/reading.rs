@@ -572,3 +572,124 @@ fn e2e_group() {
     );
     drop(w);
 }
+
+/// A Node program whose main thread blocks in `wl_js_blocker` (a child
+/// process run synchronously) in a loop, for `seconds` if given, with its
+/// perf map on. Returns the child, killed on drop, and its pid once it
+/// has run a while (its functions compiled past the interpreter).
+fn start_node(
+    node: &std::path::Path,
+    dir: &std::path::Path,
+    seconds: Option<f64>,
+) -> (crate::util::KillOnDrop, u32) {
+    use std::io::BufRead;
+    let script = dir.join("wl.js");
+    let until = seconds.map_or("Infinity".to_string(), |s| format!("{}", s * 1000.0));
+    std::fs::write(
+        &script,
+        format!(
+            "const {{ execSync }} = require('child_process');\n\
+             function wl_js_blocker() {{ execSync('sleep 0.05'); }}\n\
+             function wl_js_loop(until) {{ while (Date.now() < until) {{ wl_js_blocker(); }} }}\n\
+             console.log('ready ' + process.pid);\n\
+             wl_js_loop(Date.now() + {until});\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(node)
+        .arg("--perf-basic-prof")
+        .arg(&script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start node");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("node said {line:?}"));
+    (crate::util::KillOnDrop(child), pid)
+}
+
+#[test]
+fn e2e_node_jit_frames_named_from_perf_map() {
+    if !require_root() {
+        return;
+    }
+    let Some(node) = crate::util::require_tool("node", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (child, pid) = start_node(&node, dir.path(), None);
+    // Past the interpreter: the loop compiled (its perf map grows).
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let p = pid.to_string();
+    let out = profile(&["-f", "-s", "-p", &p, "2"]);
+    drop(child);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let lines = parse_folded(&out.stdout);
+    let blocked: Vec<&Folded> = lines
+        .iter()
+        .filter(|l| l.frames.iter().any(|f| f.contains("wl_js_blocker")))
+        .collect();
+    assert!(
+        !blocked.is_empty(),
+        "no frame named wl_js_blocker from node's perf map: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let total: u64 = blocked.iter().map(|l| l.us).sum();
+    let main: u64 = lines
+        .iter()
+        .filter(|l| l.comm() == "node" && l.frames.iter().any(|f| f.contains("node::Start")))
+        .map(|l| l.us)
+        .sum();
+    // Most of the main thread's off-CPU time is under the JS function.
+    assert!(
+        total * 10 >= main * 8,
+        "wl_js_blocker holds {total} us of the main thread's {main} us"
+    );
+    for l in &blocked {
+        let f = l
+            .frames
+            .iter()
+            .find(|f| f.contains("wl_js_blocker"))
+            .unwrap();
+        assert!(f.ends_with(" [jit]"), "-s: {f:?}");
+        // Its caller, also JIT code, is named too.
+        assert!(l.frames.iter().any(|f| f.contains("wl_js_loop")), "{l:?}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("perf map was not read"), "{err}");
+}
+
+#[test]
+fn e2e_node_jit_frames_of_an_exited_process() {
+    if !require_root() {
+        return;
+    }
+    let Some(node) = crate::util::require_tool("node", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // Runs 3 s in all, 1.5 s of them traced, and is gone before the end.
+    let (child, pid) = start_node(&node, dir.path(), Some(3.0));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let p = pid.to_string();
+    let out = profile(&["-f", "-p", &p, "3"]);
+    drop(child);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let lines = parse_folded(&out.stdout);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.frames.iter().any(|f| f.contains("wl_js_blocker"))),
+        "the exited process's JIT frames lost their names: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
