@@ -693,3 +693,29 @@ fn e2e_node_jit_frames_of_an_exited_process() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn reading_flags_to_config() {
+    use clap::Parser;
+    use offcputime::cli::Args;
+    let config = |args: &[&str]| {
+        Args::try_parse_from(std::iter::once("offcputime").chain(args.iter().copied()))
+            .unwrap()
+            .into_config()
+    };
+    let c = config(&["--grep", "a", "--grep", "b", "--exclude", "c"]).unwrap();
+    assert!(c.filter.is_some());
+    assert!(config(&[]).unwrap().filter.is_none());
+    assert_eq!(config(&["--group"]).unwrap().group, Some(GroupSort::Asc));
+    assert_eq!(
+        config(&["--group", "--group-sort", "desc", "-o", "out.txt"])
+            .unwrap()
+            .group,
+        Some(GroupSort::Desc)
+    );
+    assert!(config(&["--group", "--format", "report"]).is_ok());
+    assert!(config(&["--group", "--format", "pprof"]).is_err());
+    assert!(config(&["--group", "-o", "out.speedscope.json"]).is_err());
+    let c = config(&["-s", "--addresses"]).unwrap();
+    assert!(c.offsets && c.addresses);
+}
