@@ -596,7 +596,9 @@ fn start_node(
         ),
     )
     .unwrap();
+    // In the temporary directory: V8 may write its logs beside it.
     let mut child = Command::new(node)
+        .current_dir(dir)
         .arg("--perf-basic-prof")
         .arg(&script)
         .stdout(std::process::Stdio::piped())
