@@ -160,6 +160,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         offsets: config.offsets,
         inline: config.inline,
         lines: config.lines,
+        addresses: config.addresses,
     });
     let mut started = Instant::now();
     let mut object = MaybeUninit::uninit();
@@ -298,6 +299,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     );
     profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
     drop(tracer);
+    if let Some(filter) = &config.filter {
+        filter_profile(filter, &mut profile, config);
+    }
 
     let mut sinks = std::iter::once(sink).chain(more_sinks);
     for ((_, format), sink) in config.outputs().zip(sinks.by_ref()) {
@@ -405,6 +409,18 @@ fn open_more(config: &Config, first: &Sink) -> Result<Vec<Sink>> {
     Ok(sinks)
 }
 
+/// `--grep`/`--exclude` applied; says so when nothing is left of a
+/// profile that had stacks, and with -v how much was left out.
+fn filter_profile(filter: &crate::filter::StackFilter, profile: &mut Profile, config: &Config) {
+    let before = profile.samples.len();
+    let dropped = filter.apply(profile, config.shape);
+    if before > 0 && dropped == before {
+        eprintln!("offcputime: no stack was left by --grep/--exclude ({before} stacks left out)");
+    } else if config.verbose {
+        eprintln!("offcputime: --grep/--exclude left out {dropped} of {before} stacks");
+    }
+}
+
 /// Writes the profile in one format.
 fn render(
     profile: &Profile,
@@ -413,7 +429,10 @@ fn render(
     out: &mut dyn Write,
 ) -> io::Result<()> {
     match format {
-        Format::Text => text::write(profile, config.shape, out),
+        Format::Text => match config.group {
+            Some(sort) => crate::output::group::write(profile, config.shape, sort, out),
+            None => text::write(profile, config.shape, out),
+        },
         Format::Folded => folded::write(profile, config.shape, out),
         Format::Svg(o) => svg::write(profile, config.shape, o, out),
         Format::Pprof(o) => pprof::write(profile, config.shape, o, out),
@@ -464,6 +483,9 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
              are named by file and offset",
             symbolizer.unparsable()
         );
+    }
+    for note in symbolizer.jit_notes() {
+        eprintln!("offcputime: {note}");
     }
     let d = symbolizer.denied();
     if !d.processes.is_empty() {

@@ -56,6 +56,14 @@ pub enum FormatArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupSortArg {
+    /// fewest threads first, the stack most threads share last (BTstack)
+    Asc,
+    /// most threads first
+    Desc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SampleTypeArg {
     /// offcpu/nanoseconds, as Grafana Alloy names off-CPU profiles
     Offcpu,
@@ -222,9 +230,34 @@ pub struct Args {
     )]
     pub colors: Option<String>,
 
-    /// Show address offsets (func+0x1a)
+    /// Keep only stacks with a frame whose name matches this regular
+    /// expression (the waker's frames count with --wakers); repeated, any
+    /// of them
+    #[arg(long = "grep", value_name = "REGEX")]
+    pub grep: Vec<String>,
+
+    /// Leave out stacks with a frame whose name matches this regular
+    /// expression; repeated, any of them
+    #[arg(long = "exclude", value_name = "REGEX")]
+    pub exclude: Vec<String>,
+
+    /// Report: one entry per stack, with the threads, processes and
+    /// commands that blocked in it and their blocks and time
+    #[arg(long = "group")]
+    pub group: bool,
+
+    /// Order of --group's entries [default: asc]
+    #[arg(long = "group-sort", value_enum, value_name = "ORDER")]
+    pub group_sort: Option<GroupSortArg>,
+
+    /// Show address offsets, function sizes and modules
+    /// (func+0x1a/0x90 [libc.so.6])
     #[arg(short = 's', long = "offset")]
     pub offset: bool,
+
+    /// Show each frame's address before its name (0x7f3a5c1147e2:func)
+    #[arg(long = "addresses")]
+    pub addresses: bool,
 
     /// How user stacks are walked
     #[arg(long = "unwind", value_enum, default_value = "dwarf")]
@@ -327,6 +360,12 @@ pub struct Config {
     /// times), each in its own format.
     pub more_outputs: Vec<(PathBuf, Format)>,
     pub offsets: bool,
+    /// `--addresses`.
+    pub addresses: bool,
+    /// `--group`, in this order (the report only).
+    pub group: Option<crate::output::group::GroupSort>,
+    /// `--grep` and `--exclude`.
+    pub filter: Option<crate::filter::StackFilter>,
     /// Inlined functions as frames of their own.
     pub inline: bool,
     /// `file:line` on frames.
@@ -431,12 +470,21 @@ impl Args {
             bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
         }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
+        let filter = crate::filter::StackFilter::new(&self.grep, &self.exclude)?;
+        let group = self.group()?;
         let outputs: Vec<Option<PathBuf>> = self
             .output
             .iter()
             .map(|p| Some(p.clone()).filter(|p| p.as_os_str() != "-"))
             .collect();
         let mut formats = self.formats(&outputs)?;
+        if group.is_some() && formats.iter().any(|f| *f != Format::Text) {
+            bail!(
+                "--group merges threads in the report only: folded stacks, flame graphs, pprof \
+                 and speedscope merge them already (without -f, --svg or --format, or with -o \
+                 FILE.txt)"
+            );
+        }
         let format = formats.remove(0);
         let output = outputs.first().cloned().flatten();
         let more_outputs: Vec<(PathBuf, Format)> =
@@ -494,6 +542,9 @@ impl Args {
             output,
             more_outputs,
             offsets: self.offset,
+            addresses: self.addresses,
+            group,
+            filter,
             inline: !self.no_inline,
             lines: self.lines,
             verbose: self.verbose,
@@ -625,6 +676,17 @@ impl Args {
                 }),
             })
             .collect())
+    }
+
+    /// `--group` and its order; `--group-sort` without it is an error.
+    fn group(&self) -> Result<Option<crate::output::group::GroupSort>> {
+        use crate::output::group::GroupSort;
+        match (self.group, self.group_sort) {
+            (false, Some(_)) => bail!("--group-sort is a --group option: add --group"),
+            (false, None) => Ok(None),
+            (true, Some(GroupSortArg::Desc)) => Ok(Some(GroupSort::Desc)),
+            (true, _) => Ok(Some(GroupSort::Asc)),
+        }
     }
 
     fn svg_options(&self) -> Result<SvgOptions> {

@@ -3,7 +3,8 @@
 //! reads. A seeded mutation test runs the ELF reader, the call-frame
 //! information reader, the build-id lookup and the symbol-table reader
 //! (blazesym) over mutated copies of real binaries, and the `/proc` parsers
-//! (`maps`, `kallsyms`) over mutated texts, for a bounded time: no panic,
+//! (`maps`, `kallsyms`) and the JIT perf-map parser over mutated texts,
+//! for a bounded time: no panic,
 //! bounded time and memory per file.
 //!
 //! `OFFCPUTIME_FUZZ_S` (default 20) sets the time, `OFFCPUTIME_FUZZ_SEED`
@@ -260,6 +261,7 @@ fn exercise(path: &Path, reached: &mut Reached) {
         offsets: true,
         inline: true,
         lines: true,
+        addresses: false,
     };
     let offsets = [0u64, 0x1000, 0x2_0000, 0x2_8000, 0x10_0000, u64::MAX];
     if let Some(names) = names_in_file(path, None, &offsets, opts) {
@@ -365,13 +367,18 @@ fn mutated_proc_texts_do_not_break_the_parsers() {
     let maps = std::fs::read("/proc/self/maps").unwrap();
     let mut kallsyms = std::fs::read("/proc/kallsyms").unwrap_or_default();
     kallsyms.truncate(256 * 1024);
+    // A JIT runtime's perf map, as Node writes it.
+    let perf_map = b"7f3a10001000 1c0 JS:*wl_js_blocker /tmp/wl.js:2:23\n\
+        7f3a10001200 40 Builtin:ArgumentsAdaptorTrampoline\n\
+        7f3a10001240 ffff LazyCompile:~main node:internal/main:1:1\n"
+        .to_vec();
     let mut rng = Rng(seed ^ 0x5eed);
     let began = Instant::now();
     let mut n = 0u64;
     let budget = time / 4;
     while began.elapsed() < budget || n < 100 {
         n += 1;
-        for orig in [&maps, &kallsyms] {
+        for orig in [&maps, &kallsyms, &perf_map] {
             let mut d = orig.clone();
             for _ in 0..1 + rng.below(16) {
                 if d.is_empty() {
@@ -389,6 +396,10 @@ fn mutated_proc_texts_do_not_break_the_parsers() {
             }
             let text = String::from_utf8_lossy(&d);
             let _ = parse_maps(&text);
+            let jit = crate::jit::PerfMap::parse(&d);
+            for a in [0u64, 0x7f3a_1000_1100, 0x7f3a_1000_1250, u64::MAX] {
+                let _ = jit.lookup(a);
+            }
             if let Ok(k) = crate::ksyms::KernelSymbols::parse(&d[..]) {
                 for a in [0u64, 0xffff_ffff_8100_0000, u64::MAX] {
                     let _ = k.resolve(a);
@@ -396,5 +407,5 @@ fn mutated_proc_texts_do_not_break_the_parsers() {
             }
         }
     }
-    eprintln!("fuzz: {n} mutated /proc/PID/maps and kallsyms texts (seed {seed})");
+    eprintln!("fuzz: {n} mutated /proc/PID/maps, kallsyms and perf map texts (seed {seed})");
 }

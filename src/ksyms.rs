@@ -39,6 +39,9 @@ pub struct KernelSym<'a> {
     /// The module the symbol belongs to (`ext4`, `bpf` for BPF programs),
     /// or `None` for the kernel image.
     pub module: Option<&'a str>,
+    /// Up to the next symbol of the same module (or of the kernel image),
+    /// as kallsyms gives no sizes; `None` for the last one of its module.
+    pub size: Option<u64>,
 }
 
 /// The kernel's function symbols, by address.
@@ -204,7 +207,11 @@ impl KernelSymbols {
             .and_then(|below| self.addrs.floor(below))
             .map_or(0, |j| j + 1);
         let rest = self.names.get(*self.name_at.get(i)? as usize..)?;
+        let next = last + 1;
+        let size = (next < self.name_at.len() && self.module_of(next) == self.module_of(i))
+            .then(|| self.addrs.get(next) - start);
         Some(KernelSym {
+            size,
             name: rest.split('\n').next().unwrap_or(rest),
             offset: addr - start,
             module: self

@@ -3,16 +3,19 @@
 //! The pipeline is [`cli`] (flags to a [`cli::Config`]) → [`tracer`] (the
 //! BPF program: load, attach, read) → [`symbolize`] (kernel frames through
 //! `ksyms`, a compact table of kallsyms) → [`profile`] (merged, symbolized
-//! stacks) → [`output`] (folded stacks, bcc's report, a flame graph, pprof
-//! or speedscope). While
+//! stacks; [`filter`] keeps or drops them by frame names) → [`output`]
+//! (folded stacks, bcc's report, a flame graph, pprof or speedscope). JIT
+//! frames are named from their runtime's perf map ([`jit`]). While
 //! tracing, [`unwind`] gives the BPF program the DWARF unwind tables
 //! ([`unwind_table`]) of every process it sees.
 
 pub mod app;
 pub mod cli;
 mod elf;
+pub mod filter;
 #[cfg(test)]
 mod hostile;
+pub mod jit;
 mod ksyms;
 pub mod output;
 pub mod priority;

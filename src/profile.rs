@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use crate::process::Proc;
-use crate::symbolize::{AddrKind, Symbolizer, UserFrame};
+use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
 pub use crate::tracer::OffState;
 use crate::tracer::{LossCounters, RawProfile, StackRef, WakerRef};
 
@@ -47,6 +47,12 @@ pub struct Frame {
     pub origin: Origin,
     /// Inlined into the next (outer) frame, at the same address.
     pub inlined: bool,
+    /// The frame as the text outputs (folded, report, flame graph,
+    /// speedscope) show it, where that is more than its name: with `-s`,
+    /// `read+0x15/0x90 [libc.so.6]`; with `--addresses`, the address
+    /// first, `0x7f3a5c1147e2:read`. pprof, which has addresses and files
+    /// of its own, keeps the bare name.
+    pub shown: Option<Box<str>>,
 }
 
 impl Frame {
@@ -57,12 +63,18 @@ impl Frame {
             addr: 0,
             origin: Origin::Unknown,
             inlined: false,
+            shown: None,
         }
+    }
+
+    /// The frame as the text outputs show it (see [`Frame::shown`]).
+    pub fn text(&self) -> &str {
+        self.shown.as_deref().unwrap_or(&self.name)
     }
 }
 
-/// A frame reads as its name wherever a name is wanted (the folded lines,
-/// the report).
+/// A frame reads as its function name wherever a name is wanted (the
+/// frame rules: profiler frames, interrupt entries).
 impl std::ops::Deref for Frame {
     type Target = str;
     fn deref(&self) -> &str {
@@ -72,7 +84,7 @@ impl std::ops::Deref for Frame {
 
 impl std::fmt::Display for Frame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.name)
+        f.write_str(self.text())
     }
 }
 
@@ -300,7 +312,14 @@ impl Profile {
     /// where two call sites in one function are one frame.
     pub fn by_name(&self) -> Profile {
         let names = |p: &Part| match p {
-            Part::Frames(f) => Part::Frames(f.iter().map(|f| Frame::named(&*f.name)).collect()),
+            Part::Frames(f) => Part::Frames(
+                f.iter()
+                    .map(|f| Frame {
+                        shown: f.shown.clone(),
+                        ..Frame::named(&*f.name)
+                    })
+                    .collect(),
+            ),
             other => other.clone(),
         };
         let samples = merged_samples(self.samples.iter().map(|s| {
@@ -439,16 +458,32 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
     }
     // The frames of one address: functions inlined there, innermost
     // first, then the function itself.
-    let frames_at = |names: Vec<String>, addr: u64, origin: Origin| {
+    // `at`: the address as `--addresses` shows it (a user frame's in its
+    // process, where `addr` is the offset in its file).
+    let addresses = sym.options().addresses;
+    let frames_at = |names: Vec<Named>, addr: u64, at: u64, origin: Origin| {
         let last = names.len().saturating_sub(1);
-        names.into_iter().enumerate().map(move |(i, name)| Frame {
-            name,
-            addr,
-            origin,
-            inlined: i < last,
+        names.into_iter().enumerate().map(move |(i, n)| {
+            let shown = if addresses {
+                Some(format!("{at:#x}:{}", n.text()).into_boxed_str())
+            } else {
+                n.shown.map(String::into_boxed_str)
+            };
+            Frame {
+                name: n.name,
+                addr,
+                origin,
+                inlined: i < last,
+                shown,
+            }
         })
     };
-    let unknown = || vec!["[unknown]".to_string()];
+    let unknown = || {
+        vec![Named {
+            name: "[unknown]".to_string(),
+            shown: None,
+        }]
+    };
 
     let user_part = |proc: Proc, r: StackRef| match r {
         StackRef::None => Part::Absent,
@@ -459,15 +494,23 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                 frames
                     .iter()
                     .zip(user_kinds())
-                    .flat_map(|(&f, k)| {
+                    .enumerate()
+                    .flat_map(|(i, (&f, k))| {
+                        let at = part_addrs(r, &raw.stacks)
+                            .and_then(|a| a.get(i).copied())
+                            .unwrap_or(0);
                         let (addr, origin) = match f {
                             UserFrame::File { object, offset } => {
                                 (offset, Origin::Object(object_index[&object]))
                             }
                             UserFrame::Unmapped(a) => (a, Origin::Unknown),
                         };
-                        let names = unames.get(&(f, k)).cloned().unwrap_or_else(unknown);
-                        frames_at(names, addr, origin)
+                        // JIT code: named by its runtime's perf map.
+                        let names = match sym.jit_name(proc, f, at, k) {
+                            Some(n) => vec![n],
+                            None => unames.get(&(f, k)).cloned().unwrap_or_else(unknown),
+                        };
+                        frames_at(names, addr, at, origin)
                     })
                     .collect(),
             ),
@@ -484,7 +527,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                 let mut named: Vec<Frame> = kinds(frames, first_is_ip)
                     .flat_map(|k| {
                         let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                        frames_at(names, k.0, Origin::Kernel)
+                        frames_at(names, k.0, k.0, Origin::Kernel)
                     })
                     .collect();
                 let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();

@@ -146,16 +146,38 @@ impl RetiredList {
     }
 }
 
+/// A frame's name, and how the text outputs show it where that differs
+/// (`-s`: `read+0x15/0x90 [libc.so.6]`): see [`crate::profile::Frame`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Named {
+    pub name: String,
+    pub shown: Option<String>,
+}
+
+impl Named {
+    fn plain(name: String) -> Named {
+        Named { name, shown: None }
+    }
+
+    /// The name as shown.
+    pub fn text(&self) -> &str {
+        self.shown.as_deref().unwrap_or(&self.name)
+    }
+}
+
 /// How frames are written.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SymbolizeOptions {
-    /// `func+0x1a` instead of `func`.
+    /// `func+0x1a/0x90 [module]` instead of `func`.
     pub offsets: bool,
     /// Functions inlined at an address as frames of their own (from DWARF,
     /// where the object or its debug file has it).
     pub inline: bool,
     /// `func (file.c:12)`, where DWARF has the line.
     pub lines: bool,
+    /// Each frame's address first, `0x7f3a5c1147e2:func` (`--addresses`):
+    /// added where the addresses are known, in [`crate::profile::build`].
+    pub addresses: bool,
 }
 
 /// What an address resolved to: its function and the offset into it, and
@@ -165,6 +187,11 @@ pub struct SymbolizeOptions {
 pub(crate) struct Resolved {
     name: String,
     offset: u64,
+    /// The symbol's size, where known.
+    size: Option<u64>,
+    /// The module it is in, as `-s` shows it (`libc.so.6`, `kernel`,
+    /// `ext4`), where known.
+    module: Option<String>,
     /// ` (file.c:12)`, or empty.
     location: String,
     inlined: Vec<String>,
@@ -205,6 +232,11 @@ pub struct Symbolizer {
     hostile: std::cell::Cell<usize>,
     /// Descriptors let go (see [`Symbolizer::release`]).
     released: usize,
+    /// JIT runtimes' perf maps (`/tmp/perf-PID.map`), as last read while
+    /// their process lived.
+    perf_maps: HashMap<Proc, crate::jit::PerfMap>,
+    /// Perf maps refused (a link, another user's file), once each.
+    perf_maps_refused: Vec<String>,
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -404,6 +436,8 @@ impl Symbolizer {
             denied: Denied::default(),
             hostile: std::cell::Cell::new(0),
             released: 0,
+            perf_maps: HashMap::new(),
+            perf_maps_refused: Vec::new(),
         }
     }
 
@@ -483,6 +517,7 @@ impl Symbolizer {
             mappings.extend(kept);
         }
         mappings.shrink_to_fit();
+        self.read_perf_map(tgid);
         let old = self.processes.insert(tgid, mappings);
         let new = distinct_objects(&self.processes[&tgid]);
         for &o in &new {
@@ -619,6 +654,78 @@ impl Symbolizer {
         id
     }
 
+    /// Reads live process `tgid`'s perf map again, if it has one and it
+    /// changed.
+    fn read_perf_map(&mut self, tgid: u32) {
+        let Some(&start) = self.starts.get(&tgid) else {
+            return;
+        };
+        let p = Proc { tgid, start };
+        match crate::jit::read(tgid, self.perf_maps.get(&p)) {
+            Ok(Some(map)) => {
+                self.perf_maps.insert(p, map);
+            }
+            Ok(None) | Err(crate::jit::Refused::Absent) => {}
+            Err(crate::jit::Refused::Unsafe(why)) => {
+                if !self.perf_maps_refused.contains(&why) {
+                    self.perf_maps_refused.push(why);
+                }
+            }
+        }
+    }
+
+    /// The name of a JIT-compiled function at `addr` in process `p`, from
+    /// its perf map, for a frame outside every file (`frame`): the name
+    /// the map gives, and with `-s` its offset and size, `[jit]` as the
+    /// module.
+    pub fn jit_name(&self, p: Proc, frame: UserFrame, addr: u64, kind: AddrKind) -> Option<Named> {
+        let map = self.perf_maps.get(&p)?;
+        if let UserFrame::File { object, .. } = frame {
+            let o = &self.objects[object as usize];
+            if o.maps_path.starts_with('/') || o.maps_path == "[vdso]" {
+                return None;
+            }
+        }
+        let (name, start, size) = map.lookup(lookup_at(addr, kind))?;
+        let shown = self
+            .opts
+            .offsets
+            .then(|| format!("{name}+{:#x}/{size:#x} [jit]", addr - start));
+        Some(Named {
+            name: name.to_string(),
+            shown,
+        })
+    }
+
+    /// What the perf maps read cost: refused files, lines skipped, maps
+    /// cut at their size limit; one line each, for stderr.
+    pub fn jit_notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .perf_maps_refused
+            .iter()
+            .map(|why| format!("a JIT perf map was not read: {why}; its frames are unnamed"))
+            .collect();
+        let bad: usize = self.perf_maps.values().map(|m| m.bad_lines).sum();
+        if bad > 0 {
+            notes.push(format!(
+                "{bad} lines of JIT perf maps did not parse and were skipped"
+            ));
+        }
+        let cut = self.perf_maps.values().filter(|m| m.truncated).count();
+        if cut > 0 {
+            notes.push(format!(
+                "{cut} JIT perf maps were larger than {} MiB: only their start was read",
+                crate::jit::MAX_BYTES >> 20
+            ));
+        }
+        notes
+    }
+
+    /// How frames are written.
+    pub fn options(&self) -> SymbolizeOptions {
+        self.opts
+    }
+
     /// What could not be read for want of privilege.
     pub fn denied(&self) -> &Denied {
         &self.denied
@@ -728,7 +835,7 @@ impl Symbolizer {
 
     /// Names of kernel frames, from kallsyms only: a vmlinux image's
     /// DWARF would cost more than it adds for function names.
-    pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), Vec<String>> {
+    pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), Vec<Named>> {
         if addrs.is_empty() {
             return HashMap::new();
         }
@@ -743,6 +850,8 @@ impl Symbolizer {
                         Some(Resolved {
                             name: sym.name.to_string(),
                             offset: sym.offset,
+                            size: sym.size,
+                            module: Some(sym.module.unwrap_or("kernel").to_string()),
                             location: String::new(),
                             inlined: Vec::new(),
                         })
@@ -832,7 +941,7 @@ impl Symbolizer {
         &mut self,
         tgid: u32,
         addrs: &[(u64, AddrKind)],
-    ) -> HashMap<(u64, AddrKind), Vec<String>> {
+    ) -> HashMap<(u64, AddrKind), Vec<Named>> {
         if process_alive(tgid) {
             self.refresh_process(tgid);
         }
@@ -856,7 +965,7 @@ impl Symbolizer {
     pub fn user_names(
         &self,
         frames: &[(UserFrame, AddrKind)],
-    ) -> HashMap<(UserFrame, AddrKind), Vec<String>> {
+    ) -> HashMap<(UserFrame, AddrKind), Vec<Named>> {
         let unique: Vec<(UserFrame, AddrKind)> = {
             let mut seen = HashSet::new();
             frames.iter().copied().filter(|f| seen.insert(*f)).collect()
@@ -881,14 +990,15 @@ impl Symbolizer {
             .zip(found)
             .map(|(&(f, kind), r)| {
                 let names = match (r, f) {
-                    (Some(r), UserFrame::File { offset, .. }) => {
+                    (Some(mut r), UserFrame::File { object, offset }) => {
+                        r.module = Some(self.objects[object as usize].name.clone());
                         self.frames_of(r, offset - lookup_at(offset, kind))
                     }
-                    (None, UserFrame::File { object, offset }) => vec![format!(
+                    (None, UserFrame::File { object, offset }) => vec![Named::plain(format!(
                         "[{}+{offset:#x}]",
                         self.objects[object as usize].name
-                    )],
-                    _ => vec!["[unknown]".to_string()],
+                    ))],
+                    _ => vec![Named::plain("[unknown]".to_string())],
                 };
                 ((f, kind), names)
             })
@@ -929,14 +1039,28 @@ impl Symbolizer {
 
     /// The frames of a resolved address, innermost first; `past` is how
     /// far the address is past the one looked up (1 for a return address).
-    fn frames_of(&self, r: Resolved, past: u64) -> Vec<String> {
-        let outer = if self.opts.offsets {
-            format!("{}+{:#x}{}", r.name, r.offset + past, r.location)
-        } else {
-            format!("{}{}", r.name, r.location)
-        };
-        let mut frames = r.inlined;
-        frames.push(outer);
+    /// With `-s`, the outermost frame shows its offset into the function,
+    /// the function's size and its module as systemtap prints them:
+    /// `read+0x15/0x90 [libc.so.6]` (what `objdump -d --start-address
+    /// --stop-address` of the module needs); the size or the module left
+    /// out where unknown. Inlined frames share the address: no offset.
+    fn frames_of(&self, r: Resolved, past: u64) -> Vec<Named> {
+        let name = format!("{}{}", r.name, r.location);
+        let shown = self.opts.offsets.then(|| {
+            let size = r.size.map_or(String::new(), |s| format!("/{s:#x}"));
+            let module = r
+                .module
+                .as_ref()
+                .map_or(String::new(), |m| format!(" [{m}]"));
+            format!(
+                "{}+{:#x}{size}{module}{}",
+                r.name,
+                r.offset + past,
+                r.location
+            )
+        });
+        let mut frames: Vec<Named> = r.inlined.into_iter().map(Named::plain).collect();
+        frames.push(Named { name, shown });
         frames
     }
 
@@ -945,7 +1069,7 @@ impl Symbolizer {
         addrs: &[(u64, AddrKind)],
         symbolize: impl FnOnce(&[u64]) -> Vec<Option<Resolved>>,
         fallback: impl Fn(u64) -> Option<String>,
-    ) -> HashMap<(u64, AddrKind), Vec<String>> {
+    ) -> HashMap<(u64, AddrKind), Vec<Named>> {
         let unique: Vec<(u64, AddrKind)> = {
             let mut seen = HashSet::new();
             addrs.iter().copied().filter(|a| seen.insert(*a)).collect()
@@ -960,7 +1084,9 @@ impl Symbolizer {
                 // Offsets from the start of the symbol to the address
                 // itself (not the looked-up call).
                 Some(r) => self.frames_of(r, addr - lookup[i]),
-                None => vec![fallback(addr).unwrap_or_else(|| "[unknown]".to_string())],
+                None => vec![Named::plain(
+                    fallback(addr).unwrap_or_else(|| "[unknown]".to_string()),
+                )],
             };
             out.insert((addr, kind), frames);
         }
@@ -1091,6 +1217,8 @@ fn resolved(
                 Symbolized::Sym(sym) => Some(Resolved {
                     name: sym.name.to_string(),
                     offset: sym.offset as u64,
+                    size: sym.size.map(|s| s as u64),
+                    module: None,
                     location: location(sym.code_info.as_deref()),
                     // Innermost first, as frames are.
                     inlined: sym
@@ -1164,7 +1292,9 @@ mod tests {
         let names = sym.user(me, &[(addr, AddrKind::Ip)]);
         let frames = &names[&(addr, AddrKind::Ip)];
         assert!(
-            frames.last().is_some_and(|f| f.contains("clock_gettime")),
+            frames
+                .last()
+                .is_some_and(|f| f.name.contains("clock_gettime")),
             "{frames:?}"
         );
     }

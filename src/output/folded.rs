@@ -58,7 +58,7 @@ pub fn frames(sample: &Sample, shape: Shape, annotate: bool) -> Vec<String> {
         match &sample.user {
             Part::Absent => {}
             Part::Missed => line.push(MISSED_USER.to_string()),
-            Part::Frames(f) => line.extend(f.iter().rev().map(|n| clean(n))),
+            Part::Frames(f) => line.extend(f.iter().rev().map(|n| clean(n.text()))),
         }
     }
     if shape.mode.kernel() {
@@ -70,7 +70,7 @@ pub fn frames(sample: &Sample, shape: Shape, annotate: bool) -> Vec<String> {
         match &sample.kernel {
             Part::Absent => {}
             Part::Missed => line.push(kernel_name(MISSED_KERNEL)),
-            Part::Frames(f) => line.extend(f.iter().rev().map(|n| kernel_name(n))),
+            Part::Frames(f) => line.extend(f.iter().rev().map(|n| kernel_name(n.text()))),
         }
     }
     // The waker, as bcc's offwaketime folds it: its kernel frames, then
@@ -82,7 +82,7 @@ pub fn frames(sample: &Sample, shape: Shape, annotate: bool) -> Vec<String> {
             match kernel {
                 Part::Absent => {}
                 Part::Missed => line.push(waker_name(MISSED_KERNEL)),
-                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n))),
+                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n.text()))),
             }
         }
         if shape.mode.user() {
@@ -93,7 +93,7 @@ pub fn frames(sample: &Sample, shape: Shape, annotate: bool) -> Vec<String> {
             match user {
                 Part::Absent => {}
                 Part::Missed => line.push(waker_name(MISSED_USER)),
-                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n))),
+                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n.text()))),
             }
         }
         line.push(waker_name(waker.name()));

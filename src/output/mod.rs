@@ -1,6 +1,7 @@
 //! Renderings of a [`Profile`](crate::profile::Profile).
 
 pub mod folded;
+pub mod group;
 pub mod pprof;
 pub mod profile_proto;
 pub mod sink;

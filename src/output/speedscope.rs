@@ -101,7 +101,7 @@ pub fn write(
             stack.push(frame_id(state.frame(), None));
         }
         for f in super::leaf_first(s, shape).iter().rev() {
-            stack.push(frame_id(&f.name, file_of(f).as_deref()));
+            stack.push(frame_id(f.text(), file_of(f).as_deref()));
         }
         // As in the folded output: `--`, then the waker's frames innermost
         // first and its name (`--wakers`).
@@ -116,7 +116,7 @@ pub fn write(
                 match part {
                     Part::Frames(frames) if wanted => {
                         for f in frames {
-                            stack.push(frame_id(&f.name, file_of(f).as_deref()));
+                            stack.push(frame_id(f.text(), file_of(f).as_deref()));
                         }
                     }
                     Part::Missed if wanted => stack.push(frame_id(missed, None)),

@@ -10,7 +10,7 @@ use std::io::{self, Write};
 
 use super::folded::{MISSED_KERNEL, MISSED_USER, WAKER_SEPARATOR};
 use super::Shape;
-use crate::profile::{Part, Profile, Waker};
+use crate::profile::{Part, Profile, Sample, Waker};
 
 pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<()> {
     // Sorted ascending by time.
@@ -19,44 +19,53 @@ pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<(
         if s.total_us() == 0 {
             continue;
         }
-        // The waker first, outermost frame first, so that the stacks read
-        // from the waker's start down to the wake-up, then from where the
-        // thread blocked out to its start, as the flame graph stacks them.
-        if let Some(waker) = &s.waker {
-            match waker {
-                Waker::Task { comm, pid, .. } => {
-                    writeln!(w, "    {:<16} {} ({})", "waker:", comm, pid)?
-                }
-                other => writeln!(w, "    {:<16} {}", "waker:", other.name())?,
-            }
-            let (user, kernel) = waker.parts();
-            if shape.mode.user() {
-                write_part_reversed(w, user, MISSED_USER)?;
-            }
-            if shape.mode.kernel() {
-                let both = matches!(user, Part::Frames(_)) && matches!(kernel, Part::Frames(_));
-                if shape.delimited && shape.mode.user() && both {
-                    writeln!(w, "    -")?;
-                }
-                write_part_reversed(w, kernel, MISSED_KERNEL)?;
-            }
-            writeln!(w, "    {:<16} {}", WAKER_SEPARATOR, WAKER_SEPARATOR)?;
-        }
-        if shape.mode.kernel() {
-            write_part(w, &s.kernel, MISSED_KERNEL)?;
-        }
-        if shape.mode.user() {
-            let both = matches!(s.user, Part::Frames(_)) && matches!(s.kernel, Part::Frames(_));
-            if shape.delimited && shape.mode.kernel() && both {
-                writeln!(w, "    --")?;
-            }
-            write_part(w, &s.user, MISSED_USER)?;
-        }
-        if let Some(state) = s.state {
-            writeln!(w, "    {}", state.frame())?;
-        }
+        write_stacks(w, s, shape)?;
         writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?;
         writeln!(w, "        {}\n", s.total_us())?;
+    }
+    Ok(())
+}
+
+/// The stacks of one entry as the report prints them: the waker's (with
+/// `--wakers`) and `--`, the kernel frames then the user frames, most
+/// recent first, and the thread state (`--states`). Also the body of
+/// `--group`'s entries.
+pub(crate) fn write_stacks(w: &mut dyn Write, s: &Sample, shape: Shape) -> io::Result<()> {
+    // The waker first, outermost frame first, so that the stacks read
+    // from the waker's start down to the wake-up, then from where the
+    // thread blocked out to its start, as the flame graph stacks them.
+    if let Some(waker) = &s.waker {
+        match waker {
+            Waker::Task { comm, pid, .. } => {
+                writeln!(w, "    {:<16} {} ({})", "waker:", comm, pid)?
+            }
+            other => writeln!(w, "    {:<16} {}", "waker:", other.name())?,
+        }
+        let (user, kernel) = waker.parts();
+        if shape.mode.user() {
+            write_part_reversed(w, user, MISSED_USER)?;
+        }
+        if shape.mode.kernel() {
+            let both = matches!(user, Part::Frames(_)) && matches!(kernel, Part::Frames(_));
+            if shape.delimited && shape.mode.user() && both {
+                writeln!(w, "    -")?;
+            }
+            write_part_reversed(w, kernel, MISSED_KERNEL)?;
+        }
+        writeln!(w, "    {:<16} {}", WAKER_SEPARATOR, WAKER_SEPARATOR)?;
+    }
+    if shape.mode.kernel() {
+        write_part(w, &s.kernel, MISSED_KERNEL)?;
+    }
+    if shape.mode.user() {
+        let both = matches!(s.user, Part::Frames(_)) && matches!(s.kernel, Part::Frames(_));
+        if shape.delimited && shape.mode.kernel() && both {
+            writeln!(w, "    --")?;
+        }
+        write_part(w, &s.user, MISSED_USER)?;
+    }
+    if let Some(state) = s.state {
+        writeln!(w, "    {}", state.frame())?;
     }
     Ok(())
 }

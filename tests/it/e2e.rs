@@ -859,8 +859,12 @@ fn stack_shapes() {
             .unwrap_or_else(|| panic!("no DWARF-walked stack with {args:?}: {lines:?}"))
             .clone()
     };
+    // `name+0xOFF`, with the size and module where known:
+    // `name+0xOFF/0xSIZE [module]`.
     let has_offset = |f: &str| {
+        let f = f.rsplit_once(" [").map_or(f, |(sym, _)| sym);
         f.rsplit_once("+0x").is_some_and(|(name, off)| {
+            let off = off.split_once("/0x").map_or(off, |(o, _)| o);
             !name.is_empty() && !off.is_empty() && off.chars().all(|c| c.is_ascii_hexdigit())
         })
     };

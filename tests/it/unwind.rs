@@ -270,7 +270,10 @@ fn libbpf_tools() -> Option<PathBuf> {
 /// names of their own, one address will give several).
 fn names_for(sym: &mut Symbolizer, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<String> {
     let names = sym.user(pid, frames);
-    frames.iter().flat_map(|f| names[f].clone()).collect()
+    frames
+        .iter()
+        .flat_map(|f| names[f].iter().map(|n| n.text().to_string()))
+        .collect()
 }
 
 /// Frame 0 is where the thread is; every other frame's address is a
