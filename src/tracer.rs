@@ -665,6 +665,13 @@ impl<'obj> Tracer<'obj> {
                 // Unreadable or hidden: userspace tells interrupts by
                 // their frames' names alone.
                 let entries = crate::ksyms::InterruptEntries::load().unwrap_or_default();
+                if entries.irq == (0, 0) {
+                    eprintln!(
+                        "offcputime: where interrupts enter the kernel is not known (kallsyms \
+                         hides its addresses without CAP_SYSLOG, or has no x86-64 entry stubs): \
+                         a wake-up from an interrupt may be shown as the task it interrupted"
+                    );
+                }
                 (rodata.irq_entry_start, rodata.irq_entry_end) = entries.irq;
                 (rodata.softirq_start, rodata.softirq_end) = entries.softirq;
             }
