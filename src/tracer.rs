@@ -835,25 +835,30 @@ impl<'obj> Tracer<'obj> {
         // The wake-up hook first: no wake-up of a block the switch hook
         // sees may be missed.
         let mut links = Vec::new();
-        if opts.states {
-            let link = if trusted {
-                skel.progs.sched_wakeup_btf.attach()
-            } else {
-                skel.progs
-                    .sched_wakeup_raw
-                    .attach_raw_tracepoint("sched_wakeup")
+        // The tp_btf program where task pointers are trusted, else raw_tp.
+        let tracepoint =
+            |btf: &libbpf_rs::ProgramMut<'_>, raw: &libbpf_rs::ProgramMut<'_>, name: &str| {
+                if trusted {
+                    btf.attach()
+                } else {
+                    raw.attach_raw_tracepoint(name)
+                }
+                .with_context(|| format!("failed to attach the {name} hook"))
             };
-            links.push(link.context("failed to attach the sched_wakeup hook (--states)")?);
+        let progs = &skel.progs;
+        if opts.states {
+            links.push(tracepoint(
+                &progs.sched_wakeup_btf,
+                &progs.sched_wakeup_raw,
+                "sched_wakeup",
+            )?);
         }
         if opts.wakers {
-            let link = if trusted {
-                skel.progs.sched_waking_btf.attach()
-            } else {
-                skel.progs
-                    .sched_waking_raw
-                    .attach_raw_tracepoint("sched_waking")
-            };
-            links.push(link.context("failed to attach the sched_waking hook (--wakers)")?);
+            links.push(tracepoint(
+                &progs.sched_waking_btf,
+                &progs.sched_waking_raw,
+                "sched_waking",
+            )?);
         }
         // The hook only notes switches until the start iterator, run next,
         // has claimed the blocks under way and opened the window.
