@@ -212,109 +212,132 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
-    // Snapshots first, they are what names the frames of a process that
-    // exits soon; then unwind tables: at once for processes whose files
-    // all have theirs already (a new process of a known program), else as
-    // soon as the builder thread has built those of its new files.
-    // Processes that have exited give back what was kept for them (see
-    // `Exits`).
-    let mut exits = Exits::default();
-    let mut scan = None;
-    let mut stats = StatsLine::from_env(began);
-    tracer.wait(deadline, &stop, |events| {
-        for &ev in events {
-            match ev {
-                TaskEvent::New(p) => {
-                    stats.processes += 1;
-                    symbolizer.note_process(p.tgid, Some(p.start), false)
-                }
-                TaskEvent::Changed(p) => symbolizer.note_process(p.tgid, Some(p.start), true),
-                TaskEvent::Exited(p) => exits.exited(p),
-            }
-        }
-        exits.sweep(&symbolizer);
-        if scan.is_none() {
-            scan = exits.due().map(|gone| tracer.scan_user_stacks(gone));
-        }
-        // A slice of the pass over the counts at a time, between reads of
-        // events.
-        let scanning = if let Some(s) = &mut scan {
-            match s.step(&tracer, 4096) {
-                None => true,
-                Some(stacks) => {
-                    let gone = scan.take().map(|s| s.procs().clone()).unwrap_or_default();
-                    let mut by_proc: HashMap<Proc, Vec<(u64, Vec<u64>)>> = HashMap::new();
-                    for (p, id, frames) in stacks {
-                        by_proc.entry(p).or_default().push((id, frames));
-                    }
-                    for &p in &gone {
-                        symbolizer.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
-                        // Unless another process has its pid now, with
-                        // tables of its own.
-                        if let Some(u) = &mut unwinder {
-                            if !symbolizer.has_pid(p.tgid) {
-                                u.forget(p.tgid);
-                            }
-                        }
-                    }
-                    stats.exited += gone.len();
-                    crate::give_back_freed_memory();
-                    false
-                }
-            }
-        } else {
-            false
+    let mut collector = Collector {
+        exits: Exits::default(),
+        scan: None,
+        stats: StatsLine::from_env(began),
+    };
+    let mut intervals = config.interval.map(|len| Intervals {
+        schedule: crate::intervals::Schedule {
+            start_ns: tracer.window_ns().0,
+            len_ns: len.as_nanos().try_into().unwrap_or(u64::MAX),
+        },
+        current: 0,
+        splitter: Default::default(),
+        recorded: false,
+        missed: 0,
+    });
+    let mut sinks: Vec<Sink> = std::iter::once(sink).chain(more_sinks).collect();
+    let kernel_first = tracer.hook().kernel_first_frame_is_ip();
+    loop {
+        // With -i, the end of the current interval, unless the window
+        // ends first.
+        let cut = intervals
+            .as_ref()
+            .map(|i| i.schedule.end_of(i.current))
+            .filter(|&b| tracer.end_ns().is_none_or(|end| b < end));
+        let until = match (deadline, cut.map(instant_of_monotonic)) {
+            (Some(d), Some(c)) => Some(d.min(c)),
+            (d, c) => d.or(c),
         };
-        let busy = match &mut unwinder {
-            None => false,
-            Some(u) => {
-                for ev in events {
-                    if let TaskEvent::New(p) | TaskEvent::Changed(p) = *ev {
-                        u.note_process(&symbolizer, p.tgid);
-                    }
-                }
-                u.poll(&symbolizer)
-            }
+        tracer.wait(until, &stop, |events| {
+            collector.on_events(events, &tracer, &mut symbolizer, &mut unwinder)
+        })?;
+        let (Some(cut), Some(iv)) = (cut, intervals.as_mut()) else {
+            break;
         };
-        stats.maybe_print(unwinder.as_ref());
-        busy || scanning
-    })?;
+        if stop.load(Ordering::SeqCst) || crate::tracer::monotonic_ns() < cut {
+            break;
+        }
+        tracer.cut(cut)?;
+        // A switch-in that began before the cut may still be adding to
+        // the interval on another CPU: a program runs for microseconds.
+        std::thread::sleep(Duration::from_millis(2));
+        let written = tracer
+            .take_intervals(iv.current)
+            .and_then(|raw| iv.write(raw, None, kernel_first, &mut symbolizer, config, &mut sinks));
+        if let Err(e) = written {
+            sinks.into_iter().for_each(Sink::discard);
+            return Err(e);
+        }
+    }
     // A pass under way is left: what it was for keeps its snapshot.
-    drop(scan);
+    drop(collector);
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();
 
-    let raw = tracer.read()?;
+    let raw = match intervals {
+        Some(_) => tracer.take_intervals(u32::MAX),
+        None => tracer.read(),
+    };
+    let raw = match raw {
+        Ok(raw) => raw,
+        Err(e) => {
+            sinks.into_iter().for_each(Sink::discard);
+            return Err(e);
+        }
+    };
     let unreadable = raw
         .entries
         .iter()
         .filter(|e| e.user_stack == StackRef::NotReadable)
         .count();
     let unreadable = (unreadable, tracer.start_user_stacks());
-    let mut profile = profile::build(
-        &raw,
-        &mut symbolizer,
-        tracer.hook().kernel_first_frame_is_ip(),
-    );
-    profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
     drop(tracer);
-    if let Some(filter) = &config.filter {
-        filter_profile(filter, &mut profile, config);
-    }
-
-    let mut sinks = std::iter::once(sink).chain(more_sinks);
-    for ((_, format), sink) in config.outputs().zip(sinks.by_ref()) {
-        if let Err(e) = sink.write(|out| render(&profile, config, format, out)) {
-            sinks.for_each(Sink::discard);
-            return Err(e);
+    let (profile, missed, recorded) = match intervals.as_mut() {
+        Some(iv) => {
+            // The last interval, up to the window's end.
+            let written = iv.write(
+                raw,
+                Some(window_end),
+                kernel_first,
+                &mut symbolizer,
+                config,
+                &mut sinks,
+            );
+            let profile = match written {
+                Ok(p) => p,
+                Err(e) => {
+                    sinks.into_iter().for_each(Sink::discard);
+                    return Err(e);
+                }
+            };
+            finish_interval_sinks(config, sinks)?;
+            if iv.splitter.late.ns > 0 {
+                eprintln!(
+                    "offcputime: {:.3} ms of off-CPU time in {} intervals was counted after the \
+                     interval was written (switches the tracepoint did not report) and is left \
+                     out",
+                    iv.splitter.late.ns as f64 / 1e6,
+                    iv.splitter.late.intervals
+                );
+            }
+            (profile, iv.missed, iv.recorded)
         }
-    }
-    if profile.samples.is_empty() {
+        None => {
+            let mut profile = profile::build(&raw, &mut symbolizer, kernel_first);
+            profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
+            if let Some(filter) = &config.filter {
+                filter_profile(filter, &mut profile, config);
+            }
+            let mut sinks = sinks.into_iter();
+            for ((_, format), sink) in config.outputs().zip(sinks.by_ref()) {
+                if let Err(e) = sink.write(|out| render(&profile, config, format, out)) {
+                    sinks.for_each(Sink::discard);
+                    return Err(e);
+                }
+            }
+            let missed = profile.missed_stacks(config.shape.mode);
+            let recorded = !profile.samples.is_empty();
+            (profile, missed, recorded)
+        }
+    };
+    if !recorded {
         eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
     }
 
-    report_losses(&profile, config, unreadable);
+    report_losses(&profile, missed, config, unreadable);
     report_denied(&symbolizer, config);
     if let Some(u) = &unwinder {
         report_unwinding(u, &profile, config.verbose);
@@ -517,7 +540,14 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
 /// `unreadable`: how many stacks of threads blocked since before the start
 /// have no user stack, and whether this kernel could read such stacks at
 /// all.
-fn report_losses(profile: &Profile, config: &Config, (unreadable, could): (usize, bool)) {
+/// What could not be measured or shown. `missed`: the stacks that could
+/// not be shown (of every interval, with -i).
+fn report_losses(
+    profile: &Profile,
+    missed: usize,
+    config: &Config,
+    (unreadable, could): (usize, bool),
+) {
     let c = &profile.counters;
     if unreadable > 0 && config.shape.mode.user() {
         let why = if could {
@@ -533,14 +563,11 @@ fn report_losses(profile: &Profile, config: &Config, (unreadable, could): (usize
              show no user stack: they are counted from the start, but {why}"
         );
     }
-    let missed =
-        profile
-            .missed_stacks(config.shape.mode)
-            .saturating_sub(if config.shape.mode.user() {
-                unreadable
-            } else {
-                0
-            });
+    let missed = missed.saturating_sub(if config.shape.mode.user() {
+        unreadable
+    } else {
+        0
+    });
     if missed > 0 {
         let full = c.user_stack_full + c.kernel_stack_full > 0;
         eprintln!(
@@ -640,6 +667,177 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
             c.unwind_truncated,
             c.unwind_fp_frames,
         );
+    }
+}
+
+/// What is done with the program's news while tracing (see
+/// [`Tracer::wait`]): snapshots first, they are what names the frames of a
+/// process that exits soon; then unwind tables: at once for processes whose
+/// files all have theirs already (a new process of a known program), else
+/// as soon as the builder thread has built those of its new files.
+/// Processes that have exited give back what was kept for them (see
+/// [`Exits`]).
+struct Collector<'t> {
+    exits: Exits,
+    scan: Option<crate::tracer::StackScan<'t>>,
+    stats: StatsLine,
+}
+
+impl<'t> Collector<'t> {
+    /// Returns whether work is under way (see [`Tracer::wait`]).
+    fn on_events(
+        &mut self,
+        events: &[TaskEvent],
+        tracer: &'t Tracer<'_>,
+        symbolizer: &mut Symbolizer,
+        unwinder: &mut Option<Unwinder>,
+    ) -> bool {
+        for &ev in events {
+            match ev {
+                TaskEvent::New(p) => {
+                    self.stats.processes += 1;
+                    symbolizer.note_process(p.tgid, Some(p.start), false)
+                }
+                TaskEvent::Changed(p) => symbolizer.note_process(p.tgid, Some(p.start), true),
+                TaskEvent::Exited(p) => self.exits.exited(p),
+            }
+        }
+        self.exits.sweep(symbolizer);
+        if self.scan.is_none() {
+            self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
+        }
+        // A slice of the pass over the counts at a time, between reads of
+        // events.
+        let scanning = match &mut self.scan {
+            None => false,
+            Some(s) => match s.step(tracer, 4096) {
+                None => true,
+                Some(stacks) => {
+                    let gone = self
+                        .scan
+                        .take()
+                        .map(|s| s.procs().clone())
+                        .unwrap_or_default();
+                    let mut by_proc: HashMap<Proc, Vec<(u64, Vec<u64>)>> = HashMap::new();
+                    for (p, id, frames) in stacks {
+                        by_proc.entry(p).or_default().push((id, frames));
+                    }
+                    for &p in &gone {
+                        symbolizer.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
+                        // Unless another process has its pid now, with
+                        // tables of its own.
+                        if let Some(u) = unwinder.as_mut() {
+                            if !symbolizer.has_pid(p.tgid) {
+                                u.forget(p.tgid);
+                            }
+                        }
+                    }
+                    self.stats.exited += gone.len();
+                    crate::give_back_freed_memory();
+                    false
+                }
+            },
+        };
+        let busy = match unwinder.as_mut() {
+            None => false,
+            Some(u) => {
+                for ev in events {
+                    if let TaskEvent::New(p) | TaskEvent::Changed(p) = *ev {
+                        u.note_process(symbolizer, p.tgid);
+                    }
+                }
+                u.poll(symbolizer)
+            }
+        };
+        self.stats.maybe_print(unwinder.as_ref());
+        busy || scanning
+    }
+}
+
+/// `-i`: the interval under way, and what was written so far.
+struct Intervals {
+    schedule: crate::intervals::Schedule,
+    current: u32,
+    splitter: crate::intervals::Splitter,
+    /// Some interval had off-CPU time.
+    recorded: bool,
+    /// Stacks that could not be shown, in every interval.
+    missed: usize,
+}
+
+impl Intervals {
+    /// Writes the current interval from what was taken from the table
+    /// (`raw`: its entries and earlier ones), up to its end or `end`, and
+    /// goes on to the next. Returns the interval's profile.
+    fn write(
+        &mut self,
+        raw: crate::tracer::RawProfile,
+        end: Option<u64>,
+        kernel_first: bool,
+        symbolizer: &mut Symbolizer,
+        config: &Config,
+        sinks: &mut [Sink],
+    ) -> Result<Profile> {
+        use crate::intervals::{timestamp_line, write_part, NamePattern};
+        let i = self.current;
+        let start = self.schedule.start_of(i);
+        let end = end.unwrap_or_else(|| self.schedule.end_of(i));
+        let entries = self.splitter.interval(raw.entries, i);
+        let raw = crate::tracer::RawProfile { entries, ..raw };
+        let mut profile = profile::build(&raw, symbolizer, kernel_first);
+        let window = profile::Window::from_monotonic(start, end);
+        let end_unix = window.start_unix_ns + window.duration_ns;
+        profile.window = Some(window);
+        if let Some(filter) = &config.filter {
+            filter.apply(&mut profile, config.shape);
+        }
+        self.recorded |= !profile.samples.is_empty();
+        self.missed += profile.missed_stacks(config.shape.mode);
+        for ((path, format), sink) in config.outputs().zip(sinks.iter_mut()) {
+            match path.and_then(NamePattern::new) {
+                Some(pattern) => {
+                    let name = pattern.name(u64::from(i) + 1, end_unix);
+                    Sink::open(Some(&name))?.write(|out| render(&profile, config, format, out))?
+                }
+                None => sink.write_part(|out| {
+                    let time = config.timestamp.then(|| timestamp_line(end_unix));
+                    write_part(out, time.as_deref(), *format == Format::Text, |out| {
+                        render(&profile, config, format, out)
+                    })
+                })?,
+            }
+        }
+        self.current += 1;
+        Ok(profile)
+    }
+}
+
+/// `-i`, after the last interval: a file that got every interval is put in
+/// place; one opened for a name pattern (to check it could be written)
+/// is dropped, each interval having had a file of its own.
+fn finish_interval_sinks(config: &Config, sinks: Vec<Sink>) -> Result<()> {
+    let mut sinks = sinks.into_iter();
+    for ((path, _), sink) in config.outputs().zip(sinks.by_ref()) {
+        if path.and_then(crate::intervals::NamePattern::new).is_some() {
+            sink.discard();
+        } else if let Err(e) = sink.finish() {
+            sinks.for_each(Sink::discard);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The Instant at which CLOCK_MONOTONIC reads `ns` (Instant is that clock).
+fn instant_of_monotonic(ns: u64) -> Instant {
+    let now = crate::tracer::monotonic_ns();
+    let now_i = Instant::now();
+    if ns >= now {
+        now_i + Duration::from_nanos(ns - now)
+    } else {
+        now_i
+            .checked_sub(Duration::from_nanos(now - ns))
+            .unwrap_or(now_i)
     }
 }
 

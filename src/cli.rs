@@ -324,6 +324,17 @@ pub struct Args {
     #[arg(long = "hook", value_enum, default_value = "auto")]
     pub hook: HookArg,
 
+    /// Print a profile every SECONDS, each holding exactly its own time
+    /// (a block spanning an interval's end is split there), until the
+    /// duration or Ctrl-C; with -o, {n} or {time} in the name gives a file
+    /// per interval
+    #[arg(short = 'i', long = "interval", value_name = "SECONDS")]
+    pub interval: Option<String>,
+
+    /// With -i, a line with the time (HH:MM:SS) before each interval
+    #[arg(short = 'T', long = "timestamp")]
+    pub timestamp: bool,
+
     /// Print details (hook used, counts of lost data) on stderr
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -372,6 +383,10 @@ pub struct Config {
     pub lines: bool,
     pub verbose: bool,
     pub duration: Option<Duration>,
+    /// `-i`: a profile for each interval of this length.
+    pub interval: Option<Duration>,
+    /// `-T`: a time line before each interval.
+    pub timestamp: bool,
 }
 
 fn parse_u64(what: &str, s: &str) -> Result<u64> {
@@ -407,17 +422,21 @@ fn parse_ids(what: &str, items: &[String]) -> Result<Vec<u32>> {
 }
 
 fn parse_duration(s: &str) -> Result<Duration> {
+    parse_seconds("duration", s)
+}
+
+fn parse_seconds(what: &str, s: &str) -> Result<Duration> {
     let s = s.trim();
     let secs: f64 = s
         .parse()
         .ok()
         .filter(|v: &f64| v.is_finite())
-        .with_context(|| format!("duration is not a number of seconds: {s:?}"))?;
+        .with_context(|| format!("{what} is not a number of seconds: {s:?}"))?;
     if secs <= 0.0 {
-        bail!("duration must be positive: {s}");
+        bail!("{what} must be positive: {s}");
     }
     if secs > 1e9 {
-        bail!("duration is too long: {s}");
+        bail!("{what} is too long: {s}");
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -470,6 +489,28 @@ impl Args {
             bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
         }
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
+        let interval = self
+            .interval
+            .as_deref()
+            .map(|s| parse_seconds("-i/--interval", s))
+            .transpose()?;
+        if let Some(i) = interval {
+            if i < Duration::from_millis(10) {
+                bail!(
+                    "-i/--interval must be at least 0.01 seconds: {}",
+                    fmt_secs(i)
+                );
+            }
+            if self.hook == HookArg::FinishTaskSwitch {
+                bail!(
+                    "-i needs the sched_switch tracepoint (--hook auto, sched-switch, tp-btf or \
+                     raw-tp): the finish_task_switch kprobe takes stacks at switch-in, so a \
+                     block under way at an interval's end would have none"
+                );
+            }
+        } else if self.timestamp {
+            bail!("-T/--timestamp dates each interval: add -i SECONDS");
+        }
         let filter = crate::filter::StackFilter::new(&self.grep, &self.exclude)?;
         let group = self.group()?;
         let outputs: Vec<Option<PathBuf>> = self
@@ -484,6 +525,17 @@ impl Args {
                  and speedscope merge them already (without -f, --svg or --format, or with -o \
                  FILE.txt)"
             );
+        }
+        if interval.is_some() {
+            let whole = |f: &Format| !matches!(f, Format::Text | Format::Folded);
+            let paths = if outputs.is_empty() {
+                vec![None]
+            } else {
+                outputs.clone()
+            };
+            let checked: Vec<(Option<PathBuf>, bool)> =
+                paths.into_iter().zip(formats.iter().map(whole)).collect();
+            crate::intervals::check_outputs(&checked)?;
         }
         let format = formats.remove(0);
         let output = outputs.first().cloned().flatten();
@@ -507,6 +559,7 @@ impl Args {
         let mut config = Config {
             tracer: TracerOptions {
                 duration,
+                interval,
                 tgids,
                 tids,
                 user_threads_only: self.user_threads_only,
@@ -549,6 +602,8 @@ impl Args {
             lines: self.lines,
             verbose: self.verbose,
             duration,
+            interval,
+            timestamp: self.timestamp,
         };
         let description = config.description();
         let more = config.more_outputs.iter_mut().map(|(_, f)| f);
@@ -785,9 +840,13 @@ impl Config {
     /// bcc's opening line: what is traced, by which stacks, for how long.
     pub fn status_line(&self) -> String {
         let (threads, stacks) = (self.threads(), self.stacks());
+        let every = match self.interval {
+            Some(i) => format!(", output every {} secs", fmt_secs(i)),
+            None => String::new(),
+        };
         let when = match self.duration {
-            Some(d) => format!(" for {} secs.", fmt_secs(d)),
-            None => "... Hit Ctrl-C to end.".to_string(),
+            Some(d) => format!("{every} for {} secs.", fmt_secs(d)),
+            None => format!("{every}... Hit Ctrl-C to end."),
         };
         format!("Tracing off-CPU time (us) of {threads} by {stacks} stack{when}")
     }

@@ -15,6 +15,7 @@ mod elf;
 pub mod filter;
 #[cfg(test)]
 mod hostile;
+pub mod intervals;
 pub mod jit;
 mod ksyms;
 pub mod output;

@@ -115,6 +115,9 @@ pub struct TracerOptions {
     /// How long to trace: the end of the window is set in the BPF program
     /// when it opens the window. None: until stopped.
     pub duration: Option<Duration>,
+    /// `-i`: the window cut into intervals of this length, each read on
+    /// its own (see [`Tracer::cut`]).
+    pub interval: Option<Duration>,
     pub tgids: Vec<u32>,
     pub tids: Vec<u32>,
     pub user_threads_only: bool,
@@ -207,6 +210,11 @@ pub struct RawEntry {
     pub state: Option<OffState>,
     /// Who ended the block (`--wakers`), None without it.
     pub waker: Option<WakerRef>,
+    /// `-i`: the interval of this time, the first of `span` whole
+    /// intervals when `span` > 1 (the time is then `span` intervals' length
+    /// per block); 0 and 1 without `-i`.
+    pub interval: u32,
+    pub span: u32,
     pub total_ns: u64,
     pub count: u64,
 }
@@ -513,7 +521,8 @@ pub fn find_finish_task_switch() -> Result<String> {
         .ok_or_else(|| anyhow!("finish_task_switch not found in /proc/kallsyms"))
 }
 
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC now, in ns: the clock of the BPF program.
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -574,6 +583,7 @@ impl<'obj> Tracer<'obj> {
     ) -> Result<Tracer<'obj>> {
         let kprobe_first = opts.min_block_ns > 1000
             && opts.state.is_none()
+            && opts.interval.is_none()
             && std::path::Path::new(KPROBE_PMU).exists();
         let order: &[Hook] = match opts.hook {
             Hook::Auto if kprobe_first => &[Hook::FinishTaskSwitch, Hook::TpBtf, Hook::RawTp],
@@ -677,6 +687,9 @@ impl<'obj> Tracer<'obj> {
             }
             rodata.trace_duration_ns = opts
                 .duration
+                .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+            rodata.interval_ns = opts
+                .interval
                 .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
         }
         let dwarf = opts.unwind == Unwind::Dwarf;
@@ -1063,6 +1076,12 @@ impl<'obj> Tracer<'obj> {
         }
     }
 
+    /// The end of the window on CLOCK_MONOTONIC, once known (set ahead for
+    /// a duration).
+    pub fn end_ns(&self) -> Option<u64> {
+        self.end_ns
+    }
+
     /// The window traced, in CLOCK_MONOTONIC nanoseconds: from attach to
     /// the end set ahead or to the stop, whichever came first (now, if
     /// neither has come).
@@ -1094,19 +1113,52 @@ impl<'obj> Tracer<'obj> {
 
     /// Reads the counts, the stacks they refer to and the loss counters.
     pub fn read(&self) -> Result<RawProfile> {
+        self.read_counts(None)
+    }
+
+    /// `-i`: counts the blocks under way up to `end_ns`, the end of an
+    /// interval that the clock has passed; from then on they are counted
+    /// from it. Blocks that end meanwhile are split there by the program.
+    pub fn cut(&self, end_ns: u64) -> Result<()> {
+        self.skel
+            .maps
+            .cut_at
+            .update(&0u32.to_ne_bytes(), &end_ns.to_ne_bytes(), MapFlags::ANY)
+            .context("failed to set the end of the interval")?;
+        let cut = if self.hook == AttachedHook::TpBtf {
+            &self.skel.progs.cut_interval
+        } else {
+            &self.skel.progs.cut_interval_by_tid
+        };
+        run_iterator(cut).context("failed to run the interval iterator")
+    }
+
+    /// `-i`: takes the counts of intervals up to `last` out of the table
+    /// (those of later intervals stay), with the stacks they refer to and
+    /// the loss counters so far.
+    pub fn take_intervals(&self, last: u32) -> Result<RawProfile> {
+        self.read_counts(Some(last))
+    }
+
+    fn read_counts(&self, take_through: Option<u32>) -> Result<RawProfile> {
         let mut profile = RawProfile::default();
         let counts = &self.skel.maps.counts;
         let keys: Vec<Vec<u8>> = counts.keys().collect();
         let mut wanted_stacks = Vec::new();
         let mut wanted_wakers = Vec::new();
         for key_bytes in keys {
-            let Some(val_bytes) = counts.lookup(&key_bytes, MapFlags::ANY)? else {
-                continue;
-            };
             let mut key = types::offcpu_key::default();
             let mut val = types::offcpu_val::default();
             plain::copy_from_bytes(&mut key, &key_bytes)
                 .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+            let val_bytes = match take_through {
+                None => counts.lookup(&key_bytes, MapFlags::ANY)?,
+                Some(last) if key.interval <= last => counts.lookup_and_delete(&key_bytes)?,
+                Some(_) => None,
+            };
+            let Some(val_bytes) = val_bytes else {
+                continue;
+            };
             plain::copy_from_bytes(&mut val, &val_bytes)
                 .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
             let entry = RawEntry {
@@ -1118,6 +1170,8 @@ impl<'obj> Tracer<'obj> {
                 kernel_stack: StackRef::from_raw(key.kernel_stack_id),
                 state: OffState::from_raw(key.state),
                 waker: WakerRef::from_raw(key.waker_id),
+                interval: key.interval,
+                span: key.span.max(1),
                 total_ns: val.total_ns,
                 count: val.count,
             };

@@ -71,6 +71,9 @@ const volatile __u64 softirq_end = 0;
 
 /* How long to trace (0: until userspace stops it). */
 const volatile __u64 trace_duration_ns = 0;
+/* -i: the length of an interval (0: one profile for the whole window).
+ * Interval i is [trace_start_ns + i * interval_ns, ... + interval_ns). */
+const volatile __u64 interval_ns = 0;
 
 /*
  * The window.  Its start is set by the start iterator (start_blocked), once
@@ -83,6 +86,14 @@ const volatile __u64 trace_duration_ns = 0;
  */
 volatile __u64 trace_start_ns = 0;
 volatile __u64 trace_end_ns = 0;
+/* -i: the end of the interval the cut iterator closes (written by
+ * userspace through the map, between runs of the iterator). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} cut_at SEC(".maps");
 
 /*
  * task_data.start_ns: the switch-out time of a block under way, or one of
@@ -94,10 +105,22 @@ volatile __u64 trace_end_ns = 0;
  */
 #define START_SEEN 1
 #define START_AT_WINDOW 2
+/*
+ * -i: a block under way at an interval's end is counted up to it by the cut
+ * iterator, which sets start_ns to that end with START_CUT (a ktime in ns
+ * never has these bits), and START_CUT_AT_WINDOW if the block was under way
+ * at the window's start (its stacks and state are the start iterator's).
+ */
+#define START_CUT (1ULL << 63)
+#define START_CUT_AT_WINDOW (1ULL << 62)
+#define START_CUT_FLAGS (START_CUT | START_CUT_AT_WINDOW)
 
 /* Per-thread state while it is switched out. */
 struct task_data {
 	__u64 start_ns;
+	/* When the open block began (its switch-out), for -m/-M once the cut
+	 * iterator has moved start_ns on. */
+	__u64 block_ns;
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
 	/* The stacks of a block under way at the start, kept apart so that
@@ -934,6 +957,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		d->wake_ns = 0;
 		d->state = offcpu_state(prev, state);
 	}
+	d->block_ns = now;
 	d->start_ns = now;
 	d->user_stack_id = STACK_ID_NONE;
 	d->kernel_stack_id = STACK_ID_NONE;
@@ -968,44 +992,95 @@ static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
 	__sync_fetch_and_add(&v->count, 1);
 }
 
-/*
- * The part of a block from `start` (a switch-out time, or START_AT_WINDOW) to
- * `now` that lies inside the window, or 0 if none, or if the block does not
- * pass -m/-M.  `ended`: the block ends at `now`.  The filters see the whole
- * block where it is known, even beyond the window; a block under way since
- * before the hook was attached, or still under way at the end, is only known
- * to be at least as long as what was seen of it: it passes -m once that
- * part does, and with -M it can never be known to pass.
- */
-static __always_inline __u64 block_in_window(__u64 start, __u64 now, bool ended)
+/* Whether the block `start` says began before the window (claimed by the
+ * start iterator): its stacks and state are start_*. */
+static __always_inline bool began_before_window(__u64 start)
 {
-	__u64 w = trace_start_ns, end = trace_end_ns, from, to, seen;
-	bool at_window = start == START_AT_WINDOW;
+	return start == START_AT_WINDOW || (start & START_CUT_AT_WINDOW);
+}
 
-	if (start <= START_SEEN || !w)
-		return 0;
-	from = !at_window && start > w ? start : w;
-	to = end && now > end ? end : now;
-	if (to <= from)
-		return 0;
-	seen = now - (at_window ? w : start);
-	if (seen < min_block_ns)
-		return 0;
-	if (ended && !at_window ? seen > max_block_ns : max_block_ns != ~0ULL)
-		return 0;
-	return to - from;
+/* Where the part of the block not counted yet begins. */
+static __always_inline __u64 counted_from(__u64 start)
+{
+	if (start & START_CUT)
+		return start & ~START_CUT_FLAGS;
+	return start == START_AT_WINDOW ? trace_start_ns : start;
 }
 
 /*
- * Adds the part of a block inside the window, `delta` ns ending at `now` (or
- * at the window's end), under `key`.  With --states, under the state the
- * thread blocked in (`state`) until its wake-up, and under
- * OFFCPU_STATE_RUNQUEUE from then on.
+ * The part of a block not counted yet, from `start` (a switch-out time,
+ * START_AT_WINDOW, or an interval's end with START_CUT) to `now`, that lies
+ * inside the window: [*from, *to).  False if there is none, or if the block
+ * does not pass -m/-M.  `ended`: the block ends at `now`.  The filters see
+ * the whole block where it is known, even beyond the window; a block under
+ * way since before the hook was attached, or still under way at the end (of
+ * the window or of an interval), is only known to be at least as long as
+ * what was seen of it: it passes -m once that part does, and with -M it can
+ * never be known to pass.
+ */
+static __always_inline bool block_part(struct task_data *d, __u64 start, __u64 now, bool ended,
+				       __u64 *from, __u64 *to)
+{
+	__u64 w = trace_start_ns, end = trace_end_ns, began, seen, f;
+	bool before = began_before_window(start);
+
+	if (start <= START_SEEN || !w)
+		return false;
+	f = counted_from(start);
+	*from = f > w ? f : w;
+	*to = end && now > end ? end : now;
+	if (*to <= *from)
+		return false;
+	began = before ? w : (start & START_CUT) ? d->block_ns : start;
+	seen = now > began ? now - began : 0;
+	if (seen < min_block_ns)
+		return false;
+	if (ended && !before ? seen > max_block_ns : max_block_ns != ~0ULL)
+		return false;
+	return true;
+}
+
+/*
+ * Adds [from, to) under `key`; with -i, split at the intervals' ends: the
+ * part in the first interval, the whole intervals between as one entry of
+ * `span` intervals, the part in the last.
+ */
+static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 to)
+{
+	__u64 w = trace_start_ns, len = interval_ns, first, last, whole;
+
+	if (!len) {
+		add_block(key, to - from);
+		return;
+	}
+	first = (from - w) / len;
+	last = (to - 1 - w) / len;
+	key->span = 1;
+	key->interval = first;
+	if (first == last) {
+		add_block(key, to - from);
+		return;
+	}
+	add_block(key, w + (first + 1) * len - from);
+	if (last > first + 1) {
+		whole = last - first - 1;
+		key->interval = first + 1;
+		key->span = whole;
+		add_block(key, whole * len);
+		key->span = 1;
+	}
+	key->interval = last;
+	add_block(key, to - (w + last * len));
+}
+
+/*
+ * Adds [from, to) of a block under `key`.  With --states, under the state
+ * the thread blocked in (`state`) until its wake-up, and under
+ * OFFCPU_STATE_RUNQUEUE from then on.  `ended`: the block ends at `to`.
  */
 static __always_inline void add_block_parts(struct offcpu_key *key, struct task_data *d,
-					    __u32 state, __u64 now, __u64 delta, bool ended)
+					    __u32 state, __u64 from, __u64 to, bool ended)
 {
-	__u64 end = trace_end_ns, to = end && now > end ? end : now, from = to - delta;
 	__u64 wake;
 
 	if (want_wakers) {
@@ -1018,7 +1093,7 @@ static __always_inline void add_block_parts(struct offcpu_key *key, struct task_
 	}
 
 	if (!want_states) {
-		add_block(key, delta);
+		add_span(key, from, to);
 		return;
 	}
 	wake = d->wake_ns;
@@ -1027,12 +1102,28 @@ static __always_inline void add_block_parts(struct offcpu_key *key, struct task_
 		if (wake <= from) {
 			key->state = OFFCPU_STATE_RUNQUEUE;
 		} else if (wake < to) {
-			add_block(key, wake - from);
+			add_span(key, from, wake);
 			key->state = OFFCPU_STATE_RUNQUEUE;
-			delta = to - wake;
+			from = wake;
 		}
 	}
-	add_block(key, delta);
+	add_span(key, from, to);
+}
+
+/* The stacks and state a block under way was claimed with: the start
+ * iterator's for one under way at the window's start, else its
+ * switch-out's. */
+static __always_inline __u32 claimed_stacks(struct offcpu_key *key, struct task_data *d,
+					   __u64 start)
+{
+	if (began_before_window(start)) {
+		key->user_stack_id = d->start_user_stack_id;
+		key->kernel_stack_id = d->start_kernel_stack_id;
+		return d->start_state;
+	}
+	key->user_stack_id = d->user_stack_id;
+	key->kernel_stack_id = d->kernel_stack_id;
+	return d->state;
 }
 
 static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid)
@@ -1055,7 +1146,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	bool starting = !trace_start_ns;
 	struct offcpu_key key = {};
 	struct task_data *d;
-	__u64 delta, start;
+	__u64 start, from, to;
+	__u32 state;
 	bool kthread;
 
 	if (tid == 0)
@@ -1068,10 +1160,9 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	d = get_data(next, tid, trusted, starting);
 	if (!d)
 		return;
-	/* Claimed here or by the end iterator, never both. */
+	/* Claimed here or by the end or cut iterator, never both. */
 	start = __sync_lock_test_and_set(&d->start_ns, starting ? START_SEEN : 0);
-	delta = block_in_window(start, now, true);
-	if (!delta) {
+	if (!block_part(d, start, now, true, &from, &to)) {
 		if (want_wakers)
 			d->waker_id = 0;
 		return;
@@ -1083,24 +1174,14 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		count(CNT_KTHREAD_BLOCKS);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
-	if (want_user_stack) {
-		if (next_is_current)
+	state = claimed_stacks(&key, d, start);
+	if (next_is_current) {
+		if (want_user_stack)
 			key.user_stack_id = kthread ? STACK_ID_NONE : stack_of_current(ctx, true);
-		else if (start == START_AT_WINDOW)
-			key.user_stack_id = d->start_user_stack_id;
-		else
-			key.user_stack_id = d->user_stack_id;
-	}
-	if (want_kernel_stack) {
-		if (next_is_current)
+		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false);
-		else if (start == START_AT_WINDOW)
-			key.kernel_stack_id = d->start_kernel_stack_id;
-		else
-			key.kernel_stack_id = d->kernel_stack_id;
 	}
-	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, now, delta,
-			true);
+	add_block_parts(&key, d, state, from, to, true);
 	if (want_wakers)
 		d->waker_id = 0;
 }
@@ -1318,7 +1399,8 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 					       __u32 tid, __u64 now, bool unseen)
 {
 	struct offcpu_key key = {};
-	__u64 start, ran, in, delta;
+	__u64 start, ran, in, from, to;
+	__u32 state;
 
 	start = __sync_lock_test_and_set(&d->start_ns, 0);
 	if (start <= START_SEEN) {
@@ -1331,26 +1413,19 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 	ran = BPF_CORE_READ(prev, se.sum_exec_runtime) -
 	      BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
 	in = now - ran;
-	if (!is_cfs(prev) || ran > now || (start != START_AT_WINDOW && in < start)) {
+	if (!is_cfs(prev) || ran > now || (start != START_AT_WINDOW && in < counted_from(start))) {
 		count(CNT_UNSEEN_UNTIMED);
 		return;
 	}
-	delta = block_in_window(start, in, true);
-	if (!delta)
+	if (!block_part(d, start, in, true, &from, &to))
 		return;
 	fill_key(&key, prev, tid);
 	if (is_kthread(prev))
 		count(CNT_KTHREAD_BLOCKS);
-	if (start == START_AT_WINDOW) {
+	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
-		key.user_stack_id = d->start_user_stack_id;
-		key.kernel_stack_id = d->start_kernel_stack_id;
-	} else {
-		key.user_stack_id = d->user_stack_id;
-		key.kernel_stack_id = d->kernel_stack_id;
-	}
-	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state, in, delta,
-			true);
+	state = claimed_stacks(&key, d, start);
+	add_block_parts(&key, d, state, from, to, true);
 	if (want_wakers)
 		d->waker_id = 0;
 }
@@ -1500,8 +1575,8 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 {
 	struct offcpu_key key = {};
 	struct task_data *d;
-	__u64 delta, start;
-	__u32 tid;
+	__u64 start, from, to;
+	__u32 tid, state;
 
 	if (!task || !trace_end_ns)
 		return;
@@ -1519,22 +1594,15 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 		return;
 	}
 	start = __sync_lock_test_and_set(&d->start_ns, 0);
-	delta = block_in_window(start, trace_end_ns, false);
-	if (!delta)
+	if (!block_part(d, start, trace_end_ns, false, &from, &to))
 		return;
 
 	fill_key(&key, task, tid);
-	if (start == START_AT_WINDOW) {
+	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
-		key.user_stack_id = d->start_user_stack_id;
-		key.kernel_stack_id = d->start_kernel_stack_id;
-	} else {
-		key.user_stack_id = d->user_stack_id;
-		key.kernel_stack_id = d->kernel_stack_id;
-	}
+	state = claimed_stacks(&key, d, start);
 	count(CNT_BLOCKS_AT_END);
-	add_block_parts(&key, d, start == START_AT_WINDOW ? d->start_state : d->state,
-			trace_end_ns, delta, false);
+	add_block_parts(&key, d, state, from, to, false);
 }
 
 SEC("iter/task")
@@ -1548,6 +1616,62 @@ SEC("iter/task")
 int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
 {
 	flush_task(ctx->task, false);
+	return 0;
+}
+
+/*
+ * -i: run at each interval's end (cut_at), once the clock has passed it:
+ * every block under way is counted up to that end, and from then on is
+ * counted from it.  A thread on a CPU is left alone: its switch-in (under
+ * way now, or done without the hook seeing it) counts the block whole,
+ * split at the intervals' ends it crossed.  The block's stacks and state
+ * are read before it is claimed: once claimed, the thread may run and block
+ * again.
+ */
+static __always_inline void cut_task(struct task_struct *task, bool trusted)
+{
+	struct offcpu_key key = {};
+	struct task_data *d, seen;
+	__u64 start, cut, next, from, to, *at;
+	__u32 tid, state, zero = 0;
+
+	at = bpf_map_lookup_elem(&cut_at, &zero);
+	if (!task || !at || !*at)
+		return;
+	cut = *at;
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0 || BPF_CORE_READ(task, on_cpu))
+		return;
+	d = get_data(task, tid, trusted, false);
+	if (!d)
+		return;
+	seen = *d;
+	start = seen.start_ns;
+	if (start <= START_SEEN || counted_from(start) >= cut)
+		return;
+	next = cut | START_CUT | (began_before_window(start) ? START_CUT_AT_WINDOW : 0);
+	if (__sync_val_compare_and_swap(&d->start_ns, start, next) != start)
+		return;
+	if (!block_part(&seen, start, cut, false, &from, &to))
+		return;
+	fill_key(&key, task, tid);
+	if (start == START_AT_WINDOW)
+		count(CNT_BLOCKS_AT_START);
+	state = claimed_stacks(&key, &seen, start);
+	add_block_parts(&key, &seen, state, from, to, false);
+}
+
+SEC("iter/task")
+int cut_interval(struct bpf_iter__task *ctx)
+{
+	cut_task(ctx->task, true);
+	return 0;
+}
+
+SEC("iter/task")
+int cut_interval_by_tid(struct bpf_iter__task *ctx)
+{
+	cut_task(ctx->task, false);
 	return 0;
 }
 

@@ -45,10 +45,15 @@ struct offcpu_key {
 	/* enum offcpu_state: why the thread was off the CPU (--states), or
 	 * OFFCPU_STATE_ANY. */
 	__u32 state;
-	__u32 _pad;
+	/* -i: the interval the time falls in (0 without -i), the first of
+	 * `span` whole intervals when span > 1: then the value holds span
+	 * times the interval's length per block. */
+	__u32 interval;
 	/* --wakers: who ended the block (struct waker_info in `wakers` under
 	 * this id, top bit set), or enum waker_id_special. */
 	__u64 waker_id;
+	__u32 span;
+	__u32 _pad;
 };
 
 /* Waker ids in struct offcpu_key that are not a task. */

@@ -100,7 +100,20 @@ impl Sink {
     }
 
     /// Writes the report; for a regular file, then puts it in place.
-    pub fn write(self, render: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
+    pub fn write(mut self, render: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
+        if let Sink::Replace(r) = self {
+            return r.write(render);
+        }
+        self.write_part(render)
+    }
+
+    /// Writes one part of the output (an interval of `-i`): to stdout, a
+    /// device or a pipe at once; to a regular file's temporary file, put
+    /// in place by [`Sink::finish`].
+    pub fn write_part(
+        &mut self,
+        render: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<()> {
         match self {
             Sink::Stdout => {
                 let stdout = io::stdout();
@@ -110,12 +123,25 @@ impl Sink {
                     .context("failed to write the report")
             }
             Sink::InPlace { file, show } => {
-                let mut out = BufWriter::with_capacity(64 * 1024, &file);
+                let mut out = BufWriter::with_capacity(64 * 1024, &*file);
                 render(&mut out)
                     .and_then(|()| out.flush())
                     .with_context(|| format!("failed to write the report to {}", show.display()))
             }
-            Sink::Replace(r) => r.write(render),
+            Sink::Replace(r) => {
+                let mut out = BufWriter::with_capacity(64 * 1024, &r.tmp);
+                render(&mut out)
+                    .and_then(|()| out.flush())
+                    .with_context(|| format!("failed to write the report to {}", r.show.display()))
+            }
+        }
+    }
+
+    /// After [`Sink::write_part`]: a regular file is put in place.
+    pub fn finish(self) -> Result<()> {
+        match self {
+            Sink::Replace(r) => r.write(|_| Ok(())),
+            _ => Ok(()),
         }
     }
 }

@@ -217,3 +217,27 @@ fn profiler_frames_are_recognised() {
         assert!(!is_profiler_frame(f), "{f}");
     }
 }
+
+/// `-i` to one output: each interval after the other, `-T`'s time line
+/// before each, a blank line after each report.
+#[test]
+fn golden_intervals() {
+    use offcputime::intervals::write_part;
+    for (name, report) in [
+        ("synthetic-intervals.txt", true),
+        ("synthetic-intervals.folded", false),
+    ] {
+        let mut out = Vec::new();
+        for time in ["10:00:01", "10:00:02"] {
+            write_part(&mut out, Some(time), report, |o| {
+                if report {
+                    text::write(&synthetic(), Shape::default(), o)
+                } else {
+                    folded::write(&synthetic(), Shape::default(), o)
+                }
+            })
+            .unwrap();
+        }
+        check(name, &String::from_utf8(out).unwrap());
+    }
+}

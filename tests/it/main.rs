@@ -9,6 +9,7 @@ mod e2e;
 mod faults;
 mod formats;
 mod golden;
+mod intervals;
 mod reading;
 mod states;
 mod svg;

@@ -1,0 +1,290 @@
+//! `-i`: the window cut into intervals, each read and written on its own,
+//! as bcc's `stackcount -i` prints them.
+//!
+//! The BPF program keys every part of a block by the interval it falls in
+//! (interval `i` is `[start + i * len, start + (i + 1) * len)` on the
+//! program's clock), so each interval holds exactly its own time: a block
+//! that spans an interval's end is split there, and one that covers whole
+//! intervals is stored once as a span of them. At each end the cut iterator
+//! counts the blocks under way up to it ([`crate::tracer::Tracer::cut`]);
+//! then the interval's entries are taken out of the table and written.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use crate::tracer::RawEntry;
+
+/// When the intervals end, on CLOCK_MONOTONIC.
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    /// The window's start.
+    pub start_ns: u64,
+    pub len_ns: u64,
+}
+
+impl Schedule {
+    /// The end of interval `i`.
+    pub fn end_of(&self, i: u32) -> u64 {
+        self.start_ns
+            .saturating_add((i as u64 + 1).saturating_mul(self.len_ns))
+    }
+
+    /// The start of interval `i`.
+    pub fn start_of(&self, i: u32) -> u64 {
+        self.start_ns
+            .saturating_add((i as u64).saturating_mul(self.len_ns))
+    }
+}
+
+/// Time taken from the table after its interval was written: a part of a
+/// block that the program could only count late (a switch-in the
+/// tracepoint did not report, closed at the thread's next switch-out).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Late {
+    pub ns: u64,
+    pub intervals: u64,
+}
+
+/// Turns entries taken from the table into those of one interval, keeping
+/// the later parts of spans for the intervals they cover.
+#[derive(Debug, Default)]
+pub struct Splitter {
+    carried: Vec<RawEntry>,
+    pub late: Late,
+}
+
+impl Splitter {
+    /// The entries of interval `i`, from `taken` (entries of intervals up
+    /// to `i`) and the spans carried from earlier takes. What belongs to
+    /// an interval before `i` is late ([`Splitter::late`]).
+    pub fn interval(&mut self, taken: Vec<RawEntry>, i: u32) -> Vec<RawEntry> {
+        let mut out = Vec::new();
+        let mut carried = Vec::new();
+        let mut late_before = false;
+        for e in std::mem::take(&mut self.carried).into_iter().chain(taken) {
+            let span = e.span.max(1) as u64;
+            let first = e.interval as u64;
+            let last = first + span - 1;
+            let per = e.total_ns / span;
+            let i = i as u64;
+            if first > i {
+                carried.push(e);
+                continue;
+            }
+            if first < i {
+                let late = last.min(i - 1) - first + 1;
+                self.late.ns += per * late;
+                late_before = true;
+            }
+            if last < i {
+                continue;
+            }
+            out.push(RawEntry {
+                interval: i as u32,
+                span: 1,
+                total_ns: per,
+                ..e.clone()
+            });
+            if last > i {
+                carried.push(RawEntry {
+                    interval: i as u32 + 1,
+                    span: (last - i) as u32,
+                    total_ns: per * (last - i),
+                    ..e
+                });
+            }
+        }
+        if late_before {
+            self.late.intervals += 1;
+        }
+        self.carried = carried;
+        merge(out)
+    }
+}
+
+/// Entries of one interval that differ only in how they were stored (a
+/// part, a span) become one.
+fn merge(entries: Vec<RawEntry>) -> Vec<RawEntry> {
+    let mut by_key: std::collections::HashMap<_, RawEntry> = Default::default();
+    for e in entries {
+        let key = (
+            e.tgid,
+            e.start,
+            e.pid,
+            e.comm.clone(),
+            e.user_stack,
+            e.kernel_stack,
+            e.state,
+            e.waker,
+        );
+        by_key
+            .entry(key)
+            .and_modify(|m| {
+                m.total_ns += e.total_ns;
+                m.count += e.count;
+            })
+            .or_insert(e);
+    }
+    let mut out: Vec<RawEntry> = by_key.into_values().collect();
+    out.sort_by_key(|e| (e.tgid, e.pid));
+    out
+}
+
+/// An output file's name for each interval: `{n}` is the interval's number
+/// (from 1), `{time}` the local time at its end (`HHMMSS`). A name with
+/// neither gets every interval, one after the other (the report and folded
+/// stacks only).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamePattern(PathBuf);
+
+impl NamePattern {
+    /// `Some` when `path` has a placeholder.
+    pub fn new(path: &Path) -> Option<NamePattern> {
+        let s = path.to_string_lossy();
+        (s.contains("{n}") || s.contains("{time}")).then(|| NamePattern(path.to_path_buf()))
+    }
+
+    /// The name of interval `n` (from 1), ending at `end_unix_ns`.
+    pub fn name(&self, n: u64, end_unix_ns: u64) -> PathBuf {
+        let s = self.0.to_string_lossy();
+        let (h, m, sec) = local_hms(end_unix_ns);
+        PathBuf::from(
+            s.replace("{n}", &n.to_string())
+                .replace("{time}", &format!("{h:02}{m:02}{sec:02}")),
+        )
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// Writes one interval to an output that gets them all one after the
+/// other: `-T`'s time line, the interval, and after a report a blank line.
+pub fn write_part(
+    out: &mut dyn Write,
+    timestamp: Option<&str>,
+    report: bool,
+    render: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    if let Some(t) = timestamp {
+        writeln!(out, "{t}")?;
+    }
+    render(out)?;
+    if report {
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// `-T`: the line before each interval, the local time at its end.
+pub fn timestamp_line(end_unix_ns: u64) -> String {
+    let (h, m, s) = local_hms(end_unix_ns);
+    format!("{h:02}:{m:02}:{s:02}")
+}
+
+/// Hours, minutes and seconds of the local time at `unix_ns`.
+fn local_hms(unix_ns: u64) -> (i32, i32, i32) {
+    let secs = (unix_ns / 1_000_000_000) as libc::time_t;
+    // SAFETY: tm is plain data; localtime_r writes it and reads secs.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
+    if !ok {
+        let day = unix_ns / 1_000_000_000 % 86_400;
+        return (
+            (day / 3600) as i32,
+            (day / 60 % 60) as i32,
+            (day % 60) as i32,
+        );
+    }
+    (tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+/// Checks the outputs for `-i`: a format written whole (a flame graph,
+/// pprof, speedscope) needs a file per interval, so a name with `{n}` or
+/// `{time}`; the report and folded stacks may go one after the other to
+/// stdout or one file.
+pub fn check_outputs(outputs: &[(Option<PathBuf>, bool)]) -> Result<()> {
+    for (path, whole) in outputs {
+        let patterned = path.as_deref().and_then(NamePattern::new).is_some();
+        if *whole && !patterned {
+            match path {
+                None => bail!(
+                    "with -i, a flame graph, pprof or speedscope profile is written to a file \
+                     per interval: give -o with {{n}} or {{time}} in its name (e.g. -o \
+                     offcpu-{{n}}.svg)"
+                ),
+                Some(p) => bail!(
+                    "with -i, -o {} needs {{n}} or {{time}} in its name: a file per interval \
+                     (e.g. offcpu-{{n}}.svg)",
+                    p.display()
+                ),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracer::StackRef;
+
+    fn entry(pid: u32, interval: u32, span: u32, total_ns: u64) -> RawEntry {
+        RawEntry {
+            tgid: pid,
+            start: 1,
+            pid,
+            comm: "t".into(),
+            user_stack: StackRef::None,
+            kernel_stack: StackRef::None,
+            state: None,
+            waker: None,
+            interval,
+            span,
+            total_ns,
+            count: 1,
+        }
+    }
+
+    #[test]
+    fn spans_are_spread_over_the_intervals_they_cover() {
+        let mut s = Splitter::default();
+        // Interval 0: a part, and a span of intervals 1..=3 (taken early,
+        // as when the program split a block at its switch-in).
+        let got = s.interval(vec![entry(1, 0, 1, 400), entry(2, 1, 3, 3000)], 0);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].total_ns, 400);
+        let got = s.interval(vec![entry(2, 1, 1, 7)], 1);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].total_ns, got[0].count), (1007, 2));
+        assert_eq!(s.interval(vec![], 2)[0].total_ns, 1000);
+        assert_eq!(s.interval(vec![], 3)[0].total_ns, 1000);
+        assert!(s.interval(vec![], 4).is_empty());
+        assert_eq!(s.late.ns, 0);
+    }
+
+    #[test]
+    fn parts_of_written_intervals_are_late() {
+        let mut s = Splitter::default();
+        assert!(s.interval(vec![], 0).is_empty());
+        assert!(s.interval(vec![], 1).is_empty());
+        let got = s.interval(vec![entry(1, 0, 1, 5), entry(1, 1, 2, 20)], 2);
+        assert_eq!(got[0].total_ns, 10);
+        assert_eq!(s.late.ns, 15);
+        assert_eq!(s.late.intervals, 1);
+    }
+
+    #[test]
+    fn names_and_outputs() {
+        let p = NamePattern::new(Path::new("out-{n}.svg")).unwrap();
+        assert_eq!(p.name(3, 0), PathBuf::from("out-3.svg"));
+        assert!(NamePattern::new(Path::new("out.svg")).is_none());
+        assert!(check_outputs(&[(None, false)]).is_ok());
+        assert!(check_outputs(&[(None, true)]).is_err());
+        assert!(check_outputs(&[(Some("a.svg".into()), true)]).is_err());
+        assert!(check_outputs(&[(Some("a-{time}.svg".into()), true)]).is_ok());
+    }
+}

@@ -1,0 +1,225 @@
+//! `-i SECONDS` and `-T`: a profile per interval, each holding exactly its
+//! own time, checked against the kernel's own accounting interval by
+//! interval; Ctrl-C's partial last interval; a file per interval.
+
+use std::time::Duration;
+
+use crate::util::*;
+
+/// The intervals of `-T` output: each time line and the folded lines after
+/// it.
+fn split_intervals(stdout: &[u8]) -> Vec<(String, Vec<Folded>)> {
+    let text = String::from_utf8_lossy(stdout);
+    let mut out: Vec<(String, Vec<Folded>)> = Vec::new();
+    for line in text.lines() {
+        let is_time = line.len() == 8
+            && line.bytes().enumerate().all(|(i, b)| {
+                if i == 2 || i == 5 {
+                    b == b':'
+                } else {
+                    b.is_ascii_digit()
+                }
+            });
+        if is_time {
+            out.push((line.to_string(), Vec::new()));
+        } else {
+            let last = out
+                .last_mut()
+                .unwrap_or_else(|| panic!("a line before the first time line: {line:?}"));
+            last.1.extend(parse_folded(line.as_bytes()));
+        }
+    }
+    out
+}
+
+const STUCK: [&str; 4] = [
+    "wl-stuck-cond",
+    "wl-stuck-pipe",
+    "wl-stuck-sleep",
+    "wl-stuck-main",
+];
+
+/// Threads blocked for the whole run show each interval's full length in
+/// each interval (to the microsecond: the parts are cut at the interval's
+/// end exactly), and threads that block and run show, interval by
+/// interval, what the kernel accounts (within 2% of the interval).
+#[test]
+fn intervals_hold_exactly_their_own_time() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "120"]);
+    let stuck = Workload::start(&["stuck"]);
+    let comms = ["wl-nanosleep", "wl-pipe", "wl-futex"];
+    let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
+    let pids = format!("{},{}", wl.pid, stuck.pid);
+    let clock = CpuClock::start(wl.pid, &tids);
+    let out = profile(&["-v", "-T", "-i", "1", "-f", "-p", &pids, "3.4"]);
+    let cpu = clock.finish();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, from, to) = verbose_window(&stderr);
+    let intervals = split_intervals(&out.stdout);
+    assert_eq!(
+        intervals.len(),
+        4,
+        "3.4 s in 1 s intervals: 4 profiles\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let times: Vec<&str> = intervals.iter().map(|(t, _)| t.as_str()).collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    // (Past midnight the order would wrap; the test would say so.)
+    assert_eq!(times, sorted, "the time lines go forward");
+    let mut whole = vec![0u64; comms.len()];
+    for (k, (time, lines)) in intervals.iter().enumerate() {
+        let a = from + k as u64 * 1_000_000_000;
+        let b = (a + 1_000_000_000).min(to);
+        let len_us = (b - a) as f64 / 1e3;
+        for comm in STUCK {
+            let got = sum_us(lines, comm) as f64;
+            eprintln!("interval {k} ({time}): {comm} {got} us of {len_us:.0}");
+            // Each line is rounded to the microsecond on its own.
+            let lines_of = lines.iter().filter(|l| l.comm() == comm).count() as f64;
+            assert!(
+                (got - len_us).abs() <= lines_of + 1.0,
+                "interval {k}: {comm} blocked all along, counted {got} us of a {len_us:.0} us \
+                 interval"
+            );
+        }
+        for (i, comm) in comms.iter().enumerate() {
+            let got = sum_us(lines, comm) as f64;
+            let expected = cpu.off_cpu_us(i, a, b);
+            whole[i] += got as u64;
+            eprintln!("interval {k}: {comm} {got} us, by the kernel's accounting {expected:.0} us");
+            assert!(
+                (got - expected).abs() < 0.02 * len_us,
+                "interval {k}: {comm} {got} us off-CPU, by the kernel's accounting {expected:.0} \
+                 us in a {len_us:.0} us interval"
+            );
+        }
+    }
+    // Together, the window, as one profile of it would say.
+    let all: Vec<Folded> = intervals.into_iter().flat_map(|(_, l)| l).collect();
+    check_blocked_threads(&all, &cpu, &comms, (from, to), " (intervals summed)");
+}
+
+/// Ctrl-C (SIGINT) ends the trace at once and prints the interval under
+/// way, up to then: here the third, of about half an interval.
+#[test]
+fn ctrl_c_prints_the_partial_interval() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let pid = stuck.pid.to_string();
+    let (out, _, _) = profile_during(&["-T", "-i", "1", "-f", "-p", &pid], |child| {
+        std::thread::sleep(Duration::from_millis(2500));
+        // SAFETY: signals the profiler, our child.
+        unsafe { libc::kill(child as i32, libc::SIGINT) };
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, from, to) = verbose_window(&stderr);
+    let intervals = split_intervals(&out.stdout);
+    assert_eq!(
+        intervals.len(),
+        3,
+        "2.5 s in 1 s intervals, then Ctrl-C\n{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let last_us = (to - (from + 2_000_000_000)) as f64 / 1e3;
+    assert!(
+        (300_000.0..900_000.0).contains(&last_us),
+        "the window ended {last_us:.0} us into the third interval"
+    );
+    for (k, (_, lines)) in intervals.iter().enumerate() {
+        let len = if k < 2 { 1e6 } else { last_us };
+        for comm in STUCK {
+            let got = sum_us(lines, comm) as f64;
+            assert!(
+                (got - len).abs() <= 2.0 + lines.len() as f64,
+                "interval {k}: {comm} counted {got} us of {len:.0} us"
+            );
+        }
+    }
+}
+
+/// With `-o`, `{n}` in the name gives a file per interval (any format);
+/// a name without it gets every interval one after the other (the report
+/// and folded stacks only). The whole formats without a pattern, and -T
+/// without -i, are refused in one line.
+#[test]
+fn a_file_per_interval() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let pid = stuck.pid.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("offcpu-{n}.svg");
+    let folded = dir.path().join("all.folded");
+    let out = profile(&[
+        "-i",
+        "0.5",
+        "--states",
+        "-p",
+        &pid,
+        "-o",
+        svg.to_str().unwrap(),
+        "-o",
+        folded.to_str().unwrap(),
+        "1.2",
+    ]);
+    assert!(out.stdout.is_empty());
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["all.folded", "offcpu-1.svg", "offcpu-2.svg", "offcpu-3.svg"],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for n in 1..=3 {
+        let text = std::fs::read_to_string(dir.path().join(format!("offcpu-{n}.svg"))).unwrap();
+        let svg = parse_svg(&text);
+        assert!(
+            svg.frames.iter().any(|f| f.name == "wl-stuck-sleep"),
+            "offcpu-{n}.svg has no wl-stuck-sleep frame"
+        );
+    }
+    // Three intervals (0.5, 0.5, 0.2 s) one after the other, each thread
+    // [sleep] all along: 1.2 s in all.
+    let lines = parse_folded(&std::fs::read(&folded).unwrap());
+    for comm in STUCK {
+        let got = sum_us_where(&lines, |l| l.comm() == comm && l.has("[sleep]")) as f64;
+        assert!(
+            (got - 1.2e6).abs() <= 10.0,
+            "{comm}: {got} us of [sleep] in 1.2 s"
+        );
+    }
+
+    for (args, says) in [
+        (&["-i", "1", "--svg", "1"][..], "-o with {n}"),
+        (
+            &["-i", "1", "-o", "x.pb.gz", "1"][..],
+            "needs {n} or {time}",
+        ),
+        (&["-T", "1"][..], "add -i"),
+        (&["-i", "0", "1"][..], "must be positive"),
+        (
+            &["-i", "1", "--hook", "finish-task-switch", "1"][..],
+            "sched_switch tracepoint",
+        ),
+    ] {
+        let out = offcputime().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+}
