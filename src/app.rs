@@ -217,7 +217,12 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         scan: None,
         stats: StatsLine::from_env(began),
     };
+    let pusher = match &config.push {
+        Some(o) => Some(crate::push::Pusher::start(o.clone())?),
+        None => None,
+    };
     let mut intervals = config.interval.map(|len| Intervals {
+        pusher,
         schedule: crate::intervals::Schedule {
             start_ns: tracer.window_ns().0,
             len_ns: len.as_nanos().try_into().unwrap_or(u64::MAX),
@@ -304,6 +309,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                 }
             };
             finish_interval_sinks(config, sinks)?;
+            iv.finish_push(config.verbose);
             if iv.splitter.late.ns > 0 {
                 eprintln!(
                     "offcputime: {:.3} ms of off-CPU time in {} intervals was counted after the \
@@ -756,6 +762,8 @@ impl<'t> Collector<'t> {
 
 /// `-i`: the interval under way, and what was written so far.
 struct Intervals {
+    /// `--push`: where each interval is sent as well.
+    pusher: Option<crate::push::Pusher>,
     schedule: crate::intervals::Schedule,
     current: u32,
     splitter: crate::intervals::Splitter,
@@ -807,10 +815,51 @@ impl Intervals {
                 })?,
             }
         }
+        if let (Some(pusher), Some(o)) = (&self.pusher, &config.push) {
+            let mut pprof = Vec::new();
+            crate::output::pprof::write(&profile, config.shape, &o.pprof, &mut pprof)
+                .context("failed to build the pprof profile to push")?;
+            pusher.push(
+                profile.window.as_ref().map_or(0, |w| w.start_unix_ns),
+                end_unix,
+                pprof,
+            );
+        }
         self.current += 1;
         Ok(profile)
     }
+
+    /// `--push`: what is queued is sent, within a few seconds; what could
+    /// not be sent is said.
+    fn finish_push(&mut self, verbose: bool) {
+        let Some(pusher) = self.pusher.take() else {
+            return;
+        };
+        let url = pusher.endpoint().to_string();
+        let s = pusher.finish(PUSH_DEADLINE);
+        let total = s.sent + s.failed + s.dropped;
+        if s.failed + s.dropped > 0 {
+            eprintln!(
+                "offcputime: {} of {total} intervals could not be pushed to {url} ({} failed after \
+                 retries or at the end's {} s deadline, {} given up for a full queue; last error: \
+                 {})",
+                s.failed + s.dropped,
+                s.failed,
+                PUSH_DEADLINE.as_secs(),
+                s.dropped,
+                s.last_error.as_deref().unwrap_or("none")
+            );
+        } else if verbose {
+            eprintln!(
+                "offcputime: pushed {} intervals ({} bytes of pprof) to {url}",
+                s.sent, s.bytes
+            );
+        }
+    }
 }
+
+/// `--push`: how long the end waits for what is queued to be sent.
+const PUSH_DEADLINE: Duration = Duration::from_secs(5);
 
 /// `-i`, after the last interval: a file that got every interval is put in
 /// place; one opened for a name pattern (to check it could be written)

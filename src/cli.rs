@@ -335,6 +335,31 @@ pub struct Args {
     #[arg(short = 'T', long = "timestamp")]
     pub timestamp: bool,
 
+    /// With -i, send each interval as a pprof profile to this
+    /// Pyroscope-compatible ingest endpoint (http://[user:password@]host[:port][/prefix])
+    #[arg(
+        long = "push",
+        value_name = "URL",
+        help_heading = "Continuous export (--push)"
+    )]
+    pub push: Option<String>,
+
+    /// The application's name in the profiling backend (default: offcputime)
+    #[arg(
+        long = "app",
+        value_name = "NAME",
+        help_heading = "Continuous export (--push)"
+    )]
+    pub app: Option<String>,
+
+    /// A label on every pushed profile (besides host=HOSTNAME); repeatable
+    #[arg(
+        long = "push-label",
+        value_name = "KEY=VALUE",
+        help_heading = "Continuous export (--push)"
+    )]
+    pub push_label: Vec<String>,
+
     /// Print details (hook used, counts of lost data) on stderr
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -387,6 +412,8 @@ pub struct Config {
     pub interval: Option<Duration>,
     /// `-T`: a time line before each interval.
     pub timestamp: bool,
+    /// `--push`: where each interval is sent, and how it is named.
+    pub push: Option<crate::push::PushOptions>,
 }
 
 fn parse_u64(what: &str, s: &str) -> Result<u64> {
@@ -511,6 +538,7 @@ impl Args {
         } else if self.timestamp {
             bail!("-T/--timestamp dates each interval: add -i SECONDS");
         }
+        let push = self.push_options(interval.is_some())?;
         let filter = crate::filter::StackFilter::new(&self.grep, &self.exclude)?;
         let group = self.group()?;
         let outputs: Vec<Option<PathBuf>> = self
@@ -604,6 +632,7 @@ impl Args {
             duration,
             interval,
             timestamp: self.timestamp,
+            push,
         };
         let description = config.description();
         let more = config.more_outputs.iter_mut().map(|(_, f)| f);
@@ -696,13 +725,13 @@ impl Args {
                 bail!("{flag} is a flame graph option: add --svg");
             }
         }
-        if !wants(FormatArg::Pprof) {
+        if !wants(FormatArg::Pprof) && self.push.is_none() {
             let pprof_flags = [
                 ("--pprof-sample-type", self.pprof_sample_type.is_some()),
                 ("--thread-ids", self.thread_ids),
             ];
             if let Some((flag, _)) = pprof_flags.iter().find(|f| f.1) {
-                bail!("{flag} is a pprof option: add --format pprof");
+                bail!("{flag} is a pprof option: add --format pprof (or --push)");
             }
         }
         if !wants(FormatArg::Speedscope) && self.per_process {
@@ -719,18 +748,54 @@ impl Args {
                 FormatArg::Folded => Format::Folded,
                 FormatArg::Report => Format::Text,
                 FormatArg::Svg => Format::Svg(svg.clone().unwrap_or_default()),
-                FormatArg::Pprof => Format::Pprof(PprofOptions {
-                    sample_type: match self.pprof_sample_type {
-                        Some(SampleTypeArg::Wallclock) => SampleType::Wallclock,
-                        Some(SampleTypeArg::Offcpu) | None => SampleType::Offcpu,
-                    },
-                    thread_ids: self.thread_ids,
-                }),
+                FormatArg::Pprof => Format::Pprof(self.pprof_options()),
                 FormatArg::Speedscope => Format::Speedscope(SpeedscopeOptions {
                     per_process: self.per_process,
                 }),
             })
             .collect())
+    }
+
+    fn pprof_options(&self) -> PprofOptions {
+        PprofOptions {
+            sample_type: match self.pprof_sample_type {
+                Some(SampleTypeArg::Wallclock) => SampleType::Wallclock,
+                Some(SampleTypeArg::Offcpu) | None => SampleType::Offcpu,
+            },
+            thread_ids: self.thread_ids,
+        }
+    }
+
+    /// `--push`, `--app` and `--push-label`, checked.
+    fn push_options(&self, intervals: bool) -> Result<Option<crate::push::PushOptions>> {
+        use crate::push::{check_app, parse_label, Endpoint, PushOptions};
+        let Some(url) = &self.push else {
+            if self.app.is_some() || !self.push_label.is_empty() {
+                bail!("--app and --push-label name pushed profiles: add --push URL");
+            }
+            return Ok(None);
+        };
+        if !intervals {
+            bail!("--push sends each interval: add -i SECONDS (e.g. -i 10)");
+        }
+        let endpoint = Endpoint::parse(url)?;
+        let app = self.app.clone().unwrap_or_else(|| "offcputime".to_string());
+        check_app(&app)?;
+        let mut labels = vec![("host".to_string(), hostname())];
+        for l in &self.push_label {
+            let (k, v) = parse_label(l)?;
+            if let Some(old) = labels.iter_mut().find(|(n, _)| *n == k) {
+                old.1 = v;
+            } else {
+                labels.push((k, v));
+            }
+        }
+        Ok(Some(PushOptions {
+            endpoint,
+            app,
+            labels,
+            pprof: self.pprof_options(),
+        }))
     }
 
     /// `--group` and its order; `--group-sort` without it is an error.
@@ -858,6 +923,28 @@ fn fmt_secs(d: Duration) -> String {
         format!("{}", s as u64)
     } else {
         format!("{s}")
+    }
+}
+
+/// This machine's name, as a label value (the characters that delimit
+/// labels replaced).
+fn hostname() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = name
+        .trim()
+        .chars()
+        .map(|c| {
+            if matches!(c, '{' | '}' | ',' | '=' | '"') || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    if name.is_empty() {
+        "unknown".to_string()
+    } else {
+        name
     }
 }
 

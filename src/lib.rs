@@ -22,6 +22,7 @@ pub mod output;
 pub mod priority;
 pub mod process;
 pub mod profile;
+pub mod push;
 pub mod symbolize;
 pub mod tracer;
 pub mod unwind;

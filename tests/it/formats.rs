@@ -140,12 +140,12 @@ fn pprof_is_deterministic() {
     );
 }
 
-fn go() -> Option<PathBuf> {
+pub(crate) fn go() -> Option<PathBuf> {
     require_tool("go", &["/usr/bin/go".into(), "/usr/lib/go/bin/go".into()])
 }
 
 /// `go tool pprof ARGS FILE`; it must succeed.
-fn go_pprof(go: &Path, args: &[&str], file: &Path) -> String {
+pub(crate) fn go_pprof(go: &Path, args: &[&str], file: &Path) -> String {
     let out = Command::new(go)
         .args(["tool", "pprof", "-symbolize=none"])
         .args(args)
@@ -287,7 +287,7 @@ fn folded_map(p: &Profile, shape: Shape) -> BTreeMap<String, u64> {
 }
 
 /// The total `go tool pprof -top` gives, in nanoseconds.
-fn top_total_ns(go: &Path, file: &Path) -> u64 {
+pub(crate) fn top_total_ns(go: &Path, file: &Path) -> u64 {
     let top = go_pprof(go, &["-top", "-unit=ns"], file);
     let line = top
         .lines()

@@ -7,9 +7,10 @@
 mod cli;
 mod e2e;
 mod faults;
-mod formats;
+pub(crate) mod formats;
 mod golden;
 mod intervals;
+mod push;
 mod reading;
 mod states;
 mod svg;

@@ -1,0 +1,287 @@
+//! `--push URL`: each interval sent to a Pyroscope-compatible ingest
+//! endpoint, here a server on the loopback address in the test that keeps
+//! what arrives; decoded with `go tool pprof`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::formats::{go, top_total_ns};
+use crate::util::*;
+
+/// One request as the server got it.
+#[derive(Debug, Clone)]
+struct Request {
+    path: String,
+    query: BTreeMap<String, String>,
+    /// Multipart parts by name.
+    parts: BTreeMap<String, Vec<u8>>,
+}
+
+/// An ingest endpoint on 127.0.0.1 that answers 200 to every request and
+/// keeps it.
+struct Server {
+    got: Arc<Mutex<Vec<Request>>>,
+    port: u16,
+}
+
+impl Server {
+    fn start(listener: TcpListener) -> Server {
+        let port = listener.local_addr().unwrap().port();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let keep = got.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                if let Some(req) = read_request(&mut conn) {
+                    keep.lock().unwrap().push(req);
+                    let _ = conn.write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                }
+            }
+        });
+        Server { got, port }
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).expect("percent escape"));
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
+    let mut r = BufReader::new(conn.try_clone().ok()?);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let target = line.split_whitespace().nth(1)?.to_string();
+    let mut length = 0;
+    let mut boundary = String::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).ok()?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':')?;
+        match k.to_ascii_lowercase().as_str() {
+            "content-length" => length = v.trim().parse().ok()?,
+            "content-type" => {
+                boundary = v.split("boundary=").nth(1).unwrap_or("").trim().to_string()
+            }
+            _ => {}
+        }
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).ok()?;
+    let (path, q) = target.split_once('?').unwrap_or((&target, ""));
+    let query = q
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), unescape(v)))
+        .collect();
+    // multipart/form-data: parts between "--boundary" lines.
+    let mut parts = BTreeMap::new();
+    let sep = format!("--{boundary}").into_bytes();
+    let mut rest = &body[..];
+    while let Some(at) = find(rest, &sep) {
+        rest = &rest[at + sep.len()..];
+        if rest.starts_with(b"--") {
+            break;
+        }
+        let head_end = find(rest, b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&rest[..head_end]).to_string();
+        let name = head.split("name=\"").nth(1)?.split('"').next()?.to_string();
+        let data_start = head_end + 4;
+        let data_end = data_start + find(&rest[data_start..], &sep)? - 2;
+        parts.insert(name, rest[data_start..data_end].to_vec());
+        rest = &rest[data_end..];
+    }
+    Some(Request {
+        path: path.to_string(),
+        query,
+        parts,
+    })
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+const STUCK: usize = 4;
+
+/// Every interval arrives, named and dated, with the very profile `-o`
+/// writes for it, and `go tool pprof` reads in it each interval's time.
+#[test]
+fn push_sends_each_interval() {
+    if !require_root() {
+        return;
+    }
+    let Some(go) = go() else { return };
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let server = Server::start(TcpListener::bind("127.0.0.1:0").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("iv-{n}.pb.gz");
+    let url = format!("http://127.0.0.1:{}/base", server.port);
+    let pid = stuck.pid.to_string();
+    let out = profile(&[
+        "-v",
+        "-i",
+        "0.5",
+        "-p",
+        &pid,
+        "--push",
+        &url,
+        "--app",
+        "testapp",
+        "--push-label",
+        "env=ci",
+        "-o",
+        files.to_str().unwrap(),
+        "1.6",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pushed 4 intervals"), "{stderr}");
+    let got = server.requests();
+    assert_eq!(got.len(), 4, "{stderr}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let mut last_until = 0;
+    for (k, req) in got.iter().enumerate() {
+        assert_eq!(req.path, "/base/ingest");
+        assert_eq!(req.query["format"], "pprof");
+        assert_eq!(
+            req.query["name"],
+            format!("testapp.offcpu{{host={},env=ci}}", host.trim())
+        );
+        let from: u64 = req.query["from"].parse().unwrap();
+        let until: u64 = req.query["until"].parse().unwrap();
+        assert!(from < until && until <= from + 2, "{from}..{until}");
+        assert!(from + 1 >= last_until, "intervals in order");
+        last_until = until;
+        let config = String::from_utf8(req.parts["sample_type_config"].clone()).unwrap();
+        assert!(
+            config.contains("\"offcpu\"") && config.contains("nanoseconds"),
+            "{config}"
+        );
+        // The same bytes as the file of that interval: the same profile.
+        let file = dir.path().join(format!("iv-{}.pb.gz", k + 1));
+        assert_eq!(
+            req.parts["profile"],
+            std::fs::read(&file).unwrap(),
+            "interval {k}: the pushed profile is not the one written"
+        );
+        let pushed = dir.path().join(format!("pushed-{k}.pb.gz"));
+        std::fs::write(&pushed, &req.parts["profile"]).unwrap();
+        let len_ns = if k < 3 { 500_000_000 } else { 100_000_000 };
+        let total = top_total_ns(&go, &pushed);
+        let want = STUCK as u64 * len_ns;
+        assert!(
+            total.abs_diff(want) < 1000 * STUCK as u64,
+            "interval {k}: go tool pprof says {total} ns, {STUCK} threads blocked all along \
+             make {want}"
+        );
+    }
+}
+
+/// With the server down at first and back later: tracing does not wait
+/// for it (every interval is printed on time), what failed is retried,
+/// and every interval is either received or counted as not pushed.
+#[test]
+fn push_survives_a_server_that_is_down() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let pid = stuck.pid.to_string();
+    let started = Instant::now();
+    let mut child = offcputime()
+        .args([
+            "-v", "-T", "-i", "0.3", "-f", "-p", &pid, "--push", &url, "3",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // When each interval's time line came out.
+    let lines = std::thread::spawn(move || {
+        let mut at = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if line.len() == 8 && line.as_bytes()[2] == b':' {
+                at.push(Instant::now());
+            }
+        }
+        at
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let server = Server::start(TcpListener::bind(("127.0.0.1", port)).unwrap());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{stderr}");
+    let at = lines.join().unwrap();
+    assert_eq!(at.len(), 10, "3 s in 0.3 s intervals: {stderr}");
+    for w in at.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(
+            gap < Duration::from_millis(700),
+            "an interval came {gap:?} after the one before: tracing waited for the push"
+        );
+    }
+    assert!(
+        stderr.contains(&format!("pushing an interval to {url} failed")),
+        "{stderr}"
+    );
+    let received = server.requests().len();
+    if received < 10 {
+        assert!(
+            stderr.contains(&format!(
+                "{} of 10 intervals could not be pushed",
+                10 - received
+            )),
+            "{received} received: {stderr}"
+        );
+    } else {
+        assert!(stderr.contains("pushed 10 intervals"), "{stderr}");
+    }
+    assert!(
+        received >= 5,
+        "only {received} intervals arrived once the server was up"
+    );
+    eprintln!(
+        "{received} of 10 intervals received; the run took {:?}",
+        started.elapsed()
+    );
+}
