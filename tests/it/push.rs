@@ -285,3 +285,66 @@ fn push_survives_a_server_that_is_down() {
         started.elapsed()
     );
 }
+
+/// Ctrl-C (SIGINT) writes the partial last interval and sends it with
+/// what is queued before exiting: every interval printed is received; with
+/// no server, the profiler still exits within the deadline (5 s) and counts
+/// every interval as not pushed.
+#[test]
+fn ctrl_c_sends_what_is_queued() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let pid = stuck.pid.to_string();
+    for server_up in [true, false] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = if server_up {
+            Some(Server::start(listener))
+        } else {
+            drop(listener);
+            None
+        };
+        let url = format!("http://127.0.0.1:{port}");
+        let mut stopped = Instant::now();
+        let (out, _, _) = profile_during(
+            &["-T", "-i", "0.4", "-f", "-p", &pid, "--push", &url],
+            |child| {
+                std::thread::sleep(Duration::from_millis(1000));
+                stopped = Instant::now();
+                // SAFETY: signals the profiler, our child.
+                unsafe { libc::kill(child as i32, libc::SIGINT) };
+            },
+        );
+        let took = stopped.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let printed = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.len() == 8 && l.as_bytes()[2] == b':')
+            .count();
+        assert!(printed >= 3, "{printed} intervals printed: {stderr}");
+        match &server {
+            Some(s) => {
+                assert_eq!(s.requests().len(), printed, "{stderr}");
+                assert!(
+                    stderr.contains(&format!("pushed {printed} intervals")),
+                    "{stderr}"
+                );
+            }
+            None => {
+                assert!(
+                    stderr.contains(&format!(
+                        "{printed} of {printed} intervals could not be pushed"
+                    )),
+                    "{stderr}"
+                );
+                assert!(
+                    took < Duration::from_secs(7),
+                    "exited {took:?} after Ctrl-C"
+                );
+            }
+        }
+    }
+}
