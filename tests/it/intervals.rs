@@ -12,15 +12,7 @@ fn split_intervals(stdout: &[u8]) -> Vec<(String, Vec<Folded>)> {
     let text = String::from_utf8_lossy(stdout);
     let mut out: Vec<(String, Vec<Folded>)> = Vec::new();
     for line in text.lines() {
-        let is_time = line.len() == 8
-            && line.bytes().enumerate().all(|(i, b)| {
-                if i == 2 || i == 5 {
-                    b == b':'
-                } else {
-                    b.is_ascii_digit()
-                }
-            });
-        if is_time {
+        if is_time_line(line) {
             out.push((line.to_string(), Vec::new()));
         } else {
             let last = out

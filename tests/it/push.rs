@@ -234,7 +234,7 @@ fn push_survives_a_server_that_is_down() {
         let mut at = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let line = line.unwrap();
-            if line.len() == 8 && line.as_bytes()[2] == b':' {
+            if is_time_line(&line) {
                 at.push(Instant::now());
             }
         }
@@ -322,7 +322,7 @@ fn ctrl_c_sends_what_is_queued() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let printed = String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter(|l| l.len() == 8 && l.as_bytes()[2] == b':')
+            .filter(|l| is_time_line(l))
             .count();
         assert!(printed >= 3, "{printed} intervals printed: {stderr}");
         match &server {

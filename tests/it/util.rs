@@ -743,3 +743,15 @@ pub fn verbose_window(stderr: &str) -> (String, u64, u64) {
     let ns = |s: &str| (s.trim_end_matches(");").parse::<f64>().expect(s) * 1e9) as u64;
     (attached[0].to_string(), ns(window[0]), ns(window[2]))
 }
+
+/// `-T`'s line before each interval: `HH:MM:SS`.
+pub fn is_time_line(line: &str) -> bool {
+    line.len() == 8
+        && line.bytes().enumerate().all(|(i, b)| {
+            if i == 2 || i == 5 {
+                b == b':'
+            } else {
+                b.is_ascii_digit()
+            }
+        })
+}
