@@ -217,6 +217,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         scan: None,
         stats: StatsLine::from_env(began),
     };
+    if config.interval.is_some() {
+        symbolizer.keep_user_names();
+    }
     let pusher = match &config.push {
         Some(o) => Some(crate::push::Pusher::start(o.clone())?),
         None => None,
@@ -292,15 +295,31 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     drop(tracer);
     let (profile, missed, recorded) = match intervals.as_mut() {
         Some(iv) => {
-            // The last interval, up to the window's end.
-            let written = iv.write(
-                raw,
-                Some(window_end),
-                kernel_first,
-                &mut symbolizer,
-                config,
-                &mut sinks,
-            );
+            // The intervals not written yet, the last up to the window's
+            // end: more than one when the trace ended while an interval
+            // was being written.
+            let last = iv.schedule.last_before(window_end).max(iv.current);
+            let base = crate::tracer::RawProfile {
+                entries: Vec::new(),
+                ..raw.clone()
+            };
+            let mut raw = Some(raw);
+            let mut written = Err(anyhow::anyhow!("no interval was written"));
+            while iv.current <= last {
+                let end = (iv.current == last).then_some(window_end);
+                let taken = raw.take().unwrap_or_else(|| base.clone());
+                written = iv.write(
+                    taken,
+                    end,
+                    kernel_first,
+                    &mut symbolizer,
+                    config,
+                    &mut sinks,
+                );
+                if written.is_err() {
+                    break;
+                }
+            }
             let profile = match written {
                 Ok(p) => p,
                 Err(e) => {

@@ -31,6 +31,12 @@ impl Schedule {
             .saturating_add((i as u64 + 1).saturating_mul(self.len_ns))
     }
 
+    /// The interval that ends at `end`, or holds it.
+    pub fn last_before(&self, end: u64) -> u32 {
+        let into = end.saturating_sub(self.start_ns).saturating_sub(1);
+        u32::try_from(into / self.len_ns.max(1)).unwrap_or(u32::MAX)
+    }
+
     /// The start of interval `i`.
     pub fn start_of(&self, i: u32) -> u64 {
         self.start_ns
@@ -281,6 +287,14 @@ mod tests {
     fn names_and_outputs() {
         let p = NamePattern::new(Path::new("out-{n}.svg")).unwrap();
         assert_eq!(p.name(3, 0), PathBuf::from("out-3.svg"));
+        let s = Schedule {
+            start_ns: 100,
+            len_ns: 10,
+        };
+        assert_eq!(
+            (s.last_before(110), s.last_before(111), s.last_before(100)),
+            (0, 1, 0)
+        );
         assert!(NamePattern::new(Path::new("out.svg")).is_none());
         assert!(check_outputs(&[(None, false)]).is_ok());
         assert!(check_outputs(&[(None, true)]).is_err());

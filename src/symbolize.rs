@@ -237,6 +237,10 @@ pub struct Symbolizer {
     perf_maps: HashMap<Proc, crate::jit::PerfMap>,
     /// Perf maps refused (a link, another user's file), once each.
     perf_maps_refused: Vec<String>,
+    /// `-i`: the names of user frames found so far, kept for the next
+    /// intervals (which would parse every object again otherwise); `None`
+    /// for one report.
+    user_names_kept: Option<std::cell::RefCell<HashMap<(UserFrame, AddrKind), Vec<Named>>>>,
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -438,7 +442,15 @@ impl Symbolizer {
             released: 0,
             perf_maps: HashMap::new(),
             perf_maps_refused: Vec::new(),
+            user_names_kept: None,
         }
+    }
+
+    /// Keeps the names of user frames once found, for the profiles that
+    /// follow (`-i`): a frame's object never changes (objects are known by
+    /// their file's device and inode, and never forgotten).
+    pub fn keep_user_names(&mut self) {
+        self.user_names_kept.get_or_insert_with(Default::default);
     }
 
     /// Snapshots what is needed to symbolize `tgid` later, even after it
@@ -963,6 +975,33 @@ impl Symbolizer {
     /// lines, where asked for); `[file+0xoffset]` where no symbol covers
     /// the offset, `[unknown]` outside every mapping.
     pub fn user_names(
+        &self,
+        frames: &[(UserFrame, AddrKind)],
+    ) -> HashMap<(UserFrame, AddrKind), Vec<Named>> {
+        let Some(kept) = &self.user_names_kept else {
+            return self.find_user_names(frames);
+        };
+        let mut known = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let kept = kept.borrow();
+            for f in frames {
+                match kept.get(f) {
+                    Some(n) => {
+                        known.insert(*f, n.clone());
+                    }
+                    None => missing.push(*f),
+                }
+            }
+        }
+        let found = self.find_user_names(&missing);
+        kept.borrow_mut()
+            .extend(found.iter().map(|(k, v)| (*k, v.clone())));
+        known.extend(found);
+        known
+    }
+
+    fn find_user_names(
         &self,
         frames: &[(UserFrame, AddrKind)],
     ) -> HashMap<(UserFrame, AddrKind), Vec<Named>> {
