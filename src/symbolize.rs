@@ -197,6 +197,9 @@ pub(crate) struct Resolved {
     inlined: Vec<String>,
 }
 
+/// Names of user frames, by frame.
+type UserNames = HashMap<(UserFrame, AddrKind), Vec<Named>>;
+
 pub struct Symbolizer {
     /// Executable mappings by process, as last seen, while it lives.
     processes: HashMap<u32, Vec<Mapping>>,
@@ -240,7 +243,7 @@ pub struct Symbolizer {
     /// `-i`: the names of user frames found so far, kept for the next
     /// intervals (which would parse every object again otherwise); `None`
     /// for one report.
-    user_names_kept: Option<std::cell::RefCell<HashMap<(UserFrame, AddrKind), Vec<Named>>>>,
+    user_names_kept: Option<std::cell::RefCell<UserNames>>,
 }
 
 /// Processes and files the profiler was not allowed to read.
