@@ -234,6 +234,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         splitter: Default::default(),
         recorded: false,
         missed: 0,
+        blocks: 0,
+        total_ns: 0,
     });
     let mut sinks: Vec<Sink> = std::iter::once(sink).chain(more_sinks).collect();
     let kernel_first = tracer.hook().kernel_first_frame_is_ip();
@@ -368,16 +370,22 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         report_unwinding(u, &profile, config.verbose);
     }
     if config.verbose {
+        let (stacks, blocks, total_ns) = match &intervals {
+            Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
+            None => (
+                format!("{} stacks", profile.samples.len()),
+                profile.samples.iter().map(|s| s.count).sum::<u64>(),
+                profile.total_ns(),
+            ),
+        };
         eprintln!(
-            "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {} stacks, {} blocks, \
+            "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {blocks} blocks, \
              {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
              progress at the end counted up to it; report in {:.1} ms",
             (window_end - window_start) as f64 / 1e9,
             window_start as f64 / 1e9,
             window_end as f64 / 1e9,
-            profile.samples.len(),
-            profile.samples.iter().map(|s| s.count).sum::<u64>(),
-            profile.total_ns() as f64 / 1e9,
+            total_ns as f64 / 1e9,
             profile.counters.blocks_at_start,
             profile.counters.blocks_at_end,
             ended.elapsed().as_secs_f64() * 1e3,
@@ -790,6 +798,10 @@ struct Intervals {
     recorded: bool,
     /// Stacks that could not be shown, in every interval.
     missed: usize,
+    /// Blocks (parts of blocks in an interval) and their time, in every
+    /// interval.
+    blocks: u64,
+    total_ns: u64,
 }
 
 impl Intervals {
@@ -820,6 +832,8 @@ impl Intervals {
         }
         self.recorded |= !profile.samples.is_empty();
         self.missed += profile.missed_stacks(config.shape.mode);
+        self.blocks += profile.samples.iter().map(|s| s.count).sum::<u64>();
+        self.total_ns += profile.total_ns();
         for ((path, format), sink) in config.outputs().zip(sinks.iter_mut()) {
             match path.and_then(NamePattern::new) {
                 Some(pattern) => {
