@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use crate::cli::{check_targets, Args, Config, Format};
+use crate::cli::{check_targets, Args, Config, Format, SnapshotConfig};
 use crate::output::sink::Sink;
 use crate::output::{folded, pprof, speedscope, svg, text};
 use crate::process::Proc;
@@ -52,7 +52,10 @@ pub fn run() -> Result<Outcome> {
     let config = args.into_config()?;
     keep_large_allocations_apart();
     allow_open_files();
-    trace(&config, began)?;
+    match &config.snapshot {
+        Some(snap) => snapshot(&config, snap, began)?,
+        None => trace(&config, began)?,
+    }
     Ok(Outcome::Done)
 }
 
@@ -428,6 +431,115 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                 c.wakers_full
             );
         }
+    }
+    Ok(())
+}
+
+/// `--snapshot`: what every task waits in now, written as `config` says.
+pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Result<()> {
+    let sink = Sink::open(config.output.as_deref())?;
+    let more_sinks = match open_more(config, &sink) {
+        Ok(s) => s,
+        Err(e) => {
+            sink.discard();
+            return Err(e);
+        }
+    };
+    let discard = |sink: Sink, more: Vec<Sink>| {
+        sink.discard();
+        more.into_iter().for_each(Sink::discard);
+    };
+    let mut symbolizer = Symbolizer::new(SymbolizeOptions {
+        offsets: config.offsets,
+        inline: config.inline,
+        lines: config.lines,
+        addresses: config.addresses,
+    });
+    let mut unwinder: Option<Unwinder> = None;
+    let taken = check_environment()
+        .and_then(|()| check_targets(&config.tracer))
+        .and_then(|()| {
+            set_libbpf_logging(config.verbose);
+            let _raised = crate::priority::raise();
+            crate::tracer::take_snapshot(
+                &config.tracer,
+                snap.states,
+                &mut StartingTables {
+                    config: &config.tracer,
+                    symbolizer: &mut symbolizer,
+                    unwinder: &mut unwinder,
+                    noted: Vec::new(),
+                    installed: false,
+                },
+            )
+        });
+    let raw = match taken {
+        Ok((raw, None)) => raw,
+        Ok((raw, Some(why))) => {
+            unwinder = None;
+            eprintln!(
+                "offcputime: DWARF unwinding is not available here ({why:#}); user stacks are \
+                 walked with frame pointers"
+            );
+            raw
+        }
+        Err(e) => {
+            discard(sink, more_sinks);
+            return Err(e);
+        }
+    };
+    eprintln!("{}", config.status_line());
+    if config.verbose {
+        eprintln!(
+            "offcputime: snapshot of {} tasks at CLOCK_MONOTONIC {:.6}, {:.1} ms after start",
+            raw.tasks.len(),
+            raw.seen_ns as f64 / 1e9,
+            began.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let mut taken = crate::snapshot::build(&raw, &mut symbolizer, config.shape);
+    if let Some(filter) = &config.filter {
+        let before = taken.tasks.len();
+        let dropped = taken.retain(filter, config.shape);
+        if before > 0 && dropped == before {
+            eprintln!("offcputime: no task was left by --grep/--exclude ({before} tasks left out)");
+        } else if config.verbose {
+            eprintln!("offcputime: --grep/--exclude left out {dropped} of {before} tasks");
+        }
+    }
+    let profile = taken.profile();
+    let mut sinks = std::iter::once(sink).chain(more_sinks);
+    for ((_, format), sink) in config.outputs().zip(sinks.by_ref()) {
+        let written = sink.write(|out| match format {
+            Format::Text => {
+                crate::output::snapshot::write(&taken, config.shape, snap.sort, config.verbose, out)
+            }
+            other => render(&profile, config, other, out),
+        });
+        if let Err(e) = written {
+            sinks.for_each(Sink::discard);
+            return Err(e);
+        }
+    }
+    if raw.tasks.is_empty() {
+        eprintln!("offcputime: no task matched");
+    }
+    let unreadable = (
+        raw.tasks
+            .iter()
+            .filter(|t| t.user_stack == StackRef::NotReadable)
+            .count(),
+        raw.user_stacks,
+    );
+    report_losses(
+        &profile,
+        profile.missed_stacks(config.shape.mode),
+        config,
+        unreadable,
+    );
+    report_denied(&symbolizer, config);
+    if let Some(u) = &unwinder {
+        report_unwinding(u, &profile, config.verbose);
     }
     Ok(())
 }
