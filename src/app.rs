@@ -531,11 +531,17 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
             .count(),
         raw.user_stacks,
     );
-    report_losses(
+    report_unreadable(
+        config,
+        unreadable.0,
+        unreadable.1,
+        "tasks show no user stack:",
+    );
+    report_missed(
         &profile,
         profile.missed_stacks(config.shape.mode),
         config,
-        unreadable,
+        unreadable.0,
     );
     report_denied(&symbolizer, config);
     if let Some(u) = &unwinder {
@@ -674,18 +680,30 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
     }
 }
 
-/// `unreadable`: how many stacks of threads blocked since before the start
-/// have no user stack, and whether this kernel could read such stacks at
-/// all.
 /// What could not be measured or shown. `missed`: the stacks that could
-/// not be shown (of every interval, with -i).
+/// not be shown (of every interval, with -i); `unreadable`: how many stacks
+/// of threads blocked since before the start have no user stack, and
+/// whether this kernel could read such stacks at all.
 fn report_losses(
     profile: &Profile,
     missed: usize,
     config: &Config,
     (unreadable, could): (usize, bool),
 ) {
-    let c = &profile.counters;
+    report_unreadable(
+        config,
+        unreadable,
+        could,
+        "stacks of threads blocked since before tracing started show no user stack: they \
+         are counted from the start, but",
+    );
+    report_missed(profile, missed, config, unreadable);
+}
+
+/// That `unreadable` user stacks, read from another task's context, could
+/// not be read (`lead` says whose they are), and why; `could`: whether this
+/// kernel reads them at all.
+fn report_unreadable(config: &Config, unreadable: usize, could: bool, lead: &str) {
     if unreadable > 0 && config.shape.mode.user() {
         let why = if could {
             "their process's memory map was locked for writing when tracing started (a \
@@ -695,11 +713,15 @@ fn report_losses(
             "this kernel cannot read another thread's user stack from BPF (Linux 5.18 and \
              later can)"
         };
-        eprintln!(
-            "offcputime: {unreadable} stacks of threads blocked since before tracing started \
-             show no user stack: they are counted from the start, but {why}"
-        );
+        eprintln!("offcputime: {unreadable} {lead} {why}");
     }
+}
+
+/// What was lost, and why (bcc's warning and the counters'). `missed`: the
+/// stacks that could not be shown, `unreadable` of them for a reason said
+/// already.
+fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: usize) {
+    let c = &profile.counters;
     let missed = missed.saturating_sub(if config.shape.mode.user() {
         unreadable
     } else {

@@ -843,14 +843,7 @@ impl Args {
         };
         let letters = letters.trim();
         if let Some(d) = &self.duration {
-            bail!(
-                "--snapshot looks at every task once: it takes no duration ({d:?}){}",
-                if letters.is_empty() {
-                    ""
-                } else {
-                    " (state letters go right after it: --snapshot D)"
-                }
-            );
+            bail!("--snapshot looks at every task once: it takes no duration ({d:?})");
         }
         if letters.chars().any(|c| c.is_ascii_digit()) {
             bail!(
@@ -867,10 +860,12 @@ impl Args {
             ("--hook", self.hook != HookArg::Auto),
         ];
         if let Some((flag, _)) = tracing_only.iter().find(|f| f.1) {
-            bail!(
-                "{flag} is about blocks while tracing, and --snapshot traces nothing (to keep \
-                 tasks by state, give their letters: --snapshot D)"
-            );
+            let hint = if flag.starts_with("--state") {
+                " (to keep tasks by state, give their letters: --snapshot D)"
+            } else {
+                ""
+            };
+            bail!("{flag} is about blocks while tracing, and --snapshot traces nothing{hint}");
         }
         let explicit = match (self.format, self.folded, self.svg) {
             (Some(f), _, _) => Some(f),
