@@ -90,15 +90,22 @@ fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result
     if let [only] = g.tasks[..] {
         writeln!(w, "    {:<16} {}", "time:", off_cpu(only))?;
     } else {
-        if let Some((young, old)) = g.youngest_oldest() {
-            writeln!(
-                w,
-                "    {:<16} {}, {}",
-                "youngest:",
-                who(young),
-                off_cpu(young)
-            )?;
-            writeln!(w, "    {:<16} {}, {}", "oldest:", who(old), off_cpu(old))?;
+        match g.youngest_oldest() {
+            // The one task whose time is known.
+            Some((young, old)) if young.sample.pid == old.sample.pid => {
+                writeln!(w, "    {:<16} {}, {}", "time:", who(young), off_cpu(young))?;
+            }
+            Some((young, old)) => {
+                writeln!(
+                    w,
+                    "    {:<16} {}, {}",
+                    "youngest:",
+                    who(young),
+                    off_cpu(young)
+                )?;
+                writeln!(w, "    {:<16} {}, {}", "oldest:", who(old), off_cpu(old))?;
+            }
+            None => {}
         }
         let count = |what: OffCpu| g.tasks.iter().filter(|t| t.off_cpu == what).count();
         let (running, unknown) = (count(OffCpu::Running), count(OffCpu::Unknown));
