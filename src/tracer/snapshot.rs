@@ -245,3 +245,56 @@ pub fn states_mask(letters: &str) -> Result<u32> {
     }
     Ok(mask)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_letters_to_mask() {
+        assert_eq!(states_mask("").unwrap(), 0);
+        assert_eq!(states_mask("R").unwrap(), 1);
+        assert_eq!(states_mask("DS").unwrap(), 0b110);
+        assert_eq!(states_mask("tI").unwrap(), (1 << 4) | (1 << 8));
+        let err = states_mask("Dx").unwrap_err().to_string();
+        assert!(err.contains("'x' is not a task state letter"), "{err}");
+        assert!(states_mask("D\u{e9}").is_err());
+    }
+
+    fn record(pid: u32, since: u64, seen: u64, self_arrival: u64, on_cpu: bool) -> Vec<u8> {
+        let t = types::snapshot_task {
+            tgid: pid,
+            pid,
+            off_since_ns: since,
+            seen_ns: seen,
+            self_arrival_ns: self_arrival,
+            state_index: if on_cpu { 0 } else { 2 },
+            on_cpu: on_cpu.into(),
+            ..Default::default()
+        };
+        // SAFETY: plain old data.
+        unsafe { plain::as_bytes(&t) }.to_vec()
+    }
+
+    /// The scheduler's clock is tied to CLOCK_MONOTONIC by the least gap
+    /// between a reading and the reader's last switch-in: here 11 ms
+    /// behind, the gap 11.02 ms at the first record and 11.5 at the next.
+    #[test]
+    fn off_cpu_time_on_the_monotonic_clock() {
+        let ms = 1_000_000u64;
+        let mut bytes = record(1, 1000 * ms, 2011 * ms + 20_000, 2000 * ms, false);
+        bytes.extend(record(2, 0, 2012 * ms, 2000 * ms + ms / 2, false));
+        bytes.extend(record(3, 1500 * ms, 2013 * ms, 2001 * ms + ms / 2, true));
+        let (tasks, first) = parse_tasks(&bytes).unwrap();
+        assert_eq!(first, 2011 * ms + 20_000);
+        // Switched out at 1000 ms on the scheduler's clock, 1011.02 ms on
+        // CLOCK_MONOTONIC (the tie is 20 us late): seen 1000 ms later.
+        assert_eq!(tasks[0].off_cpu_ns, Some(1000 * ms));
+        assert_eq!(tasks[0].state, 'D');
+        assert_eq!(tasks[1].off_cpu_ns, None, "no switch-out kept");
+        assert_eq!(tasks[2].off_cpu_ns, None, "on a CPU");
+        assert!(tasks[2].on_cpu);
+        assert_eq!(tasks[2].state, 'R');
+        assert!(parse_tasks(&bytes[..bytes.len() - 1]).is_err());
+    }
+}
