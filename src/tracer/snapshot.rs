@@ -179,7 +179,7 @@ fn snapshot_output(prog: &libbpf_rs::ProgramMut<'_>) -> Result<Vec<u8>> {
 /// when the first was seen.
 fn parse_tasks(bytes: &[u8]) -> Result<(Vec<RawTask>, u64)> {
     let size = std::mem::size_of::<types::snapshot_task>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return Err(anyhow!(
             "the snapshot iterator wrote {} bytes, not a whole number of {size}-byte records",
             bytes.len()
