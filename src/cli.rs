@@ -858,6 +858,9 @@ impl Args {
             ("-M/--max-block-time", self.max_block_time.is_some()),
             ("--state", self.state.is_some()),
             ("--hook", self.hook != HookArg::Auto),
+            ("-i/--interval", self.interval.is_some()),
+            ("-T/--timestamp", self.timestamp),
+            ("--push", self.push.is_some()),
         ];
         if let Some((flag, _)) = tracing_only.iter().find(|f| f.1) {
             let hint = if flag.starts_with("--state") {

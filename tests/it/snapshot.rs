@@ -220,6 +220,8 @@ fn snapshot_refuses_tracing_flags() {
             "-m/--min-block-time is about blocks",
         ),
         (&["--snapshot", "--state", "2"], "--state is about blocks"),
+        (&["--snapshot", "-i", "1"], "-i/--interval is about blocks"),
+        (&["--snapshot", "-T"], "-T/--timestamp is about blocks"),
         (
             &["--snapshot", "--format", "pprof"],
             "pprof profiles are of time",
