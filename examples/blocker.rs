@@ -44,7 +44,11 @@
 //! `wl-stuck-pipe` in `wl_block_stuck_read` (a pipe nobody writes),
 //! `wl-stuck-sleep` in `wl_block_long_sleep` (a 1000 s nanosleep), and the
 //! main thread, `wl-stuck-main`, in `wl_block_join` (pthread_join of the
-//! first). It prints the same `pid`/`tid`/`ready` lines.
+//! first). It prints the same `pid`/`tid`/`ready` lines, then `asleep
+//! <CLOCK_MONOTONIC ns>`: when `wl-stuck-sleep` began its sleep. With
+//! `--vfork` (`blocker stuck --vfork`), `wl-stuck-vfork` waits too, in
+//! `wl_block_stuck_vfork`, TASK_KILLABLE (D), for a vfork-style child
+//! (`wl-vfork-child`) that sleeps 1000 s and is killed with it.
 //!
 //! The main thread feeds the pipe one byte every 20 ms. With `--child-ms M`
 //! a child process (this executable re-run as `blocker child M`, comm
@@ -463,10 +467,57 @@ pub extern "C" fn wl_block_stuck_read(fd: libc::c_int) -> libc::ssize_t {
     black_box(n)
 }
 
+/// When `wl-stuck-sleep` began its first sleep (CLOCK_MONOTONIC ns; 0:
+/// not yet).
+static LONG_SLEEP_FROM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_long_sleep() -> libc::c_int {
+    if LONG_SLEEP_FROM.load(Ordering::Relaxed) == 0 {
+        LONG_SLEEP_FROM.store(clock_ns(libc::CLOCK_MONOTONIC), Ordering::Relaxed);
+    }
     black_box(nanosleep_ms(1_000_000))
+}
+
+/// The child of `wl-stuck-vfork`'s clone: killed with its parent thread,
+/// it sleeps 1000 s on the parent's memory (raw system calls only).
+extern "C" fn stuck_vfork_child(_: *mut libc::c_void) -> libc::c_int {
+    let ts = timespec_ms(1_000_000);
+    // SAFETY: as in vfork_child.
+    unsafe {
+        libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_SET_NAME,
+            c"wl-vfork-child".as_ptr(),
+        );
+        libc::syscall(
+            libc::SYS_nanosleep,
+            &ts,
+            std::ptr::null_mut::<libc::timespec>(),
+        );
+    }
+    0
+}
+
+/// `wl-stuck-vfork`: waits, TASK_KILLABLE (D), for a vfork-style child
+/// that sleeps 1000 s.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_stuck_vfork(stack: *mut u8, len: usize) -> libc::pid_t {
+    let top = (stack as usize + len) & !15;
+    // SAFETY: as in wl_block_vfork: this thread is suspended until the
+    // child, on its own stack `top`, exits.
+    let pid = unsafe {
+        libc::clone(
+            stuck_vfork_child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    black_box(pid)
 }
 
 #[inline(never)]
@@ -499,13 +550,26 @@ fn run_stuck() -> ExitCode {
     spawn_named("wl-stuck-sleep", &tx, || loop {
         wl_block_long_sleep();
     });
+    let vfork = std::env::args().any(|a| a == "--vfork");
+    if vfork {
+        spawn_named("wl-stuck-vfork", &tx, || {
+            let mut stack = vec![0u8; 64 * 1024];
+            loop {
+                wl_block_stuck_vfork(stack.as_mut_ptr(), stack.len());
+            }
+        });
+    }
     drop(tx);
     let mut report = format!("pid {}\ntid main {}\n", std::process::id(), gettid());
-    for _ in 0..names.len() {
+    for _ in 0..names.len() + usize::from(vfork) {
         let (name, tid) = rx.recv().expect("a thread died before reporting");
         report += &format!("tid {name} {tid}\n");
     }
     report += "ready\n";
+    while LONG_SLEEP_FROM.load(Ordering::Relaxed) == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    report += &format!("asleep {}\n", LONG_SLEEP_FROM.load(Ordering::Relaxed));
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(report.as_bytes()).and_then(|()| out.flush());
     drop(out);

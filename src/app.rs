@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use crate::cli::{check_targets, Args, Config, Format};
+use crate::cli::{check_targets, Args, Config, Format, SnapshotConfig};
 use crate::output::sink::Sink;
 use crate::output::{folded, pprof, speedscope, svg, text};
 use crate::process::Proc;
@@ -52,7 +52,10 @@ pub fn run() -> Result<Outcome> {
     let config = args.into_config()?;
     keep_large_allocations_apart();
     allow_open_files();
-    trace(&config, began)?;
+    match &config.snapshot {
+        Some(snap) => snapshot(&config, snap, began)?,
+        None => trace(&config, began)?,
+    }
     Ok(Outcome::Done)
 }
 
@@ -440,6 +443,121 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     Ok(())
 }
 
+/// `--snapshot`: what every task waits in now, written as `config` says.
+pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Result<()> {
+    let sink = Sink::open(config.output.as_deref())?;
+    let more_sinks = match open_more(config, &sink) {
+        Ok(s) => s,
+        Err(e) => {
+            sink.discard();
+            return Err(e);
+        }
+    };
+    let discard = |sink: Sink, more: Vec<Sink>| {
+        sink.discard();
+        more.into_iter().for_each(Sink::discard);
+    };
+    let mut symbolizer = Symbolizer::new(SymbolizeOptions {
+        offsets: config.offsets,
+        inline: config.inline,
+        lines: config.lines,
+        addresses: config.addresses,
+    });
+    let mut unwinder: Option<Unwinder> = None;
+    let taken = check_environment()
+        .and_then(|()| check_targets(&config.tracer))
+        .and_then(|()| {
+            set_libbpf_logging(config.verbose);
+            let _raised = crate::priority::raise();
+            crate::tracer::take_snapshot(
+                &config.tracer,
+                snap.states,
+                &mut StartingTables {
+                    config: &config.tracer,
+                    symbolizer: &mut symbolizer,
+                    unwinder: &mut unwinder,
+                    noted: Vec::new(),
+                    installed: false,
+                },
+            )
+        });
+    let raw = match taken {
+        Ok((raw, None)) => raw,
+        Ok((raw, Some(why))) => {
+            unwinder = None;
+            eprintln!(
+                "offcputime: DWARF unwinding is not available here ({why:#}); user stacks are \
+                 walked with frame pointers"
+            );
+            raw
+        }
+        Err(e) => {
+            discard(sink, more_sinks);
+            return Err(e);
+        }
+    };
+    eprintln!("{}", config.status_line());
+    if config.verbose {
+        eprintln!(
+            "offcputime: snapshot of {} tasks at CLOCK_MONOTONIC {:.6}, {:.1} ms after start",
+            raw.tasks.len(),
+            raw.seen_ns as f64 / 1e9,
+            began.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let mut taken = crate::snapshot::build(&raw, &mut symbolizer, config.shape);
+    if let Some(filter) = &config.filter {
+        let before = taken.tasks.len();
+        let dropped = taken.retain(filter, config.shape);
+        if before > 0 && dropped == before {
+            eprintln!("offcputime: no task was left by --grep/--exclude ({before} tasks left out)");
+        } else if config.verbose {
+            eprintln!("offcputime: --grep/--exclude left out {dropped} of {before} tasks");
+        }
+    }
+    let profile = taken.profile();
+    let mut sinks = std::iter::once(sink).chain(more_sinks);
+    for ((_, format), sink) in config.outputs().zip(sinks.by_ref()) {
+        let written = sink.write(|out| match format {
+            Format::Text => {
+                crate::output::snapshot::write(&taken, config.shape, snap.sort, config.verbose, out)
+            }
+            other => render(&profile, config, other, out),
+        });
+        if let Err(e) = written {
+            sinks.for_each(Sink::discard);
+            return Err(e);
+        }
+    }
+    if raw.tasks.is_empty() {
+        eprintln!("offcputime: no task matched");
+    }
+    let unreadable = (
+        raw.tasks
+            .iter()
+            .filter(|t| t.user_stack == StackRef::NotReadable)
+            .count(),
+        raw.user_stacks,
+    );
+    report_unreadable(
+        config,
+        unreadable.0,
+        unreadable.1,
+        "tasks show no user stack:",
+    );
+    report_missed(
+        &profile,
+        profile.missed_stacks(config.shape.mode),
+        config,
+        unreadable.0,
+    );
+    report_denied(&symbolizer, config);
+    if let Some(u) = &unwinder {
+        report_unwinding(u, &profile, config.verbose);
+    }
+    Ok(())
+}
+
 /// The sinks of the outputs after the first, opened before tracing like
 /// the first; a pprof profile is not written to a terminal.
 fn open_more(config: &Config, first: &Sink) -> Result<Vec<Sink>> {
@@ -570,18 +688,30 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
     }
 }
 
-/// `unreadable`: how many stacks of threads blocked since before the start
-/// have no user stack, and whether this kernel could read such stacks at
-/// all.
 /// What could not be measured or shown. `missed`: the stacks that could
-/// not be shown (of every interval, with -i).
+/// not be shown (of every interval, with -i); `unreadable`: how many stacks
+/// of threads blocked since before the start have no user stack, and
+/// whether this kernel could read such stacks at all.
 fn report_losses(
     profile: &Profile,
     missed: usize,
     config: &Config,
     (unreadable, could): (usize, bool),
 ) {
-    let c = &profile.counters;
+    report_unreadable(
+        config,
+        unreadable,
+        could,
+        "stacks of threads blocked since before tracing started show no user stack: they \
+         are counted from the start, but",
+    );
+    report_missed(profile, missed, config, unreadable);
+}
+
+/// That `unreadable` user stacks, read from another task's context, could
+/// not be read (`lead` says whose they are), and why; `could`: whether this
+/// kernel reads them at all.
+fn report_unreadable(config: &Config, unreadable: usize, could: bool, lead: &str) {
     if unreadable > 0 && config.shape.mode.user() {
         let why = if could {
             "their process's memory map was locked for writing when tracing started (a \
@@ -591,11 +721,15 @@ fn report_losses(
             "this kernel cannot read another thread's user stack from BPF (Linux 5.18 and \
              later can)"
         };
-        eprintln!(
-            "offcputime: {unreadable} stacks of threads blocked since before tracing started \
-             show no user stack: they are counted from the start, but {why}"
-        );
+        eprintln!("offcputime: {unreadable} {lead} {why}");
     }
+}
+
+/// What was lost, and why (bcc's warning and the counters'). `missed`: the
+/// stacks that could not be shown, `unreadable` of them for a reason said
+/// already.
+fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: usize) {
+    let c = &profile.counters;
     let missed = missed.saturating_sub(if config.shape.mode.user() {
         unreadable
     } else {

@@ -320,6 +320,18 @@ pub struct Args {
     #[arg(long = "wakers")]
     pub wakers: bool,
 
+    /// Instead of tracing: what every task waits in now, grouped by stack,
+    /// with how long each has been off the CPU. STATES keeps the tasks in
+    /// these states only: letters as /proc shows them (D, or DS: R S D T
+    /// t X Z P I)
+    #[arg(
+        long = "snapshot",
+        value_name = "STATES",
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
+    pub snapshot: Option<String>,
+
     /// Where to hook the context switch
     #[arg(long = "hook", value_enum, default_value = "auto")]
     pub hook: HookArg,
@@ -414,6 +426,19 @@ pub struct Config {
     pub timestamp: bool,
     /// `--push`: where each interval is sent, and how it is named.
     pub push: Option<crate::push::PushOptions>,
+    /// `--snapshot`: one look at every task instead of tracing.
+    pub snapshot: Option<SnapshotConfig>,
+}
+
+/// What `--snapshot` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotConfig {
+    /// The state letters asked for ("" for all).
+    pub letters: String,
+    /// The same as a mask of state indices (see `tracer::states_mask`).
+    pub states: u32,
+    /// The order of the groups.
+    pub sort: crate::output::group::GroupSort,
 }
 
 fn parse_u64(what: &str, s: &str) -> Result<u64> {
@@ -515,6 +540,7 @@ impl Args {
         if !(1..=4096).contains(&unwind_mib) {
             bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
         }
+        let snapshot = self.snapshot_config()?;
         let duration = self.duration.as_deref().map(parse_duration).transpose()?;
         let interval = self
             .interval
@@ -540,7 +566,11 @@ impl Args {
         }
         let push = self.push_options(interval.is_some())?;
         let filter = crate::filter::StackFilter::new(&self.grep, &self.exclude)?;
-        let group = self.group()?;
+        let group = if snapshot.is_some() {
+            None
+        } else {
+            self.group()?
+        };
         let outputs: Vec<Option<PathBuf>> = self
             .output
             .iter()
@@ -633,11 +663,18 @@ impl Args {
             interval,
             timestamp: self.timestamp,
             push,
+            snapshot,
         };
         let description = config.description();
         let more = config.more_outputs.iter_mut().map(|(_, f)| f);
         for format in std::iter::once(&mut config.format).chain(more) {
             if let Format::Svg(o) = format {
+                if config.snapshot.is_some() {
+                    o.count_name = "tasks".to_string();
+                    if self.title.is_none() {
+                        o.title = "Tasks by Stack".to_string();
+                    }
+                }
                 o.subtitle = match o.subtitle.take() {
                     None => Some(description.clone()),
                     Some(s) if s.is_empty() => None,
@@ -798,6 +835,74 @@ impl Args {
         }))
     }
 
+    /// `--snapshot`, checked against the flags that only tracing takes,
+    /// and the formats it can be written in.
+    fn snapshot_config(&self) -> Result<Option<SnapshotConfig>> {
+        let Some(letters) = &self.snapshot else {
+            return Ok(None);
+        };
+        let letters = letters.trim();
+        if let Some(d) = &self.duration {
+            bail!("--snapshot looks at every task once: it takes no duration ({d:?})");
+        }
+        if letters.chars().any(|c| c.is_ascii_digit()) {
+            bail!(
+                "--snapshot {letters}: it looks at every task once and takes no duration; \
+                 STATES are letters (--snapshot D)"
+            );
+        }
+        let tracing_only = [
+            ("--states", self.states),
+            ("--wakers", self.wakers),
+            ("-m/--min-block-time", self.min_block_time.is_some()),
+            ("-M/--max-block-time", self.max_block_time.is_some()),
+            ("--state", self.state.is_some()),
+            ("--hook", self.hook != HookArg::Auto),
+            ("-i/--interval", self.interval.is_some()),
+            ("-T/--timestamp", self.timestamp),
+            ("--push", self.push.is_some()),
+        ];
+        if let Some((flag, _)) = tracing_only.iter().find(|f| f.1) {
+            let hint = if flag.starts_with("--state") {
+                " (to keep tasks by state, give their letters: --snapshot D)"
+            } else {
+                ""
+            };
+            bail!("{flag} is about blocks while tracing, and --snapshot traces nothing{hint}");
+        }
+        let explicit = match (self.format, self.folded, self.svg) {
+            (Some(f), _, _) => Some(f),
+            (None, true, _) => Some(FormatArg::Folded),
+            (None, _, true) => Some(FormatArg::Svg),
+            _ => None,
+        };
+        let by_name = self.output.iter().filter_map(|p| format_by_name(p));
+        if let Some(f) = explicit
+            .into_iter()
+            .chain(by_name)
+            .find(|f| matches!(f, FormatArg::Pprof | FormatArg::Speedscope))
+        {
+            bail!(
+                "--snapshot counts tasks, and {} profiles are of time: write the report, \
+                 folded stacks (-f) or a flame graph (--svg)",
+                if f == FormatArg::Pprof {
+                    "pprof"
+                } else {
+                    "speedscope"
+                }
+            );
+        }
+        let sort = match self.group_sort {
+            Some(GroupSortArg::Desc) => crate::output::group::GroupSort::Desc,
+            _ => crate::output::group::GroupSort::Asc,
+        };
+        Ok(Some(SnapshotConfig {
+            letters: letters.to_string(),
+            states: crate::tracer::states_mask(letters)?,
+            sort,
+        }))
+    }
+
     /// `--group` and its order; `--group-sort` without it is an error.
     fn group(&self) -> Result<Option<crate::output::group::GroupSort>> {
         use crate::output::group::GroupSort;
@@ -857,6 +962,13 @@ impl Config {
     pub fn description(&self) -> String {
         let t = &self.tracer;
         let mut parts = vec![self.threads()];
+        if let Some(snap) = &self.snapshot {
+            if !snap.letters.is_empty() {
+                parts.push(format!("state {}", snap.letters));
+            }
+            parts.push(format!("{} stacks, tasks now", self.stacks()));
+            return parts.join(", ");
+        }
         parts.push(format!("{} stacks", self.stacks()));
         if t.min_block_ns > 1000 || t.max_block_ns != u64::MAX {
             let min = t.min_block_ns / 1000;
@@ -905,6 +1017,14 @@ impl Config {
     /// bcc's opening line: what is traced, by which stacks, for how long.
     pub fn status_line(&self) -> String {
         let (threads, stacks) = (self.threads(), self.stacks());
+        if let Some(snap) = &self.snapshot {
+            let states = if snap.letters.is_empty() {
+                String::new()
+            } else {
+                format!(" in state {}", snap.letters)
+            };
+            return format!("Snapshot of {threads}{states} by {stacks} stack.");
+        }
         let every = match self.interval {
             Some(i) => format!(", output every {} secs", fmt_secs(i)),
             None => String::new(),

@@ -23,6 +23,7 @@ pub mod priority;
 pub mod process;
 pub mod profile;
 pub mod push;
+pub mod snapshot;
 pub mod symbolize;
 pub mod tracer;
 pub mod unwind;
@@ -45,6 +46,7 @@ pub mod bpf {
     unsafe impl plain::Plain for types::task_event {}
     unsafe impl plain::Plain for types::unwind_proc {}
     unsafe impl plain::Plain for types::waker_info {}
+    unsafe impl plain::Plain for types::snapshot_task {}
 }
 
 /// The floor programs of the overhead benchmark (`examples/floor.rs`): the

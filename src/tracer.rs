@@ -15,6 +15,9 @@ use crate::bpf::types;
 use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
 use crate::process::{ticks_of_ns, Proc};
 
+mod snapshot;
+pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
+
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
 pub const MAX_STACK_DEPTH: u32 = 127;
 
@@ -485,13 +488,156 @@ impl std::fmt::Display for Phases {
 
 /// Runs a task iterator program over every thread, once.
 fn run_iterator(prog: &libbpf_rs::ProgramMut<'_>) -> Result<()> {
+    iterator_output(prog).map(drop)
+}
+
+/// Runs a task iterator program over every thread, once, and returns what
+/// it wrote.
+fn iterator_output(prog: &libbpf_rs::ProgramMut<'_>) -> Result<Vec<u8>> {
     let link = prog
         .attach_iter_with_opts(libbpf_rs::IterOpts::None)
         .context("failed to attach the task iterator")?;
     let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
-    let mut sink = Vec::new();
-    iter.read_to_end(&mut sink)
+    let mut out = Vec::new();
+    iter.read_to_end(&mut out)
         .context("failed to read the task iterator")?;
+    Ok(out)
+}
+
+/// Loads `open` on a thread of its own (the verifier takes about as long as
+/// the unwind tables take to prepare, and the two can use two CPUs) while
+/// `meanwhile` runs on this one. Returns the loaded program, how long its
+/// load took and how long `meanwhile` took.
+fn load_while<'obj>(
+    open: crate::bpf::OpenOffcputimeSkel<'obj>,
+    meanwhile: impl FnOnce(),
+) -> Result<(OffcputimeSkel<'obj>, (Duration, Duration))> {
+    let open = SendOpen(open);
+    std::thread::scope(|s| {
+        let loader = std::thread::Builder::new()
+            .name("bpf-load".into())
+            .spawn_scoped(s, move || {
+                // The whole wrapper moves, not just its field.
+                let open = open;
+                let began = Instant::now();
+                SendOpen((open.0.load(), began.elapsed()))
+            });
+        let loader = match loader {
+            Ok(l) => l,
+            Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
+        };
+        let began = Instant::now();
+        meanwhile();
+        let prepared = began.elapsed();
+        match loader.join() {
+            Ok(SendOpen((r, took))) => Ok((r?, (took, prepared))),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
+/// The processes and threads of `-p` and `-t`, for the program's filters.
+fn fill_filters(skel: &OffcputimeSkel<'_>, opts: &TracerOptions) -> Result<()> {
+    let one = [1u8];
+    for tgid in &opts.tgids {
+        skel.maps
+            .tgids
+            .update(&tgid.to_ne_bytes(), &one, MapFlags::ANY)?;
+    }
+    for tid in &opts.tids {
+        skel.maps
+            .tids
+            .update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
+    }
+    Ok(())
+}
+
+/// The load-time configuration of the program (its `.rodata`) and the
+/// sizes of its maps, as `opts` say: shared by the tracer and the
+/// snapshot.
+fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions) -> Result<()> {
+    {
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+        rodata.filter_by_tgid = !opts.tgids.is_empty();
+        rodata.filter_by_tid = !opts.tids.is_empty();
+        rodata.user_threads_only = opts.user_threads_only;
+        rodata.kernel_threads_only = opts.kernel_threads_only;
+        rodata.filter_by_state = opts.state.is_some();
+        rodata.state_mask = opts.state.unwrap_or(0);
+        rodata.min_block_ns = opts.min_block_ns;
+        rodata.max_block_ns = opts.max_block_ns;
+        rodata.want_user_stack = opts.user_stacks;
+        rodata.want_kernel_stack = opts.kernel_stacks;
+        rodata.notify_new_tasks = opts.user_stacks;
+        rodata.stack_bytes = opts.max_stack_depth * 8;
+        rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+        rodata.want_states = opts.states;
+        rodata.want_wakers = opts.wakers;
+        if opts.wakers {
+            // Unreadable or hidden: userspace tells interrupts by
+            // their frames' names alone.
+            let entries = crate::ksyms::InterruptEntries::load().unwrap_or_default();
+            if entries.irq == (0, 0) {
+                eprintln!(
+                    "offcputime: where interrupts enter the kernel is not known (kallsyms \
+                     hides its addresses without CAP_SYSLOG, or has no x86-64 entry stubs): \
+                     a wake-up from an interrupt may be shown as the task it interrupted"
+                );
+            }
+            (rodata.irq_entry_start, rodata.irq_entry_end) = entries.irq;
+            (rodata.softirq_start, rodata.softirq_end) = entries.softirq;
+        }
+        rodata.trace_duration_ns = opts
+            .duration
+            .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+        rodata.interval_ns = opts
+            .interval
+            .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+    }
+    if opts.unwind == Unwind::Dwarf {
+        let cap = opts.unwind_capacity;
+        open.maps
+            .unwind_rows
+            .set_max_entries(cap.rows)
+            .context("unwind rows map size")?;
+        open.maps
+            .unwind_maps
+            .set_max_entries(cap.mappings)
+            .context("unwind mappings map size")?;
+        open.maps
+            .unwind_procs
+            .set_max_entries(cap.processes)
+            .context("unwind processes map size")?;
+    }
+    let depth_bytes = opts.max_stack_depth * 8;
+    open.maps
+        .stacks
+        .set_value_size(depth_bytes)
+        .context("stacks map value size")?;
+    open.maps
+        .stacks
+        .set_max_entries(opts.stack_storage_size)
+        .context("stacks map size")?;
+    // One slot per distinct waker (task and stacks), at most as many
+    // as stacks; a single one without --wakers.
+    open.maps
+        .wakers
+        .set_max_entries(if opts.wakers {
+            opts.stack_storage_size
+        } else {
+            1
+        })
+        .context("wakers map size")?;
+    open.maps
+        .tgids
+        .set_max_entries(opts.tgids.len().max(1) as u32)?;
+    open.maps
+        .tids
+        .set_max_entries(opts.tids.len().max(1) as u32)?;
     Ok(())
 }
 
@@ -650,89 +796,8 @@ impl<'obj> Tracer<'obj> {
             .context("failed to open the BPF object")?;
         phases.mark("open");
 
-        {
-            let rodata = open
-                .maps
-                .rodata_data
-                .as_deref_mut()
-                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
-            rodata.filter_by_tgid = !opts.tgids.is_empty();
-            rodata.filter_by_tid = !opts.tids.is_empty();
-            rodata.user_threads_only = opts.user_threads_only;
-            rodata.kernel_threads_only = opts.kernel_threads_only;
-            rodata.filter_by_state = opts.state.is_some();
-            rodata.state_mask = opts.state.unwrap_or(0);
-            rodata.min_block_ns = opts.min_block_ns;
-            rodata.max_block_ns = opts.max_block_ns;
-            rodata.want_user_stack = opts.user_stacks;
-            rodata.want_kernel_stack = opts.kernel_stacks;
-            rodata.notify_new_tasks = opts.user_stacks;
-            rodata.stack_bytes = opts.max_stack_depth * 8;
-            rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
-            rodata.want_states = opts.states;
-            rodata.want_wakers = opts.wakers;
-            if opts.wakers {
-                // Unreadable or hidden: userspace tells interrupts by
-                // their frames' names alone.
-                let entries = crate::ksyms::InterruptEntries::load().unwrap_or_default();
-                if entries.irq == (0, 0) {
-                    eprintln!(
-                        "offcputime: where interrupts enter the kernel is not known (kallsyms \
-                         hides its addresses without CAP_SYSLOG, or has no x86-64 entry stubs): \
-                         a wake-up from an interrupt may be shown as the task it interrupted"
-                    );
-                }
-                (rodata.irq_entry_start, rodata.irq_entry_end) = entries.irq;
-                (rodata.softirq_start, rodata.softirq_end) = entries.softirq;
-            }
-            rodata.trace_duration_ns = opts
-                .duration
-                .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
-            rodata.interval_ns = opts
-                .interval
-                .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
-        }
+        configure(&mut open, opts)?;
         let dwarf = opts.unwind == Unwind::Dwarf;
-        if dwarf {
-            let cap = opts.unwind_capacity;
-            open.maps
-                .unwind_rows
-                .set_max_entries(cap.rows)
-                .context("unwind rows map size")?;
-            open.maps
-                .unwind_maps
-                .set_max_entries(cap.mappings)
-                .context("unwind mappings map size")?;
-            open.maps
-                .unwind_procs
-                .set_max_entries(cap.processes)
-                .context("unwind processes map size")?;
-        }
-        let depth_bytes = opts.max_stack_depth * 8;
-        open.maps
-            .stacks
-            .set_value_size(depth_bytes)
-            .context("stacks map value size")?;
-        open.maps
-            .stacks
-            .set_max_entries(opts.stack_storage_size)
-            .context("stacks map size")?;
-        // One slot per distinct waker (task and stacks), at most as many
-        // as stacks; a single one without --wakers.
-        open.maps
-            .wakers
-            .set_max_entries(if opts.wakers {
-                opts.stack_storage_size
-            } else {
-                1
-            })
-            .context("wakers map size")?;
-        open.maps
-            .tgids
-            .set_max_entries(opts.tgids.len().max(1) as u32)?;
-        open.maps
-            .tids
-            .set_max_entries(opts.tids.len().max(1) as u32)?;
 
         let trusted = hook == Hook::TpBtf;
         open.progs
@@ -767,6 +832,9 @@ impl<'obj> Tracer<'obj> {
         open.progs
             .start_blocked_user_by_tid
             .set_autoload(!trusted && user);
+        // The snapshot's iterators are for --snapshot alone.
+        open.progs.snapshot_tasks.set_autoload(false);
+        open.progs.snapshot_tasks_user.set_autoload(false);
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -796,49 +864,16 @@ impl<'obj> Tracer<'obj> {
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
-        // The verifier runs on a thread of its own, meanwhile the tables
-        // are prepared on this one.
-        let open = SendOpen(open);
-        let loaded = std::thread::scope(|s| {
-            let loader = std::thread::Builder::new()
-                .name("bpf-load".into())
-                .spawn_scoped(s, move || {
-                    // The whole wrapper moves, not just its field.
-                    let open = open;
-                    let began = Instant::now();
-                    SendOpen((open.0.load(), began.elapsed()))
-                });
-            let loader = match loader {
-                Ok(l) => l,
-                Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
-            };
-            let began = Instant::now();
+        let (skel, overlapped) = load_while(open, || {
             if dwarf {
                 tables.prepare(opts.unwind_capacity);
             }
-            let prepared = began.elapsed();
-            match loader.join() {
-                Ok(SendOpen((r, took))) => {
-                    phases.overlapped = Some((took, prepared));
-                    r.map_err(anyhow::Error::from)
-                }
-                Err(p) => std::panic::resume_unwind(p),
-            }
-        });
-        let skel = loaded.with_context(|| format!("failed to load the BPF program ({what})"))?;
+        })
+        .with_context(|| format!("failed to load the BPF program ({what})"))?;
+        phases.overlapped = Some(overlapped);
 
         phases.mark("load");
-        let one = [1u8];
-        for tgid in &opts.tgids {
-            skel.maps
-                .tgids
-                .update(&tgid.to_ne_bytes(), &one, MapFlags::ANY)?;
-        }
-        for tid in &opts.tids {
-            skel.maps
-                .tids
-                .update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
-        }
+        fill_filters(&skel, opts)?;
 
         if dwarf {
             tables.install(UnwindStore::new(&skel)?);
@@ -1280,56 +1315,65 @@ impl<'obj> Tracer<'obj> {
     }
 
     fn stack(&self, id: u64) -> Result<Option<Vec<u64>>> {
-        Ok(self
-            .skel
-            .maps
-            .stacks
-            .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
-            .map(|bytes| {
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
-                    .take_while(|&ip| ip != 0)
-                    .collect()
-            }))
+        read_stack(&self.skel, id)
     }
 
     fn read_counters(&self) -> Result<LossCounters> {
-        let mut sums = [0u64; types::offcpu_counter::CNT_MAX.0 as usize];
-        for (i, sum) in sums.iter_mut().enumerate() {
-            let key = (i as u32).to_ne_bytes();
-            if let Some(per_cpu) = self.skel.maps.counters.lookup_percpu(&key, MapFlags::ANY)? {
-                for v in per_cpu {
-                    if v.len() >= 8 {
-                        *sum += u64::from_ne_bytes(v[..8].try_into().expect("8 bytes"));
-                    }
+        read_counters(&self.skel)
+    }
+}
+
+/// The frames of the stored stack `id`, innermost first.
+fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
+    Ok(skel
+        .maps
+        .stacks
+        .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
+        .map(|bytes| {
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
+                .take_while(|&ip| ip != 0)
+                .collect()
+        }))
+}
+
+/// The BPF program's counters of lost and incomplete data.
+fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
+    let mut sums = [0u64; types::offcpu_counter::CNT_MAX.0 as usize];
+    for (i, sum) in sums.iter_mut().enumerate() {
+        let key = (i as u32).to_ne_bytes();
+        if let Some(per_cpu) = skel.maps.counters.lookup_percpu(&key, MapFlags::ANY)? {
+            for v in per_cpu {
+                if v.len() >= 8 {
+                    *sum += u64::from_ne_bytes(v[..8].try_into().expect("8 bytes"));
                 }
             }
         }
-        use types::offcpu_counter as C;
-        let at = |c: C| sums[c.0 as usize];
-        Ok(LossCounters {
-            user_stack_full: at(C::CNT_USTACK_FULL),
-            kernel_stack_full: at(C::CNT_KSTACK_FULL),
-            user_stack_error: at(C::CNT_USTACK_ERROR),
-            kernel_stack_error: at(C::CNT_KSTACK_ERROR),
-            kernel_thread_blocks: at(C::CNT_KTHREAD_BLOCKS),
-            counts_full: at(C::CNT_COUNTS_FULL),
-            no_task_storage: at(C::CNT_NO_TASK_STORAGE),
-            events_dropped: at(C::CNT_EVENTS_DROPPED),
-            blocks_at_end: at(C::CNT_BLOCKS_AT_END),
-            blocks_at_start: at(C::CNT_BLOCKS_AT_START),
-            unseen_switch_in: at(C::CNT_UNSEEN_SWITCH_IN),
-            unseen_untimed: at(C::CNT_UNSEEN_UNTIMED),
-            unwind_not_ready: at(C::CNT_UNWIND_NOT_READY),
-            unwind_dwarf: at(C::CNT_UNWIND_DWARF),
-            unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
-            unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
-            wakeups: at(C::CNT_WAKEUPS),
-            wakers: at(C::CNT_WAKERS),
-            wakers_full: at(C::CNT_WAKERS_FULL),
-        })
     }
+    use types::offcpu_counter as C;
+    let at = |c: C| sums[c.0 as usize];
+    Ok(LossCounters {
+        user_stack_full: at(C::CNT_USTACK_FULL),
+        kernel_stack_full: at(C::CNT_KSTACK_FULL),
+        user_stack_error: at(C::CNT_USTACK_ERROR),
+        kernel_stack_error: at(C::CNT_KSTACK_ERROR),
+        kernel_thread_blocks: at(C::CNT_KTHREAD_BLOCKS),
+        counts_full: at(C::CNT_COUNTS_FULL),
+        no_task_storage: at(C::CNT_NO_TASK_STORAGE),
+        events_dropped: at(C::CNT_EVENTS_DROPPED),
+        blocks_at_end: at(C::CNT_BLOCKS_AT_END),
+        blocks_at_start: at(C::CNT_BLOCKS_AT_START),
+        unseen_switch_in: at(C::CNT_UNSEEN_SWITCH_IN),
+        unseen_untimed: at(C::CNT_UNSEEN_UNTIMED),
+        unwind_not_ready: at(C::CNT_UNWIND_NOT_READY),
+        unwind_dwarf: at(C::CNT_UNWIND_DWARF),
+        unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
+        unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
+        wakeups: at(C::CNT_WAKEUPS),
+        wakers: at(C::CNT_WAKERS),
+        wakers_full: at(C::CNT_WAKERS_FULL),
+    })
 }
 
 /// An mmapable BPF array map that userspace writes through short-lived

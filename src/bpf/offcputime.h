@@ -195,6 +195,37 @@ struct unwind_proc {
 	__u64 mm;
 };
 
+/*
+ * --snapshot: one task as the snapshot iterator saw it, written to the
+ * iterator's output (read by userspace as a stream of these).
+ */
+struct snapshot_task {
+	__u32 tgid;
+	__u32 pid;
+	/* As in struct offcpu_key. */
+	__u64 process_start;
+	__u64 user_stack_id;
+	__u64 kernel_stack_id;
+	/* When it was last switched out, on the scheduler's clock (its last
+	 * switch-in, on the rq clock, plus the run time since); 0 where the
+	 * kernel cannot tell (running now, never run, not a CFS task, no
+	 * CONFIG_SCHED_INFO). */
+	__u64 off_since_ns;
+	/* When the iterator saw it, CLOCK_MONOTONIC ns. */
+	__u64 seen_ns;
+	/* At the same moment, the last switch-in of the task running the
+	 * iterator, on the scheduler's clock: the two clocks differ by a
+	 * few ms, and seen_ns - self_arrival_ns is at least that difference,
+	 * closest to it just after the reader was switched in. */
+	__u64 self_arrival_ns;
+	char comm[TASK_COMM_LEN];
+	/* Its state as /proc shows it: the index of the letter in
+	 * "RSDTtXZPI" (fs/proc/array.c). */
+	__u32 state_index;
+	/* 1: on a CPU when seen (no stacks are taken of it). */
+	__u32 on_cpu;
+};
+
 /* Reasons for lost data, counted by the BPF program (array indices). */
 enum offcpu_counter {
 	/* user / kernel stack lost: stacks map full */

@@ -120,10 +120,17 @@ struct sched_entity {
 	u64 prev_sum_exec_runtime;
 };
 
+/* Kept with CONFIG_SCHED_INFO (delay accounting, schedstats). */
+struct sched_info {
+	/* When the task was last switched in (rq clock, ns). */
+	unsigned long long last_arrival;
+};
+
 struct task_struct {
 	unsigned int __state;
 	unsigned int policy;
 	struct sched_entity se;
+	struct sched_info sched_info;
 	unsigned int flags;
 	/* 1 while the task runs on a CPU (from the switch to it until the
 	 * switch away from it is finished). */

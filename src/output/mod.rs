@@ -5,6 +5,7 @@ pub mod group;
 pub mod pprof;
 pub mod profile_proto;
 pub mod sink;
+pub mod snapshot;
 pub mod speedscope;
 pub mod svg;
 pub mod text;

@@ -30,6 +30,9 @@ pub struct SvgOptions {
     /// Stacks reversed: the innermost frame at the root.
     pub reverse: bool,
     pub palette: Palette,
+    /// What the widths count, as the tooltips name it: `us`, or `tasks`
+    /// for `--snapshot`.
+    pub count_name: String,
 }
 
 impl Default for SvgOptions {
@@ -42,6 +45,7 @@ impl Default for SvgOptions {
             inverted: false,
             reverse: false,
             palette: Palette::Basic(BasicPalette::Io),
+            count_name: COUNT_NAME.to_string(),
         }
     }
 }
@@ -188,7 +192,7 @@ pub fn write(
     let mut o = flamegraph::Options::default();
     o.title = opts.title.clone();
     o.subtitle = opts.subtitle.clone();
-    o.count_name = COUNT_NAME.to_string();
+    o.count_name = opts.count_name.clone();
     o.colors = opts.palette;
     o.deterministic = true;
     o.palette_map = Some(&mut kernel_colors);

@@ -12,6 +12,7 @@ mod golden;
 mod intervals;
 mod push;
 mod reading;
+mod snapshot;
 mod states;
 mod svg;
 mod unwind;

@@ -268,7 +268,7 @@ fn libbpf_tools() -> Option<PathBuf> {
 /// them: each address through the library's symbolizer. The one place
 /// that knows how an address becomes names (when inlined functions get
 /// names of their own, one address will give several).
-fn names_for(sym: &mut Symbolizer, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<String> {
+pub(crate) fn names_for(sym: &mut Symbolizer, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<String> {
     let names = sym.user(pid, frames);
     frames
         .iter()
@@ -278,7 +278,7 @@ fn names_for(sym: &mut Symbolizer, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<
 
 /// Frame 0 is where the thread is; every other frame's address is a
 /// return address.
-fn with_kinds(addrs: &[u64]) -> Vec<(u64, AddrKind)> {
+pub(crate) fn with_kinds(addrs: &[u64]) -> Vec<(u64, AddrKind)> {
     addrs
         .iter()
         .enumerate()
@@ -373,7 +373,7 @@ fn libbpf_tools_stacks(
 
 /// One frame of gdb's backtrace.
 #[derive(Debug, Clone)]
-struct GdbFrame {
+pub(crate) struct GdbFrame {
     pc: u64,
     /// A call inlined into the frame below it (gdb's virtual frame, at the
     /// same pc).
@@ -393,7 +393,7 @@ struct GdbFrame {
 
 /// Walks every thread's frames, innermost first, and prints one
 /// tab-separated `FRAME` line per frame.
-const GDB_SCRIPT: &str = r#"
+pub(crate) const GDB_SCRIPT: &str = r#"
 import gdb
 
 for setting in ("pagination off", "backtrace past-main on",
@@ -433,7 +433,7 @@ for thread in gdb.selected_inferior().threads():
 /// gdb's backtrace of every thread of `pid`, by thread name, innermost
 /// frame first: one attach, every thread walked from `gdb.newest_frame()`
 /// through `older()`.
-fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String, Vec<GdbFrame>> {
+pub(crate) fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String, Vec<GdbFrame>> {
     let out = Command::new(gdb)
         .args(["-nx", "-batch", "-p", &pid.to_string(), "-x"])
         .arg(script)
@@ -519,7 +519,7 @@ fn blocked_gdb_stacks(gdb: &Path, dir: &Path, pid: u32) -> BTreeMap<String, Vec<
 }
 
 /// The address ranges of the workload's executable in `pid`.
-fn own_ranges(pid: u32, exe: &Path) -> Vec<(u64, u64)> {
+pub(crate) fn own_ranges(pid: u32, exe: &Path) -> Vec<(u64, u64)> {
     let exe = exe.canonicalize().expect("workload path");
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
     maps.lines()
@@ -533,9 +533,9 @@ fn own_ranges(pid: u32, exe: &Path) -> Vec<(u64, u64)> {
 }
 
 /// What a thread's stack must be, by gdb.
-struct Expected {
+pub(crate) struct Expected {
     /// gdb's frames named by our symbolizer, innermost first.
-    names: Vec<String>,
+    pub(crate) names: Vec<String>,
     /// gdb's own names (ELF symbols, Rust hashes cut) of its frames in the
     /// workload binary, innermost first: the check that does not go through
     /// our symbolizer.
@@ -573,7 +573,7 @@ fn is_workload_function(name: &str) -> bool {
 /// names the real frame. (gdb's names for them are DWARF names, which for
 /// Rust at `line-tables-only` are unqualified, so they are not in `own`
 /// either.)
-fn expected_stack(
+pub(crate) fn expected_stack(
     sym: &mut Symbolizer,
     pid: u32,
     frames: &[GdbFrame],

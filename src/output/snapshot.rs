@@ -1,0 +1,140 @@
+//! The report of `--snapshot`: one entry per stack that tasks wait in,
+//! as pykdump's BTstack summarizes a crash dump's `foreach bt`.
+//!
+//! ```text
+//! ----- 2 tasks like that -----
+//!     do_nanosleep
+//!     ...
+//!     clock_nanosleep
+//!     ...
+//!     commands:        app (2)
+//!     states:          S (2)
+//!     youngest:        pid 101 (app), off CPU 1.250 s
+//!     oldest:          pid 100 (app), off CPU 2.500 s
+//! ```
+//!
+//! The stack is printed as the report prints it (kernel frames, then user
+//! frames, most recent first). Entries come fewest tasks first, so that
+//! the stack most tasks share ends the output (`--group-sort desc`: first).
+//! Off-CPU times are since each task's last switch-out; where the kernel
+//! cannot tell (a task running on a CPU, a real-time task), a line says
+//! so. With `-v`, every task is listed: pid, command, state and time.
+
+use std::io::{self, Write};
+
+use super::Shape;
+use crate::snapshot::{Group, GroupSort, OffCpu, Snapshot, Task};
+
+/// Seconds with milliseconds.
+fn secs(ns: u64) -> String {
+    format!("{:.3} s", ns as f64 / 1e9)
+}
+
+fn off_cpu(t: &Task) -> String {
+    match t.off_cpu {
+        OffCpu::For(ns) => format!("off CPU {}", secs(ns)),
+        OffCpu::Running => "on a CPU".to_string(),
+        OffCpu::Unknown => "off CPU for an unknown time".to_string(),
+    }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+pub fn write(
+    snapshot: &Snapshot,
+    shape: Shape,
+    sort: GroupSort,
+    every_task: bool,
+    w: &mut dyn Write,
+) -> io::Result<()> {
+    for g in snapshot.groups(shape, sort) {
+        write_group(&g, every_task, w)?;
+    }
+    Ok(())
+}
+
+fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result<()> {
+    let n = g.tasks.len();
+    if n == 1 {
+        writeln!(w, "----- 1 task -----")?;
+    } else {
+        writeln!(w, "----- {n} tasks like that -----")?;
+    }
+    w.write_all(g.stack.as_bytes())?;
+    let list = |items: Vec<String>| items.join(", ");
+    writeln!(
+        w,
+        "    {:<16} {}",
+        "commands:",
+        list(
+            g.commands()
+                .iter()
+                .map(|(c, n)| format!("{c} ({n})"))
+                .collect()
+        )
+    )?;
+    writeln!(
+        w,
+        "    {:<16} {}",
+        "states:",
+        list(
+            g.states()
+                .iter()
+                .map(|(s, n)| format!("{s} ({n})"))
+                .collect()
+        )
+    )?;
+    let who = |t: &Task| format!("pid {} ({})", t.sample.pid, t.sample.comm);
+    if let [only] = g.tasks[..] {
+        writeln!(w, "    {:<16} {}", "time:", off_cpu(only))?;
+    } else {
+        match g.youngest_oldest() {
+            // The one task whose time is known.
+            Some((young, old)) if young.sample.pid == old.sample.pid => {
+                writeln!(w, "    {:<16} {}, {}", "time:", who(young), off_cpu(young))?;
+            }
+            Some((young, old)) => {
+                writeln!(
+                    w,
+                    "    {:<16} {}, {}",
+                    "youngest:",
+                    who(young),
+                    off_cpu(young)
+                )?;
+                writeln!(w, "    {:<16} {}, {}", "oldest:", who(old), off_cpu(old))?;
+            }
+            None => {}
+        }
+        let count = |what: OffCpu| g.tasks.iter().filter(|t| t.off_cpu == what).count();
+        let (running, unknown) = (count(OffCpu::Running), count(OffCpu::Unknown));
+        let mut why = Vec::new();
+        if running > 0 {
+            why.push(format!("{} on a CPU", plural(running, "task", "tasks")));
+        }
+        if unknown > 0 {
+            why.push(format!(
+                "{} whose switch-out the kernel does not date",
+                plural(unknown, "task", "tasks")
+            ));
+        }
+        if !why.is_empty() {
+            writeln!(w, "    {:<16} {}", "no time:", why.join(", "))?;
+        }
+    }
+    if every_task {
+        writeln!(w, "    tasks:")?;
+        for t in &g.tasks {
+            writeln!(
+                w,
+                "      {:>8} {:<16} {} {}",
+                t.sample.pid,
+                t.sample.comm,
+                t.state,
+                off_cpu(t)
+            )?;
+        }
+    }
+    writeln!(w)
+}

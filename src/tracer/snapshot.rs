@@ -1,0 +1,300 @@
+//! `--snapshot`: the BPF program loaded without any hook, and its snapshot
+//! iterator run once over every task. What it wrote (one `struct
+//! snapshot_task` a task) and the stacks it stored are read back here.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+
+use anyhow::{anyhow, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+
+use super::{
+    comm_to_string, configure, fill_filters, load_while, read_counters, read_stack, LossCounters,
+    StackRef, StartTables, TracerOptions, Unwind, UnwindStore,
+};
+use crate::bpf::{types, OffcputimeSkelBuilder};
+use crate::process::ticks_of_ns;
+
+/// The letters of the task states, as /proc shows them, in the order of
+/// the kernel's state index (`fs/proc/array.c`).
+pub const STATE_LETTERS: &str = "RSDTtXZPI";
+
+/// One task as the snapshot found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawTask {
+    pub tgid: u32,
+    /// When its process started (see [`crate::process::Proc`]).
+    pub start: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
+    /// Its state letter (one of [`STATE_LETTERS`]).
+    pub state: char,
+    /// On a CPU when seen: no stacks were taken, and it is not off the CPU.
+    pub on_cpu: bool,
+    /// How long it had been off the CPU when seen, where the kernel keeps
+    /// when it was last switched out.
+    pub off_cpu_ns: Option<u64>,
+}
+
+/// Every task the snapshot kept, and the stacks they refer to.
+#[derive(Clone, Debug, Default)]
+pub struct RawSnapshot {
+    pub tasks: Vec<RawTask>,
+    /// Frames of each stored stack, innermost first.
+    pub stacks: HashMap<u64, Vec<u64>>,
+    pub counters: LossCounters,
+    /// Whether the user stacks of other tasks could be read (the
+    /// sleepable iterator, Linux 5.18).
+    pub user_stacks: bool,
+    /// When the first task was seen, CLOCK_MONOTONIC ns (0: no task).
+    pub seen_ns: u64,
+}
+
+/// Takes the snapshot: the program loaded with only its snapshot iterator,
+/// the DWARF unwind tables written by `tables` (as for tracing), the
+/// iterator run once. `states` is a mask of state indices (bit i: the
+/// letter `STATE_LETTERS[i]`), 0 for all. As [`super::Tracer::start`], it
+/// falls back to frame pointers where the DWARF unwinder cannot load, and
+/// returns why.
+pub fn take_snapshot(
+    opts: &TracerOptions,
+    states: u32,
+    tables: &mut dyn StartTables,
+) -> Result<(RawSnapshot, Option<anyhow::Error>)> {
+    let mut attempts = Vec::new();
+    let user = std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none();
+    if user {
+        attempts.push((opts.unwind, true));
+        if opts.unwind == Unwind::Dwarf {
+            attempts.push((Unwind::FramePointers, true));
+        }
+    }
+    attempts.push((Unwind::FramePointers, false));
+    let mut first_err = None;
+    for (unwind, user) in attempts {
+        let opts = TracerOptions {
+            unwind,
+            ..opts.clone()
+        };
+        match try_snapshot(&opts, states, user, tables) {
+            Ok(snap) => {
+                let dropped_dwarf = first_err.filter(|_| unwind != Unwind::Dwarf);
+                return Ok((snap, dropped_dwarf));
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_err.unwrap_or_else(|| anyhow!("no way to load the snapshot iterator")))
+}
+
+fn try_snapshot(
+    opts: &TracerOptions,
+    states: u32,
+    user: bool,
+    tables: &mut dyn StartTables,
+) -> Result<RawSnapshot> {
+    let mut object = MaybeUninit::uninit();
+    let mut open = OffcputimeSkelBuilder::default()
+        .open(&mut object)
+        .context("failed to open the BPF object")?;
+    configure(&mut open, opts)?;
+    if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+        rodata.snapshot_states = states;
+    }
+    // Only the one iterator: nothing else is attached.
+    for mut prog in open.open_object_mut().progs_mut() {
+        prog.set_autoload(false);
+    }
+    if user {
+        open.progs.snapshot_tasks_user.set_autoload(true);
+    } else {
+        open.progs.snapshot_tasks.set_autoload(true);
+    }
+    open.maps.task_data_by_tid.set_max_entries(1)?;
+    let dwarf = opts.unwind == Unwind::Dwarf;
+    let (skel, _) = load_while(open, || {
+        if dwarf {
+            tables.prepare(opts.unwind_capacity);
+        }
+    })
+    .context("failed to load the BPF program (snapshot iterator)")?;
+    fill_filters(&skel, opts)?;
+    if dwarf {
+        tables.install(UnwindStore::new(&skel)?);
+    }
+    let prog = if user {
+        &skel.progs.snapshot_tasks_user
+    } else {
+        &skel.progs.snapshot_tasks
+    };
+    let bytes = snapshot_output(prog).context("failed to run the snapshot iterator")?;
+    let (tasks, seen_ns) = parse_tasks(&bytes)?;
+    let mut ids: Vec<u64> = tasks
+        .iter()
+        .flat_map(|t| [t.user_stack, t.kernel_stack])
+        .filter_map(|s| match s {
+            StackRef::Id(id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut stacks = HashMap::new();
+    for id in ids {
+        if let Some(frames) = read_stack(&skel, id)? {
+            stacks.insert(id, frames);
+        }
+    }
+    Ok(RawSnapshot {
+        tasks,
+        stacks,
+        counters: read_counters(&skel)?,
+        user_stacks: user,
+        seen_ns,
+    })
+}
+
+/// Runs the snapshot iterator once and returns what it wrote. The reading
+/// thread sleeps first, so that it is switched in just before the
+/// iterator runs: its last switch-in then dates the reading on the
+/// scheduler's clock (see `self_arrival_ns`).
+fn snapshot_output(prog: &libbpf_rs::ProgramMut<'_>) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let link = prog
+        .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+        .context("failed to attach the task iterator")?;
+    let mut iter = libbpf_rs::Iter::new(&link).context("failed to create the task iterator")?;
+    std::thread::sleep(std::time::Duration::from_micros(50));
+    let mut out = Vec::new();
+    iter.read_to_end(&mut out)
+        .context("failed to read the task iterator")?;
+    Ok(out)
+}
+
+/// The iterator's output: one `struct snapshot_task` after the other. Also
+/// when the first was seen.
+fn parse_tasks(bytes: &[u8]) -> Result<(Vec<RawTask>, u64)> {
+    let size = std::mem::size_of::<types::snapshot_task>();
+    if !bytes.len().is_multiple_of(size) {
+        return Err(anyhow!(
+            "the snapshot iterator wrote {} bytes, not a whole number of {size}-byte records",
+            bytes.len()
+        ));
+    }
+    let mut records = Vec::with_capacity(bytes.len() / size);
+    for chunk in bytes.chunks_exact(size) {
+        let mut t = types::snapshot_task::default();
+        plain::copy_from_bytes(&mut t, chunk)
+            .map_err(|e| anyhow!("bad record from the snapshot iterator: {e:?}"))?;
+        records.push(t);
+    }
+    let first_seen = records.first().map_or(0, |t| t.seen_ns);
+    // How far CLOCK_MONOTONIC is ahead of the scheduler's clock: at most
+    // the least gap between a reading and the reader's last switch-in.
+    let ahead = records
+        .iter()
+        .filter(|t| t.self_arrival_ns != 0)
+        .map(|t| t.seen_ns.wrapping_sub(t.self_arrival_ns) as i64)
+        .min();
+    let mut out = Vec::with_capacity(records.len());
+    for t in records {
+        let on_cpu = t.on_cpu != 0;
+        let off_cpu_ns = match ahead {
+            Some(ahead) if !on_cpu && t.off_since_ns != 0 => {
+                let since = t.off_since_ns as i64 + ahead;
+                Some((t.seen_ns as i64).saturating_sub(since).max(0) as u64)
+            }
+            _ => None,
+        };
+        out.push(RawTask {
+            tgid: t.tgid,
+            start: ticks_of_ns(t.process_start),
+            pid: t.pid,
+            comm: comm_to_string(&t.comm),
+            user_stack: StackRef::from_raw(t.user_stack_id),
+            kernel_stack: StackRef::from_raw(t.kernel_stack_id),
+            state: STATE_LETTERS
+                .chars()
+                .nth(t.state_index as usize)
+                .unwrap_or('?'),
+            on_cpu,
+            off_cpu_ns,
+        });
+    }
+    Ok((out, first_seen))
+}
+
+/// The mask of state indices for a string of state letters (`DS`); an
+/// unknown letter is an error naming it.
+pub fn states_mask(letters: &str) -> Result<u32> {
+    let mut mask = 0;
+    for c in letters.chars() {
+        let i = STATE_LETTERS.find(c).ok_or_else(|| {
+            anyhow!(
+                "--snapshot {letters:?}: {c:?} is not a task state letter (one of {} as \
+                 /proc shows them: R running, S sleeping, D uninterruptible, T stopped, t \
+                 traced, X dead, Z zombie, P parked, I idle)",
+                STATE_LETTERS
+            )
+        })?;
+        mask |= 1 << i;
+    }
+    Ok(mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_letters_to_mask() {
+        assert_eq!(states_mask("").unwrap(), 0);
+        assert_eq!(states_mask("R").unwrap(), 1);
+        assert_eq!(states_mask("DS").unwrap(), 0b110);
+        assert_eq!(states_mask("tI").unwrap(), (1 << 4) | (1 << 8));
+        let err = states_mask("Dx").unwrap_err().to_string();
+        assert!(err.contains("'x' is not a task state letter"), "{err}");
+        assert!(states_mask("D\u{e9}").is_err());
+    }
+
+    fn record(pid: u32, since: u64, seen: u64, self_arrival: u64, on_cpu: bool) -> Vec<u8> {
+        let t = types::snapshot_task {
+            tgid: pid,
+            pid,
+            off_since_ns: since,
+            seen_ns: seen,
+            self_arrival_ns: self_arrival,
+            state_index: if on_cpu { 0 } else { 2 },
+            on_cpu: on_cpu.into(),
+            ..Default::default()
+        };
+        // SAFETY: plain old data.
+        unsafe { plain::as_bytes(&t) }.to_vec()
+    }
+
+    /// The scheduler's clock is tied to CLOCK_MONOTONIC by the least gap
+    /// between a reading and the reader's last switch-in: here 11 ms
+    /// behind, the gap 11.02 ms at the first record and 11.5 at the next.
+    #[test]
+    fn off_cpu_time_on_the_monotonic_clock() {
+        let ms = 1_000_000u64;
+        let mut bytes = record(1, 1000 * ms, 2011 * ms + 20_000, 2000 * ms, false);
+        bytes.extend(record(2, 0, 2012 * ms, 2000 * ms + ms / 2, false));
+        bytes.extend(record(3, 1500 * ms, 2013 * ms, 2001 * ms + ms / 2, true));
+        let (tasks, first) = parse_tasks(&bytes).unwrap();
+        assert_eq!(first, 2011 * ms + 20_000);
+        // Switched out at 1000 ms on the scheduler's clock, 1011.02 ms on
+        // CLOCK_MONOTONIC (the tie is 20 us late): seen 1000 ms later.
+        assert_eq!(tasks[0].off_cpu_ns, Some(1000 * ms));
+        assert_eq!(tasks[0].state, 'D');
+        assert_eq!(tasks[1].off_cpu_ns, None, "no switch-out kept");
+        assert_eq!(tasks[2].off_cpu_ns, None, "on a CPU");
+        assert!(tasks[2].on_cpu);
+        assert_eq!(tasks[2].state, 'R');
+        assert!(parse_tasks(&bytes[..bytes.len() - 1]).is_err());
+    }
+}
