@@ -832,6 +832,10 @@ impl<'obj> Tracer<'obj> {
         open.progs
             .start_blocked_user_by_tid
             .set_autoload(!trusted && user);
+        // The interval iterator for -i alone, in the flavour of the hook.
+        let cut = opts.interval.is_some();
+        open.progs.cut_interval.set_autoload(cut && trusted);
+        open.progs.cut_interval_by_tid.set_autoload(cut && !trusted);
         // The snapshot's iterators are for --snapshot alone.
         open.progs.snapshot_tasks.set_autoload(false);
         open.progs.snapshot_tasks_user.set_autoload(false);
