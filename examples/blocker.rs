@@ -226,7 +226,15 @@ pub extern "C" fn wl_pinned_spin_thread() {
 /// exits (returning from here makes glibc's clone call exit). Raw system
 /// calls only: it runs on the parent's memory.
 extern "C" fn vfork_child(_: *mut libc::c_void) -> libc::c_int {
-    let ts = timespec_ms(100);
+    vfork_child_sleep(100);
+    0
+}
+
+/// What a vfork-style child does: names itself `wl-vfork-child` and
+/// sleeps `ms`, with raw system calls only.
+#[inline(always)]
+fn vfork_child_sleep(ms: u64) {
+    let ts = timespec_ms(ms);
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
     // bytes; `ts` is a valid timespec and a null `rem` is allowed.
     unsafe {
@@ -241,7 +249,30 @@ extern "C" fn vfork_child(_: *mut libc::c_void) -> libc::c_int {
             std::ptr::null_mut::<libc::timespec>(),
         );
     }
-    0
+}
+
+/// Clones `child` sharing this memory (CLONE_VM | CLONE_VFORK, as
+/// posix_spawn does), on the stack `stack`..`stack + len`: the calling
+/// thread waits, TASK_KILLABLE, until the child exits. Inlined: the
+/// caller's frame is the one that blocks.
+#[inline(always)]
+fn clone_vfork(
+    child: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    stack: *mut u8,
+    len: usize,
+) -> libc::pid_t {
+    // The stack grows down from its (16-byte aligned) top.
+    let top = (stack as usize + len) & !15;
+    // SAFETY: `child` only makes raw system calls on its own stack `top`,
+    // which stays valid: this thread is suspended until the child exits.
+    unsafe {
+        libc::clone(
+            child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    }
 }
 
 /// Clones a child that shares this memory (CLONE_VM | CLONE_VFORK, as
@@ -250,19 +281,7 @@ extern "C" fn vfork_child(_: *mut libc::c_void) -> libc::c_int {
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_vfork(stack: *mut u8, len: usize) -> libc::pid_t {
-    // The stack grows down from its (16-byte aligned) top.
-    let top = (stack as usize + len) & !15;
-    // SAFETY: `vfork_child` only makes raw system calls on its own stack
-    // `top`, which stays valid: this thread is suspended until the child
-    // exits.
-    let pid = unsafe {
-        libc::clone(
-            vfork_child,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            std::ptr::null_mut(),
-        )
-    };
+    let pid = clone_vfork(vfork_child, stack, len);
     if pid > 0 {
         let mut status = 0;
         // SAFETY: `status` is a valid, writable int.
@@ -483,21 +502,9 @@ pub extern "C" fn wl_block_long_sleep() -> libc::c_int {
 /// The child of `wl-stuck-vfork`'s clone: killed with its parent thread,
 /// it sleeps 1000 s on the parent's memory (raw system calls only).
 extern "C" fn stuck_vfork_child(_: *mut libc::c_void) -> libc::c_int {
-    let ts = timespec_ms(1_000_000);
-    // SAFETY: as in vfork_child.
-    unsafe {
-        libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        libc::syscall(
-            libc::SYS_prctl,
-            libc::PR_SET_NAME,
-            c"wl-vfork-child".as_ptr(),
-        );
-        libc::syscall(
-            libc::SYS_nanosleep,
-            &ts,
-            std::ptr::null_mut::<libc::timespec>(),
-        );
-    }
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number.
+    unsafe { libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    vfork_child_sleep(1_000_000);
     0
 }
 
@@ -506,18 +513,7 @@ extern "C" fn stuck_vfork_child(_: *mut libc::c_void) -> libc::c_int {
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_stuck_vfork(stack: *mut u8, len: usize) -> libc::pid_t {
-    let top = (stack as usize + len) & !15;
-    // SAFETY: as in wl_block_vfork: this thread is suspended until the
-    // child, on its own stack `top`, exits.
-    let pid = unsafe {
-        libc::clone(
-            stuck_vfork_child,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            std::ptr::null_mut(),
-        )
-    };
-    black_box(pid)
+    black_box(clone_vfork(stuck_vfork_child, stack, len))
 }
 
 #[inline(never)]

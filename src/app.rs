@@ -150,14 +150,7 @@ fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
 pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // Opened first: a path that cannot be written fails now, before any
     // measurement, whatever else is wrong.
-    let sink = Sink::open(config.output.as_deref())?;
-    let more_sinks = match open_more(config, &sink) {
-        Ok(s) => s,
-        Err(e) => {
-            sink.discard();
-            return Err(e);
-        }
-    };
+    let (sink, more_sinks) = open_sinks(config)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
@@ -445,14 +438,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
 
 /// `--snapshot`: what every task waits in now, written as `config` says.
 pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Result<()> {
-    let sink = Sink::open(config.output.as_deref())?;
-    let more_sinks = match open_more(config, &sink) {
-        Ok(s) => s,
-        Err(e) => {
-            sink.discard();
-            return Err(e);
-        }
-    };
+    let (sink, more_sinks) = open_sinks(config)?;
     let discard = |sink: Sink, more: Vec<Sink>| {
         sink.discard();
         more.into_iter().for_each(Sink::discard);
@@ -556,6 +542,19 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
         report_unwinding(u, &profile, config.verbose);
     }
     Ok(())
+}
+
+/// Every output's sink, opened before anything is measured: the first
+/// and the others.
+fn open_sinks(config: &Config) -> Result<(Sink, Vec<Sink>)> {
+    let sink = Sink::open(config.output.as_deref())?;
+    match open_more(config, &sink) {
+        Ok(more) => Ok((sink, more)),
+        Err(e) => {
+            sink.discard();
+            Err(e)
+        }
+    }
 }
 
 /// The sinks of the outputs after the first, opened before tracing like
