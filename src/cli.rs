@@ -64,6 +64,15 @@ pub enum GroupSortArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PushApiArg {
+    /// Pyroscope's ingest API: POST PREFIX/ingest?format=pprof (Grafana
+    /// Pyroscope, Grafana Alloy's pyroscope.receive_http)
+    Pyroscope,
+    /// Parca's WriteRaw through its HTTP gateway: POST PREFIX/profiles/writeraw
+    Parca,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SampleTypeArg {
     /// offcpu/nanoseconds, as Grafana Alloy names off-CPU profiles
     Offcpu,
@@ -363,6 +372,15 @@ pub struct Args {
         help_heading = "Continuous export (--push)"
     )]
     pub app: Option<String>,
+
+    /// The backend's API
+    #[arg(
+        long = "push-api",
+        value_enum,
+        default_value = "pyroscope",
+        help_heading = "Continuous export (--push)"
+    )]
+    pub push_api: PushApiArg,
 
     /// A label on every pushed profile (besides host=HOSTNAME); repeatable
     #[arg(
@@ -810,6 +828,9 @@ impl Args {
             if self.app.is_some() || !self.push_label.is_empty() {
                 bail!("--app and --push-label name pushed profiles: add --push URL");
             }
+            if self.push_api != PushApiArg::Pyroscope {
+                bail!("--push-api says how to push: add --push URL");
+            }
             return Ok(None);
         };
         if !intervals {
@@ -828,6 +849,10 @@ impl Args {
             }
         }
         Ok(Some(PushOptions {
+            api: match self.push_api {
+                PushApiArg::Pyroscope => crate::push::PushApi::Pyroscope,
+                PushApiArg::Parca => crate::push::PushApi::Parca,
+            },
             endpoint,
             app,
             labels,

@@ -96,10 +96,21 @@ impl Endpoint {
     }
 }
 
+/// The backend's API (`--push-api`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushApi {
+    /// Pyroscope's `POST /ingest?format=pprof` (multipart).
+    Pyroscope,
+    /// Parca's `POST /profiles/writeraw` (its gRPC `WriteRaw` through the
+    /// HTTP gateway, JSON).
+    Parca,
+}
+
 /// What is sent with each interval.
 #[derive(Clone, Debug)]
 pub struct PushOptions {
     pub endpoint: Endpoint,
+    pub api: PushApi,
     /// The application's name in the backend (`--app`).
     pub app: String,
     /// Labels: `host` and those of `--push-label`.
@@ -128,6 +139,75 @@ impl PushOptions {
             self.endpoint.prefix,
             percent_encode(&name)
         )
+    }
+
+    /// Parca's `WriteRaw` request in JSON: one series, labelled
+    /// `__name__=APP` and the labels, with the interval's profile.
+    fn parca_body(&self, profile: &[u8]) -> String {
+        let mut labels = vec![format!(
+            "{{\"name\":\"__name__\",\"value\":\"{}\"}}",
+            json_escape(&self.app)
+        )];
+        labels.extend(self.labels.iter().map(|(k, v)| {
+            format!(
+                "{{\"name\":\"{}\",\"value\":\"{}\"}}",
+                json_escape(k),
+                json_escape(v)
+            )
+        }));
+        format!(
+            "{{\"series\":[{{\"labels\":{{\"labels\":[{}]}},\"samples\":[{{\"rawProfile\":\"{}\"}}]}}],\
+             \"normalized\":false}}",
+            labels.join(","),
+            base64(profile)
+        )
+    }
+
+    /// The request of one interval: path and query, content type, body.
+    fn request(&self, item: &Item) -> (String, String, Vec<u8>) {
+        match self.api {
+            PushApi::Parca => (
+                format!("{}/profiles/writeraw", self.endpoint.prefix),
+                "application/json".to_string(),
+                self.parca_body(&item.profile).into_bytes(),
+            ),
+            PushApi::Pyroscope => {
+                let boundary = format!(
+                    "offcputime-{:016x}",
+                    item.from ^ (item.profile.len() as u64) << 20
+                );
+                let mut body = Vec::with_capacity(item.profile.len() + 512);
+                let mut part = |name: &str, file: &str, ctype: &str, data: &[u8]| {
+                    body.extend_from_slice(
+                        format!(
+                            "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; \
+                             filename=\"{file}\"\r\nContent-Type: {ctype}\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    );
+                    body.extend_from_slice(data);
+                    body.extend_from_slice(b"\r\n");
+                };
+                part(
+                    "profile",
+                    "profile.pb.gz",
+                    "application/octet-stream",
+                    &item.profile,
+                );
+                part(
+                    "sample_type_config",
+                    "sample_type_config.json",
+                    "application/json",
+                    self.sample_type_config().as_bytes(),
+                );
+                body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+                (
+                    self.query(item.from, item.until),
+                    format!("multipart/form-data; boundary={boundary}"),
+                    body,
+                )
+            }
+        }
     }
 
     /// The sample type's configuration for the backend: time summed in
@@ -352,47 +432,15 @@ fn send(options: &PushOptions, item: &Item) -> Result<()> {
         .with_context(|| format!("cannot connect to {addr}"))?;
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let boundary = format!(
-        "offcputime-{:016x}",
-        item.from ^ (item.profile.len() as u64) << 20
-    );
-    let mut body = Vec::with_capacity(item.profile.len() + 512);
-    let part = |body: &mut Vec<u8>, name: &str, file: &str, ctype: &str, data: &[u8]| {
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; \
-                 filename=\"{file}\"\r\nContent-Type: {ctype}\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        body.extend_from_slice(data);
-        body.extend_from_slice(b"\r\n");
-    };
-    part(
-        &mut body,
-        "profile",
-        "profile.pb.gz",
-        "application/octet-stream",
-        &item.profile,
-    );
-    part(
-        &mut body,
-        "sample_type_config",
-        "sample_type_config.json",
-        "application/json",
-        options.sample_type_config().as_bytes(),
-    );
-    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    let (target, content_type, body) = options.request(item);
     let host = if ep.host.contains(':') {
         format!("[{}]:{}", ep.host, ep.port)
     } else {
         format!("{}:{}", ep.host, ep.port)
     };
     let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: offcputime/{}\r\n\
-         Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n",
-        options.query(item.from, item.until),
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: offcputime/{}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
         env!("CARGO_PKG_VERSION"),
         body.len()
     );
@@ -428,6 +476,19 @@ fn send(options: &PushOptions, item: &Item) -> Result<()> {
     let _ = reader.take(300).read_to_string(&mut said);
     let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
     bail!("HTTP {code}: {said}")
+}
+
+fn json_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn percent_encode(s: &str) -> String {
@@ -515,11 +576,23 @@ mod tests {
             app: "web".into(),
             labels: vec![("host".into(), "m1".into()), ("env".into(), "prod".into())],
             pprof: Default::default(),
+            api: PushApi::Pyroscope,
         };
         assert_eq!(
             o.query(10, 20),
             "/ingest?name=web.offcpu%7Bhost%3Dm1%2Cenv%3Dprod%7D&from=10&until=20&format=pprof&spyName=offcputime"
         );
+        let parca = PushOptions {
+            api: PushApi::Parca,
+            ..o.clone()
+        };
+        assert_eq!(
+            parca.parca_body(b"pb"),
+            "{\"series\":[{\"labels\":{\"labels\":[{\"name\":\"__name__\",\"value\":\"web\"},\
+             {\"name\":\"host\",\"value\":\"m1\"},{\"name\":\"env\",\"value\":\"prod\"}]},\
+             \"samples\":[{\"rawProfile\":\"cGI=\"}]}],\"normalized\":false}"
+        );
+        assert_eq!(json_escape("a\"b\\c\n"), "a\\\"b\\\\c\\u000a");
         assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
         assert_eq!(base64(b"ab"), "YWI=");
         assert!(parse_label("env=prod").is_ok());

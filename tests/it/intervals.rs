@@ -214,4 +214,5 @@ fn a_file_per_interval() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
+    eprintln!("matrix: intervals ok");
 }

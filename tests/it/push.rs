@@ -75,6 +75,7 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
     let target = line.split_whitespace().nth(1)?.to_string();
     let mut length = 0;
     let mut boundary = String::new();
+    let mut json = false;
     loop {
         let mut h = String::new();
         r.read_line(&mut h).ok()?;
@@ -86,6 +87,7 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
         match k.to_ascii_lowercase().as_str() {
             "content-length" => length = v.trim().parse().ok()?,
             "content-type" => {
+                json = v.trim() == "application/json";
                 boundary = v.split("boundary=").nth(1).unwrap_or("").trim().to_string()
             }
             _ => {}
@@ -99,8 +101,16 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), unescape(v)))
         .collect();
-    // multipart/form-data: parts between "--boundary" lines.
+    // multipart/form-data: parts between "--boundary" lines; JSON whole.
     let mut parts = BTreeMap::new();
+    if json {
+        parts.insert("json".to_string(), body);
+        return Some(Request {
+            path: path.to_string(),
+            query,
+            parts,
+        });
+    }
     let sep = format!("--{boundary}").into_bytes();
     let mut rest = &body[..];
     while let Some(at) = find(rest, &sep) {
@@ -355,5 +365,91 @@ fn ctrl_c_sends_what_is_queued() {
                 );
             }
         }
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let mut out = Vec::new();
+    for chunk in s.trim_end_matches('=').as_bytes().chunks(4) {
+        let mut v = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            v |= (value(c) as u32) << (18 - 6 * i);
+        }
+        for i in 0..chunk.len() - 1 {
+            out.push((v >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+/// `--push-api parca`: Parca's WriteRaw through its HTTP gateway, one
+/// series per interval labelled `__name__=APP`, host and `--push-label`,
+/// holding the very profile `-o` writes.
+#[test]
+fn push_to_parca() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let server = Server::start(TcpListener::bind("127.0.0.1:0").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("iv-{n}.pb.gz");
+    let url = format!("http://127.0.0.1:{}", server.port);
+    let pid = stuck.pid.to_string();
+    let out = profile(&[
+        "-v",
+        "-i",
+        "0.5",
+        "-p",
+        &pid,
+        "--push",
+        &url,
+        "--push-api",
+        "parca",
+        "--app",
+        "web",
+        "--push-label",
+        "env=ci",
+        "--pprof-sample-type",
+        "wallclock",
+        "-o",
+        files.to_str().unwrap(),
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let got = server.requests();
+    assert_eq!(got.len(), 2, "{stderr}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for (k, req) in got.iter().enumerate() {
+        assert_eq!(req.path, "/profiles/writeraw");
+        let v: serde_json::Value = serde_json::from_slice(&req.parts["json"]).unwrap();
+        let series = &v["series"][0];
+        let labels: BTreeMap<String, String> = series["labels"]["labels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["name"].as_str().unwrap().to_string(),
+                    l["value"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(labels["__name__"], "web");
+        assert_eq!(labels["env"], "ci");
+        assert_eq!(labels["host"], host.trim());
+        assert_eq!(v["normalized"], false);
+        let raw = base64_decode(series["samples"][0]["rawProfile"].as_str().unwrap());
+        let file = dir.path().join(format!("iv-{}.pb.gz", k + 1));
+        assert_eq!(raw, std::fs::read(&file).unwrap(), "interval {k}");
     }
 }

@@ -405,6 +405,7 @@ fn snapshot_d_lists_uninterruptible_only() {
             .all(|t| t.state == 'S'),
         "{all:?}"
     );
+    eprintln!("matrix: snapshot ok");
 }
 
 /// The off-CPU time of `wl-stuck-sleep`, which says when it went to
