@@ -27,7 +27,7 @@
 //! |---------------------|------------------------|--------------------------------------------|
 //! | `--killable`        | `wl-vfork`             | `wl_block_vfork`: a vfork-style clone whose child (`wl-vfork-child`) sleeps 100 ms; the parent waits in `TASK_KILLABLE` |
 //! | `--pinned-spinners` | `wl-pin-a`, `wl-pin-b` | busy loops, both pinned to CPU 0: each is preempted for the other about half the time |
-//! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and sleeps 60 s in `wl_block_tail` |
+//! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and waits 60 s in `poll` in `wl_block_tail` |
 //! | `--brief MS`        | `wl-brief`             | started by the main thread on SIGUSR2; 1 ms sleeps (`wl_block_brief`) for MS ms, then prints `brief <tid> <first ns> <last ns> <cpu ns> <spawned ns>` (CLOCK_MONOTONIC at its first and last instruction, its CPU time, and when the main thread started creating it) and exits |
 //!
 //! `blocker wakers` is another process, whose sleepers are woken by known
@@ -322,7 +322,10 @@ pub extern "C" fn wl_block_tail_wait() -> libc::c_int {
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn wl_block_tail() -> libc::c_int {
-    black_box(nanosleep_ms(60_000))
+    // poll(2), not a sleep: its stack differs from the short sleeps' before
+    // it even where a frame-pointer walk cannot see this function.
+    // SAFETY: no descriptors to poll; only the timeout.
+    black_box(unsafe { libc::poll(std::ptr::null_mut(), 0, 60_000) })
 }
 
 /// `wl-tail`: short sleeps until SIGUSR1, then one long block, whose start

@@ -15,6 +15,7 @@ use crate::bpf::types;
 use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
 use crate::process::{ticks_of_ns, Proc};
 
+mod kernel;
 mod snapshot;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
 
@@ -437,7 +438,20 @@ pub struct Tracer<'obj> {
     start_user_stacks: bool,
     /// `--wakers`: the wakers table is in use.
     wakers: bool,
+    /// Which programs are loaded.
+    programs: Programs,
     phases: Phases,
+}
+
+/// Which of the program's flavours is loaded: with task-local storage
+/// (`tp_btf` where the kernel has it), with the per-thread hash map
+/// (`raw_tp`, the kprobe), or the programs for kernels without `bpf_loop`
+/// (before 5.17: hash map, frame pointers, no atomic claims).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Programs {
+    TaskStorage,
+    ByTid,
+    Legacy,
 }
 
 /// How long each step of starting took.
@@ -702,13 +716,30 @@ impl<'obj> Tracer<'obj> {
         opts: &TracerOptions,
         tables: &mut dyn StartTables,
     ) -> Result<(Tracer<'obj>, Option<anyhow::Error>)> {
+        if kernel::lacks_bpf_loop() {
+            let release = kernel::release();
+            if opts.interval.is_some() {
+                bail!(
+                    "-i is not available on Linux {release}: it needs bpf_loop and atomic \
+                     claims in BPF (Linux 5.17 or newer)"
+                );
+            }
+            let why = (opts.unwind == Unwind::Dwarf).then(|| {
+                anyhow!("Linux {release} has no bpf_loop, which the DWARF walk needs: 5.17")
+            });
+            let fp = TracerOptions {
+                unwind: Unwind::FramePointers,
+                ..opts.clone()
+            };
+            return Self::start_with(object, &fp, true, tables).map(|t| (t, why));
+        }
         if opts.unwind != Unwind::Dwarf {
-            return Self::start_with(object, opts, tables).map(|t| (t, None));
+            return Self::start_with(object, opts, false, tables).map(|t| (t, None));
         }
         let object_ptr: *mut MaybeUninit<OpenObject> = object;
         // SAFETY: as in start_with: a failed attempt drops every borrow of
         // the object before the next one reuses it.
-        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, tables) {
+        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, false, tables) {
             Ok(t) => return Ok((t, None)),
             Err(e) => e,
         };
@@ -716,15 +747,17 @@ impl<'obj> Tracer<'obj> {
             unwind: Unwind::FramePointers,
             ..opts.clone()
         };
-        match Self::start_with(unsafe { &mut *object_ptr }, &fp, tables) {
+        match Self::start_with(unsafe { &mut *object_ptr }, &fp, false, tables) {
             Ok(t) => Ok((t, Some(err))),
             Err(_) => Err(err),
         }
     }
 
+    /// `legacy`: the programs for kernels without `bpf_loop`.
     fn start_with(
         object: &'obj mut MaybeUninit<OpenObject>,
         opts: &TracerOptions,
+        legacy: bool,
         tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_first = opts.min_block_ns > 1000
@@ -755,14 +788,15 @@ impl<'obj> Tracer<'obj> {
             // The test variable: as on a kernel without it. If the attempt
             // without it fails too, its error is the one that says what is
             // wrong with the hook.
-            if std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none() {
+            // (Never without bpf_loop: that came with 5.17.)
+            if !legacy && std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none() {
                 let object = unsafe { &mut *object_ptr };
-                if let Ok(t) = Self::try_start(object, opts, hook, true, tables) {
+                if let Ok(t) = Self::try_start(object, opts, hook, true, legacy, tables) {
                     return Ok(t);
                 }
             }
             let object = unsafe { &mut *object_ptr };
-            match Self::try_start(object, opts, hook, false, tables) {
+            match Self::try_start(object, opts, hook, false, legacy, tables) {
                 Ok(t) => return Ok(t),
                 Err(e) => errors.push((hook, e)),
             }
@@ -782,6 +816,7 @@ impl<'obj> Tracer<'obj> {
         opts: &TracerOptions,
         hook: Hook,
         start_user_stacks: bool,
+        legacy: bool,
         tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
@@ -799,49 +834,63 @@ impl<'obj> Tracer<'obj> {
         configure(&mut open, opts)?;
         let dwarf = opts.unwind == Unwind::Dwarf;
 
-        let trusted = hook == Hook::TpBtf;
-        open.progs
-            .sched_switch_btf
-            .set_autoload(hook == Hook::TpBtf);
-        open.progs
-            .sched_switch_raw
-            .set_autoload(hook == Hook::RawTp);
-        open.progs
-            .finish_task_switch_kprobe
-            .set_autoload(hook == Hook::FinishTaskSwitch);
-        open.progs
-            .sched_wakeup_btf
-            .set_autoload(opts.states && trusted);
-        open.progs
-            .sched_wakeup_raw
-            .set_autoload(opts.states && !trusted);
-        open.progs
-            .sched_waking_btf
-            .set_autoload(opts.wakers && trusted);
-        open.progs
-            .sched_waking_raw
-            .set_autoload(opts.wakers && !trusted);
-        open.progs.flush_in_progress.set_autoload(trusted);
-        open.progs.flush_in_progress_by_tid.set_autoload(!trusted);
+        let programs = match hook {
+            _ if legacy => Programs::Legacy,
+            Hook::TpBtf => Programs::TaskStorage,
+            _ => Programs::ByTid,
+        };
+        let trusted = programs == Programs::TaskStorage;
+        let modern = !legacy;
+        let p = &mut open.progs;
+        p.sched_switch_btf
+            .set_autoload(hook == Hook::TpBtf && modern);
+        p.sched_switch_raw
+            .set_autoload(hook == Hook::RawTp && modern);
+        p.finish_task_switch_kprobe
+            .set_autoload(hook == Hook::FinishTaskSwitch && modern);
+        p.sched_switch_btf_legacy
+            .set_autoload(hook == Hook::TpBtf && legacy);
+        p.sched_switch_raw_legacy
+            .set_autoload(hook == Hook::RawTp && legacy);
+        p.finish_task_switch_legacy
+            .set_autoload(hook == Hook::FinishTaskSwitch && legacy);
+        p.sched_wakeup_btf.set_autoload(opts.states && trusted);
+        p.sched_wakeup_raw.set_autoload(opts.states && !trusted);
+        p.sched_waking_btf.set_autoload(opts.wakers && trusted);
+        p.sched_waking_raw
+            .set_autoload(opts.wakers && !trusted && modern);
+        p.sched_waking_legacy.set_autoload(opts.wakers && legacy);
+        p.flush_in_progress.set_autoload(trusted);
+        p.flush_in_progress_by_tid
+            .set_autoload(programs == Programs::ByTid);
+        p.flush_in_progress_legacy.set_autoload(legacy);
         let user = start_user_stacks;
-        open.progs.start_blocked.set_autoload(trusted && !user);
-        open.progs
-            .start_blocked_by_tid
-            .set_autoload(!trusted && !user);
-        open.progs.start_blocked_user.set_autoload(trusted && user);
-        open.progs
-            .start_blocked_user_by_tid
-            .set_autoload(!trusted && user);
-        // The interval iterator for -i alone, in the flavour of the hook.
-        let cut = opts.interval.is_some();
-        open.progs.cut_interval.set_autoload(cut && trusted);
-        open.progs.cut_interval_by_tid.set_autoload(cut && !trusted);
+        p.start_blocked.set_autoload(trusted && !user);
+        p.start_blocked_by_tid
+            .set_autoload(programs == Programs::ByTid && !user);
+        p.start_blocked_user.set_autoload(trusted && user);
+        p.start_blocked_user_by_tid
+            .set_autoload(programs == Programs::ByTid && user);
+        p.start_blocked_legacy.set_autoload(legacy);
+        // The interval iterator for -i alone, in the flavour of the hook
+        // (never with the legacy programs: refused in start).
+        let cut = opts.interval.is_some() && modern;
+        p.cut_interval.set_autoload(cut && trusted);
+        p.cut_interval_by_tid.set_autoload(cut && !trusted);
         // The snapshot's iterators are for --snapshot alone.
-        open.progs.snapshot_tasks.set_autoload(false);
-        open.progs.snapshot_tasks_user.set_autoload(false);
+        p.snapshot_tasks.set_autoload(false);
+        p.snapshot_tasks_user.set_autoload(false);
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
+        }
+        if legacy {
+            // Before 5.11 tracing programs have no task-local storage,
+            // and its map cannot even be created.
+            open.maps
+                .task_data_storage
+                .set_autocreate(false)
+                .context("task storage map")?;
         }
 
         if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
@@ -859,6 +908,11 @@ impl<'obj> Tracer<'obj> {
                 &mut p.flush_in_progress_by_tid,
                 &mut p.start_blocked_user,
                 &mut p.start_blocked_user_by_tid,
+                &mut p.sched_switch_btf_legacy,
+                &mut p.sched_switch_raw_legacy,
+                &mut p.finish_task_switch_legacy,
+                &mut p.start_blocked_legacy,
+                &mut p.flush_in_progress_legacy,
             ] {
                 prog.set_log_level(4);
             }
@@ -908,7 +962,11 @@ impl<'obj> Tracer<'obj> {
         if opts.wakers {
             links.push(tracepoint(
                 &progs.sched_waking_btf,
-                &progs.sched_waking_raw,
+                if legacy {
+                    &progs.sched_waking_legacy
+                } else {
+                    &progs.sched_waking_raw
+                },
                 "sched_waking",
             )?);
         }
@@ -916,38 +974,46 @@ impl<'obj> Tracer<'obj> {
         // has claimed the blocks under way and opened the window.
         let (link, attached) = match hook {
             Hook::TpBtf => (
-                skel.progs
-                    .sched_switch_btf
-                    .attach()
-                    .context("failed to attach tp_btf/sched_switch")?,
+                if legacy {
+                    &progs.sched_switch_btf_legacy
+                } else {
+                    &progs.sched_switch_btf
+                }
+                .attach()
+                .context("failed to attach tp_btf/sched_switch")?,
                 AttachedHook::TpBtf,
             ),
             Hook::RawTp => (
-                skel.progs
-                    .sched_switch_raw
-                    .attach_raw_tracepoint("sched_switch")
-                    .context("failed to attach raw_tp/sched_switch")?,
+                if legacy {
+                    &progs.sched_switch_raw_legacy
+                } else {
+                    &progs.sched_switch_raw
+                }
+                .attach_raw_tracepoint("sched_switch")
+                .context("failed to attach raw_tp/sched_switch")?,
                 AttachedHook::RawTp,
             ),
             _ => {
                 let symbol = kprobe_symbol.expect("resolved above");
-                let link = skel
-                    .progs
-                    .finish_task_switch_kprobe
-                    .attach_kprobe(false, &symbol)
-                    .with_context(|| {
-                        let hint = if std::path::Path::new(KPROBE_PMU).exists() {
-                            ""
-                        } else {
-                            " (this kernel has no kprobe support, CONFIG_KPROBES)"
-                        };
-                        format!("failed to attach kprobe to {symbol}{hint}")
-                    })?;
+                let link = if legacy {
+                    &progs.finish_task_switch_legacy
+                } else {
+                    &progs.finish_task_switch_kprobe
+                }
+                .attach_kprobe(false, &symbol)
+                .with_context(|| {
+                    let hint = if std::path::Path::new(KPROBE_PMU).exists() {
+                        ""
+                    } else {
+                        " (this kernel has no kprobe support, CONFIG_KPROBES)"
+                    };
+                    format!("failed to attach kprobe to {symbol}{hint}")
+                })?;
                 (link, AttachedHook::Kprobe { symbol })
             }
         };
         phases.mark("attach");
-        let (started_ns, end_ns) = Self::open_window(&skel, trusted, start_user_stacks)?;
+        let (started_ns, end_ns) = Self::open_window(&skel, programs, start_user_stacks)?;
         phases.mark("start iterator");
         let started_at = Instant::now()
             .checked_sub(Duration::from_nanos(
@@ -975,6 +1041,7 @@ impl<'obj> Tracer<'obj> {
             stopped: false,
             start_user_stacks,
             wakers: opts.wakers,
+            programs,
             phases,
         })
     }
@@ -985,15 +1052,16 @@ impl<'obj> Tracer<'obj> {
     /// Returns both ends, in CLOCK_MONOTONIC ns.
     fn open_window(
         skel: &OffcputimeSkel<'_>,
-        trusted: bool,
+        programs: Programs,
         user: bool,
     ) -> Result<(u64, Option<u64>)> {
         let progs = &skel.progs;
-        let prog = match (trusted, user) {
-            (true, false) => &progs.start_blocked,
-            (false, false) => &progs.start_blocked_by_tid,
-            (true, true) => &progs.start_blocked_user,
-            (false, true) => &progs.start_blocked_user_by_tid,
+        let prog = match (programs, user) {
+            (Programs::TaskStorage, false) => &progs.start_blocked,
+            (Programs::ByTid, false) => &progs.start_blocked_by_tid,
+            (Programs::TaskStorage, true) => &progs.start_blocked_user,
+            (Programs::ByTid, true) => &progs.start_blocked_user_by_tid,
+            (Programs::Legacy, _) => &progs.start_blocked_legacy,
         };
         run_iterator(prog).context("failed to run the start iterator")?;
         let bss = skel
@@ -1142,10 +1210,11 @@ impl<'obj> Tracer<'obj> {
             self.set_end(now);
         }
         self.links.clear();
-        let flush = if self.hook == AttachedHook::TpBtf {
-            &self.skel.progs.flush_in_progress
-        } else {
-            &self.skel.progs.flush_in_progress_by_tid
+        let progs = &self.skel.progs;
+        let flush = match self.programs {
+            Programs::TaskStorage => &progs.flush_in_progress,
+            Programs::ByTid => &progs.flush_in_progress_by_tid,
+            Programs::Legacy => &progs.flush_in_progress_legacy,
         };
         run_iterator(flush).context("failed to run the end iterator")
     }
@@ -1164,7 +1233,7 @@ impl<'obj> Tracer<'obj> {
             .cut_at
             .update(&0u32.to_ne_bytes(), &end_ns.to_ne_bytes(), MapFlags::ANY)
             .context("failed to set the end of the interval")?;
-        let cut = if self.hook == AttachedHook::TpBtf {
+        let cut = if self.programs == Programs::TaskStorage {
             &self.skel.progs.cut_interval
         } else {
             &self.skel.progs.cut_interval_by_tid
@@ -1520,6 +1589,7 @@ pub fn check_environment() -> Result<()> {
              offcputime needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
         );
     }
+    kernel::check_minimum()?;
     let cap_eff = crate::process::effective_capabilities();
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;

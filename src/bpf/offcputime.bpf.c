@@ -744,8 +744,9 @@ __noinline long unwind_current(void)
 	return unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
 }
 
-/* The user or kernel stack of the current task. */
-static __always_inline __u64 stack_of_current(void *ctx, bool user)
+/* The user or kernel stack of the current task.  `legacy`: a program for
+ * kernels without bpf_loop, which walks with frame pointers only. */
+static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
@@ -753,7 +754,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user)
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	if (user && unwind_dwarf)
+	if (user && unwind_dwarf && !legacy)
 		len = unwind_current();
 	if (len < 0)
 		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
@@ -918,15 +919,37 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 	}
 }
 
+/*
+ * Programs for kernels before 5.17 (`legacy`, see the end of this file) use
+ * only what Linux 5.10 has: no bpf_loop (user stacks through frame
+ * pointers), no task-local storage for tracing programs (the per-thread
+ * hash map), no atomic exchange (5.12).  They need none: while the hooks
+ * are attached, a thread's start_ns is written only by its own switches,
+ * which the scheduler orders, and by the start iterator only when it
+ * creates the thread's record (BPF_NOEXIST: whoever creates it first wins,
+ * see start_task); the end iterator runs once the hooks are detached, and
+ * -i (the cut iterator) is refused there.
+ */
+static __always_inline __u64 swap_start(struct task_data *d, __u64 v, bool legacy)
+{
+	__u64 old;
+
+	if (!legacy)
+		return __sync_lock_test_and_set(&d->start_ns, v);
+	old = d->start_ns;
+	d->start_ns = v;
+	return old;
+}
+
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
-					       __u32 tid, __u64 now, bool unseen);
+					       __u32 tid, __u64 now, bool unseen, bool legacy);
 
 /*
  * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
  * storage; `stacks_now`: prev is current, so its stacks are taken now.
  */
 static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
-					  __u64 now, bool trusted, bool stacks_now)
+					  __u64 now, bool trusted, bool stacks_now, bool legacy)
 {
 	__u32 tid = BPF_CORE_READ(prev, pid);
 	__u32 tgid = BPF_CORE_READ(prev, tgid);
@@ -936,7 +959,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 
 	d = get_data(prev, tid, trusted, false);
 	if (d && d->start_ns > START_SEEN)
-		close_unseen_block(prev, d, tid, now, true);
+		close_unseen_block(prev, d, tid, now, true, legacy);
 	if (state & TASK_DEAD) {
 		if (!trusted)
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
@@ -965,9 +988,11 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	/* Without stacks_now the stacks are taken at switch-in; a block still
 	 * in progress when tracing ends has none. */
 	if (want_user_stack && !kthread)
-		d->user_stack_id = stacks_now ? stack_of_current(ctx, true) : STACK_ID_MISSED_ERROR;
+		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy)
+						: STACK_ID_MISSED_ERROR;
 	if (want_kernel_stack)
-		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false) : STACK_ID_MISSED_ERROR;
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy)
+						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
 		notify_new_mappings(prev, d, tgid, tid);
@@ -1141,7 +1166,7 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
  * taken at switch-out (or by the start iterator).
  */
 static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
-					 bool trusted, bool next_is_current)
+					 bool trusted, bool next_is_current, bool legacy)
 {
 	__u32 tid = BPF_CORE_READ(next, pid);
 	bool starting = !trace_start_ns;
@@ -1162,7 +1187,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	if (!d)
 		return;
 	/* Claimed here or by the end or cut iterator, never both. */
-	start = __sync_lock_test_and_set(&d->start_ns, starting ? START_SEEN : 0);
+	start = swap_start(d, starting ? START_SEEN : 0, legacy);
 	if (!block_part(d, start, now, true, &from, &to)) {
 		if (want_wakers)
 			d->waker_id = 0;
@@ -1178,9 +1203,10 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	state = claimed_stacks(&key, d, start);
 	if (next_is_current) {
 		if (want_user_stack)
-			key.user_stack_id = kthread ? STACK_ID_NONE : stack_of_current(ctx, true);
+			key.user_stack_id =
+				kthread ? STACK_ID_NONE : stack_of_current(ctx, true, legacy);
 		if (want_kernel_stack)
-			key.kernel_stack_id = stack_of_current(ctx, false);
+			key.kernel_stack_id = stack_of_current(ctx, false, legacy);
 	}
 	add_block_parts(&key, d, state, from, to, true);
 	if (want_wakers)
@@ -1192,8 +1218,8 @@ int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct ta
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, true, true);
-	on_switch_in(ctx, next, now, true, false);
+	on_switch_out(ctx, prev, preempt, now, true, true, false);
+	on_switch_in(ctx, next, now, true, false, false);
 	return 0;
 }
 
@@ -1202,8 +1228,8 @@ int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct ta
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true);
-	on_switch_in(ctx, next, now, false, false);
+	on_switch_out(ctx, prev, preempt, now, false, true, false);
+	on_switch_in(ctx, next, now, false, false, false);
 	return 0;
 }
 
@@ -1220,8 +1246,8 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 
 	/* A kprobe does not see the preempt flag: a preempted task's state
 	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
-	on_switch_out(ctx, prev, false, now, false, false);
-	on_switch_in(ctx, curr, now, false, true);
+	on_switch_out(ctx, prev, false, now, false, false, false);
+	on_switch_in(ctx, curr, now, false, true, false);
 	return 0;
 }
 
@@ -1318,7 +1344,8 @@ static __always_inline __u64 store_waker(struct waker_info *w)
  * that from the kernel stack (an interrupt entry frame) and shows the
  * interrupt, not the task, as the waker.
  */
-static __always_inline void on_waking(void *ctx, struct task_struct *p, bool trusted)
+static __always_inline void on_waking(void *ctx, struct task_struct *p, bool trusted,
+				      bool legacy)
 {
 	struct task_struct *waker = trusted ? bpf_get_current_task_btf()
 					    : (struct task_struct *)bpf_get_current_task();
@@ -1355,7 +1382,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
-		w.user_stack_id = stack_of_current(ctx, true);
+		w.user_stack_id = stack_of_current(ctx, true, legacy);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings
@@ -1370,14 +1397,14 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 SEC("tp_btf/sched_waking")
 int BPF_PROG(sched_waking_btf, struct task_struct *p)
 {
-	on_waking(ctx, p, true);
+	on_waking(ctx, p, true, false);
 	return 0;
 }
 
 SEC("raw_tp/sched_waking")
 int BPF_PROG(sched_waking_raw, struct task_struct *p)
 {
-	on_waking(ctx, p, false);
+	on_waking(ctx, p, false, false);
 	return 0;
 }
 
@@ -1397,13 +1424,13 @@ static __always_inline bool is_cfs(struct task_struct *t)
 }
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
-					       __u32 tid, __u64 now, bool unseen)
+					       __u32 tid, __u64 now, bool unseen, bool legacy)
 {
 	struct offcpu_key key = {};
 	__u64 start, ran, in, from, to;
 	__u32 state;
 
-	start = __sync_lock_test_and_set(&d->start_ns, 0);
+	start = swap_start(d, 0, legacy);
 	if (start <= START_SEEN) {
 		if (want_wakers)
 			d->waker_id = 0;
@@ -1489,12 +1516,14 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
  * (the sleepable iterator); else such blocks have no user stack.  Its last
  * call (no task) opens the window.
  */
-static __always_inline void start_task(struct task_struct *task, bool trusted, bool user_stacks)
+static __always_inline void start_task(struct task_struct *task, bool trusted, bool user_stacks,
+				       bool legacy)
 {
 	__u64 ustack = STACK_ID_NONE, kstack = STACK_ID_NONE, now;
-	struct task_data *d;
+	struct task_data *d, rec = {};
 	__u32 tid, tgid, state;
 	bool kthread;
+	long err;
 
 	if (!task) {
 		now = bpf_ktime_get_ns();
@@ -1517,13 +1546,20 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 	kthread = is_kthread(task);
 	if (!wanted(tgid, tid, kthread, state))
 		return;
-	d = get_data(task, tid, trusted, true);
-	if (!d) {
-		count(CNT_NO_TASK_STORAGE);
-		return;
+	if (legacy) {
+		/* Switched since the hook was attached: it has a record. */
+		if (bpf_map_lookup_elem(&task_data_by_tid, &tid))
+			return;
+		d = &rec;
+	} else {
+		d = get_data(task, tid, trusted, true);
+		if (!d) {
+			count(CNT_NO_TASK_STORAGE);
+			return;
+		}
+		if (d->start_ns)
+			return;
 	}
-	if (d->start_ns)
-		return;
 	if (want_user_stack && !kthread)
 		ustack = user_stacks ? user_stack_of_task(task, tgid) : STACK_ID_NOT_READABLE;
 	if (want_kernel_stack)
@@ -1534,8 +1570,22 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		d->start_state = offcpu_state(task, state);
 	if (want_states)
 		d->wake_ns = 0;
-	if (__sync_val_compare_and_swap(&d->start_ns, 0, START_AT_WINDOW) != 0)
+	if (legacy) {
+		/* The claim: the record is created here only if no switch of
+		 * the thread has created it since the check above. */
+		rec.start_ns = START_AT_WINDOW;
+		err = bpf_map_update_elem(&task_data_by_tid, &tid, &rec, BPF_NOEXIST);
+		if (err) {
+			if (err != -EEXIST)
+				count(CNT_NO_TASK_STORAGE);
+			return;
+		}
+		d = bpf_map_lookup_elem(&task_data_by_tid, &tid);
+		if (!d)
+			return;
+	} else if (__sync_val_compare_and_swap(&d->start_ns, 0, START_AT_WINDOW) != 0) {
 		return;
+	}
 	if (notify_new_tasks && !kthread)
 		notify_new_mappings(task, d, tgid, tid);
 }
@@ -1543,28 +1593,28 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 SEC("iter/task")
 int start_blocked(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, true, false);
+	start_task(ctx->task, true, false, false);
 	return 0;
 }
 
 SEC("iter/task")
 int start_blocked_by_tid(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, false, false);
+	start_task(ctx->task, false, false, false);
 	return 0;
 }
 
 SEC("iter.s/task")
 int start_blocked_user(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, true, true);
+	start_task(ctx->task, true, true, false);
 	return 0;
 }
 
 SEC("iter.s/task")
 int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, false, true);
+	start_task(ctx->task, false, true, false);
 	return 0;
 }
 
@@ -1572,7 +1622,7 @@ int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
  * Run once after tracing ends (trace_end_ns set, switch hooks detached):
  * count every block still in progress up to trace_end_ns.
  */
-static __always_inline void flush_task(struct task_struct *task, bool trusted)
+static __always_inline void flush_task(struct task_struct *task, bool trusted, bool legacy)
 {
 	struct offcpu_key key = {};
 	struct task_data *d;
@@ -1591,10 +1641,10 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 	 * hook was detached (the block ended then), or switched in without the
 	 * tracepoint; either way the block ended when its current run began. */
 	if (BPF_CORE_READ(task, on_cpu) && is_cfs(task)) {
-		close_unseen_block(task, d, tid, bpf_ktime_get_ns(), false);
+		close_unseen_block(task, d, tid, bpf_ktime_get_ns(), false, legacy);
 		return;
 	}
-	start = __sync_lock_test_and_set(&d->start_ns, 0);
+	start = swap_start(d, 0, legacy);
 	if (!block_part(d, start, trace_end_ns, false, &from, &to))
 		return;
 
@@ -1609,14 +1659,14 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted)
 SEC("iter/task")
 int flush_in_progress(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, true);
+	flush_task(ctx->task, true, false);
 	return 0;
 }
 
 SEC("iter/task")
 int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, false);
+	flush_task(ctx->task, false, false);
 	return 0;
 }
 
@@ -1768,7 +1818,8 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_s
 	rec.seen_ns = bpf_ktime_get_ns();
 	if (bpf_core_field_exists(task->sched_info))
 		rec.self_arrival_ns =
-			BPF_CORE_READ(bpf_get_current_task_btf(), sched_info.last_arrival);
+			BPF_CORE_READ((struct task_struct *)bpf_get_current_task(),
+				      sched_info.last_arrival);
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 }
 
@@ -1785,6 +1836,67 @@ SEC("iter/task")
 int snapshot_tasks(struct bpf_iter__task *ctx)
 {
 	snapshot_one(ctx, false);
+	return 0;
+}
+
+/*
+ * The programs for kernels without bpf_loop (before 5.17; Linux 5.10 is the
+ * oldest tested): the same hooks and iterators, built from only what 5.10
+ * has (see swap_start).  User stacks are walked with frame pointers; blocks
+ * under way at the start have kernel stacks only (as before 5.18).  The
+ * wake-up hook of --states (sched_wakeup_raw) needs no variant.
+ */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch_btf_legacy, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, false, true, true);
+	on_switch_in(ctx, next, now, false, false, true);
+	return 0;
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(sched_switch_raw_legacy, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, false, true, true);
+	on_switch_in(ctx, next, now, false, false, true);
+	return 0;
+}
+
+SEC("kprobe/finish_task_switch")
+int BPF_KPROBE(finish_task_switch_legacy, struct task_struct *prev)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *curr = (struct task_struct *)bpf_get_current_task();
+
+	on_switch_out(ctx, prev, false, now, false, false, true);
+	on_switch_in(ctx, curr, now, false, true, true);
+	return 0;
+}
+
+SEC("raw_tp/sched_waking")
+int BPF_PROG(sched_waking_legacy, struct task_struct *p)
+{
+	on_waking(ctx, p, false, true);
+	return 0;
+}
+
+SEC("iter/task")
+int start_blocked_legacy(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, false, false, true);
+	return 0;
+}
+
+SEC("iter/task")
+int flush_in_progress_legacy(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx->task, false, true);
 	return 0;
 }
 

@@ -115,6 +115,11 @@ fn try_snapshot(
         open.progs.snapshot_tasks.set_autoload(true);
     }
     open.maps.task_data_by_tid.set_max_entries(1)?;
+    // Not used here, and not there to create before Linux 5.11.
+    open.maps
+        .task_data_storage
+        .set_autocreate(false)
+        .context("task storage map")?;
     let dwarf = opts.unwind == Unwind::Dwarf;
     let (skel, _) = load_while(open, || {
         if dwarf {

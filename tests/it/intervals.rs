@@ -149,6 +149,24 @@ fn a_file_per_interval() {
     let _g = serial();
     let stuck = Workload::start(&["stuck"]);
     let pid = stuck.pid.to_string();
+    // Before 5.17 -i is refused, in one line that names the kernel and
+    // what it lacks (the interval iterator's claims need the programs for
+    // kernels with bpf_loop).
+    if kernel_version() < (5, 17) || std::env::var_os("OFFCPUTIME_TEST_LEGACY").is_some() {
+        let out = offcputime()
+            .args(["-i", "0.5", "-p", &pid, "1"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("-i is not available on Linux") && err.contains("5.17"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        eprintln!("matrix: intervals refused before 5.17 (no bpf_loop)");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("offcpu-{n}.svg");
     let folded = dir.path().join("all.folded");

@@ -132,6 +132,32 @@ pub fn report_no_kprobes() {
     eprintln!("matrix: finish-task-switch unsupported (no CONFIG_KPROBES)");
 }
 
+/// The running kernel's version, (major, minor).
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut it = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+/// Whether the profiler ran its programs for kernels without `bpf_loop`
+/// (before 5.17, or forced with OFFCPUTIME_TEST_LEGACY): user stacks walked
+/// with frame pointers, which its stderr (of a run with the default
+/// `--unwind dwarf`) must say, and only then.
+pub fn frame_pointers_only(stderr: &str) -> bool {
+    let said = stderr.contains("has no bpf_loop");
+    let old = kernel_version() < (5, 17) || std::env::var_os("OFFCPUTIME_TEST_LEGACY").is_some();
+    assert_eq!(
+        said,
+        old,
+        "kernel {:?}: whether the profiler says DWARF unwinding needs bpf_loop: {stderr}",
+        kernel_version()
+    );
+    said
+}
+
 /// Whether this runs under software emulation (qemu's TCG, as the kernel
 /// matrix does where there is no KVM): its CPU model says so.
 pub fn emulated() -> bool {

@@ -1,5 +1,5 @@
-//! The kernel x hook matrix: `scripts/vmtest` boots Debian's 6.1 and 6.12
-//! kernels in qemu and runs the hook tests of e2e.rs there (with this very
+//! The kernel x hook matrix: `scripts/vmtest` boots Debian's 5.10, 6.1 and
+//! 6.12 kernels in qemu and runs the hook tests of e2e.rs there (with this very
 //! test binary), and on this machine's kernel.
 //!
 //! Runs under CI=true; elsewhere only with OFFCPUTIME_VMTEST=1 (it takes a
@@ -41,7 +41,7 @@ fn kernel_matrix() {
     // may lack kprobes; vmtest checks that it does), and say "pass" on
     // the Debian kernels, which have them.
     let rows = matrix_rows(&table);
-    for kernel in ["6.1.", "6.12.", "(host)"] {
+    for kernel in ["5.10.", "6.1.", "6.12.", "(host)"] {
         let row = rows
             .iter()
             .find(|r| r["kernel"].starts_with(kernel) || r["kernel"].ends_with(kernel))

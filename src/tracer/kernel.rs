@@ -1,0 +1,62 @@
+//! What the running kernel's BPF offers, probed before the program loads.
+
+use libbpf_rs::libbpf_sys;
+use libbpf_rs::ProgramType;
+
+/// Whether the kernel lacks `bpf_loop` (Linux 5.17), which the DWARF
+/// unwinder and the default programs need: the programs built for older
+/// kernels (`legacy` in the BPF program, down to 5.10) are loaded instead.
+/// `OFFCPUTIME_TEST_LEGACY` answers yes on any kernel (tests).
+pub fn lacks_bpf_loop() -> bool {
+    if std::env::var_os("OFFCPUTIME_TEST_LEGACY").is_some() {
+        return true;
+    }
+    // A probe that cannot run (no permission to load) answers as a kernel
+    // that has it: loading then says what is wrong.
+    matches!(
+        ProgramType::RawTracepoint.is_helper_supported(libbpf_sys::BPF_FUNC_loop),
+        Ok(false)
+    )
+}
+
+/// The kernel's release, as `uname -r` prints it.
+pub fn release() -> String {
+    // SAFETY: uname fills the zeroed struct; its fields are NUL-terminated.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "(unknown)".into();
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The oldest kernel's BPF the programs can run on (Linux 5.10): the ring
+/// buffer (5.8), task iterators (5.8) and `bpf_get_task_stack` (5.9). An
+/// older kernel gets one line that names it and what it lacks. Probes that
+/// cannot run (no permission) pass: loading then says what is wrong.
+pub fn check_minimum() -> anyhow::Result<()> {
+    use libbpf_rs::MapType;
+    let missing = if MapType::RingBuf.is_supported().is_ok_and(|ok| !ok) {
+        Some("the BPF ring buffer (Linux 5.8)")
+    } else if ProgramType::RawTracepoint
+        .is_helper_supported(libbpf_sys::BPF_FUNC_get_task_stack)
+        .is_ok_and(|ok| !ok)
+    {
+        Some("bpf_get_task_stack (Linux 5.9)")
+    } else {
+        None
+    };
+    match missing {
+        Some(what) => anyhow::bail!(
+            "Linux {} is too old: offcputime needs Linux 5.10 or newer, and this kernel has \
+             no {what}",
+            release()
+        ),
+        None => Ok(()),
+    }
+}
