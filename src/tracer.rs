@@ -1210,6 +1210,11 @@ impl<'obj> Tracer<'obj> {
             self.set_end(now);
         }
         self.links.clear();
+        if self.programs == Programs::Legacy {
+            // Those programs claim a block without atomic instructions:
+            // no hook may still be running when the end iterator starts.
+            kernel::wait_for_running_hooks();
+        }
         let progs = &self.skel.progs;
         let flush = match self.programs {
             Programs::TaskStorage => &progs.flush_in_progress,

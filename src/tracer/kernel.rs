@@ -60,3 +60,16 @@ pub fn check_minimum() -> anyhow::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Returns once every BPF program that was running has returned: hooks run
+/// with preemption disabled, and a global membarrier waits for an RCU grace
+/// period, after which no CPU can be inside one. Where the kernel refuses
+/// it (nohz_full), a pause far longer than any hook.
+pub fn wait_for_running_hooks() {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: membarrier takes no pointers.
+    let done = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) } == 0;
+    if !done {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
