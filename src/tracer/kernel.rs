@@ -42,7 +42,7 @@ pub fn release() -> String {
 pub fn check_minimum() -> anyhow::Result<()> {
     use libbpf_rs::MapType;
     let missing = if MapType::RingBuf.is_supported().is_ok_and(|ok| !ok) {
-        Some("the BPF ring buffer (Linux 5.8)")
+        Some("BPF ring buffer (Linux 5.8)")
     } else if ProgramType::RawTracepoint
         .is_helper_supported(libbpf_sys::BPF_FUNC_get_task_stack)
         .is_ok_and(|ok| !ok)
