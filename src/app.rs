@@ -414,9 +414,10 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                 .map(|(st, ns)| format!("{} {:.3} s", st.frame(), *ns as f64 / 1e9))
                 .collect();
             eprintln!(
-                "offcputime: by state: {}; {} wake-ups split a block",
+                "offcputime: by state: {}; {} wake-ups split a block, {} blocks ended with none seen",
                 parts.join(", "),
-                c.wakeups
+                c.wakeups,
+                c.unwoken
             );
         }
         if config.tracer.wakers {
@@ -755,6 +756,13 @@ fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: 
             "WARNING: {} blocks were not counted: the kernel switched their thread back in \
              without reporting it, and only for normal (CFS) threads does it say when.",
             c.unseen_untimed
+        );
+    }
+    if c.unwoken > 0 && config.tracer.states {
+        eprintln!(
+            "WARNING: {} blocks ended without the kernel reporting their wake-up (sched_wakeup): \
+             their wait for a CPU is counted in the state they blocked in.",
+            c.unwoken
         );
     }
     if c.wakers_full > 0 {

@@ -351,6 +351,8 @@ pub struct LossCounters {
     /// `--wakers`: wakers recorded, and lost for a full table.
     pub wakers: u64,
     pub wakers_full: u64,
+    /// `--states`: blocks that ended with no wake-up seen.
+    pub unwoken: u64,
 }
 
 /// What the BPF program says of a process while tracing.
@@ -1451,6 +1453,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         wakeups: at(C::CNT_WAKEUPS),
         wakers: at(C::CNT_WAKERS),
         wakers_full: at(C::CNT_WAKERS_FULL),
+        unwoken: at(C::CNT_UNWOKEN),
     })
 }
 

@@ -1124,6 +1124,8 @@ static __always_inline void add_block_parts(struct offcpu_key *key, struct task_
 	}
 	wake = d->wake_ns;
 	key->state = state;
+	if (ended && state != OFFCPU_STATE_RUNQUEUE && !wake)
+		count(CNT_UNWOKEN);
 	if (state != OFFCPU_STATE_RUNQUEUE && wake) {
 		if (wake <= from) {
 			key->state = OFFCPU_STATE_RUNQUEUE;

@@ -270,6 +270,9 @@ enum offcpu_counter {
 	/* --wakers: wakers recorded, and lost because the table was full */
 	CNT_WAKERS,
 	CNT_WAKERS_FULL,
+	/* --states: blocks (not preemptions) that ended with no wake-up seen:
+	 * their wait for a CPU stays in the state they blocked in */
+	CNT_UNWOKEN,
 	CNT_MAX,
 };
 
