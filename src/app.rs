@@ -765,6 +765,14 @@ fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: 
             c.unwoken
         );
     }
+    if c.state_guessed > 0 && (config.tracer.states || config.tracer.state.is_some()) {
+        eprintln!(
+            "WARNING: {} blocks began as another CPU was already waking their thread, and this \
+             hook does not say which state the thread blocked in: they are counted as sleeps \
+             (interruptible). The sched_switch tracepoint of Linux 5.18 and later says it.",
+            c.state_guessed
+        );
+    }
     if c.wakers_full > 0 {
         eprintln!(
             "WARNING: {} wakers were not recorded because the table of wakers was full \

@@ -353,6 +353,10 @@ pub struct LossCounters {
     pub wakers_full: u64,
     /// `--states`: blocks that ended with no wake-up seen.
     pub unwoken: u64,
+    /// `--states`, `--state`: blocks whose state was taken as a sleep
+    /// (a wake-up was under way as they began, and the hook does not pass
+    /// the state).
+    pub state_guessed: u64,
 }
 
 /// What the BPF program says of a process while tracing.
@@ -843,6 +847,13 @@ impl<'obj> Tracer<'obj> {
         };
         let trusted = programs == Programs::TaskStorage;
         let modern = !legacy;
+        // sched_switch passes the state the thread blocked in since 5.18,
+        // the kernel that also made the user-stack start iterator load.
+        open.maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| anyhow!("BPF object has no .rodata"))?
+            .switch_has_prev_state = start_user_stacks && modern && hook != Hook::FinishTaskSwitch;
         let p = &mut open.progs;
         p.sched_switch_btf
             .set_autoload(hook == Hook::TpBtf && modern);
@@ -1454,6 +1465,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         wakers: at(C::CNT_WAKERS),
         wakers_full: at(C::CNT_WAKERS_FULL),
         unwoken: at(C::CNT_UNWOKEN),
+        state_guessed: at(C::CNT_STATE_GUESSED),
     })
 }
 

@@ -29,6 +29,7 @@
 #define TASK_STOPPED_OR_TRACED 0x0000000c
 #define TASK_PARKED 0x00000040
 #define TASK_DEAD 0x00000080
+#define TASK_WAKING 0x00000200
 #define TASK_NEW 0x00000800
 #define RWSEM_WRITER_LOCKED 1
 #define RWSEM_FLAG_WAITERS 2
@@ -53,6 +54,8 @@ const volatile __u64 max_block_ns = ~0ULL;
 const volatile bool want_user_stack = true;
 const volatile bool want_kernel_stack = true;
 const volatile bool notify_new_tasks = true;
+/* sched_switch passes the state the thread blocked in (prev_state, 5.18). */
+const volatile bool switch_has_prev_state = false;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
@@ -949,13 +952,32 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
  * storage; `stacks_now`: prev is current, so its stacks are taken now.
  */
 static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
-					  __u64 now, bool trusted, bool stacks_now, bool legacy)
+					  __u64 now, bool trusted, bool stacks_now, bool legacy,
+					  long prev_state)
 {
 	__u32 tid = BPF_CORE_READ(prev, pid);
 	__u32 tgid = BPF_CORE_READ(prev, tgid);
 	__u32 state = preempt ? 0 : task_state(prev);
 	bool kthread = is_kthread(prev);
 	struct task_data *d;
+
+	bool state_guessed = false;
+
+	/* A wake-up from another CPU may already have begun (TASK_WAKING):
+	 * the state it blocked in is then the one the scheduler read, which
+	 * the tracepoint passes where it can.  (The thread's own state is
+	 * read first: where a pending signal kept it runnable, the kernels
+	 * before 6.13 pass the state it meant to sleep in.)  Elsewhere it
+	 * is gone: an I/O wait still says so, anything else is taken as a
+	 * sleep and counted. */
+	if (state & TASK_WAKING) {
+		if (prev_state >= 0) {
+			state = prev_state;
+		} else {
+			state_guessed = !BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait);
+			state = state_guessed ? TASK_INTERRUPTIBLE : TASK_UNINTERRUPTIBLE;
+		}
+	}
 
 	d = get_data(prev, tid, trusted, false);
 	if (d && d->start_ns > START_SEEN)
@@ -971,6 +993,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		return;
 	if (trace_end_ns && now >= trace_end_ns)
 		return;
+	if (state_guessed && (want_states || filter_by_state))
+		count(CNT_STATE_GUESSED);
 
 	d = get_data(prev, tid, trusted, true);
 	if (!d) {
@@ -1220,7 +1244,8 @@ int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct ta
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, true, true, false);
+	on_switch_out(ctx, prev, preempt, now, true, true, false,
+		      switch_has_prev_state ? (long)(__u32)ctx[3] : -1);
 	on_switch_in(ctx, next, now, true, false, false);
 	return 0;
 }
@@ -1230,7 +1255,8 @@ int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct ta
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true, false);
+	on_switch_out(ctx, prev, preempt, now, false, true, false,
+		      switch_has_prev_state ? (long)(__u32)ctx[3] : -1);
 	on_switch_in(ctx, next, now, false, false, false);
 	return 0;
 }
@@ -1248,7 +1274,7 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 
 	/* A kprobe does not see the preempt flag: a preempted task's state
 	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
-	on_switch_out(ctx, prev, false, now, false, false, false);
+	on_switch_out(ctx, prev, false, now, false, false, false, -1);
 	on_switch_in(ctx, curr, now, false, true, false);
 	return 0;
 }
@@ -1854,7 +1880,7 @@ int BPF_PROG(sched_switch_btf_legacy, bool preempt, struct task_struct *prev,
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true, true);
+	on_switch_out(ctx, prev, preempt, now, false, true, true, -1);
 	on_switch_in(ctx, next, now, false, false, true);
 	return 0;
 }
@@ -1865,7 +1891,7 @@ int BPF_PROG(sched_switch_raw_legacy, bool preempt, struct task_struct *prev,
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true, true);
+	on_switch_out(ctx, prev, preempt, now, false, true, true, -1);
 	on_switch_in(ctx, next, now, false, false, true);
 	return 0;
 }
@@ -1876,7 +1902,7 @@ int BPF_KPROBE(finish_task_switch_legacy, struct task_struct *prev)
 	__u64 now = bpf_ktime_get_ns();
 	struct task_struct *curr = (struct task_struct *)bpf_get_current_task();
 
-	on_switch_out(ctx, prev, false, now, false, false, true);
+	on_switch_out(ctx, prev, false, now, false, false, true, -1);
 	on_switch_in(ctx, curr, now, false, true, true);
 	return 0;
 }

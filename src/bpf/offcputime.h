@@ -273,6 +273,10 @@ enum offcpu_counter {
 	/* --states: blocks (not preemptions) that ended with no wake-up seen:
 	 * their wait for a CPU stays in the state they blocked in */
 	CNT_UNWOKEN,
+	/* --states, --state: blocks that began as a wake-up from another CPU
+	 * was under way, where the hook does not pass the state the thread
+	 * blocked in (kprobe, kernels before 5.18): taken as a sleep */
+	CNT_STATE_GUESSED,
 	CNT_MAX,
 };
 
