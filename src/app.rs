@@ -289,7 +289,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         .iter()
         .filter(|e| e.user_stack == StackRef::NotReadable)
         .count();
-    let unreadable = (unreadable, tracer.start_user_stacks());
+    let unreadable = (
+        unreadable,
+        tracer.start_user_stacks(),
+        tracer.hook().stacks_at_switch_in(),
+    );
     drop(tracer);
     let (profile, missed, recorded) = match intervals.as_mut() {
         Some(iv) => {
@@ -696,14 +700,20 @@ fn report_losses(
     profile: &Profile,
     missed: usize,
     config: &Config,
-    (unreadable, could): (usize, bool),
+    (unreadable, could, at_switch_in): (usize, bool, bool),
 ) {
     report_unreadable(
         config,
         unreadable,
         could,
-        "stacks of threads blocked since before tracing started show no user stack: they \
-         are counted from the start, but",
+        if at_switch_in {
+            "stacks of threads blocked since before tracing started, or still blocked at its \
+             end (the kprobe hook takes a block's stacks when it ends), show no user stack: \
+             they are counted, but"
+        } else {
+            "stacks of threads blocked since before tracing started show no user stack: they \
+             are counted from the start, but"
+        },
     );
     report_missed(profile, missed, config, unreadable);
 }

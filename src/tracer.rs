@@ -69,6 +69,12 @@ impl AttachedHook {
     pub fn kernel_first_frame_is_ip(&self) -> bool {
         matches!(self, AttachedHook::Kprobe { .. })
     }
+
+    /// Whether a block's stacks are taken when it ends (the kprobe runs in
+    /// the task switched in), not when it begins.
+    pub fn stacks_at_switch_in(&self) -> bool {
+        matches!(self, AttachedHook::Kprobe { .. })
+    }
 }
 
 /// How user stacks are walked.
@@ -442,11 +448,22 @@ pub struct Tracer<'obj> {
     /// The start iterator could read the user stacks of threads blocked
     /// since before tracing started (sleepable iterator, Linux 5.18).
     start_user_stacks: bool,
+    /// The end iterator takes the user stacks of the blocks under way
+    /// (the kprobe, with the sleepable iterator).
+    end_user_stacks: bool,
     /// `--wakers`: the wakers table is in use.
     wakers: bool,
     /// Which programs are loaded.
     programs: Programs,
     phases: Phases,
+}
+
+/// Whether the end iterator is the sleepable one that reads user stacks:
+/// the kprobe hook takes a block's stacks at its switch-in, so the blocks
+/// under way at the end have none until the end iterator takes them, and
+/// their user stacks can be read where the start iterator's can.
+fn end_user_stacks(hook: Hook, programs: Programs, start_user_stacks: bool) -> bool {
+    hook == Hook::FinishTaskSwitch && programs == Programs::ByTid && start_user_stacks
 }
 
 /// Which of the program's flavours is loaded: with task-local storage
@@ -839,6 +856,13 @@ impl<'obj> Tracer<'obj> {
 
         configure(&mut open, opts)?;
         let dwarf = opts.unwind == Unwind::Dwarf;
+        if hook == Hook::FinishTaskSwitch {
+            open.maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?
+                .stacks_at_switch_in = true;
+        }
 
         let programs = match hook {
             _ if legacy => Programs::Legacy,
@@ -873,11 +897,16 @@ impl<'obj> Tracer<'obj> {
         p.sched_waking_raw
             .set_autoload(opts.wakers && !trusted && modern);
         p.sched_waking_legacy.set_autoload(opts.wakers && legacy);
+        let user = start_user_stacks;
+        // The kprobe has no stacks yet for the blocks under way at the end:
+        // its end iterator takes them, user stacks included where the
+        // kernel can read them (the sleepable iterator).
+        let end_user = end_user_stacks(hook, programs, user);
         p.flush_in_progress.set_autoload(trusted);
         p.flush_in_progress_by_tid
-            .set_autoload(programs == Programs::ByTid);
+            .set_autoload(programs == Programs::ByTid && !end_user);
+        p.flush_in_progress_user_by_tid.set_autoload(end_user);
         p.flush_in_progress_legacy.set_autoload(legacy);
-        let user = start_user_stacks;
         p.start_blocked.set_autoload(trusted && !user);
         p.start_blocked_by_tid
             .set_autoload(programs == Programs::ByTid && !user);
@@ -919,6 +948,7 @@ impl<'obj> Tracer<'obj> {
                 &mut p.start_blocked_by_tid,
                 &mut p.flush_in_progress,
                 &mut p.flush_in_progress_by_tid,
+                &mut p.flush_in_progress_user_by_tid,
                 &mut p.start_blocked_user,
                 &mut p.start_blocked_user_by_tid,
                 &mut p.sched_switch_btf_legacy,
@@ -1053,6 +1083,7 @@ impl<'obj> Tracer<'obj> {
             end_ns,
             stopped: false,
             start_user_stacks,
+            end_user_stacks: end_user_stacks(hook, programs, start_user_stacks),
             wakers: opts.wakers,
             programs,
             phases,
@@ -1231,6 +1262,7 @@ impl<'obj> Tracer<'obj> {
         let progs = &self.skel.progs;
         let flush = match self.programs {
             Programs::TaskStorage => &progs.flush_in_progress,
+            Programs::ByTid if self.end_user_stacks => &progs.flush_in_progress_user_by_tid,
             Programs::ByTid => &progs.flush_in_progress_by_tid,
             Programs::Legacy => &progs.flush_in_progress_legacy,
         };

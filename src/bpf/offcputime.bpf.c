@@ -56,6 +56,8 @@ const volatile bool want_kernel_stack = true;
 const volatile bool notify_new_tasks = true;
 /* sched_switch passes the state the thread blocked in (prev_state, 5.18). */
 const volatile bool switch_has_prev_state = false;
+/* The hook takes stacks at the switch-in (the finish_task_switch kprobe). */
+const volatile bool stacks_at_switch_in = false;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
@@ -1650,7 +1652,8 @@ int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
  * Run once after tracing ends (trace_end_ns set, switch hooks detached):
  * count every block still in progress up to trace_end_ns.
  */
-static __always_inline void flush_task(struct task_struct *task, bool trusted, bool legacy)
+static __always_inline void flush_task(struct task_struct *task, bool trusted, bool legacy,
+				       bool user_stacks)
 {
 	struct offcpu_key key = {};
 	struct task_data *d;
@@ -1680,6 +1683,17 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, d, start);
+	/* The kprobe takes a block's stacks at its switch-in, which this one
+	 * has not reached: the thread has not run since its switch-out, so
+	 * its stacks are still those it blocked with (the kernel's view of a
+	 * task not running, as for a block under way at the start). */
+	if (!began_before_window(start) && stacks_at_switch_in) {
+		if (want_user_stack && !is_kthread(task))
+			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid)
+							: STACK_ID_NOT_READABLE;
+		if (want_kernel_stack)
+			key.kernel_stack_id = kernel_stack_of_task(task);
+	}
 	count(CNT_BLOCKS_AT_END);
 	add_block_parts(&key, d, state, from, to, false);
 }
@@ -1687,14 +1701,23 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 SEC("iter/task")
 int flush_in_progress(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, true, false);
+	flush_task(ctx->task, true, false, false);
 	return 0;
 }
 
 SEC("iter/task")
 int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, false, false);
+	flush_task(ctx->task, false, false, false);
+	return 0;
+}
+
+/* The kprobe's end iterator where the kernel reads another task's user
+ * memory (5.18): the user stacks of blocks it has none for. */
+SEC("iter.s/task")
+int flush_in_progress_user_by_tid(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx->task, false, false, true);
 	return 0;
 }
 
@@ -1924,7 +1947,7 @@ int start_blocked_legacy(struct bpf_iter__task *ctx)
 SEC("iter/task")
 int flush_in_progress_legacy(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, false, true);
+	flush_task(ctx->task, false, true, false);
 	return 0;
 }
 

@@ -318,18 +318,12 @@ fn blocked_time_and_frames(hook: &str) {
         from < tail_start && tail_start < to,
         "wl-tail's block started at {tail_start}, outside the window {from}..{to}"
     );
-    // (The kprobe hook takes stacks at switch-in: a block still under way
-    // at the end has none, and is counted under missed stacks.)
-    let kprobe = attached.starts_with("kprobe/");
+    // Under its own stacks on every hook: the kprobe, which takes a
+    // block's stacks at its switch-in, has the end iterator take them
+    // (where the kernel cannot read another task's user stack, before
+    // 5.18, the kernel stack alone: the frame-pointer case).
     let tail = sum_us_where(&lines, |l| {
-        l.comm() == "wl-tail"
-            && if kprobe {
-                l.has("[Missed User Stack]")
-            } else if fp_only {
-                l.has("do_sys_poll")
-            } else {
-                l.has("wl_block_tail")
-            }
+        l.comm() == "wl-tail" && l.has("do_sys_poll") && (fp_only || l.has("wl_block_tail"))
     }) as f64;
     let remaining = (to - tail_start) as f64 / 1e3;
     eprintln!("wl-tail: last block {tail} us, {remaining:.0} us of the window left when it began");
