@@ -14,6 +14,7 @@ use crate::cli::{check_targets, Args, Config, Format, SnapshotConfig};
 use crate::output::sink::Sink;
 use crate::output::{folded, pprof, speedscope, svg, text};
 use crate::process::Proc;
+use crate::process::Registry;
 use crate::profile::{self, Profile};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
 use crate::tracer::{check_environment, StackRef, TaskEvent, Tracer};
@@ -92,7 +93,7 @@ fn set_libbpf_logging(verbose: bool) {
 /// while the BPF program loads, and written once it has.
 struct StartingTables<'a> {
     config: &'a crate::tracer::TracerOptions,
-    symbolizer: &'a mut Symbolizer,
+    registry: &'a mut Registry,
     unwinder: &'a mut Option<Unwinder>,
     /// The processes noted by `prepare`.
     noted: Vec<u32>,
@@ -108,30 +109,30 @@ impl crate::tracer::StartTables for StartingTables<'_> {
         let mut u = Unwinder::without_store(capacity.rows as usize, capacity.mappings as usize);
         self.noted = processes_to_trace(self.config);
         for &tgid in &self.noted {
-            self.symbolizer.note_process(tgid, None, false);
-            u.note_process(&*self.symbolizer, tgid);
+            self.registry.note_process(tgid, None, false);
+            u.note_process(&*self.registry, tgid);
         }
         *self.unwinder = Some(u);
     }
 
     fn install(&mut self, store: crate::tracer::UnwindStore) {
-        let symbolizer = &*self.symbolizer;
+        let registry = &*self.registry;
         let u = match self.unwinder.as_mut() {
             Some(u) if !self.installed => {
-                u.set_store(symbolizer, store);
+                u.set_store(registry, store);
                 u
             }
             _ => {
                 // Another attempt's maps: everything written again.
                 let mut u = Unwinder::new(store);
                 for &tgid in &self.noted {
-                    u.note_process(symbolizer, tgid);
+                    u.note_process(registry, tgid);
                 }
                 self.unwinder.insert(u)
             }
         };
         self.installed = true;
-        u.finish(symbolizer, Duration::from_secs(10));
+        u.finish(registry, Duration::from_secs(10));
     }
 }
 
@@ -158,6 +159,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         lines: config.lines,
         addresses: config.addresses,
     });
+    let mut registry = Registry::new();
     let mut started = Instant::now();
     let mut object = MaybeUninit::uninit();
     let mut unwinder: Option<Unwinder> = None;
@@ -169,7 +171,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             &config.tracer,
             &mut StartingTables {
                 config: &config.tracer,
-                symbolizer: &mut symbolizer,
+                registry: &mut registry,
                 unwinder: &mut unwinder,
                 noted: Vec::new(),
                 installed: false,
@@ -247,7 +249,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             (d, c) => d.or(c),
         };
         tracer.wait(until, &stop, |events| {
-            collector.on_events(events, &tracer, &mut symbolizer, &mut unwinder)
+            collector.on_events(events, &tracer, &mut registry, &mut unwinder)
         })?;
         let (Some(cut), Some(iv)) = (cut, intervals.as_mut()) else {
             break;
@@ -259,9 +261,16 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         // A switch-in that began before the cut may still be adding to
         // the interval on another CPU: a program runs for microseconds.
         std::thread::sleep(Duration::from_millis(2));
-        let written = tracer
-            .take_intervals(iv.current)
-            .and_then(|raw| iv.write(raw, None, kernel_first, &mut symbolizer, config, &mut sinks));
+        let written = tracer.take_intervals(iv.current).and_then(|raw| {
+            iv.write(
+                raw,
+                None,
+                kernel_first,
+                (&mut registry, &symbolizer),
+                config,
+                &mut sinks,
+            )
+        });
         if let Err(e) = written {
             sinks.into_iter().for_each(Sink::discard);
             return Err(e);
@@ -314,7 +323,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                     taken,
                     end,
                     kernel_first,
-                    &mut symbolizer,
+                    (&mut registry, &symbolizer),
                     config,
                     &mut sinks,
                 );
@@ -343,7 +352,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             (profile, iv.missed, iv.recorded)
         }
         None => {
-            let mut profile = profile::build(&raw, &mut symbolizer, kernel_first);
+            let mut profile = profile::build(&raw, &mut registry, &symbolizer, kernel_first);
             profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
             if let Some(filter) = &config.filter {
                 filter_profile(filter, &mut profile, config);
@@ -365,7 +374,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     report_losses(&profile, missed, config, unreadable);
-    report_denied(&symbolizer, config);
+    report_denied(&registry, &symbolizer, config);
     if let Some(u) = &unwinder {
         report_unwinding(u, &profile, config.verbose);
     }
@@ -448,12 +457,13 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
         sink.discard();
         more.into_iter().for_each(Sink::discard);
     };
-    let mut symbolizer = Symbolizer::new(SymbolizeOptions {
+    let symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
         inline: config.inline,
         lines: config.lines,
         addresses: config.addresses,
     });
+    let mut registry = Registry::new();
     let mut unwinder: Option<Unwinder> = None;
     let taken = check_environment()
         .and_then(|()| check_targets(&config.tracer))
@@ -465,7 +475,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
                 snap.states,
                 &mut StartingTables {
                     config: &config.tracer,
-                    symbolizer: &mut symbolizer,
+                    registry: &mut registry,
                     unwinder: &mut unwinder,
                     noted: Vec::new(),
                     installed: false,
@@ -496,7 +506,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
             began.elapsed().as_secs_f64() * 1e3
         );
     }
-    let mut taken = crate::snapshot::build(&raw, &mut symbolizer, config.shape);
+    let mut taken = crate::snapshot::build(&raw, &mut registry, &symbolizer, config.shape);
     if let Some(filter) = &config.filter {
         let before = taken.tasks.len();
         let dropped = taken.retain(filter, config.shape);
@@ -542,7 +552,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
         config,
         unreadable.0,
     );
-    report_denied(&symbolizer, config);
+    report_denied(&registry, &symbolizer, config);
     if let Some(u) = &unwinder {
         report_unwinding(u, &profile, config.verbose);
     }
@@ -651,7 +661,7 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
 
 /// Processes and files the profiler had no right to read, and what that
 /// cost, once each.
-fn report_denied(symbolizer: &Symbolizer, config: &Config) {
+fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config: &Config) {
     if !config.shape.mode.user() {
         return;
     }
@@ -662,10 +672,10 @@ fn report_denied(symbolizer: &Symbolizer, config: &Config) {
             symbolizer.unparsable()
         );
     }
-    for note in symbolizer.jit_notes() {
+    for note in registry.jit_notes() {
         eprintln!("offcputime: {note}");
     }
-    let d = symbolizer.denied();
+    let d = registry.denied();
     if !d.processes.is_empty() {
         eprintln!(
             "offcputime: the memory maps of {} processes of other users could not be read \
@@ -881,20 +891,20 @@ impl<'t> Collector<'t> {
         &mut self,
         events: &[TaskEvent],
         tracer: &'t Tracer<'_>,
-        symbolizer: &mut Symbolizer,
+        registry: &mut Registry,
         unwinder: &mut Option<Unwinder>,
     ) -> bool {
         for &ev in events {
             match ev {
                 TaskEvent::New(p) => {
                     self.stats.processes += 1;
-                    symbolizer.note_process(p.tgid, Some(p.start), false)
+                    registry.note_process(p.tgid, Some(p.start), false)
                 }
-                TaskEvent::Changed(p) => symbolizer.note_process(p.tgid, Some(p.start), true),
+                TaskEvent::Changed(p) => registry.note_process(p.tgid, Some(p.start), true),
                 TaskEvent::Exited(p) => self.exits.exited(p),
             }
         }
-        self.exits.sweep(symbolizer);
+        self.exits.sweep(registry);
         if self.scan.is_none() {
             self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
         }
@@ -915,11 +925,11 @@ impl<'t> Collector<'t> {
                         by_proc.entry(p).or_default().push((id, frames));
                     }
                     for &p in &gone {
-                        symbolizer.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
+                        registry.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
                         // Unless another process has its pid now, with
                         // tables of its own.
                         if let Some(u) = unwinder.as_mut() {
-                            if !symbolizer.has_pid(p.tgid) {
+                            if !registry.has_pid(p.tgid) {
                                 u.forget(p.tgid);
                             }
                         }
@@ -935,10 +945,10 @@ impl<'t> Collector<'t> {
             Some(u) => {
                 for ev in events {
                     if let TaskEvent::New(p) | TaskEvent::Changed(p) = *ev {
-                        u.note_process(symbolizer, p.tgid);
+                        u.note_process(registry, p.tgid);
                     }
                 }
-                u.poll(symbolizer)
+                u.poll(registry)
             }
         };
         self.stats.maybe_print(unwinder.as_ref());
@@ -972,7 +982,7 @@ impl Intervals {
         raw: crate::tracer::RawProfile,
         end: Option<u64>,
         kernel_first: bool,
-        symbolizer: &mut Symbolizer,
+        (registry, symbolizer): (&mut Registry, &Symbolizer),
         config: &Config,
         sinks: &mut [Sink],
     ) -> Result<Profile> {
@@ -982,7 +992,7 @@ impl Intervals {
         let end = end.unwrap_or_else(|| self.schedule.end_of(i));
         let entries = self.splitter.interval(raw.entries, i);
         let raw = crate::tracer::RawProfile { entries, ..raw };
-        let mut profile = profile::build(&raw, symbolizer, kernel_first);
+        let mut profile = profile::build(&raw, registry, symbolizer, kernel_first);
         let window = profile::Window::from_monotonic(start, end);
         let end_unix = window.start_unix_ns + window.duration_ns;
         profile.window = Some(window);
@@ -1109,14 +1119,14 @@ impl Exits {
 
     /// Every SWEEP_EVERY: the processes kept whose /proc entry is gone, or
     /// is another process's now.
-    fn sweep(&mut self, symbolizer: &Symbolizer) {
+    fn sweep(&mut self, registry: &Registry) {
         let now = Instant::now();
         let last = *self.last_sweep.get_or_insert(now);
         if now.duration_since(last) < Self::SWEEP_EVERY {
             return;
         }
         self.last_sweep = Some(now);
-        let gone: Vec<Proc> = symbolizer
+        let gone: Vec<Proc> = registry
             .processes()
             .filter_map(|(tgid, start)| {
                 let alive = crate::process::start_ticks(tgid);

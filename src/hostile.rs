@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::elf::Elf;
-use crate::symbolize::{debug_file, names_in_file, parse_maps, SymbolizeOptions};
+use crate::process::maps::{debug_file, parse_maps};
+use crate::symbolize::{names_in_file, SymbolizeOptions};
 
 /// xorshift64*: small, seeded, good enough to pick mutations.
 struct Rng(u64);

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use crate::process::Proc;
+use crate::process::Registry;
 use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
 pub use crate::tracer::OffState;
 use crate::tracer::{LossCounters, RawProfile, StackRef, WakerRef};
@@ -386,7 +387,12 @@ pub fn is_profiler_frame(name: &str) -> bool {
 }
 
 /// Symbolizes and merges what the kernel recorded.
-pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -> Profile {
+pub fn build(
+    raw: &RawProfile,
+    reg: &mut Registry,
+    sym: &Symbolizer,
+    kernel_first_is_ip: bool,
+) -> Profile {
     // Kernel frames, all at once.
     let mut kaddrs = Vec::new();
     for e in &raw.entries {
@@ -417,7 +423,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                 start: e.start,
             };
             user_stacks.entry((proc, id)).or_insert_with(|| {
-                let frames = sym.user_frames(proc, id, addrs);
+                let frames = reg.user_frames(proc, id, addrs);
                 distinct.extend(frames.iter().copied().zip(user_kinds()));
                 frames
             });
@@ -432,14 +438,14 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                 start: w.start,
             };
             user_stacks.entry((proc, id)).or_insert_with(|| {
-                let frames = sym.user_frames(proc, id, addrs);
+                let frames = reg.user_frames(proc, id, addrs);
                 distinct.extend(frames.iter().copied().zip(user_kinds()));
                 frames
             });
         }
     }
     let distinct: Vec<(UserFrame, AddrKind)> = distinct.into_iter().collect();
-    let unames = sym.user_names(&distinct);
+    let unames = sym.user_names(reg, &distinct);
     drop(distinct);
 
     // The files user frames are in, each once, numbered as the profile
@@ -450,7 +456,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
         for f in frames {
             if let UserFrame::File { object, .. } = *f {
                 object_index.entry(object).or_insert_with(|| {
-                    objects.push(sym.object_info(object));
+                    objects.push(reg.object_info(object));
                     (objects.len() - 1) as u32
                 });
             }
@@ -506,7 +512,7 @@ pub fn build(raw: &RawProfile, sym: &mut Symbolizer, kernel_first_is_ip: bool) -
                             UserFrame::Unmapped(a) => (a, Origin::Unknown),
                         };
                         // JIT code: named by its runtime's perf map.
-                        let names = match sym.jit_name(proc, f, at, k) {
+                        let names = match sym.jit_name(reg, proc, f, at, k) {
                             Some(n) => vec![n],
                             None => unames.get(&(f, k)).cloned().unwrap_or_else(unknown),
                         };

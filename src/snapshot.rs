@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::output::Shape;
+use crate::process::Registry;
 use crate::profile::{self, Frame, Part, Profile, Sample};
 use crate::symbolize::Symbolizer;
 use crate::tracer::{LossCounters, RawEntry, RawProfile, RawSnapshot};
@@ -172,7 +173,7 @@ fn stack_text(sample: &Sample, shape: Shape) -> String {
 /// Names the frames of the tasks the tracer found. A task on a CPU gets
 /// the frame [`ON_CPU`], an exited one [`EXITED`], in the part `shape`
 /// shows, instead of stacks.
-pub fn build(raw: &RawSnapshot, sym: &mut Symbolizer, shape: Shape) -> Snapshot {
+pub fn build(raw: &RawSnapshot, reg: &mut Registry, sym: &Symbolizer, shape: Shape) -> Snapshot {
     // The stacks are named as a profile's are: one entry a task.
     let entries = raw
         .tasks
@@ -199,6 +200,7 @@ pub fn build(raw: &RawSnapshot, sym: &mut Symbolizer, shape: Shape) -> Snapshot 
             wakers: HashMap::new(),
             counters: raw.counters.clone(),
         },
+        reg,
         sym,
         false,
     );

@@ -26,7 +26,7 @@ use anyhow::Result;
 
 use crate::bpf::types;
 use crate::elf::{load_segments, Segment};
-use crate::symbolize::{ExecMapping, Symbolizer};
+use crate::process::registry::{ExecMapping, Registry};
 use crate::unwind_table;
 
 /// How long space given back stays unused: far longer than any walk of
@@ -52,7 +52,7 @@ pub trait TableStore {
 }
 
 /// What the unwinder needs to know of processes and the files they map:
-/// the [`Symbolizer`]'s snapshots, or a fake in tests.
+/// the [`Registry`], or a fake in tests.
 pub trait Processes {
     /// The executable mappings of `tgid`, sorted by start address.
     fn mappings(&self, tgid: u32) -> Vec<ExecMapping>;
@@ -62,15 +62,15 @@ pub trait Processes {
     fn object_name(&self, object: u32) -> &str;
 }
 
-impl Processes for Symbolizer {
+impl Processes for Registry {
     fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
-        Symbolizer::mappings(self, tgid)
+        Registry::mappings(self, tgid)
     }
     fn object_file(&self, object: u32) -> Option<&File> {
-        Symbolizer::object_file(self, object)
+        Registry::object_file(self, object)
     }
     fn object_name(&self, object: u32) -> &str {
-        Symbolizer::object_name(self, object)
+        Registry::object_name(self, object)
     }
 }
 
@@ -372,7 +372,7 @@ impl Unwinder {
     }
 
     /// Gives the BPF program the tables of `tgid`'s mappings as `procs`
-    /// last snapshotted them (call [`Symbolizer::note_process`] first),
+    /// last snapshotted them (call [`Registry::note_process`] first),
     /// unless it has them already for these same mappings. Returns false
     /// if tables of files it maps are being built first (on the builder
     /// thread): [`Unwinder::poll`] finishes the process once they are.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use offcputime::output::{folded, svg, Shape};
 use offcputime::profile::{Frame, Part, Sample, StackMode};
 use offcputime::snapshot::{GroupSort, OffCpu, Snapshot, Task};
-use offcputime::symbolize::{SymbolizeOptions, Symbolizer};
+use offcputime::symbolize::SymbolizeOptions;
 
 use crate::golden::check;
 use crate::util::*;
@@ -353,11 +353,11 @@ fn snapshot_stacks_match_proc_and_gdb() {
     let script = dir.path().join("frames.py");
     std::fs::write(&script, crate::unwind::GDB_SCRIPT).expect("write the gdb script");
     let gdb_frames = crate::unwind::gdb_stacks(&gdb, &script, wl.pid);
-    let mut sym = Symbolizer::new(SymbolizeOptions {
+    let mut sym = crate::unwind::Naming::new(SymbolizeOptions {
         inline: true,
         ..SymbolizeOptions::default()
     });
-    sym.note_process(wl.pid, None, false);
+    sym.reg.note_process(wl.pid, None, false);
     let own = crate::unwind::own_ranges(wl.pid, &blocker_path());
     for &t in &threads {
         let frames = gdb_frames

@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use offcputime::process::Registry;
 use offcputime::symbolize::{AddrKind, SymbolizeOptions, Symbolizer};
 
 use crate::util::*;
@@ -169,11 +170,11 @@ fn check_build(build: Build) {
     let wl = Running::start(&exe);
 
     // The profilers first, gdb after: its stops must not be traced.
-    let mut sym = Symbolizer::new(SymbolizeOptions {
+    let mut sym = Naming::new(SymbolizeOptions {
         inline: true,
         ..SymbolizeOptions::default()
     });
-    sym.note_process(wl.pid, None, false);
+    sym.reg.note_process(wl.pid, None, false);
     let mut measured: Vec<(&str, BTreeMap<String, Vec<String>>)> = UNWINDERS
         .iter()
         .map(|(label, args)| (*label, profiler_stacks(wl.pid, args)))
@@ -264,12 +265,27 @@ fn libbpf_tools() -> Option<PathBuf> {
     None
 }
 
+/// What the profiler knows of processes and how it names their frames.
+pub(crate) struct Naming {
+    pub reg: Registry,
+    pub sym: Symbolizer,
+}
+
+impl Naming {
+    pub(crate) fn new(opts: SymbolizeOptions) -> Naming {
+        Naming {
+            reg: Registry::new(),
+            sym: Symbolizer::new(opts),
+        }
+    }
+}
+
 /// Names of user frames, innermost first, as the profiler would print
 /// them: each address through the library's symbolizer. The one place
 /// that knows how an address becomes names (when inlined functions get
 /// names of their own, one address will give several).
-pub(crate) fn names_for(sym: &mut Symbolizer, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<String> {
-    let names = sym.user(pid, frames);
+pub(crate) fn names_for(n: &mut Naming, pid: u32, frames: &[(u64, AddrKind)]) -> Vec<String> {
+    let names = n.sym.user(&mut n.reg, pid, frames);
     frames
         .iter()
         .flat_map(|f| names[f].iter().map(|n| n.text().to_string()))
@@ -319,11 +335,7 @@ fn profiler_stacks(pid: u32, args: &[&str]) -> BTreeMap<String, Vec<String>> {
 /// unwinding alone. Its entries are per kernel and user stack: those with
 /// the same user stack are added up before the largest is taken; those
 /// without a user stack are left out.
-fn libbpf_tools_stacks(
-    tool: &Path,
-    sym: &mut Symbolizer,
-    pid: u32,
-) -> BTreeMap<String, Vec<String>> {
+fn libbpf_tools_stacks(tool: &Path, sym: &mut Naming, pid: u32) -> BTreeMap<String, Vec<String>> {
     let out = Command::new(tool)
         .args(["-v", "-p", &pid.to_string(), TRACE_S])
         .output()
@@ -574,7 +586,7 @@ fn is_workload_function(name: &str) -> bool {
 /// Rust at `line-tables-only` are unqualified, so they are not in `own`
 /// either.)
 pub(crate) fn expected_stack(
-    sym: &mut Symbolizer,
+    sym: &mut Naming,
     pid: u32,
     frames: &[GdbFrame],
     own_ranges: &[(u64, u64)],

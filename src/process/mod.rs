@@ -1,6 +1,13 @@
-//! Who a process is: its pid and when it started. A pid can be reused
-//! while tracing; the start time tells the later process from the one
-//! whose stacks were counted under the same pid.
+//! What the profiler knows of processes: who a process is (its pid and
+//! when it started: a pid can be reused while tracing, and the start time
+//! tells the later process from the one whose stacks were counted under
+//! the same pid), its mappings and the files they map ([`registry`],
+//! read from `/proc` by [`maps`]), and the profiler's own capabilities.
+
+pub mod maps;
+pub mod registry;
+
+pub use registry::Registry;
 
 /// A process: its pid and its start time, in clock ticks since boot (as
 /// `/proc/PID/stat` gives it, field 22).

@@ -1,0 +1,636 @@
+//! What the profiler knows of each process: its executable mappings, the
+//! files they map (opened once each, shared by every process that maps
+//! them, found by device and inode), their build ids and debug files, its
+//! JIT perf map, and the user stacks kept for it once it has exited.
+//! The unwinder builds its tables from it and the symbolizer names frames
+//! through it.
+//!
+//! A process's mappings are snapshotted the first time it is seen
+//! blocking, and again when they change (see [`Registry::note_process`]),
+//! so that its frames are still named if it exits before tracing ends. The
+//! snapshot is small: each mapping refers to a file by index, and each
+//! distinct file is opened once, through the process's
+//! `/proc/PID/map_files` where allowed (files in other mount namespaces,
+//! or deleted since, still resolve), else as the process sees it.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::maps::{
+    debug_file, open_mapped, parse_maps, process_alive, vdso_copy, MapsLine, ObjectKey,
+};
+use super::Proc;
+use crate::elf::{load_segments, Segment};
+
+/// One executable mapping of a process.
+#[derive(Clone, Copy, Debug)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    file_offset: u64,
+    /// Index into `Registry::objects`.
+    object: u32,
+}
+
+/// What a mapping maps: a file, or something without one (`[vdso]`, an
+/// anonymous JIT region).
+pub(crate) struct Object {
+    /// File name for unnamed frames: `[libfoo.so+0x1234]`.
+    pub(crate) name: String,
+    /// The path as the maps give it (`[vdso]`, `anon` for mappings
+    /// without a file): what the profile says the frames are in.
+    pub(crate) maps_path: String,
+    /// Where blazesym reads the symbols: the file's separate debug file
+    /// if one is installed (found by build id), else the file itself,
+    /// through `/proc/self/fd/N` of the handle below, or the path in the
+    /// maps if it could not be opened.
+    pub(crate) path: Option<PathBuf>,
+    /// With a debug file: the loadable segments of the file itself, to
+    /// turn file offsets into the addresses both files share.
+    pub(crate) segments: Option<Vec<Segment>>,
+    /// The file as mapped, kept open while a process maps it (see
+    /// [`Registry::release`]).
+    pub(crate) handle: Option<File>,
+    /// The path as mapped and the file's device and inode: where to find
+    /// the file again once its descriptor was let go.
+    pub(crate) mapped: Option<(PathBuf, u64, u64)>,
+    /// `path` is the descriptor's `/proc/self/fd/N`; once the descriptor
+    /// is let go, it is `mapped`'s path, checked to be the same file
+    /// before it is read.
+    path_is_handle: bool,
+    /// Snapshots (of live processes, or kept for one whose pid was reused)
+    /// that map it.
+    users: u32,
+}
+
+/// An executable mapping of a process, as [`Registry::mappings`] gives
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// The object mapped: see [`Registry::object_file`].
+    pub object: u32,
+}
+
+/// A frame of a user stack, independent of where its object was mapped:
+/// the object and the file offset, or, outside every mapping known, the
+/// address itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UserFrame {
+    File { object: u32, offset: u64 },
+    Unmapped(u64),
+}
+
+/// The id a retired stack is kept under: the stack id mixed with its
+/// process's start time, so that the stacks of two processes that had the
+/// same pid are kept apart (a 64-bit hash either way).
+fn retired_id(id: u64, start: u64) -> u64 {
+    id ^ start.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// (stack id, tgid) -> index of its frames, for processes that exited.
+#[derive(Default)]
+struct RetiredList {
+    entries: Vec<(u64, u32, u32)>,
+    sorted: bool,
+}
+
+impl RetiredList {
+    fn push(&mut self, tgid: u32, id: u64, index: u32) {
+        self.entries.push((id, tgid, index));
+        self.sorted = false;
+    }
+
+    fn get(&mut self, tgid: u32, id: u64) -> Option<u32> {
+        if !self.sorted {
+            self.entries.sort_unstable();
+            self.sorted = true;
+        }
+        let at = self
+            .entries
+            .binary_search_by(|&(i, t, _)| (i, t).cmp(&(id, tgid)))
+            .ok()?;
+        Some(self.entries[at].2)
+    }
+}
+
+/// Processes and files the profiler was not allowed to read.
+#[derive(Default)]
+pub struct Denied {
+    /// Processes whose `/proc/PID/maps` could not be read: their frames
+    /// are `[unknown]`.
+    pub processes: HashSet<u32>,
+    /// Files mapped by traced processes that could not be opened, by
+    /// name, with the reason: their frames are `[unknown]`, their stacks
+    /// walked with frame pointers.
+    pub files: Vec<(String, String)>,
+}
+
+/// Every process seen, and the files they map.
+pub struct Registry {
+    /// Executable mappings by process, as last seen, while it lives.
+    processes: HashMap<u32, Vec<Mapping>>,
+    /// When each process in `processes` started, where known: its pid may
+    /// be reused by another process.
+    starts: HashMap<u32, u64>,
+    /// Snapshots of processes whose pid another process took before they
+    /// were let go.
+    superseded: HashMap<Proc, Vec<Mapping>>,
+    /// The user stacks counted for processes that have exited (see
+    /// [`Registry::retire`]), by (tgid, stack id): an index into
+    /// `retired_stacks`, where stacks alike in every process of a program
+    /// are kept once. A list (16 bytes an entry, sorted when first looked
+    /// up), not a hash map: it is what grows with every process that
+    /// exits.
+    retired: RetiredList,
+    retired_stacks: Vec<std::rc::Rc<[UserFrame]>>,
+    retired_ids: HashMap<std::rc::Rc<[UserFrame]>, u32>,
+    /// Live processes whose snapshot was taken again for the report.
+    refreshed: HashSet<u32>,
+    objects: Vec<Object>,
+    /// `objects` indices by (device, inode), or by name for mappings
+    /// without a file.
+    object_ids: HashMap<ObjectKey, u32>,
+    /// What could not be read for want of privilege, for the one line
+    /// that says so at the end.
+    denied: Denied,
+    /// Descriptors let go (see [`Registry::release`]).
+    released: usize,
+    /// JIT runtimes' perf maps (`/tmp/perf-PID.map`), as last read while
+    /// their process lived.
+    perf_maps: HashMap<Proc, crate::jit::PerfMap>,
+    /// Perf maps refused (a link, another user's file), once each.
+    perf_maps_refused: Vec<String>,
+}
+
+impl Default for Registry {
+    fn default() -> Registry {
+        Registry::new()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry {
+            processes: HashMap::new(),
+            starts: HashMap::new(),
+            superseded: HashMap::new(),
+            retired: RetiredList::default(),
+            retired_stacks: Vec::new(),
+            retired_ids: HashMap::new(),
+            refreshed: HashSet::new(),
+            objects: Vec::new(),
+            object_ids: HashMap::new(),
+            denied: Denied::default(),
+            released: 0,
+            perf_maps: HashMap::new(),
+            perf_maps_refused: Vec::new(),
+        }
+    }
+
+    /// Snapshots what is needed to symbolize `tgid` later, even after it
+    /// exits.  Cheap to call again for a known process, unless `changed`
+    /// says that its mappings have.
+    /// `start`: when the process started, where known (the BPF program's
+    /// events say it); otherwise `/proc` is asked.
+    pub fn note_process(&mut self, tgid: u32, start: Option<u64>, changed: bool) {
+        if tgid == 0 {
+            return;
+        }
+        let now = crate::process::start_ticks(tgid);
+        let start = start.or(now);
+        let Some(start) = start else {
+            // Gone: keep what we had.
+            self.processes.entry(tgid).or_default();
+            return;
+        };
+        match self.starts.get(&tgid) {
+            // Another process has this pid now: the snapshot is the old
+            // one's, kept apart for the stacks counted for it.
+            Some(&old) if old != start => {
+                if let Some(m) = self.processes.remove(&tgid) {
+                    self.superseded.insert(Proc { tgid, start: old }, m);
+                }
+                self.starts.remove(&tgid);
+            }
+            Some(_) if !changed => return,
+            None if !changed && self.processes.contains_key(&tgid) => return,
+            _ => {}
+        }
+        // The event may be older than the process now at this pid.
+        if now != Some(start) {
+            return;
+        }
+        self.starts.insert(tgid, start);
+        self.refresh_process(tgid);
+    }
+
+    fn refresh_process(&mut self, tgid: u32) {
+        let text = match std::fs::read_to_string(format!("/proc/{tgid}/maps")) {
+            Ok(t) => t,
+            Err(e) => {
+                // Another user's process, without CAP_SYS_PTRACE (with
+                // it, a process in the middle of an exec can refuse too,
+                // for a moment).
+                if e.kind() == std::io::ErrorKind::PermissionDenied
+                    && !crate::process::has_capability(crate::process::CAP_SYS_PTRACE)
+                {
+                    self.denied.processes.insert(tgid);
+                }
+                // Gone already: keep what we had.
+                self.processes.entry(tgid).or_default();
+                return;
+            }
+        };
+        let mut mappings = Vec::new();
+        for line in parse_maps(&text) {
+            let object = self.object_of(tgid, &line);
+            mappings.push(Mapping {
+                start: line.start,
+                end: line.end,
+                file_offset: line.file_offset,
+                object,
+            });
+        }
+        // What was seen before stays where nothing new overlaps it: a
+        // library unloaded since, the image before an exec(), everything
+        // of a zombie (whose maps are empty) still names earlier stacks.
+        if let Some(old) = self.processes.get(&tgid) {
+            let kept: Vec<Mapping> = old
+                .iter()
+                .filter(|o| !mappings.iter().any(|n| n.start < o.end && o.start < n.end))
+                .copied()
+                .collect();
+            mappings.extend(kept);
+        }
+        mappings.shrink_to_fit();
+        self.read_perf_map(tgid);
+        let old = self.processes.insert(tgid, mappings);
+        let new = distinct_objects(&self.processes[&tgid]);
+        for &o in &new {
+            self.objects[o as usize].users += 1;
+        }
+        if let Some(old) = old {
+            self.drop_users(&distinct_objects(&old));
+        }
+    }
+
+    /// One snapshot fewer maps each of `objects`; those no snapshot maps
+    /// any more let go of their descriptors.
+    fn drop_users(&mut self, objects: &[u32]) {
+        for &o in objects {
+            let obj = &mut self.objects[o as usize];
+            obj.users = obj.users.saturating_sub(1);
+            if obj.users == 0 {
+                self.release(o);
+            }
+        }
+    }
+
+    /// Lets go of an object's descriptor when no live process maps it
+    /// (a machine that runs many programs would hold thousands), where the
+    /// file can be found again: its path still leads to it (same device
+    /// and inode). A file deleted or replaced since, or in another mount
+    /// namespace, keeps its descriptor: it is the only way to its names.
+    fn release(&mut self, id: u32) {
+        use std::os::unix::fs::MetadataExt;
+        let o = &mut self.objects[id as usize];
+        let (Some(_), Some((path, dev, ino))) = (&o.handle, &o.mapped) else {
+            return;
+        };
+        if !std::fs::metadata(path).is_ok_and(|m| m.dev() == *dev && m.ino() == *ino) {
+            return;
+        }
+        if o.path_is_handle {
+            o.path = Some(path.clone());
+            o.path_is_handle = false;
+        }
+        o.handle = None;
+        self.released += 1;
+    }
+
+    /// How many descriptors of files no live process maps were let go.
+    pub fn released(&self) -> usize {
+        self.released
+    }
+
+    /// The index of the object `line` maps, opening its file the first
+    /// time it is seen.
+    fn object_of(&mut self, tgid: u32, line: &MapsLine<'_>) -> u32 {
+        if let Some(&id) = self.object_ids.get(&line.key) {
+            // Mapped again after its descriptor was let go: the unwinder
+            // may need the file.
+            let o = &mut self.objects[id as usize];
+            if o.handle.is_none() && o.mapped.is_some() {
+                if let Ok(f) = open_mapped(tgid, line) {
+                    if !o.path_is_handle && o.segments.is_none() {
+                        o.path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+                        o.path_is_handle = true;
+                    }
+                    o.handle = Some(f);
+                }
+            }
+            return id;
+        }
+        let name = Path::new(line.path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|_| line.path.starts_with('/'))
+            .unwrap_or_else(|| match &line.key {
+                ObjectKey::Pseudo(n) => n.clone(),
+                ObjectKey::File { .. } => line.path.to_string(),
+            });
+        let (path, segments, handle) = match line.key {
+            ObjectKey::Pseudo(ref n) if n == "[vdso]" => match vdso_copy() {
+                Some(f) => (
+                    Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+                    None,
+                    Some(f),
+                ),
+                None => (None, None, None),
+            },
+            ObjectKey::Pseudo(_) => (None, None, None),
+            ObjectKey::File { .. } => {
+                let (path, handle) = match open_mapped(tgid, line) {
+                    Ok(f) => (
+                        PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                        Some(f),
+                    ),
+                    Err(e) => {
+                        self.denied
+                            .files
+                            .push((line.path.to_string(), e.to_string()));
+                        // The path as mapped, for the names at least.
+                        (PathBuf::from(line.path), None)
+                    }
+                };
+                // A debug file's own segments need not point at its
+                // contents: addresses are worked out in the file itself.
+                let debug = debug_file(&path).and_then(|d| {
+                    let segments = match &handle {
+                        Some(f) => load_segments(f),
+                        None => load_segments(&File::open(&path).ok()?),
+                    }?;
+                    Some((d, segments))
+                });
+                match debug {
+                    Some((d, segments)) => (Some(d), Some(segments), handle),
+                    None => (Some(path), None, handle),
+                }
+            }
+        };
+        let mapped = handle.as_ref().and_then(|f| {
+            use std::os::unix::fs::MetadataExt;
+            let m = f.metadata().ok()?;
+            (line.path.starts_with('/') && !line.path.ends_with(" (deleted)"))
+                .then(|| (PathBuf::from(line.path), m.dev(), m.ino()))
+        });
+        let path_is_handle = segments.is_none() && handle.is_some();
+        let id = self.objects.len() as u32;
+        self.objects.push(Object {
+            name,
+            maps_path: line.path.to_string(),
+            path,
+            segments,
+            handle,
+            mapped,
+            path_is_handle,
+            users: 0,
+        });
+        self.object_ids.insert(line.key.clone(), id);
+        id
+    }
+
+    /// Reads live process `tgid`'s perf map again, if it has one and it
+    /// changed.
+    fn read_perf_map(&mut self, tgid: u32) {
+        let Some(&start) = self.starts.get(&tgid) else {
+            return;
+        };
+        let p = Proc { tgid, start };
+        match crate::jit::read(tgid, self.perf_maps.get(&p)) {
+            Ok(Some(map)) => {
+                self.perf_maps.insert(p, map);
+            }
+            Ok(None) | Err(crate::jit::Refused::Absent) => {}
+            Err(crate::jit::Refused::Unsafe(why)) => {
+                if !self.perf_maps_refused.contains(&why) {
+                    self.perf_maps_refused.push(why);
+                }
+            }
+        }
+    }
+
+    /// What the perf maps read cost: refused files, lines skipped, maps
+    /// cut at their size limit; one line each, for stderr.
+    pub fn jit_notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .perf_maps_refused
+            .iter()
+            .map(|why| format!("a JIT perf map was not read: {why}; its frames are unnamed"))
+            .collect();
+        let bad: usize = self.perf_maps.values().map(|m| m.bad_lines).sum();
+        if bad > 0 {
+            notes.push(format!(
+                "{bad} lines of JIT perf maps did not parse and were skipped"
+            ));
+        }
+        let cut = self.perf_maps.values().filter(|m| m.truncated).count();
+        if cut > 0 {
+            notes.push(format!(
+                "{cut} JIT perf maps were larger than {} MiB: only their start was read",
+                crate::jit::MAX_BYTES >> 20
+            ));
+        }
+        notes
+    }
+
+    /// What could not be read for want of privilege.
+    pub fn denied(&self) -> &Denied {
+        &self.denied
+    }
+
+    /// The executable mappings of `tgid` as last snapshotted, sorted by
+    /// start address.
+    pub fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
+        let mut out: Vec<ExecMapping> = self
+            .processes
+            .get(&tgid)
+            .map(|ms| {
+                ms.iter()
+                    .map(|m| ExecMapping {
+                        start: m.start,
+                        end: m.end,
+                        file_offset: m.file_offset,
+                        object: m.object,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable_by_key(|m| m.start);
+        out
+    }
+
+    /// The file an object maps (the file itself, not its debug file),
+    /// open, if it could be opened.
+    pub fn object_file(&self, object: u32) -> Option<&File> {
+        self.objects.get(object as usize)?.handle.as_ref()
+    }
+
+    /// The object's path as mapped and its build id, for outputs that
+    /// name the files frames are in.
+    pub fn object_info(&self, object: u32) -> crate::profile::ObjectInfo {
+        let Some(o) = self.objects.get(object as usize) else {
+            return Default::default();
+        };
+        // The descriptor where it is held, else the path it was read
+        // from (a separate debug file has the same build id).
+        let from = match &o.handle {
+            Some(f) => Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+            None => o.path.clone(),
+        };
+        let build_id = from
+            .and_then(|p| {
+                // The parser may panic on a malformed file: then there is
+                // no id.
+                std::panic::catch_unwind(|| blazesym::helper::read_elf_build_id(&p))
+                    .ok()?
+                    .ok()?
+            })
+            .map(|id| id.to_vec())
+            .unwrap_or_default();
+        crate::profile::ObjectInfo {
+            // A mapping without a file (JIT code) by its kind, `anon`.
+            path: if o.maps_path.is_empty() {
+                o.name.clone()
+            } else {
+                o.maps_path.clone()
+            },
+            build_id,
+        }
+    }
+
+    /// The object's file name, for messages.
+    pub fn object_name(&self, object: u32) -> &str {
+        self.objects
+            .get(object as usize)
+            .map_or("?", |o| o.name.as_str())
+    }
+
+    /// Process `tgid` has exited: its counted user `stacks` (stack id and
+    /// addresses, innermost first) are kept as frames of objects, and its
+    /// snapshot is let go. What is kept grows with the distinct stacks
+    /// counted, not with the processes seen: the same stack of another
+    /// process of the same program is stored once.
+    pub fn retire(&mut self, p: Proc, stacks: &[(u64, Vec<u64>)]) {
+        let tgid = p.tgid;
+        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
+            self.starts.remove(&tgid);
+            self.processes.remove(&tgid)
+        } else {
+            self.superseded.remove(&p)
+        };
+        let Some(mappings) = mappings else {
+            return;
+        };
+        self.drop_users(&distinct_objects(&mappings));
+        for (id, addrs) in stacks {
+            // An address outside every mapping is `[unknown]` whatever
+            // it is: kept as one, so that such stacks of different
+            // processes are kept once too.
+            let frames: std::rc::Rc<[UserFrame]> = addrs
+                .iter()
+                .map(|&a| match user_frame(&mappings, a) {
+                    UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
+                    f => f,
+                })
+                .collect();
+            let next = self.retired_stacks.len() as u32;
+            let index = *self.retired_ids.entry(frames.clone()).or_insert(next);
+            if index == next {
+                self.retired_stacks.push(frames);
+            }
+            self.retired.push(tgid, retired_id(*id, p.start), index);
+        }
+    }
+
+    /// The processes with a snapshot (not retired), with their start
+    /// time where known.
+    pub fn processes(&self) -> impl Iterator<Item = (u32, Option<u64>)> + '_ {
+        self.processes
+            .keys()
+            .map(|&t| (t, self.starts.get(&t).copied()))
+            .chain(self.superseded.keys().map(|p| (p.tgid, Some(p.start))))
+    }
+
+    /// Whether some process at pid `tgid` still has a snapshot.
+    pub fn has_pid(&self, tgid: u32) -> bool {
+        self.processes.contains_key(&tgid)
+    }
+
+    /// The frames of user stack `id` of process `tgid` (its addresses
+    /// `addrs`, innermost first): as kept when the process exited, or
+    /// through its snapshot, taken again now if it is still running, for
+    /// libraries loaded since.
+    pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+        let tgid = p.tgid;
+        if let Some(i) = self.retired.get(tgid, retired_id(id, p.start)) {
+            return self.retired_stacks[i as usize].to_vec();
+        }
+        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
+            if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
+                self.refresh_process(tgid);
+            }
+            self.processes.get(&tgid)
+        } else {
+            // A process whose pid was taken by another.
+            self.superseded.get(&p)
+        };
+        let mappings = mappings.map_or(&[][..], Vec::as_slice);
+        addrs.iter().map(|&a| user_frame(mappings, a)).collect()
+    }
+
+    /// An object, for the symbolizer.
+    pub(crate) fn object(&self, object: u32) -> &Object {
+        &self.objects[object as usize]
+    }
+
+    /// The perf map of process `p`, as last read while it lived.
+    pub(crate) fn perf_map(&self, p: Proc) -> Option<&crate::jit::PerfMap> {
+        self.perf_maps.get(&p)
+    }
+
+    /// The frames of addresses `addrs` of process `tgid` through its
+    /// snapshot, taken again first if the process is still running (for
+    /// libraries loaded since).
+    pub fn frames_now(&mut self, tgid: u32, addrs: &[u64]) -> Vec<UserFrame> {
+        if process_alive(tgid) {
+            self.refresh_process(tgid);
+        }
+        let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
+        addrs.iter().map(|&a| user_frame(mappings, a)).collect()
+    }
+}
+
+/// The objects `mappings` map, each once.
+fn distinct_objects(mappings: &[Mapping]) -> Vec<u32> {
+    let mut v: Vec<u32> = mappings.iter().map(|m| m.object).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// `addr` as a frame of the mapping that holds it.
+fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
+    match mappings.iter().find(|m| addr >= m.start && addr < m.end) {
+        Some(m) => UserFrame::File {
+            object: m.object,
+            offset: (addr - m.start).wrapping_add(m.file_offset),
+        },
+        None => UserFrame::Unmapped(addr),
+    }
+}
