@@ -672,6 +672,9 @@ fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config: &Config) 
             symbolizer.unparsable()
         );
     }
+    if let Some(note) = registry.replaced_note() {
+        eprintln!("offcputime: {note}");
+    }
     for note in registry.jit_notes() {
         eprintln!("offcputime: {note}");
     }

@@ -165,6 +165,17 @@ pub struct Registry {
     perf_maps: HashMap<Proc, crate::jit::PerfMap>,
     /// Perf maps refused (a link, another user's file), once each.
     perf_maps_refused: Vec<String>,
+    /// Mappings found replaced by another file at an overlapping address.
+    replaced: Replaced,
+}
+
+/// Mappings of a process replaced by another file's at an overlapping
+/// address (an exec, a library closed and another opened in its place):
+/// how many, and the first (pid, object before, object after).
+#[derive(Default)]
+struct Replaced {
+    count: usize,
+    example: Option<(u32, u32, u32)>,
 }
 
 impl Default for Registry {
@@ -189,6 +200,7 @@ impl Registry {
             released: 0,
             perf_maps: HashMap::new(),
             perf_maps_refused: Vec::new(),
+            replaced: Replaced::default(),
         }
     }
 
@@ -260,6 +272,19 @@ impl Registry {
         // library unloaded since, the image before an exec(), everything
         // of a zombie (whose maps are empty) still names earlier stacks.
         if let Some(old) = self.processes.get(&tgid) {
+            // Another file where one was mapped: the stacks taken before
+            // are named through the later one where they overlap.
+            for n in &mappings {
+                if let Some(o) = old
+                    .iter()
+                    .find(|o| n.start < o.end && o.start < n.end && o.object != n.object)
+                {
+                    self.replaced.count += 1;
+                    self.replaced
+                        .example
+                        .get_or_insert((tgid, o.object, n.object));
+                }
+            }
             let kept: Vec<Mapping> = old
                 .iter()
                 .filter(|o| !mappings.iter().any(|n| n.start < o.end && o.start < n.end))
@@ -594,6 +619,23 @@ impl Registry {
         addrs.iter().map(|&a| user_frame(mappings, a)).collect()
     }
 
+    /// Where a process was found to map another file over one it had
+    /// mapped before: frames of stacks taken before are named through
+    /// the later file there. One line for stderr, if it happened.
+    pub fn replaced_note(&self) -> Option<String> {
+        let (tgid, before, after) = self.replaced.example?;
+        Some(format!(
+            "{} executable mappings were replaced by another file at the same addresses while \
+             tracing (an exec, or a library closed and another loaded in its place; first: \
+             {} by {} in process {tgid}): user frames of stacks taken before a replacement \
+             are named, and with DWARF may have been walked, through the later file, and can \
+             be wrong there",
+            self.replaced.count,
+            self.object_name(before),
+            self.object_name(after),
+        ))
+    }
+
     /// An object, for the symbolizer.
     pub(crate) fn object(&self, object: u32) -> &Object {
         &self.objects[object as usize]
@@ -632,5 +674,60 @@ fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
             offset: (addr - m.start).wrapping_add(m.file_offset),
         },
         None => UserFrame::Unmapped(addr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// Maps `file` executable at `at` (anywhere if null), returning where.
+    fn map_exec(file: &File, at: *mut libc::c_void) -> *mut libc::c_void {
+        let flags = libc::MAP_PRIVATE | if at.is_null() { 0 } else { libc::MAP_FIXED };
+        // SAFETY: a private mapping of a file of ours, at an address we
+        // mapped before (MAP_FIXED) or one the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                at,
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC,
+                flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        p
+    }
+
+    #[test]
+    fn a_file_mapped_over_another_is_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("liba.so"), dir.path().join("libb.so"));
+        std::fs::write(&a, vec![0xc3u8; 4096]).unwrap();
+        std::fs::write(&b, vec![0x90u8; 4096]).unwrap();
+        let (fa, fb) = (File::open(&a).unwrap(), File::open(&b).unwrap());
+        let me = std::process::id();
+        let mut reg = Registry::new();
+        let at = map_exec(&fa, std::ptr::null_mut());
+        reg.note_process(me, None, false);
+        assert!(reg.replaced_note().is_none(), "nothing replaced yet");
+        // The same size at the same place: what no size or count of the
+        // address space tells apart.
+        map_exec(&fb, at);
+        reg.note_process(me, None, true);
+        let note = reg.replaced_note().expect("the replacement is said");
+        // SAFETY: the page mapped above, unused since.
+        unsafe { libc::munmap(at, 4096) };
+        assert!(
+            note.starts_with("1 executable mappings") && note.contains("liba.so by libb.so"),
+            "{note}"
+        );
     }
 }
