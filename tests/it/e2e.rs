@@ -541,12 +541,17 @@ fn exited_child_keeps_its_symbols() {
         return;
     }
     let _g = serial();
-    // The child lives 2 s of the 3 s trace: long enough for its unwind
-    // tables to be built behind those of every other process on the
-    // machine (slower in the unoptimized test build).
-    let wl = Workload::start(&["--seconds", "30", "--child-ms", "2000"]);
+    // The workload starts once the profiler has attached (however long
+    // its start-up takes on a busy machine), and its child lives 2 s of
+    // the 4 s trace: long enough for its unwind tables to be built behind
+    // those of every other process on the machine (slower in the
+    // unoptimized test build).
+    let mut wl = None;
+    let (out, _, _) = profile_during(&["-f", "-u", "4"], |_| {
+        wl = Some(Workload::start(&["--seconds", "30", "--child-ms", "2000"]));
+    });
+    let wl = wl.expect("workload started");
     let child = wl.child_pid.expect("child pid");
-    let out = profile(&["-f", "-u", "3"]);
     assert!(
         !std::path::Path::new(&format!("/proc/{child}/maps")).exists()
             || std::fs::read_to_string(format!("/proc/{child}/stat"))
