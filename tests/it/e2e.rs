@@ -543,9 +543,11 @@ fn exited_child_keeps_its_symbols() {
     let _g = serial();
     // The workload starts once the profiler has attached (however long
     // its start-up takes on a busy machine), and its child lives 2 s of
-    // the 4 s trace: long enough for its unwind tables to be built behind
-    // those of every other process on the machine (slower in the
-    // unoptimized test build).
+    // the 4 s trace. Another process of the same program, running from
+    // before the start, makes its files known: the child's mappings are
+    // placed as soon as its exec is read, without waiting for tables to be
+    // built behind those of every other process on a busy machine.
+    let _known = Workload::start(&["--seconds", "30"]);
     let mut wl = None;
     let (out, _, _) = profile_during(&["-f", "-u", "4"], |_| {
         wl = Some(Workload::start(&["--seconds", "30", "--child-ms", "2000"]));
@@ -576,8 +578,8 @@ fn exited_child_keeps_its_symbols() {
             "exited child's user frames are not named: {l:?}"
         );
     }
-    // Its first blocks may come before its unwind tables (walked by frame
-    // pointers); the rest are walked with them.
+    // Its first blocks may come before its mappings are placed (walked by
+    // frame pointers); the rest are walked with the tables.
     assert!(
         sleeps.iter().any(|l| l.has("wl_child_sleep")),
         "no DWARF-walked sleep of the child: {sleeps:?}"
