@@ -164,6 +164,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let mut object = MaybeUninit::uninit();
     let mut unwinder: Option<Unwinder> = None;
     let raised = crate::priority::raise();
+    crate::hold_freed_memory(true);
     let started_tracer = prepare(config, &stop).and_then(|()| {
         started = Instant::now();
         Tracer::start(
@@ -205,6 +206,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         );
     }
     eprintln!("{}", config.status_line());
+    crate::hold_freed_memory(false);
+    crate::give_back_freed_memory();
     if config.shape.mode.kernel() {
         symbolizer.warm_up_kernel();
     }

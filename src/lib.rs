@@ -72,10 +72,23 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
+static FREED_MEMORY_HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// While starting, [`give_back_freed_memory`] does nothing: each trim is
+/// dozens of `madvise` calls, each a TLB shootdown that interrupts the
+/// other threads starting (the BPF load, the table builders), milliseconds
+/// of start-up in all. Once started, one trim gives it all back.
+pub(crate) fn hold_freed_memory(hold: bool) {
+    FREED_MEMORY_HELD.store(hold, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Makes the allocator return freed memory to the system: building a large
 /// object's unwind table, or reading one object's symbols, takes tens of MB
 /// for a moment, which must not stay resident for the rest of the run.
 pub(crate) fn give_back_freed_memory() {
+    if FREED_MEMORY_HELD.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim has no preconditions.
     unsafe {

@@ -697,11 +697,25 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
  * (yet); for another task, it is then walked with frame pointers here, as a
  * single walk (the verifier checks each walk called).
  */
+/* Where `task` entered the kernel from user space: its pc, sp and bp
+ * (read at the fixed offsets of struct pt_regs, see vmlinux.h). */
+static __always_inline int read_user_regs(struct task_struct *task, struct unwind_state *u)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+
+	if (!regs)
+		return -1;
+	if (bpf_probe_read_kernel(&u->pc, sizeof(u->pc), &regs->ip) ||
+	    bpf_probe_read_kernel(&u->sp, sizeof(u->sp), &regs->sp) ||
+	    bpf_probe_read_kernel(&u->bp, sizeof(u->bp), &regs->bp))
+		return -1;
+	return 0;
+}
+
 static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
 {
 	struct unwind_state u = {};
 	struct unwind_proc *p;
-	struct pt_regs *regs;
 	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
 	bool ready;
 
@@ -717,12 +731,8 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 		if (!remote)
 			return -1;
 	}
-	regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	if (!regs)
+	if (read_user_regs(task, &u))
 		return -1;
-	u.pc = BPF_CORE_READ(regs, ip);
-	u.sp = BPF_CORE_READ(regs, sp);
-	u.bp = BPF_CORE_READ(regs, bp);
 	if (ready && p) {
 		u.map_start = p->map_start;
 		u.map_count = p->map_count;
@@ -768,9 +778,17 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
 
 static __always_inline __u32 task_state(struct task_struct *t)
 {
+	__u32 state = 0;
+
 	if (bpf_core_field_exists(t->__state))
 		return BPF_CORE_READ(t, __state);
-	return BPF_CORE_READ((struct task_struct___old *)t, state);
+	/* Before 5.14: `long state`, right after thread_info (before the part
+	 * of task_struct a randomized layout may move); its low half on this
+	 * little-endian machine holds every state bit. */
+	bpf_probe_read_kernel(&state, sizeof(state),
+			      (void *)t + bpf_core_field_offset(t->thread_info) +
+				      bpf_core_field_size(t->thread_info));
+	return state;
 }
 
 static __always_inline bool is_kthread(struct task_struct *t)
@@ -1506,7 +1524,6 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 tgid)
 {
 	struct unwind_state u = {};
-	struct pt_regs *regs;
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
 	long len = -1;
@@ -1524,12 +1541,8 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	if (unwind_dwarf) {
 		len = unwind_user(task, tgid, true);
 	} else {
-		regs = (struct pt_regs *)bpf_task_pt_regs(task);
-		if (!regs)
+		if (read_user_regs(task, &u))
 			return STACK_ID_MISSED_ERROR;
-		u.pc = BPF_CORE_READ(regs, ip);
-		u.sp = BPF_CORE_READ(regs, sp);
-		u.bp = BPF_CORE_READ(regs, bp);
 		u.task = task;
 		len = walk_user(&u, true) * sizeof(__u64);
 	}

@@ -8,9 +8,10 @@
  * preserve_access_index, so libbpf relocates each field access against the
  * running kernel's BTF at load time (CO-RE): the offsets written here do not
  * need to match any particular kernel, only the field names and types do.
- * Fields that were renamed between kernels (task_struct::state became
- * __state in 5.14) are declared through "flavor" structs (___old suffix)
- * and picked with bpf_core_field_exists().
+ * A field renamed between kernels (task_struct::state became __state in
+ * 5.14) is found from its neighbour's relocated offset and size rather than
+ * through a "flavor" struct: a flavor is one more type to relocate (see
+ * the types declared after the relocated region).
  *
  * Constants are the stable UAPI values from <linux/bpf.h>.
  */
@@ -69,29 +70,6 @@ enum {
 
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
 
-struct pt_regs {
-	long unsigned int r15;
-	long unsigned int r14;
-	long unsigned int r13;
-	long unsigned int r12;
-	long unsigned int bp;
-	long unsigned int bx;
-	long unsigned int r11;
-	long unsigned int r10;
-	long unsigned int r9;
-	long unsigned int r8;
-	long unsigned int ax;
-	long unsigned int cx;
-	long unsigned int dx;
-	long unsigned int si;
-	long unsigned int di;
-	long unsigned int orig_ax;
-	long unsigned int ip;
-	long unsigned int cs;
-	long unsigned int flags;
-	long unsigned int sp;
-	long unsigned int ss;
-};
 
 /* exec_vm: pages of executable, non-writable mappings (VM_EXEC). */
 struct rw_semaphore {
@@ -126,7 +104,14 @@ struct sched_info {
 	unsigned long long last_arrival;
 };
 
+/* First in task_struct on x86 (CONFIG_THREAD_INFO_IN_TASK); its size
+ * differs between kernels. */
+struct thread_info {
+	unsigned long flags;
+};
+
 struct task_struct {
+	struct thread_info thread_info;
 	unsigned int __state;
 	unsigned int policy;
 	struct sched_entity se;
@@ -151,11 +136,44 @@ struct task_struct {
 	unsigned int in_iowait:1;
 };
 
-/* Before 5.14 the scheduling state was task_struct::state (a long). */
-struct task_struct___old {
-	long state;
+
+#pragma clang attribute pop
+
+/*
+ * Not relocated: each type relocated above costs libbpf a search of the
+ * running kernel's whole BTF at load (about 1.5 ms of start-up each), and
+ * these layouts are fixed.
+ *
+ * The user registers saved at kernel entry (bpf_task_pt_regs): x86-64's
+ * layout is the ptrace ABI's (struct user_regs_struct has the same
+ * fields in the same order).
+ */
+struct pt_regs {
+	long unsigned int r15;
+	long unsigned int r14;
+	long unsigned int r13;
+	long unsigned int r12;
+	long unsigned int bp;
+	long unsigned int bx;
+	long unsigned int r11;
+	long unsigned int r10;
+	long unsigned int r9;
+	long unsigned int r8;
+	long unsigned int ax;
+	long unsigned int cx;
+	long unsigned int dx;
+	long unsigned int si;
+	long unsigned int di;
+	long unsigned int orig_ax;
+	long unsigned int ip;
+	long unsigned int cs;
+	long unsigned int flags;
+	long unsigned int sp;
+	long unsigned int ss;
 };
 
+/* The context of task iterators: the verifier checks these two fields at
+ * these offsets, which have not changed since task iterators came (5.8). */
 struct seq_file;
 
 struct bpf_iter_meta {
@@ -169,6 +187,5 @@ struct bpf_iter__task {
 	struct task_struct *task;
 };
 
-#pragma clang attribute pop
 
 #endif /* __OFFCPUTIME_VMLINUX_H__ */
