@@ -564,9 +564,12 @@ fn load_while<'obj>(
             Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
         };
         let began = Instant::now();
+        crate::priority::loading(true);
         meanwhile();
         let prepared = began.elapsed();
-        match loader.join() {
+        let loaded = loader.join();
+        crate::priority::loading(false);
+        match loaded {
             Ok(SendOpen((r, took))) => Ok((r?, (took, prepared))),
             Err(p) => std::panic::resume_unwind(p),
         }

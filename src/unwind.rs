@@ -178,33 +178,36 @@ impl Builder {
                 let tell = tell.clone();
                 std::thread::Builder::new()
                     .name("unwind-tables".into())
-                    .spawn(move || loop {
-                        // The lock is held only while waiting for a job.
-                        let job = match todo.lock() {
-                            Ok(rx) => rx.recv(),
-                            Err(_) => break,
-                        };
-                        let Ok((object, file)) = job else {
-                            break;
-                        };
-                        crate::priority::settle();
-                        let began = Instant::now();
-                        // A file that makes the parser panic is one
-                        // without a table, not the end of the run.
-                        let table =
-                            std::panic::catch_unwind(|| build_table(&file)).unwrap_or_else(|_| {
-                                Err("its call-frame information could not be parsed".into())
-                            });
-                        drop(file);
-                        let built = Built {
-                            object,
-                            table,
-                            took: began.elapsed(),
-                        };
-                        if tell.send(built).is_err() {
-                            break;
+                    .spawn(move || {
+                        crate::priority::below_loader();
+                        loop {
+                            // The lock is held only while waiting for a job.
+                            let job = match todo.lock() {
+                                Ok(rx) => rx.recv(),
+                                Err(_) => break,
+                            };
+                            let Ok((object, file)) = job else {
+                                break;
+                            };
+                            crate::priority::settle();
+                            let began = Instant::now();
+                            // A file that makes the parser panic is one
+                            // without a table, not the end of the run.
+                            let table = std::panic::catch_unwind(|| build_table(&file))
+                                .unwrap_or_else(|_| {
+                                    Err("its call-frame information could not be parsed".into())
+                                });
+                            drop(file);
+                            let built = Built {
+                                object,
+                                table,
+                                took: began.elapsed(),
+                            };
+                            if tell.send(built).is_err() {
+                                break;
+                            }
+                            crate::give_back_freed_memory();
                         }
-                        crate::give_back_freed_memory();
                     })
                     .ok()
             })
