@@ -442,28 +442,40 @@ struct search {
 	__u32 found;
 };
 
+/*
+ * Binary searches take SEARCH_STEPS steps per bpf_loop call: each call of
+ * a callback is a call and a return, which the kernel's mitigations of
+ * speculative execution make expensive (tens of ns each on some CPUs),
+ * and a search takes up to 25 steps; the verifier checks the steps of
+ * one call, not of the whole search.
+ */
+#define SEARCH_STEPS 5
+
 static long mapping_step(__u32 i, void *arg)
 {
 	struct search *s = arg;
 	struct unwind_mapping *m;
 	__u32 mid, idx;
+	int k;
 
-	if (s->lo >= s->hi)
-		return 1;
-	mid = s->lo + (s->hi - s->lo) / 2;
-	idx = s->start + mid;
-	m = bpf_map_lookup_elem(&unwind_maps, &idx);
-	if (!m)
-		return 1;
-	if (s->addr < m->start) {
-		s->hi = mid;
-	} else if (s->addr >= m->end) {
-		s->lo = mid + 1;
-	} else {
-		s->lo = mid;
-		s->hi = 0;
-		s->found = 1;
-		return 1;
+	for (k = 0; k < SEARCH_STEPS; k++) {
+		if (s->lo >= s->hi)
+			return 1;
+		mid = s->lo + (s->hi - s->lo) / 2;
+		idx = s->start + mid;
+		m = bpf_map_lookup_elem(&unwind_maps, &idx);
+		if (!m)
+			return 1;
+		if (s->addr < m->start) {
+			s->hi = mid;
+		} else if (s->addr >= m->end) {
+			s->lo = mid + 1;
+		} else {
+			s->lo = mid;
+			s->hi = 0;
+			s->found = 1;
+			return 1;
+		}
 	}
 	return 0;
 }
@@ -476,7 +488,7 @@ static __always_inline struct unwind_mapping *find_mapping(__u32 start, __u32 co
 	__u32 idx;
 
 	/* 2^10 = UNWIND_MAX_PROC_MAPPINGS */
-	bpf_loop(11, mapping_step, &s, 0);
+	bpf_loop((11 + SEARCH_STEPS - 1) / SEARCH_STEPS, mapping_step, &s, 0);
 	if (!s.found)
 		return NULL;
 	idx = s.start + s.lo;
@@ -489,17 +501,21 @@ static long row_step(__u32 i, void *arg)
 	struct unwind_row *r;
 	__u32 mid, idx;
 
-	if (s->lo >= s->hi)
-		return 1;
-	mid = s->lo + (s->hi - s->lo) / 2;
-	idx = s->start + mid;
-	r = bpf_map_lookup_elem(&unwind_rows, &idx);
-	if (!r)
-		return 1;
-	if (r->pc <= s->addr)
-		s->lo = mid + 1;
-	else
-		s->hi = mid;
+	int k;
+
+	for (k = 0; k < SEARCH_STEPS; k++) {
+		if (s->lo >= s->hi)
+			return 1;
+		mid = s->lo + (s->hi - s->lo) / 2;
+		idx = s->start + mid;
+		r = bpf_map_lookup_elem(&unwind_rows, &idx);
+		if (!r)
+			return 1;
+		if (r->pc <= s->addr)
+			s->lo = mid + 1;
+		else
+			s->hi = mid;
+	}
 	return 0;
 }
 
@@ -510,7 +526,7 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
 	__u32 idx;
 
 	/* 2^24 = UNWIND_MAX_OBJECT_ROWS */
-	bpf_loop(25, row_step, &s, 0);
+	bpf_loop((25 + SEARCH_STEPS - 1) / SEARCH_STEPS, row_step, &s, 0);
 	if (s.lo == 0 || s.lo > count || s.lo < s.hi)
 		return NULL;
 	idx = start + s.lo - 1;
