@@ -672,19 +672,6 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
             1
         })
         .context("wakers map size")?;
-    if kernel::hash_maps_allocate_anywhere() {
-        // Elements allocated as they are first written, not the whole
-        // table zeroed at load (tens of MiB, milliseconds of start-up).
-        for map in [
-            &mut open.maps.stacks,
-            &mut open.maps.counts,
-            &mut open.maps.wakers,
-            &mut open.maps.task_data_by_tid,
-        ] {
-            let flags = map.map_flags() | libbpf_rs::libbpf_sys::BPF_F_NO_PREALLOC;
-            map.set_map_flags(flags).context("hash map flags")?;
-        }
-    }
     open.maps
         .tgids
         .set_max_entries(opts.tgids.len().max(1) as u32)?;

@@ -35,21 +35,6 @@ pub fn release() -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The (major, minor) of a release string (`6.1.0-56-cloud-amd64`).
-fn version_of(release: &str) -> Option<(u32, u32)> {
-    let mut it = release.split(|c: char| !c.is_ascii_digit());
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-}
-
-/// Whether BPF hash maps allocate their elements from BPF's own
-/// allocator, which may be called in any context (Linux 6.1): there a
-/// hash map written from the scheduler's hooks need not be preallocated
-/// whole at load. Before it, allocating under the run-queue lock could
-/// wake the page reclaimer and deadlock.
-pub fn hash_maps_allocate_anywhere() -> bool {
-    version_of(&release()).is_some_and(|v| v >= (6, 1))
-}
-
 /// The oldest kernel's BPF the programs can run on (Linux 5.10): the ring
 /// buffer (5.8), task iterators (5.8) and `bpf_get_task_stack` (5.9). An
 /// older kernel gets one line that names it and what it lacks. Probes that
@@ -86,19 +71,5 @@ pub fn wait_for_running_hooks() {
     let done = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) } == 0;
     if !done {
         std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_of_releases() {
-        assert_eq!(version_of("6.1.0-56-cloud-amd64"), Some((6, 1)));
-        assert_eq!(version_of("6.18.44-fc-v595"), Some((6, 18)));
-        assert_eq!(version_of("5.10.0-32-cloud-amd64"), Some((5, 10)));
-        assert_eq!(version_of("(unknown)"), None);
-        assert_eq!(version_of("6"), None);
     }
 }
