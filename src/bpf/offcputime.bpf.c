@@ -500,7 +500,6 @@ static long row_step(__u32 i, void *arg)
 	struct search *s = arg;
 	struct unwind_row *r;
 	__u32 mid, idx;
-
 	int k;
 
 	for (k = 0; k < SEARCH_STEPS; k++) {
