@@ -712,18 +712,6 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
  * (yet); for another task, it is then walked with frame pointers here, as a
  * single walk (the verifier checks each walk called).
  */
-/*
- * A field of task `t`: loaded directly where `t` is a pointer the verifier
- * lets a program dereference (`trusted`: the arguments of tp_btf, the
- * current task, an iterator's task), else read with bpf_probe_read_kernel
- * (raw_tp and kprobe arguments are plain numbers).  The load is one
- * instruction the JIT guards; the helper is a call and several returns,
- * each expensive where returns are made safe against speculation (AMD's
- * spec_rstack_overflow).  `trusted` is a constant at every call, so the
- * other branch is not compiled.
- */
-#define TASK_READ(trusted, t, field) ((trusted) ? (t)->field : BPF_CORE_READ(t, field))
-
 /* Where `task` entered the kernel from user space: its pc, sp and bp
  * (read at the fixed offsets of struct pt_regs, see vmlinux.h). */
 static __always_inline int read_user_regs(struct task_struct *task, struct unwind_state *u)
@@ -732,11 +720,10 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 
 	if (!regs)
 		return -1;
-	/* Loaded directly: bpf_task_pt_regs() gives a pointer the verifier
-	 * lets a program dereference (see TASK_READ). */
-	u->pc = regs->ip;
-	u->sp = regs->sp;
-	u->bp = regs->bp;
+	if (bpf_probe_read_kernel(&u->pc, sizeof(u->pc), &regs->ip) ||
+	    bpf_probe_read_kernel(&u->sp, sizeof(u->sp), &regs->sp) ||
+	    bpf_probe_read_kernel(&u->bp, sizeof(u->bp), &regs->bp))
+		return -1;
 	return 0;
 }
 
@@ -744,9 +731,7 @@ static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bo
 {
 	struct unwind_state u = {};
 	struct unwind_proc *p;
-	/* `task` is always a BTF pointer here (the current task, or an
-	 * iterator's). */
-	__u64 mm = (__u64)TASK_READ(true, task, mm);
+	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
 	bool ready;
 
 	p = bpf_map_lookup_elem(&unwind_procs, &tgid);
@@ -806,12 +791,12 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
 	return store_stack(len, user);
 }
 
-static __always_inline __u32 task_state(struct task_struct *t, bool trusted)
+static __always_inline __u32 task_state(struct task_struct *t)
 {
 	__u32 state = 0;
 
 	if (bpf_core_field_exists(t->__state))
-		return TASK_READ(trusted, t, __state);
+		return BPF_CORE_READ(t, __state);
 	/* Before 5.14: `long state`, right after thread_info (before the part
 	 * of task_struct a randomized layout may move); its low half on this
 	 * little-endian machine holds every state bit. */
@@ -821,9 +806,9 @@ static __always_inline __u32 task_state(struct task_struct *t, bool trusted)
 	return state;
 }
 
-static __always_inline bool is_kthread(struct task_struct *t, bool trusted)
+static __always_inline bool is_kthread(struct task_struct *t)
 {
-	return TASK_READ(trusted, t, flags) & PF_KTHREAD;
+	return BPF_CORE_READ(t, flags) & PF_KTHREAD;
 }
 
 /* Why `t` is off the CPU (enum offcpu_state), given its scheduler state
@@ -891,10 +876,8 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
 }
 
 /* When `t`'s process started: with its pid, who it is. */
-static __always_inline __u64 process_start(struct task_struct *t, bool trusted)
+static __always_inline __u64 process_start(struct task_struct *t)
 {
-	if (trusted)
-		return t->group_leader->start_boottime;
 	return BPF_CORE_READ(t, group_leader, start_boottime);
 }
 
@@ -910,7 +893,7 @@ static __always_inline bool send_event(struct task_struct *t, __u32 tgid, __u32 
 	e->pid = tid;
 	e->kind = kind;
 	e->_pad = 0;
-	e->process_start = process_start(t, false);
+	e->process_start = process_start(t);
 	bpf_ringbuf_submit(e, 0);
 	return true;
 }
@@ -921,20 +904,20 @@ static __always_inline bool send_event(struct task_struct *t, __u32 tgid, __u32 
  * executable mappings has changed (exec, the dynamic loader, dlopen).
  */
 static __always_inline void notify_new_mappings(struct task_struct *t, struct task_data *d,
-						__u32 tgid, __u32 tid, bool trusted)
+						__u32 tgid, __u32 tid)
 {
-	struct mm_struct *mm = TASK_READ(trusted, t, mm);
+	struct mm_struct *mm = BPF_CORE_READ(t, mm);
 	__u64 exec_vm;
 
 	/* No address space: the task is exiting (exit_mm() has run), and
 	 * there is nothing new to snapshot. */
 	if (!mm)
 		return;
-	exec_vm = TASK_READ(trusted, mm, exec_vm);
+	exec_vm = BPF_CORE_READ(mm, exec_vm);
 	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
 		return;
 	/* Only past the check above: every switch-out gets there. */
-	struct notified *p, now = { .start = process_start(t, false), .mm = (__u64)mm, .exec_vm = exec_vm };
+	struct notified *p, now = { .start = process_start(t), .mm = (__u64)mm, .exec_vm = exec_vm };
 	__u32 kind = TASK_EVENT_NEW;
 
 	/* Another thread of the process may have told it already. */
@@ -1007,10 +990,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 					  __u64 now, bool trusted, bool stacks_now, bool legacy,
 					  long prev_state)
 {
-	__u32 tid = TASK_READ(trusted, prev, pid);
-	__u32 tgid = TASK_READ(trusted, prev, tgid);
-	__u32 state = preempt ? 0 : task_state(prev, trusted);
-	bool kthread = is_kthread(prev, trusted);
+	__u32 tid = BPF_CORE_READ(prev, pid);
+	__u32 tgid = BPF_CORE_READ(prev, tgid);
+	__u32 state = preempt ? 0 : task_state(prev);
+	bool kthread = is_kthread(prev);
 	struct task_data *d;
 
 	bool state_guessed = false;
@@ -1071,7 +1054,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
-		notify_new_mappings(prev, d, tgid, tid, trusted);
+		notify_new_mappings(prev, d, tgid, tid);
 }
 
 static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
@@ -1230,12 +1213,11 @@ static __always_inline __u32 claimed_stacks(struct offcpu_key *key, struct task_
 	return d->state;
 }
 
-static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid,
-				     bool trusted)
+static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid)
 {
-	key->tgid = TASK_READ(trusted, t, tgid);
+	key->tgid = BPF_CORE_READ(t, tgid);
 	key->pid = tid;
-	key->process_start = process_start(t, trusted);
+	key->process_start = process_start(t);
 	BPF_CORE_READ_STR_INTO(&key->comm, t, comm);
 }
 
@@ -1247,7 +1229,7 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
 static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
 					 bool trusted, bool next_is_current, bool legacy)
 {
-	__u32 tid = TASK_READ(trusted, next, pid);
+	__u32 tid = BPF_CORE_READ(next, pid);
 	bool starting = !trace_start_ns;
 	struct offcpu_key key = {};
 	struct task_data *d;
@@ -1261,7 +1243,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	 * noted, so that the start iterator cannot take it for one blocked
 	 * since before the hook was attached. */
 	if (starting)
-		starting = wanted_thread(TASK_READ(trusted, next, tgid), tid, is_kthread(next, trusted));
+		starting = wanted_thread(BPF_CORE_READ(next, tgid), tid, is_kthread(next));
 	d = get_data(next, tid, trusted, starting);
 	if (!d)
 		return;
@@ -1273,8 +1255,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		return;
 	}
 
-	fill_key(&key, next, tid, trusted);
-	kthread = is_kthread(next, trusted);
+	fill_key(&key, next, tid);
+	kthread = is_kthread(next);
 	if (kthread)
 		count(CNT_KTHREAD_BLOCKS);
 	if (start == START_AT_WINDOW)
@@ -1457,10 +1439,10 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 		count(CNT_WAKERS);
 		return;
 	}
-	kthread = is_kthread(waker, false);
+	kthread = is_kthread(waker);
 	w.tgid = id >> 32;
 	w.pid = (__u32)id;
-	w.process_start = process_start(waker, false);
+	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
 		w.user_stack_id = stack_of_current(ctx, true, legacy);
@@ -1471,7 +1453,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	if (notify_new_tasks && !kthread && w.pid) {
 		wd = get_data(waker, w.pid, trusted, true);
 		if (wd)
-			notify_new_mappings(waker, wd, w.tgid, w.pid, false);
+			notify_new_mappings(waker, wd, w.tgid, w.pid);
 	}
 }
 
@@ -1528,8 +1510,8 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 	}
 	if (!block_part(d, start, in, true, &from, &to))
 		return;
-	fill_key(&key, prev, tid, false);
-	if (is_kthread(prev, false))
+	fill_key(&key, prev, tid);
+	if (is_kthread(prev))
 		count(CNT_KTHREAD_BLOCKS);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
@@ -1614,12 +1596,12 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 	tid = BPF_CORE_READ(task, pid);
 	if (tid == 0 || BPF_CORE_READ(task, on_cpu))
 		return;
-	state = task_state(task, false);
+	state = task_state(task);
 	/* Gone, or never run yet (TASK_NEW). */
 	if ((state & (TASK_DEAD | TASK_NEW)) || BPF_CORE_READ(task, exit_state))
 		return;
 	tgid = BPF_CORE_READ(task, tgid);
-	kthread = is_kthread(task, false);
+	kthread = is_kthread(task);
 	if (!wanted(tgid, tid, kthread, state))
 		return;
 	if (legacy) {
@@ -1663,7 +1645,7 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		return;
 	}
 	if (notify_new_tasks && !kthread)
-		notify_new_mappings(task, d, tgid, tid, false);
+		notify_new_mappings(task, d, tgid, tid);
 }
 
 SEC("iter/task")
@@ -1725,7 +1707,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	if (!block_part(d, start, trace_end_ns, false, &from, &to))
 		return;
 
-	fill_key(&key, task, tid, false);
+	fill_key(&key, task, tid);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, d, start);
@@ -1734,7 +1716,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	 * its stacks are still those it blocked with (the kernel's view of a
 	 * task not running, as for a block under way at the start). */
 	if (!began_before_window(start) && stacks_at_switch_in) {
-		if (want_user_stack && !is_kthread(task, false))
+		if (want_user_stack && !is_kthread(task))
 			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid)
 							: STACK_ID_NOT_READABLE;
 		if (want_kernel_stack)
@@ -1802,7 +1784,7 @@ static __always_inline void cut_task(struct task_struct *task, bool trusted)
 		return;
 	if (!block_part(&seen, start, cut, false, &from, &to))
 		return;
-	fill_key(&key, task, tid, false);
+	fill_key(&key, task, tid);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, &seen, start);
@@ -1845,7 +1827,7 @@ const volatile __u32 snapshot_states = 0;
  * shown as D. */
 static __always_inline __u32 state_index(struct task_struct *t)
 {
-	__u32 state = task_state(t, false);
+	__u32 state = task_state(t);
 	__u32 report = (state | (__u32)BPF_CORE_READ(t, exit_state)) & TASK_REPORT;
 	int i;
 
@@ -1889,15 +1871,15 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_s
 		return;
 	rec.pid = BPF_CORE_READ(task, pid);
 	rec.tgid = BPF_CORE_READ(task, tgid);
-	kthread = is_kthread(task, false);
+	kthread = is_kthread(task);
 	/* Not run yet: nothing to show. */
-	if (!wanted_thread(rec.tgid, rec.pid, kthread) || (task_state(task, false) & TASK_NEW))
+	if (!wanted_thread(rec.tgid, rec.pid, kthread) || (task_state(task) & TASK_NEW))
 		return;
 	index = state_index(task);
 	if (snapshot_states && !(snapshot_states & (1u << index)))
 		return;
 	rec.state_index = index;
-	rec.process_start = process_start(task, false);
+	rec.process_start = process_start(task);
 	BPF_CORE_READ_STR_INTO(&rec.comm, task, comm);
 	rec.on_cpu = BPF_CORE_READ(task, on_cpu) ? 1 : 0;
 	if (!rec.on_cpu) {
