@@ -500,6 +500,7 @@ static long row_step(__u32 i, void *arg)
 	struct search *s = arg;
 	struct unwind_row *r;
 	__u32 mid, idx;
+
 	int k;
 
 	for (k = 0; k < SEARCH_STEPS; k++) {
@@ -712,6 +713,21 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
  * (yet); for another task, it is then walked with frame pointers here, as a
  * single walk (the verifier checks each walk called).
  */
+/*
+ * A field of task `t`: loaded directly where `t` is a pointer the verifier
+ * lets a program dereference (`trusted`: the arguments of tp_btf, the
+ * current task, an iterator's task), else read with bpf_probe_read_kernel
+ * (raw_tp and kprobe arguments are plain numbers).  The load is one
+ * instruction the JIT guards; the helper is a call and several returns,
+ * each expensive where returns are made safe against speculation (AMD's
+ * spec_rstack_overflow).  `trusted` is a constant at every call, so the
+ * other branch is not compiled.  Only for fields of the task itself: the
+ * verifier checks every direct load against the type's members, and loads
+ * through a pointer walked from the task (group_leader, mm) tripled the
+ * switch hook's verification time, for little.
+ */
+#define TASK_READ(trusted, t, field) ((trusted) ? (t)->field : BPF_CORE_READ(t, field))
+
 /* Where `task` entered the kernel from user space: its pc, sp and bp
  * (read at the fixed offsets of struct pt_regs, see vmlinux.h). */
 static __always_inline int read_user_regs(struct task_struct *task, struct unwind_state *u)
@@ -720,10 +736,11 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 
 	if (!regs)
 		return -1;
-	if (bpf_probe_read_kernel(&u->pc, sizeof(u->pc), &regs->ip) ||
-	    bpf_probe_read_kernel(&u->sp, sizeof(u->sp), &regs->sp) ||
-	    bpf_probe_read_kernel(&u->bp, sizeof(u->bp), &regs->bp))
-		return -1;
+	/* Loaded directly: bpf_task_pt_regs() gives a pointer the verifier
+	 * lets a program dereference (see TASK_READ). */
+	u->pc = regs->ip;
+	u->sp = regs->sp;
+	u->bp = regs->bp;
 	return 0;
 }
 
@@ -791,12 +808,12 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
 	return store_stack(len, user);
 }
 
-static __always_inline __u32 task_state(struct task_struct *t)
+static __always_inline __u32 task_state(struct task_struct *t, bool trusted)
 {
 	__u32 state = 0;
 
 	if (bpf_core_field_exists(t->__state))
-		return BPF_CORE_READ(t, __state);
+		return TASK_READ(trusted, t, __state);
 	/* Before 5.14: `long state`, right after thread_info (before the part
 	 * of task_struct a randomized layout may move); its low half on this
 	 * little-endian machine holds every state bit. */
@@ -806,9 +823,9 @@ static __always_inline __u32 task_state(struct task_struct *t)
 	return state;
 }
 
-static __always_inline bool is_kthread(struct task_struct *t)
+static __always_inline bool is_kthread(struct task_struct *t, bool trusted)
 {
-	return BPF_CORE_READ(t, flags) & PF_KTHREAD;
+	return TASK_READ(trusted, t, flags) & PF_KTHREAD;
 }
 
 /* Why `t` is off the CPU (enum offcpu_state), given its scheduler state
@@ -990,10 +1007,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 					  __u64 now, bool trusted, bool stacks_now, bool legacy,
 					  long prev_state)
 {
-	__u32 tid = BPF_CORE_READ(prev, pid);
-	__u32 tgid = BPF_CORE_READ(prev, tgid);
-	__u32 state = preempt ? 0 : task_state(prev);
-	bool kthread = is_kthread(prev);
+	__u32 tid = TASK_READ(trusted, prev, pid);
+	__u32 tgid = TASK_READ(trusted, prev, tgid);
+	__u32 state = preempt ? 0 : task_state(prev, trusted);
+	bool kthread = is_kthread(prev, trusted);
 	struct task_data *d;
 
 	bool state_guessed = false;
@@ -1213,9 +1230,10 @@ static __always_inline __u32 claimed_stacks(struct offcpu_key *key, struct task_
 	return d->state;
 }
 
-static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid)
+static __always_inline void fill_key(struct offcpu_key *key, struct task_struct *t, __u32 tid,
+				     bool trusted)
 {
-	key->tgid = BPF_CORE_READ(t, tgid);
+	key->tgid = TASK_READ(trusted, t, tgid);
 	key->pid = tid;
 	key->process_start = process_start(t);
 	BPF_CORE_READ_STR_INTO(&key->comm, t, comm);
@@ -1229,7 +1247,7 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
 static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
 					 bool trusted, bool next_is_current, bool legacy)
 {
-	__u32 tid = BPF_CORE_READ(next, pid);
+	__u32 tid = TASK_READ(trusted, next, pid);
 	bool starting = !trace_start_ns;
 	struct offcpu_key key = {};
 	struct task_data *d;
@@ -1243,7 +1261,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	 * noted, so that the start iterator cannot take it for one blocked
 	 * since before the hook was attached. */
 	if (starting)
-		starting = wanted_thread(BPF_CORE_READ(next, tgid), tid, is_kthread(next));
+		starting = wanted_thread(TASK_READ(trusted, next, tgid), tid, is_kthread(next, trusted));
 	d = get_data(next, tid, trusted, starting);
 	if (!d)
 		return;
@@ -1255,8 +1273,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		return;
 	}
 
-	fill_key(&key, next, tid);
-	kthread = is_kthread(next);
+	fill_key(&key, next, tid, trusted);
+	kthread = is_kthread(next, trusted);
 	if (kthread)
 		count(CNT_KTHREAD_BLOCKS);
 	if (start == START_AT_WINDOW)
@@ -1439,7 +1457,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 		count(CNT_WAKERS);
 		return;
 	}
-	kthread = is_kthread(waker);
+	kthread = is_kthread(waker, false);
 	w.tgid = id >> 32;
 	w.pid = (__u32)id;
 	w.process_start = process_start(waker);
@@ -1510,8 +1528,8 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 	}
 	if (!block_part(d, start, in, true, &from, &to))
 		return;
-	fill_key(&key, prev, tid);
-	if (is_kthread(prev))
+	fill_key(&key, prev, tid, false);
+	if (is_kthread(prev, false))
 		count(CNT_KTHREAD_BLOCKS);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
@@ -1596,12 +1614,12 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 	tid = BPF_CORE_READ(task, pid);
 	if (tid == 0 || BPF_CORE_READ(task, on_cpu))
 		return;
-	state = task_state(task);
+	state = task_state(task, false);
 	/* Gone, or never run yet (TASK_NEW). */
 	if ((state & (TASK_DEAD | TASK_NEW)) || BPF_CORE_READ(task, exit_state))
 		return;
 	tgid = BPF_CORE_READ(task, tgid);
-	kthread = is_kthread(task);
+	kthread = is_kthread(task, false);
 	if (!wanted(tgid, tid, kthread, state))
 		return;
 	if (legacy) {
@@ -1707,7 +1725,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	if (!block_part(d, start, trace_end_ns, false, &from, &to))
 		return;
 
-	fill_key(&key, task, tid);
+	fill_key(&key, task, tid, false);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, d, start);
@@ -1716,7 +1734,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	 * its stacks are still those it blocked with (the kernel's view of a
 	 * task not running, as for a block under way at the start). */
 	if (!began_before_window(start) && stacks_at_switch_in) {
-		if (want_user_stack && !is_kthread(task))
+		if (want_user_stack && !is_kthread(task, false))
 			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid)
 							: STACK_ID_NOT_READABLE;
 		if (want_kernel_stack)
@@ -1784,7 +1802,7 @@ static __always_inline void cut_task(struct task_struct *task, bool trusted)
 		return;
 	if (!block_part(&seen, start, cut, false, &from, &to))
 		return;
-	fill_key(&key, task, tid);
+	fill_key(&key, task, tid, false);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, &seen, start);
@@ -1827,7 +1845,7 @@ const volatile __u32 snapshot_states = 0;
  * shown as D. */
 static __always_inline __u32 state_index(struct task_struct *t)
 {
-	__u32 state = task_state(t);
+	__u32 state = task_state(t, false);
 	__u32 report = (state | (__u32)BPF_CORE_READ(t, exit_state)) & TASK_REPORT;
 	int i;
 
@@ -1871,9 +1889,9 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_s
 		return;
 	rec.pid = BPF_CORE_READ(task, pid);
 	rec.tgid = BPF_CORE_READ(task, tgid);
-	kthread = is_kthread(task);
+	kthread = is_kthread(task, false);
 	/* Not run yet: nothing to show. */
-	if (!wanted_thread(rec.tgid, rec.pid, kthread) || (task_state(task) & TASK_NEW))
+	if (!wanted_thread(rec.tgid, rec.pid, kthread) || (task_state(task, false) & TASK_NEW))
 		return;
 	index = state_index(task);
 	if (snapshot_states && !(snapshot_states & (1u << index)))
