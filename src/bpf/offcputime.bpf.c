@@ -741,7 +741,10 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 	u->pc = regs->ip;
 	u->sp = regs->sp;
 	u->bp = regs->bp;
-	return 0;
+	/* A load that faults reads 0, where the helper failed: no user code
+	 * runs at 0, and the walk is then not made (counted as a missed
+	 * stack, as before). */
+	return u->pc && u->sp ? 0 : -1;
 }
 
 static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
