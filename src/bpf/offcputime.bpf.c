@@ -500,7 +500,6 @@ static long row_step(__u32 i, void *arg)
 	struct search *s = arg;
 	struct unwind_row *r;
 	__u32 mid, idx;
-
 	int k;
 
 	for (k = 0; k < SEARCH_STEPS; k++) {
@@ -707,13 +706,6 @@ static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
 }
 
 /*
- * Walks the user stack of `task` (the current task unless `remote`) with the
- * DWARF tables of its process, from the user registers saved at kernel
- * entry.  Returns its length in bytes, or -1 if the process has no tables
- * (yet); for another task, it is then walked with frame pointers here, as a
- * single walk (the verifier checks each walk called).
- */
-/*
  * A field of task `t`: loaded directly where `t` is a pointer the verifier
  * lets a program dereference (`trusted`: the arguments of tp_btf, the
  * current task, an iterator's task), else read with bpf_probe_read_kernel
@@ -747,6 +739,13 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 	return u->pc && u->sp ? 0 : -1;
 }
 
+/*
+ * Walks the user stack of `task` (the current task unless `remote`) with the
+ * DWARF tables of its process, from the user registers saved at kernel
+ * entry.  Returns its length in bytes, or -1 if the process has no tables
+ * (yet); for another task, it is then walked with frame pointers here, as a
+ * single walk (the verifier checks each walk called).
+ */
 static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
 {
 	struct unwind_state u = {};
