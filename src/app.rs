@@ -862,7 +862,8 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
         eprintln!(
             "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
              {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
-             with them ({} cut short), {} frames through frame pointers",
+             with them ({} cut short, {} proved unchanged since the thread's last walk), {} \
+             frames through frame pointers",
             s.objects,
             s.objects_without_cfi,
             s.rows,
@@ -873,6 +874,7 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
             s.build_ms,
             c.unwind_dwarf,
             c.unwind_truncated,
+            c.unwind_cached,
             c.unwind_fp_frames,
         );
     }

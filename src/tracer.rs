@@ -352,6 +352,9 @@ pub struct LossCounters {
     pub unwind_truncated: u64,
     /// Frames found through frame pointers in stacks walked with tables.
     pub unwind_fp_frames: u64,
+    /// ... of which proved the same as the thread's last walk, not walked
+    /// again.
+    pub unwind_cached: u64,
     /// `--states`: wake-ups that split a block.
     pub wakeups: u64,
     /// `--wakers`: wakers recorded, and lost for a full table.
@@ -615,6 +618,8 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
         rodata.notify_new_tasks = opts.user_stacks;
         rodata.stack_bytes = opts.max_stack_depth * 8;
         rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+        // For measuring and testing the cache against the walk it saves.
+        rodata.ucache_on = std::env::var_os("OFFCPUTIME_NO_STACK_CACHE").is_none();
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         if opts.wakers {
@@ -936,6 +941,10 @@ impl<'obj> Tracer<'obj> {
                 .task_data_storage
                 .set_autocreate(false)
                 .context("task storage map")?;
+            open.maps
+                .ucache_storage
+                .set_autocreate(false)
+                .context("stack cache map")?;
         }
 
         if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
@@ -1496,6 +1505,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         unwind_dwarf: at(C::CNT_UNWIND_DWARF),
         unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
         unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
+        unwind_cached: at(C::CNT_UNWIND_CACHED),
         wakeups: at(C::CNT_WAKEUPS),
         wakers: at(C::CNT_WAKERS),
         wakers_full: at(C::CNT_WAKERS_FULL),
@@ -1585,6 +1595,8 @@ pub struct UnwindStore {
     rows: WindowedArray<types::unwind_row>,
     mappings: WindowedArray<types::unwind_mapping>,
     procs: libbpf_rs::MapHandle,
+    /// The generation of the next process tables written.
+    next_gen: u64,
 }
 
 impl UnwindStore {
@@ -1594,6 +1606,7 @@ impl UnwindStore {
             mappings: WindowedArray::new(&skel.maps.unwind_maps, "unwind mappings")?,
             procs: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_procs)
                 .context("failed to open the unwind processes map")?,
+            next_gen: 1,
         })
     }
 }
@@ -1620,7 +1633,9 @@ impl crate::unwind::TableStore for UnwindStore {
             map_start: start,
             map_count: count,
             mm: 0,
+            gen: self.next_gen,
         };
+        self.next_gen += 1;
         // SAFETY: unwind_proc is plain old data.
         let value = unsafe { plain::as_bytes(&proc) };
         self.procs

@@ -61,6 +61,8 @@ const volatile bool stacks_at_switch_in = false;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
+/* ... and keep each thread's last walk, with its proof (struct ucache). */
+const volatile bool ucache_on = false;
 /* --states: blocks split by thread state, at their wake-up. */
 const volatile bool want_states = false;
 /* --wakers: the stacks of the task that woke each block. */
@@ -238,6 +240,66 @@ struct {
 	__type(value, struct stack_copy);
 } start_stack SEC(".maps");
 
+/*
+ * The user stack cache.  A walk is a function of the registers it starts
+ * from, its process's unwind tables and the stack memory it reads: walked
+ * again from the same registers, with the same tables, over the same
+ * memory, it gives the same frames.  So each thread keeps what its last
+ * walk started from and every 8-byte slot it read (where, and what was
+ * there).  At its next block, if the registers are the same, the tables
+ * are (their generation, see struct unwind_proc), and every one of those
+ * slots still holds what it held, the stack is the one stored then: it is
+ * not walked again, and no frame is guessed.  Where the proof cannot be
+ * kept (a read that failed, more than UCACHE_SLOTS slots, a stack that
+ * could not be stored) the thread keeps nothing and is walked each time.
+ * The initial frame pointer is part of the proof only where the walk used
+ * it before restoring it from the stack (code without frame pointers
+ * keeps anything in that register).
+ */
+#define UCACHE_SLOTS 64
+struct ucache {
+	/* The stack's id in `stacks`; 0: nothing kept. */
+	__u64 stack_id;
+	__u64 mm;
+	__u64 gen;
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u32 n;
+	__u32 fp_frames;
+	__u8 bp_used;
+	__u8 truncated;
+	__u8 _pad[6];
+	/* Slot k: at sp + off[k], the walk read val[k]. */
+	__u32 off[UCACHE_SLOTS];
+	__u64 val[UCACHE_SLOTS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ucache);
+} ucache_storage SEC(".maps");
+
+/* The slots of the walk under way on this CPU, kept once it succeeds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ucache);
+} ucache_scratch SEC(".maps");
+
+/* Checking the slots: the stack is read a window at a time (frames are
+ * small, so one read usually covers several), not 8 bytes at a time. */
+#define UCACHE_WINDOW 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u8[UCACHE_WINDOW + 8]);
+} ucache_window SEC(".maps");
+
 /* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
  * written by it through mmap. */
 struct {
@@ -412,7 +474,37 @@ struct unwind_state {
 	bool truncated;
 	/* The task whose stack it is, when it is not the current one. */
 	struct task_struct *task;
+	/* For the cache: the stack pointer it started from; a read failed
+	 * (the walk cannot be proved again); the starting frame pointer was
+	 * used, and bp no longer holds it. */
+	__u64 pc0;
+	__u64 sp0;
+	__u64 bp0;
+	bool unprovable;
+	bool bp_used;
+	bool bp_restored;
 };
+
+/* The walk read `val` at `addr`: slot k of its proof in `pr`. */
+static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
+				      __u64 addr, __u64 val)
+{
+	__u32 k;
+
+	if (!pr)
+		return;
+	k = pr->n;
+	if (k >= UCACHE_SLOTS || addr < u->sp0 || addr - u->sp0 > 0xfffffff0ULL) {
+		u->unprovable = true;
+		return;
+	}
+	pr->n = k + 1;
+	/* The compiler forgets the bound above (see unwind_step). */
+	asm volatile("" : "+r"(k));
+	k &= UCACHE_SLOTS - 1;
+	pr->off[k] = addr - u->sp0;
+	pr->val[k] = val;
+}
 
 /* Reads the user memory of the current task, or of `task` from the copy
  * of its stack `c` where it has the bytes, else from the task (which may
@@ -569,7 +661,7 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
  * to stop (bpf_loop callback).
  */
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
-				       struct stack_copy *c)
+				       struct stack_copy *c, struct ucache *pr)
 {
 	__u64 cfa, ra, frame[2], rule;
 	__u32 idx;
@@ -599,6 +691,8 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			cfa = u->sp + RULE_CFA_OFF(rule);
 			break;
 		case UNWIND_CFA_RBP:
+			if (!u->bp_restored)
+				u->bp_used = true;
 			cfa = u->bp + RULE_CFA_OFF(rule);
 			break;
 		case UNWIND_PLT:
@@ -611,12 +705,18 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		rbp_off = RULE_RBP_OFF(rule);
 		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, c)) {
 			u->truncated = true;
+			u->unprovable = true;
 			return 1;
 		}
-		if (rbp_off && read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8),
-					 u->task, c)) {
-			u->truncated = true;
-			return 1;
+		note_slot(pr, u, cfa - 8, ra);
+		if (rbp_off) {
+			if (read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8), u->task, c)) {
+				u->truncated = true;
+				u->unprovable = true;
+				return 1;
+			}
+			note_slot(pr, u, cfa + rbp_off * 8, u->bp);
+			u->bp_restored = true;
 		}
 		u->sp = cfa;
 	} else {
@@ -624,8 +724,17 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		 * pointer and return address at bp.  A chain that ends (bp is
 		 * 0 in _start and thread entry points) or cannot be read is
 		 * the end of the stack. */
-		if (!u->bp || read_user(frame, sizeof(frame), (void *)u->bp, u->task, c))
+		if (!u->bp_restored)
+			u->bp_used = true;
+		if (!u->bp)
 			return 1;
+		if (read_user(frame, sizeof(frame), (void *)u->bp, u->task, c)) {
+			u->unprovable = true;
+			return 1;
+		}
+		note_slot(pr, u, u->bp, frame[0]);
+		note_slot(pr, u, u->bp + 8, frame[1]);
+		u->bp_restored = true;
 		ra = frame[1];
 		u->sp = u->bp + 16;
 		u->bp = frame[0];
@@ -641,8 +750,9 @@ static long unwind_step_current(__u32 i, void *arg)
 {
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
+	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
 
-	return ips ? unwind_step(i, arg, ips, NULL) : 1;
+	return ips ? unwind_step(i, arg, ips, NULL, pr) : 1;
 }
 
 static long unwind_step_task(__u32 i, void *arg)
@@ -651,7 +761,7 @@ static long unwind_step_task(__u32 i, void *arg)
 	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
 	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
 
-	return ips && c ? unwind_step(i, arg, ips, c) : 1;
+	return ips && c ? unwind_step(i, arg, ips, c, NULL) : 1;
 }
 
 /* Copies the stack of the task being walked from its stack pointer: as
@@ -739,58 +849,197 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 	return u->pc && u->sp ? 0 : -1;
 }
 
-/*
- * Walks the user stack of `task` (the current task unless `remote`) with the
- * DWARF tables of its process, from the user registers saved at kernel
- * entry.  Returns its length in bytes, or -1 if the process has no tables
- * (yet); for another task, it is then walked with frame pointers here, as a
- * single walk (the verifier checks each walk called).
- */
-static __always_inline long unwind_user(struct task_struct *task, __u32 tgid, bool remote)
+/* The unwind tables of process `tgid` if they are ready for its address
+ * space `mm`, else NULL (counted).  The tables describe the address space
+ * they were built for: the first unwind claims it, and an exec() or a
+ * reused pid since makes them stale until userspace has built new ones. */
+static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm)
 {
-	struct unwind_state u = {};
-	struct unwind_proc *p;
-	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
-	bool ready;
+	struct unwind_proc *p = bpf_map_lookup_elem(&unwind_procs, &tgid);
 
-	p = bpf_map_lookup_elem(&unwind_procs, &tgid);
-	/* The tables describe the address space they were built for: the
-	 * first unwind claims it, and an exec() or a reused pid since makes
-	 * them stale until userspace has built new ones. */
 	if (p && mm && !p->mm)
 		p->mm = mm;
-	ready = p && mm && p->mm == mm;
-	if (!ready) {
-		count(CNT_UNWIND_NOT_READY);
-		if (!remote)
-			return -1;
-	}
+	if (p && mm && p->mm == mm)
+		return p;
+	count(CNT_UNWIND_NOT_READY);
+	return NULL;
+}
+
+/* Walks from u's registers with the tables `p`, and counts the walk. */
+static __always_inline void walk_with_tables(struct unwind_state *u, struct unwind_proc *p,
+					     bool remote)
+{
+	u->map_start = p->map_start;
+	u->map_count = p->map_count;
+	if (u->map_count > UNWIND_MAX_PROC_MAPPINGS)
+		u->map_count = UNWIND_MAX_PROC_MAPPINGS;
+	walk_user(u, remote);
+	count(CNT_UNWIND_DWARF);
+	if (u->truncated)
+		count(CNT_UNWIND_TRUNCATED);
+	if (u->fp_frames)
+		count_n(CNT_UNWIND_FP_FRAMES, u->fp_frames);
+}
+
+/*
+ * Walks the user stack of another task, `task`, from the user registers
+ * saved at its kernel entry, with the DWARF tables of its process, or with
+ * frame pointers where it has none (yet): the caller could not walk it
+ * (the verifier checks each walk called).  Returns its length in bytes, or
+ * -1 where the registers cannot be read.
+ */
+static __always_inline long unwind_task(struct task_struct *task, __u32 tgid)
+{
+	struct unwind_state u = {};
+	struct unwind_proc *p = tables_of(tgid, (__u64)BPF_CORE_READ(task, mm));
+
 	if (read_user_regs(task, &u))
 		return -1;
-	if (ready && p) {
-		u.map_start = p->map_start;
-		u.map_count = p->map_count;
-		if (u.map_count > UNWIND_MAX_PROC_MAPPINGS)
-			u.map_count = UNWIND_MAX_PROC_MAPPINGS;
-	}
 	u.task = task;
-	walk_user(&u, remote);
-	if (ready) {
-		count(CNT_UNWIND_DWARF);
-		if (u.truncated)
-			count(CNT_UNWIND_TRUNCATED);
-		if (u.fp_frames)
-			count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
-	}
+	if (p)
+		walk_with_tables(&u, p, true);
+	else
+		walk_user(&u, true);
 	return u.nr * sizeof(__u64);
 }
 
-/* The current task's user stack, walked with its process's tables into
- * `scratch`: its length in bytes, or -1 if the process has none (yet).  A
- * global function, checked once on its own (see unwind_rule). */
-__noinline long unwind_current(void)
+/* Checking a kept walk's slots (struct ucache), one per bpf_loop call:
+ * more per call (unrolled) multiply the paths the verifier follows. */
+struct ucache_check {
+	struct ucache *e;
+	/* The stack memory read last: from base, len bytes (a window, or
+	 * none). */
+	__u64 base;
+	__u64 len;
+	/* Every slot checked, and each held what it held. */
+	bool holds;
+};
+
+static long ucache_check_step(__u32 i, void *arg)
 {
-	return unwind_user(bpf_get_current_task_btf(), bpf_get_current_pid_tgid() >> 32, false);
+	struct ucache_check *v = arg;
+	struct ucache *e = v->e;
+	__u32 zero = 0, k = i;
+	__u64 addr, off, val;
+	__u8 *w = bpf_map_lookup_elem(&ucache_window, &zero);
+
+	if (!w || !e)
+		return 1;
+	/* `i`, not a count kept in `v`: the verifier would follow a count
+	 * from its known start through every value. */
+	if (k >= e->n || k >= UCACHE_SLOTS) {
+		v->holds = k >= e->n;
+		return 1;
+	}
+	/* The compiler forgets the bound above (see unwind_step). */
+	asm volatile("" : "+r"(k));
+	k &= UCACHE_SLOTS - 1;
+	addr = e->sp + e->off[k];
+	off = addr - v->base;
+	if (addr < v->base || off + 8 > v->len) {
+		/* The stack from this slot up, in one read (frames are small:
+		 * it usually holds the next ones too); where that would cross
+		 * into memory that cannot be read, the slot alone. */
+		v->base = addr;
+		v->len = 0;
+		off = 0;
+		if (!bpf_probe_read_user(w, UCACHE_WINDOW, (void *)addr))
+			v->len = UCACHE_WINDOW;
+		else if (!bpf_probe_read_user(w, 8, (void *)addr))
+			v->len = 8;
+		else
+			return 1;
+	}
+	val = *(__u64 *)(w + (off & (UCACHE_WINDOW - 1)));
+	return val == e->val[k] ? 0 : 1;
+}
+
+/* Whether the current thread's kept walk `e` holds for the registers in
+ * `u`, the address space `mm` and the tables of generation `gen`: the
+ * proof of struct ucache. */
+static __always_inline bool ucache_holds(struct ucache *e, struct unwind_state *u,
+					 __u64 mm, __u64 gen)
+{
+	struct ucache_check v = { .e = e };
+
+	if (!e->stack_id || e->mm != mm || e->gen != gen || e->pc != u->pc ||
+	    e->sp != u->sp || (e->bp_used && e->bp != u->bp))
+		return false;
+	bpf_loop(UCACHE_SLOTS + 1, ucache_check_step, &v, 0);
+	return v.holds;
+}
+
+/* Keeps the walk in `u` (its slots in `pr`), whose frames were stored as
+ * `id`, in the thread's `e`, or nothing where it cannot be proved again. */
+static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
+					struct unwind_state *u, __u64 mm, __u64 gen, __u64 id)
+{
+	e->stack_id = 0;
+	if (!pr || u->unprovable || !(id & STACK_ID_HASH_BIT))
+		return;
+	/* All of them: straight-line code, which the verifier checks once
+	 * (a loop up to n would be checked once per slot). */
+	__builtin_memcpy(e->off, pr->off, sizeof(e->off));
+	__builtin_memcpy(e->val, pr->val, sizeof(e->val));
+	e->n = pr->n;
+	e->mm = mm;
+	e->gen = gen;
+	e->pc = u->pc0;
+	e->sp = u->sp0;
+	e->bp = u->bp0;
+	e->bp_used = u->bp_used;
+	e->truncated = u->truncated;
+	e->fp_frames = u->fp_frames;
+	e->stack_id = id;
+}
+
+/* Not a stack id (see enum stack_id_special): the current task's process
+ * has no unwind tables yet, or its registers could not be read; its user
+ * stack is to be walked with frame pointers. */
+#define USTACK_NO_TABLES 4
+
+/*
+ * The current task's user stack, walked with its process's tables (or
+ * proved the same as at its last walk, see struct ucache) and stored: its
+ * stack id, or USTACK_NO_TABLES.  A global function, checked once on its
+ * own (see unwind_rule).
+ */
+__noinline __u64 user_stack_of_current(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
+	struct unwind_proc *p = tables_of(bpf_get_current_pid_tgid() >> 32, mm);
+	struct unwind_state u = {};
+	struct ucache *e = NULL, *pr = NULL;
+	__u32 zero = 0;
+	__u64 id, gen;
+
+	if (!p || read_user_regs(task, &u))
+		return USTACK_NO_TABLES;
+	gen = p->gen;
+	if (ucache_on) {
+		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (e && ucache_holds(e, &u, mm, gen)) {
+			count(CNT_UNWIND_DWARF);
+			count(CNT_UNWIND_CACHED);
+			if (e->truncated)
+				count(CNT_UNWIND_TRUNCATED);
+			if (e->fp_frames)
+				count_n(CNT_UNWIND_FP_FRAMES, e->fp_frames);
+			return e->stack_id;
+		}
+		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
+		if (pr)
+			pr->n = 0;
+	}
+	u.pc0 = u.pc;
+	u.sp0 = u.sp;
+	u.bp0 = u.bp;
+	walk_with_tables(&u, p, false);
+	id = store_stack(u.nr * sizeof(__u64), true);
+	if (e)
+		ucache_keep(e, pr, &u, mm, gen, id);
+	return id;
 }
 
 /* The user or kernel stack of the current task.  `legacy`: a program for
@@ -799,14 +1048,17 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
-	long len = -1;
+	__u64 id;
+	long len;
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	if (user && unwind_dwarf && !legacy)
-		len = unwind_current();
-	if (len < 0)
-		len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
+	if (user && unwind_dwarf && !legacy) {
+		id = user_stack_of_current();
+		if (id != USTACK_NO_TABLES)
+			return id;
+	}
+	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	return store_stack(len, user);
 }
 
@@ -1574,7 +1826,7 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	if (BPF_CORE_READ(task, mm, mmap_lock.count.counter) & (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS))
 		return STACK_ID_NOT_READABLE;
 	if (unwind_dwarf) {
-		len = unwind_user(task, tgid, true);
+		len = unwind_task(task, tgid);
 	} else {
 		if (read_user_regs(task, &u))
 			return STACK_ID_MISSED_ERROR;

@@ -191,8 +191,12 @@ struct unwind_proc {
 	__u32 map_count;
 	/* The address space the tables are for: 0 when userspace writes
 	 * them, claimed by the first unwind in the process (see
-	 * unwind_user()). */
+	 * tables_of()). */
 	__u64 mm;
+	/* Different for every write of a process's tables: a walk kept with
+	 * the tables of one generation is not taken for another's (see
+	 * struct ucache). */
+	__u64 gen;
 };
 
 /*
@@ -277,6 +281,10 @@ enum offcpu_counter {
 	 * was under way, where the hook does not pass the state the thread
 	 * blocked in (kprobe, kernels before 5.18): taken as a sleep */
 	CNT_STATE_GUESSED,
+	/* --unwind dwarf: user stacks walked with tables (CNT_UNWIND_DWARF)
+	 * that were proved the same as the thread's last walk and not walked
+	 * again (struct ucache) */
+	CNT_UNWIND_CACHED,
 	CNT_MAX,
 };
 

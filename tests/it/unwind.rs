@@ -220,15 +220,15 @@ fn check_build(build: Build) {
 }
 
 /// A running workload, killed on drop.
-struct Running {
+pub(crate) struct Running {
     child: Child,
-    pid: u32,
+    pub pid: u32,
 }
 
 impl Running {
     /// Starts `exe` and waits for its pid (the first line it prints) and
     /// for its threads to settle into blocking.
-    fn start(exe: &Path) -> Running {
+    pub(crate) fn start(exe: &Path) -> Running {
         let mut child = Command::new(exe)
             .stdout(Stdio::piped())
             .spawn()

@@ -1,0 +1,133 @@
+//! The user stack cache (`struct ucache` in the BPF program): a thread's
+//! stack is not walked again when the registers it blocks with, its
+//! process's tables and every stack slot the last walk read are the same.
+//! These tests try to fool it with the workload
+//! `tests/workloads/stackcache.c`: threads that block under two stacks in
+//! turn, with the same registers at kernel entry each time, the stacks
+//! told apart only by stack memory (a function called from two sites, a
+//! stack that changes below eight unchanged frames, the same depth
+//! through two call paths). The time under each must be what the
+//! workload spends there (a fifth under its "a" stack), the stacks the
+//! same as with the cache off, and the cache must have been used.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::unwind::Running;
+use crate::util::*;
+
+/// Each thread, and the frame that names its "a" and its "b" stack.
+const THREADS: &[(&str, &str, &str)] = &[
+    ("sites", "site_a", "site_b"),
+    ("deep", "root_a", "root_b"),
+    ("paths", "path_a1", "path_b1"),
+];
+
+/// The workload's share of each thread's time under "a": 3 × 2 ms
+/// against 3 × 8 ms (a few µs more for each sleep's way in and out).
+const A_SHARE: f64 = 0.2;
+
+#[test]
+fn cache_not_fooled_without_frame_pointers() {
+    check("-fomit-frame-pointer");
+}
+
+/// With frame pointers the walk starts from the frame pointer register,
+/// which is then part of what must be the same.
+#[test]
+fn cache_not_fooled_with_frame_pointers() {
+    check("-fno-omit-frame-pointer");
+}
+
+fn check(fp: &str) {
+    if !require_root() {
+        return;
+    }
+    let Some(clang) = require_tool("clang", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(&clang, fp, dir.path());
+    let wl = Running::start(&exe);
+    let pid = wl.pid.to_string();
+    let args = ["-p", &pid, "-U", "-f", "3"];
+    let (cached, _) = profile_window(&args, &[]);
+    let (walked, _) = profile_window(&args, &[("OFFCPUTIME_NO_STACK_CACHE", "1")]);
+    drop(wl);
+
+    let proved = |out: &std::process::Output| proved_unchanged(&String::from_utf8_lossy(&out.stderr));
+    let (hits, none) = (proved(&cached), proved(&walked));
+    assert!(
+        hits > 100,
+        "{fp}: the cache was hardly used ({hits} stacks proved unchanged):\n{}",
+        String::from_utf8_lossy(&cached.stderr)
+    );
+    assert_eq!(none, 0, "{fp}: OFFCPUTIME_NO_STACK_CACHE=1 still used the cache");
+
+    let (c, w) = (parse_folded(&cached.stdout), parse_folded(&walked.stdout));
+    for &(thread, a, b) in THREADS {
+        for (label, lines) in [("cache on", &c), ("cache off", &w)] {
+            let under = |f: &str| sum_us_where(lines, |l| l.comm() == thread && l.has(f));
+            let (ua, ub) = (under(a), under(b));
+            let share = ua as f64 / (ua + ub).max(1) as f64;
+            println!("stackcache: {fp} {label} {thread}: {a} {ua} us, {b} {ub} us, share {share:.3}");
+            assert!(
+                (share - A_SHARE).abs() < 0.04,
+                "{fp}, {label}: thread {thread} has {ua} us under {a} and {ub} us under {b} \
+                 ({:.1}% under {a}, the workload spends {:.0}% there)",
+                share * 100.0,
+                A_SHARE * 100.0
+            );
+        }
+        assert_eq!(
+            main_stacks(&c, thread),
+            main_stacks(&w, thread),
+            "{fp}: thread {thread}'s stacks differ with the cache on (left) and off (right)"
+        );
+    }
+}
+
+/// The stacks under which `thread` spent at least 1% of its time: a
+/// preemption elsewhere may add a rare one to either run.
+fn main_stacks(lines: &[Folded], thread: &str) -> Vec<String> {
+    let total = sum_us(lines, thread);
+    let mut stacks: Vec<String> = lines
+        .iter()
+        .filter(|l| l.comm() == thread && l.us * 100 >= total)
+        .map(|l| l.frames.join(";"))
+        .collect();
+    stacks.sort();
+    stacks
+}
+
+/// From `-v`: "... stacks walked with them (N cut short, N proved
+/// unchanged since the thread's last walk) ...".
+fn proved_unchanged(stderr: &str) -> u64 {
+    let at = stderr
+        .find(" proved unchanged")
+        .unwrap_or_else(|| panic!("no unwind tables line in:\n{stderr}"));
+    let before = &stderr[..at];
+    let start = before.rfind(' ').map_or(0, |i| i + 1);
+    before[start..].parse().expect("a count before \"proved unchanged\"")
+}
+
+fn compile(clang: &Path, fp: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/stackcache.c");
+    let exe = dir.join("stackcache");
+    let out = Command::new(clang)
+        .args(["-O2", "-g", "-pthread", fp])
+        .arg("-fno-optimize-sibling-calls")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run clang");
+    assert!(
+        out.status.success(),
+        "building {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
