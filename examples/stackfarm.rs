@@ -3,12 +3,17 @@
 //!
 //! ```text
 //! cargo run --release --example stackfarm -- [--procs P] [--depth D] [--sleep-ms S] [--seconds N]
+//!                                               [--variety K]
 //! ```
 //!
-//! Starts P processes (this executable re-run as `stackfarm worker D S N`),
-//! each with D threads; thread d recurses d levels through `farm_level`
-//! before it sleeps S ms (default 50) in a loop, so every thread blocks
-//! under its own stack: P × D distinct stacks in all (1000 by default).
+//! Starts P processes (this executable re-run as `stackfarm worker D S N K
+//! INDEX`), each with D threads; thread d recurses d levels through
+//! `farm_level` before it sleeps S ms (default 50) in a loop, so every
+//! thread blocks under its own stack: P × D distinct stacks in all (1000 by
+//! default). With `--variety K` (K > 1) each thread blocks under K stacks
+//! of its own in turn, one sleep each: stack number k is a chain of 17
+//! calls of `farm_zero` and `farm_one`, the bits of k (P × D × K distinct
+//! stacks, up to 2^17).
 //! Prints `ready` 300 ms after starting the workers, and exits after N
 //! seconds (default 30) with them.
 
@@ -30,7 +35,35 @@ pub extern "C" fn farm_level(levels: u32, sleep_ms: u64, end_ms: u64, start: &In
     black_box(farm_level(black_box(levels - 1), sleep_ms, end_ms, start)) + 1
 }
 
-fn worker(depth: u32, sleep_ms: u64, seconds: u64) {
+/// Bits of a stack number, one frame each (see `--variety`).
+const BITS: u32 = 17;
+
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn farm_zero(n: u64, bits: u32, sleep_ms: u64) -> u32 {
+    black_box(farm_bits(black_box(n), bits, sleep_ms)) + 1
+}
+
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn farm_one(n: u64, bits: u32, sleep_ms: u64) -> u32 {
+    black_box(farm_bits(black_box(n), bits, sleep_ms)) + 2
+}
+
+/// Sleeps once under the stack that spells `n`'s lowest `bits` bits.
+#[inline(always)]
+fn farm_bits(n: u64, bits: u32, sleep_ms: u64) -> u32 {
+    if bits == 0 {
+        std::thread::sleep(Duration::from_millis(sleep_ms));
+        0
+    } else if n & 1 == 1 {
+        farm_one(n >> 1, bits - 1, sleep_ms)
+    } else {
+        farm_zero(n >> 1, bits - 1, sleep_ms)
+    }
+}
+
+fn worker(depth: u32, sleep_ms: u64, seconds: u64, variety: u64, index: u64) {
     // Killed with the farm, if it goes first.
     // SAFETY: PR_SET_PDEATHSIG takes a signal number and nothing else.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
@@ -42,7 +75,16 @@ fn worker(depth: u32, sleep_ms: u64, seconds: u64) {
                 .name(format!("farm-{d}"))
                 .stack_size(256 * 1024)
                 .spawn(move || {
-                    farm_level(d, sleep_ms, end_ms, &start);
+                    if variety <= 1 {
+                        farm_level(d, sleep_ms, end_ms, &start);
+                        return;
+                    }
+                    let first = (index * depth as u64 + d as u64) * variety;
+                    let mut j = 0;
+                    while (start.elapsed().as_millis() as u64) < end_ms {
+                        farm_bits((first + j) % (1 << BITS), BITS, sleep_ms);
+                        j = (j + 1) % variety;
+                    }
                 })
                 .expect("spawn")
         })
@@ -66,22 +108,27 @@ fn main() -> ExitCode {
         let depth = args[1].parse().expect("depth");
         let sleep_ms = args[2].parse().expect("sleep ms");
         let seconds = args[3].parse().expect("seconds");
-        worker(depth, sleep_ms, seconds);
+        let variety = args[4].parse().expect("variety");
+        let index = args[5].parse().expect("index");
+        worker(depth, sleep_ms, seconds, variety, index);
         return ExitCode::SUCCESS;
     }
     let procs = flag(&args, "--procs", 25);
     let depth = flag(&args, "--depth", 40);
     let sleep_ms = flag(&args, "--sleep-ms", 50);
     let seconds = flag(&args, "--seconds", 30);
+    let variety = flag(&args, "--variety", 1);
     let exe = std::env::current_exe().expect("own path");
     let mut children: Vec<Child> = (0..procs)
-        .map(|_| {
+        .map(|i| {
             Command::new(&exe)
                 .args([
                     "worker",
                     &depth.to_string(),
                     &sleep_ms.to_string(),
                     &seconds.to_string(),
+                    &variety.to_string(),
+                    &i.to_string(),
                 ])
                 .stdin(Stdio::null())
                 .spawn()

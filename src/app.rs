@@ -69,6 +69,7 @@ fn set_libbpf_logging(verbose: bool) {
                 if line.starts_with("prog '") && line.contains("BEGIN PROG LOAD LOG")
                     || line.starts_with("verification time")
                     || line.starts_with("processed ")
+                    || line.starts_with("stack depth ")
                 {
                     eprintln!("libbpf: {line}");
                 }

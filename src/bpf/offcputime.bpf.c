@@ -293,11 +293,18 @@ struct {
 /* Checking the slots: the stack is read a window at a time (frames are
  * small, so one read usually covers several), not 8 bytes at a time. */
 #define UCACHE_WINDOW 1024
+struct ucache_window {
+	/* The stack memory read last: from base, len bytes. */
+	__u64 base;
+	__u64 len;
+	__u8 bytes[UCACHE_WINDOW + 8];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u8[UCACHE_WINDOW + 8]);
+	__type(value, struct ucache_window);
 } ucache_window SEC(".maps");
 
 /* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
@@ -472,17 +479,14 @@ struct unwind_state {
 	__u32 max;
 	__u32 fp_frames;
 	bool truncated;
-	/* The task whose stack it is, when it is not the current one. */
-	struct task_struct *task;
-	/* For the cache: the stack pointer it started from; a read failed
-	 * (the walk cannot be proved again); the starting frame pointer was
-	 * used, and bp no longer holds it. */
-	__u64 pc0;
-	__u64 sp0;
-	__u64 bp0;
+	/* For the cache (struct ucache): a read failed (the walk cannot be
+	 * proved again); the starting frame pointer was used; bp no longer
+	 * holds it. */
 	bool unprovable;
 	bool bp_used;
 	bool bp_restored;
+	/* The task whose stack it is, when it is not the current one. */
+	struct task_struct *task;
 };
 
 /* The walk read `val` at `addr`: slot k of its proof in `pr`. */
@@ -494,7 +498,7 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 	if (!pr)
 		return;
 	k = pr->n;
-	if (k >= UCACHE_SLOTS || addr < u->sp0 || addr - u->sp0 > 0xfffffff0ULL) {
+	if (k >= UCACHE_SLOTS || addr < pr->sp || addr - pr->sp > 0xfffffff0ULL) {
 		u->unprovable = true;
 		return;
 	}
@@ -502,7 +506,7 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 	/* The compiler forgets the bound above (see unwind_step). */
 	asm volatile("" : "+r"(k));
 	k &= UCACHE_SLOTS - 1;
-	pr->off[k] = addr - u->sp0;
+	pr->off[k] = addr - pr->sp;
 	pr->val[k] = val;
 }
 
@@ -907,10 +911,6 @@ static __always_inline long unwind_task(struct task_struct *task, __u32 tgid)
  * more per call (unrolled) multiply the paths the verifier follows. */
 struct ucache_check {
 	struct ucache *e;
-	/* The stack memory read last: from base, len bytes (a window, or
-	 * none). */
-	__u64 base;
-	__u64 len;
 	/* Every slot checked, and each held what it held. */
 	bool holds;
 };
@@ -921,7 +921,7 @@ static long ucache_check_step(__u32 i, void *arg)
 	struct ucache *e = v->e;
 	__u32 zero = 0, k = i;
 	__u64 addr, off, val;
-	__u8 *w = bpf_map_lookup_elem(&ucache_window, &zero);
+	struct ucache_window *w = bpf_map_lookup_elem(&ucache_window, &zero);
 
 	if (!w || !e)
 		return 1;
@@ -935,22 +935,22 @@ static long ucache_check_step(__u32 i, void *arg)
 	asm volatile("" : "+r"(k));
 	k &= UCACHE_SLOTS - 1;
 	addr = e->sp + e->off[k];
-	off = addr - v->base;
-	if (addr < v->base || off + 8 > v->len) {
+	off = addr - w->base;
+	if (i == 0 || addr < w->base || off + 8 > w->len) {
 		/* The stack from this slot up, in one read (frames are small:
 		 * it usually holds the next ones too); where that would cross
 		 * into memory that cannot be read, the slot alone. */
-		v->base = addr;
-		v->len = 0;
+		w->base = addr;
+		w->len = 0;
 		off = 0;
-		if (!bpf_probe_read_user(w, UCACHE_WINDOW, (void *)addr))
-			v->len = UCACHE_WINDOW;
-		else if (!bpf_probe_read_user(w, 8, (void *)addr))
-			v->len = 8;
+		if (!bpf_probe_read_user(w->bytes, UCACHE_WINDOW, (void *)addr))
+			w->len = UCACHE_WINDOW;
+		else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
+			w->len = 8;
 		else
 			return 1;
 	}
-	val = *(__u64 *)(w + (off & (UCACHE_WINDOW - 1)));
+	val = *(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1)));
 	return val == e->val[k] ? 0 : 1;
 }
 
@@ -984,9 +984,9 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->n = pr->n;
 	e->mm = mm;
 	e->gen = gen;
-	e->pc = u->pc0;
-	e->sp = u->sp0;
-	e->bp = u->bp0;
+	e->pc = pr->pc;
+	e->sp = pr->sp;
+	e->bp = pr->bp;
 	e->bp_used = u->bp_used;
 	e->truncated = u->truncated;
 	e->fp_frames = u->fp_frames;
@@ -1004,7 +1004,7 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
  * stack id, or USTACK_NO_TABLES.  A global function, checked once on its
  * own (see unwind_rule).
  */
-__noinline __u64 user_stack_of_current(void)
+__noinline __u64 user_stack_of_current(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
@@ -1017,7 +1017,7 @@ __noinline __u64 user_stack_of_current(void)
 	if (!p || read_user_regs(task, &u))
 		return USTACK_NO_TABLES;
 	gen = p->gen;
-	if (ucache_on) {
+	if (ucache_on && cache) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (e && ucache_holds(e, &u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
@@ -1029,12 +1029,13 @@ __noinline __u64 user_stack_of_current(void)
 			return e->stack_id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
-		if (pr)
+		if (pr) {
 			pr->n = 0;
+			pr->pc = u.pc;
+			pr->sp = u.sp;
+			pr->bp = u.bp;
+		}
 	}
-	u.pc0 = u.pc;
-	u.sp0 = u.sp;
-	u.bp0 = u.bp;
 	walk_with_tables(&u, p, false);
 	id = store_stack(u.nr * sizeof(__u64), true);
 	if (e)
@@ -1044,7 +1045,7 @@ __noinline __u64 user_stack_of_current(void)
 
 /* The user or kernel stack of the current task.  `legacy`: a program for
  * kernels without bpf_loop, which walks with frame pointers only. */
-static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
+static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
@@ -1054,7 +1055,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy)
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf && !legacy) {
-		id = user_stack_of_current();
+		id = user_stack_of_current(cache);
 		if (id != USTACK_NO_TABLES)
 			return id;
 	}
@@ -1128,10 +1129,13 @@ static __always_inline bool wanted(__u32 tgid, __u32 tid, bool kthread, __u32 st
 	return true;
 }
 
+/* A new thread's record (read-only data, not the stack: the hooks of
+ * raw_tp and the kprobe would pass the BPF stack limit of 6.1). */
+const struct task_data new_task_data = {};
+
 static __always_inline struct task_data *get_data(struct task_struct *t, __u32 tid,
 						  bool trusted, bool create)
 {
-	struct task_data zero = {};
 
 	if (trusted)
 		return bpf_task_storage_get(&task_data_storage, t, 0,
@@ -1141,7 +1145,7 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
 
 		if (d)
 			return d;
-		bpf_map_update_elem(&task_data_by_tid, &tid, &zero, BPF_NOEXIST);
+		bpf_map_update_elem(&task_data_by_tid, &tid, &new_task_data, BPF_NOEXIST);
 	}
 	return bpf_map_lookup_elem(&task_data_by_tid, &tid);
 }
@@ -1318,10 +1322,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	/* Without stacks_now the stacks are taken at switch-in; a block still
 	 * in progress when tracing ends has none. */
 	if (want_user_stack && !kthread)
-		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy)
+		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted)
 						: STACK_ID_MISSED_ERROR;
 	if (want_kernel_stack)
-		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy)
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false)
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
@@ -1537,9 +1541,9 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	if (next_is_current) {
 		if (want_user_stack)
 			key.user_stack_id =
-				kthread ? STACK_ID_NONE : stack_of_current(ctx, true, legacy);
+				kthread ? STACK_ID_NONE : stack_of_current(ctx, true, legacy, trusted);
 		if (want_kernel_stack)
-			key.kernel_stack_id = stack_of_current(ctx, false, legacy);
+			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false);
 	}
 	add_block_parts(&key, d, state, from, to, true);
 	if (want_wakers)
@@ -1717,7 +1721,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
-		w.user_stack_id = stack_of_current(ctx, true, legacy);
+		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings
