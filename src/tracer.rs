@@ -667,6 +667,10 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
         .stacks
         .set_max_entries(opts.stack_storage_size)
         .context("stacks map size")?;
+    open.maps
+        .counts
+        .set_max_entries(counts_capacity(opts.stack_storage_size))
+        .context("counts map size")?;
     // One slot per distinct waker (task and stacks), at most as many
     // as stacks; a single one without --wakers.
     open.maps
@@ -1585,6 +1589,12 @@ impl<T: Copy> WindowedArray<T> {
         }
         Ok(())
     }
+}
+
+/// Entries of the table of blocked time (one per thread and pair of
+/// stacks): twice the stacks that can be stored, at least 65536.
+pub fn counts_capacity(stack_storage_size: u32) -> u32 {
+    stack_storage_size.saturating_mul(2).max(65536)
 }
 
 /// The BPF program's DWARF unwind tables (see `offcputime.h`): rows and
