@@ -667,7 +667,7 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
 				       struct stack_copy *c, struct ucache *pr)
 {
-	__u64 cfa, ra, frame[2], rule;
+	__u64 cfa, ra, frame[2], rule, ra_at, bp_at = 0, bp_val = 0;
 	__u32 idx;
 	__s64 rbp_off;
 
@@ -712,14 +712,15 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			u->unprovable = true;
 			return 1;
 		}
-		note_slot(pr, u, cfa - 8, ra);
+		ra_at = cfa - 8;
 		if (rbp_off) {
-			if (read_user(&u->bp, sizeof(u->bp), (void *)(cfa + rbp_off * 8), u->task, c)) {
+			bp_at = cfa + rbp_off * 8;
+			if (read_user(&u->bp, sizeof(u->bp), (void *)bp_at, u->task, c)) {
 				u->truncated = true;
 				u->unprovable = true;
 				return 1;
 			}
-			note_slot(pr, u, cfa + rbp_off * 8, u->bp);
+			bp_val = u->bp;
 			u->bp_restored = true;
 		}
 		u->sp = cfa;
@@ -736,14 +737,20 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			u->unprovable = true;
 			return 1;
 		}
-		note_slot(pr, u, u->bp, frame[0]);
-		note_slot(pr, u, u->bp + 8, frame[1]);
+		bp_at = u->bp;
+		bp_val = frame[0];
+		ra_at = u->bp + 8;
 		u->bp_restored = true;
 		ra = frame[1];
 		u->sp = u->bp + 16;
 		u->bp = frame[0];
 		u->fp_frames++;
 	}
+	/* What the walk read, for the cache: one place, so that the
+	 * verifier checks the recording once, not in each path. */
+	note_slot(pr, u, ra_at, ra);
+	if (bp_at)
+		note_slot(pr, u, bp_at, bp_val);
 	if (!ra)
 		return 1;
 	u->pc = ra;
