@@ -15,6 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::elf::Segment;
 use crate::ksyms::KernelSymbols;
@@ -27,13 +28,17 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 /// (`-s`: `read+0x15/0x90 [libc.so.6]`): see [`crate::profile::Frame`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Named {
-    pub name: String,
+    /// Shared by every frame named from this (see [`crate::profile::Frame`]).
+    pub name: Arc<str>,
     pub shown: Option<String>,
 }
 
 impl Named {
     fn plain(name: String) -> Named {
-        Named { name, shown: None }
+        Named {
+            name: name.into(),
+            shown: None,
+        }
     }
 
     /// The name as shown.
@@ -141,7 +146,7 @@ impl Symbolizer {
             .offsets
             .then(|| format!("{name}+{:#x}/{size:#x} [jit]", addr - start));
         Some(Named {
-            name: name.to_string(),
+            name: name.into(),
             shown,
         })
     }
@@ -377,7 +382,10 @@ impl Symbolizer {
             )
         });
         let mut frames: Vec<Named> = r.inlined.into_iter().map(Named::plain).collect();
-        frames.push(Named { name, shown });
+        frames.push(Named {
+            name: name.into(),
+            shown,
+        });
         frames
     }
 

@@ -182,7 +182,7 @@ struct Builder {
     strings: HashMap<String, i64>,
     functions: HashMap<String, u64>,
     /// (origin, address, names innermost first) -> location id.
-    locations: HashMap<(Origin, u64, Vec<String>), u64>,
+    locations: HashMap<(Origin, u64, Vec<std::sync::Arc<str>>), u64>,
     /// Index in `out.mapping` by origin (kernel, or a file).
     mappings: HashMap<Origin, usize>,
     /// (locations, labels) -> index in `out.sample`.

@@ -55,18 +55,18 @@ pub fn with_addresses() -> Profile {
             }
         }
     }
-    let index = |n: &str| names.iter().position(|m| m == n).unwrap() as u64;
+    let index = |n: &str| names.iter().position(|m| &**m == n).unwrap() as u64;
     for s in &mut p.samples {
         if let Part::Frames(f) = &mut s.user {
             let mut out = Vec::new();
             for frame in f.drain(..) {
-                let object = u32::from(LIBC_FUNCTIONS.contains(&frame.name.as_str()));
+                let object = u32::from(LIBC_FUNCTIONS.contains(&&*frame.name));
                 let placed = Frame {
                     addr: 0x1000 + 0x10 * index(&frame.name),
                     origin: Origin::Object(object),
                     ..frame
                 };
-                if placed.name == "worker_sleep" {
+                if &*placed.name == "worker_sleep" {
                     out.push(Frame {
                         name: "sleep_once".into(),
                         inlined: true,
@@ -545,7 +545,7 @@ fn pprof_in_go_tool_pprof() {
     assert_eq!(names, &["sleep_once", "worker_sleep"]);
     assert!(mapping(*mapping_id).contains("/usr/bin/app"));
     let worker_sleep = p.samples.iter().find_map(|s| match &s.user {
-        Part::Frames(f) => f.iter().find(|f| f.name == "worker_sleep"),
+        Part::Frames(f) => f.iter().find(|f| &*f.name == "worker_sleep"),
         _ => None,
     });
     assert_eq!(Some(*addr), worker_sleep.map(|f| f.addr));
