@@ -120,6 +120,10 @@ fn try_snapshot(
         .task_data_storage
         .set_autocreate(false)
         .context("task storage map")?;
+    open.maps
+        .ucache_storage
+        .set_autocreate(false)
+        .context("stack cache map")?;
     let dwarf = opts.unwind == Unwind::Dwarf;
     let (skel, _) = load_while(open, || {
         if dwarf {
