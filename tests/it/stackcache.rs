@@ -56,14 +56,18 @@ fn check(fp: &str) {
     let (walked, _) = profile_window(&args, &[("OFFCPUTIME_NO_STACK_CACHE", "1")]);
     drop(wl);
 
-    let proved = |out: &std::process::Output| proved_unchanged(&String::from_utf8_lossy(&out.stderr));
+    let proved =
+        |out: &std::process::Output| proved_unchanged(&String::from_utf8_lossy(&out.stderr));
     let (hits, none) = (proved(&cached), proved(&walked));
     assert!(
         hits > 100,
         "{fp}: the cache was hardly used ({hits} stacks proved unchanged):\n{}",
         String::from_utf8_lossy(&cached.stderr)
     );
-    assert_eq!(none, 0, "{fp}: OFFCPUTIME_NO_STACK_CACHE=1 still used the cache");
+    assert_eq!(
+        none, 0,
+        "{fp}: OFFCPUTIME_NO_STACK_CACHE=1 still used the cache"
+    );
 
     let (c, w) = (parse_folded(&cached.stdout), parse_folded(&walked.stdout));
     for &(thread, a, b) in THREADS {
@@ -71,7 +75,9 @@ fn check(fp: &str) {
             let under = |f: &str| sum_us_where(lines, |l| l.comm() == thread && l.has(f));
             let (ua, ub) = (under(a), under(b));
             let share = ua as f64 / (ua + ub).max(1) as f64;
-            println!("stackcache: {fp} {label} {thread}: {a} {ua} us, {b} {ub} us, share {share:.3}");
+            println!(
+                "stackcache: {fp} {label} {thread}: {a} {ua} us, {b} {ub} us, share {share:.3}"
+            );
             assert!(
                 (share - A_SHARE).abs() < 0.04,
                 "{fp}, {label}: thread {thread} has {ua} us under {a} and {ub} us under {b} \
@@ -109,7 +115,9 @@ fn proved_unchanged(stderr: &str) -> u64 {
         .unwrap_or_else(|| panic!("no unwind tables line in:\n{stderr}"));
     let before = &stderr[..at];
     let start = before.rfind(' ').map_or(0, |i| i + 1);
-    before[start..].parse().expect("a count before \"proved unchanged\"")
+    before[start..]
+        .parse()
+        .expect("a count before \"proved unchanged\"")
 }
 
 fn compile(clang: &Path, fp: &str, dir: &Path) -> PathBuf {
