@@ -301,6 +301,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             return Err(e);
         }
     };
+    let read_ms = ended.elapsed().as_secs_f64() * 1e3;
+    let mut built_ms = None;
     let unreadable = raw
         .entries
         .iter()
@@ -361,6 +363,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         }
         None => {
             let mut profile = profile::build(&raw, &mut registry, &symbolizer, kernel_first);
+            built_ms = Some(ended.elapsed().as_secs_f64() * 1e3);
             profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
             if let Some(filter) = &config.filter {
                 filter_profile(filter, &mut profile, config);
@@ -398,7 +401,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         eprintln!(
             "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {blocks} blocks, \
              {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
-             progress at the end counted up to it; report in {:.1} ms",
+             progress at the end counted up to it; report in {:.1} ms (read {read_ms:.1} ms{})",
             (window_end - window_start) as f64 / 1e9,
             window_start as f64 / 1e9,
             window_end as f64 / 1e9,
@@ -406,6 +409,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             profile.counters.blocks_at_start,
             profile.counters.blocks_at_end,
             ended.elapsed().as_secs_f64() * 1e3,
+            built_ms.map_or(String::new(), |b| format!(", symbolized and merged {:.1} ms", b - read_ms)),
         );
         let c = &profile.counters;
         eprintln!(

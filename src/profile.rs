@@ -21,7 +21,7 @@ pub enum Part {
     /// The stack was lost (stack storage full, or the walk failed).
     Missed,
     /// Frames, innermost (most recent) first.
-    Frames(Vec<Frame>),
+    Frames(Arc<[Frame]>),
 }
 
 /// What a frame's address is an address in.
@@ -168,7 +168,7 @@ impl Waker {
     }
 
     /// The waker with `f` applied to each of its parts.
-    pub fn map_parts(&self, f: impl Fn(&Part) -> Part) -> Waker {
+    pub fn map_parts(&self, mut f: impl FnMut(&Part) -> Part) -> Waker {
         match self {
             Waker::Task {
                 comm,
@@ -193,7 +193,7 @@ impl Waker {
     pub fn classify(comm: String, pid: u32, user: Part, kernel: Part) -> Waker {
         if let Part::Frames(frames) = &kernel {
             for (i, f) in frames.iter().enumerate() {
-                let cut = || Part::Frames(frames[..=i].to_vec());
+                let cut = || Part::Frames(frames[..=i].into());
                 if is_softirq_frame(f) {
                     return Waker::Softirq { kernel: cut() };
                 }
@@ -326,34 +326,38 @@ impl Profile {
 /// `samples` with frames reduced to their names, merged where they then
 /// look alike (see [`Profile::by_name`]).
 fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample> {
-    {
-        let names = |p: &Part| match p {
-            Part::Frames(f) => Part::Frames(
-                f.iter()
+    // Each distinct part reduced once: samples share their parts.
+    let mut named: ahash::AHashMap<usize, (Part, Part)> = ahash::AHashMap::new();
+    let mut names = |p: &Part| match p {
+        Part::Frames(f) => named
+            .entry(Arc::as_ptr(f) as *const Frame as usize)
+            .or_insert_with(|| {
+                let reduced = f
+                    .iter()
                     .map(|f| Frame {
                         shown: f.shown.clone(),
                         ..Frame::named(f.name.clone())
                     })
-                    .collect(),
-            ),
-            other => other.clone(),
-        };
-        merged_samples(samples.map(|s| {
-            (
-                (
-                    s.tgid,
-                    s.pid,
-                    s.comm.clone(),
-                    names(&s.user),
-                    names(&s.kernel),
-                    s.state,
-                    s.waker.as_ref().map(|w| w.map_parts(names)),
-                ),
-                s.total_ns,
-                s.count,
-            )
-        }))
+                    .collect();
+                // The original is kept so that its address is not reused.
+                (p.clone(), Part::Frames(reduced))
+            })
+            .1
+            .clone(),
+        other => other.clone(),
+    };
+    let mut merger = Merger::default();
+    for s in samples {
+        let user = names(&s.user);
+        let kernel = names(&s.kernel);
+        let waker = s.waker.as_ref().map(|w| w.map_parts(&mut names));
+        merger.add(
+            (s.tgid, s.pid, &s.comm, user, kernel, s.state, waker),
+            s.total_ns,
+            s.count,
+        );
     }
+    merger.samples()
 }
 
 fn part_addrs(r: StackRef, stacks: &HashMap<u64, Vec<u64>>) -> Option<&[u64]> {
@@ -404,7 +408,11 @@ pub fn build(
 ) -> Profile {
     // Kernel frames, all at once.
     let mut kaddrs = Vec::new();
+    let mut kernel_ids = ahash::AHashSet::new();
     for e in &raw.entries {
+        if !kernel_ids.insert(e.kernel_stack) {
+            continue;
+        }
         if let Some(f) = part_addrs(e.kernel_stack, &raw.stacks) {
             kaddrs.extend(kinds(f, kernel_first_is_ip));
         }
@@ -500,59 +508,72 @@ pub fn build(
         }]
     };
 
-    let user_part = |proc: Proc, r: StackRef| match r {
+    // Each distinct part is made once and shared (an `Arc`) by every
+    // sample that has it: 100,000 samples of 30 frames each were most of
+    // the report's time and memory when each had frames of its own.
+    let mut user_parts: ahash::AHashMap<(Proc, u64), Part> = ahash::AHashMap::new();
+    let mut user_part = |proc: Proc, r: StackRef| match r {
         StackRef::None => Part::Absent,
         StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
-        StackRef::Id(id) => match user_stacks.get(&(proc, id)) {
-            None => Part::Missed,
-            Some(frames) => Part::Frames(
-                frames
-                    .iter()
-                    .zip(user_kinds())
-                    .enumerate()
-                    .flat_map(|(i, (&f, k))| {
-                        let at = part_addrs(r, &raw.stacks)
-                            .and_then(|a| a.get(i).copied())
-                            .unwrap_or(0);
-                        let (addr, origin) = match f {
-                            UserFrame::File { object, offset } => {
-                                (offset, Origin::Object(object_index[&object]))
-                            }
-                            UserFrame::Unmapped(a) => (a, Origin::Unknown),
-                        };
-                        // JIT code: named by its runtime's perf map.
-                        let names = match sym.jit_name(reg, proc, f, at, k) {
-                            Some(n) => vec![n],
-                            None => unames.get(&(f, k)).cloned().unwrap_or_else(unknown),
-                        };
-                        frames_at(names, addr, at, origin)
-                    })
-                    .collect(),
-            ),
-        },
+        StackRef::Id(id) => user_parts
+            .entry((proc, id))
+            .or_insert_with(|| match user_stacks.get(&(proc, id)) {
+                None => Part::Missed,
+                Some(frames) => {
+                    let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
+                    Part::Frames(
+                        frames
+                            .iter()
+                            .zip(user_kinds())
+                            .enumerate()
+                            .flat_map(|(i, (&f, k))| {
+                                let at = addrs.get(i).copied().unwrap_or(0);
+                                let (addr, origin) = match f {
+                                    UserFrame::File { object, offset } => {
+                                        (offset, Origin::Object(object_index[&object]))
+                                    }
+                                    UserFrame::Unmapped(a) => (a, Origin::Unknown),
+                                };
+                                // JIT code: named by its runtime's perf map.
+                                let names = match sym.jit_name(reg, proc, f, at, k) {
+                                    Some(n) => vec![n],
+                                    None => unames.get(&(f, k)).cloned().unwrap_or_else(unknown),
+                                };
+                                frames_at(names, addr, at, origin)
+                            })
+                            .collect(),
+                    )
+                }
+            })
+            .clone(),
     };
-    let kernel_part = |r: StackRef, first_is_ip: bool| match r {
+    let mut kernel_parts: ahash::AHashMap<(u64, bool), Part> = ahash::AHashMap::new();
+    let mut kernel_part = |r: StackRef, first_is_ip: bool| match r {
         StackRef::None => Part::Absent,
         StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
-        StackRef::Id(id) => match raw.stacks.get(&id) {
-            None => Part::Missed,
-            Some(frames) => {
-                // An address can be several frames: functions inlined
-                // there, innermost first.
-                let mut named: Vec<Frame> = kinds(frames, first_is_ip)
-                    .flat_map(|k| {
-                        let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                        frames_at(names, k.0, k.0, Origin::Kernel)
-                    })
-                    .collect();
-                let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
-                named.drain(..ours);
-                Part::Frames(named)
-            }
-        },
+        StackRef::Id(id) => kernel_parts
+            .entry((id, first_is_ip))
+            .or_insert_with(|| match raw.stacks.get(&id) {
+                None => Part::Missed,
+                Some(frames) => {
+                    // An address can be several frames: functions inlined
+                    // there, innermost first.
+                    let mut named: Vec<Frame> = kinds(frames, first_is_ip)
+                        .flat_map(|k| {
+                            let names = knames.get(&k).cloned().unwrap_or_else(unknown);
+                            frames_at(names, k.0, k.0, Origin::Kernel)
+                        })
+                        .collect();
+                    let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                    named.drain(..ours);
+                    Part::Frames(named.into())
+                }
+            })
+            .clone(),
     };
 
-    let mut parts = Vec::with_capacity(raw.entries.len());
+    let mut wakers: ahash::AHashMap<u64, Waker> = ahash::AHashMap::new();
+    let mut merger = Merger::default();
     for e in &raw.entries {
         let user = user_part(
             Proc {
@@ -569,29 +590,33 @@ pub fn build(
             WakerRef::MissedFull => Waker::Missed,
             WakerRef::Id(id) => match raw.wakers.get(&id) {
                 None => Waker::Missed,
-                Some(w) => Waker::classify(
-                    w.comm.clone(),
-                    w.pid,
-                    user_part(
-                        Proc {
-                            tgid: w.tgid,
-                            start: w.start,
-                        },
-                        w.user_stack,
-                    ),
-                    kernel_part(w.kernel_stack, false),
-                ),
+                Some(w) => wakers
+                    .entry(id)
+                    .or_insert_with(|| {
+                        Waker::classify(
+                            w.comm.clone(),
+                            w.pid,
+                            user_part(
+                                Proc {
+                                    tgid: w.tgid,
+                                    start: w.start,
+                                },
+                                w.user_stack,
+                            ),
+                            kernel_part(w.kernel_stack, false),
+                        )
+                    })
+                    .clone(),
             },
         });
-        parts.push((
-            (e.tgid, e.pid, e.comm.clone(), user, kernel, e.state, waker),
+        merger.add(
+            (e.tgid, e.pid, &e.comm, user, kernel, e.state, waker),
             e.total_ns,
             e.count,
-        ));
+        );
     }
-    let samples = merged_samples(parts.into_iter());
     Profile {
-        samples,
+        samples: merger.samples(),
         counters: raw.counters.clone(),
         objects,
         window: None,
@@ -600,45 +625,125 @@ pub fn build(
 
 /// What makes blocked time one sample: process, thread, command, stacks,
 /// state and waker.
-type MergeKey = (
+type MergeKey<'a> = (
     u32,
     u32,
-    String,
+    &'a str,
     Part,
     Part,
     Option<OffState>,
     Option<Waker>,
 );
 
-/// Blocked time (ns, blocks) summed by key, as samples in the order of
-/// [`sort_samples`].
-fn merged_samples(parts: impl Iterator<Item = (MergeKey, u64, u64)>) -> Vec<Sample> {
-    // ahash: SipHash, the standard maps' hasher, was a fifth of the
-    // report's time with 100,000 stacks (every frame's name hashed).
-    let mut merged: ahash::AHashMap<MergeKey, (u64, u64)> = ahash::AHashMap::new();
-    for (key, ns, count) in parts {
-        let slot = merged.entry(key).or_default();
+/// Blocked time (ns, blocks) summed by [`MergeKey`]. Parts are compared by
+/// number: each distinct part is hashed once, not once per sample.
+#[derive(Default)]
+struct Merger<'a> {
+    parts: Parts,
+    wakers: ahash::AHashMap<WakerKey, u32>,
+    waker_list: Vec<Waker>,
+    sums: ahash::AHashMap<(u32, u32, &'a str, u32, u32, Option<OffState>, Option<u32>), (u64, u64)>,
+}
+
+/// A waker by content: its kind, command and pid, its parts by number.
+type WakerKey = (u8, String, u32, u32, u32);
+
+impl<'a> Merger<'a> {
+    fn add(&mut self, key: MergeKey<'a>, ns: u64, count: u64) {
+        let (tgid, pid, comm, user, kernel, state, waker) = key;
+        let u = self.parts.number(&user);
+        let k = self.parts.number(&kernel);
+        let w = waker.map(|w| {
+            let (wu, wk) = w.parts();
+            let (wu, wk) = (self.parts.number(wu), self.parts.number(wk));
+            let key = match &w {
+                Waker::Task { comm, pid, .. } => (0, comm.clone(), *pid, wu, wk),
+                Waker::Interrupt { .. } => (1, String::new(), 0, wu, wk),
+                Waker::Softirq { .. } => (2, String::new(), 0, wu, wk),
+                Waker::Preempted => (3, String::new(), 0, wu, wk),
+                Waker::NotWoken => (4, String::new(), 0, wu, wk),
+                Waker::Unseen => (5, String::new(), 0, wu, wk),
+                Waker::Missed => (6, String::new(), 0, wu, wk),
+            };
+            *self.wakers.entry(key).or_insert_with(|| {
+                self.waker_list.push(w);
+                (self.waker_list.len() - 1) as u32
+            })
+        });
+        let slot = self
+            .sums
+            .entry((tgid, pid, comm, u, k, state, w))
+            .or_default();
         slot.0 += ns;
         slot.1 += count;
     }
-    let mut samples: Vec<Sample> = merged
-        .into_iter()
-        .map(
-            |((tgid, pid, comm, user, kernel, state, waker), (total_ns, count))| Sample {
-                comm,
-                tgid,
-                pid,
-                user,
-                kernel,
-                state,
-                waker,
-                total_ns,
-                count,
-            },
-        )
-        .collect();
-    sort_samples(&mut samples);
-    samples
+
+    /// The merged samples, in the order of [`sort_samples`].
+    fn samples(self) -> Vec<Sample> {
+        let Merger {
+            parts,
+            waker_list,
+            sums,
+            ..
+        } = self;
+        let mut samples: Vec<Sample> = sums
+            .into_iter()
+            .map(
+                |((tgid, pid, comm, u, k, state, w), (total_ns, count))| Sample {
+                    comm: comm.to_string(),
+                    tgid,
+                    pid,
+                    user: parts.list[u as usize].clone(),
+                    kernel: parts.list[k as usize].clone(),
+                    state,
+                    waker: w.map(|w| waker_list[w as usize].clone()),
+                    total_ns,
+                    count,
+                },
+            )
+            .collect();
+        sort_samples(&mut samples);
+        samples
+    }
+}
+
+/// Parts numbered by content: equal parts get one number.
+#[derive(Default)]
+struct Parts {
+    /// By the address of their frames, for parts seen before: each
+    /// distinct `Arc` is hashed by content once. The part is kept so that
+    /// its address is not reused by another while this lives.
+    by_address: ahash::AHashMap<usize, (u32, Part)>,
+    by_content: ahash::AHashMap<Part, u32>,
+    list: Vec<Part>,
+}
+
+impl Parts {
+    fn number(&mut self, part: &Part) -> u32 {
+        let address = match part {
+            Part::Frames(f) => Arc::as_ptr(f) as *const Frame as usize,
+            // Absent and Missed are cheap to hash.
+            _ => 0,
+        };
+        if address != 0 {
+            if let Some(&(n, _)) = self.by_address.get(&address) {
+                return n;
+            }
+        }
+        let n = match self.by_content.get(part) {
+            Some(&n) => n,
+            None => {
+                let n = self.list.len() as u32;
+                self.by_content.insert(part.clone(), n);
+                self.list.push(part.clone());
+                n
+            }
+        };
+        if address != 0 {
+            self.by_address.insert(address, (n, part.clone()));
+        }
+        n
+    }
 }
 
 /// A total order, so that output is stable: by time, then by identity.

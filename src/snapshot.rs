@@ -222,7 +222,7 @@ pub fn build(raw: &RawSnapshot, reg: &mut Registry, sym: &Symbolizer, shape: Sha
             None
         };
         if let Some(m) = marker {
-            let part = Part::Frames(vec![Frame::named(m)]);
+            let part = Part::Frames([Frame::named(m)].into());
             if shape.mode.kernel() {
                 sample.kernel = part;
             } else {

@@ -15,6 +15,7 @@ use crate::bpf::types;
 use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
 use crate::process::{ticks_of_ns, Proc};
 
+mod batch;
 mod kernel;
 mod snapshot;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
@@ -1317,23 +1318,14 @@ impl<'obj> Tracer<'obj> {
     fn read_counts(&self, take_through: Option<u32>) -> Result<RawProfile> {
         let mut profile = RawProfile::default();
         let counts = &self.skel.maps.counts;
-        let keys: Vec<Vec<u8>> = counts.keys().collect();
         let mut wanted_stacks = Vec::new();
         let mut wanted_wakers = Vec::new();
-        for key_bytes in keys {
+        let mut add = |key_bytes: &[u8], val_bytes: &[u8]| -> Result<()> {
             let mut key = types::offcpu_key::default();
             let mut val = types::offcpu_val::default();
-            plain::copy_from_bytes(&mut key, &key_bytes)
+            plain::copy_from_bytes(&mut key, key_bytes)
                 .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
-            let val_bytes = match take_through {
-                None => counts.lookup(&key_bytes, MapFlags::ANY)?,
-                Some(last) if key.interval <= last => counts.lookup_and_delete(&key_bytes)?,
-                Some(_) => None,
-            };
-            let Some(val_bytes) = val_bytes else {
-                continue;
-            };
-            plain::copy_from_bytes(&mut val, &val_bytes)
+            plain::copy_from_bytes(&mut val, val_bytes)
                 .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
             let entry = RawEntry {
                 tgid: key.tgid,
@@ -1358,6 +1350,33 @@ impl<'obj> Tracer<'obj> {
                 wanted_wakers.push(id);
             }
             profile.entries.push(entry);
+            Ok(())
+        };
+        // Once the hooks are detached nothing writes the table: read in
+        // batches. Taking intervals out while tracing goes key by key.
+        let batched = self.stopped
+            && take_through.is_none()
+            && self.read_batched(counts, |k, v| add(k, v))?;
+        if !batched {
+            let keys: Vec<Vec<u8>> = counts.keys().collect();
+            for key_bytes in keys {
+                let val_bytes = match take_through {
+                    None => counts.lookup(&key_bytes, MapFlags::ANY)?,
+                    Some(last) => {
+                        let mut key = types::offcpu_key::default();
+                        plain::copy_from_bytes(&mut key, &key_bytes)
+                            .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+                        if key.interval <= last {
+                            counts.lookup_and_delete(&key_bytes)?
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(val_bytes) = val_bytes {
+                    add(&key_bytes, &val_bytes)?;
+                }
+            }
         }
         wanted_wakers.sort_unstable();
         wanted_wakers.dedup();
@@ -1373,13 +1392,47 @@ impl<'obj> Tracer<'obj> {
         }
         wanted_stacks.sort_unstable();
         wanted_stacks.dedup();
-        for id in wanted_stacks {
-            if let Some(frames) = self.stack(id)? {
-                profile.stacks.insert(id, frames);
+        profile.stacks.reserve(wanted_stacks.len());
+        // Most of the table, read whole; a few, key by key.
+        let batched = self.stopped
+            && wanted_stacks.len() > 256
+            && self.read_batched(&self.skel.maps.stacks, |k, v| {
+                let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
+                if wanted_stacks.binary_search(&id).is_ok() {
+                    profile.stacks.insert(id, stack_frames(v));
+                }
+                Ok(())
+            })?;
+        if !batched {
+            for id in wanted_stacks {
+                if let Some(frames) = self.stack(id)? {
+                    profile.stacks.insert(id, frames);
+                }
             }
         }
         profile.counters = self.read_counters()?;
         Ok(profile)
+    }
+
+    /// Every entry of `map` given to `f`, in batches: true if done, false
+    /// where the kernel has no batched lookup for it (nothing was given).
+    fn read_batched<M: MapCore>(
+        &self,
+        map: &M,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        let mut failed = None;
+        let outcome = batch::for_each_entry(map, |k, v| {
+            if failed.is_none() {
+                if let Err(e) = f(k, v) {
+                    failed = Some(e);
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(outcome == batch::Outcome::Read)
     }
 
     /// A pass over the counts for the user stacks counted so far for the
@@ -1468,13 +1521,16 @@ fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
         .maps
         .stacks
         .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
-        .map(|bytes| {
-            bytes
-                .chunks_exact(8)
-                .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
-                .take_while(|&ip| ip != 0)
-                .collect()
-        }))
+        .map(|bytes| stack_frames(&bytes)))
+}
+
+/// A stored stack's frames: its addresses up to the first 0.
+fn stack_frames(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
+        .take_while(|&ip| ip != 0)
+        .collect()
 }
 
 /// The BPF program's counters of lost and incomplete data.

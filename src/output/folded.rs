@@ -6,11 +6,11 @@
 //! shape: `...;kernel frames;--;waker kernel frames;[-;]waker user frames;
 //! waker` with the waker's frames innermost first and its command last.
 
-use std::collections::HashMap;
 use std::io::{self, Write};
+use std::sync::Arc;
 
 use super::Shape;
-use crate::profile::{ns_to_us, Part, Profile, Sample};
+use crate::profile::{ns_to_us, Frame, Part, Profile, Sample};
 
 pub const MISSED_USER: &str = "[Missed User Stack]";
 pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";
@@ -32,84 +32,131 @@ pub const WAKER_ANNOTATION: &str = "_[w]";
 /// `offwaketime`).
 pub const WAKER_SEPARATOR: &str = "--";
 
-/// The frames of one sample, outermost first, without the count. With
-/// `annotate`, kernel frames end in [`KERNEL_ANNOTATION`] and the waker's
-/// in [`WAKER_ANNOTATION`].
-pub fn frames(sample: &Sample, shape: Shape, annotate: bool) -> Vec<String> {
-    let kernel_name = |n: &str| {
-        if annotate {
-            format!("{}{KERNEL_ANNOTATION}", clean(n))
-        } else {
-            clean(n)
-        }
-    };
-    let waker_name = |n: &str| {
-        if annotate {
-            format!("{}{WAKER_ANNOTATION}", clean(n))
-        } else {
-            clean(n)
-        }
-    };
-    let mut line = vec![clean(&sample.comm)];
-    if let Some(state) = sample.state {
-        line.push(state.frame().to_string());
-    }
-    if shape.mode.user() {
-        match &sample.user {
+/// How a part's frames are written: the order and the annotation.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Run {
+    /// The thread's user frames: outermost first.
+    User,
+    /// The thread's kernel frames: outermost first, annotated.
+    Kernel,
+    /// The waker's frames: innermost first, annotated.
+    Waker,
+}
+
+/// The folded text of each distinct part, made once: samples share their
+/// parts (a profile of 100,000 stacks has a few thousand kernel parts).
+/// Keyed by the address of the part's frames, which the profile keeps.
+#[derive(Default)]
+struct Texts {
+    runs: ahash::AHashMap<(usize, Run), Option<String>>,
+}
+
+impl Texts {
+    /// Appends the frames of `part` to `line` as `run` writes them.
+    fn push(&mut self, line: &mut String, part: &Part, run: Run, annotate: bool) {
+        let annotated = |n: &str| match run {
+            Run::User => clean(n),
+            Run::Kernel if annotate => format!("{}{KERNEL_ANNOTATION}", clean(n)),
+            Run::Waker if annotate => format!("{}{WAKER_ANNOTATION}", clean(n)),
+            _ => clean(n),
+        };
+        match part {
             Part::Absent => {}
-            Part::Missed => line.push(MISSED_USER.to_string()),
-            Part::Frames(f) => line.extend(f.iter().rev().map(|n| clean(n.text()))),
-        }
-    }
-    if shape.mode.kernel() {
-        let both =
-            matches!(sample.user, Part::Frames(_)) && matches!(sample.kernel, Part::Frames(_));
-        if shape.delimited && shape.mode.user() && both {
-            line.push("-".to_string());
-        }
-        match &sample.kernel {
-            Part::Absent => {}
-            Part::Missed => line.push(kernel_name(MISSED_KERNEL)),
-            Part::Frames(f) => line.extend(f.iter().rev().map(|n| kernel_name(n.text()))),
-        }
-    }
-    // The waker, as bcc's offwaketime folds it: its kernel frames, then
-    // its user frames, innermost first, and its name last.
-    if let Some(waker) = &sample.waker {
-        line.push(WAKER_SEPARATOR.to_string());
-        let (user, kernel) = waker.parts();
-        if shape.mode.kernel() {
-            match kernel {
-                Part::Absent => {}
-                Part::Missed => line.push(waker_name(MISSED_KERNEL)),
-                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n.text()))),
+            Part::Missed => {
+                let marker = match run {
+                    Run::User => MISSED_USER,
+                    _ => MISSED_KERNEL,
+                };
+                push(line, &annotated(marker));
             }
+            Part::Frames(f) => {
+                let text = self
+                    .runs
+                    .entry((Arc::as_ptr(f) as *const Frame as usize, run))
+                    .or_insert_with(|| {
+                        let names: Vec<String> = match run {
+                            Run::Waker => f.iter().map(|n| annotated(n.text())).collect(),
+                            _ => f.iter().rev().map(|n| annotated(n.text())).collect(),
+                        };
+                        (!names.is_empty()).then(|| names.join(";"))
+                    });
+                if let Some(text) = text {
+                    push(line, text);
+                }
+            }
+        }
+    }
+
+    /// The folded stack of one sample, without the count. With
+    /// `annotate`, kernel frames end in [`KERNEL_ANNOTATION`] and the
+    /// waker's in [`WAKER_ANNOTATION`].
+    fn line(&mut self, sample: &Sample, shape: Shape, annotate: bool) -> String {
+        let mut line = clean(&sample.comm);
+        if let Some(state) = sample.state {
+            push(&mut line, state.frame());
         }
         if shape.mode.user() {
-            let both = matches!(user, Part::Frames(_)) && matches!(kernel, Part::Frames(_));
-            if shape.delimited && shape.mode.kernel() && both {
-                line.push("-".to_string());
-            }
-            match user {
-                Part::Absent => {}
-                Part::Missed => line.push(waker_name(MISSED_USER)),
-                Part::Frames(f) => line.extend(f.iter().map(|n| waker_name(n.text()))),
-            }
+            self.push(&mut line, &sample.user, Run::User, annotate);
         }
-        line.push(waker_name(waker.name()));
+        if shape.mode.kernel() {
+            let both =
+                matches!(sample.user, Part::Frames(_)) && matches!(sample.kernel, Part::Frames(_));
+            if shape.delimited && shape.mode.user() && both {
+                push(&mut line, "-");
+            }
+            self.push(&mut line, &sample.kernel, Run::Kernel, annotate);
+        }
+        // The waker, as bcc's offwaketime folds it: its kernel frames,
+        // then its user frames, innermost first, and its name last.
+        if let Some(waker) = &sample.waker {
+            push(&mut line, WAKER_SEPARATOR);
+            let (user, kernel) = waker.parts();
+            if shape.mode.kernel() {
+                self.push(&mut line, kernel, Run::Waker, annotate);
+            }
+            if shape.mode.user() {
+                let both = matches!(user, Part::Frames(_)) && matches!(kernel, Part::Frames(_));
+                if shape.delimited && shape.mode.kernel() && both {
+                    push(&mut line, "-");
+                }
+                // The waker's missed user stack keeps its own marker.
+                match user {
+                    Part::Missed => {
+                        let marker = if annotate {
+                            format!("{}{WAKER_ANNOTATION}", clean(MISSED_USER))
+                        } else {
+                            clean(MISSED_USER)
+                        };
+                        push(&mut line, &marker);
+                    }
+                    _ => self.push(&mut line, user, Run::Waker, annotate),
+                }
+            }
+            let name = if annotate {
+                format!("{}{WAKER_ANNOTATION}", clean(waker.name()))
+            } else {
+                clean(waker.name())
+            };
+            push(&mut line, &name);
+        }
+        line
     }
-    line
+}
+
+/// Appends one frame (or a run of them) to a folded line.
+fn push(line: &mut String, frames: &str) {
+    line.push(';');
+    line.push_str(frames);
 }
 
 /// Distinct folded stacks with their total time in microseconds, hottest
 /// first (ties by stack text). Stacks that round to 0 us are left out: this
 /// is what `-f` prints and what `--svg` draws.
 pub fn lines(profile: &Profile, shape: Shape, annotate: bool) -> Vec<(String, u64)> {
-    let mut totals: HashMap<String, u64> = HashMap::new();
+    let mut texts = Texts::default();
+    let mut totals: ahash::AHashMap<String, u64> = ahash::AHashMap::new();
     for s in &profile.samples {
-        *totals
-            .entry(frames(s, shape, annotate).join(";"))
-            .or_default() += s.total_ns;
+        *totals.entry(texts.line(s, shape, annotate)).or_default() += s.total_ns;
     }
     let mut out: Vec<(String, u64)> = totals
         .into_iter()

@@ -115,7 +115,7 @@ pub fn write(
             for (part, wanted, missed) in parts {
                 match part {
                     Part::Frames(frames) if wanted => {
-                        for f in frames {
+                        for f in frames.iter() {
                             stack.push(frame_id(f.text(), file_of(f).as_deref()));
                         }
                     }

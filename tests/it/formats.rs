@@ -59,7 +59,7 @@ pub fn with_addresses() -> Profile {
     for s in &mut p.samples {
         if let Part::Frames(f) = &mut s.user {
             let mut out = Vec::new();
-            for frame in f.drain(..) {
+            for frame in f.iter().cloned() {
                 let object = u32::from(LIBC_FUNCTIONS.contains(&&*frame.name));
                 let placed = Frame {
                     addr: 0x1000 + 0x10 * index(&frame.name),
@@ -75,13 +75,15 @@ pub fn with_addresses() -> Profile {
                 }
                 out.push(placed);
             }
-            *f = out;
+            *f = out.into();
         }
         if let Part::Frames(f) = &mut s.kernel {
-            for frame in f.iter_mut() {
+            let mut v = f.to_vec();
+            for frame in v.iter_mut() {
                 frame.addr = 0xffff_ffff_8100_0000 + 0x100 * index(&frame.name);
                 frame.origin = Origin::Kernel;
             }
+            *f = v.into();
         }
     }
     p

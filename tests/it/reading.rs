@@ -104,7 +104,9 @@ fn grep_rules() {
     // With -s, the shown text too (the module).
     let mut shown = plain.clone();
     if let Part::Frames(f) = &mut shown.user {
-        f[0].shown = Some("read+0x15/0x90 [libc.so.6]".into());
+        let mut v = f.to_vec();
+        v[0].shown = Some("read+0x15/0x90 [libc.so.6]".into());
+        *f = v.into();
     }
     assert!(filter(&["libc\\.so"], &[]).keeps(&shown, shape));
     assert!(filter(&["^read$"], &[]).keeps(&shown, shape));
@@ -155,7 +157,8 @@ fn with_offsets(addresses: bool) -> Profile {
     let mut p = synthetic();
     let decorate = |part: &mut Part, module: &dyn Fn(&str) -> &'static str| {
         if let Part::Frames(f) = part {
-            for (i, frame) in f.iter_mut().enumerate() {
+            let mut v = f.to_vec();
+            for (i, frame) in v.iter_mut().enumerate() {
                 let mut shown = format!(
                     "{}+{:#x}/{:#x} [{}]",
                     frame.name,
@@ -168,6 +171,7 @@ fn with_offsets(addresses: bool) -> Profile {
                 }
                 frame.shown = Some(shown.into());
             }
+            *f = v.into();
         }
     };
     for s in &mut p.samples {
