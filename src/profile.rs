@@ -326,31 +326,37 @@ impl Profile {
 /// `samples` with frames reduced to their names, merged where they then
 /// look alike (see [`Profile::by_name`]).
 fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample> {
-    // Each distinct part reduced once: samples share their parts.
-    let mut named: ahash::AHashMap<usize, (Part, Part)> = ahash::AHashMap::new();
-    let mut names = |p: &Part| match p {
-        Part::Frames(f) => named
-            .entry(Arc::as_ptr(f) as *const Frame as usize)
-            .or_insert_with(|| {
-                let reduced = f
-                    .iter()
-                    .map(|f| Frame {
-                        shown: f.shown.clone(),
-                        ..Frame::named(f.name.clone())
-                    })
-                    .collect();
-                // The original is kept so that its address is not reused.
-                (p.clone(), Part::Frames(reduced))
-            })
-            .1
-            .clone(),
-        other => other.clone(),
+    let samples: Vec<&Sample> = samples.collect();
+    let mut merger = Merger::with_capacity(samples.len());
+    // Each distinct part reduced and numbered once: samples share their
+    // parts (the samples, borrowed all along, keep the addresses apart).
+    let mut named: ahash::AHashMap<usize, u32> = ahash::AHashMap::new();
+    let reduce = |f: &[Frame]| -> Part {
+        Part::Frames(
+            f.iter()
+                .map(|f| Frame {
+                    shown: f.shown.clone(),
+                    ..Frame::named(f.name.clone())
+                })
+                .collect(),
+        )
     };
-    let mut merger = Merger::default();
+    let mut number = |merger: &mut Merger, p: &Part| match p {
+        Part::Frames(f) => *named
+            .entry(Arc::as_ptr(f) as *const Frame as usize)
+            .or_insert_with(|| merger.part(reduce(f))),
+        other => merger.part(other.clone()),
+    };
     for s in samples {
-        let user = names(&s.user);
-        let kernel = names(&s.kernel);
-        let waker = s.waker.as_ref().map(|w| w.map_parts(&mut names));
+        let user = number(&mut merger, &s.user);
+        let kernel = number(&mut merger, &s.kernel);
+        let waker = s.waker.as_ref().map(|w| {
+            let reduced = w.map_parts(|p| match p {
+                Part::Frames(f) => reduce(f),
+                other => other.clone(),
+            });
+            merger.waker(reduced)
+        });
         merger.add(
             (s.tgid, s.pid, &s.comm, user, kernel, s.state, waker),
             s.total_ns,
@@ -428,57 +434,56 @@ pub fn build(
 
     // User frames: each stack as frames of objects (through the snapshot
     // of its process, or as kept when the process exited), then all named
-    // object by object.
-    let mut user_stacks: ahash::AHashMap<(Proc, u64), Vec<UserFrame>> = ahash::AHashMap::new();
-    let mut distinct = ahash::AHashSet::new();
-    for e in &raw.entries {
-        if let (StackRef::Id(id), Some(addrs)) =
-            (e.user_stack, part_addrs(e.user_stack, &raw.stacks))
-        {
-            let proc = Proc {
-                tgid: e.tgid,
-                start: e.start,
+    // object by object. A stack holds its frames by number: each distinct
+    // (frame, kind) is looked up once here, and named and placed once.
+    let mut user_stacks: ahash::AHashMap<(Proc, u64), Vec<u32>> = ahash::AHashMap::new();
+    let mut distinct: Vec<(UserFrame, AddrKind)> = Vec::new();
+    {
+        let mut numbers: ahash::AHashMap<(UserFrame, AddrKind), u32> = ahash::AHashMap::new();
+        let stacks = raw
+            .entries
+            .iter()
+            .map(|e| (e.tgid, e.start, e.user_stack))
+            .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)));
+        for (tgid, start, r) in stacks {
+            let (StackRef::Id(id), Some(addrs)) = (r, part_addrs(r, &raw.stacks)) else {
+                continue;
             };
+            let proc = Proc { tgid, start };
             user_stacks.entry((proc, id)).or_insert_with(|| {
                 let frames = reg.user_frames(proc, id, addrs);
-                distinct.extend(frames.iter().copied().zip(user_kinds()));
                 frames
+                    .into_iter()
+                    .zip(user_kinds())
+                    .map(|fk| {
+                        *numbers.entry(fk).or_insert_with(|| {
+                            distinct.push(fk);
+                            (distinct.len() - 1) as u32
+                        })
+                    })
+                    .collect()
             });
         }
     }
-    for w in raw.wakers.values() {
-        if let (StackRef::Id(id), Some(addrs)) =
-            (w.user_stack, part_addrs(w.user_stack, &raw.stacks))
-        {
-            let proc = Proc {
-                tgid: w.tgid,
-                start: w.start,
-            };
-            user_stacks.entry((proc, id)).or_insert_with(|| {
-                let frames = reg.user_frames(proc, id, addrs);
-                distinct.extend(frames.iter().copied().zip(user_kinds()));
-                frames
-            });
-        }
-    }
-    let distinct: Vec<(UserFrame, AddrKind)> = distinct.into_iter().collect();
     let unames = sym.user_names(reg, &distinct);
-    drop(distinct);
 
     // The files user frames are in, each once, numbered as the profile
     // lists them.
     let mut objects = Vec::new();
-    let mut object_index: HashMap<u32, u32> = HashMap::new();
-    for frames in user_stacks.values() {
-        for f in frames {
-            if let UserFrame::File { object, .. } = *f {
-                object_index.entry(object).or_insert_with(|| {
-                    objects.push(reg.object_info(object));
-                    (objects.len() - 1) as u32
-                });
-            }
+    let mut object_index: ahash::AHashMap<u32, u32> = ahash::AHashMap::new();
+    for &(f, _) in &distinct {
+        if let UserFrame::File { object, .. } = f {
+            object_index.entry(object).or_insert_with(|| {
+                objects.push(reg.object_info(object));
+                (objects.len() - 1) as u32
+            });
         }
     }
+    // Where a user frame is: the offset in its file, or its address.
+    let place = |f: UserFrame| match f {
+        UserFrame::File { object, offset } => (offset, Origin::Object(object_index[&object])),
+        UserFrame::Unmapped(a) => (a, Origin::Unknown),
+    };
     // The frames of one address: functions inlined there, innermost
     // first, then the function itself.
     // `at`: the address as `--addresses` shows it (a user frame's in its
@@ -508,105 +513,126 @@ pub fn build(
         }]
     };
 
-    // Each distinct part is made once and shared (an `Arc`) by every
-    // sample that has it: 100,000 samples of 30 frames each were most of
-    // the report's time and memory when each had frames of its own.
-    let mut user_parts: ahash::AHashMap<(Proc, u64), Part> = ahash::AHashMap::new();
-    let mut user_part = |proc: Proc, r: StackRef| match r {
-        StackRef::None => Part::Absent,
-        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
+    let mut merger = Merger::with_capacity(raw.entries.len());
+    // Each distinct part is made and numbered once, and shared (an `Arc`)
+    // by every sample that has it: 100,000 samples of 30 frames each were
+    // most of the report's time and memory when each had frames of its
+    // own.
+    let user_names =
+        |f: UserFrame, k: AddrKind| unames.get(&(f, k)).cloned().unwrap_or_else(unknown);
+    // The frames of each distinct user address, made once: the same in
+    // every stack and process that has it, except where `--addresses`
+    // shows the address in the process, or a perf map names JIT code.
+    let placed: Vec<Vec<Frame>> = if addresses {
+        Vec::new()
+    } else {
+        distinct
+            .iter()
+            .map(|&(f, k)| {
+                let (addr, origin) = place(f);
+                frames_at(user_names(f, k), addr, 0, origin).collect()
+            })
+            .collect()
+    };
+    let mut user_parts: ahash::AHashMap<(Proc, u64), (Part, u32)> =
+        ahash::AHashMap::with_capacity(user_stacks.len());
+    let mut user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
+        StackRef::None => (Part::Absent, merger.part(Part::Absent)),
+        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => {
+            (Part::Missed, merger.part(Part::Missed))
+        }
         StackRef::Id(id) => user_parts
             .entry((proc, id))
-            .or_insert_with(|| match user_stacks.get(&(proc, id)) {
-                None => Part::Missed,
-                Some(frames) => {
-                    let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
-                    Part::Frames(
-                        frames
-                            .iter()
-                            .zip(user_kinds())
-                            .enumerate()
-                            .flat_map(|(i, (&f, k))| {
-                                let at = addrs.get(i).copied().unwrap_or(0);
-                                let (addr, origin) = match f {
-                                    UserFrame::File { object, offset } => {
-                                        (offset, Origin::Object(object_index[&object]))
-                                    }
-                                    UserFrame::Unmapped(a) => (a, Origin::Unknown),
-                                };
-                                // JIT code: named by its runtime's perf map.
-                                let names = match sym.jit_name(reg, proc, f, at, k) {
-                                    Some(n) => vec![n],
-                                    None => unames.get(&(f, k)).cloned().unwrap_or_else(unknown),
-                                };
-                                frames_at(names, addr, at, origin)
-                            })
-                            .collect(),
-                    )
-                }
+            .or_insert_with(|| {
+                let part = match user_stacks.get(&(proc, id)) {
+                    None => Part::Missed,
+                    Some(numbers) => {
+                        let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
+                        let jit = reg.perf_map(proc).is_some();
+                        let mut out = Vec::with_capacity(numbers.len() + 4);
+                        for (i, &n) in numbers.iter().enumerate() {
+                            let (f, k) = distinct[n as usize];
+                            let at = addrs.get(i).copied().unwrap_or(0);
+                            // JIT code: named by its runtime's perf map.
+                            let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
+                            match jitted {
+                                None if !addresses => out.extend_from_slice(&placed[n as usize]),
+                                _ => {
+                                    let (addr, origin) = place(f);
+                                    let names =
+                                        jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
+                                    out.extend(frames_at(names, addr, at, origin));
+                                }
+                            }
+                        }
+                        Part::Frames(out.into())
+                    }
+                };
+                let n = merger.part(part.clone());
+                (part, n)
             })
             .clone(),
     };
-    let mut kernel_parts: ahash::AHashMap<(u64, bool), Part> = ahash::AHashMap::new();
-    let mut kernel_part = |r: StackRef, first_is_ip: bool| match r {
-        StackRef::None => Part::Absent,
-        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => Part::Missed,
+    let mut kernel_parts: ahash::AHashMap<(u64, bool), (Part, u32)> = ahash::AHashMap::new();
+    let mut kernel_part = |merger: &mut Merger, r: StackRef, first_is_ip: bool| match r {
+        StackRef::None => (Part::Absent, merger.part(Part::Absent)),
+        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => {
+            (Part::Missed, merger.part(Part::Missed))
+        }
         StackRef::Id(id) => kernel_parts
             .entry((id, first_is_ip))
-            .or_insert_with(|| match raw.stacks.get(&id) {
-                None => Part::Missed,
-                Some(frames) => {
-                    // An address can be several frames: functions inlined
-                    // there, innermost first.
-                    let mut named: Vec<Frame> = kinds(frames, first_is_ip)
-                        .flat_map(|k| {
-                            let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                            frames_at(names, k.0, k.0, Origin::Kernel)
-                        })
-                        .collect();
-                    let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
-                    named.drain(..ours);
-                    Part::Frames(named.into())
-                }
+            .or_insert_with(|| {
+                let part = match raw.stacks.get(&id) {
+                    None => Part::Missed,
+                    Some(frames) => {
+                        // An address can be several frames: functions
+                        // inlined there, innermost first.
+                        let mut named: Vec<Frame> = kinds(frames, first_is_ip)
+                            .flat_map(|k| {
+                                let names = knames.get(&k).cloned().unwrap_or_else(unknown);
+                                frames_at(names, k.0, k.0, Origin::Kernel)
+                            })
+                            .collect();
+                        let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                        named.drain(..ours);
+                        Part::Frames(named.into())
+                    }
+                };
+                let n = merger.part(part.clone());
+                (part, n)
             })
             .clone(),
     };
 
-    let mut wakers: ahash::AHashMap<u64, Waker> = ahash::AHashMap::new();
-    let mut merger = Merger::default();
+    let mut wakers: ahash::AHashMap<u64, u32> = ahash::AHashMap::new();
     for e in &raw.entries {
-        let user = user_part(
-            Proc {
-                tgid: e.tgid,
-                start: e.start,
-            },
-            e.user_stack,
-        );
-        let kernel = kernel_part(e.kernel_stack, kernel_first_is_ip);
+        let proc = Proc {
+            tgid: e.tgid,
+            start: e.start,
+        };
+        let (_, user) = user_part(&mut merger, proc, e.user_stack);
+        let (_, kernel) = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
         let waker = e.waker.map(|w| match w {
-            WakerRef::Preempted => Waker::Preempted,
-            WakerRef::NotWoken => Waker::NotWoken,
-            WakerRef::Unseen => Waker::Unseen,
-            WakerRef::MissedFull => Waker::Missed,
+            WakerRef::Preempted => merger.waker(Waker::Preempted),
+            WakerRef::NotWoken => merger.waker(Waker::NotWoken),
+            WakerRef::Unseen => merger.waker(Waker::Unseen),
+            WakerRef::MissedFull => merger.waker(Waker::Missed),
             WakerRef::Id(id) => match raw.wakers.get(&id) {
-                None => Waker::Missed,
-                Some(w) => wakers
-                    .entry(id)
-                    .or_insert_with(|| {
-                        Waker::classify(
-                            w.comm.clone(),
-                            w.pid,
-                            user_part(
-                                Proc {
-                                    tgid: w.tgid,
-                                    start: w.start,
-                                },
-                                w.user_stack,
-                            ),
-                            kernel_part(w.kernel_stack, false),
-                        )
-                    })
-                    .clone(),
+                None => merger.waker(Waker::Missed),
+                Some(w) => match wakers.get(&id) {
+                    Some(&n) => n,
+                    None => {
+                        let proc = Proc {
+                            tgid: w.tgid,
+                            start: w.start,
+                        };
+                        let (user, _) = user_part(&mut merger, proc, w.user_stack);
+                        let (kernel, _) = kernel_part(&mut merger, w.kernel_stack, false);
+                        let n = merger.waker(Waker::classify(w.comm.clone(), w.pid, user, kernel));
+                        wakers.insert(id, n);
+                        n
+                    }
+                },
             },
         });
         merger.add(
@@ -623,57 +649,61 @@ pub fn build(
     }
 }
 
-/// What makes blocked time one sample: process, thread, command, stacks,
-/// state and waker.
-type MergeKey<'a> = (
-    u32,
-    u32,
-    &'a str,
-    Part,
-    Part,
-    Option<OffState>,
-    Option<Waker>,
-);
-
-/// Blocked time (ns, blocks) summed by [`MergeKey`]. Parts are compared by
-/// number: each distinct part is hashed once, not once per sample.
-#[derive(Default)]
+/// Blocked time (ns, blocks) summed by what makes a sample: process,
+/// thread, command, stacks, state and waker. Parts and wakers are
+/// numbered as they are made ([`Merger::part`], [`Merger::waker`]) and
+/// compared by number: each distinct part is hashed once, not once per
+/// sample.
 struct Merger<'a> {
     parts: Parts,
     wakers: ahash::AHashMap<WakerKey, u32>,
     waker_list: Vec<Waker>,
-    sums: ahash::AHashMap<(u32, u32, &'a str, u32, u32, Option<OffState>, Option<u32>), (u64, u64)>,
+    sums: ahash::AHashMap<SumKey<'a>, (u64, u64)>,
 }
+
+/// A sample's identity, its parts and waker by number.
+type SumKey<'a> = (u32, u32, &'a str, u32, u32, Option<OffState>, Option<u32>);
 
 /// A waker by content: its kind, command and pid, its parts by number.
 type WakerKey = (u8, String, u32, u32, u32);
 
 impl<'a> Merger<'a> {
-    fn add(&mut self, key: MergeKey<'a>, ns: u64, count: u64) {
-        let (tgid, pid, comm, user, kernel, state, waker) = key;
-        let u = self.parts.number(&user);
-        let k = self.parts.number(&kernel);
-        let w = waker.map(|w| {
-            let (wu, wk) = w.parts();
-            let (wu, wk) = (self.parts.number(wu), self.parts.number(wk));
-            let key = match &w {
-                Waker::Task { comm, pid, .. } => (0, comm.clone(), *pid, wu, wk),
-                Waker::Interrupt { .. } => (1, String::new(), 0, wu, wk),
-                Waker::Softirq { .. } => (2, String::new(), 0, wu, wk),
-                Waker::Preempted => (3, String::new(), 0, wu, wk),
-                Waker::NotWoken => (4, String::new(), 0, wu, wk),
-                Waker::Unseen => (5, String::new(), 0, wu, wk),
-                Waker::Missed => (6, String::new(), 0, wu, wk),
-            };
-            *self.wakers.entry(key).or_insert_with(|| {
-                self.waker_list.push(w);
-                (self.waker_list.len() - 1) as u32
-            })
-        });
-        let slot = self
-            .sums
-            .entry((tgid, pid, comm, u, k, state, w))
-            .or_default();
+    /// Room for about `samples` samples.
+    fn with_capacity(samples: usize) -> Merger<'a> {
+        Merger {
+            parts: Parts::with_capacity(samples),
+            wakers: ahash::AHashMap::new(),
+            waker_list: Vec::new(),
+            sums: ahash::AHashMap::with_capacity(samples),
+        }
+    }
+
+    /// The number of `part`: equal parts get one number.
+    fn part(&mut self, part: Part) -> u32 {
+        self.parts.number(part)
+    }
+
+    /// The number of `waker`: equal wakers get one number.
+    fn waker(&mut self, w: Waker) -> u32 {
+        let (wu, wk) = w.parts();
+        let (wu, wk) = (self.parts.number(wu.clone()), self.parts.number(wk.clone()));
+        let key = match &w {
+            Waker::Task { comm, pid, .. } => (0, comm.clone(), *pid, wu, wk),
+            Waker::Interrupt { .. } => (1, String::new(), 0, wu, wk),
+            Waker::Softirq { .. } => (2, String::new(), 0, wu, wk),
+            Waker::Preempted => (3, String::new(), 0, wu, wk),
+            Waker::NotWoken => (4, String::new(), 0, wu, wk),
+            Waker::Unseen => (5, String::new(), 0, wu, wk),
+            Waker::Missed => (6, String::new(), 0, wu, wk),
+        };
+        *self.wakers.entry(key).or_insert_with(|| {
+            self.waker_list.push(w);
+            (self.waker_list.len() - 1) as u32
+        })
+    }
+
+    fn add(&mut self, key: SumKey<'a>, ns: u64, count: u64) {
+        let slot = self.sums.entry(key).or_default();
         slot.0 += ns;
         slot.1 += count;
     }
@@ -707,41 +737,62 @@ impl<'a> Merger<'a> {
     }
 }
 
-/// Parts numbered by content: equal parts get one number.
-#[derive(Default)]
+/// Parts numbered by content: equal parts get one number. Each part is
+/// hashed once, when it is numbered; the table holds hashes, so growing
+/// it does not hash the parts again.
 struct Parts {
-    /// By the address of their frames, for parts seen before: each
-    /// distinct `Arc` is hashed by content once. The part is kept so that
-    /// its address is not reused by another while this lives.
-    by_address: ahash::AHashMap<usize, (u32, Part)>,
-    by_content: ahash::AHashMap<Part, u32>,
+    hasher: ahash::RandomState,
+    /// The last part numbered with each hash; `next` chains the others.
+    heads: ahash::AHashMap<u64, u32>,
+    next: Vec<u32>,
     list: Vec<Part>,
 }
 
 impl Parts {
-    fn number(&mut self, part: &Part) -> u32 {
-        let address = match part {
-            Part::Frames(f) => Arc::as_ptr(f) as *const Frame as usize,
-            // Absent and Missed are cheap to hash.
-            _ => 0,
-        };
-        if address != 0 {
-            if let Some(&(n, _)) = self.by_address.get(&address) {
+    const END: u32 = u32::MAX;
+
+    fn with_capacity(n: usize) -> Parts {
+        Parts {
+            hasher: ahash::RandomState::new(),
+            heads: ahash::AHashMap::with_capacity(n),
+            next: Vec::with_capacity(n),
+            list: Vec::with_capacity(n),
+        }
+    }
+
+    /// A hash that equal parts share, cheaper than hashing every name:
+    /// the frames' addresses, origins and the lengths of their names
+    /// (parts that differ only in names are told apart by comparing).
+    fn hash(&self, part: &Part) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = self.hasher.build_hasher();
+        std::mem::discriminant(part).hash(&mut h);
+        if let Part::Frames(frames) = part {
+            h.write_usize(frames.len());
+            for f in frames.iter() {
+                h.write_u64(f.addr);
+                f.origin.hash(&mut h);
+                h.write_u8(u8::from(f.inlined));
+                h.write_usize(f.name.len());
+            }
+        }
+        h.finish()
+    }
+
+    fn number(&mut self, part: Part) -> u32 {
+        let hash = self.hash(&part);
+        let head = self.heads.get(&hash).copied().unwrap_or(Self::END);
+        let mut n = head;
+        while n != Self::END {
+            if self.list[n as usize] == part {
                 return n;
             }
+            n = self.next[n as usize];
         }
-        let n = match self.by_content.get(part) {
-            Some(&n) => n,
-            None => {
-                let n = self.list.len() as u32;
-                self.by_content.insert(part.clone(), n);
-                self.list.push(part.clone());
-                n
-            }
-        };
-        if address != 0 {
-            self.by_address.insert(address, (n, part.clone()));
-        }
+        let n = self.list.len() as u32;
+        self.list.push(part);
+        self.next.push(head);
+        self.heads.insert(hash, n);
         n
     }
 }

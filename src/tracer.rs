@@ -1316,7 +1316,42 @@ impl<'obj> Tracer<'obj> {
     }
 
     fn read_counts(&self, take_through: Option<u32>) -> Result<RawProfile> {
+        // Once the hooks are detached nothing writes the tables: the
+        // stacks are read whole, in batches, on a thread of their own while
+        // the counts are read (both are mostly the kernel copying: 100 MB
+        // of stacks at 100,000 of them). Taking intervals out while tracing
+        // goes key by key.
+        if self.stopped && take_through.is_none() {
+            let stacks = batch::Table::of(&self.skel.maps.stacks);
+            return std::thread::scope(|scope| {
+                let all = scope.spawn(move || {
+                    let mut all = HashMap::new();
+                    let outcome = batch::for_each_entry(stacks, |k, v| {
+                        let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
+                        all.insert(id, stack_frames(v));
+                    });
+                    outcome.map(|o| (o == batch::Outcome::Read).then_some(all))
+                });
+                let mut profile = RawProfile::default();
+                let wanted = self.read_entries(&mut profile, None)?;
+                let all = all
+                    .join()
+                    .map_err(|_| anyhow!("the stack reader panicked"))??;
+                self.finish_read(profile, wanted, all)
+            });
+        }
         let mut profile = RawProfile::default();
+        let wanted = self.read_entries(&mut profile, take_through)?;
+        self.finish_read(profile, wanted, None)
+    }
+
+    /// The counts into `profile` (see [`Tracer::read_counts`]): the ids of
+    /// the stacks and wakers they name.
+    fn read_entries(
+        &self,
+        profile: &mut RawProfile,
+        take_through: Option<u32>,
+    ) -> Result<(Vec<u64>, Vec<u64>)> {
         let counts = &self.skel.maps.counts;
         let mut wanted_stacks = Vec::new();
         let mut wanted_wakers = Vec::new();
@@ -1352,8 +1387,6 @@ impl<'obj> Tracer<'obj> {
             profile.entries.push(entry);
             Ok(())
         };
-        // Once the hooks are detached nothing writes the table: read in
-        // batches. Taking intervals out while tracing goes key by key.
         let batched = self.stopped
             && take_through.is_none()
             && self.read_batched(counts, |k, v| add(k, v))?;
@@ -1378,6 +1411,17 @@ impl<'obj> Tracer<'obj> {
                 }
             }
         }
+        Ok((wanted_stacks, wanted_wakers))
+    }
+
+    /// The wakers and stacks the counts name, and the loss counters.
+    /// `all`: every stored stack, where they were read whole.
+    fn finish_read(
+        &self,
+        mut profile: RawProfile,
+        (mut wanted_stacks, mut wanted_wakers): (Vec<u64>, Vec<u64>),
+        all: Option<HashMap<u64, Vec<u64>>>,
+    ) -> Result<RawProfile> {
         wanted_wakers.sort_unstable();
         wanted_wakers.dedup();
         for id in wanted_wakers {
@@ -1392,21 +1436,17 @@ impl<'obj> Tracer<'obj> {
         }
         wanted_stacks.sort_unstable();
         wanted_stacks.dedup();
-        profile.stacks.reserve(wanted_stacks.len());
-        // Most of the table, read whole; a few, key by key.
-        let batched = self.stopped
-            && wanted_stacks.len() > 256
-            && self.read_batched(&self.skel.maps.stacks, |k, v| {
-                let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
-                if wanted_stacks.binary_search(&id).is_ok() {
-                    profile.stacks.insert(id, stack_frames(v));
-                }
-                Ok(())
-            })?;
-        if !batched {
-            for id in wanted_stacks {
-                if let Some(frames) = self.stack(id)? {
-                    profile.stacks.insert(id, frames);
+        match all {
+            Some(mut all) => {
+                all.retain(|id, _| wanted_stacks.binary_search(id).is_ok());
+                profile.stacks = all;
+            }
+            None => {
+                profile.stacks.reserve(wanted_stacks.len());
+                for id in wanted_stacks {
+                    if let Some(frames) = self.stack(id)? {
+                        profile.stacks.insert(id, frames);
+                    }
                 }
             }
         }
@@ -1422,7 +1462,7 @@ impl<'obj> Tracer<'obj> {
         mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
     ) -> Result<bool> {
         let mut failed = None;
-        let outcome = batch::for_each_entry(map, |k, v| {
+        let outcome = batch::for_each_entry(batch::Table::of(map), |k, v| {
             if failed.is_none() {
                 if let Err(e) = f(k, v) {
                     failed = Some(e);

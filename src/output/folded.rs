@@ -20,6 +20,15 @@ fn clean(name: &str) -> String {
     name.replace(';', ":")
 }
 
+/// Appends `name` to `text` as [`clean`] writes it.
+fn push_clean(text: &mut String, name: &str) {
+    if name.contains(';') {
+        text.push_str(&clean(name));
+    } else {
+        text.push_str(name);
+    }
+}
+
 /// Suffix that marks a kernel frame for flame-graph palettes (as perf's
 /// `stackcollapse` writes it); inferno shows the name without it.
 pub const KERNEL_ANNOTATION: &str = "_[k]";
@@ -74,11 +83,24 @@ impl Texts {
                     .runs
                     .entry((Arc::as_ptr(f) as *const Frame as usize, run))
                     .or_insert_with(|| {
-                        let names: Vec<String> = match run {
-                            Run::Waker => f.iter().map(|n| annotated(n.text())).collect(),
-                            _ => f.iter().rev().map(|n| annotated(n.text())).collect(),
+                        let suffix = match run {
+                            Run::Kernel if annotate => KERNEL_ANNOTATION,
+                            Run::Waker if annotate => WAKER_ANNOTATION,
+                            _ => "",
                         };
-                        (!names.is_empty()).then(|| names.join(";"))
+                        let mut text = String::new();
+                        let mut add = |n: &Frame| {
+                            if !text.is_empty() {
+                                text.push(';');
+                            }
+                            push_clean(&mut text, n.text());
+                            text.push_str(suffix);
+                        };
+                        match run {
+                            Run::Waker => f.iter().for_each(&mut add),
+                            _ => f.iter().rev().for_each(&mut add),
+                        }
+                        (!text.is_empty()).then_some(text)
                     });
                 if let Some(text) = text {
                     push(line, text);
@@ -154,7 +176,8 @@ fn push(line: &mut String, frames: &str) {
 /// is what `-f` prints and what `--svg` draws.
 pub fn lines(profile: &Profile, shape: Shape, annotate: bool) -> Vec<(String, u64)> {
     let mut texts = Texts::default();
-    let mut totals: ahash::AHashMap<String, u64> = ahash::AHashMap::new();
+    let mut totals: ahash::AHashMap<String, u64> =
+        ahash::AHashMap::with_capacity(profile.samples.len());
     for s in &profile.samples {
         *totals.entry(texts.line(s, shape, annotate)).or_default() += s.total_ns;
     }
@@ -163,13 +186,15 @@ pub fn lines(profile: &Profile, shape: Shape, annotate: bool) -> Vec<(String, u6
         .map(|(stack, ns)| (stack, ns_to_us(ns)))
         .filter(|&(_, us)| us > 0)
         .collect();
-    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    // Stacks are distinct: an unstable sort gives one order.
+    out.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     out
 }
 
 pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<()> {
     for (stack, us) in lines(profile, shape, false) {
-        writeln!(w, "{stack} {us}")?;
+        w.write_all(stack.as_bytes())?;
+        writeln!(w, " {us}")?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! it while it runs is not seen (why the scans during tracing go key by
 //! key).
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 use anyhow::{bail, Result};
 use libbpf_rs::libbpf_sys;
@@ -20,21 +20,39 @@ const FIRST_BATCH: u32 = 4096;
 /// Room that is never needed: a bucket longer than that is a broken map.
 const MOST_BATCH: u32 = 1 << 20;
 
-/// Calls `f` with every key and value of the hash map `map`. Fails with
-/// `Unsupported` where the kernel has no batched lookup for the map, so
-/// the caller can go key by key.
-pub fn for_each_entry<M: MapCore + ?Sized>(
-    map: &M,
-    mut f: impl FnMut(&[u8], &[u8]),
-) -> Result<Outcome> {
-    let key_size = map.key_size().max(4) as usize;
-    let value_size = map.value_size() as usize;
-    let fd = map.as_fd().as_raw_fd();
+/// What a batched read needs of a map: plain values, so that a read can
+/// run on another thread while the map object stays where it is.
+#[derive(Clone, Copy)]
+pub struct Table<'fd> {
+    fd: BorrowedFd<'fd>,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+}
+
+impl<'fd> Table<'fd> {
+    pub fn of<M: MapCore + ?Sized>(map: &'fd M) -> Table<'fd> {
+        Table {
+            fd: map.as_fd(),
+            key_size: map.key_size() as usize,
+            value_size: map.value_size() as usize,
+            max_entries: map.max_entries(),
+        }
+    }
+}
+
+/// Calls `f` with every key and value of the hash map `map`. Returns
+/// [`Outcome::Unsupported`], having called nothing, where the kernel has
+/// no batched lookup for the map, so the caller can go key by key.
+pub fn for_each_entry(map: Table<'_>, mut f: impl FnMut(&[u8], &[u8])) -> Result<Outcome> {
+    let key_size = map.key_size.max(4);
+    let value_size = map.value_size;
+    let fd = map.fd.as_raw_fd();
     let opts = libbpf_sys::bpf_map_batch_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
         ..Default::default()
     };
-    let mut room = FIRST_BATCH.min(map.max_entries().max(1));
+    let mut room = FIRST_BATCH.min(map.max_entries.max(1));
     let mut keys = vec![0u8; room as usize * key_size];
     let mut values = vec![0u8; room as usize * value_size];
     // The position of a hash map's batch is a bucket number (u32); room
@@ -76,8 +94,7 @@ pub fn for_each_entry<M: MapCore + ?Sized>(
                 return Ok(Outcome::Unsupported);
             }
             e => bail!(
-                "batched lookup of map {} failed: {}",
-                map.name().to_string_lossy(),
+                "batched lookup of a map failed: {}",
                 std::io::Error::from_raw_os_error(e)
             ),
         }
