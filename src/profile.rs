@@ -39,13 +39,19 @@ pub enum Origin {
 }
 
 /// One frame of a stack: the function's name as the outputs show it, and
-/// where it came from. Functions inlined at an address are frames of their
-/// own with the same address and origin, `inlined` on all but the
+/// where it came from (see [`FrameInfo`]). Shared: the frames of one
+/// address are made once, and every stack that has them holds them, so a
+/// frame costs a stack a pointer (a profile of 100,000 stacks holds
+/// millions of frames).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frame(Arc<FrameInfo>);
+
+/// What a [`Frame`] is. Functions inlined at an address are frames of
+/// their own with the same address and origin, `inlined` on all but the
 /// outermost.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Frame {
-    /// Shared by every sample with this frame: a profile of 100,000 stacks
-    /// holds millions of frames, and a name each was most of its memory.
+pub struct FrameInfo {
+    /// Shared by every frame with this name.
     pub name: Arc<str>,
     pub addr: u64,
     pub origin: Origin,
@@ -60,9 +66,25 @@ pub struct Frame {
 }
 
 impl Frame {
+    pub fn new(info: FrameInfo) -> Frame {
+        Frame(Arc::new(info))
+    }
+
     /// A frame known by its name only.
     pub fn named(name: impl Into<Arc<str>>) -> Frame {
-        Frame {
+        Frame::new(FrameInfo::named(name))
+    }
+
+    /// The same frame, by its address in memory: equal for clones.
+    pub fn identity(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+}
+
+impl FrameInfo {
+    /// A frame known by its name only.
+    pub fn named(name: impl Into<Arc<str>>) -> FrameInfo {
+        FrameInfo {
             name: name.into(),
             addr: 0,
             origin: Origin::Unknown,
@@ -71,15 +93,29 @@ impl Frame {
         }
     }
 
-    /// The frame as the text outputs show it (see [`Frame::shown`]).
+    /// The frame as the text outputs show it (see [`FrameInfo::shown`]).
     pub fn text(&self) -> &str {
         self.shown.as_deref().unwrap_or(&self.name)
     }
 }
 
+impl std::ops::Deref for Frame {
+    type Target = FrameInfo;
+    fn deref(&self) -> &FrameInfo {
+        &self.0
+    }
+}
+
+/// Changing a frame changes this stack's copy only.
+impl std::ops::DerefMut for Frame {
+    fn deref_mut(&mut self) -> &mut FrameInfo {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
 /// A frame reads as its function name wherever a name is wanted (the
 /// frame rules: profiler frames, interrupt entries).
-impl std::ops::Deref for Frame {
+impl std::ops::Deref for FrameInfo {
     type Target = str;
     fn deref(&self) -> &str {
         &self.name
@@ -328,28 +364,38 @@ impl Profile {
 fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample> {
     let samples: Vec<&Sample> = samples.collect();
     let mut merger = Merger::with_capacity(samples.len());
-    // Each distinct part reduced and numbered once: samples share their
-    // parts (the samples, borrowed all along, keep the addresses apart).
-    let mut named: ahash::AHashMap<usize, u32> = ahash::AHashMap::new();
-    let reduce = |f: &[Frame]| -> Part {
+    // Each distinct part and frame reduced once: samples share their
+    // parts, parts their frames (the samples, borrowed all along, keep
+    // the addresses apart).
+    let mut frames: ahash::AHashMap<usize, Frame> = ahash::AHashMap::new();
+    let mut reduce = |f: &[Frame]| -> Part {
         Part::Frames(
             f.iter()
-                .map(|f| Frame {
-                    shown: f.shown.clone(),
-                    ..Frame::named(f.name.clone())
+                .map(|f| {
+                    frames
+                        .entry(f.identity())
+                        .or_insert_with(|| {
+                            Frame::new(FrameInfo {
+                                shown: f.shown.clone(),
+                                ..FrameInfo::named(f.name.clone())
+                            })
+                        })
+                        .clone()
                 })
                 .collect(),
         )
     };
-    let mut number = |merger: &mut Merger, p: &Part| match p {
-        Part::Frames(f) => *named
-            .entry(Arc::as_ptr(f) as *const Frame as usize)
-            .or_insert_with(|| merger.part(reduce(f))),
-        other => merger.part(other.clone()),
-    };
+    let mut named: ahash::AHashMap<usize, u32> = ahash::AHashMap::new();
+    let mut number =
+        |merger: &mut Merger, p: &Part, reduce: &mut dyn FnMut(&[Frame]) -> Part| match p {
+            Part::Frames(f) => *named
+                .entry(Arc::as_ptr(f) as *const Frame as usize)
+                .or_insert_with(|| merger.part(reduce(f))),
+            other => merger.part(other.clone()),
+        };
     for s in samples {
-        let user = number(&mut merger, &s.user);
-        let kernel = number(&mut merger, &s.kernel);
+        let user = number(&mut merger, &s.user, &mut reduce);
+        let kernel = number(&mut merger, &s.kernel, &mut reduce);
         let waker = s.waker.as_ref().map(|w| {
             let reduced = w.map_parts(|p| match p {
                 Part::Frames(f) => reduce(f),
@@ -497,13 +543,13 @@ pub fn build(
             } else {
                 n.shown.map(String::into_boxed_str)
             };
-            Frame {
+            Frame::new(FrameInfo {
                 name: n.name,
                 addr,
                 origin,
                 inlined: i < last,
                 shown,
-            }
+            })
         })
     };
     let unknown = || {

@@ -13,7 +13,9 @@ use std::process::Command;
 use offcputime::output::pprof::{self, PprofOptions, SampleType};
 use offcputime::output::speedscope::{self, SpeedscopeOptions};
 use offcputime::output::{folded, Shape};
-use offcputime::profile::{Frame, ObjectInfo, OffState, Origin, Part, Profile, StackMode, Window};
+use offcputime::profile::{
+    Frame, FrameInfo, ObjectInfo, OffState, Origin, Part, Profile, StackMode, Window,
+};
 
 use crate::golden::{check, synthetic};
 use crate::util::{is_ci, profile, require_root, require_tool, serial, Workload};
@@ -61,17 +63,17 @@ pub fn with_addresses() -> Profile {
             let mut out = Vec::new();
             for frame in f.iter().cloned() {
                 let object = u32::from(LIBC_FUNCTIONS.contains(&&*frame.name));
-                let placed = Frame {
+                let placed = Frame::new(FrameInfo {
                     addr: 0x1000 + 0x10 * index(&frame.name),
                     origin: Origin::Object(object),
-                    ..frame
-                };
+                    ..(*frame).clone()
+                });
                 if &*placed.name == "worker_sleep" {
-                    out.push(Frame {
+                    out.push(Frame::new(FrameInfo {
                         name: "sleep_once".into(),
                         inlined: true,
-                        ..placed.clone()
-                    });
+                        ..(*placed).clone()
+                    }));
                 }
                 out.push(placed);
             }
