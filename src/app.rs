@@ -289,6 +289,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();
+    let ended_cpu = process_cpu_ms();
 
     let raw = match intervals {
         Some(_) => tracer.take_intervals(u32::MAX),
@@ -401,7 +402,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         eprintln!(
             "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {blocks} blocks, \
              {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
-             progress at the end counted up to it; report in {:.1} ms (read {read_ms:.1} ms{})",
+             progress at the end counted up to it; report in {:.1} ms (read {read_ms:.1} ms{}; \
+             {:.1} ms of CPU)",
             (window_end - window_start) as f64 / 1e9,
             window_start as f64 / 1e9,
             window_end as f64 / 1e9,
@@ -410,6 +412,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             profile.counters.blocks_at_end,
             ended.elapsed().as_secs_f64() * 1e3,
             built_ms.map_or(String::new(), |b| format!(", symbolized and merged {:.1} ms", b - read_ms)),
+            process_cpu_ms() - ended_cpu,
         );
         let c = &profile.counters;
         eprintln!(
@@ -1279,4 +1282,17 @@ fn keep_large_allocations_apart() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
+}
+
+/// CPU time used by the whole process so far, in milliseconds (a report's
+/// own cost, apart from the waits of a busy machine).
+fn process_cpu_ms() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(usage.ru_utime) + ms(usage.ru_stime)
 }

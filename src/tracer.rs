@@ -427,12 +427,15 @@ impl StackScan<'_> {
     }
 }
 
+/// Frames of stored stacks by id, innermost first.
+pub type Stacks = ahash::AHashMap<u64, Vec<u64>>;
+
 /// Everything read back from the kernel at the end of tracing.
 #[derive(Clone, Debug, Default)]
 pub struct RawProfile {
     pub entries: Vec<RawEntry>,
     /// Frames of each stored stack, innermost first.
-    pub stacks: HashMap<u64, Vec<u64>>,
+    pub stacks: Stacks,
     /// The wakers the entries refer to (`--wakers`).
     pub wakers: HashMap<u64, RawWaker>,
     pub counters: LossCounters,
@@ -1325,7 +1328,7 @@ impl<'obj> Tracer<'obj> {
             let stacks = batch::Table::of(&self.skel.maps.stacks);
             return std::thread::scope(|scope| {
                 let all = scope.spawn(move || {
-                    let mut all = HashMap::new();
+                    let mut all = Stacks::default();
                     let outcome = batch::for_each_entry(stacks, |k, v| {
                         let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
                         all.insert(id, stack_frames(v));
@@ -1420,7 +1423,7 @@ impl<'obj> Tracer<'obj> {
         &self,
         mut profile: RawProfile,
         (mut wanted_stacks, mut wanted_wakers): (Vec<u64>, Vec<u64>),
-        all: Option<HashMap<u64, Vec<u64>>>,
+        all: Option<Stacks>,
     ) -> Result<RawProfile> {
         wanted_wakers.sort_unstable();
         wanted_wakers.dedup();
@@ -1566,11 +1569,15 @@ fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
 
 /// A stored stack's frames: its addresses up to the first 0.
 fn stack_frames(bytes: &[u8]) -> Vec<u64> {
-    bytes
+    let words = bytes
         .chunks_exact(8)
-        .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
-        .take_while(|&ip| ip != 0)
-        .collect()
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
+    // Counted first, so that the stack is allocated once, at its size.
+    let len = words
+        .clone()
+        .position(|ip| ip == 0)
+        .unwrap_or(bytes.len() / 8);
+    words.take(len).collect()
 }
 
 /// The BPF program's counters of lost and incomplete data.

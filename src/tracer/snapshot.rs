@@ -2,7 +2,6 @@
 //! iterator run once over every task. What it wrote (one `struct
 //! snapshot_task` a task) and the stacks it stored are read back here.
 
-use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
 use anyhow::{anyhow, Context, Result};
@@ -43,7 +42,7 @@ pub struct RawTask {
 pub struct RawSnapshot {
     pub tasks: Vec<RawTask>,
     /// Frames of each stored stack, innermost first.
-    pub stacks: HashMap<u64, Vec<u64>>,
+    pub stacks: super::Stacks,
     pub counters: LossCounters,
     /// Whether the user stacks of other tasks could be read (the
     /// sleepable iterator, Linux 5.18).
@@ -152,7 +151,7 @@ fn try_snapshot(
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    let mut stacks = HashMap::new();
+    let mut stacks = super::Stacks::default();
     for id in ids {
         if let Some(frames) = read_stack(&skel, id)? {
             stacks.insert(id, frames);
