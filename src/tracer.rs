@@ -1333,13 +1333,14 @@ impl<'obj> Tracer<'obj> {
                         let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
                         all.insert(id, stack_frames(v));
                     });
-                    outcome.map(|o| (o == batch::Outcome::Read).then_some(all))
+                    // Where it failed, the stacks are looked up one by one.
+                    matches!(outcome, Ok(batch::Outcome::Read)).then_some(all)
                 });
                 let mut profile = RawProfile::default();
                 let wanted = self.read_entries(&mut profile, None)?;
                 let all = all
                     .join()
-                    .map_err(|_| anyhow!("the stack reader panicked"))??;
+                    .map_err(|_| anyhow!("the stack reader panicked"))?;
                 self.finish_read(profile, wanted, all)
             });
         }
@@ -1356,44 +1357,20 @@ impl<'obj> Tracer<'obj> {
         take_through: Option<u32>,
     ) -> Result<(Vec<u64>, Vec<u64>)> {
         let counts = &self.skel.maps.counts;
-        let mut wanted_stacks = Vec::new();
-        let mut wanted_wakers = Vec::new();
-        let mut add = |key_bytes: &[u8], val_bytes: &[u8]| -> Result<()> {
-            let mut key = types::offcpu_key::default();
-            let mut val = types::offcpu_val::default();
-            plain::copy_from_bytes(&mut key, key_bytes)
-                .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
-            plain::copy_from_bytes(&mut val, val_bytes)
-                .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
-            let entry = RawEntry {
-                tgid: key.tgid,
-                start: ticks_of_ns(key.process_start),
-                pid: key.pid,
-                comm: comm_to_string(&key.comm),
-                user_stack: StackRef::from_raw(key.user_stack_id),
-                kernel_stack: StackRef::from_raw(key.kernel_stack_id),
-                state: OffState::from_raw(key.state),
-                waker: WakerRef::from_raw(key.waker_id),
-                interval: key.interval,
-                span: key.span.max(1),
-                total_ns: val.total_ns,
-                count: val.count,
-            };
-            for s in [entry.user_stack, entry.kernel_stack] {
-                if let StackRef::Id(id) = s {
-                    wanted_stacks.push(id);
-                }
-            }
-            if let Some(WakerRef::Id(id)) = entry.waker {
-                wanted_wakers.push(id);
-            }
-            profile.entries.push(entry);
-            Ok(())
-        };
-        let batched = self.stopped
+        // In batches once nothing writes the table; key by key where the
+        // kernel has no batched lookup or it failed part way.
+        let mut batched = Vec::new();
+        let read_whole = self.stopped
             && take_through.is_none()
-            && self.read_batched(counts, |k, v| add(k, v))?;
-        if !batched {
+            && self
+                .read_batched(counts, |k, v| {
+                    batched.push(decode_entry(k, v)?);
+                    Ok(())
+                })
+                .unwrap_or(false);
+        if read_whole {
+            profile.entries = batched;
+        } else {
             let keys: Vec<Vec<u8>> = counts.keys().collect();
             for key_bytes in keys {
                 let val_bytes = match take_through {
@@ -1410,8 +1387,20 @@ impl<'obj> Tracer<'obj> {
                     }
                 };
                 if let Some(val_bytes) = val_bytes {
-                    add(&key_bytes, &val_bytes)?;
+                    profile.entries.push(decode_entry(&key_bytes, &val_bytes)?);
                 }
+            }
+        }
+        let mut wanted_stacks = Vec::new();
+        let mut wanted_wakers = Vec::new();
+        for e in &profile.entries {
+            for s in [e.user_stack, e.kernel_stack] {
+                if let StackRef::Id(id) = s {
+                    wanted_stacks.push(id);
+                }
+            }
+            if let Some(WakerRef::Id(id)) = e.waker {
+                wanted_wakers.push(id);
             }
         }
         Ok((wanted_stacks, wanted_wakers))
@@ -1442,6 +1431,15 @@ impl<'obj> Tracer<'obj> {
         match all {
             Some(mut all) => {
                 all.retain(|id, _| wanted_stacks.binary_search(id).is_ok());
+                // A stack stored behind the batch as it went (by a hook
+                // still returning after the detach) is looked up alone.
+                for &id in &wanted_stacks {
+                    if !all.contains_key(&id) {
+                        if let Some(frames) = self.stack(id)? {
+                            all.insert(id, frames);
+                        }
+                    }
+                }
                 profile.stacks = all;
             }
             None => {
@@ -1565,6 +1563,30 @@ fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
         .stacks
         .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
         .map(|bytes| stack_frames(&bytes)))
+}
+
+/// One entry of the table of counts.
+fn decode_entry(key_bytes: &[u8], val_bytes: &[u8]) -> Result<RawEntry> {
+    let mut key = types::offcpu_key::default();
+    let mut val = types::offcpu_val::default();
+    plain::copy_from_bytes(&mut key, key_bytes)
+        .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+    plain::copy_from_bytes(&mut val, val_bytes)
+        .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
+    Ok(RawEntry {
+        tgid: key.tgid,
+        start: ticks_of_ns(key.process_start),
+        pid: key.pid,
+        comm: comm_to_string(&key.comm),
+        user_stack: StackRef::from_raw(key.user_stack_id),
+        kernel_stack: StackRef::from_raw(key.kernel_stack_id),
+        state: OffState::from_raw(key.state),
+        waker: WakerRef::from_raw(key.waker_id),
+        interval: key.interval,
+        span: key.span.max(1),
+        total_ns: val.total_ns,
+        count: val.count,
+    })
 }
 
 /// A stored stack's frames: its addresses up to the first 0.

@@ -45,7 +45,7 @@ impl<'fd> Table<'fd> {
 /// [`Outcome::Unsupported`], having called nothing, where the kernel has
 /// no batched lookup for the map, so the caller can go key by key.
 pub fn for_each_entry(map: Table<'_>, mut f: impl FnMut(&[u8], &[u8])) -> Result<Outcome> {
-    let key_size = map.key_size.max(4);
+    let key_size = map.key_size;
     let value_size = map.value_size;
     let fd = map.fd.as_raw_fd();
     let opts = libbpf_sys::bpf_map_batch_opts {
