@@ -270,6 +270,12 @@ fn blocked_time_and_frames(hook: &str) {
     ] {
         assert!(!stderr.contains(denied), "{denied}: {stderr}");
     }
+    // The traced processes' unwind tables were built before the hook was
+    // attached: no stack was walked with frame pointers for want of them.
+    assert!(
+        !stderr.contains("unwind tables were not ready"),
+        "frame-pointer walks before the tables were ready: {stderr}"
+    );
     let (attached, from, to) = verbose_window(&stderr);
     // Before 5.17 (no bpf_loop) user stacks are walked with frame pointers:
     // said on stderr (checked), and they miss the caller of a glibc function
