@@ -582,10 +582,6 @@ pub fn build(
     let mut user_parts: ahash::AHashMap<(Proc, u64), (Part, u32)> =
         ahash::AHashMap::with_capacity(user_stacks.len());
     let mut user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
-        StackRef::None => (Part::Absent, merger.part(Part::Absent)),
-        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => {
-            (Part::Missed, merger.part(Part::Missed))
-        }
         StackRef::Id(id) => user_parts
             .entry((proc, id))
             .or_insert_with(|| {
@@ -617,13 +613,10 @@ pub fn build(
                 (part, n)
             })
             .clone(),
+        _ => frameless(merger, r),
     };
     let mut kernel_parts: ahash::AHashMap<(u64, bool), (Part, u32)> = ahash::AHashMap::new();
     let mut kernel_part = |merger: &mut Merger, r: StackRef, first_is_ip: bool| match r {
-        StackRef::None => (Part::Absent, merger.part(Part::Absent)),
-        StackRef::MissedFull | StackRef::MissedError | StackRef::NotReadable => {
-            (Part::Missed, merger.part(Part::Missed))
-        }
         StackRef::Id(id) => kernel_parts
             .entry((id, first_is_ip))
             .or_insert_with(|| {
@@ -647,6 +640,7 @@ pub fn build(
                 (part, n)
             })
             .clone(),
+        _ => frameless(merger, r),
     };
 
     let mut wakers: ahash::AHashMap<u64, u32> = ahash::AHashMap::new();
@@ -692,6 +686,16 @@ pub fn build(
         objects,
         window: None,
     }
+}
+
+/// The part a reference without frames stands for, numbered: none by
+/// nature or request, or lost.
+fn frameless(merger: &mut Merger, r: StackRef) -> (Part, u32) {
+    let part = match r {
+        StackRef::None => Part::Absent,
+        _ => Part::Missed,
+    };
+    (part.clone(), merger.part(part))
 }
 
 /// Blocked time (ns, blocks) summed by what makes a sample: process,
