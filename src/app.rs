@@ -207,6 +207,15 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         );
     }
     eprintln!("{}", config.status_line());
+    if config.tracer.sample_ns > 0 && !tracer.hook().stacks_at_switch_in() {
+        eprintln!(
+            "offcputime: --sample on {}: the stacks are walked at every switch-out, before a \
+             block's length is known, so sampling saves little here (the finish_task_switch \
+             kprobe, where the kernel has kprobes and no --state or -i is asked, walks only the \
+             blocks taken)",
+            tracer.hook()
+        );
+    }
     crate::hold_freed_memory(false);
     crate::give_back_freed_memory();
     if config.shape.mode.kernel() {
@@ -446,6 +455,15 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                 parts.join(", "),
                 c.wakeups,
                 c.unwoken
+            );
+        }
+        if config.tracer.sample_ns > 0 {
+            eprintln!(
+                "offcputime: sampled below {} us: {} short blocks taken (each weighted up to \
+                 it), {} left out; times and block counts are estimates",
+                config.tracer.sample_ns / 1000,
+                c.sampled_short,
+                c.sampled_out
             );
         }
         if config.tracer.wakers {

@@ -14,6 +14,9 @@ use crate::output::Shape;
 use crate::profile::StackMode;
 use crate::tracer::{Hook, TracerOptions, Unwind, UnwindCapacity, MAX_STACK_DEPTH};
 
+/// `--sample` at most 1 s: the BPF program's weights stay within 64 bits.
+const MAX_SAMPLE_US: u64 = 1_000_000;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HookArg {
     /// the cheapest hook that attaches: tp_btf, then raw_tp, then kprobe;
@@ -311,6 +314,15 @@ pub struct Args {
     )]
     pub max_block_time: Option<String>,
 
+    /// Sample the blocks shorter than this many microseconds (at most
+    /// 1000000): each is taken with probability (its length / US) and
+    /// counted as US long, so that totals of time and of blocks stay
+    /// unbiased estimates; longer blocks are always taken, exactly. On the
+    /// finish_task_switch kprobe (which --hook auto then prefers) the
+    /// stacks of the blocks left out are never walked
+    #[arg(long = "sample", value_name = "US")]
+    pub sample: Option<String>,
+
     /// Only count blocks whose thread state at switch-out matches this
     /// bitmask (e.g. 1 = TASK_INTERRUPTIBLE, 2 = TASK_UNINTERRUPTIBLE; 0 means
     /// exactly TASK_RUNNING, i.e. preempted)
@@ -536,6 +548,13 @@ impl Args {
         if min_us > max_us {
             bail!("-m/--min-block-time ({min_us}) is greater than -M/--max-block-time ({max_us})");
         }
+        let sample_us = match &self.sample {
+            Some(s) => parse_u64("--sample", s)?,
+            None => 0,
+        };
+        if self.sample.is_some() && !(1..=MAX_SAMPLE_US).contains(&sample_us) {
+            bail!("--sample must be between 1 and {MAX_SAMPLE_US} microseconds: {sample_us}");
+        }
         let state = match &self.state {
             Some(s) => {
                 let v = parse_u64("--state", s)?;
@@ -648,6 +667,7 @@ impl Args {
                     Some(ns) => ns - 1,
                     None => u64::MAX,
                 },
+                sample_ns: sample_us * 1000,
                 user_stacks: mode.user(),
                 kernel_stacks: mode.kernel(),
                 stack_storage_size: storage as u32,
@@ -881,6 +901,7 @@ impl Args {
             ("--wakers", self.wakers),
             ("-m/--min-block-time", self.min_block_time.is_some()),
             ("-M/--max-block-time", self.max_block_time.is_some()),
+            ("--sample", self.sample.is_some()),
             ("--state", self.state.is_some()),
             ("--hook", self.hook != HookArg::Auto),
             ("-i/--interval", self.interval.is_some()),
@@ -1003,6 +1024,9 @@ impl Config {
                 format!("blocks of {min} to {} us", t.max_block_ns / 1000)
             });
         }
+        if t.sample_ns > 0 {
+            parts.push(format!("blocks under {} us sampled", t.sample_ns / 1000));
+        }
         if let Some(s) = t.state {
             parts.push(format!("state {s}"));
         }
@@ -1058,7 +1082,11 @@ impl Config {
             Some(d) => format!("{every} for {} secs.", fmt_secs(d)),
             None => format!("{every}... Hit Ctrl-C to end."),
         };
-        format!("Tracing off-CPU time (us) of {threads} by {stacks} stack{when}")
+        let sampled = match self.tracer.sample_ns {
+            0 => String::new(),
+            ns => format!(" (blocks under {} us sampled)", ns / 1000),
+        };
+        format!("Tracing off-CPU time (us) of {threads} by {stacks} stack{sampled}{when}")
     }
 }
 

@@ -137,6 +137,8 @@ pub struct TracerOptions {
     pub state: Option<u32>,
     pub min_block_ns: u64,
     pub max_block_ns: u64,
+    /// `--sample`: blocks shorter than this are sampled (0: none).
+    pub sample_ns: u64,
     pub user_stacks: bool,
     pub kernel_stacks: bool,
     pub stack_storage_size: u32,
@@ -367,6 +369,10 @@ pub struct LossCounters {
     /// (a wake-up was under way as they began, and the hook does not pass
     /// the state).
     pub state_guessed: u64,
+    /// `--sample`: blocks shorter than the threshold taken (weighted),
+    /// and left out.
+    pub sampled_short: u64,
+    pub sampled_out: u64,
 }
 
 /// What the BPF program says of a process while tracing.
@@ -617,6 +623,7 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
         rodata.state_mask = opts.state.unwrap_or(0);
         rodata.min_block_ns = opts.min_block_ns;
         rodata.max_block_ns = opts.max_block_ns;
+        rodata.sample_ns = opts.sample_ns;
         rodata.want_user_stack = opts.user_stacks;
         rodata.want_kernel_stack = opts.kernel_stacks;
         rodata.notify_new_tasks = opts.user_stacks;
@@ -799,7 +806,7 @@ impl<'obj> Tracer<'obj> {
         legacy: bool,
         tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
-        let kprobe_first = opts.min_block_ns > 1000
+        let kprobe_first = (opts.min_block_ns > 1000 || opts.sample_ns > 0)
             && opts.state.is_none()
             && opts.interval.is_none()
             && std::path::Path::new(KPROBE_PMU).exists();
@@ -1640,6 +1647,8 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         wakers_full: at(C::CNT_WAKERS_FULL),
         unwoken: at(C::CNT_UNWOKEN),
         state_guessed: at(C::CNT_STATE_GUESSED),
+        sampled_short: at(C::CNT_SAMPLED_SHORT),
+        sampled_out: at(C::CNT_SAMPLED_OUT),
     })
 }
 

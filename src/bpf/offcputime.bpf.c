@@ -51,6 +51,8 @@ const volatile bool filter_by_state = false;
 const volatile __u32 state_mask = 0;
 const volatile __u64 min_block_ns = 1;
 const volatile __u64 max_block_ns = ~0ULL;
+/* --sample: blocks shorter than this are sampled (0: none; at most 1 s). */
+const volatile __u64 sample_ns = 0;
 const volatile bool want_user_stack = true;
 const volatile bool want_kernel_stack = true;
 const volatile bool notify_new_tasks = true;
@@ -1339,11 +1341,30 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		notify_new_mappings(prev, d, tgid, tid);
 }
 
-static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
+/*
+ * How a block counts.  With --sample, a block shorter than sample_ns is
+ * taken with probability (its length / sample_ns), as Go's block profile
+ * does; one taken counts as sample_ns long (each part of it scaled alike)
+ * and as sample_ns / length blocks, rounded up or down at random so that
+ * the expected count is 1: totals of time and of blocks stay unbiased.
+ * Longer blocks are always taken, as they are.
+ */
+struct weight {
+	/* The length the block was taken at, or 0: counted as it is. */
+	__u64 seen;
+	/* The blocks it counts for. */
+	__u64 blocks;
+};
+
+static __always_inline void add_block(struct offcpu_key *key, __u64 delta,
+				      const struct weight *wt)
 {
 	struct offcpu_val *v, init = {};
 	int err;
 
+	/* delta <= seen < sample_ns <= 1 s: no overflow. */
+	if (wt->seen)
+		delta = delta * sample_ns / wt->seen;
 	v = bpf_map_lookup_elem(&counts, key);
 	if (!v) {
 		err = bpf_map_update_elem(&counts, key, &init, BPF_NOEXIST);
@@ -1356,7 +1377,30 @@ static __always_inline void add_block(struct offcpu_key *key, __u64 delta)
 			return;
 	}
 	__sync_fetch_and_add(&v->total_ns, delta);
-	__sync_fetch_and_add(&v->count, 1);
+	__sync_fetch_and_add(&v->count, wt->blocks);
+}
+
+/* --sample: whether a block `seen` long is taken, and its weight. */
+static __always_inline bool sample_block(__u64 seen, struct weight *wt)
+{
+	__u64 t = sample_ns, rest;
+
+	wt->seen = 0;
+	wt->blocks = 1;
+	if (!t || seen >= t)
+		return true;
+	/* Taken with probability seen / t, to 2^-32 (seen < t <= 2^30). */
+	if (!seen || bpf_get_prandom_u32() >= (__u32)((seen << 32) / t)) {
+		count(CNT_SAMPLED_OUT);
+		return false;
+	}
+	count(CNT_SAMPLED_SHORT);
+	wt->seen = seen;
+	wt->blocks = t / seen;
+	rest = t % seen;
+	if (rest && bpf_get_prandom_u32() < (__u32)((rest << 32) / seen))
+		wt->blocks++;
+	return true;
 }
 
 /* Whether the block `start` says began before the window (claimed by the
@@ -1383,10 +1427,11 @@ static __always_inline __u64 counted_from(__u64 start)
  * way since before the hook was attached, or still under way at the end (of
  * the window or of an interval), is only known to be at least as long as
  * what was seen of it: it passes -m once that part does, and with -M it can
- * never be known to pass.
+ * never be known to pass.  Then --sample decides on the same length, and
+ * `wt` says how the part counts.
  */
 static __always_inline bool block_part(struct task_data *d, __u64 start, __u64 now, bool ended,
-				       __u64 *from, __u64 *to)
+				       __u64 *from, __u64 *to, struct weight *wt)
 {
 	__u64 w = trace_start_ns, end = trace_end_ns, began, seen, f;
 	bool before = began_before_window(start);
@@ -1404,7 +1449,7 @@ static __always_inline bool block_part(struct task_data *d, __u64 start, __u64 n
 		return false;
 	if (ended && !before ? seen > max_block_ns : max_block_ns != ~0ULL)
 		return false;
-	return true;
+	return sample_block(seen, wt);
 }
 
 /*
@@ -1412,12 +1457,13 @@ static __always_inline bool block_part(struct task_data *d, __u64 start, __u64 n
  * part in the first interval, the whole intervals between as one entry of
  * `span` intervals, the part in the last.
  */
-static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 to)
+static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 to,
+				     const struct weight *wt)
 {
 	__u64 w = trace_start_ns, len = interval_ns, first, last, whole;
 
 	if (!len) {
-		add_block(key, to - from);
+		add_block(key, to - from, wt);
 		return;
 	}
 	first = (from - w) / len;
@@ -1425,19 +1471,19 @@ static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 t
 	key->span = 1;
 	key->interval = first;
 	if (first == last) {
-		add_block(key, to - from);
+		add_block(key, to - from, wt);
 		return;
 	}
-	add_block(key, w + (first + 1) * len - from);
+	add_block(key, w + (first + 1) * len - from, wt);
 	if (last > first + 1) {
 		whole = last - first - 1;
 		key->interval = first + 1;
 		key->span = whole;
-		add_block(key, whole * len);
+		add_block(key, whole * len, wt);
 		key->span = 1;
 	}
 	key->interval = last;
-	add_block(key, to - (w + last * len));
+	add_block(key, to - (w + last * len), wt);
 }
 
 /*
@@ -1446,7 +1492,8 @@ static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 t
  * OFFCPU_STATE_RUNQUEUE from then on.  `ended`: the block ends at `to`.
  */
 static __always_inline void add_block_parts(struct offcpu_key *key, struct task_data *d,
-					    __u32 state, __u64 from, __u64 to, bool ended)
+					    __u32 state, __u64 from, __u64 to, bool ended,
+					    const struct weight *wt)
 {
 	__u64 wake;
 
@@ -1460,7 +1507,7 @@ static __always_inline void add_block_parts(struct offcpu_key *key, struct task_
 	}
 
 	if (!want_states) {
-		add_span(key, from, to);
+		add_span(key, from, to, wt);
 		return;
 	}
 	wake = d->wake_ns;
@@ -1471,12 +1518,12 @@ static __always_inline void add_block_parts(struct offcpu_key *key, struct task_
 		if (wake <= from) {
 			key->state = OFFCPU_STATE_RUNQUEUE;
 		} else if (wake < to) {
-			add_span(key, from, wake);
+			add_span(key, from, wake, wt);
 			key->state = OFFCPU_STATE_RUNQUEUE;
 			from = wake;
 		}
 	}
-	add_span(key, from, to);
+	add_span(key, from, to, wt);
 }
 
 /* The stacks and state a block under way was claimed with: the start
@@ -1515,6 +1562,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	__u32 tid = TASK_READ(trusted, next, pid);
 	bool starting = !trace_start_ns;
 	struct offcpu_key key = {};
+	struct weight wt;
 	struct task_data *d;
 	__u64 start, from, to;
 	__u32 state;
@@ -1532,7 +1580,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		return;
 	/* Claimed here or by the end or cut iterator, never both. */
 	start = swap_start(d, starting ? START_SEEN : 0, legacy);
-	if (!block_part(d, start, now, true, &from, &to)) {
+	if (!block_part(d, start, now, true, &from, &to, &wt)) {
 		if (want_wakers)
 			d->waker_id = 0;
 		return;
@@ -1552,7 +1600,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false);
 	}
-	add_block_parts(&key, d, state, from, to, true);
+	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
 		d->waker_id = 0;
 }
@@ -1773,6 +1821,7 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 					       __u32 tid, __u64 now, bool unseen, bool legacy)
 {
 	struct offcpu_key key = {};
+	struct weight wt;
 	__u64 start, ran, in, from, to;
 	__u32 state;
 
@@ -1791,7 +1840,7 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 		count(CNT_UNSEEN_UNTIMED);
 		return;
 	}
-	if (!block_part(d, start, in, true, &from, &to))
+	if (!block_part(d, start, in, true, &from, &to, &wt))
 		return;
 	fill_key(&key, prev, tid, false);
 	if (is_kthread(prev, false))
@@ -1799,7 +1848,7 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, d, start);
-	add_block_parts(&key, d, state, from, to, true);
+	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
 		d->waker_id = 0;
 }
@@ -1967,6 +2016,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 				       bool user_stacks)
 {
 	struct offcpu_key key = {};
+	struct weight wt;
 	struct task_data *d;
 	__u64 start, from, to;
 	__u32 tid, state;
@@ -1987,7 +2037,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 		return;
 	}
 	start = swap_start(d, 0, legacy);
-	if (!block_part(d, start, trace_end_ns, false, &from, &to))
+	if (!block_part(d, start, trace_end_ns, false, &from, &to, &wt))
 		return;
 
 	fill_key(&key, task, tid, false);
@@ -2006,7 +2056,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 			key.kernel_stack_id = kernel_stack_of_task(task);
 	}
 	count(CNT_BLOCKS_AT_END);
-	add_block_parts(&key, d, state, from, to, false);
+	add_block_parts(&key, d, state, from, to, false, &wt);
 }
 
 SEC("iter/task")
@@ -2044,6 +2094,7 @@ int flush_in_progress_user_by_tid(struct bpf_iter__task *ctx)
 static __always_inline void cut_task(struct task_struct *task, bool trusted)
 {
 	struct offcpu_key key = {};
+	struct weight wt;
 	struct task_data *d, seen;
 	__u64 start, cut, next, from, to, *at;
 	__u32 tid, state, zero = 0;
@@ -2065,13 +2116,13 @@ static __always_inline void cut_task(struct task_struct *task, bool trusted)
 	next = cut | START_CUT | (began_before_window(start) ? START_CUT_AT_WINDOW : 0);
 	if (__sync_val_compare_and_swap(&d->start_ns, start, next) != start)
 		return;
-	if (!block_part(&seen, start, cut, false, &from, &to))
+	if (!block_part(&seen, start, cut, false, &from, &to, &wt))
 		return;
 	fill_key(&key, task, tid, false);
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, &seen, start);
-	add_block_parts(&key, &seen, state, from, to, false);
+	add_block_parts(&key, &seen, state, from, to, false, &wt);
 }
 
 SEC("iter/task")

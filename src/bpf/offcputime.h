@@ -285,6 +285,10 @@ enum offcpu_counter {
 	 * that were proved the same as the thread's last walk and not walked
 	 * again (struct ucache) */
 	CNT_UNWIND_CACHED,
+	/* --sample: blocks shorter than the threshold taken (each weighted
+	 * up to the threshold), and left out */
+	CNT_SAMPLED_SHORT,
+	CNT_SAMPLED_OUT,
 	CNT_MAX,
 };
 

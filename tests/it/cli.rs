@@ -37,6 +37,24 @@ fn bad_numbers() {
     assert!(err(&["--perf-max-stack-depth", "128"]).contains("between 1 and 127"));
     assert!(err(&["--stack-storage-size", "0"]).contains("--stack-storage-size"));
     assert!(err(&["--state", "0x1ffffffff"]).contains("too large"));
+    assert!(err(&["--sample", "0"]).contains("between 1 and 1000000"));
+    assert!(err(&["--sample", "1000001"]).contains("between 1 and 1000000"));
+    assert!(err(&["--sample", "1ms"]).contains("not a whole number"));
+    assert!(err(&["--sample", "-5"]).contains("must not be negative"));
+    assert!(err(&["--snapshot", "--sample", "1000"]).contains("--snapshot traces nothing"));
+}
+
+#[test]
+fn sample_threshold() {
+    let c = config(&["--sample", "1000", "1"]).unwrap();
+    assert_eq!(c.tracer.sample_ns, 1_000_000);
+    assert!(
+        c.status_line().contains("(blocks under 1000 us sampled)"),
+        "{}",
+        c.status_line()
+    );
+    assert!(c.description().contains("blocks under 1000 us sampled"));
+    assert_eq!(config(&[]).unwrap().tracer.sample_ns, 0);
 }
 
 #[test]
@@ -85,6 +103,7 @@ fn binary_errors_are_one_line() {
         &["-5"],
         &["--no-such-flag"],
         &["-m", "9", "-M", "1"],
+        &["--sample", "0"],
         &["--hook", "nope"],
     ] {
         let out = offcputime().args(args).output().unwrap();
@@ -116,6 +135,7 @@ fn help_and_version_succeed() {
         "--perf-max-stack-depth",
         "--min-block-time",
         "--max-block-time",
+        "--sample",
         "--state",
         "--hook",
         "--svg",

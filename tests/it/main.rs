@@ -12,6 +12,7 @@ mod golden;
 mod intervals;
 mod push;
 mod reading;
+mod sampling;
 mod snapshot;
 mod stackcache;
 mod states;
