@@ -59,22 +59,7 @@ fn blocked_time_and_frames_raw_tp() {
 /// for it must fail at once with an error that says why.
 #[test]
 fn blocked_time_and_frames_kprobe() {
-    if !has_kprobes() {
-        if !require_root() {
-            return;
-        }
-        let out = offcputime()
-            .args(["--hook", "finish-task-switch", "-f", "1"])
-            .output()
-            .expect("run offcputime");
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains("CONFIG_KPROBES"), "{err}");
-        report_no_kprobes();
-        return;
-    }
-    blocked_time_and_frames("finish-task-switch");
+    on_kprobe(&[], blocked_time_and_frames);
 }
 
 /// The kprobe hook takes a block's stacks at switch-in, in the task's own

@@ -18,27 +18,7 @@ fn sampled_tp_btf() {
 
 #[test]
 fn sampled_kprobe() {
-    if !has_kprobes() {
-        if require_root() {
-            let out = offcputime()
-                .args([
-                    "--hook",
-                    "finish-task-switch",
-                    "--sample",
-                    SAMPLE_US,
-                    "-f",
-                    "1",
-                ])
-                .output()
-                .expect("run offcputime");
-            assert!(!out.status.success());
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains("CONFIG_KPROBES"), "{err}");
-            report_no_kprobes();
-        }
-        return;
-    }
-    sampled("finish-task-switch");
+    on_kprobe(&["--sample", SAMPLE_US], sampled);
 }
 
 /// The number before `what` in `text`, if `what` is there.

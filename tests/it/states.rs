@@ -25,13 +25,7 @@ fn states_raw_tp() {
 
 #[test]
 fn states_kprobe() {
-    if !has_kprobes() {
-        if require_root() {
-            report_no_kprobes();
-        }
-        return;
-    }
-    states("finish-task-switch");
+    on_kprobe(&["--states"], states);
 }
 
 /// Sleepers woken by a timer, a pipe write and a futex wake; a killable

@@ -132,6 +132,31 @@ pub fn report_no_kprobes() {
     eprintln!("matrix: finish-task-switch unsupported (no CONFIG_KPROBES)");
 }
 
+/// A test of the `finish_task_switch` kprobe hook: `test` runs with the
+/// hook's name where the kernel has kprobes; elsewhere (as root) the
+/// profiler, asked for the hook with `args`, must fail with one line that
+/// names what is missing, and the test says so for `scripts/vmtest`.
+pub fn on_kprobe(args: &[&str], test: impl FnOnce(&str)) {
+    if has_kprobes() {
+        test("finish-task-switch");
+        return;
+    }
+    if !require_root() {
+        return;
+    }
+    let out = offcputime()
+        .args(["--hook", "finish-task-switch"])
+        .args(args)
+        .args(["-f", "1"])
+        .output()
+        .expect("run offcputime");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CONFIG_KPROBES"), "{err}");
+    report_no_kprobes();
+}
+
 /// The running kernel's version, (major, minor).
 pub fn kernel_version() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");

@@ -24,13 +24,7 @@ fn wakers_raw_tp() {
 
 #[test]
 fn wakers_kprobe() {
-    if !has_kprobes() {
-        if require_root() {
-            report_no_kprobes();
-        }
-        return;
-    }
-    wakers("finish-task-switch");
+    on_kprobe(&["--wakers"], wakers);
 }
 
 /// One folded line split at `--`: the blocked thread's frames (command
