@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::process::registry::StackFrames;
 use crate::process::Proc;
 use crate::process::Registry;
 use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
@@ -411,9 +412,26 @@ fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample>
     merger.samples()
 }
 
+/// The user stacks of a profile as numbers of their distinct frames, all
+/// in one buffer.
+#[derive(Default)]
+struct UserStacks {
+    /// Where the numbers of each stack of each process are: start and
+    /// length.
+    spans: ahash::AHashMap<(Proc, u64), (usize, usize)>,
+    numbers: Vec<u32>,
+}
+
+impl UserStacks {
+    fn get(&self, proc: Proc, id: u64) -> Option<&[u32]> {
+        let &(start, len) = self.spans.get(&(proc, id))?;
+        self.numbers.get(start..start + len)
+    }
+}
+
 fn part_addrs(r: StackRef, stacks: &crate::tracer::Stacks) -> Option<&[u64]> {
     match r {
-        StackRef::Id(id) => stacks.get(&id).map(Vec::as_slice),
+        StackRef::Id(id) => stacks.get(&id),
         _ => None,
     }
 }
@@ -481,10 +499,21 @@ pub fn build(
     // of its process, or as kept when the process exited), then all named
     // object by object. A stack holds its frames by number: each distinct
     // (frame, kind) is looked up once here, and named and placed once.
-    let mut user_stacks: ahash::AHashMap<(Proc, u64), Vec<u32>> = ahash::AHashMap::new();
+    let mut user_stacks = UserStacks::default();
     let mut distinct: Vec<(UserFrame, AddrKind)> = Vec::new();
     {
         let mut numbers: ahash::AHashMap<(UserFrame, AddrKind), u32> = ahash::AHashMap::new();
+        let mut number = |fk: (UserFrame, AddrKind)| {
+            *numbers.entry(fk).or_insert_with(|| {
+                distinct.push(fk);
+                (distinct.len() - 1) as u32
+            })
+        };
+        // The number of each address of a process, found once: a
+        // process's stacks have a few thousand addresses between them,
+        // and 100,000 stacks of 45 frames millions.
+        let mut by_address: ahash::AHashMap<Proc, ahash::AHashMap<(u64, AddrKind), u32>> =
+            ahash::AHashMap::new();
         let stacks = raw
             .entries
             .iter()
@@ -495,19 +524,31 @@ pub fn build(
                 continue;
             };
             let proc = Proc { tgid, start };
-            user_stacks.entry((proc, id)).or_insert_with(|| {
-                let frames = reg.user_frames(proc, id, addrs);
-                frames
-                    .into_iter()
-                    .zip(user_kinds())
-                    .map(|fk| {
-                        *numbers.entry(fk).or_insert_with(|| {
-                            distinct.push(fk);
-                            (distinct.len() - 1) as u32
-                        })
-                    })
-                    .collect()
-            });
+            if user_stacks.spans.contains_key(&(proc, id)) {
+                continue;
+            }
+            let at = user_stacks.numbers.len();
+            match reg.user_stack(proc, id) {
+                StackFrames::Kept(frames) => user_stacks.numbers.extend(
+                    frames
+                        .iter()
+                        .zip(user_kinds())
+                        .map(|(&f, k)| number((f, k))),
+                ),
+                StackFrames::Mapped(mappings) => {
+                    let known = by_address.entry(proc).or_default();
+                    user_stacks
+                        .numbers
+                        .extend(addrs.iter().zip(user_kinds()).map(|(&a, k)| {
+                            *known
+                                .entry((a, k))
+                                .or_insert_with(|| number((mappings.frame(a), k)))
+                        }));
+                }
+            }
+            user_stacks
+                .spans
+                .insert((proc, id), (at, user_stacks.numbers.len() - at));
         }
     }
     let unames = sym.user_names(reg, &distinct);
@@ -579,67 +620,62 @@ pub fn build(
             })
             .collect()
     };
-    let mut user_parts: ahash::AHashMap<(Proc, u64), (Part, u32)> =
-        ahash::AHashMap::with_capacity(user_stacks.len());
+    // Each part by number (see [`Merger::part`]); the part itself is the
+    // merger's.
+    let mut user_parts: ahash::AHashMap<(Proc, u64), u32> =
+        ahash::AHashMap::with_capacity(user_stacks.spans.len());
+    // The frames of the part being made, moved into it.
+    let mut scratch: Vec<Frame> = Vec::new();
     let mut user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
-        StackRef::Id(id) => user_parts
-            .entry((proc, id))
-            .or_insert_with(|| {
-                let part = match user_stacks.get(&(proc, id)) {
-                    None => Part::Missed,
-                    Some(numbers) => {
-                        let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
-                        let jit = reg.perf_map(proc).is_some();
-                        let mut out = Vec::with_capacity(numbers.len() + 4);
-                        for (i, &n) in numbers.iter().enumerate() {
-                            let (f, k) = distinct[n as usize];
-                            let at = addrs.get(i).copied().unwrap_or(0);
-                            // JIT code: named by its runtime's perf map.
-                            let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
-                            match jitted {
-                                None if !addresses => out.extend_from_slice(&placed[n as usize]),
-                                _ => {
-                                    let (addr, origin) = place(f);
-                                    let names =
-                                        jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
-                                    out.extend(frames_at(names, addr, at, origin));
-                                }
+        StackRef::Id(id) => *user_parts.entry((proc, id)).or_insert_with(|| {
+            let part = match user_stacks.get(proc, id) {
+                None => Part::Missed,
+                Some(numbers) => {
+                    let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
+                    let jit = reg.perf_map(proc).is_some();
+                    let out = &mut scratch;
+                    for (i, &n) in numbers.iter().enumerate() {
+                        let (f, k) = distinct[n as usize];
+                        let at = addrs.get(i).copied().unwrap_or(0);
+                        // JIT code: named by its runtime's perf map.
+                        let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
+                        match jitted {
+                            None if !addresses => out.extend_from_slice(&placed[n as usize]),
+                            _ => {
+                                let (addr, origin) = place(f);
+                                let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
+                                out.extend(frames_at(names, addr, at, origin));
                             }
                         }
-                        Part::Frames(out.into())
                     }
-                };
-                let n = merger.part(part.clone());
-                (part, n)
-            })
-            .clone(),
+                    Part::Frames(out.drain(..).collect())
+                }
+            };
+            merger.part(part)
+        }),
         _ => frameless(merger, r),
     };
-    let mut kernel_parts: ahash::AHashMap<(u64, bool), (Part, u32)> = ahash::AHashMap::new();
+    let mut kernel_parts: ahash::AHashMap<(u64, bool), u32> = ahash::AHashMap::new();
     let mut kernel_part = |merger: &mut Merger, r: StackRef, first_is_ip: bool| match r {
-        StackRef::Id(id) => kernel_parts
-            .entry((id, first_is_ip))
-            .or_insert_with(|| {
-                let part = match raw.stacks.get(&id) {
-                    None => Part::Missed,
-                    Some(frames) => {
-                        // An address can be several frames: functions
-                        // inlined there, innermost first.
-                        let mut named: Vec<Frame> = kinds(frames, first_is_ip)
-                            .flat_map(|k| {
-                                let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                                frames_at(names, k.0, k.0, Origin::Kernel)
-                            })
-                            .collect();
-                        let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
-                        named.drain(..ours);
-                        Part::Frames(named.into())
-                    }
-                };
-                let n = merger.part(part.clone());
-                (part, n)
-            })
-            .clone(),
+        StackRef::Id(id) => *kernel_parts.entry((id, first_is_ip)).or_insert_with(|| {
+            let part = match raw.stacks.get(&id) {
+                None => Part::Missed,
+                Some(frames) => {
+                    // An address can be several frames: functions
+                    // inlined there, innermost first.
+                    let mut named: Vec<Frame> = kinds(frames, first_is_ip)
+                        .flat_map(|k| {
+                            let names = knames.get(&k).cloned().unwrap_or_else(unknown);
+                            frames_at(names, k.0, k.0, Origin::Kernel)
+                        })
+                        .collect();
+                    let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                    named.drain(..ours);
+                    Part::Frames(named.into())
+                }
+            };
+            merger.part(part)
+        }),
         _ => frameless(merger, r),
     };
 
@@ -649,8 +685,8 @@ pub fn build(
             tgid: e.tgid,
             start: e.start,
         };
-        let (_, user) = user_part(&mut merger, proc, e.user_stack);
-        let (_, kernel) = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
+        let user = user_part(&mut merger, proc, e.user_stack);
+        let kernel = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
         let waker = e.waker.map(|w| match w {
             WakerRef::Preempted => merger.waker(Waker::Preempted),
             WakerRef::NotWoken => merger.waker(Waker::NotWoken),
@@ -665,8 +701,9 @@ pub fn build(
                             tgid: w.tgid,
                             start: w.start,
                         };
-                        let (user, _) = user_part(&mut merger, proc, w.user_stack);
-                        let (kernel, _) = kernel_part(&mut merger, w.kernel_stack, false);
+                        let user = user_part(&mut merger, proc, w.user_stack);
+                        let kernel = kernel_part(&mut merger, w.kernel_stack, false);
+                        let (user, kernel) = (merger.part_of(user), merger.part_of(kernel));
                         let n = merger.waker(Waker::classify(w.comm.clone(), w.pid, user, kernel));
                         wakers.insert(id, n);
                         n
@@ -680,22 +717,22 @@ pub fn build(
             e.count,
         );
     }
+    let samples = merger.samples();
     Profile {
-        samples: merger.samples(),
+        samples,
         counters: raw.counters.clone(),
         objects,
         window: None,
     }
 }
 
-/// The part a reference without frames stands for, numbered: none by
+/// The number of the part a reference without frames stands for: none by
 /// nature or request, or lost.
-fn frameless(merger: &mut Merger, r: StackRef) -> (Part, u32) {
-    let part = match r {
+fn frameless(merger: &mut Merger, r: StackRef) -> u32 {
+    merger.part(match r {
         StackRef::None => Part::Absent,
         _ => Part::Missed,
-    };
-    (part.clone(), merger.part(part))
+    })
 }
 
 /// Blocked time (ns, blocks) summed by what makes a sample: process,
@@ -730,6 +767,11 @@ impl<'a> Merger<'a> {
     /// The number of `part`: equal parts get one number.
     fn part(&mut self, part: Part) -> u32 {
         self.parts.number(part)
+    }
+
+    /// The part numbered `n`.
+    fn part_of(&self, n: u32) -> Part {
+        self.parts.list[n as usize].clone()
     }
 
     /// The number of `waker`: equal wakers get one number.
