@@ -429,6 +429,43 @@ impl UserStacks {
     }
 }
 
+/// The numbers of the addresses of one process's stacks (see [`build`]):
+/// the last found in each of a few hundred slots, before a hash map.
+struct Known {
+    recent: Box<[(u64, u32)]>,
+    ips: ahash::AHashMap<u64, u32>,
+    returns: ahash::AHashMap<u64, u32>,
+}
+
+impl Known {
+    const SLOTS: usize = 512;
+    /// A slot that holds nothing: no frame has this number.
+    const EMPTY: u32 = u32::MAX;
+
+    fn new() -> Known {
+        Known {
+            recent: vec![(0, Self::EMPTY); Self::SLOTS].into_boxed_slice(),
+            ips: ahash::AHashMap::new(),
+            returns: ahash::AHashMap::new(),
+        }
+    }
+
+    /// The number of address `addr` of kind `kind`: `find`'s, the first
+    /// time.
+    fn number(&mut self, addr: u64, kind: AddrKind, find: impl FnOnce() -> u32) -> u32 {
+        if kind == AddrKind::Ip {
+            return *self.ips.entry(addr).or_insert_with(find);
+        }
+        let slot = &mut self.recent[((addr ^ (addr >> 9)) as usize) % Self::SLOTS];
+        if slot.1 != Self::EMPTY && slot.0 == addr {
+            return slot.1;
+        }
+        let n = *self.returns.entry(addr).or_insert_with(find);
+        *slot = (addr, n);
+        n
+    }
+}
+
 fn part_addrs(r: StackRef, stacks: &crate::tracer::Stacks) -> Option<&[u64]> {
     match r {
         StackRef::Id(id) => stacks.get(&id),
@@ -512,8 +549,7 @@ pub fn build(
         // The number of each address of a process, found once: a
         // process's stacks have a few thousand addresses between them,
         // and 100,000 stacks of 45 frames millions.
-        let mut by_address: ahash::AHashMap<Proc, ahash::AHashMap<(u64, AddrKind), u32>> =
-            ahash::AHashMap::new();
+        let mut by_address: ahash::AHashMap<Proc, Known> = ahash::AHashMap::new();
         let stacks = raw
             .entries
             .iter()
@@ -536,14 +572,12 @@ pub fn build(
                         .map(|(&f, k)| number((f, k))),
                 ),
                 StackFrames::Mapped(mappings) => {
-                    let known = by_address.entry(proc).or_default();
-                    user_stacks
-                        .numbers
-                        .extend(addrs.iter().zip(user_kinds()).map(|(&a, k)| {
-                            *known
-                                .entry((a, k))
-                                .or_insert_with(|| number((mappings.frame(a), k)))
-                        }));
+                    let known = by_address.entry(proc).or_insert_with(Known::new);
+                    let mut kinds = user_kinds();
+                    user_stacks.numbers.extend(addrs.iter().map(|&a| {
+                        let k = kinds.next().unwrap_or(AddrKind::Return);
+                        known.number(a, k, || number((mappings.frame(a), k)))
+                    }));
                 }
             }
             user_stacks
@@ -609,30 +643,48 @@ pub fn build(
     // The frames of each distinct user address, made once: the same in
     // every stack and process that has it, except where `--addresses`
     // shows the address in the process, or a perf map names JIT code.
-    let placed: Vec<Vec<Frame>> = if addresses {
-        Vec::new()
-    } else {
-        distinct
-            .iter()
-            .map(|&(f, k)| {
-                let (addr, origin) = place(f);
-                frames_at(user_names(f, k), addr, 0, origin).collect()
-            })
-            .collect()
-    };
+    // All in one vector: the frames of distinct user address `n` are
+    // `placed[spans[n]]`, and `words` their [`frame_word`]s.
+    let mut placed: Vec<Frame> = Vec::new();
+    let mut placed_words: Vec<u64> = Vec::new();
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    if !addresses {
+        spans.reserve(distinct.len());
+        for &(f, k) in &distinct {
+            let (addr, origin) = place(f);
+            let at = placed.len();
+            placed.extend(frames_at(user_names(f, k), addr, 0, origin));
+            spans.push((at, placed.len() - at));
+        }
+        placed_words.extend(placed.iter().map(|f| frame_word(f)));
+    }
     // Each part by number (see [`Merger::part`]); the part itself is the
     // merger's.
     let mut user_parts: ahash::AHashMap<(Proc, u64), u32> =
         ahash::AHashMap::with_capacity(user_stacks.spans.len());
     // The frames of the part being made, moved into it.
     let mut scratch: Vec<Frame> = Vec::new();
+    let mut scratch_words: Vec<u64> = Vec::new();
     let mut user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
         StackRef::Id(id) => *user_parts.entry((proc, id)).or_insert_with(|| {
             let part = match user_stacks.get(proc, id) {
                 None => Part::Missed,
                 Some(numbers) => {
-                    let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
                     let jit = reg.perf_map(proc).is_some();
+                    if !jit && !addresses {
+                        // Frames made before, and what each adds to the
+                        // part's hash.
+                        for &n in numbers {
+                            let (at, len) = spans[n as usize];
+                            scratch.extend_from_slice(&placed[at..at + len]);
+                            scratch_words.extend_from_slice(&placed_words[at..at + len]);
+                        }
+                        let part = Part::Frames(scratch.drain(..).collect());
+                        let n = merger.part_words(part, &scratch_words);
+                        scratch_words.clear();
+                        return n;
+                    }
+                    let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
                     let out = &mut scratch;
                     for (i, &n) in numbers.iter().enumerate() {
                         let (f, k) = distinct[n as usize];
@@ -640,7 +692,10 @@ pub fn build(
                         // JIT code: named by its runtime's perf map.
                         let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
                         match jitted {
-                            None if !addresses => out.extend_from_slice(&placed[n as usize]),
+                            None if !addresses => {
+                                let (at, len) = spans[n as usize];
+                                out.extend_from_slice(&placed[at..at + len]);
+                            }
                             _ => {
                                 let (addr, origin) = place(f);
                                 let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
@@ -769,6 +824,11 @@ impl<'a> Merger<'a> {
         self.parts.number(part)
     }
 
+    /// The number of a part of frames whose [`frame_word`]s are `words`.
+    fn part_words(&mut self, part: Part, words: &[u64]) -> u32 {
+        self.parts.number_words(part, words)
+    }
+
     /// The part numbered `n`.
     fn part_of(&self, n: u32) -> Part {
         self.parts.list[n as usize].clone()
@@ -877,23 +937,39 @@ impl Parts {
     /// the frames' addresses, origins and the lengths of their names
     /// (parts that differ only in names are told apart by comparing).
     fn hash(&self, part: &Part) -> u64 {
-        use std::hash::{BuildHasher, Hash, Hasher};
-        let mut h = self.hasher.build_hasher();
-        std::mem::discriminant(part).hash(&mut h);
-        if let Part::Frames(frames) = part {
-            h.write_usize(frames.len());
-            for f in frames.iter() {
-                h.write_u64(f.addr);
-                f.origin.hash(&mut h);
-                h.write_u8(u8::from(f.inlined));
-                h.write_usize(f.name.len());
-            }
+        match part {
+            Part::Absent => self.hasher.hash_one(0u8),
+            Part::Missed => self.hasher.hash_one(1u8),
+            Part::Frames(frames) => self.hash_words(frames.iter().map(|f| frame_word(f))),
         }
+    }
+
+    /// The hash of a part of frames, from their [`frame_word`]s.
+    fn hash_words(&self, words: impl Iterator<Item = u64>) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = self.hasher.build_hasher();
+        h.write_u8(2);
+        let mut len = 0usize;
+        for w in words {
+            h.write_u64(w);
+            len += 1;
+        }
+        h.write_usize(len);
         h.finish()
+    }
+
+    /// The number of a part of frames whose [`frame_word`]s are `words`.
+    fn number_words(&mut self, part: Part, words: &[u64]) -> u32 {
+        let hash = self.hash_words(words.iter().copied());
+        self.number_hashed(part, hash)
     }
 
     fn number(&mut self, part: Part) -> u32 {
         let hash = self.hash(&part);
+        self.number_hashed(part, hash)
+    }
+
+    fn number_hashed(&mut self, part: Part, hash: u64) -> u32 {
         let head = self.heads.get(&hash).copied().unwrap_or(Self::END);
         let mut n = head;
         while n != Self::END {
@@ -908,6 +984,20 @@ impl Parts {
         self.heads.insert(hash, n);
         n
     }
+}
+
+/// What a frame adds to the hash of a part (see [`Parts::hash`]): its
+/// address, origin, the length of its name and whether it is inlined.
+fn frame_word(f: &FrameInfo) -> u64 {
+    let origin = match f.origin {
+        Origin::Unknown => 0,
+        Origin::Kernel => 1,
+        Origin::Object(i) => 2 + u64::from(i),
+    };
+    f.addr.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (origin << 33)
+        ^ ((f.name.len() as u64) << 1)
+        ^ u64::from(f.inlined)
 }
 
 /// A total order, so that output is stable: by time, then by identity.

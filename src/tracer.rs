@@ -1498,7 +1498,11 @@ impl<'obj> Tracer<'obj> {
         wanted_stacks.dedup();
         match all {
             Some(mut all) => {
-                all.retain(|id| wanted_stacks.binary_search(&id).is_ok());
+                // Stacks nothing counts are let go where they are many
+                // (a stack looked up by the counts is found either way).
+                if all.len() > wanted_stacks.len() + wanted_stacks.len() / 4 {
+                    all.retain(|id| wanted_stacks.binary_search(&id).is_ok());
+                }
                 // A stack stored behind the batch as it went (by a hook
                 // still returning after the detach) is looked up alone.
                 for &id in &wanted_stacks {
