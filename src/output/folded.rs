@@ -404,4 +404,17 @@ mod tests {
         let out = folded(vec![once, again, lone]);
         assert_eq!(out, "w;b;k1;;k2 9\ny;b;k1;;k2 7\nz;b;k1;;k2 5\n");
     }
+
+    #[test]
+    fn a_name_with_a_semicolon_is_cleaned_in_any_part() {
+        let shared = sample("v", &["b;c", "a"], &["k;1"], 0);
+        let mut once = shared.clone();
+        once.total_ns = 3_000;
+        let mut again = shared.clone();
+        again.comm = "u;x".to_string();
+        again.total_ns = 2_000;
+        let lone = sample("t", &["", "b;c", "a"], &["k;1", ""], 1_000);
+        let out = folded(vec![once, again, lone]);
+        assert_eq!(out, "v;a;b:c;k:1 3\nu:x;a;b:c;k:1 2\nt;a;b:c;;k:1 1\n");
+    }
 }
