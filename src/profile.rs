@@ -416,17 +416,10 @@ fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample>
 /// in one buffer.
 #[derive(Default)]
 struct UserStacks {
-    /// Where the numbers of each stack of each process are: start and
-    /// length.
-    spans: ahash::AHashMap<(Proc, u64), (usize, usize)>,
+    /// Each stack of each process, and where the numbers of its frames
+    /// are: start and length.
+    list: Vec<(Proc, u64, usize, usize)>,
     numbers: Vec<u32>,
-}
-
-impl UserStacks {
-    fn get(&self, proc: Proc, id: u64) -> Option<&[u32]> {
-        let &(start, len) = self.spans.get(&(proc, id))?;
-        self.numbers.get(start..start + len)
-    }
 }
 
 /// The numbers of the addresses of one process's stacks (see [`build`]):
@@ -550,19 +543,25 @@ pub fn build(
         // process's stacks have a few thousand addresses between them,
         // and 100,000 stacks of 45 frames millions.
         let mut by_address: ahash::AHashMap<Proc, Known> = ahash::AHashMap::new();
-        let stacks = raw
+        // Each stack of each process once, in the order the stacks are
+        // stored: tens of megabytes of frames read front to back rather
+        // than in the order of the counts.
+        let mut order: Vec<(usize, Proc, u64)> = raw
             .entries
             .iter()
             .map(|e| (e.tgid, e.start, e.user_stack))
-            .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)));
-        for (tgid, start, r) in stacks {
-            let (StackRef::Id(id), Some(addrs)) = (r, part_addrs(r, &raw.stacks)) else {
+            .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)))
+            .filter_map(|(tgid, start, r)| match r {
+                StackRef::Id(id) => Some((raw.stacks.position(&id)?, Proc { tgid, start }, id)),
+                _ => None,
+            })
+            .collect();
+        order.sort_unstable();
+        order.dedup();
+        for (_, proc, id) in order {
+            let Some(addrs) = raw.stacks.get(&id) else {
                 continue;
             };
-            let proc = Proc { tgid, start };
-            if user_stacks.spans.contains_key(&(proc, id)) {
-                continue;
-            }
             let at = user_stacks.numbers.len();
             match reg.user_stack(proc, id) {
                 StackFrames::Kept(frames) => user_stacks.numbers.extend(
@@ -580,9 +579,8 @@ pub fn build(
                     }));
                 }
             }
-            user_stacks
-                .spans
-                .insert((proc, id), (at, user_stacks.numbers.len() - at));
+            let len = user_stacks.numbers.len() - at;
+            user_stacks.list.push((proc, id, at, len));
         }
     }
     let unames = sym.user_names(reg, &distinct);
@@ -658,56 +656,57 @@ pub fn build(
         }
         placed_words.extend(placed.iter().map(|f| frame_word(f)));
     }
-    // Each part by number (see [`Merger::part`]); the part itself is the
-    // merger's.
+    // Each user part made and numbered (see [`Merger::part`]; the part
+    // itself is the merger's), in the order its frames were numbered.
     let mut user_parts: ahash::AHashMap<(Proc, u64), u32> =
-        ahash::AHashMap::with_capacity(user_stacks.spans.len());
+        ahash::AHashMap::with_capacity(user_stacks.list.len());
     // The frames of the part being made, moved into it.
     let mut scratch: Vec<Frame> = Vec::new();
     let mut scratch_words: Vec<u64> = Vec::new();
-    let mut user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
-        StackRef::Id(id) => *user_parts.entry((proc, id)).or_insert_with(|| {
-            let part = match user_stacks.get(proc, id) {
-                None => Part::Missed,
-                Some(numbers) => {
-                    let jit = reg.perf_map(proc).is_some();
-                    if !jit && !addresses {
-                        // Frames made before, and what each adds to the
-                        // part's hash.
-                        for &n in numbers {
-                            let (at, len) = spans[n as usize];
-                            scratch.extend_from_slice(&placed[at..at + len]);
-                            scratch_words.extend_from_slice(&placed_words[at..at + len]);
-                        }
-                        let part = Part::Frames(scratch.drain(..).collect());
-                        let n = merger.part_words(part, &scratch_words);
-                        scratch_words.clear();
-                        return n;
+    for &(proc, id, at, len) in &user_stacks.list {
+        let numbers = &user_stacks.numbers[at..at + len];
+        let jit = reg.perf_map(proc).is_some();
+        let n = if !jit && !addresses {
+            // Frames made before, and what each adds to the part's hash.
+            for &n in numbers {
+                let (at, len) = spans[n as usize];
+                scratch.extend_from_slice(&placed[at..at + len]);
+                scratch_words.extend_from_slice(&placed_words[at..at + len]);
+            }
+            let part = Part::Frames(scratch.drain(..).collect());
+            let n = merger.part_words(part, &scratch_words);
+            scratch_words.clear();
+            n
+        } else {
+            let addrs = raw.stacks.get(&id).unwrap_or(&[]);
+            for (i, &n) in numbers.iter().enumerate() {
+                let (f, k) = distinct[n as usize];
+                let at = addrs.get(i).copied().unwrap_or(0);
+                // JIT code: named by its runtime's perf map.
+                let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
+                match jitted {
+                    None if !addresses => {
+                        let (at, len) = spans[n as usize];
+                        scratch.extend_from_slice(&placed[at..at + len]);
                     }
-                    let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
-                    let out = &mut scratch;
-                    for (i, &n) in numbers.iter().enumerate() {
-                        let (f, k) = distinct[n as usize];
-                        let at = addrs.get(i).copied().unwrap_or(0);
-                        // JIT code: named by its runtime's perf map.
-                        let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
-                        match jitted {
-                            None if !addresses => {
-                                let (at, len) = spans[n as usize];
-                                out.extend_from_slice(&placed[at..at + len]);
-                            }
-                            _ => {
-                                let (addr, origin) = place(f);
-                                let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
-                                out.extend(frames_at(names, addr, at, origin));
-                            }
-                        }
+                    _ => {
+                        let (addr, origin) = place(f);
+                        let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
+                        scratch.extend(frames_at(names, addr, at, origin));
                     }
-                    Part::Frames(out.drain(..).collect())
                 }
-            };
-            merger.part(part)
-        }),
+            }
+            merger.part(Part::Frames(scratch.drain(..).collect()))
+        };
+        user_parts.insert((proc, id), n);
+    }
+    drop(user_stacks);
+    let user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
+        // A stack the counts name but that was not stored.
+        StackRef::Id(id) => match user_parts.get(&(proc, id)) {
+            Some(&n) => n,
+            None => merger.part(Part::Missed),
+        },
         _ => frameless(merger, r),
     };
     let mut kernel_parts: ahash::AHashMap<(u64, bool), u32> = ahash::AHashMap::new();

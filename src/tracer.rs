@@ -444,6 +444,12 @@ impl Stacks {
         self.frames.get(start..start + len)
     }
 
+    /// Where the frames of stack `id` are among all the frames: stacks
+    /// read in this order are read front to back.
+    pub fn position(&self, id: &u64) -> Option<usize> {
+        self.spans.get(id).map(|&(start, _)| start)
+    }
+
     pub fn contains_key(&self, id: &u64) -> bool {
         self.spans.contains_key(id)
     }
