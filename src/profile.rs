@@ -546,22 +546,20 @@ pub fn build(
         // Each stack of each process once, in the order the stacks are
         // stored: tens of megabytes of frames read front to back rather
         // than in the order of the counts.
-        let mut order: Vec<(usize, Proc, u64)> = raw
+        let mut order: Vec<((usize, usize), Proc, u64)> = raw
             .entries
             .iter()
             .map(|e| (e.tgid, e.start, e.user_stack))
             .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)))
             .filter_map(|(tgid, start, r)| match r {
-                StackRef::Id(id) => Some((raw.stacks.position(&id)?, Proc { tgid, start }, id)),
+                StackRef::Id(id) => Some((raw.stacks.span(&id)?, Proc { tgid, start }, id)),
                 _ => None,
             })
             .collect();
         order.sort_unstable();
         order.dedup();
-        for (_, proc, id) in order {
-            let Some(addrs) = raw.stacks.get(&id) else {
-                continue;
-            };
+        for (span, proc, id) in order {
+            let addrs = raw.stacks.at(span);
             let at = user_stacks.numbers.len();
             match reg.user_stack(proc, id) {
                 StackFrames::Kept(frames) => user_stacks.numbers.extend(
@@ -663,9 +661,10 @@ pub fn build(
     // The frames of the part being made, moved into it.
     let mut scratch: Vec<Frame> = Vec::new();
     let mut scratch_words: Vec<u64> = Vec::new();
+    let jit_anywhere = reg.has_perf_maps();
     for &(proc, id, at, len) in &user_stacks.list {
         let numbers = &user_stacks.numbers[at..at + len];
-        let jit = reg.perf_map(proc).is_some();
+        let jit = jit_anywhere && reg.perf_map(proc).is_some();
         let n = if !jit && !addresses {
             // Frames made before, and what each adds to the part's hash.
             for &n in numbers {
@@ -891,14 +890,33 @@ impl<'a> Merger<'a> {
                 .then_with(|| waker(a.6, b.6))
                 .then_with(|| (a.0, a_n).cmp(&(b.0, b_n)))
         });
+        // The last sample to have a part takes the merger's copy of it
+        // rather than a clone: most parts are in one sample, and a clone
+        // and the copy's drop each read the part's count, 100,000 reads
+        // from all over memory.
+        let mut uses = vec![0u32; parts.list.len()];
+        for ((_, _, _, u, k, _, _), _) in &sums {
+            uses[*u as usize] += 1;
+            uses[*k as usize] += 1;
+        }
+        let mut list = parts.list;
+        let mut take = |n: u32| {
+            let n = n as usize;
+            uses[n] -= 1;
+            if uses[n] == 0 {
+                std::mem::replace(&mut list[n], Part::Absent)
+            } else {
+                list[n].clone()
+            }
+        };
         sums.into_iter()
             .map(
                 |((tgid, pid, comm, u, k, state, w), (total_ns, count))| Sample {
                     comm: comm.to_string(),
                     tgid,
                     pid,
-                    user: parts.list[u as usize].clone(),
-                    kernel: parts.list[k as usize].clone(),
+                    user: take(u),
+                    kernel: take(k),
                     state,
                     waker: w.map(|w| waker_list[w as usize].clone()),
                     total_ns,

@@ -444,10 +444,16 @@ impl Stacks {
         self.frames.get(start..start + len)
     }
 
-    /// Where the frames of stack `id` are among all the frames: stacks
-    /// read in this order are read front to back.
-    pub fn position(&self, id: &u64) -> Option<usize> {
-        self.spans.get(id).map(|&(start, _)| start)
+    /// Where the frames of stack `id` are among all the frames (start and
+    /// length, for [`Stacks::at`]): stacks read in this order are read
+    /// front to back.
+    pub fn span(&self, id: &u64) -> Option<(usize, usize)> {
+        self.spans.get(id).copied()
+    }
+
+    /// The frames at `span`, as [`Stacks::span`] gave it.
+    pub fn at(&self, (start, len): (usize, usize)) -> &[u64] {
+        self.frames.get(start..start + len).unwrap_or(&[])
     }
 
     pub fn contains_key(&self, id: &u64) -> bool {

@@ -651,6 +651,11 @@ impl Registry {
         &self.objects[object as usize]
     }
 
+    /// Whether any process has a perf map.
+    pub(crate) fn has_perf_maps(&self) -> bool {
+        !self.perf_maps.is_empty()
+    }
+
     /// The perf map of process `p`, as last read while it lived.
     pub(crate) fn perf_map(&self, p: Proc) -> Option<&crate::jit::PerfMap> {
         self.perf_maps.get(&p)
