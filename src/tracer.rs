@@ -468,14 +468,17 @@ impl Stacks {
 
     /// Stack `id` is the stored value `bytes` (see [`stack_frames`]).
     fn insert_value(&mut self, id: u64, bytes: &[u8]) {
+        let words = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
+        // Counted first, then copied at a known length in one go.
+        let len = words
+            .clone()
+            .position(|ip| ip == 0)
+            .unwrap_or(bytes.len() / 8);
         let start = self.frames.len();
-        self.frames.extend(
-            bytes
-                .chunks_exact(8)
-                .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")))
-                .take_while(|&ip| ip != 0),
-        );
-        self.spans.insert(id, (start, self.frames.len() - start));
+        self.frames.extend(words.take(len));
+        self.spans.insert(id, (start, len));
     }
 
     /// Room for `more` stacks.
