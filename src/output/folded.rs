@@ -62,6 +62,7 @@ struct Texts {
     runs: ahash::AHashMap<(usize, Run), Option<String>>,
     /// How many samples have each part, where more than one.
     shared: ahash::AHashMap<usize, u32>,
+    names: Names,
 }
 
 /// The address of a part's frames: the same for every sample that has
@@ -70,22 +71,76 @@ fn part_key(f: &Arc<[Frame]>) -> usize {
     Arc::as_ptr(f) as *const Frame as usize
 }
 
+/// The text of each frame as a folded line has it ([`clean`]), found
+/// once: a profile of 100,000 stacks has millions of frames, and a few
+/// thousand distinct ones (frames are shared, see [`Frame`]). Each found
+/// by the frame's address, in a table of the last ones found before a
+/// hash map.
+struct Names {
+    text: String,
+    recent: Box<[(usize, usize, usize)]>,
+    found: ahash::AHashMap<usize, (usize, usize)>,
+}
+
+impl Default for Names {
+    fn default() -> Names {
+        Names {
+            text: String::new(),
+            // No frame is at address 0.
+            recent: vec![(0, 0, 0); Names::SLOTS].into_boxed_slice(),
+            found: ahash::AHashMap::new(),
+        }
+    }
+}
+
+impl Names {
+    const SLOTS: usize = 1024;
+
+    /// The text of frame `f`.
+    fn of(&mut self, f: &Frame) -> &str {
+        let key = f.identity();
+        let slot = ((key >> 4) ^ (key >> 14)) % Self::SLOTS;
+        let (at, start, end) = self.recent[slot];
+        if at == key {
+            return &self.text[start..end];
+        }
+        let text = &mut self.text;
+        let (start, end) = *self.found.entry(key).or_insert_with(|| {
+            let start = text.len();
+            push_clean(text, f.text());
+            (start, text.len())
+        });
+        self.recent[slot] = (key, start, end);
+        &self.text[start..end]
+    }
+}
+
 /// Appends the frames `f` as `run` writes them (`;` between them) to
 /// `text`, each followed by `suffix`. A frame whose text is empty is
 /// written as nothing, and no `;` comes before the first frame that is
 /// not.
-fn append_frames(text: &mut String, f: &[Frame], run: Run, suffix: &str) {
+fn append_frames(names: &mut Names, text: &mut String, f: &[Frame], run: Run, suffix: &str) {
     let start = text.len();
     let mut add = |n: &Frame| {
         if text.len() > start {
             text.push(';');
         }
-        push_clean(text, n.text());
-        text.push_str(suffix);
+        text.push_str(names.of(n));
+        if !suffix.is_empty() {
+            text.push_str(suffix);
+        }
     };
     match run {
-        Run::Waker => f.iter().for_each(&mut add),
-        _ => f.iter().rev().for_each(&mut add),
+        Run::Waker => {
+            for n in f {
+                add(n);
+            }
+        }
+        _ => {
+            for n in f.iter().rev() {
+                add(n);
+            }
+        }
     }
 }
 
@@ -117,15 +172,16 @@ impl Texts {
                 if !self.shared.contains_key(&key) {
                     let start = line.len();
                     line.push(';');
-                    append_frames(line, f, run, suffix);
+                    append_frames(&mut self.names, line, f, run, suffix);
                     if line.len() == start + 1 {
                         line.truncate(start);
                     }
                     return;
                 }
+                let names = &mut self.names;
                 let text = self.runs.entry((key, run)).or_insert_with(|| {
                     let mut text = String::new();
-                    append_frames(&mut text, f, run, suffix);
+                    append_frames(names, &mut text, f, run, suffix);
                     (!text.is_empty()).then_some(text)
                 });
                 if let Some(text) = text {
