@@ -414,12 +414,19 @@ fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample>
 
 /// The user stacks of a profile as numbers of their distinct frames, all
 /// in one buffer.
-#[derive(Default)]
 struct UserStacks {
     /// Each stack of each process, and where the numbers of its frames
     /// are: start and length.
     list: Vec<(Proc, u64, usize, usize)>,
     numbers: Vec<u32>,
+    /// The user stack of each entry, then of each waker (in the order of
+    /// `RawProfile::wakers`), by its place in `list`; [`UserStacks::NONE`]
+    /// for none stored.
+    of: Vec<u32>,
+}
+
+impl UserStacks {
+    const NONE: u32 = u32::MAX;
 }
 
 /// The numbers of the addresses of one process's stacks (see [`build`]):
@@ -529,7 +536,11 @@ pub fn build(
     // of its process, or as kept when the process exited), then all named
     // object by object. A stack holds its frames by number: each distinct
     // (frame, kind) is looked up once here, and named and placed once.
-    let mut user_stacks = UserStacks::default();
+    let mut user_stacks = UserStacks {
+        list: Vec::new(),
+        numbers: Vec::new(),
+        of: vec![UserStacks::NONE; raw.entries.len() + raw.wakers.len()],
+    };
     let mut distinct: Vec<(UserFrame, AddrKind)> = Vec::new();
     {
         let mut numbers: ahash::AHashMap<(UserFrame, AddrKind), u32> = ahash::AHashMap::new();
@@ -546,19 +557,28 @@ pub fn build(
         // Each stack of each process once, in the order the stacks are
         // stored: tens of megabytes of frames read front to back rather
         // than in the order of the counts.
-        let mut order: Vec<((usize, usize), Proc, u64)> = raw
+        // Each user stack an entry or a waker has, with where it is had:
+        // entry `i` at `i`, the `j`th waker after the entries.
+        let mut order: Vec<((usize, usize), Proc, u64, usize)> = raw
             .entries
             .iter()
             .map(|e| (e.tgid, e.start, e.user_stack))
             .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)))
-            .filter_map(|(tgid, start, r)| match r {
-                StackRef::Id(id) => Some((raw.stacks.span(&id)?, Proc { tgid, start }, id)),
+            .enumerate()
+            .filter_map(|(at, (tgid, start, r))| match r {
+                StackRef::Id(id) => Some((raw.stacks.span(&id)?, Proc { tgid, start }, id, at)),
                 _ => None,
             })
             .collect();
         order.sort_unstable();
-        order.dedup();
-        for (span, proc, id) in order {
+        let mut last = None;
+        for (span, proc, id, had) in order {
+            if last == Some((proc, id)) {
+                user_stacks.of[had] = (user_stacks.list.len() - 1) as u32;
+                continue;
+            }
+            last = Some((proc, id));
+            user_stacks.of[had] = user_stacks.list.len() as u32;
             let addrs = raw.stacks.at(span);
             let at = user_stacks.numbers.len();
             match reg.user_stack(proc, id) {
@@ -656,8 +676,7 @@ pub fn build(
     }
     // Each user part made and numbered (see [`Merger::part`]; the part
     // itself is the merger's), in the order its frames were numbered.
-    let mut user_parts: ahash::AHashMap<(Proc, u64), u32> =
-        ahash::AHashMap::with_capacity(user_stacks.list.len());
+    let mut user_parts: Vec<u32> = Vec::with_capacity(user_stacks.list.len());
     // The frames of the part being made, moved into it.
     let mut scratch: Vec<Frame> = Vec::new();
     let mut scratch_words: Vec<u64> = Vec::new();
@@ -697,17 +716,25 @@ pub fn build(
             }
             merger.part(Part::Frames(scratch.drain(..).collect()))
         };
-        user_parts.insert((proc, id), n);
+        user_parts.push(n);
     }
-    drop(user_stacks);
-    let user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
-        // A stack the counts name but that was not stored.
-        StackRef::Id(id) => match user_parts.get(&(proc, id)) {
-            Some(&n) => n,
-            None => merger.part(Part::Missed),
+    let UserStacks { of, .. } = user_stacks;
+    // The user part of what is had at `had` (see [`UserStacks::of`]).
+    let user_part = |merger: &mut Merger, had: usize, r: StackRef| match r {
+        StackRef::Id(_) => match of.get(had).copied().unwrap_or(UserStacks::NONE) {
+            // A stack the counts name but that was not stored.
+            UserStacks::NONE => merger.part(Part::Missed),
+            n => user_parts[n as usize],
         },
         _ => frameless(merger, r),
     };
+    // Where each waker's user stack is had.
+    let waker_at: ahash::AHashMap<u64, usize> = raw
+        .wakers
+        .keys()
+        .enumerate()
+        .map(|(j, &id)| (id, raw.entries.len() + j))
+        .collect();
     let mut kernel_parts: ahash::AHashMap<(u64, bool), u32> = ahash::AHashMap::new();
     let mut kernel_part = |merger: &mut Merger, r: StackRef, first_is_ip: bool| match r {
         StackRef::Id(id) => *kernel_parts.entry((id, first_is_ip)).or_insert_with(|| {
@@ -733,12 +760,8 @@ pub fn build(
     };
 
     let mut wakers: ahash::AHashMap<u64, u32> = ahash::AHashMap::new();
-    for e in &raw.entries {
-        let proc = Proc {
-            tgid: e.tgid,
-            start: e.start,
-        };
-        let user = user_part(&mut merger, proc, e.user_stack);
+    for (i, e) in raw.entries.iter().enumerate() {
+        let user = user_part(&mut merger, i, e.user_stack);
         let kernel = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
         let waker = e.waker.map(|w| match w {
             WakerRef::Preempted => merger.waker(Waker::Preempted),
@@ -750,11 +773,8 @@ pub fn build(
                 Some(w) => match wakers.get(&id) {
                     Some(&n) => n,
                     None => {
-                        let proc = Proc {
-                            tgid: w.tgid,
-                            start: w.start,
-                        };
-                        let user = user_part(&mut merger, proc, w.user_stack);
+                        let at = waker_at.get(&id).copied().unwrap_or(usize::MAX);
+                        let user = user_part(&mut merger, at, w.user_stack);
                         let kernel = kernel_part(&mut merger, w.kernel_stack, false);
                         let (user, kernel) = (merger.part_of(user), merger.part_of(kernel));
                         let n = merger.waker(Waker::classify(w.comm.clone(), w.pid, user, kernel));
