@@ -373,6 +373,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         }
         None => {
             let mut profile = profile::build(&raw, &mut registry, &symbolizer, kernel_first);
+            // What was read is let go before the output is made: at
+            // 100,000 stacks its frames are tens of megabytes.
+            drop(raw);
             built_ms = Some(ended.elapsed().as_secs_f64() * 1e3);
             profile.window = Some(profile::Window::from_monotonic(window_start, window_end));
             if let Some(filter) = &config.filter {

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::process::registry::StackFrames;
 use crate::process::Proc;
 use crate::process::Registry;
 use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
@@ -411,9 +412,63 @@ fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample>
     merger.samples()
 }
 
+/// The user stacks of a profile as numbers of their distinct frames, all
+/// in one buffer.
+struct UserStacks {
+    /// Each stack of each process, and where the numbers of its frames
+    /// are: start and length.
+    list: Vec<(Proc, u64, usize, usize)>,
+    numbers: Vec<u32>,
+    /// The user stack of each entry, then of each waker (in the order of
+    /// `RawProfile::wakers`), by its place in `list`; [`UserStacks::NONE`]
+    /// for none stored.
+    of: Vec<u32>,
+}
+
+impl UserStacks {
+    const NONE: u32 = u32::MAX;
+}
+
+/// The numbers of the addresses of one process's stacks (see [`build`]):
+/// the last found in each of a few hundred slots, before a hash map.
+struct Known {
+    recent: Box<[(u64, u32)]>,
+    ips: ahash::AHashMap<u64, u32>,
+    returns: ahash::AHashMap<u64, u32>,
+}
+
+impl Known {
+    const SLOTS: usize = 512;
+    /// A slot that holds nothing: no frame has this number.
+    const EMPTY: u32 = u32::MAX;
+
+    fn new() -> Known {
+        Known {
+            recent: vec![(0, Self::EMPTY); Self::SLOTS].into_boxed_slice(),
+            ips: ahash::AHashMap::new(),
+            returns: ahash::AHashMap::new(),
+        }
+    }
+
+    /// The number of address `addr` of kind `kind`: `find`'s, the first
+    /// time.
+    fn number(&mut self, addr: u64, kind: AddrKind, find: impl FnOnce() -> u32) -> u32 {
+        if kind == AddrKind::Ip {
+            return *self.ips.entry(addr).or_insert_with(find);
+        }
+        let slot = &mut self.recent[((addr ^ (addr >> 9)) as usize) % Self::SLOTS];
+        if slot.1 != Self::EMPTY && slot.0 == addr {
+            return slot.1;
+        }
+        let n = *self.returns.entry(addr).or_insert_with(find);
+        *slot = (addr, n);
+        n
+    }
+}
+
 fn part_addrs(r: StackRef, stacks: &crate::tracer::Stacks) -> Option<&[u64]> {
     match r {
-        StackRef::Id(id) => stacks.get(&id).map(Vec::as_slice),
+        StackRef::Id(id) => stacks.get(&id),
         _ => None,
     }
 }
@@ -481,33 +536,69 @@ pub fn build(
     // of its process, or as kept when the process exited), then all named
     // object by object. A stack holds its frames by number: each distinct
     // (frame, kind) is looked up once here, and named and placed once.
-    let mut user_stacks: ahash::AHashMap<(Proc, u64), Vec<u32>> = ahash::AHashMap::new();
+    let mut user_stacks = UserStacks {
+        list: Vec::new(),
+        numbers: Vec::new(),
+        of: vec![UserStacks::NONE; raw.entries.len() + raw.wakers.len()],
+    };
     let mut distinct: Vec<(UserFrame, AddrKind)> = Vec::new();
     {
         let mut numbers: ahash::AHashMap<(UserFrame, AddrKind), u32> = ahash::AHashMap::new();
-        let stacks = raw
+        let mut number = |fk: (UserFrame, AddrKind)| {
+            *numbers.entry(fk).or_insert_with(|| {
+                distinct.push(fk);
+                (distinct.len() - 1) as u32
+            })
+        };
+        // The number of each address of a process, found once: a
+        // process's stacks have a few thousand addresses between them,
+        // and 100,000 stacks of 45 frames millions.
+        let mut by_address: ahash::AHashMap<Proc, Known> = ahash::AHashMap::new();
+        // Each stack of each process once, in the order the stacks are
+        // stored: tens of megabytes of frames read front to back rather
+        // than in the order of the counts.
+        // Each user stack an entry or a waker has, with where it is had:
+        // entry `i` at `i`, the `j`th waker after the entries.
+        let mut order: Vec<((usize, usize), Proc, u64, usize)> = raw
             .entries
             .iter()
             .map(|e| (e.tgid, e.start, e.user_stack))
-            .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)));
-        for (tgid, start, r) in stacks {
-            let (StackRef::Id(id), Some(addrs)) = (r, part_addrs(r, &raw.stacks)) else {
+            .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)))
+            .enumerate()
+            .filter_map(|(at, (tgid, start, r))| match r {
+                StackRef::Id(id) => Some((raw.stacks.span(&id)?, Proc { tgid, start }, id, at)),
+                _ => None,
+            })
+            .collect();
+        order.sort_unstable();
+        let mut last = None;
+        for (span, proc, id, had) in order {
+            if last == Some((proc, id)) {
+                user_stacks.of[had] = (user_stacks.list.len() - 1) as u32;
                 continue;
-            };
-            let proc = Proc { tgid, start };
-            user_stacks.entry((proc, id)).or_insert_with(|| {
-                let frames = reg.user_frames(proc, id, addrs);
-                frames
-                    .into_iter()
-                    .zip(user_kinds())
-                    .map(|fk| {
-                        *numbers.entry(fk).or_insert_with(|| {
-                            distinct.push(fk);
-                            (distinct.len() - 1) as u32
-                        })
-                    })
-                    .collect()
-            });
+            }
+            last = Some((proc, id));
+            user_stacks.of[had] = user_stacks.list.len() as u32;
+            let addrs = raw.stacks.at(span);
+            let at = user_stacks.numbers.len();
+            match reg.user_stack(proc, id) {
+                StackFrames::Kept(frames) => user_stacks.numbers.extend(
+                    frames
+                        .iter()
+                        .zip(user_kinds())
+                        .map(|(&f, k)| number((f, k))),
+                ),
+                StackFrames::Mapped(mappings) => {
+                    let known = by_address.entry(proc).or_insert_with(Known::new);
+                    let mut kinds = user_kinds();
+                    user_stacks.numbers.extend(addrs.iter().map(|&a| {
+                        let k = kinds.next().unwrap_or(AddrKind::Return);
+                        known.number(a, k, || number((mappings.frame(a), k)))
+                    }));
+                }
+            }
+            let len = user_stacks.numbers.len() - at;
+            user_stacks.list.push((proc, id, at, len));
         }
     }
     let unames = sym.user_names(reg, &distinct);
@@ -568,89 +659,110 @@ pub fn build(
     // The frames of each distinct user address, made once: the same in
     // every stack and process that has it, except where `--addresses`
     // shows the address in the process, or a perf map names JIT code.
-    let placed: Vec<Vec<Frame>> = if addresses {
-        Vec::new()
-    } else {
-        distinct
-            .iter()
-            .map(|&(f, k)| {
-                let (addr, origin) = place(f);
-                frames_at(user_names(f, k), addr, 0, origin).collect()
-            })
-            .collect()
-    };
-    let mut user_parts: ahash::AHashMap<(Proc, u64), (Part, u32)> =
-        ahash::AHashMap::with_capacity(user_stacks.len());
-    let mut user_part = |merger: &mut Merger, proc: Proc, r: StackRef| match r {
-        StackRef::Id(id) => user_parts
-            .entry((proc, id))
-            .or_insert_with(|| {
-                let part = match user_stacks.get(&(proc, id)) {
-                    None => Part::Missed,
-                    Some(numbers) => {
-                        let addrs = part_addrs(r, &raw.stacks).unwrap_or(&[]);
-                        let jit = reg.perf_map(proc).is_some();
-                        let mut out = Vec::with_capacity(numbers.len() + 4);
-                        for (i, &n) in numbers.iter().enumerate() {
-                            let (f, k) = distinct[n as usize];
-                            let at = addrs.get(i).copied().unwrap_or(0);
-                            // JIT code: named by its runtime's perf map.
-                            let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
-                            match jitted {
-                                None if !addresses => out.extend_from_slice(&placed[n as usize]),
-                                _ => {
-                                    let (addr, origin) = place(f);
-                                    let names =
-                                        jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
-                                    out.extend(frames_at(names, addr, at, origin));
-                                }
-                            }
-                        }
-                        Part::Frames(out.into())
+    // All in one vector: the frames of distinct user address `n` are
+    // `placed[spans[n]]`, and `words` their [`frame_word`]s.
+    let mut placed: Vec<Frame> = Vec::new();
+    let mut placed_words: Vec<u64> = Vec::new();
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    if !addresses {
+        spans.reserve(distinct.len());
+        for &(f, k) in &distinct {
+            let (addr, origin) = place(f);
+            let at = placed.len();
+            placed.extend(frames_at(user_names(f, k), addr, 0, origin));
+            spans.push((at, placed.len() - at));
+        }
+        placed_words.extend(placed.iter().map(|f| frame_word(f)));
+    }
+    // Each user part made and numbered (see [`Merger::part`]; the part
+    // itself is the merger's), in the order its frames were numbered.
+    let mut user_parts: Vec<u32> = Vec::with_capacity(user_stacks.list.len());
+    // The frames of the part being made, moved into it.
+    let mut scratch: Vec<Frame> = Vec::new();
+    let mut scratch_words: Vec<u64> = Vec::new();
+    let jit_anywhere = reg.has_perf_maps();
+    for &(proc, id, at, len) in &user_stacks.list {
+        let numbers = &user_stacks.numbers[at..at + len];
+        let jit = jit_anywhere && reg.perf_map(proc).is_some();
+        let n = if !jit && !addresses {
+            // Frames made before, and what each adds to the part's hash.
+            for &n in numbers {
+                let (at, len) = spans[n as usize];
+                scratch.extend_from_slice(&placed[at..at + len]);
+                scratch_words.extend_from_slice(&placed_words[at..at + len]);
+            }
+            let part = Part::Frames(scratch.drain(..).collect());
+            let n = merger.part_words(part, &scratch_words);
+            scratch_words.clear();
+            n
+        } else {
+            let addrs = raw.stacks.get(&id).unwrap_or(&[]);
+            for (i, &n) in numbers.iter().enumerate() {
+                let (f, k) = distinct[n as usize];
+                let at = addrs.get(i).copied().unwrap_or(0);
+                // JIT code: named by its runtime's perf map.
+                let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
+                match jitted {
+                    None if !addresses => {
+                        let (at, len) = spans[n as usize];
+                        scratch.extend_from_slice(&placed[at..at + len]);
                     }
-                };
-                let n = merger.part(part.clone());
-                (part, n)
-            })
-            .clone(),
+                    _ => {
+                        let (addr, origin) = place(f);
+                        let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
+                        scratch.extend(frames_at(names, addr, at, origin));
+                    }
+                }
+            }
+            merger.part(Part::Frames(scratch.drain(..).collect()))
+        };
+        user_parts.push(n);
+    }
+    let UserStacks { of, .. } = user_stacks;
+    // The user part of what is had at `had` (see [`UserStacks::of`]).
+    let user_part = |merger: &mut Merger, had: usize, r: StackRef| match r {
+        StackRef::Id(_) => match of.get(had).copied().unwrap_or(UserStacks::NONE) {
+            // A stack the counts name but that was not stored.
+            UserStacks::NONE => merger.part(Part::Missed),
+            n => user_parts[n as usize],
+        },
         _ => frameless(merger, r),
     };
-    let mut kernel_parts: ahash::AHashMap<(u64, bool), (Part, u32)> = ahash::AHashMap::new();
+    // Where each waker's user stack is had.
+    let waker_at: ahash::AHashMap<u64, usize> = raw
+        .wakers
+        .keys()
+        .enumerate()
+        .map(|(j, &id)| (id, raw.entries.len() + j))
+        .collect();
+    let mut kernel_parts: ahash::AHashMap<(u64, bool), u32> = ahash::AHashMap::new();
     let mut kernel_part = |merger: &mut Merger, r: StackRef, first_is_ip: bool| match r {
-        StackRef::Id(id) => kernel_parts
-            .entry((id, first_is_ip))
-            .or_insert_with(|| {
-                let part = match raw.stacks.get(&id) {
-                    None => Part::Missed,
-                    Some(frames) => {
-                        // An address can be several frames: functions
-                        // inlined there, innermost first.
-                        let mut named: Vec<Frame> = kinds(frames, first_is_ip)
-                            .flat_map(|k| {
-                                let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                                frames_at(names, k.0, k.0, Origin::Kernel)
-                            })
-                            .collect();
-                        let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
-                        named.drain(..ours);
-                        Part::Frames(named.into())
-                    }
-                };
-                let n = merger.part(part.clone());
-                (part, n)
-            })
-            .clone(),
+        StackRef::Id(id) => *kernel_parts.entry((id, first_is_ip)).or_insert_with(|| {
+            let part = match raw.stacks.get(&id) {
+                None => Part::Missed,
+                Some(frames) => {
+                    // An address can be several frames: functions
+                    // inlined there, innermost first.
+                    let mut named: Vec<Frame> = kinds(frames, first_is_ip)
+                        .flat_map(|k| {
+                            let names = knames.get(&k).cloned().unwrap_or_else(unknown);
+                            frames_at(names, k.0, k.0, Origin::Kernel)
+                        })
+                        .collect();
+                    let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                    named.drain(..ours);
+                    Part::Frames(named.into())
+                }
+            };
+            merger.part(part)
+        }),
         _ => frameless(merger, r),
     };
 
     let mut wakers: ahash::AHashMap<u64, u32> = ahash::AHashMap::new();
-    for e in &raw.entries {
-        let proc = Proc {
-            tgid: e.tgid,
-            start: e.start,
-        };
-        let (_, user) = user_part(&mut merger, proc, e.user_stack);
-        let (_, kernel) = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
+    for (i, e) in raw.entries.iter().enumerate() {
+        let user = user_part(&mut merger, i, e.user_stack);
+        let kernel = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
         let waker = e.waker.map(|w| match w {
             WakerRef::Preempted => merger.waker(Waker::Preempted),
             WakerRef::NotWoken => merger.waker(Waker::NotWoken),
@@ -661,12 +773,10 @@ pub fn build(
                 Some(w) => match wakers.get(&id) {
                     Some(&n) => n,
                     None => {
-                        let proc = Proc {
-                            tgid: w.tgid,
-                            start: w.start,
-                        };
-                        let (user, _) = user_part(&mut merger, proc, w.user_stack);
-                        let (kernel, _) = kernel_part(&mut merger, w.kernel_stack, false);
+                        let at = waker_at.get(&id).copied().unwrap_or(usize::MAX);
+                        let user = user_part(&mut merger, at, w.user_stack);
+                        let kernel = kernel_part(&mut merger, w.kernel_stack, false);
+                        let (user, kernel) = (merger.part_of(user), merger.part_of(kernel));
                         let n = merger.waker(Waker::classify(w.comm.clone(), w.pid, user, kernel));
                         wakers.insert(id, n);
                         n
@@ -680,22 +790,22 @@ pub fn build(
             e.count,
         );
     }
+    let samples = merger.samples();
     Profile {
-        samples: merger.samples(),
+        samples,
         counters: raw.counters.clone(),
         objects,
         window: None,
     }
 }
 
-/// The part a reference without frames stands for, numbered: none by
+/// The number of the part a reference without frames stands for: none by
 /// nature or request, or lost.
-fn frameless(merger: &mut Merger, r: StackRef) -> (Part, u32) {
-    let part = match r {
+fn frameless(merger: &mut Merger, r: StackRef) -> u32 {
+    merger.part(match r {
         StackRef::None => Part::Absent,
         _ => Part::Missed,
-    };
-    (part.clone(), merger.part(part))
+    })
 }
 
 /// Blocked time (ns, blocks) summed by what makes a sample: process,
@@ -730,6 +840,16 @@ impl<'a> Merger<'a> {
     /// The number of `part`: equal parts get one number.
     fn part(&mut self, part: Part) -> u32 {
         self.parts.number(part)
+    }
+
+    /// The number of a part of frames whose [`frame_word`]s are `words`.
+    fn part_words(&mut self, part: Part, words: &[u64]) -> u32 {
+        self.parts.number_words(part, words)
+    }
+
+    /// The part numbered `n`.
+    fn part_of(&self, n: u32) -> Part {
+        self.parts.list[n as usize].clone()
     }
 
     /// The number of `waker`: equal wakers get one number.
@@ -790,14 +910,33 @@ impl<'a> Merger<'a> {
                 .then_with(|| waker(a.6, b.6))
                 .then_with(|| (a.0, a_n).cmp(&(b.0, b_n)))
         });
+        // The last sample to have a part takes the merger's copy of it
+        // rather than a clone: most parts are in one sample, and a clone
+        // and the copy's drop each read the part's count, 100,000 reads
+        // from all over memory.
+        let mut uses = vec![0u32; parts.list.len()];
+        for ((_, _, _, u, k, _, _), _) in &sums {
+            uses[*u as usize] += 1;
+            uses[*k as usize] += 1;
+        }
+        let mut list = parts.list;
+        let mut take = |n: u32| {
+            let n = n as usize;
+            uses[n] -= 1;
+            if uses[n] == 0 {
+                std::mem::replace(&mut list[n], Part::Absent)
+            } else {
+                list[n].clone()
+            }
+        };
         sums.into_iter()
             .map(
                 |((tgid, pid, comm, u, k, state, w), (total_ns, count))| Sample {
                     comm: comm.to_string(),
                     tgid,
                     pid,
-                    user: parts.list[u as usize].clone(),
-                    kernel: parts.list[k as usize].clone(),
+                    user: take(u),
+                    kernel: take(k),
                     state,
                     waker: w.map(|w| waker_list[w as usize].clone()),
                     total_ns,
@@ -835,23 +974,39 @@ impl Parts {
     /// the frames' addresses, origins and the lengths of their names
     /// (parts that differ only in names are told apart by comparing).
     fn hash(&self, part: &Part) -> u64 {
-        use std::hash::{BuildHasher, Hash, Hasher};
-        let mut h = self.hasher.build_hasher();
-        std::mem::discriminant(part).hash(&mut h);
-        if let Part::Frames(frames) = part {
-            h.write_usize(frames.len());
-            for f in frames.iter() {
-                h.write_u64(f.addr);
-                f.origin.hash(&mut h);
-                h.write_u8(u8::from(f.inlined));
-                h.write_usize(f.name.len());
-            }
+        match part {
+            Part::Absent => self.hasher.hash_one(0u8),
+            Part::Missed => self.hasher.hash_one(1u8),
+            Part::Frames(frames) => self.hash_words(frames.iter().map(|f| frame_word(f))),
         }
+    }
+
+    /// The hash of a part of frames, from their [`frame_word`]s.
+    fn hash_words(&self, words: impl Iterator<Item = u64>) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = self.hasher.build_hasher();
+        h.write_u8(2);
+        let mut len = 0usize;
+        for w in words {
+            h.write_u64(w);
+            len += 1;
+        }
+        h.write_usize(len);
         h.finish()
+    }
+
+    /// The number of a part of frames whose [`frame_word`]s are `words`.
+    fn number_words(&mut self, part: Part, words: &[u64]) -> u32 {
+        let hash = self.hash_words(words.iter().copied());
+        self.number_hashed(part, hash)
     }
 
     fn number(&mut self, part: Part) -> u32 {
         let hash = self.hash(&part);
+        self.number_hashed(part, hash)
+    }
+
+    fn number_hashed(&mut self, part: Part, hash: u64) -> u32 {
         let head = self.heads.get(&hash).copied().unwrap_or(Self::END);
         let mut n = head;
         while n != Self::END {
@@ -866,6 +1021,20 @@ impl Parts {
         self.heads.insert(hash, n);
         n
     }
+}
+
+/// What a frame adds to the hash of a part (see [`Parts::hash`]): its
+/// address, origin, the length of its name and whether it is inlined.
+fn frame_word(f: &FrameInfo) -> u64 {
+    let origin = match f.origin {
+        Origin::Unknown => 0,
+        Origin::Kernel => 1,
+        Origin::Object(i) => 2 + u64::from(i),
+    };
+    f.addr.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (origin << 33)
+        ^ ((f.name.len() as u64) << 1)
+        ^ u64::from(f.inlined)
 }
 
 /// A total order, so that output is stable: by time, then by identity.

@@ -433,8 +433,91 @@ impl StackScan<'_> {
     }
 }
 
-/// Frames of stored stacks by id, innermost first.
-pub type Stacks = ahash::AHashMap<u64, Vec<u64>>;
+/// Frames of stored stacks by id, innermost first, all in one buffer: a
+/// vector each was 100,000 allocations (and as many frees) at 100,000
+/// stacks.
+#[derive(Clone, Debug, Default)]
+pub struct Stacks {
+    /// Where each stack's frames are in `frames`: start and length.
+    spans: ahash::AHashMap<u64, (usize, usize)>,
+    frames: Vec<u64>,
+}
+
+impl Stacks {
+    /// The frames of stack `id`.
+    pub fn get(&self, id: &u64) -> Option<&[u64]> {
+        let &(start, len) = self.spans.get(id)?;
+        self.frames.get(start..start + len)
+    }
+
+    /// Where the frames of stack `id` are among all the frames (start and
+    /// length, for [`Stacks::at`]): stacks read in this order are read
+    /// front to back.
+    pub fn span(&self, id: &u64) -> Option<(usize, usize)> {
+        self.spans.get(id).copied()
+    }
+
+    /// The frames at `span`, as [`Stacks::span`] gave it.
+    pub fn at(&self, (start, len): (usize, usize)) -> &[u64] {
+        self.frames.get(start..start + len).unwrap_or(&[])
+    }
+
+    pub fn contains_key(&self, id: &u64) -> bool {
+        self.spans.contains_key(id)
+    }
+
+    /// Stack `id` is `frames` (in place of what it was, if anything).
+    pub fn insert(&mut self, id: u64, frames: &[u64]) {
+        self.spans.insert(id, (self.frames.len(), frames.len()));
+        self.frames.extend_from_slice(frames);
+    }
+
+    /// Stack `id` is the stored value `bytes` (see [`stack_frames`]).
+    fn insert_value(&mut self, id: u64, bytes: &[u8]) {
+        let words = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
+        // Counted first, then copied at a known length in one go.
+        let len = words
+            .clone()
+            .position(|ip| ip == 0)
+            .unwrap_or(bytes.len() / 8);
+        let start = self.frames.len();
+        self.frames.extend(words.take(len));
+        self.spans.insert(id, (start, len));
+    }
+
+    /// Room for `more` stacks.
+    pub fn reserve(&mut self, more: usize) {
+        self.spans.reserve(more);
+    }
+
+    /// How many stacks there are.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Only the stacks whose id `keep` keeps; the frames of the others
+    /// are let go.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
+        let before = self.spans.len();
+        self.spans.retain(|&id, _| keep(id));
+        if self.spans.len() == before {
+            return;
+        }
+        let mut frames = Vec::with_capacity(self.spans.values().map(|&(_, len)| len).sum());
+        for (start, len) in self.spans.values_mut() {
+            let at = frames.len();
+            frames.extend_from_slice(&self.frames[*start..*start + *len]);
+            *start = at;
+        }
+        self.frames = frames;
+    }
+}
 
 /// Everything read back from the kernel at the end of tracing.
 #[derive(Clone, Debug, Default)]
@@ -1338,7 +1421,7 @@ impl<'obj> Tracer<'obj> {
                     let mut all = Stacks::default();
                     let outcome = batch::for_each_entry(stacks, |k, v| {
                         let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
-                        all.insert(id, stack_frames(v));
+                        all.insert_value(id, v);
                     });
                     // Where it failed, the stacks are looked up one by one.
                     matches!(outcome, Ok(batch::Outcome::Read)).then_some(all)
@@ -1437,13 +1520,17 @@ impl<'obj> Tracer<'obj> {
         wanted_stacks.dedup();
         match all {
             Some(mut all) => {
-                all.retain(|id, _| wanted_stacks.binary_search(id).is_ok());
+                // Stacks nothing counts are let go where they are many
+                // (a stack looked up by the counts is found either way).
+                if all.len() > wanted_stacks.len() + wanted_stacks.len() / 4 {
+                    all.retain(|id| wanted_stacks.binary_search(&id).is_ok());
+                }
                 // A stack stored behind the batch as it went (by a hook
                 // still returning after the detach) is looked up alone.
                 for &id in &wanted_stacks {
                     if !all.contains_key(&id) {
                         if let Some(frames) = self.stack(id)? {
-                            all.insert(id, frames);
+                            all.insert(id, &frames);
                         }
                     }
                 }
@@ -1453,7 +1540,7 @@ impl<'obj> Tracer<'obj> {
                 profile.stacks.reserve(wanted_stacks.len());
                 for id in wanted_stacks {
                     if let Some(frames) = self.stack(id)? {
-                        profile.stacks.insert(id, frames);
+                        profile.stacks.insert(id, &frames);
                     }
                 }
             }
@@ -1825,4 +1912,35 @@ pub fn check_environment() -> Result<()> {
         );
     }
     kernel::check_minimum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacks_keep_their_frames_through_a_retain() {
+        let mut stacks = Stacks::default();
+        let value = |frames: &[u64]| {
+            let mut v: Vec<u8> = frames.iter().flat_map(|f| f.to_ne_bytes()).collect();
+            v.resize(8 * 8, 0);
+            v
+        };
+        stacks.insert_value(1, &value(&[10, 11, 12]));
+        stacks.insert_value(2, &value(&[20]));
+        stacks.insert_value(3, &value(&[]));
+        stacks.insert(4, &[40, 41]);
+        // A full value: no 0 ends it.
+        stacks.insert_value(5, &value(&[1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(stacks.get(&1), Some(&[10, 11, 12][..]));
+        assert_eq!(stacks.get(&3), Some(&[][..]));
+        assert_eq!(stacks.get(&5).map(<[u64]>::len), Some(8));
+        stacks.retain(|id| id != 2 && id != 5);
+        assert_eq!(stacks.len(), 3);
+        assert_eq!(stacks.get(&2), None);
+        assert_eq!(stacks.get(&1), Some(&[10, 11, 12][..]));
+        assert_eq!(stacks.get(&3), Some(&[][..]));
+        assert_eq!(stacks.get(&4), Some(&[40, 41][..]));
+        assert_eq!(stacks.frames.len(), 5);
+    }
 }

@@ -602,9 +602,20 @@ impl Registry {
     /// through its snapshot, taken again now if it is still running, for
     /// libraries loaded since.
     pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+        match self.user_stack(p, id) {
+            StackFrames::Kept(frames) => frames.to_vec(),
+            StackFrames::Mapped(m) => addrs.iter().map(|&a| m.frame(a)).collect(),
+        }
+    }
+
+    /// How the frames of user stack `id` of process `p` are found (see
+    /// [`Registry::user_frames`]): kept, or an address at a time through
+    /// the process's mappings, which are the same for every stack of the
+    /// process.
+    pub fn user_stack(&mut self, p: Proc, id: u64) -> StackFrames<'_> {
         let tgid = p.tgid;
         if let Some(i) = self.retired.get(tgid, retired_id(id, p.start)) {
-            return self.retired_stacks[i as usize].to_vec();
+            return StackFrames::Kept(&self.retired_stacks[i as usize]);
         }
         let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
             if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
@@ -615,8 +626,7 @@ impl Registry {
             // A process whose pid was taken by another.
             self.superseded.get(&p)
         };
-        let mappings = mappings.map_or(&[][..], Vec::as_slice);
-        addrs.iter().map(|&a| user_frame(mappings, a)).collect()
+        StackFrames::Mapped(Mappings(mappings.map_or(&[][..], Vec::as_slice)))
     }
 
     /// Where a process was found to map another file over one it had
@@ -641,6 +651,11 @@ impl Registry {
         &self.objects[object as usize]
     }
 
+    /// Whether any process has a perf map.
+    pub(crate) fn has_perf_maps(&self) -> bool {
+        !self.perf_maps.is_empty()
+    }
+
     /// The perf map of process `p`, as last read while it lived.
     pub(crate) fn perf_map(&self, p: Proc) -> Option<&crate::jit::PerfMap> {
         self.perf_maps.get(&p)
@@ -655,6 +670,25 @@ impl Registry {
         }
         let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
         addrs.iter().map(|&a| user_frame(mappings, a)).collect()
+    }
+}
+
+/// The frames of a user stack (see [`Registry::user_stack`]).
+pub enum StackFrames<'a> {
+    /// Kept when its process exited.
+    Kept(&'a [UserFrame]),
+    /// Through its process's mappings.
+    Mapped(Mappings<'a>),
+}
+
+/// The executable mappings of a process.
+#[derive(Clone, Copy)]
+pub struct Mappings<'a>(&'a [Mapping]);
+
+impl Mappings<'_> {
+    /// The frame of address `addr`.
+    pub fn frame(&self, addr: u64) -> UserFrame {
+        user_frame(self.0, addr)
     }
 }
 

@@ -17,6 +17,8 @@ use libbpf_rs::MapCore;
 /// Entries a first batch asks for; the kernel may need more room for a
 /// bucket holding many, and says so (ENOSPC with nothing copied).
 const FIRST_BATCH: u32 = 4096;
+/// About how many bytes of values a batch asks for (see [`for_each_entry`]).
+const BATCH_BYTES: usize = 256 * 1024;
 /// Room that is never needed: a bucket longer than that is a broken map.
 const MOST_BATCH: u32 = 1 << 20;
 
@@ -52,7 +54,10 @@ pub fn for_each_entry(map: Table<'_>, mut f: impl FnMut(&[u8], &[u8])) -> Result
         sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
         ..Default::default()
     };
-    let mut room = FIRST_BATCH.min(map.max_entries.max(1));
+    // Values of a few hundred kilobytes a batch, which the caller then
+    // reads while they are still in the cache (4096 stacks were 4 MB).
+    let fit = (BATCH_BYTES / value_size.max(1)).max(64) as u32;
+    let mut room = FIRST_BATCH.min(fit).min(map.max_entries.max(1));
     let mut keys = vec![0u8; room as usize * key_size];
     let mut values = vec![0u8; room as usize * value_size];
     // The position of a hash map's batch is a bucket number (u32); room

@@ -154,7 +154,7 @@ fn try_snapshot(
     let mut stacks = super::Stacks::default();
     for id in ids {
         if let Some(frames) = read_stack(&skel, id)? {
-            stacks.insert(id, frames);
+            stacks.insert(id, &frames);
         }
     }
     Ok(RawSnapshot {
