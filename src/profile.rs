@@ -430,7 +430,9 @@ impl UserStacks {
 }
 
 /// The numbers of the addresses of one process's stacks (see [`build`]):
-/// the last found in each of a few hundred slots, before a hash map.
+/// the last found in each of a few hundred slots, before a hash map. The
+/// slots are made only for a process with many return addresses: a trace
+/// of many small processes does not pay 8 KiB each.
 struct Known {
     recent: Box<[(u64, u32)]>,
     ips: ahash::AHashMap<u64, u32>,
@@ -439,12 +441,14 @@ struct Known {
 
 impl Known {
     const SLOTS: usize = 512;
+    /// Return addresses a process has before it gets the slots.
+    const SLOTS_FROM: usize = 256;
     /// A slot that holds nothing: no frame has this number.
     const EMPTY: u32 = u32::MAX;
 
     fn new() -> Known {
         Known {
-            recent: vec![(0, Self::EMPTY); Self::SLOTS].into_boxed_slice(),
+            recent: Box::default(),
             ips: ahash::AHashMap::new(),
             returns: ahash::AHashMap::new(),
         }
@@ -455,6 +459,12 @@ impl Known {
     fn number(&mut self, addr: u64, kind: AddrKind, find: impl FnOnce() -> u32) -> u32 {
         if kind == AddrKind::Ip {
             return *self.ips.entry(addr).or_insert_with(find);
+        }
+        if self.recent.is_empty() {
+            if self.returns.len() < Self::SLOTS_FROM {
+                return *self.returns.entry(addr).or_insert_with(find);
+            }
+            self.recent = vec![(0, Self::EMPTY); Self::SLOTS].into_boxed_slice();
         }
         let slot = &mut self.recent[((addr ^ (addr >> 9)) as usize) % Self::SLOTS];
         if slot.1 != Self::EMPTY && slot.0 == addr {
