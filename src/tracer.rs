@@ -474,14 +474,7 @@ impl Stacks {
 
     /// Stack `id` is the stored value `bytes` (see [`stack_frames`]).
     fn insert_value(&mut self, id: u64, bytes: &[u8]) {
-        let words = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
-        // Counted first, then copied at a known length in one go.
-        let len = words
-            .clone()
-            .position(|ip| ip == 0)
-            .unwrap_or(bytes.len() / 8);
+        let (words, len) = stored_words(bytes);
         let start = self.frames.len();
         self.frames.extend(words.take(len));
         self.spans.insert(id, (start, len));
@@ -1685,15 +1678,22 @@ fn decode_entry(key_bytes: &[u8], val_bytes: &[u8]) -> Result<RawEntry> {
 
 /// A stored stack's frames: its addresses up to the first 0.
 fn stack_frames(bytes: &[u8]) -> Vec<u64> {
+    let (words, len) = stored_words(bytes);
+    words.take(len).collect()
+}
+
+/// The words of a stored stack and how many are frames (up to the first
+/// 0): counted first, so that they are copied at a known length, in one
+/// go.
+fn stored_words(bytes: &[u8]) -> (impl Iterator<Item = u64> + '_, usize) {
     let words = bytes
         .chunks_exact(8)
         .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
-    // Counted first, so that the stack is allocated once, at its size.
     let len = words
         .clone()
         .position(|ip| ip == 0)
         .unwrap_or(bytes.len() / 8);
-    words.take(len).collect()
+    (words, len)
 }
 
 /// The BPF program's counters of lost and incomplete data.
