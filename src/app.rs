@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use crate::cli::{check_targets, Args, Config, Format, SnapshotConfig};
+use crate::deferred::Deferred;
 use crate::output::sink::Sink;
 use crate::output::{folded, pprof, speedscope, svg, text};
 use crate::process::Proc;
@@ -223,6 +224,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
+    let mut deferred = Deferred::new(config.tracer.max_stack_depth as usize);
     let mut collector = Collector {
         exits: Exits::default(),
         scan: None,
@@ -261,8 +263,15 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             (Some(d), Some(c)) => Some(d.min(c)),
             (d, c) => d.or(c),
         };
-        tracer.wait(until, &stop, |events| {
-            collector.on_events(events, &tracer, &mut registry, &mut unwinder)
+        tracer.wait(until, &stop, |events, stacks| {
+            collector.on_events(
+                events,
+                stacks,
+                &tracer,
+                &mut registry,
+                &mut unwinder,
+                &mut deferred,
+            )
         })?;
         let (Some(cut), Some(iv)) = (cut, intervals.as_mut()) else {
             break;
@@ -274,7 +283,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         // A switch-in that began before the cut may still be adding to
         // the interval on another CPU: a program runs for microseconds.
         std::thread::sleep(Duration::from_millis(2));
-        let written = tracer.take_intervals(iv.current).and_then(|raw| {
+        let written = tracer.take_intervals(iv.current).and_then(|mut raw| {
+            deferred.complete(&mut raw);
             iv.write(
                 raw,
                 None,
@@ -299,13 +309,17 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();
     let ended_cpu = process_cpu_ms();
+    walk_deferred(&tracer, &mut deferred, &mut registry, unwinder.as_mut());
 
     let raw = match intervals {
         Some(_) => tracer.take_intervals(u32::MAX),
         None => tracer.read(),
     };
     let raw = match raw {
-        Ok(raw) => raw,
+        Ok(mut raw) => {
+            deferred.complete(&mut raw);
+            raw
+        }
         Err(e) => {
             sinks.into_iter().for_each(Sink::discard);
             return Err(e);
@@ -400,7 +414,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     report_losses(&profile, missed, config, unreadable);
     report_denied(&registry, &symbolizer, config);
     if let Some(u) = &unwinder {
-        report_unwinding(u, &profile, config.verbose);
+        report_unwinding(u, &deferred, &profile, config.verbose);
     }
     if config.verbose {
         let (stacks, blocks, total_ns) = match &intervals {
@@ -590,7 +604,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
     );
     report_denied(&registry, &symbolizer, config);
     if let Some(u) = &unwinder {
-        report_unwinding(u, &profile, config.verbose);
+        report_unwinding(u, &Deferred::new(0), &profile, config.verbose);
     }
     Ok(())
 }
@@ -863,14 +877,60 @@ fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: 
     }
 }
 
+/// How long the end of a trace waits for the tables of processes whose
+/// stacks were copied for userspace (see [`Deferred`]).
+const DEFERRED_TABLES_WAIT: Duration = Duration::from_secs(5);
+
+/// The end of a trace: the stacks copied for userspace still in the ring
+/// buffer are read, and every copy is walked with its process's tables,
+/// waiting for those still being built (up to [`DEFERRED_TABLES_WAIT`]);
+/// copies left are given up (reported missed).
+fn walk_deferred(
+    tracer: &Tracer<'_>,
+    deferred: &mut Deferred,
+    registry: &mut Registry,
+    unwinder: Option<&mut Unwinder>,
+) {
+    match tracer.take_deferred() {
+        Ok(stacks) => deferred.add(stacks),
+        // Their blocks are reported with missed user stacks.
+        Err(e) => eprintln!("offcputime: {e:#}"),
+    }
+    if let Some(u) = unwinder {
+        if deferred.is_waiting() {
+            u.finish(registry, DEFERRED_TABLES_WAIT);
+            deferred.walk_ready(u, &|tgid| registry.start_of(tgid));
+        }
+    }
+    deferred.give_up();
+}
+
 /// What DWARF unwinding did not cover, and with -v its tables' size.
-fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
+fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbose: bool) {
     let c = &profile.counters;
     if c.unwind_not_ready > 0 {
         eprintln!(
             "offcputime: {} user stacks were walked with frame pointers because their process's \
              unwind tables were not ready yet (its first blocks)",
             c.unwind_not_ready
+        );
+    }
+    let d = deferred.stats();
+    if d.cut > 0 {
+        eprintln!(
+            "offcputime: {} user stacks taken before their process's unwind tables were ready \
+             were cut short: deeper than the {} KiB of stack copied at the block",
+            d.cut,
+            crate::deferred::COPY_BYTES >> 10
+        );
+    }
+    let missed = d.unwalked as u64 + c.unwind_defer_lost;
+    if missed > 0 {
+        eprintln!(
+            "offcputime: {missed} user stacks taken before their process's unwind tables were \
+             ready are missed: {} of processes that exited before their mappings could be read \
+             or whose tables could not be made, {} lost for want of room to copy them",
+            d.unwalked, c.unwind_defer_lost
         );
     }
     let (missing, more) = u.not_covered();
@@ -913,6 +973,13 @@ fn report_unwinding(u: &Unwinder, profile: &Profile, verbose: bool) {
             c.unwind_cached,
             c.unwind_fp_frames,
         );
+        eprintln!(
+            "offcputime: unwind tables: {} new processes used their parent's from the fork \
+             ({} shared by userspace); {} user stacks taken before their process's tables were \
+             ready copied and walked in userspace ({} walked, {} cut short, {} frames through \
+             frame pointers)",
+            c.unwind_forked, s.processes_forked, d.received, d.walked, d.cut, d.fp_frames,
+        );
     }
 }
 
@@ -934,20 +1001,73 @@ impl<'t> Collector<'t> {
     fn on_events(
         &mut self,
         events: &[TaskEvent],
+        stacks: Vec<crate::tracer::RawUserStack>,
         tracer: &'t Tracer<'_>,
         registry: &mut Registry,
         unwinder: &mut Option<Unwinder>,
+        deferred: &mut Deferred,
     ) -> bool {
+        // The address space of each process whose mappings were read
+        // now, 0 where they could not be (it is gone): copied stacks are
+        // walked only with tables of the mappings of their own.
+        let mut spaces = Vec::new();
         for &ev in events {
             match ev {
-                TaskEvent::New(p) => {
+                TaskEvent::New(p, mm) => {
                     self.stats.processes += 1;
-                    registry.note_process(p.tgid, Some(p.start), false)
+                    let now = registry.note_process(p.tgid, Some(p.start), false);
+                    spaces.push((p.tgid, if now { mm } else { 0 }));
                 }
-                TaskEvent::Changed(p) => registry.note_process(p.tgid, Some(p.start), true),
+                TaskEvent::Changed(p, mm) => {
+                    let now = registry.note_process(p.tgid, Some(p.start), true);
+                    spaces.push((p.tgid, if now { mm } else { 0 }));
+                }
                 TaskEvent::Exited(p) => self.exits.exited(p),
+                TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
             }
         }
+        deferred.add(stacks);
+        // Tables first: the stacks copied for processes that had none are
+        // walked with them, before the processes that exited are let go.
+        let busy = match unwinder.as_mut() {
+            None => false,
+            Some(u) => {
+                let mut spaces = spaces.into_iter();
+                for ev in events {
+                    match *ev {
+                        TaskEvent::New(p, _) | TaskEvent::Changed(p, _) => {
+                            // Mappings not read now (the process is
+                            // gone, or another) give no new tables.
+                            let Some((_, mm)) = spaces.next().filter(|&(_, mm)| mm != 0) else {
+                                continue;
+                            };
+                            u.note_address_space(p.tgid, mm);
+                            u.note_process(registry, p.tgid);
+                        }
+                        TaskEvent::Forked {
+                            child,
+                            mm,
+                            parent,
+                            map_start,
+                            map_count,
+                        } => {
+                            u.forked(
+                                parent,
+                                child.tgid,
+                                mm,
+                                (map_start as usize, map_count as usize),
+                            );
+                        }
+                        TaskEvent::Exited(_) => {}
+                    }
+                }
+                let building = u.poll(registry);
+                if deferred.is_waiting() {
+                    deferred.walk_ready(u, &|tgid| registry.start_of(tgid));
+                }
+                building
+            }
+        };
         self.exits.sweep(registry);
         if self.scan.is_none() {
             self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
@@ -956,7 +1076,7 @@ impl<'t> Collector<'t> {
         // events.
         let scanning = match &mut self.scan {
             None => false,
-            Some(s) => match s.step(tracer, 4096) {
+            Some(s) => match s.step(tracer, deferred, 4096) {
                 None => true,
                 Some(stacks) => {
                     let gone = self
@@ -970,6 +1090,7 @@ impl<'t> Collector<'t> {
                     }
                     for &p in &gone {
                         registry.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
+                        deferred.forget(p);
                         // Unless another process has its pid now, with
                         // tables of its own.
                         if let Some(u) = unwinder.as_mut() {
@@ -983,17 +1104,6 @@ impl<'t> Collector<'t> {
                     false
                 }
             },
-        };
-        let busy = match unwinder.as_mut() {
-            None => false,
-            Some(u) => {
-                for ev in events {
-                    if let TaskEvent::New(p) | TaskEvent::Changed(p) = *ev {
-                        u.note_process(registry, p.tgid);
-                    }
-                }
-                u.poll(registry)
-            }
         };
         self.stats.maybe_print(unwinder.as_ref());
         busy || scanning

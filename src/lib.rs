@@ -11,6 +11,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod deferred;
 mod elf;
 pub mod filter;
 #[cfg(test)]

@@ -195,7 +195,9 @@ pub enum StackRef {
 impl StackRef {
     fn from_raw(id: u64) -> StackRef {
         use types::stack_id_special as S;
-        if id >= 1 << 63 {
+        // A stored stack (its hash), or one copied for userspace to walk
+        // (see crate::deferred).
+        if id >= 1 << 62 {
             StackRef::Id(id)
         } else if id == S::STACK_ID_NONE.0 as u64 {
             StackRef::None
@@ -373,17 +375,79 @@ pub struct LossCounters {
     /// and left out.
     pub sampled_short: u64,
     pub sampled_out: u64,
+    /// `--unwind dwarf`: new processes given their parent's tables at the
+    /// fork.
+    pub unwind_forked: u64,
+    /// User stacks of processes without tables yet copied for userspace to
+    /// walk, and lost for want of room in the ring buffer.
+    pub unwind_deferred: u64,
+    pub unwind_defer_lost: u64,
 }
 
 /// What the BPF program says of a process while tracing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskEvent {
     /// A thread of it was seen blocking for the first time.
-    New(Proc),
+    /// (With its address space, as in [`RawUserStack::mm`].)
+    New(Proc, u64),
     /// A thread of it blocked after its executable mappings changed.
-    Changed(Proc),
+    Changed(Proc, u64),
     /// Its last thread is gone.
     Exited(Proc),
+    /// It was forked by `parent` and shares its parent's unwind tables:
+    /// the slice of mappings from `map_start`, `map_count` long.
+    Forked {
+        child: Proc,
+        /// The child's address space.
+        mm: u64,
+        parent: u32,
+        map_start: u32,
+        map_count: u32,
+    },
+}
+
+/// A user stack the BPF program copied for userspace to walk, with the
+/// registers the walk starts from (see `struct deferred_stack` and
+/// [`crate::deferred`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawUserStack {
+    /// The stack id its block is counted under.
+    pub id: u64,
+    pub proc: Proc,
+    pub tid: u32,
+    /// Its address space (an opaque identity): walked only with tables
+    /// written for the mappings of that address space.
+    pub mm: u64,
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The stack from `sp` on.
+    pub bytes: Vec<u8>,
+}
+
+impl RawUserStack {
+    /// Decodes a record of the ring buffer, or None if it is malformed.
+    pub fn parse(data: &[u8]) -> Option<RawUserStack> {
+        use std::mem::offset_of;
+        use types::deferred_stack as D;
+        let u64_at = |o: usize| Some(u64::from_ne_bytes(data.get(o..o + 8)?.try_into().ok()?));
+        let u32_at = |o: usize| Some(u32::from_ne_bytes(data.get(o..o + 4)?.try_into().ok()?));
+        let len = u32_at(offset_of!(D, len))? as usize;
+        let bytes = data.get(offset_of!(D, bytes)..)?.get(..len)?.to_vec();
+        Some(RawUserStack {
+            id: u64_at(offset_of!(D, id))?,
+            proc: Proc {
+                tgid: u32_at(offset_of!(D, tgid))?,
+                start: ticks_of_ns(u64_at(offset_of!(D, process_start))?),
+            },
+            tid: u32_at(offset_of!(D, pid))?,
+            mm: u64_at(offset_of!(D, mm))?,
+            pc: u64_at(offset_of!(D, pc))?,
+            sp: u64_at(offset_of!(D, sp))?,
+            bp: u64_at(offset_of!(D, bp))?,
+            bytes,
+        })
+    }
 }
 
 /// A pass over the counts for some processes' user stacks.
@@ -401,7 +465,12 @@ impl StackScan<'_> {
 
     /// Reads up to `n` more entries; once the pass is over, the stacks
     /// found: each (process, stack id, frames) once.
-    pub fn step(&mut self, tracer: &Tracer<'_>, n: usize) -> Option<Vec<(Proc, u64, Vec<u64>)>> {
+    pub fn step(
+        &mut self,
+        tracer: &Tracer<'_>,
+        deferred: &crate::deferred::Deferred,
+        n: usize,
+    ) -> Option<Vec<(Proc, u64, Vec<u64>)>> {
         let mut read = 0;
         for key_bytes in self.keys.by_ref().take(n) {
             read += 1;
@@ -427,7 +496,13 @@ impl StackScan<'_> {
         Some(
             self.wanted
                 .drain()
-                .filter_map(|(p, id)| Some((p, id, tracer.stack(id).ok()??)))
+                .filter_map(|(p, id)| {
+                    let frames = match deferred.frames(id) {
+                        Some(f) => f.to_vec(),
+                        None => tracer.stack(id).ok()??,
+                    };
+                    Some((p, id, frames))
+                })
                 .collect(),
         )
     }
@@ -545,6 +620,11 @@ pub struct Tracer<'obj> {
     /// Which programs are loaded.
     programs: Programs,
     phases: Phases,
+    /// User stacks of processes without tables yet are copied for
+    /// userspace to walk (`--unwind dwarf`, not the legacy programs).
+    deferring: bool,
+    /// ... and those read but not passed on by [`Tracer::wait`].
+    deferred_left: std::cell::RefCell<Vec<RawUserStack>>,
 }
 
 /// Whether the end iterator is the sleepable one that reads user stacks:
@@ -744,6 +824,10 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
             .unwind_procs
             .set_max_entries(cap.processes)
             .context("unwind processes map size")?;
+        open.maps
+            .deferred_stacks
+            .set_max_entries(DEFERRED_RING_BYTES)
+            .context("deferred stacks ring buffer size")?;
     }
     let depth_bytes = opts.max_stack_depth * 8;
     open.maps
@@ -996,6 +1080,10 @@ impl<'obj> Tracer<'obj> {
         p.sched_waking_raw
             .set_autoload(opts.wakers && !trusted && modern);
         p.sched_waking_legacy.set_autoload(opts.wakers && legacy);
+        // New processes share their parent's unwind tables from the fork.
+        let forks = dwarf && modern && opts.user_stacks;
+        p.process_fork_btf.set_autoload(forks && trusted);
+        p.process_fork_raw.set_autoload(forks && !trusted);
         let user = start_user_stacks;
         // The kprobe has no stacks yet for the blocks under way at the end:
         // its end iterator takes them, user stacks included where the
@@ -1116,6 +1204,13 @@ impl<'obj> Tracer<'obj> {
                 "sched_waking",
             )?);
         }
+        if forks {
+            links.push(tracepoint(
+                &progs.process_fork_btf,
+                &progs.process_fork_raw,
+                "sched_process_fork",
+            )?);
+        }
         // The hook only notes switches until the start iterator, run next,
         // has claimed the blocks under way and opened the window.
         let (link, attached) = match hook {
@@ -1190,6 +1285,8 @@ impl<'obj> Tracer<'obj> {
             wakers: opts.wakers,
             programs,
             phases,
+            deferring: dwarf && modern,
+            deferred_left: Default::default(),
         })
     }
 
@@ -1253,17 +1350,30 @@ impl<'obj> Tracer<'obj> {
     /// `on_events` at least every 100 ms with what the program said of
     /// processes since the last call: a process seen blocking for the
     /// first time, while it still exists; seen again after its executable
-    /// mappings changed; gone. Calls stop with the trace: they must not
+    /// mappings changed; gone; and with the user stacks copied for it to
+    /// walk. Calls stop with the trace: they must not
     /// delay its end. A call that returns true has work under way: the
-    /// next comes within 5 ms.
+    /// next comes within 5 ms. Stacks copied but not yet passed on when
+    /// the wait ends are kept for [`Tracer::take_deferred`].
     pub fn wait(
         &self,
         deadline: Option<Instant>,
         stop: &AtomicBool,
-        mut on_events: impl FnMut(&[TaskEvent]) -> bool,
+        mut on_events: impl FnMut(&[TaskEvent], Vec<RawUserStack>) -> bool,
     ) -> Result<()> {
         let pending = std::cell::RefCell::new(Vec::<TaskEvent>::new());
+        let stacks = std::cell::RefCell::new(Vec::<RawUserStack>::new());
         let mut builder = RingBufferBuilder::new();
+        if self.deferring {
+            builder
+                .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
+                    if let Some(s) = RawUserStack::parse(data) {
+                        stacks.borrow_mut().push(s);
+                    }
+                    0
+                })
+                .context("failed to set up the stack ring buffer")?;
+        }
         builder
             .add(&self.skel.maps.events, |data: &[u8]| {
                 let mut ev = types::task_event::default();
@@ -1274,8 +1384,15 @@ impl<'obj> Tracer<'obj> {
                         start: ticks_of_ns(ev.process_start),
                     };
                     let event = match K(ev.kind) {
-                        K::TASK_EVENT_NEW => TaskEvent::New(p),
-                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p),
+                        K::TASK_EVENT_NEW => TaskEvent::New(p, ev.mm),
+                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p, ev.mm),
+                        K::TASK_EVENT_FORKED => TaskEvent::Forked {
+                            child: p,
+                            mm: ev.mm,
+                            parent: ev.parent,
+                            map_start: ev.map_start,
+                            map_count: ev.map_count,
+                        },
                         _ => TaskEvent::Exited(p),
                     };
                     pending.borrow_mut().push(event);
@@ -1316,9 +1433,34 @@ impl<'obj> Tracer<'obj> {
             if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
                 break;
             }
-            busy = on_events(&pending.take());
+            busy = on_events(&pending.take(), stacks.take());
         }
+        self.deferred_left.borrow_mut().extend(stacks.take());
         Ok(())
+    }
+
+    /// The user stacks copied for userspace that no wait passed on (call
+    /// once the trace is stopped: it reads what is left in the ring).
+    pub fn take_deferred(&self) -> Result<Vec<RawUserStack>> {
+        let mut stacks = self.deferred_left.take();
+        if !self.deferring {
+            return Ok(stacks);
+        }
+        let mut builder = RingBufferBuilder::new();
+        builder
+            .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
+                if let Some(s) = RawUserStack::parse(data) {
+                    stacks.push(s);
+                }
+                0
+            })
+            .context("failed to set up the stack ring buffer")?;
+        builder
+            .build()
+            .context("failed to set up the stack ring buffer")?
+            .consume()
+            .context("failed to read the stack ring buffer")?;
+        Ok(stacks)
     }
 
     fn set_end(&mut self, end: u64) {
@@ -1736,6 +1878,9 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         state_guessed: at(C::CNT_STATE_GUESSED),
         sampled_short: at(C::CNT_SAMPLED_SHORT),
         sampled_out: at(C::CNT_SAMPLED_OUT),
+        unwind_forked: at(C::CNT_UNWIND_FORKED),
+        unwind_deferred: at(C::CNT_UNWIND_DEFERRED),
+        unwind_defer_lost: at(C::CNT_UNWIND_DEFER_LOST),
     })
 }
 
@@ -1760,6 +1905,40 @@ impl<T: Copy> WindowedArray<T> {
             len: map.max_entries() as usize,
             _item: std::marker::PhantomData,
         })
+    }
+
+    /// Calls `f` with the whole array, mapped for reading for the call
+    /// alone (the pages it reads are resident only meanwhile).
+    fn read<R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let bytes = self.len * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(f(&[]));
+        }
+        // SAFETY: a shared read-only mapping of the array's data, whose
+        // size is a whole number of elements, unmapped below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                self.map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("failed to map an unwind table");
+        }
+        // SAFETY: the mapping holds `len` elements of T (plain old data,
+        // any bytes a valid value); userspace writes the array only
+        // through `write`, never while this borrow lives (both take the
+        // store), and the BPF program only reads it.
+        let items = unsafe { std::slice::from_raw_parts(ptr.cast::<T>(), self.len) };
+        let r = f(items);
+        // SAFETY: the mapping made above, no longer borrowed.
+        unsafe { libc::munmap(ptr, bytes) };
+        Ok(r)
     }
 
     /// Writes `items` from element `start` on.
@@ -1812,6 +1991,10 @@ impl<T: Copy> WindowedArray<T> {
     }
 }
 
+/// The ring buffer of user stacks copied for userspace to walk (see
+/// [`crate::deferred`]): room for 512 copies of 16 KiB between two reads.
+const DEFERRED_RING_BYTES: u32 = 8 << 20;
+
 /// Entries of the table of blocked time (one per thread and pair of
 /// stacks): twice the stacks that can be stored, at least 65536.
 pub fn counts_capacity(stack_storage_size: u32) -> u32 {
@@ -1859,11 +2042,11 @@ impl crate::unwind::TableStore for UnwindStore {
         self.mappings.write(start, mappings)
     }
 
-    fn set_process(&mut self, tgid: u32, start: u32, count: u32) -> Result<()> {
+    fn set_process(&mut self, tgid: u32, start: u32, count: u32, mm: u64) -> Result<()> {
         let proc = types::unwind_proc {
             map_start: start,
             map_count: count,
-            mm: 0,
+            mm,
             gen: self.next_gen,
         };
         self.next_gen += 1;
@@ -1877,6 +2060,14 @@ impl crate::unwind::TableStore for UnwindStore {
     fn remove_process(&mut self, tgid: u32) {
         // Not there (never stored) is fine.
         let _ = self.procs.delete(&tgid.to_ne_bytes());
+    }
+
+    fn read(
+        &self,
+        f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]),
+    ) -> Result<()> {
+        self.rows
+            .read(|rows| self.mappings.read(|mappings| f(rows, mappings)))?
     }
 }
 

@@ -46,9 +46,13 @@ pub trait TableStore {
     fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()>;
     fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()>;
     /// Points process `tgid` at `count` mappings from `start`, written
-    /// before: the BPF program uses them from its next unwind on.
-    fn set_process(&mut self, tgid: u32, start: u32, count: u32) -> Result<()>;
+    /// before: the BPF program uses them from its next unwind on, in
+    /// address space `mm` (0: unknown, the first to walk claims them).
+    fn set_process(&mut self, tgid: u32, start: u32, count: u32, mm: u64) -> Result<()>;
     fn remove_process(&mut self, tgid: u32);
+    /// Calls `f` with the rows and the mappings as written.
+    fn read(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]))
+        -> Result<()>;
 }
 
 /// What the unwinder needs to know of processes and the files they map:
@@ -286,6 +290,9 @@ struct ProcessEntry {
     slice: Option<(usize, usize)>,
     /// The distinct objects it maps.
     objects: Vec<u32>,
+    /// The address space its mappings were read for, where an event said
+    /// (0: unknown): copied stacks are walked only with tables of theirs.
+    mm: u64,
 }
 
 /// Why an object or a process has no tables.
@@ -313,6 +320,8 @@ pub struct UnwindStats {
     pub processes_covered: usize,
     /// Processes whose tables were given back when they exited.
     pub processes_forgotten: usize,
+    /// New processes that shared their parent's tables from the fork.
+    pub processes_forked: usize,
     /// Tables of objects no process mapped any more, dropped for room.
     pub objects_evicted: usize,
     /// Time spent building tables.
@@ -334,6 +343,12 @@ pub struct Unwinder {
     objects: HashMap<u32, ObjectEntry>,
     /// Processes dealt with.
     processes: HashMap<u32, ProcessEntry>,
+    /// The address space each process had when its mappings were last
+    /// noted (see [`Unwinder::note_address_space`]).
+    address_spaces: HashMap<u32, u64>,
+    /// Processes that use each slice of mappings (by its start): a forked
+    /// process shares its parent's until it has its own.
+    slice_users: HashMap<usize, u32>,
     /// Slices of mappings given back, reusable once GRACE has passed.
     /// (Rows are reused only from objects idle for that long.)
     quarantine: VecDeque<(Instant, usize, usize)>,
@@ -363,6 +378,8 @@ impl Unwinder {
             mappings: RangeAlloc::new(mapping_capacity),
             objects: HashMap::new(),
             processes: HashMap::new(),
+            slice_users: HashMap::new(),
+            address_spaces: HashMap::new(),
             quarantine: VecDeque::new(),
             not_covered: Vec::new(),
             not_covered_more: 0,
@@ -372,6 +389,12 @@ impl Unwinder {
                 ..UnwindStats::default()
             },
         }
+    }
+
+    /// The mappings of `tgid` about to be noted are those of address space
+    /// `mm` (as the BPF program's event said).
+    pub fn note_address_space(&mut self, tgid: u32, mm: u64) {
+        self.address_spaces.insert(tgid, mm);
     }
 
     /// Gives the BPF program the tables of `tgid`'s mappings as `procs`
@@ -384,14 +407,27 @@ impl Unwinder {
             return true;
         }
         let mappings = procs.mappings(tgid);
-        if mappings.is_empty()
-            || self
-                .processes
-                .get(&tgid)
-                .is_some_and(|p| p.mappings == mappings)
-        {
+        let mm = self.address_spaces.get(&tgid).copied().unwrap_or(0);
+        if mappings.is_empty() {
             self.waiting.remove(&tgid);
             return true;
+        }
+        if let Some(p) = self.processes.get_mut(&tgid) {
+            if p.mappings == mappings {
+                // The same mappings (a fork's, or those of the same image
+                // again): the tables hold for this address space too.
+                if p.mm != mm {
+                    p.mm = mm;
+                    if let (Some((start, len)), Some(store)) = (p.slice, self.store.as_deref_mut())
+                    {
+                        // Not a failure if it cannot be said: the BPF
+                        // program then copies the stacks for userspace.
+                        let _ = store.set_process(tgid, start as u32, len as u32, mm);
+                    }
+                }
+                self.waiting.remove(&tgid);
+                return true;
+            }
         }
         let mut objects: Vec<u32> = mappings.iter().map(|m| m.object).collect();
         objects.sort_unstable();
@@ -689,15 +725,61 @@ impl Unwinder {
         if let Some(old) = old {
             self.release(old);
         }
+        let mm = self.address_spaces.get(&tgid).copied().unwrap_or(0);
         self.processes.insert(
             tgid,
             ProcessEntry {
                 mappings,
                 slice,
                 objects,
+                mm,
             },
         );
         self.update_stats();
+    }
+
+    /// Process `child` was forked by `parent`, and the BPF program pointed
+    /// it at the slice of mappings `slice` (start, length) that it found
+    /// for the parent: the child uses the parent's tables until its own
+    /// mappings are noted, and the slice is kept while either uses it.
+    /// Where that slice is not the parent's any more (its tables were
+    /// rewritten meanwhile, or the parent is gone), the child's entry is
+    /// removed, and its blocks wait for tables of its own; returns whether
+    /// it shares.
+    pub fn forked(&mut self, parent: u32, child: u32, mm: u64, slice: (usize, usize)) -> bool {
+        // Whatever is still kept for `child` is an earlier process's,
+        // whose pid was reused.
+        self.waiting.remove(&child);
+        if let Some(old) = self.processes.remove(&child) {
+            self.release(old);
+        }
+        let entry = match self.processes.get(&parent) {
+            Some(p) if p.slice == Some(slice) => ProcessEntry {
+                mappings: p.mappings.clone(),
+                slice: p.slice,
+                objects: p.objects.clone(),
+                mm,
+            },
+            _ => {
+                if let Some(store) = self.store.as_deref_mut() {
+                    store.remove_process(child);
+                }
+                self.update_stats();
+                return false;
+            }
+        };
+        for o in &entry.objects {
+            if let Some(e) = self.objects.get_mut(o) {
+                e.refs += 1;
+                e.idle_since = None;
+            }
+        }
+        *self.slice_users.entry(slice.0).or_insert(1) += 1;
+        self.address_spaces.insert(child, mm);
+        self.processes.insert(child, entry);
+        self.stats.processes_forked += 1;
+        self.update_stats();
+        true
     }
 
     /// Process `tgid` has exited: its entry and mappings are given back,
@@ -705,6 +787,7 @@ impl Unwinder {
     /// maps them or until their room is needed.
     pub fn forget(&mut self, tgid: u32) {
         self.waiting.remove(&tgid);
+        self.address_spaces.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
             if p.slice.is_some() {
                 self.store().remove_process(tgid);
@@ -735,7 +818,12 @@ impl Unwinder {
 
     fn release(&mut self, p: ProcessEntry) {
         if let Some((start, len)) = p.slice {
-            self.quarantine.push_back((Instant::now(), start, len));
+            let users = self.slice_users.entry(start).or_insert(1);
+            *users -= 1;
+            if *users == 0 {
+                self.slice_users.remove(&start);
+                self.quarantine.push_back((Instant::now(), start, len));
+            }
         }
         for o in p.objects {
             if let Some(e) = self.objects.get_mut(&o) {
@@ -761,14 +849,16 @@ impl Unwinder {
             .mappings
             .alloc(count)
             .ok_or("the unwind tables are full (--unwind-memory)")?;
-        let written = self
-            .store()
-            .write_mappings(start, entries)
-            .and_then(|()| self.store().set_process(tgid, start as u32, count as u32));
+        let written = self.store().write_mappings(start, entries).and_then(|()| {
+            let mm = self.address_spaces.get(&tgid).copied().unwrap_or(0);
+            self.store()
+                .set_process(tgid, start as u32, count as u32, mm)
+        });
         if let Err(e) = written {
             self.mappings.free(start, count);
             return Err(format!("{e:#}"));
         }
+        self.slice_users.insert(start, 1);
         Ok((start, count))
     }
 
@@ -844,6 +934,34 @@ impl Unwinder {
 
     pub fn stats(&self) -> UnwindStats {
         self.stats
+    }
+}
+
+impl crate::deferred::ProcessTables for Unwinder {
+    fn with_tables(
+        &mut self,
+        tgid: u32,
+        mm: u64,
+        f: &mut dyn FnMut(&[types::unwind_mapping], &[types::unwind_row]),
+    ) -> bool {
+        let Some((start, len)) = self
+            .processes
+            .get(&tgid)
+            .filter(|p| p.mm == mm)
+            .and_then(|p| p.slice)
+        else {
+            return false;
+        };
+        let Some(store) = self.store.as_deref() else {
+            return false;
+        };
+        store
+            .read(&mut |rows, mappings| {
+                if let Some(m) = mappings.get(start..start + len) {
+                    f(m, rows);
+                }
+            })
+            .is_ok()
     }
 }
 
@@ -986,12 +1104,19 @@ mod tests {
             assert!(start + m.len() <= self.mappings);
             Ok(())
         }
-        fn set_process(&mut self, tgid: u32, start: u32, count: u32) -> Result<()> {
+        fn set_process(&mut self, tgid: u32, start: u32, count: u32, _mm: u64) -> Result<()> {
             self.procs.borrow_mut().insert(tgid, (start, count));
             Ok(())
         }
         fn remove_process(&mut self, tgid: u32) {
             self.procs.borrow_mut().remove(&tgid);
+        }
+        fn read(
+            &self,
+            f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]),
+        ) -> Result<()> {
+            f(&[], &[]);
+            Ok(())
         }
     }
 

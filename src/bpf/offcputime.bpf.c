@@ -874,7 +874,6 @@ static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm)
 		p->mm = mm;
 	if (p && mm && p->mm == mm)
 		return p;
-	count(CNT_UNWIND_NOT_READY);
 	return NULL;
 }
 
@@ -909,10 +908,12 @@ static __always_inline long unwind_task(struct task_struct *task, __u32 tgid)
 	if (read_user_regs(task, &u))
 		return -1;
 	u.task = task;
-	if (p)
+	if (p) {
 		walk_with_tables(&u, p, true);
-	else
+	} else {
+		count(CNT_UNWIND_NOT_READY);
 		walk_user(&u, true);
+	}
 	return u.nr * sizeof(__u64);
 }
 
@@ -1006,6 +1007,96 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
  * has no unwind tables yet, or its registers could not be read; its user
  * stack is to be walked with frame pointers. */
 #define USTACK_NO_TABLES 4
+/* ... or its user registers could not be read (walked as bpf_get_stack()
+ * can, not counted). */
+#define USTACK_NO_REGS 5
+
+/* The copies of user stacks for userspace (struct deferred_stack), made
+ * in this CPU's scratch: 4 KiB more than a copy, so that a read of up to a
+ * page from any offset inside it stays in bounds. */
+struct deferred_scratch {
+	struct deferred_stack s;
+	__u8 slack[4096];
+	/* Copies made on this CPU: the ids' low bits. */
+	__u64 seq;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct deferred_scratch);
+} deferred_scratch SEC(".maps");
+
+/* Sized by userspace at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} deferred_stacks SEC(".maps");
+
+#define DEFERRED_HEADER_BYTES ((__u32)__builtin_offsetof(struct deferred_stack, bytes))
+
+/*
+ * The current task's user stack, copied for userspace to walk (see struct
+ * deferred_stack): its id, STACK_ID_MISSED_ERROR where the ring buffer has
+ * no room (counted), or USTACK_NO_REGS where its registers cannot be
+ * read.  The stack is read a page at a time from the stack pointer, up to
+ * DEFERRED_STACK_BYTES or the first page that cannot be read (the top of
+ * the stack).  A global function, checked once on its own.
+ */
+__noinline __u64 defer_user_stack(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct unwind_state u = {};
+	struct deferred_scratch *d;
+	__u32 zero = 0, off = 0, n;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	int i;
+
+	d = bpf_map_lookup_elem(&deferred_scratch, &zero);
+	if (!d)
+		return USTACK_NO_TABLES;
+	/* No address space (an exiting task): no user memory to copy. */
+	if (read_user_regs(task, &u) || !BPF_CORE_READ(task, mm))
+		return USTACK_NO_REGS;
+	d->seq++;
+	d->s.id = STACK_ID_DEFERRED_BIT | (__u64)bpf_get_smp_processor_id() << 40 |
+		  (d->seq & ((1ULL << 40) - 1));
+	d->s.tgid = pid_tgid >> 32;
+	d->s.pid = (__u32)pid_tgid;
+	d->s.process_start = BPF_CORE_READ(task, group_leader, start_boottime);
+	d->s.mm = (__u64)BPF_CORE_READ(task, mm);
+	d->s.pc = u.pc;
+	d->s.sp = u.sp;
+	d->s.bp = u.bp;
+	d->s._pad = 0;
+	/* The rest of the stack pointer's page, then whole pages. */
+	n = 4096 - (u.sp & 4095);
+	for (i = 0; i < DEFERRED_STACK_BYTES / 4096 + 1; i++) {
+		if (off >= DEFERRED_STACK_BYTES)
+			break;
+		if (n > DEFERRED_STACK_BYTES - off)
+			n = DEFERRED_STACK_BYTES - off;
+		/* The compiler forgets the bounds above (see unwind_step). */
+		asm volatile("" : "+r"(n));
+		if (n > 4096)
+			n = 4096;
+		if (bpf_probe_read_user(&d->s.bytes[off & (DEFERRED_STACK_BYTES - 1)], n,
+					(void *)(u.sp + off)))
+			break;
+		off += n;
+		n = 4096;
+	}
+	if (off > DEFERRED_STACK_BYTES)
+		off = DEFERRED_STACK_BYTES;
+	d->s.len = off;
+	if (bpf_ringbuf_output(&deferred_stacks, &d->s, DEFERRED_HEADER_BYTES + off, 0)) {
+		count(CNT_UNWIND_DEFER_LOST);
+		return STACK_ID_MISSED_ERROR;
+	}
+	count(CNT_UNWIND_DEFERRED);
+	return d->s.id;
+}
 
 /*
  * The current task's user stack, walked with its process's tables (or
@@ -1023,8 +1114,10 @@ __noinline __u64 user_stack_of_current(bool cache)
 	__u32 zero = 0;
 	__u64 id, gen;
 
-	if (!p || read_user_regs(task, &u))
-		return USTACK_NO_TABLES;
+	if (!p)
+		return defer_user_stack();
+	if (read_user_regs(task, &u))
+		return USTACK_NO_REGS;
 	gen = p->gen;
 	if (ucache_on && cache) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -1065,8 +1158,10 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf && !legacy) {
 		id = user_stack_of_current(cache);
-		if (id != USTACK_NO_TABLES)
+		if (id != USTACK_NO_TABLES && id != USTACK_NO_REGS)
 			return id;
+		if (id == USTACK_NO_TABLES)
+			count(CNT_UNWIND_NOT_READY);
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	return store_stack(len, user);
@@ -1176,8 +1271,11 @@ static __always_inline bool send_event(struct task_struct *t, __u32 tgid, __u32 
 	e->tgid = tgid;
 	e->pid = tid;
 	e->kind = kind;
-	e->_pad = 0;
+	e->parent = 0;
+	e->map_start = 0;
+	e->map_count = 0;
 	e->process_start = process_start(t);
+	e->mm = (__u64)BPF_CORE_READ(t, mm);
 	bpf_ringbuf_submit(e, 0);
 	return true;
 }
@@ -1239,6 +1337,81 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 		bpf_map_delete_elem(&notified_procs, &tgid);
 		send_event(t, tgid, tid, TASK_EVENT_EXITED);
 	}
+}
+
+/*
+ * A new process (not a thread) was forked: it has a copy of its parent's
+ * address space, with the same mappings at the same addresses until it
+ * execs or maps something, so its parent's unwind tables hold for it from
+ * its first instruction.  It gets an entry that points at its parent's
+ * slice of unwind_maps, for its own address space (the mm check of
+ * tables_of() makes the entry stale at an exec), and userspace is told, so
+ * that the slice is kept while either process uses it.  Without that
+ * notice (ring buffer full) the child gets no entry: its first blocks are
+ * then handled as any new process's.  The fork hook runs before the child
+ * is first woken, so the notice comes before anything the child does.
+ */
+static __always_inline void on_fork(struct task_struct *parent, struct task_struct *child,
+				    bool trusted)
+{
+	__u32 ptgid = TASK_READ(trusted, parent, tgid);
+	__u32 ctgid = TASK_READ(trusted, child, tgid);
+	struct unwind_proc *p, c = {};
+	struct task_event *e;
+	__u64 pmm, cmm;
+
+	if (ptgid == ctgid || kernel_threads_only)
+		return;
+	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &ctgid))
+		return;
+	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &ctgid))
+		return;
+	p = bpf_map_lookup_elem(&unwind_procs, &ptgid);
+	if (!p)
+		return;
+	pmm = (__u64)BPF_CORE_READ(parent, mm);
+	cmm = (__u64)BPF_CORE_READ(child, mm);
+	/* Tables of another address space (an exec since they were
+	 * written), or a child without one. */
+	if (!cmm || !pmm || (p->mm && p->mm != pmm))
+		return;
+	c.map_start = p->map_start;
+	c.map_count = p->map_count;
+	c.mm = cmm;
+	c.gen = p->gen;
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count(CNT_EVENTS_DROPPED);
+		return;
+	}
+	e->tgid = ctgid;
+	e->pid = ctgid;
+	e->kind = TASK_EVENT_FORKED;
+	e->parent = ptgid;
+	e->map_start = c.map_start;
+	e->map_count = c.map_count;
+	e->process_start = BPF_CORE_READ(child, start_boottime);
+	e->mm = cmm;
+	if (bpf_map_update_elem(&unwind_procs, &ctgid, &c, BPF_ANY)) {
+		bpf_ringbuf_discard(e, 0);
+		return;
+	}
+	bpf_ringbuf_submit(e, 0);
+	count(CNT_UNWIND_FORKED);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(process_fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	on_fork(parent, child, true);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(process_fork_raw, struct task_struct *parent, struct task_struct *child)
+{
+	on_fork(parent, child, false);
+	return 0;
 }
 
 /*

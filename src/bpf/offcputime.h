@@ -31,6 +31,9 @@ enum stack_id_special {
 };
 
 #define STACK_ID_HASH_BIT (1ULL << 63)
+/* A user stack copied for userspace to walk (struct deferred_stack): the
+ * rest of the id is the CPU and a count of that CPU's copies. */
+#define STACK_ID_DEFERRED_BIT (1ULL << 62)
 
 /* Aggregation key: one entry per thread and distinct pair of stacks. */
 struct offcpu_key {
@@ -120,6 +123,10 @@ enum task_event_kind {
 	/* Its last thread was switched out for the last time: the process
 	 * has exited, and what userspace keeps for it can be given back. */
 	TASK_EVENT_EXITED = 2,
+	/* A new process, forked by `parent`, was given its parent's unwind
+	 * tables (map_start, map_count: the slice of unwind_maps it shares
+	 * with the parent, until its own are written). */
+	TASK_EVENT_FORKED = 3,
 };
 
 /* Sent on the `events` ring buffer, so that userspace can snapshot a
@@ -130,9 +137,17 @@ struct task_event {
 	__u32 pid;
 	/* enum task_event_kind */
 	__u32 kind;
-	__u32 _pad;
+	/* TASK_EVENT_FORKED: the parent process, and the unwind tables
+	 * shared with it. */
+	__u32 parent;
+	__u32 map_start;
+	__u32 map_count;
 	/* As in struct offcpu_key. */
 	__u64 process_start;
+	/* The address space it has now (an opaque identity: the kernel's
+	 * address of its mm), which the mappings userspace reads belong
+	 * to. */
+	__u64 mm;
 };
 
 /*
@@ -189,14 +204,45 @@ struct unwind_mapping {
 struct unwind_proc {
 	__u32 map_start;
 	__u32 map_count;
-	/* The address space the tables are for: 0 when userspace writes
-	 * them, claimed by the first unwind in the process (see
-	 * tables_of()). */
+	/* The address space the tables are for, as the event that made
+	 * userspace read the mappings said; 0 where it does not know (the
+	 * processes found at the start): claimed by the first unwind in the
+	 * process (see tables_of()). */
 	__u64 mm;
 	/* Different for every write of a process's tables: a walk kept with
 	 * the tables of one generation is not taken for another's (see
 	 * struct ucache). */
 	__u64 gen;
+};
+
+/*
+ * --unwind dwarf: the user stack of a block whose process has no unwind
+ * tables yet (its first blocks, before userspace has read its mappings),
+ * copied from its stack pointer with the registers the walk starts from,
+ * and sent on the `deferred_stacks` ring buffer.  Userspace walks it with
+ * the same tables, by the same rules, once they are written; the block is
+ * counted under `id` meanwhile.  A walk that needs stack memory beyond the
+ * copy is cut there, and counted.
+ */
+#define DEFERRED_STACK_BYTES 16384
+
+struct deferred_stack {
+	/* The stack id the block is counted under (STACK_ID_DEFERRED_BIT). */
+	__u64 id;
+	__u32 tgid;
+	__u32 pid;
+	/* As in struct offcpu_key. */
+	__u64 process_start;
+	/* The address space the stack belongs to (as in struct task_event):
+	 * it is walked only with tables written for it. */
+	__u64 mm;
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	/* Bytes copied from sp on (only these are sent). */
+	__u32 len;
+	__u32 _pad;
+	__u8 bytes[DEFERRED_STACK_BYTES];
 };
 
 /*
@@ -289,6 +335,14 @@ enum offcpu_counter {
 	 * up to the threshold), and left out */
 	CNT_SAMPLED_SHORT,
 	CNT_SAMPLED_OUT,
+	/* --unwind dwarf: new processes given their parent's tables at the
+	 * fork */
+	CNT_UNWIND_FORKED,
+	/* --unwind dwarf: user stacks of processes without tables yet copied
+	 * for userspace to walk (struct deferred_stack), and lost for a full
+	 * ring buffer */
+	CNT_UNWIND_DEFERRED,
+	CNT_UNWIND_DEFER_LOST,
 	CNT_MAX,
 };
 

@@ -167,6 +167,9 @@ pub struct Registry {
     perf_maps_refused: Vec<String>,
     /// Mappings found replaced by another file at an overlapping address.
     replaced: Replaced,
+    /// Forked processes whose snapshot is still their parent's (see
+    /// [`Registry::forked`]): read again at their first notice.
+    inherited: HashSet<u32>,
 }
 
 /// Mappings of a process replaced by another file's at an overlapping
@@ -201,6 +204,7 @@ impl Registry {
             perf_maps: HashMap::new(),
             perf_maps_refused: Vec::new(),
             replaced: Replaced::default(),
+            inherited: HashSet::new(),
         }
     }
 
@@ -208,17 +212,21 @@ impl Registry {
     /// exits.  Cheap to call again for a known process, unless `changed`
     /// says that its mappings have.
     /// `start`: when the process started, where known (the BPF program's
-    /// events say it); otherwise `/proc` is asked.
-    pub fn note_process(&mut self, tgid: u32, start: Option<u64>, changed: bool) {
+    /// events say it); otherwise `/proc` is asked. Returns whether the
+    /// snapshot held is of the process as it is now (false where it was
+    /// gone, or is another process now, and what was had is kept).
+    pub fn note_process(&mut self, tgid: u32, start: Option<u64>, changed: bool) -> bool {
         if tgid == 0 {
-            return;
+            return false;
         }
+        let inherited = self.inherited.remove(&tgid);
+        let changed = inherited || changed;
         let now = crate::process::start_ticks(tgid);
         let start = start.or(now);
         let Some(start) = start else {
             // Gone: keep what we had.
             self.processes.entry(tgid).or_default();
-            return;
+            return false;
         };
         match self.starts.get(&tgid) {
             // Another process has this pid now: the snapshot is the old
@@ -229,19 +237,23 @@ impl Registry {
                 }
                 self.starts.remove(&tgid);
             }
-            Some(_) if !changed => return,
-            None if !changed && self.processes.contains_key(&tgid) => return,
+            Some(_) if !changed => return true,
+            None if !changed && self.processes.contains_key(&tgid) => return true,
             _ => {}
         }
         // The event may be older than the process now at this pid.
         if now != Some(start) {
-            return;
+            return false;
         }
         self.starts.insert(tgid, start);
-        self.refresh_process(tgid);
+        self.refresh_process(tgid, inherited)
     }
 
-    fn refresh_process(&mut self, tgid: u32) {
+    /// `inherited`: the snapshot held is the parent's (see
+    /// [`Registry::forked`]), which an exec since replaces without a
+    /// stack of this process having been taken through it, as a rule.
+    /// Returns whether the mappings could be read.
+    fn refresh_process(&mut self, tgid: u32, inherited: bool) -> bool {
         let text = match std::fs::read_to_string(format!("/proc/{tgid}/maps")) {
             Ok(t) => t,
             Err(e) => {
@@ -255,7 +267,7 @@ impl Registry {
                 }
                 // Gone already: keep what we had.
                 self.processes.entry(tgid).or_default();
-                return;
+                return false;
             }
         };
         let mut mappings = Vec::new();
@@ -268,13 +280,15 @@ impl Registry {
                 object,
             });
         }
+        // A zombie's maps are empty: what is kept is not of it as it is.
+        let read = !mappings.is_empty();
         // What was seen before stays where nothing new overlaps it: a
         // library unloaded since, the image before an exec(), everything
         // of a zombie (whose maps are empty) still names earlier stacks.
         if let Some(old) = self.processes.get(&tgid) {
             // Another file where one was mapped: the stacks taken before
             // are named through the later one where they overlap.
-            for n in &mappings {
+            for n in mappings.iter().filter(|_| !inherited) {
                 if let Some(o) = old
                     .iter()
                     .find(|o| n.start < o.end && o.start < n.end && o.object != n.object)
@@ -302,6 +316,7 @@ impl Registry {
         if let Some(old) = old {
             self.drop_users(&distinct_objects(&old));
         }
+        read
     }
 
     /// One snapshot fewer maps each of `objects`; those no snapshot maps
@@ -583,6 +598,37 @@ impl Registry {
         }
     }
 
+    /// Process `child` was forked by `parent`: it maps what its parent
+    /// maps, so its parent's snapshot stands for its own until that is
+    /// read, at its first notice. A child that exits before it is noted
+    /// (a short-lived worker) still has its frames named.
+    pub fn forked(&mut self, parent: u32, child: Proc) {
+        let Some(mappings) = self.processes.get(&parent).filter(|m| !m.is_empty()) else {
+            return;
+        };
+        let mappings = mappings.clone();
+        let tgid = child.tgid;
+        // What is kept for an earlier process at this pid stays apart, for
+        // the stacks counted for it.
+        if let Some(old) = self.starts.remove(&tgid) {
+            if let Some(m) = self.processes.remove(&tgid) {
+                if old != child.start {
+                    self.superseded.insert(Proc { tgid, start: old }, m);
+                } else {
+                    self.drop_users(&distinct_objects(&m));
+                }
+            }
+        } else if let Some(m) = self.processes.remove(&tgid) {
+            self.drop_users(&distinct_objects(&m));
+        }
+        for &o in &distinct_objects(&mappings) {
+            self.objects[o as usize].users += 1;
+        }
+        self.starts.insert(tgid, child.start);
+        self.processes.insert(tgid, mappings);
+        self.inherited.insert(tgid);
+    }
+
     /// The processes with a snapshot (not retired), with their start
     /// time where known.
     pub fn processes(&self) -> impl Iterator<Item = (u32, Option<u64>)> + '_ {
@@ -590,6 +636,12 @@ impl Registry {
             .keys()
             .map(|&t| (t, self.starts.get(&t).copied()))
             .chain(self.superseded.keys().map(|p| (p.tgid, Some(p.start))))
+    }
+
+    /// When the process at pid `tgid` that has a snapshot started, where
+    /// known.
+    pub fn start_of(&self, tgid: u32) -> Option<u64> {
+        self.starts.get(&tgid).copied()
     }
 
     /// Whether some process at pid `tgid` still has a snapshot.
@@ -619,7 +671,7 @@ impl Registry {
         }
         let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
             if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
-                self.refresh_process(tgid);
+                self.refresh_process(tgid, false);
             }
             self.processes.get(&tgid)
         } else {
@@ -666,7 +718,7 @@ impl Registry {
     /// libraries loaded since).
     pub fn frames_now(&mut self, tgid: u32, addrs: &[u64]) -> Vec<UserFrame> {
         if process_alive(tgid) {
-            self.refresh_process(tgid);
+            self.refresh_process(tgid, false);
         }
         let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
         addrs.iter().map(|&a| user_frame(mappings, a)).collect()

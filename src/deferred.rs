@@ -1,0 +1,445 @@
+//! User stacks walked in userspace: the first blocks of a process whose
+//! unwind tables are not written yet.
+//!
+//! A process is new to the profiler until userspace has read its mappings
+//! and written its tables (a few milliseconds after its first block). The
+//! BPF program does not guess its stacks with frame pointers meanwhile: it
+//! copies the stack from the stack pointer (up to `DEFERRED_STACK_BYTES`)
+//! with the registers a walk starts from, and counts the block under an id
+//! of its own (`STACK_ID_DEFERRED_BIT`). Once the process's tables are
+//! written, [`walk`] follows the same tables by the same rules as the BPF
+//! walk, over the copy, and the frames found take that id. A walk that
+//! needs stack memory beyond the copy is cut there, and counted; the
+//! stacks of a process that exits before its mappings could be read are
+//! reported missed, and counted: never guessed.
+
+use std::collections::HashMap;
+
+/// Bytes of stack copied at most (`DEFERRED_STACK_BYTES`).
+pub const COPY_BYTES: usize = std::mem::size_of::<types::deferred_stack>()
+    - std::mem::offset_of!(types::deferred_stack, bytes);
+
+use crate::bpf::types;
+use crate::process::Proc;
+use crate::tracer::{RawProfile, RawUserStack, StackRef};
+
+/// How a walk over a copy ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Walk {
+    /// Return addresses, innermost first (the first is the pc).
+    pub frames: Vec<u64>,
+    /// Cut short: stack memory beyond the copy, a rule the unwinder
+    /// cannot follow, or the depth limit.
+    pub cut: bool,
+    /// Frames found through frame pointers (code without tables).
+    pub fp_frames: usize,
+}
+
+/// The registers a walk starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Regs {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// Reads 8 bytes of the copy `bytes` of the stack from `base`.
+fn read_u64(bytes: &[u8], base: u64, addr: u64) -> Option<u64> {
+    let off = usize::try_from(addr.checked_sub(base)?).ok()?;
+    let b = bytes.get(off..off.checked_add(8)?)?;
+    Some(u64::from_ne_bytes(b.try_into().ok()?))
+}
+
+/// The row that applies at `addr` in a process with `mappings` (sorted by
+/// start) into `rows`: as `unwind_rule` in the BPF program.
+fn rule(
+    mappings: &[types::unwind_mapping],
+    rows: &[types::unwind_row],
+    addr: u64,
+) -> Option<types::unwind_row> {
+    let i = mappings
+        .partition_point(|m| m.start <= addr)
+        .checked_sub(1)?;
+    let m = &mappings[i];
+    if addr >= m.end || m.row_count == 0 {
+        return None;
+    }
+    let pc = u32::try_from(addr.wrapping_sub(m.bias)).ok()?;
+    let start = m.row_start as usize;
+    let table = rows.get(start..start.checked_add(m.row_count as usize)?)?;
+    let at = table.partition_point(|r| r.pc <= pc).checked_sub(1)?;
+    Some(table[at]).filter(|r| r.kind != types::unwind_kind::UNWIND_NONE.0 as u8)
+}
+
+/// Walks the copied stack `bytes` (from `regs.sp`) through the tables of a
+/// process, `mappings` into `rows`, by the rules of the BPF program's
+/// `unwind_step`: at most `max` frames.
+pub fn walk(
+    regs: Regs,
+    bytes: &[u8],
+    mappings: &[types::unwind_mapping],
+    rows: &[types::unwind_row],
+    max: usize,
+) -> Walk {
+    use types::unwind_kind as K;
+    let base = regs.sp;
+    let Regs {
+        mut pc,
+        mut sp,
+        mut bp,
+    } = regs;
+    let mut w = Walk::default();
+    let read = |addr: u64| read_u64(bytes, base, addr);
+    for i in 0..max {
+        w.frames.push(pc);
+        // A return address is looked up at the call before it.
+        let at = if i == 0 { pc } else { pc.wrapping_sub(1) };
+        let ra = match rule(mappings, rows, at) {
+            Some(r) => {
+                let cfa = match K(r.kind as u32) {
+                    K::UNWIND_END => return w,
+                    K::UNWIND_CFA_RSP => sp.wrapping_add(r.cfa_off as u64),
+                    K::UNWIND_CFA_RBP => bp.wrapping_add(r.cfa_off as u64),
+                    K::UNWIND_PLT => sp.wrapping_add(8 + if pc & 15 >= 11 { 8 } else { 0 }),
+                    _ => {
+                        w.cut = true;
+                        return w;
+                    }
+                };
+                let Some(ra) = read(cfa.wrapping_sub(8)) else {
+                    w.cut = true;
+                    return w;
+                };
+                if r.rbp_off != 0 {
+                    let Some(v) = read(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) else {
+                        w.cut = true;
+                        return w;
+                    };
+                    bp = v;
+                }
+                sp = cfa;
+                ra
+            }
+            None => {
+                // No call-frame information: the frame pointer chain; its
+                // end (bp 0) is the end of the stack. A frame beyond the
+                // copy could be read by the BPF walk: cut.
+                if bp == 0 {
+                    return w;
+                }
+                let (Some(saved), Some(ra)) = (read(bp), read(bp.wrapping_add(8))) else {
+                    w.cut = true;
+                    return w;
+                };
+                sp = bp.wrapping_add(16);
+                bp = saved;
+                w.fp_frames += 1;
+                ra
+            }
+        };
+        if ra == 0 {
+            return w;
+        }
+        pc = ra;
+    }
+    w.cut = true;
+    w
+}
+
+/// What became of the copied stacks, for `-v` and the notes at the end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeferredStats {
+    /// Copies received.
+    pub received: usize,
+    /// Walked with their process's tables.
+    pub walked: usize,
+    /// ... of which cut short.
+    pub cut: usize,
+    /// Frames found through frame pointers in those walks.
+    pub fp_frames: usize,
+    /// Never walked: their process had no tables (it exited before its
+    /// mappings could be read, or they could not be made).
+    pub unwalked: usize,
+}
+
+/// Where a process's tables are read from (the unwinder), for
+/// [`Deferred::walk_ready`].
+pub trait ProcessTables {
+    /// Calls `f` with the mappings of process `tgid` and the rows, if it
+    /// has tables for address space `mm`; returns false if it has none.
+    fn with_tables(
+        &mut self,
+        tgid: u32,
+        mm: u64,
+        f: &mut dyn FnMut(&[types::unwind_mapping], &[types::unwind_row]),
+    ) -> bool;
+}
+
+/// The copied stacks waiting for their process's tables, and the frames of
+/// those walked.
+pub struct Deferred {
+    max_frames: usize,
+    waiting: HashMap<u32, Vec<RawUserStack>>,
+    walked: HashMap<u64, Vec<u64>>,
+    stats: DeferredStats,
+}
+
+impl Deferred {
+    /// `max_frames`: the deepest stack recorded (`--perf-max-stack-depth`).
+    pub fn new(max_frames: usize) -> Deferred {
+        Deferred {
+            max_frames,
+            waiting: HashMap::new(),
+            walked: HashMap::new(),
+            stats: DeferredStats::default(),
+        }
+    }
+
+    pub fn add(&mut self, stacks: Vec<RawUserStack>) {
+        self.stats.received += stacks.len();
+        for s in stacks {
+            self.waiting.entry(s.proc.tgid).or_default().push(s);
+        }
+    }
+
+    /// Whether copies wait for a walk.
+    pub fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Walks the copies of every process that has tables now. `start_of`
+    /// says when the process now at a pid started (a copy of an earlier
+    /// process at that pid is not walked with the later one's tables).
+    pub fn walk_ready(
+        &mut self,
+        tables: &mut dyn ProcessTables,
+        start_of: &dyn Fn(u32) -> Option<u64>,
+    ) {
+        let tgids: Vec<u32> = self.waiting.keys().copied().collect();
+        for tgid in tgids {
+            let now = start_of(tgid);
+            let Some(mut stacks) = self.waiting.remove(&tgid) else {
+                continue;
+            };
+            // Copies of an earlier process at this pid cannot be walked
+            // any more.
+            if now.is_some() {
+                let before = stacks.len();
+                stacks.retain(|s| Some(s.proc.start) == now);
+                self.stats.unwalked += before - stacks.len();
+            }
+            let mut spaces: Vec<u64> = stacks.iter().map(|s| s.mm).collect();
+            spaces.sort_unstable();
+            spaces.dedup();
+            let max = self.max_frames;
+            let mut done = Vec::new();
+            for mm in spaces {
+                tables.with_tables(tgid, mm, &mut |mappings, rows| {
+                    for s in stacks.iter().filter(|s| s.mm == mm) {
+                        let regs = Regs {
+                            pc: s.pc,
+                            sp: s.sp,
+                            bp: s.bp,
+                        };
+                        done.push((s.id, walk(regs, &s.bytes, mappings, rows, max)));
+                    }
+                });
+            }
+            for (id, w) in done {
+                self.stats.walked += 1;
+                self.stats.cut += usize::from(w.cut);
+                self.stats.fp_frames += w.fp_frames;
+                self.walked.insert(id, w.frames);
+            }
+            stacks.retain(|s| !self.walked.contains_key(&s.id));
+            if !stacks.is_empty() {
+                self.waiting.insert(tgid, stacks);
+            }
+        }
+    }
+
+    /// Process `p` is gone, and so are its tables: its copies that were
+    /// not walked never will be.
+    pub fn forget(&mut self, p: Proc) {
+        if let Some(v) = self.waiting.get_mut(&p.tgid) {
+            let before = v.len();
+            v.retain(|s| s.proc != p);
+            self.stats.unwalked += before - v.len();
+            if v.is_empty() {
+                self.waiting.remove(&p.tgid);
+            }
+        }
+    }
+
+    /// The frames of copied stack `id`, once walked.
+    pub fn frames(&self, id: u64) -> Option<&[u64]> {
+        self.walked.get(&id).map(Vec::as_slice)
+    }
+
+    /// Gives `raw` the frames of the copied stacks it counts: those walked
+    /// go with the stored stacks; the others are missed (and were counted
+    /// when given up).
+    pub fn complete(&mut self, raw: &mut RawProfile) {
+        let deferred = |id: u64| id & (1 << 63) == 0 && id & (1 << 62) != 0;
+        let fix = |r: &mut StackRef, stacks: &mut crate::tracer::Stacks| {
+            if let StackRef::Id(id) = *r {
+                if deferred(id) {
+                    match self.walked.get(&id) {
+                        Some(frames) => {
+                            if !stacks.contains_key(&id) {
+                                stacks.insert(id, frames);
+                            }
+                        }
+                        None => *r = StackRef::MissedError,
+                    }
+                }
+            }
+        };
+        for e in &mut raw.entries {
+            fix(&mut e.user_stack, &mut raw.stacks);
+        }
+        for w in raw.wakers.values_mut() {
+            fix(&mut w.user_stack, &mut raw.stacks);
+        }
+    }
+
+    /// Gives up on every copy still waiting (the end of the trace).
+    pub fn give_up(&mut self) {
+        self.stats.unwalked += self.waiting.values().map(Vec::len).sum::<usize>();
+        self.waiting.clear();
+    }
+
+    pub fn stats(&self) -> DeferredStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use types::unwind_kind as K;
+
+    fn row(pc: u32, kind: K, cfa_off: u16, rbp_off: i8) -> types::unwind_row {
+        types::unwind_row {
+            pc,
+            cfa_off,
+            kind: kind.0 as u8,
+            rbp_off,
+        }
+    }
+
+    fn stack(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    /// An object mapped at 0x40_0000 (bias 0x40_0000): `leaf` at 0x1000
+    /// (CFA = rsp + 16, rbp not saved), `mid` at 0x2000 (CFA = rbp + 16,
+    /// rbp saved at CFA - 16), `outer` at 0x3000 (return address
+    /// undefined).
+    fn tables() -> (Vec<types::unwind_mapping>, Vec<types::unwind_row>) {
+        let rows = vec![
+            row(0x1000, K::UNWIND_CFA_RSP, 16, 0),
+            row(0x1100, K::UNWIND_NONE, 0, 0),
+            row(0x2000, K::UNWIND_CFA_RBP, 16, -2),
+            row(0x2100, K::UNWIND_NONE, 0, 0),
+            row(0x3000, K::UNWIND_END, 0, 0),
+            row(0x3100, K::UNWIND_NONE, 0, 0),
+        ];
+        let maps = vec![types::unwind_mapping {
+            start: 0x40_1000,
+            end: 0x40_4000,
+            bias: 0x40_0000,
+            row_start: 0,
+            row_count: rows.len() as u32,
+        }];
+        (maps, rows)
+    }
+
+    #[test]
+    fn walks_a_copy_as_the_bpf_program_does() {
+        let (maps, rows) = tables();
+        let sp = 0x7fff_0000u64;
+        // leaf's frame: 8 bytes of locals, then the return into mid.
+        // mid's frame (bp = sp + 24): saved rbp, return into outer.
+        let copy = stack(&[0, 0x40_2050, 0, 0x7fff_1000, 0x40_3010]);
+        let w = walk(
+            Regs {
+                pc: 0x40_1010,
+                sp,
+                bp: sp + 24,
+            },
+            &copy,
+            &maps,
+            &rows,
+            127,
+        );
+        assert_eq!(w.frames, vec![0x40_1010, 0x40_2050, 0x40_3010]);
+        assert!(!w.cut);
+        assert_eq!(w.fp_frames, 0);
+    }
+
+    #[test]
+    fn a_walk_past_the_copy_is_cut() {
+        let (maps, rows) = tables();
+        let sp = 0x7fff_0000u64;
+        // The copy ends before mid's return address.
+        let copy = stack(&[0, 0x40_2050, 0]);
+        let w = walk(
+            Regs {
+                pc: 0x40_1010,
+                sp,
+                bp: sp + 24,
+            },
+            &copy,
+            &maps,
+            &rows,
+            127,
+        );
+        assert_eq!(w.frames, vec![0x40_1010, 0x40_2050]);
+        assert!(w.cut);
+    }
+
+    #[test]
+    fn frame_pointers_where_there_are_no_tables_and_the_depth_limit() {
+        let (maps, rows) = tables();
+        let sp = 0x7fff_0000u64;
+        // Code outside every mapping: bp chain sp -> sp+16 -> 0.
+        let copy = stack(&[sp + 16, 0x50_0000, 0, 0x50_0100]);
+        let regs = Regs {
+            pc: 0x60_0000,
+            sp,
+            bp: sp,
+        };
+        let w = walk(regs, &copy, &maps, &rows, 127);
+        assert_eq!(w.frames, vec![0x60_0000, 0x50_0000, 0x50_0100]);
+        assert_eq!(w.fp_frames, 2);
+        assert!(!w.cut);
+        let w = walk(regs, &copy, &maps, &rows, 2);
+        assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
+        assert!(w.cut);
+    }
+
+    #[test]
+    fn the_record_layout_is_the_bpf_programs() {
+        let mut data = vec![0u8; std::mem::offset_of!(types::deferred_stack, bytes) + 16];
+        let put = |d: &mut Vec<u8>, off: usize, v: &[u8]| d[off..off + v.len()].copy_from_slice(v);
+        use std::mem::offset_of;
+        use types::deferred_stack as D;
+        put(&mut data, offset_of!(D, id), &(3u64 << 62).to_ne_bytes());
+        put(&mut data, offset_of!(D, tgid), &42u32.to_ne_bytes());
+        put(&mut data, offset_of!(D, pid), &43u32.to_ne_bytes());
+        put(&mut data, offset_of!(D, pc), &0x1234u64.to_ne_bytes());
+        put(&mut data, offset_of!(D, sp), &0x5678u64.to_ne_bytes());
+        put(&mut data, offset_of!(D, bp), &0x9abcu64.to_ne_bytes());
+        put(&mut data, offset_of!(D, len), &16u32.to_ne_bytes());
+        let s = RawUserStack::parse(&data).expect("a whole record");
+        assert_eq!((s.id, s.proc.tgid, s.tid), (3 << 62, 42, 43));
+        assert_eq!(
+            (s.pc, s.sp, s.bp, s.bytes.len()),
+            (0x1234, 0x5678, 0x9abc, 16)
+        );
+        // A length past the record is refused.
+        put(&mut data, offset_of!(D, len), &17u32.to_ne_bytes());
+        assert!(RawUserStack::parse(&data).is_none());
+    }
+}
