@@ -1,0 +1,139 @@
+//! New processes from their first block: a forked child walks its user
+//! stack with its parent's unwind tables (it maps what its parent maps),
+//! and no block of a process whose tables are not ready yet is walked with
+//! frame pointers (its stack is copied and walked in userspace).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::*;
+
+/// Builds `tests/workloads/forker.c` without frame pointers.
+fn build_forker(dir: &Path) -> PathBuf {
+    let cc = require_tool("cc", &[PathBuf::from("/usr/bin/cc")]).expect("a C compiler");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/forker.c");
+    let exe = dir.join("forker");
+    let out = Command::new(cc)
+        .args(["-O2", "-g", "-fomit-frame-pointer"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "building {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// Whether `l` has every one of `frames`, root first in this order.
+fn in_order(l: &Folded, frames: &[&str]) -> bool {
+    let at: Vec<Option<usize>> = frames.iter().map(|f| l.pos(f)).collect();
+    at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1])
+}
+
+/// The count before `what` in the `-v` output.
+fn count_before(stderr: &str, what: &str) -> u64 {
+    let at = stderr
+        .find(what)
+        .unwrap_or_else(|| panic!("no {what:?} in:\n{stderr}"));
+    let before = stderr[..at].trim_end();
+    let start = before.rfind([' ', '(']).map_or(0, |i| i + 1);
+    before[start..]
+        .parse()
+        .unwrap_or_else(|_| panic!("no count before {what:?} in:\n{stderr}"))
+}
+
+/// Children forked 50 times a second, each sleeping 20 ms at once in its
+/// own function: at least 99% of the children's sleep is under their whole
+/// stack (down to `main` through `forker_child`), none walked with frame
+/// pointers for want of tables.
+#[test]
+fn forked_children_walk_with_their_parents_tables() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_forker(dir.path());
+    let mut forker = KillOnDrop(Command::new(&exe).arg("6").spawn().expect("start forker"));
+    // Its tables are built before the trace starts.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = profile(&["-v", "-f", "3"]);
+    let _ = forker.0.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let sleeps = |l: &Folded| l.comm() == "forker" && l.has("__x64_sys_clock_nanosleep");
+    // The parent sleeps straight from main.
+    let parent = |l: &Folded| {
+        l.pos("main")
+            .is_some_and(|i| l.frames.get(i + 1).is_some_and(|f| f == "nanosleep"))
+    };
+    let children = sum_us_where(&lines, |l| sleeps(l) && !parent(l));
+    let whole = sum_us_where(&lines, |l| {
+        sleeps(l)
+            && in_order(
+                l,
+                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
+            )
+    });
+    eprintln!("forked children: {whole} of {children} us under their whole stack");
+    assert!(
+        children > 1_000_000,
+        "too little of the children's sleep was seen ({children} us):\n{stderr}"
+    );
+    assert!(
+        whole * 100 >= children * 99,
+        "only {whole} of {children} us of the children's sleep under their whole stack:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        count_before(&stderr, "new processes used their parent's from the fork") > 50,
+        "{stderr}"
+    );
+}
+
+/// Children that exec a new image before they block: their first blocks
+/// come before userspace has their tables, and are walked in userspace
+/// from a copy of the stack.
+#[test]
+fn first_blocks_of_new_images_are_not_guessed() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_forker(dir.path());
+    let mut forker = KillOnDrop(
+        Command::new(&exe)
+            .args(["6", "exec"])
+            .spawn()
+            .expect("start forker"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = profile(&["-v", "-f", "3"]);
+    let _ = forker.0.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        count_before(
+            &stderr,
+            "user stacks taken before their process's tables were ready"
+        ) > 0,
+        "{stderr}"
+    );
+    let lines = parse_folded(&out.stdout);
+    let whole = sum_us_where(&lines, |l| {
+        l.has("__x64_sys_clock_nanosleep")
+            && in_order(
+                l,
+                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
+            )
+    });
+    assert!(
+        whole > 500_000,
+        "{whole} us under the children's whole stack:\n{stderr}"
+    );
+}
