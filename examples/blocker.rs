@@ -27,6 +27,7 @@
 //! |---------------------|------------------------|--------------------------------------------|
 //! | `--killable`        | `wl-vfork`             | `wl_block_vfork`: a vfork-style clone whose child (`wl-vfork-child`) sleeps 100 ms; the parent waits in `TASK_KILLABLE` |
 //! | `--pinned-spinners` | `wl-pin-a`, `wl-pin-b` | busy loops, both pinned to CPU 0: each is preempted for the other about half the time |
+//! | `--io`              | `wl-io`                | `wl_block_io`: 4 KiB `O_DIRECT` reads of its own executable, one after the other: I/O waits (D, `in_iowait`) |
 //! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and waits 60 s in `poll` in `wl_block_tail` |
 //! | `--brief MS`        | `wl-brief`             | started by the main thread on SIGUSR2; 1 ms sleeps (`wl_block_brief`) for MS ms, then prints `brief <tid> <first ns> <last ns> <cpu ns> <spawned ns>` (CLOCK_MONOTONIC at its first and last instruction, its CPU time, and when the main thread started creating it) and exits |
 //!
@@ -220,6 +221,51 @@ fn pin_to_cpu0() {
 pub extern "C" fn wl_pinned_spin_thread() {
     pin_to_cpu0();
     wl_spin_thread();
+}
+
+/// `wl_block_io`: one 4 KiB read at `offset` of `fd`, opened with
+/// O_DIRECT: past the page cache, from the device, the thread waiting for
+/// it in an I/O wait.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_block_io(fd: libc::c_int, buf: *mut u8, offset: i64) -> isize {
+    // SAFETY: `buf` holds 4096 writable bytes.
+    black_box(unsafe { libc::pread(fd, buf.cast(), 4096, offset) })
+}
+
+/// `wl-io`: direct reads of this executable's file, 4 KiB at a time, one
+/// after the other, through the whole file and again.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn wl_io_thread() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::env::current_exe().and_then(|p| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(p)
+    });
+    let file = match file {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("blocker: opening this executable with O_DIRECT: {e}");
+            return;
+        }
+    };
+    let blocks = file.metadata().map_or(0, |m| m.len() / 4096).max(1);
+    // O_DIRECT wants the buffer aligned (to the device's block size).
+    let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+    // SAFETY: the layout has a non-zero size.
+    let buf = unsafe { std::alloc::alloc(layout) };
+    let mut i = 0;
+    while !stopped() {
+        if wl_block_io(file.as_raw_fd(), buf, (i % blocks * 4096) as i64) < 0 {
+            eprintln!("blocker: direct read: {}", std::io::Error::last_os_error());
+            return;
+        }
+        i += 1;
+    }
 }
 
 /// The child of the vfork-style clone: names itself, sleeps 100 ms and
@@ -818,12 +864,13 @@ struct Args {
     child_ms: Option<u64>,
     killable: bool,
     pinned_spinners: bool,
+    io: bool,
     tail: bool,
     brief_ms: Option<u64>,
 }
 
 const USAGE: &str = "usage: blocker [--seconds N] [--child-ms M] [--killable] \
-                     [--pinned-spinners] [--tail] [--brief MS]";
+                     [--pinned-spinners] [--io] [--tail] [--brief MS]";
 
 fn parse_num(flag: &str, value: Option<String>) -> Result<u64, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -836,6 +883,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         child_ms: None,
         killable: false,
         pinned_spinners: false,
+        io: false,
         tail: false,
         brief_ms: None,
     };
@@ -845,6 +893,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--child-ms" => parsed.child_ms = Some(parse_num("--child-ms", args.next())?),
             "--killable" => parsed.killable = true,
             "--pinned-spinners" => parsed.pinned_spinners = true,
+            "--io" => parsed.io = true,
             "--tail" => parsed.tail = true,
             "--brief" => parsed.brief_ms = Some(parse_num("--brief", args.next())?),
             "-h" | "--help" => return Err(USAGE.to_string()),
@@ -909,6 +958,10 @@ fn main() -> ExitCode {
         names.extend(["wl-pin-a", "wl-pin-b"]);
         spawn_named("wl-pin-a", &tx, || wl_pinned_spin_thread());
         spawn_named("wl-pin-b", &tx, || wl_pinned_spin_thread());
+    }
+    if args.io {
+        names.push("wl-io");
+        spawn_named("wl-io", &tx, || wl_io_thread());
     }
     if args.tail {
         // SAFETY: the handler only stores to an atomic.

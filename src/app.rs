@@ -279,6 +279,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         if stop.load(Ordering::SeqCst) || crate::tracer::monotonic_ns() < cut {
             break;
         }
+        if let Some(ms) = crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS") {
+            // For tests: the interval's end passed, its blocks under way
+            // not cut yet for this long (a loaded machine's late wake-up).
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         tracer.cut(cut)?;
         // A switch-in that began before the cut may still be adding to
         // the interval on another CPU: a program runs for microseconds.

@@ -330,6 +330,84 @@ mod tests {
         f
     }
 
+    /// The largest allocation made on each thread since it was last reset
+    /// (allocations are counted for this test binary, the library's unit
+    /// tests, only): what reading a file cost, in one number.
+    mod largest {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static LARGEST: Cell<usize> = const { Cell::new(0) };
+        }
+
+        fn note(size: usize) {
+            // (Not while the thread's locals are torn down.)
+            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+        }
+
+        /// This thread's largest allocation since the last call, in bytes.
+        pub fn take() -> usize {
+            LARGEST.with(|l| l.replace(0))
+        }
+
+        struct Counting;
+
+        // SAFETY: every call is passed on to the system allocator as it is.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                note(layout.size());
+                // SAFETY: the caller's guarantees, passed on.
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+                note(layout.size());
+                // SAFETY: the caller's guarantees, passed on.
+                unsafe { System.alloc_zeroed(layout) }
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                note(new_size);
+                // SAFETY: the caller's guarantees, passed on.
+                unsafe { System.realloc(ptr, layout, new_size) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: the caller's guarantees, passed on.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        #[global_allocator]
+        static COUNTING: Counting = Counting;
+    }
+
+    /// A section whose header puts 100 MiB of it beyond the end of a 12 KiB
+    /// file (under the 256 MiB a section may have) is refused as such,
+    /// before any buffer is allocated for it: a file any user can map into
+    /// a process the profiler reads costs nothing to read.
+    #[test]
+    fn a_section_beyond_the_end_of_the_file_is_refused_before_allocating() {
+        let f = sparse_elf(0x3000, 100 << 20);
+        let elf = Elf::read(&f).expect("headers");
+        let eh = elf.section(".eh_frame").expect("the section");
+        largest::take();
+        let err = elf.read_section(&f, eh).unwrap_err();
+        let cost = largest::take();
+        assert!(
+            cost < 64 << 10,
+            "{cost} bytes allocated at once to read a section that is not in the file ({err:#})"
+        );
+        assert!(
+            format!("{err:#}").contains("a section lies beyond the end of the file"),
+            "{err:#}"
+        );
+        assert!(crate::unwind_table::build(&f).is_err());
+        let cost = largest::take();
+        assert!(
+            cost < 1 << 20,
+            "{cost} bytes allocated at once to build tables from a section not in the file"
+        );
+    }
+
     #[test]
     fn a_section_claiming_a_terabyte_is_refused_not_allocated() {
         // Any user can map such a file into a process the profiler reads.

@@ -887,6 +887,14 @@ pub fn find_finish_task_switch() -> Result<String> {
         .ok_or_else(|| anyhow!("finish_task_switch not found in /proc/kallsyms"))
 }
 
+/// For tests: the milliseconds in environment variable `name`, a stall
+/// that a test asks for to hold the profiler up at one point as a loaded
+/// machine would (`OFFCPUTIME_TEST_STALL_*`). None, and so no stall, unless
+/// it is set.
+pub fn test_stall_ms(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 /// CLOCK_MONOTONIC now, in ns: the clock of the BPF program.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -1254,6 +1262,12 @@ impl<'obj> Tracer<'obj> {
             }
         };
         phases.mark("attach");
+        if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS") {
+            // For tests: the hook attached and the window not open yet for
+            // this long (a loaded machine's start-up), said as it begins.
+            eprintln!("offcputime: test: the window opens in {ms} ms");
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let (started_ns, end_ns) = Self::open_window(&skel, programs, start_user_stacks)?;
         phases.mark("start iterator");
         let started_at = Instant::now()
@@ -1261,10 +1275,7 @@ impl<'obj> Tracer<'obj> {
                 monotonic_ns().saturating_sub(started_ns),
             ))
             .unwrap_or_else(Instant::now);
-        if let Some(ms) = std::env::var("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
+        if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS") {
             // For tests: the attaching thread held up as a loaded machine
             // would.
             std::thread::sleep(Duration::from_millis(ms));

@@ -1171,6 +1171,63 @@ fn a_stalled_attach_adds_no_time() {
     assert!(seen >= 3, "{lines:?}");
 }
 
+/// A block that begins after the hook is attached and before the window
+/// opens (held 800 ms apart by `OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS`,
+/// as the start-up of a loaded machine can) counts from the window's
+/// start, not from its own: a thread woken once during that gap, 300 ms
+/// into the window and never again is off-CPU, by the profile, what the
+/// kernel says it was over the window (within 2%), and never more than the
+/// window.
+#[test]
+fn a_block_begun_before_the_window_counts_from_its_start() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let mut waiter = PipeWaiter::start("pre-window");
+    let me = std::process::id();
+    let clock = CpuClock::start(me, &[waiter.tid]);
+    let tid = waiter.tid.to_string();
+    let (mut child, stdout, lines, stderr) = spawn_lines(
+        &["-f", "-t", &tid, "1.5"],
+        &[("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS", "800")],
+    );
+    wait_for_line(&lines, "the window opens in");
+    // Runs, and blocks again, in the gap: attached, no window yet.
+    let before = waiter.wake();
+    wait_for_line(&lines, "offcputime: attached ");
+    std::thread::sleep(Duration::from_millis(300));
+    let inside = waiter.wake();
+    let status = child.wait().expect("wait for offcputime");
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let cpu = clock.finish();
+    assert!(status.success(), "offcputime failed: {stderr}");
+    let (_, from, to) = verbose_window(&stderr);
+    assert!(
+        before < from && from < inside && inside < to,
+        "the blocks are not where the test put them: woken at {before} (before the window) \
+         and {inside} (inside), the window {from} to {to}"
+    );
+    let window_us = (to - from) as f64 / 1e3;
+    let got = sum_us(&parse_folded(&stdout), "pre-window") as f64;
+    let expected = cpu.off_cpu_us(0, from, to);
+    eprintln!(
+        "pre-window: {got} us off-CPU, the kernel: {expected:.0} us in a {window_us:.0} us \
+         window; its block began {:.1} ms before the window",
+        (from - before) as f64 / 1e6
+    );
+    assert!(
+        got <= window_us + 1.0,
+        "pre-window: {got} us off-CPU in a {window_us:.0} us window (its block began {:.1} ms \
+         before the window)",
+        (from - before) as f64 / 1e6
+    );
+    assert!(
+        (got - expected).abs() < 0.02 * window_us,
+        "pre-window: {got} us off-CPU, by the kernel's accounting {expected:.0} us"
+    );
+}
+
 /// Tables that do not fit (`--unwind-memory 1`, 1 MiB, against the
 /// compiler's million rows) are said once, naming the file, and the
 /// process is still traced, its stacks walked with frame pointers where
@@ -1589,4 +1646,84 @@ fn reused_pid_gets_its_own_names() {
         a_main,
         &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"],
     );
+}
+
+/// A pid reused late in the window (forced with `ns_last_pid`, by perl),
+/// less than a second before its end: the earlier process has exited but
+/// is not let go yet (its stacks not kept apart, see `Exits::GRACE`), so
+/// the report names its stacks through the snapshot of its mappings kept
+/// for it, and the later process's through its own: each has its own
+/// functions, never the other's.
+#[test]
+fn a_pid_reused_late_in_the_window_names_each_process_its_own_way() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let mut a = Workload::start(&["--seconds", "600"]);
+    let pid = a.pid;
+    let mut reused: Option<KillOnDrop> = None;
+    let mut killed = 0;
+    let (out, _, attached) = profile_during(&["-f", "-p", &pid.to_string(), "4"], |_| {
+        std::thread::sleep(Duration::from_millis(3300));
+        killed = monotonic_ns();
+        a.child.kill().expect("kill the first process");
+        a.child.wait().expect("wait for the first process");
+        for _ in 0..200 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("write ns_last_pid");
+            let b = KillOnDrop(
+                std::process::Command::new("perl")
+                    .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
+                    .spawn()
+                    .expect("start perl"),
+            );
+            if b.0.id() == pid {
+                reused = Some(b);
+                break;
+            }
+        }
+    });
+    assert!(reused.is_some(), "pid {pid} was not reused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, _, to) = verbose_window(&stderr);
+    assert!(
+        attached < killed && killed < to && to - killed < 1_000_000_000,
+        "the first process was killed {:.3} s before the window's end: not late enough",
+        to.saturating_sub(killed) as f64 / 1e9
+    );
+    let lines = parse_folded(&out.stdout);
+    for l in lines.iter().filter(|l| l.comm() == "perl") {
+        assert!(
+            !l.frames
+                .iter()
+                .any(|f| f.contains("blocker") || f.contains("wl_")),
+            "the second process at pid {pid} got the first one's names: {:?}",
+            l.frames
+        );
+    }
+    let b = lines
+        .iter()
+        .filter(|l| l.comm() == "perl")
+        .max_by_key(|l| l.us)
+        .unwrap_or_else(|| panic!("no stack of the process that took pid {pid}: {stderr}"));
+    in_order(b, &["perl_run", "Perl_pp_sselect", "do_select"]);
+    for comm in ["wl-nanosleep", "wl-pipe", "wl-futex"] {
+        let first = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| panic!("no stack of {comm} of the first process: {stderr}"));
+        assert!(
+            !first.frames.iter().any(|f| f.starts_with("Perl_")),
+            "{comm} of the first process at pid {pid} got the second one's names: {:?}",
+            first.frames
+        );
+        let own = format!("{}_thread", comm.replace('-', "_"));
+        assert!(
+            first.has(&own),
+            "{comm} of the first process at pid {pid}: no {own} in {:?}",
+            first.frames
+        );
+    }
 }

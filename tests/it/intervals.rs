@@ -234,3 +234,69 @@ fn a_file_per_interval() {
     }
     eprintln!("matrix: intervals ok");
 }
+
+/// A block under way at an interval's end, that ends before the profiler
+/// has cut the blocks at that end (held 500 ms by
+/// `OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS`, as a loaded machine can), is
+/// split there by its switch-in: each interval gets its own part once. A
+/// thread that waits all along but for a wake-up 200 ms after each
+/// interval's end (the cut not made yet) is off-CPU, interval by interval,
+/// what the kernel says (within 2% of the interval), and never more than
+/// the interval.
+#[test]
+fn a_block_ended_before_its_cut_is_split_once() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    const STALL_MS: u64 = 500;
+    let mut waiter = PipeWaiter::start("iv-waiter");
+    let clock = CpuClock::start(std::process::id(), &[waiter.tid]);
+    let tid = waiter.tid.to_string();
+    let stall = STALL_MS.to_string();
+    let (mut child, stdout, lines, stderr) = spawn_lines(
+        &["-T", "-i", "1", "-f", "-t", &tid, "3"],
+        &[("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS", &stall)],
+    );
+    // The window opened before this line was read: the intervals end at
+    // most this much later.
+    let attached = wait_for_line(&lines, "offcputime: attached ");
+    let mut woken = Vec::new();
+    for k in 1..=2u64 {
+        let at = attached + k * 1_000_000_000 + 200_000_000;
+        std::thread::sleep(Duration::from_nanos(at.saturating_sub(monotonic_ns())));
+        woken.push(waiter.wake());
+    }
+    let status = child.wait().expect("wait for offcputime");
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let cpu = clock.finish();
+    assert!(status.success(), "offcputime failed: {stderr}");
+    let (_, from, to) = verbose_window(&stderr);
+    for (k, &w) in woken.iter().enumerate() {
+        let end = from + (k as u64 + 1) * 1_000_000_000;
+        assert!(
+            end < w && w < end + STALL_MS * 1_000_000,
+            "wake-up {k} at {w}, not within the {STALL_MS} ms after the interval's end {end}: \
+             not where the test put it"
+        );
+    }
+    let intervals = split_intervals(&stdout);
+    assert_eq!(intervals.len(), 3, "3 s in 1 s intervals\n{stderr}");
+    for (k, (_, lines)) in intervals.iter().enumerate() {
+        let a = from + k as u64 * 1_000_000_000;
+        let b = (a + 1_000_000_000).min(to);
+        let len_us = (b - a) as f64 / 1e3;
+        let got = sum_us(lines, "iv-waiter") as f64;
+        let expected = cpu.off_cpu_us(0, a, b);
+        eprintln!("interval {k}: iv-waiter {got} us, the kernel: {expected:.0} us of {len_us:.0}");
+        assert!(
+            got <= len_us + 2.0,
+            "interval {k}: iv-waiter {got} us off-CPU in a {len_us:.0} us interval"
+        );
+        assert!(
+            (got - expected).abs() < 0.02 * len_us,
+            "interval {k}: iv-waiter {got} us off-CPU, by the kernel's accounting {expected:.0} \
+             us in a {len_us:.0} us interval"
+        );
+    }
+}

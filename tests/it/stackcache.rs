@@ -6,9 +6,11 @@
 //! turn, with the same registers at kernel entry each time, the stacks
 //! told apart only by stack memory (a function called from two sites, a
 //! stack that changes below eight unchanged frames, the same depth
-//! through two call paths). The time under each must be what the
-//! workload spends there (a fifth under its "a" stack), the stacks the
-//! same as with the cache off, and the cache must have been used.
+//! through two call paths, a return address that is the stack's end in
+//! one and a frame more in the other, in the last slot a walk reads). The
+//! time under each must be what the workload spends there (a fifth under
+//! its "a" stack), the stacks the same as with the cache off, and the
+//! cache must have been used.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,11 +18,14 @@ use std::process::Command;
 use crate::unwind::Running;
 use crate::util::*;
 
-/// Each thread, and the frame that names its "a" and its "b" stack.
+/// Each thread, and the frame that names its "a" and its "b" stack (an
+/// "a" stack has its frame and not the "b" one: in `ends`, "b" is "a" and
+/// a frame more).
 const THREADS: &[(&str, &str, &str)] = &[
     ("sites", "site_a", "site_b"),
     ("deep", "root_a", "root_b"),
     ("paths", "path_a1", "path_b1"),
+    ("ends", "tip", "outer_b"),
 ];
 
 /// The workload's share of each thread's time under "a": 3 × 2 ms
@@ -72,7 +77,11 @@ fn check(fp: &str) {
     let (c, w) = (parse_folded(&cached.stdout), parse_folded(&walked.stdout));
     for &(thread, a, b) in THREADS {
         for (label, lines) in [("cache on", &c), ("cache off", &w)] {
-            let under = |f: &str| sum_us_where(lines, |l| l.comm() == thread && l.has(f));
+            let under = |f: &str| {
+                sum_us_where(lines, |l| {
+                    l.comm() == thread && l.has(f) && (f == b || !l.has(b))
+                })
+            };
             let (ua, ub) = (under(a), under(b));
             let share = ua as f64 / (ua + ub).max(1) as f64;
             println!(
@@ -92,6 +101,71 @@ fn check(fp: &str) {
             "{fp}: thread {thread}'s stacks differ with the cache on (left) and off (right)"
         );
     }
+}
+
+/// The thread `ends` alone (`-t`): its two stacks read the same slots
+/// and differ only in the last one, so that only a check of every slot
+/// tells them apart. Three blocks under one, three under the other: at
+/// most two of each three can be proved unchanged since the walk before
+/// (each change of stack must be walked; a preemption elsewhere adds
+/// walks, never proofs).
+#[test]
+fn cache_checks_the_last_slot_of_a_walk() {
+    if !require_root() {
+        return;
+    }
+    let Some(clang) = require_tool("clang", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for fp in ["-fomit-frame-pointer", "-fno-omit-frame-pointer"] {
+        let exe = compile(&clang, fp, dir.path());
+        let wl = Running::start(&exe);
+        let tid = std::fs::read_dir(format!("/proc/{}/task", wl.pid))
+            .expect("the workload's threads")
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "ends")
+            })
+            .expect("the thread ends")
+            .file_name()
+            .into_string()
+            .unwrap();
+        let (out, _) = profile_window(&["-t", &tid, "-U", "-f", "3"], &[]);
+        drop(wl);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
+        let lines = parse_folded(&out.stdout);
+        let (a, b) = (
+            sum_us_where(&lines, |l| l.has("tip") && !l.has("outer_b")),
+            sum_us_where(&lines, |l| l.has("outer_b")),
+        );
+        println!("stackcache: {fp} ends: {proved} of {walked} stacks proved unchanged; a {a} us, b {b} us");
+        assert!(walked > 300, "{fp}: only {walked} stacks walked:\n{stderr}");
+        assert!(
+            proved * 3 <= walked * 2 + 3,
+            "{fp}: {proved} of {walked} stacks of thread ends proved unchanged, at most two \
+             thirds can be: stacks that differ in the last slot read were taken for one"
+        );
+        let share = a as f64 / (a + b).max(1) as f64;
+        assert!(
+            (share - A_SHARE).abs() < 0.04,
+            "{fp}: thread ends has {a} us under its \"a\" stack and {b} us under \"b\""
+        );
+    }
+}
+
+/// From `-v`: "... N stacks walked with them (...".
+fn walked(stderr: &str) -> u64 {
+    let at = stderr
+        .find(" stacks walked with them")
+        .unwrap_or_else(|| panic!("no unwind tables line in:\n{stderr}"));
+    let before = &stderr[..at];
+    let start = before.rfind(' ').map_or(0, |i| i + 1);
+    before[start..]
+        .parse()
+        .expect("a count before \"stacks walked with them\"")
 }
 
 /// The stacks under which `thread` spent at least 1% of its time: a

@@ -231,6 +231,81 @@ fn states(hook: &str) {
     eprintln!("matrix: states {hook} ok");
 }
 
+/// An I/O wait is `[io]`, a killable wait `[blocked]`, and neither is the
+/// other: a thread reading its program's file with O_DIRECT, 4 KiB at a
+/// time (`wl-io`: each read waits for the disk, `in_iowait`), and the
+/// vfork parent (`wl-vfork`, TASK_KILLABLE, not an I/O wait). On each
+/// hook that reads the state at the switch-out, for each: all its states
+/// together its off-CPU time by the kernel's accounting (within 2% of the
+/// window); the reader `[io]` for at least a tenth of the window (about
+/// half of it here, the rest its waits for a CPU) and never `[blocked]`; the vfork parent `[blocked]`
+/// for at least 80% of the window and never `[io]`.
+#[test]
+fn io_waits_are_io_and_killable_waits_blocked() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "600", "--killable", "--io"]);
+    let comms = ["wl-io", "wl-vfork"];
+    let tids: Vec<u32> = comms.iter().map(|c| wl.tid(c)).collect();
+    let pid = wl.pid.to_string();
+    for hook in ["tp-btf", "raw-tp"] {
+        let clock = CpuClock::start(wl.pid, &tids);
+        let (out, (from, to)) =
+            profile_window(&["--hook", hook, "--states", "-f", "-p", &pid, "2"], &[]);
+        let cpu = clock.finish();
+        let lines = parse_folded(&out.stdout);
+        let window_us = (to - from) as f64 / 1e3;
+        let per_switch_us = if emulated() { 1000.0 } else { 12.0 };
+        for (i, comm) in comms.iter().enumerate() {
+            let state = |s: &str| {
+                sum_us_where(&lines, |l| {
+                    l.comm() == *comm && l.frames.get(1).is_some_and(|f| f == s)
+                }) as f64
+            };
+            let total = sum_us(&lines, comm) as f64;
+            let (io, blocked) = (state("[io]"), state("[blocked]"));
+            let off = cpu.off_cpu_us(i, from, to);
+            let switches = cpu.switches(i, from, to);
+            eprintln!(
+                "{hook} {comm}: [io] {io} us, [blocked] {blocked} us, all {total} us; the \
+                 kernel: off-CPU {off:.0} us of {window_us:.0}, {switches:.0} switches"
+            );
+            assert!(
+                (total - off).abs() < window_us * 0.02 + switches * per_switch_us,
+                "{hook} {comm}: {total} us off-CPU in all states, by the kernel's accounting \
+                 {off:.0} us"
+            );
+            if *comm == "wl-io" {
+                assert!(
+                    io > window_us * 0.1,
+                    "{hook} wl-io: [io] {io} us of its {off:.0} us off-CPU, waiting for reads"
+                );
+                assert_eq!(
+                    blocked, 0.0,
+                    "{hook} wl-io: an I/O wait counted as [blocked]"
+                );
+                for l in lines
+                    .iter()
+                    .filter(|l| l.comm() == "wl-io" && l.frames[1] == "[io]")
+                {
+                    assert!(
+                        l.has("wl_block_io"),
+                        "{hook} wl-io: [io] outside its read: {l:?}"
+                    );
+                }
+            } else {
+                assert!(
+                    blocked > window_us * 0.8,
+                    "{hook} wl-vfork: [blocked] {blocked} us of a {window_us:.0} us window"
+                );
+                assert_eq!(io, 0.0, "{hook} wl-vfork: a killable wait counted as [io]");
+            }
+        }
+    }
+}
+
 /// Runs `f` with this thread (and so the processes it starts) on CPU 1,
 /// where there is one.
 fn on_cpu_1<T>(f: impl FnOnce() -> T) -> T {

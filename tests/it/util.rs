@@ -806,3 +806,123 @@ pub fn is_time_line(line: &str) -> bool {
             }
         })
 }
+
+/// A thread of this process, with its own name (its `comm`), that waits in
+/// a pipe read all along but when [`PipeWaiter::wake`] writes it a byte:
+/// it then runs for an instant, notes when, and waits again. Its blocks
+/// begin and end where a test wants them.
+pub struct PipeWaiter {
+    pub tid: u32,
+    write: Option<std::fs::File>,
+    woke: std::sync::mpsc::Receiver<u64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PipeWaiter {
+    pub fn start(name: &str) -> PipeWaiter {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors are new and owned from here on.
+        let (mut read, write) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (woke_tx, woke) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+                let mut byte = [0u8];
+                while std::io::Read::read(&mut read, &mut byte).is_ok_and(|n| n == 1) {
+                    let _ = woke_tx.send(monotonic_ns());
+                }
+            })
+            .expect("start a waiting thread");
+        PipeWaiter {
+            tid: tid_rx.recv().unwrap(),
+            write: Some(write),
+            woke,
+            thread: Some(thread),
+        }
+    }
+
+    /// Wakes the thread; returns when (CLOCK_MONOTONIC ns) it ran, once it
+    /// has. It is waiting again within microseconds.
+    pub fn wake(&mut self) -> u64 {
+        let write = self.write.as_mut().unwrap();
+        std::io::Write::write_all(write, b"w").expect("write to the waiting thread");
+        self.woke
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the waiting thread ran")
+    }
+}
+
+impl Drop for PipeWaiter {
+    fn drop(&mut self) {
+        // The pipe closed: its read returns 0 and the thread ends.
+        drop(self.write.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A profiler from [`spawn_lines`]: the child, a thread that collects its
+/// stdout, the lines of its stderr as they come (CLOCK_MONOTONIC ns when
+/// each was read, and the line), and the thread that reads them, which
+/// returns them all.
+pub type Lines = (
+    Child,
+    std::thread::JoinHandle<Vec<u8>>,
+    std::sync::mpsc::Receiver<(u64, String)>,
+    std::thread::JoinHandle<String>,
+);
+
+/// Starts the profiler with `-v` (and `env`), stdout and stderr piped.
+pub fn spawn_lines(args: &[&str], env: &[(&str, &str)]) -> Lines {
+    let mut child = offcputime()
+        .envs(env.iter().copied())
+        .arg("-v")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start offcputime");
+    let mut stdout = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut all).expect("read stdout");
+        all
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            let _ = tx.send((monotonic_ns(), line.clone()));
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    (child, stdout, rx, stderr)
+}
+
+/// The first line from [`spawn_lines`] that contains `what`: when it was
+/// read (CLOCK_MONOTONIC ns).
+pub fn wait_for_line(lines: &std::sync::mpsc::Receiver<(u64, String)>, what: &str) -> u64 {
+    loop {
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok((at, line)) if line.contains(what) => return at,
+            Ok(_) => {}
+            Err(e) => panic!("no line with {what:?} from offcputime: {e}"),
+        }
+    }
+}

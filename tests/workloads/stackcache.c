@@ -16,6 +16,11 @@
  *   paths: the same depth reached through two call paths (`path_a1` ...
  *          `path_a3`, `path_b1` ... `path_b3`): every return address
  *          differs, the stack pointer does not.
+ *   ends:  `tip` calls `block` with its own return address replaced,
+ *          while it blocks, by 0 (the end of the stack: "a") or by an
+ *          address in `outer_b` (whose call-frame information says it is
+ *          the outermost frame: "b").  The two walks read the same slots,
+ *          and differ only in the last one.
  *
  * Prints its pid, then runs until killed.  Built by the test with
  * -fno-optimize-sibling-calls (no tail calls), with and without frame
@@ -80,6 +85,63 @@ NOINLINE int root_b(void)
 	return r + 1;
 }
 
+/*
+ * long tip(long ms, unsigned long ra): block(ms), with the slot of its own
+ * return address holding `ra` meanwhile (the real one kept in rbx).  Its
+ * call-frame information covers no register the walk restores, so that
+ * the slot is the last one a walk through it reads.  `outer_b_ret` is a
+ * return address in `outer_b`, the outermost frame by its call-frame
+ * information (the return address undefined).
+ */
+long tip(long ms, unsigned long ra);
+void outer_b_ret(void);
+__asm__(".text\n"
+	".globl tip\n"
+	".type tip, @function\n"
+	"tip:\n"
+	".cfi_startproc\n"
+	"	push %rbx\n"
+	".cfi_adjust_cfa_offset 8\n"
+	".cfi_rel_offset %rbx, 0\n"
+	"	mov 8(%rsp), %rbx\n"
+	"	mov %rsi, 8(%rsp)\n"
+	"	call block@PLT\n"
+	"	mov %rbx, 8(%rsp)\n"
+	"	pop %rbx\n"
+	".cfi_adjust_cfa_offset -8\n"
+	".cfi_restore %rbx\n"
+	"	ret\n"
+	".cfi_endproc\n"
+	".size tip, .-tip\n"
+	".globl outer_b\n"
+	".type outer_b, @function\n"
+	"outer_b:\n"
+	".cfi_startproc\n"
+	".cfi_undefined %rip\n"
+	"	nop\n"
+	"	nop\n"
+	".globl outer_b_ret\n"
+	"outer_b_ret:\n"
+	"	ud2\n"
+	".cfi_endproc\n"
+	".size outer_b, .-outer_b\n");
+
+NOINLINE int ends_a(void)
+{
+	int r = (int)tip(2, 0);
+
+	__asm__ volatile("" ::: "memory");
+	return r + 1;
+}
+
+NOINLINE int ends_b(void)
+{
+	int r = (int)tip(8, (unsigned long)outer_b_ret);
+
+	__asm__ volatile("" ::: "memory");
+	return r + 1;
+}
+
 #define LINK(name, next, ...)                          \
 	NOINLINE int name(void)                        \
 	{                                              \
@@ -125,11 +187,12 @@ int main(void)
 		{ "sites", site_a, site_b },
 		{ "deep", root_a, root_b },
 		{ "paths", path_a1, path_b1 },
+		{ "ends", ends_a, ends_b },
 	};
-	pthread_t t[3];
+	pthread_t t[4];
 	int i;
 
-	for (i = 0; i < 3; i++)
+	for (i = 0; i < 4; i++)
 		pthread_create(&t[i], NULL, run, (void *)&pairs[i]);
 	printf("%d\n", getpid());
 	fflush(stdout);
