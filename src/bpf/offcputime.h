@@ -156,6 +156,10 @@ enum unwind_kind {
 	UNWIND_PLT = 4,
 	/* Call-frame information this unwinder cannot follow. */
 	UNWIND_UNSUPPORTED = 5,
+	/* A signal trampoline (its CIE has the 'S' augmentation: glibc's
+	 * __restore_rt), where a signal handler returns: rsp points at the
+	 * struct ucontext that holds the interrupted registers. */
+	UNWIND_SIGNAL = 6,
 };
 
 struct unwind_row {
