@@ -32,6 +32,13 @@ pub const KIND_PLT: u8 = 4; // the standard .plt/.plt.sec CFA expression: CFA = 
 pub const KIND_UNSUPPORTED: u8 = 5; // CFI present but not expressible here (other expressions, other registers, offsets out of range)
 pub const KIND_SIGNAL: u8 = 6; // a signal trampoline (CIE augmentation 'S', glibc's __restore_rt): rsp points at the struct ucontext of the interrupted code
 
+/// What a stored user stack holds in place of a signal trampoline's pc
+/// (`UNWIND_SIGNAL_FRAME` in offcputime.h): the frame where a signal
+/// handler was called. The frame after it is the interrupted pc itself, not
+/// a return address. A non-canonical address: no code runs there.
+pub const SIGNAL_FRAME: u64 =
+    (crate::bpf::types::unwind_frame_special::UNWIND_SIGNAL_FRAME_HI.0 as u64) << 32;
+
 /// One row of the table: the unwind rule from `pc` up to the next row's pc.
 ///
 /// Rows of kinds other than [`KIND_CFA_RSP`], [`KIND_CFA_RBP`] and
@@ -480,6 +487,10 @@ mod tests {
         for (rust, c) in pairs {
             assert_eq!(u32::from(rust), c.0, "{c:?}");
         }
+        // Non-canonical with 4- and 5-level page tables: bits 63..56
+        // (and so 63..47) are not all equal.
+        let top = SIGNAL_FRAME >> 56;
+        assert!(top != 0 && top != 0xff, "{SIGNAL_FRAME:#x}");
     }
 
     #[test]
