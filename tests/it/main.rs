@@ -13,6 +13,7 @@ mod intervals;
 mod push;
 mod reading;
 mod sampling;
+mod signals;
 mod snapshot;
 mod stackcache;
 mod states;
