@@ -496,10 +496,29 @@ fn kinds(frames: &[u64], first_is_ip: bool) -> impl Iterator<Item = (u64, AddrKi
     })
 }
 
-/// What each frame of a user stack is: the instruction pointer, then
-/// return addresses.
-fn user_kinds() -> impl Iterator<Item = AddrKind> {
-    std::iter::once(AddrKind::Ip).chain(std::iter::repeat(AddrKind::Return))
+/// What each frame of a user stack is, frame after frame: the instruction
+/// pointer, then return addresses, except that after a signal frame the
+/// interrupted code's pc is an instruction pointer again (see
+/// [`UserFrame::Signal`]).
+struct UserKinds {
+    ip: bool,
+}
+
+impl UserKinds {
+    fn new() -> UserKinds {
+        UserKinds { ip: true }
+    }
+
+    /// The kind of the next frame, given whether it is a signal frame.
+    fn next(&mut self, signal: bool) -> AddrKind {
+        let kind = if self.ip {
+            AddrKind::Ip
+        } else {
+            AddrKind::Return
+        };
+        self.ip = signal;
+        kind
+    }
 }
 
 /// Frames the profiler itself adds on top of a kernel stack when the stack
@@ -592,17 +611,19 @@ pub fn build(
             let addrs = raw.stacks.at(span);
             let at = user_stacks.numbers.len();
             match reg.user_stack(proc, id) {
-                StackFrames::Kept(frames) => user_stacks.numbers.extend(
-                    frames
-                        .iter()
-                        .zip(user_kinds())
-                        .map(|(&f, k)| number((f, k))),
-                ),
+                StackFrames::Kept(frames) => {
+                    let mut kinds = UserKinds::new();
+                    user_stacks.numbers.extend(
+                        frames
+                            .iter()
+                            .map(|&f| number((f, kinds.next(f == UserFrame::Signal)))),
+                    )
+                }
                 StackFrames::Mapped(mappings) => {
                     let known = by_address.entry(proc).or_insert_with(Known::new);
-                    let mut kinds = user_kinds();
+                    let mut kinds = UserKinds::new();
                     user_stacks.numbers.extend(addrs.iter().map(|&a| {
-                        let k = kinds.next().unwrap_or(AddrKind::Return);
+                        let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
                         known.number(a, k, || number((mappings.frame(a), k)))
                     }));
                 }
@@ -625,20 +646,23 @@ pub fn build(
             });
         }
     }
-    // Where a user frame is: the offset in its file, or its address.
+    // Where a user frame is: the offset in its file, or its address; a
+    // signal frame is nowhere (a frame known by its name only).
     let place = |f: UserFrame| match f {
         UserFrame::File { object, offset } => (offset, Origin::Object(object_index[&object])),
         UserFrame::Unmapped(a) => (a, Origin::Unknown),
+        UserFrame::Signal => (0, Origin::Unknown),
     };
     // The frames of one address: functions inlined there, innermost
     // first, then the function itself.
     // `at`: the address as `--addresses` shows it (a user frame's in its
-    // process, where `addr` is the offset in its file).
+    // process, where `addr` is the offset in its file); None for a frame
+    // that has none (a signal frame).
     let addresses = sym.options().addresses;
-    let frames_at = |names: Vec<Named>, addr: u64, at: u64, origin: Origin| {
+    let frames_at = |names: Vec<Named>, addr: u64, at: Option<u64>, origin: Origin| {
         let last = names.len().saturating_sub(1);
         names.into_iter().enumerate().map(move |(i, n)| {
-            let shown = if addresses {
+            let shown = if let (true, Some(at)) = (addresses, at) {
                 Some(format!("{at:#x}:{}", n.text()).into_boxed_str())
             } else {
                 n.shown.map(String::into_boxed_str)
@@ -679,7 +703,7 @@ pub fn build(
         for &(f, k) in &distinct {
             let (addr, origin) = place(f);
             let at = placed.len();
-            placed.extend(frames_at(user_names(f, k), addr, 0, origin));
+            placed.extend(frames_at(user_names(f, k), addr, None, origin));
             spans.push((at, placed.len() - at));
         }
         placed_words.extend(placed.iter().map(|f| frame_word(f)));
@@ -710,6 +734,7 @@ pub fn build(
             for (i, &n) in numbers.iter().enumerate() {
                 let (f, k) = distinct[n as usize];
                 let at = addrs.get(i).copied().unwrap_or(0);
+                let shown_at = (f != UserFrame::Signal).then_some(at);
                 // JIT code: named by its runtime's perf map.
                 let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
                 match jitted {
@@ -720,7 +745,7 @@ pub fn build(
                     _ => {
                         let (addr, origin) = place(f);
                         let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
-                        scratch.extend(frames_at(names, addr, at, origin));
+                        scratch.extend(frames_at(names, addr, shown_at, origin));
                     }
                 }
             }
@@ -756,7 +781,7 @@ pub fn build(
                     let mut named: Vec<Frame> = kinds(frames, first_is_ip)
                         .flat_map(|k| {
                             let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                            frames_at(names, k.0, k.0, Origin::Kernel)
+                            frames_at(names, k.0, Some(k.0), Origin::Kernel)
                         })
                         .collect();
                     let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
@@ -1059,4 +1084,23 @@ pub fn sort_samples(samples: &mut [Sample]) {
             .then_with(|| a.state.cmp(&b.state))
             .then_with(|| a.waker.cmp(&b.waker))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A user stack's first frame and the one after a signal frame are
+    /// where the code was (looked up as they are); the others return
+    /// addresses (looked up at the call before them).
+    #[test]
+    fn user_kinds_after_a_signal_frame() {
+        let mut kinds = UserKinds::new();
+        let got: Vec<AddrKind> = [false, false, true, false, false]
+            .into_iter()
+            .map(|signal| kinds.next(signal))
+            .collect();
+        use AddrKind::{Ip, Return};
+        assert_eq!(got, [Ip, Return, Return, Ip, Return]);
+    }
 }

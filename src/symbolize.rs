@@ -79,6 +79,10 @@ pub(crate) struct Resolved {
     inlined: Vec<String>,
 }
 
+/// The name of the frame where a signal handler was called
+/// ([`UserFrame::Signal`]), as gdb's `<signal handler called>`.
+pub const SIGNAL_FRAME_NAME: &str = "[signal handler called]";
+
 /// Names of user frames, by frame.
 type UserNames = HashMap<(UserFrame, AddrKind), Vec<Named>>;
 
@@ -134,6 +138,9 @@ impl Symbolizer {
         kind: AddrKind,
     ) -> Option<Named> {
         let map = reg.perf_map(p)?;
+        if frame == UserFrame::Signal {
+            return None;
+        }
         if let UserFrame::File { object, .. } = frame {
             let o = reg.object(object);
             if o.maps_path.starts_with('/') || o.maps_path == "[vdso]" {
@@ -246,7 +253,8 @@ impl Symbolizer {
     /// Names of user frames: by file offset, looked up object by object
     /// in the files' symbol tables (and DWARF, for inlined functions and
     /// lines, where asked for); `[file+0xoffset]` where no symbol covers
-    /// the offset, `[unknown]` outside every mapping.
+    /// the offset, `[unknown]` outside every mapping, [`SIGNAL_FRAME_NAME`]
+    /// for a signal frame.
     pub fn user_names(
         &self,
         reg: &Registry,
@@ -315,6 +323,7 @@ impl Symbolizer {
                         "[{}+{offset:#x}]",
                         reg.object(object).name
                     ))],
+                    (_, UserFrame::Signal) => vec![Named::plain(SIGNAL_FRAME_NAME.to_string())],
                     _ => vec![Named::plain("[unknown]".to_string())],
                 };
                 ((f, kind), names)

@@ -7,9 +7,11 @@
 //! every row of every FDE with gimli, and keeps for each row only what the
 //! BPF unwinder can use: how to find the CFA (rsp or rbp plus an offset, or
 //! the PLT expression), whether the return address is undefined (the
-//! outermost frame), and where the caller's rbp was saved. Rows it cannot
-//! express are kept as [`KIND_UNSUPPORTED`] so that the unwinder stops
-//! there instead of guessing.
+//! outermost frame), and where the caller's rbp was saved. A signal
+//! trampoline's rows are [`KIND_SIGNAL`]: the interrupted code's registers
+//! are read from the `struct ucontext` at rsp. Rows it cannot express are
+//! kept as [`KIND_UNSUPPORTED`] so that the unwinder stops there instead of
+//! guessing.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -28,6 +30,14 @@ pub const KIND_CFA_RBP: u8 = 2; // CFA = rbp + cfa_off
 pub const KIND_END: u8 = 3; // outermost frame: the return address is undefined (DW_CFA_undefined rip), e.g. _start, clone3 child
 pub const KIND_PLT: u8 = 4; // the standard .plt/.plt.sec CFA expression: CFA = rsp + 8 + ((pc & 15) >= 11 ? 8 : 0); cfa_off = 8
 pub const KIND_UNSUPPORTED: u8 = 5; // CFI present but not expressible here (other expressions, other registers, offsets out of range)
+pub const KIND_SIGNAL: u8 = 6; // a signal trampoline (CIE augmentation 'S', glibc's __restore_rt): rsp points at the struct ucontext of the interrupted code
+
+/// What a stored user stack holds in place of a signal trampoline's pc
+/// (`UNWIND_SIGNAL_FRAME` in offcputime.h): the frame where a signal
+/// handler was called. The frame after it is the interrupted pc itself, not
+/// a return address. A non-canonical address: no code runs there.
+pub const SIGNAL_FRAME: u64 =
+    (crate::bpf::types::unwind_frame_special::UNWIND_SIGNAL_FRAME_HI.0 as u64) << 32;
 
 /// One row of the table: the unwind rule from `pc` up to the next row's pc.
 ///
@@ -299,7 +309,11 @@ impl Collector {
                             self.too_many = true;
                             return;
                         }
-                        let mut r = translate(section, row);
+                        let mut r = if fde.cie().is_signal_trampoline() {
+                            translate_signal(section, row)
+                        } else {
+                            translate(section, row)
+                        };
                         r.pc = pc as u32;
                         self.rows.push(r);
                     }
@@ -374,6 +388,51 @@ fn translate<'a, S: UnwindSection<Slice<'a>>>(
     }
 }
 
+/// Where the kernel's `struct ucontext` (at rsp in a signal trampoline,
+/// x86-64) holds the interrupted rbp, rsp and rip: the BPF unwinder reads
+/// them there (`UCONTEXT_*` in offcputime.bpf.c).
+const UCONTEXT_RBP: u8 = 0x78;
+const UCONTEXT_RSP: u8 = 0xa0;
+const UCONTEXT_RIP: u8 = 0xa8;
+
+/// `DW_OP_breg7 (rsp): off`, for an `off` of 64 or more (two bytes of
+/// SLEB128).
+fn breg7(off: u8) -> [u8; 3] {
+    [0x77, 0x80 | (off & 0x7f), off >> 7]
+}
+
+/// The row of a signal trampoline's FDE (its CIE has the 'S'
+/// augmentation): [`KIND_SIGNAL`] where the rules are the ucontext's as
+/// the BPF unwinder reads it (CFA = the saved rsp, rbp and rip at their
+/// places in it), else [`KIND_UNSUPPORTED`].
+fn translate_signal<'a, S: UnwindSection<Slice<'a>>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+) -> Row {
+    let bytes = |e: &gimli::UnwindExpression<usize>| e.get(section).ok().map(|e| e.0.slice());
+    let cfa_ok = match row.cfa() {
+        CfaRule::Expression(e) => {
+            let want = [&breg7(UCONTEXT_RSP)[..], &[0x06]].concat(); // DW_OP_deref
+            bytes(e) == Some(&want[..])
+        }
+        _ => false,
+    };
+    let at = |reg, off| match row.register(reg) {
+        Some(RegisterRule::Expression(e)) => bytes(&e) == Some(&breg7(off)[..]),
+        _ => false,
+    };
+    Row {
+        pc: 0,
+        cfa_off: 0,
+        kind: if cfa_ok && at(RA, UCONTEXT_RIP) && at(RBP, UCONTEXT_RBP) {
+            KIND_SIGNAL
+        } else {
+            KIND_UNSUPPORTED
+        },
+        rbp_off: 0,
+    }
+}
+
 /// Sorted, disjoint ranges covering the same pcs as `ranges`.
 fn union_of(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
     ranges.sort_unstable();
@@ -410,6 +469,28 @@ mod tests {
             kind,
             rbp_off,
         }
+    }
+
+    /// The kinds are the BPF program's (`enum unwind_kind`).
+    #[test]
+    fn kinds_are_the_bpf_programs() {
+        use crate::bpf::types::unwind_kind as K;
+        let pairs = [
+            (KIND_NONE, K::UNWIND_NONE),
+            (KIND_CFA_RSP, K::UNWIND_CFA_RSP),
+            (KIND_CFA_RBP, K::UNWIND_CFA_RBP),
+            (KIND_END, K::UNWIND_END),
+            (KIND_PLT, K::UNWIND_PLT),
+            (KIND_UNSUPPORTED, K::UNWIND_UNSUPPORTED),
+            (KIND_SIGNAL, K::UNWIND_SIGNAL),
+        ];
+        for (rust, c) in pairs {
+            assert_eq!(u32::from(rust), c.0, "{c:?}");
+        }
+        // Non-canonical with 4- and 5-level page tables: bits 63..56
+        // (and so 63..47) are not all equal.
+        let top = SIGNAL_FRAME >> 56;
+        assert!(top != 0 && top != 0xff, "{SIGNAL_FRAME:#x}");
     }
 
     #[test]
@@ -576,6 +657,84 @@ mod tests {
         );
     }
 
+    /// An `.eh_frame` at address 0 with one CIE of augmentation `aug`
+    /// ("zR" or "zRS", pointers absolute) and one FDE of `program` over
+    /// 0x1000..0x1010.
+    fn eh_frame(aug: &str, program: &[u8]) -> Vec<u8> {
+        let mut cie = vec![];
+        cie.extend(0u32.to_le_bytes()); // CIE id
+        cie.push(1); // version
+        cie.extend(aug.as_bytes());
+        cie.push(0);
+        cie.extend([1, 0x78, 16]); // code alignment 1, data alignment -8, ra column
+        cie.extend([1, 0x00]); // augmentation data: 'R' DW_EH_PE_absptr
+        cie.extend([0x0c, 7, 8, 0x80 | 16, 1]); // CFA = rsp + 8, ra at cfa-8
+        let mut out = vec![];
+        out.extend((cie.len() as u32).to_le_bytes());
+        out.extend(cie);
+        let mut fde = vec![];
+        fde.extend((out.len() as u32 + 4).to_le_bytes()); // back to the CIE
+        fde.extend(0x1000u64.to_le_bytes());
+        fde.extend(0x10u64.to_le_bytes());
+        fde.push(0); // augmentation data length
+        fde.extend(program);
+        out.extend((fde.len() as u32).to_le_bytes());
+        out.extend(fde);
+        out
+    }
+
+    /// A signal trampoline's rows (glibc's `__restore_rt`: CFA = the saved
+    /// rsp, every register at its place in the ucontext) are
+    /// [`KIND_SIGNAL`]; the same rules under a CIE without 'S', or with
+    /// other places, are not.
+    #[test]
+    fn signal_trampoline_rows() {
+        let rules = |rsp: u8, rbp: u8, rip: u8| {
+            let mut p = vec![0x0f, 4]; // DW_CFA_def_cfa_expression
+            p.extend(breg7(rsp));
+            p.push(0x06); // DW_OP_deref
+            for (reg, off) in [(6, rbp), (7, rsp), (16, rip)] {
+                p.extend([0x10, reg, 3]); // DW_CFA_expression
+                p.extend(breg7(off));
+            }
+            p
+        };
+        let kind = |aug: &str, program: &[u8]| {
+            let data = eh_frame(aug, program);
+            let mut section = EhFrame::new(&data, LittleEndian);
+            section.set_address_size(8);
+            let mut c = Collector::default();
+            c.walk(&section, &BaseAddresses::default().set_eh_frame(0), &[]);
+            assert_eq!(c.fdes, 1, "{aug} {program:x?}");
+            let rows = normalize(c.rows);
+            assert_eq!(rows.len(), 2, "{rows:?}");
+            rows[0].kind
+        };
+        let good = rules(0xa0, 0x78, 0xa8);
+        // As glibc writes it (readelf: DW_OP_breg7 (rsp): 160; DW_OP_deref).
+        assert_eq!(&good[2..6], &[0x77, 0xa0, 0x01, 0x06]);
+        assert_eq!(kind("zRS", &good), KIND_SIGNAL);
+        assert_eq!(kind("zR", &good), KIND_UNSUPPORTED);
+        assert_eq!(kind("zRS", &rules(0xa0, 0x80, 0xa8)), KIND_UNSUPPORTED);
+        assert_eq!(kind("zRS", &rules(0xa0, 0x78, 0xb0)), KIND_UNSUPPORTED);
+        assert_eq!(kind("zRS", &rules(0x98, 0x78, 0xa8)), KIND_UNSUPPORTED);
+        // A signal CIE's plain rows (CFA = rsp + 8) are not followed.
+        assert_eq!(kind("zRS", &[]), KIND_UNSUPPORTED);
+    }
+
+    /// libc's `__restore_rt` is a signal frame in its table, found at
+    /// the return address a handler returns to, minus one (the FDE
+    /// starts a byte early for that).
+    #[test]
+    fn libc_restore_rt_is_a_signal_frame() {
+        let (rows, _) = build(&File::open(LIBC).unwrap()).unwrap().unwrap();
+        let signal: Vec<&Row> = rows.iter().filter(|r| r.kind == KIND_SIGNAL).collect();
+        assert_eq!(signal.len(), 1, "{signal:?}");
+        let pc = signal[0].pc;
+        assert_eq!(lookup(&rows, pc).map(|r| r.kind), Some(KIND_SIGNAL));
+        assert_eq!(lookup(&rows, pc + 1).map(|r| r.kind), Some(KIND_SIGNAL));
+    }
+
     #[test]
     fn debug_frame_fdes_overlapping_eh_frame_ones_are_left_out() {
         let taken = union_of(vec![(0x30, 0x40), (0x10, 0x20), (0x18, 0x28)]);
@@ -692,6 +851,8 @@ mod tests {
         /// (readelf then prints no table: the CIE's rules apply).
         rows: BTreeMap<u64, ReadelfRow>,
         cie: Option<ReadelfRow>,
+        /// Its CIE's augmentation has 'S': a signal trampoline.
+        signal: bool,
     }
 
     /// Parses readelf's interpreted frames, or None if readelf is missing.
@@ -720,6 +881,8 @@ mod tests {
         assert!(out.status.success(), "readelf failed on {path}");
         let text = String::from_utf8_lossy(&out.stdout);
         let mut cies: HashMap<(bool, u64), ReadelfRow> = HashMap::new();
+        // The CIEs whose augmentation (`CIE "zRS"`) has 'S'.
+        let mut signal_cies: std::collections::HashSet<(bool, u64)> = Default::default();
         let mut fdes: Vec<ReadelfFde> = vec![];
         let mut debug_frame = false;
         // The entry being read: a CIE (its offset) or the last FDE.
@@ -750,7 +913,13 @@ mod tests {
             if t.len() >= 4 && (t[3] == "CIE" || t[3] == "FDE") {
                 columns.clear();
                 if t[3] == "CIE" {
-                    in_cie = Some(u64::from_str_radix(&t[0], 16).unwrap());
+                    let off = u64::from_str_radix(&t[0], 16).unwrap();
+                    in_cie = Some(off);
+                    if t.get(4)
+                        .is_some_and(|a| a.starts_with('"') && a.contains('S'))
+                    {
+                        signal_cies.insert((debug_frame, off));
+                    }
                     continue;
                 }
                 in_cie = None;
@@ -763,6 +932,7 @@ mod tests {
                     end: u64::from_str_radix(end, 16).unwrap(),
                     rows: BTreeMap::new(),
                     cie: cies.get(&(debug_frame, cie)).cloned(),
+                    signal: signal_cies.contains(&(debug_frame, cie)),
                 });
                 continue;
             }
@@ -818,9 +988,19 @@ mod tests {
     /// What the table should say for a row readelf prints: (kind, cfa_off,
     /// rbp_off). readelf prints any CFA expression as "exp": one in a PLT
     /// section (`in_plt`) is the standard PLT expression, any other is
-    /// unsupported.
-    fn expected(r: &ReadelfRow, in_plt: bool) -> (u8, u16, i8) {
+    /// unsupported; in a signal trampoline (`signal`), the CFA, rbp and ra
+    /// given by expressions are the ucontext's (which
+    /// `signal_trampoline_rows` checks byte for byte).
+    fn expected(r: &ReadelfRow, in_plt: bool, signal: bool) -> (u8, u16, i8) {
         const UNSUPPORTED: (u8, u16, i8) = (KIND_UNSUPPORTED, 0, 0);
+        if signal {
+            let exp = |k: &str| r.get(k).is_some_and(|v| v == "exp");
+            return if exp("CFA") && exp("rbp") && exp("ra") {
+                (KIND_SIGNAL, 0, 0)
+            } else {
+                UNSUPPORTED
+            };
+        }
         match r.get("ra").map(String::as_str) {
             Some("c-8") => {}
             Some("u") => return (KIND_END, 0, 0),
@@ -883,7 +1063,7 @@ mod tests {
             for (&loc, values) in rows_here.range(f.start..f.end) {
                 checked += 1;
                 let in_plt = plt_sections.iter().any(|&(s, e)| s <= loc && loc < e);
-                let want = expected(values, in_plt);
+                let want = expected(values, in_plt, f.signal);
                 let got = lookup(&rows, loc as u32).map(|r| (r.kind, r.cfa_off, r.rbp_off));
                 let ok = got == Some(want);
                 if want.0 == KIND_PLT {
@@ -1000,7 +1180,7 @@ int main(int argc, char **argv) { return mid(argc * 100) & 1; }
             let t0 = Instant::now();
             let (rows, stats) = build(&f).unwrap().unwrap();
             let took = t0.elapsed();
-            let mut kinds = [0usize; 6];
+            let mut kinds = [0usize; 7];
             for r in &rows {
                 kinds[r.kind as usize] += 1;
             }
@@ -1025,7 +1205,7 @@ int main(int argc, char **argv) { return mid(argc * 100) & 1; }
                 if !matches!(r.kind, KIND_CFA_RSP | KIND_CFA_RBP | KIND_PLT) {
                     assert_eq!((r.cfa_off, r.rbp_off), (0, 0), "{path}: {r:?}");
                 }
-                assert!(r.kind <= KIND_UNSUPPORTED, "{path}: {r:?}");
+                assert!(r.kind <= KIND_SIGNAL, "{path}: {r:?}");
             }
             assert_eq!(rows.last().unwrap().kind, KIND_NONE, "{path}");
             assert!(
@@ -1033,7 +1213,7 @@ int main(int argc, char **argv) { return mid(argc * 100) & 1; }
                 "{path}: {kinds:?}"
             );
             println!(
-                "timing {path}: {took:?}, {stats:?}, by kind (none, rsp, rbp, end, plt, unsupported) {kinds:?}, {} KiB",
+                "timing {path}: {took:?}, {stats:?}, by kind (none, rsp, rbp, end, plt, unsupported, signal) {kinds:?}, {} KiB",
                 rows.len() * std::mem::size_of::<Row>() / 1024
             );
             assert!(stats.rows > 100);

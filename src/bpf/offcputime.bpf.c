@@ -372,6 +372,7 @@ struct waker_info _waker_info = {};
 enum stack_id_special _stack_id_special = STACK_ID_NONE;
 enum offcpu_counter _offcpu_counter = CNT_MAX;
 enum unwind_kind _unwind_kind = UNWIND_NONE;
+enum unwind_frame_special _unwind_frame_special = UNWIND_SIGNAL_FRAME_HI;
 enum unwind_limits _unwind_limits = UNWIND_MAX_OBJECT_ROWS;
 struct unwind_row _unwind_row = {};
 struct unwind_mapping _unwind_mapping = {};
@@ -480,6 +481,10 @@ struct unwind_state {
 	__u32 nr;
 	__u32 max;
 	__u32 fp_frames;
+	/* The frame whose pc is not a return address, and so is looked up
+	 * as it is: 0, or the one after a signal frame (the interrupted
+	 * pc). */
+	__u32 exact_at;
 	bool truncated;
 	/* For the cache (struct ucache): a read failed (the walk cannot be
 	 * proved again); the starting frame pointer was used; bp no longer
@@ -660,6 +665,13 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
 	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
 }
 
+/* A signal trampoline's frame (UNWIND_SIGNAL): where the interrupted
+ * registers are in the struct ucontext at rsp (x86-64: uc_mcontext at 40,
+ * then r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip). */
+#define UCONTEXT_RBP 0x78
+#define UCONTEXT_RSP 0xa0
+#define UCONTEXT_RIP 0xa8
+
 /*
  * One frame: record its pc, then find the caller's pc, sp and bp, with the
  * object's table where it has one and through the frame pointer where it
@@ -688,11 +700,36 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	u->nr = i + 1;
 
 	/* A return address is looked up at the call before it. */
-	rule = unwind_rule(i == 0 ? u->pc : u->pc - 1, u->map_start, u->map_count);
+	rule = unwind_rule(i == u->exact_at ? u->pc : u->pc - 1, u->map_start, u->map_count);
 	if (RULE_KIND(rule) != UNWIND_NONE) {
 		switch (RULE_KIND(rule)) {
 		case UNWIND_END:
 			return 1;
+		case UNWIND_SIGNAL:
+			/* The handler returned here: rsp points at the struct
+			 * ucontext, whose registers are the interrupted code's.
+			 * It is a frame of its own, and the next one is the
+			 * interrupted pc (looked up as it is).  With SA_ONSTACK
+			 * the interrupted code's frames are on another stack:
+			 * their reads leave the copy of the stack (read_user),
+			 * and note_slot() marks the walk unprovable where they
+			 * are below the starting sp or far above it. */
+			bp_at = u->sp + UCONTEXT_RBP;
+			ra_at = u->sp + UCONTEXT_RIP;
+			if (read_user(&bp_val, sizeof(bp_val), (void *)bp_at, u->task, c) ||
+			    read_user(frame, sizeof(frame), (void *)(u->sp + UCONTEXT_RSP), u->task, c)) {
+				u->truncated = true;
+				u->unprovable = true;
+				return 1;
+			}
+			note_slot(pr, u, u->sp + UCONTEXT_RSP, frame[0]);
+			ips[idx & MAX_STACK_DEPTH] = UNWIND_SIGNAL_FRAME;
+			u->exact_at = i + 1;
+			u->bp = bp_val;
+			u->bp_restored = true;
+			u->sp = frame[0];
+			ra = frame[1];
+			goto noted;
 		case UNWIND_CFA_RSP:
 			cfa = u->sp + RULE_CFA_OFF(rule);
 			break;
@@ -750,6 +787,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	}
 	/* What the walk read, for the cache: one place, so that the
 	 * verifier checks the recording once, not in each path. */
+noted:
 	note_slot(pr, u, ra_at, ra);
 	if (bp_at)
 		note_slot(pr, u, bp_at, bp_val);

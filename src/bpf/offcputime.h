@@ -171,7 +171,24 @@ enum unwind_kind {
 	UNWIND_PLT = 4,
 	/* Call-frame information this unwinder cannot follow. */
 	UNWIND_UNSUPPORTED = 5,
+	/* A signal trampoline (its CIE has the 'S' augmentation: glibc's
+	 * __restore_rt), where a signal handler returns: rsp points at the
+	 * struct ucontext that holds the interrupted registers. */
+	UNWIND_SIGNAL = 6,
 };
+
+/*
+ * A stored user stack holds UNWIND_SIGNAL_FRAME in place of a signal
+ * trampoline's pc: the frame where a handler was called, named
+ * "[signal handler called]".  The frame after it is the interrupted pc
+ * itself, not a return address.  A non-canonical address (bits 63..56 not
+ * all equal, with 4- or 5-level page tables): no code runs there.  BTF
+ * enums are 32-bit, so the enum holds its upper half.
+ */
+enum unwind_frame_special {
+	UNWIND_SIGNAL_FRAME_HI = 0x5349474e,
+};
+#define UNWIND_SIGNAL_FRAME ((__u64)UNWIND_SIGNAL_FRAME_HI << 32)
 
 struct unwind_row {
 	/* First address of the row, in the object's own virtual addresses. */

@@ -78,11 +78,18 @@ pub struct ExecMapping {
 
 /// A frame of a user stack, independent of where its object was mapped:
 /// the object and the file offset, or, outside every mapping known, the
-/// address itself.
+/// address itself; or where a signal handler was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UserFrame {
-    File { object: u32, offset: u64 },
+    File {
+        object: u32,
+        offset: u64,
+    },
     Unmapped(u64),
+    /// [`crate::unwind_table::SIGNAL_FRAME`]: the signal trampoline, as
+    /// the DWARF unwinder leaves it in a stack. The frame after it is the
+    /// interrupted code's pc, not a return address.
+    Signal,
 }
 
 /// The id a retired stack is kept under: the stack id mixed with its
@@ -759,6 +766,7 @@ fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
             object: m.object,
             offset: (addr - m.start).wrapping_add(m.file_offset),
         },
+        None if addr == crate::unwind_table::SIGNAL_FRAME => UserFrame::Signal,
         None => UserFrame::Unmapped(addr),
     }
 }

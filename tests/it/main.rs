@@ -14,6 +14,7 @@ mod newprocs;
 mod push;
 mod reading;
 mod sampling;
+mod signals;
 mod snapshot;
 mod stackcache;
 mod states;

@@ -33,7 +33,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use offcputime::process::Registry;
-use offcputime::symbolize::{AddrKind, SymbolizeOptions, Symbolizer};
+use offcputime::symbolize::{AddrKind, SymbolizeOptions, Symbolizer, SIGNAL_FRAME_NAME};
+use offcputime::unwind_table::SIGNAL_FRAME;
 
 use crate::util::*;
 
@@ -293,7 +294,8 @@ pub(crate) fn names_for(n: &mut Naming, pid: u32, frames: &[(u64, AddrKind)]) ->
 }
 
 /// Frame 0 is where the thread is; every other frame's address is a
-/// return address.
+/// return address, except the one after a signal frame
+/// ([`SIGNAL_FRAME`]), which is where the signal interrupted the code.
 pub(crate) fn with_kinds(addrs: &[u64]) -> Vec<(u64, AddrKind)> {
     addrs
         .iter()
@@ -301,7 +303,7 @@ pub(crate) fn with_kinds(addrs: &[u64]) -> Vec<(u64, AddrKind)> {
         .map(|(i, &a)| {
             (
                 a,
-                if i == 0 {
+                if i == 0 || addrs[i - 1] == SIGNAL_FRAME {
                     AddrKind::Ip
                 } else {
                     AddrKind::Return
@@ -314,7 +316,7 @@ pub(crate) fn with_kinds(addrs: &[u64]) -> Vec<(u64, AddrKind)> {
 /// The profiler's dominant user stack of each thread, innermost first:
 /// `offcputime -p PID -U -f` with `args`, per thread name the folded line
 /// with the most time.
-fn profiler_stacks(pid: u32, args: &[&str]) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn profiler_stacks(pid: u32, args: &[&str]) -> BTreeMap<String, Vec<String>> {
     let pid = pid.to_string();
     let out = profile(&[&["-p", &pid, "-U", "-f"], args, &[TRACE_S]].concat());
     let mut best: BTreeMap<String, Folded> = BTreeMap::new();
@@ -394,6 +396,9 @@ pub(crate) struct GdbFrame {
     /// function that tail-called the one above it, and so left no return
     /// address on the stack. No stack walker can see it.
     tail_call: bool,
+    /// A signal trampoline: gdb's `<signal handler called>`. The frame
+    /// after it is the interrupted code, its pc not a return address.
+    pub(crate) signal: bool,
     /// gdb's name for the frame: the function's DWARF name where there is
     /// one (unqualified for Rust at `line-tables-only`).
     name: String,
@@ -427,13 +432,17 @@ def elf_symbol(addr):
 for thread in gdb.selected_inferior().threads():
     thread.switch()
     frame = gdb.newest_frame()
-    physical = 0
+    # The pc of the next real frame is a return address (not the first,
+    # nor the one a signal interrupted).
+    returned = False
     while frame is not None:
-        kind = {gdb.INLINE_FRAME: 1, gdb.TAILCALL_FRAME: 2}.get(frame.type(), 0)
+        kind = {gdb.INLINE_FRAME: 1, gdb.TAILCALL_FRAME: 2,
+                gdb.SIGTRAMP_FRAME: 3}.get(frame.type(), 0)
         symbol = ""
         if kind == 0:
-            symbol = elf_symbol(frame.pc() - (1 if physical else 0))
-            physical += 1
+            symbol = elf_symbol(frame.pc() - (1 if returned else 0))
+        if kind in (0, 3):
+            returned = kind == 0
         print("FRAME\t%s\t%#x\t%d\t%s\t%s" % (thread.name, frame.pc(), kind,
                                              frame.name() or "??", symbol))
         try:
@@ -469,6 +478,7 @@ pub(crate) fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String
                 pc: u64::from_str_radix(pc.trim_start_matches("0x"), 16).expect(pc),
                 inline: kind == "1",
                 tail_call: kind == "2",
+                signal: kind == "3",
                 name: name.to_string(),
                 elf_symbol: elf_symbol.to_string(),
             });
@@ -486,7 +496,7 @@ pub(crate) fn gdb_stacks(gdb: &Path, script: &Path, pid: u32) -> BTreeMap<String
 /// the innermost real (non-inline) frame's pc is just after a `syscall`
 /// instruction (`0f 05`), read from the process's memory. Nothing in this
 /// depends on names.
-fn in_syscall(pid: u32, frames: &[GdbFrame]) -> bool {
+pub(crate) fn in_syscall(pid: u32, frames: &[GdbFrame]) -> bool {
     let Some(pc) = frames
         .iter()
         .find(|f| !f.inline && !f.tail_call)
@@ -584,7 +594,9 @@ fn is_workload_function(name: &str) -> bool {
 /// the pc of the real frame they sit in and are left out: the symbolizer
 /// names the real frame. (gdb's names for them are DWARF names, which for
 /// Rust at `line-tables-only` are unqualified, so they are not in `own`
-/// either.)
+/// either.) gdb's `<signal handler called>` is the profiler's
+/// [`SIGNAL_FRAME_NAME`], in `own` too, at its place among the workload's
+/// frames.
 pub(crate) fn expected_stack(
     sym: &mut Naming,
     pid: u32,
@@ -595,13 +607,21 @@ pub(crate) fn expected_stack(
         .iter()
         .filter(|f| !f.inline && !f.tail_call)
         .collect();
-    let pcs: Vec<u64> = real.iter().map(|f| f.pc).collect();
+    let pcs: Vec<u64> = real
+        .iter()
+        .map(|f| if f.signal { SIGNAL_FRAME } else { f.pc })
+        .collect();
     let own = real
         .iter()
-        // (A return address may be one past its function's end.)
-        .filter(|f| own_ranges.iter().any(|&(s, e)| f.pc > s && f.pc <= e))
-        .map(|f| without_hash(&f.elf_symbol))
-        .filter(|name| is_workload_function(name))
+        .filter_map(|f| {
+            if f.signal {
+                return Some(SIGNAL_FRAME_NAME);
+            }
+            // (A return address may be one past its function's end.)
+            let mine = own_ranges.iter().any(|&(s, e)| f.pc > s && f.pc <= e);
+            let name = without_hash(&f.elf_symbol);
+            (mine && is_workload_function(name)).then_some(name)
+        })
         .map(str::to_string)
         .collect();
     Expected {
@@ -619,7 +639,7 @@ fn in_order(needles: &[String], haystack: &[String]) -> bool {
 
 /// None if the profiler's stack of `thread` matches gdb's; else a report
 /// with both stacks side by side.
-fn mismatch(thread: &str, exp: &Expected, got: Option<&Vec<String>>) -> Option<String> {
+pub(crate) fn mismatch(thread: &str, exp: &Expected, got: Option<&Vec<String>>) -> Option<String> {
     let empty = Vec::new();
     let got = got.unwrap_or(&empty);
     let same = *got == exp.names;
@@ -662,6 +682,9 @@ fn gdb_label(f: &GdbFrame) -> String {
     }
     if f.tail_call {
         name.push_str(" [tail call]");
+    }
+    if f.signal {
+        name = "<signal handler called>".to_string();
     }
     name
 }

@@ -1,0 +1,218 @@
+/*
+ * signals: a workload whose threads block inside signal handlers, for the
+ * test of unwinding through signal frames (tests/it/signals.rs), which
+ * compares the profiler's user stacks with gdb's.
+ *
+ * Each thread spins in spinN_<name>, three layers of its own functions,
+ * until main sends it its signal (pthread_kill): the handler then runs on
+ * top of the interrupted spin loop, and blocks in it under two more layers
+ * of its own functions, for good.
+ *
+ *   thread        signal       handler's stack     blocks in
+ *   sig_sleeper   SIGUSR1      the thread's        nanosleep, every 20 ms
+ *   alt_sleeper   SIGUSR2      sigaltstack         nanosleep, every 20 ms
+ *   sig_reader    SIGRTMIN     the thread's        read() of a pipe, forever
+ *   alt_reader    SIGRTMIN+1   sigaltstack         read() of a pipe, forever
+ *   main thread   SIGUSR1      its own             nanosleep, every 20 ms
+ *
+ * The readers block once, before the profiler starts: only its start
+ * iterator sees them.  The main thread raises its signal itself (raise()),
+ * from within main_level2.
+ *
+ * The functions are noinline and do a volatile write after each call, so
+ * that none is inlined or turned into a tail call: every one is a frame.
+ *
+ * Prints its pid on the first line of stdout once every thread is in its
+ * handler, then runs until killed.
+ *
+ * Build: cc -O2 -g -pthread -fomit-frame-pointer signals.c
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NOINLINE __attribute__((noinline))
+
+static volatile unsigned long sink;
+/* Threads in their spin loops, and in their handlers. */
+static volatile int spinning, handling;
+/* Never written: the readers block on it for good. */
+static int never[2];
+
+static void die(const char *what)
+{
+    perror(what);
+    exit(1);
+}
+
+/* The handlers' own functions. */
+
+NOINLINE void handler_sleep2(void)
+{
+    struct timespec ts = {0, 20 * 1000000L};
+    for (;;) {
+        nanosleep(&ts, NULL);
+        sink++;
+    }
+}
+
+NOINLINE void handler_sleep1(void)
+{
+    handler_sleep2();
+    sink++;
+}
+
+NOINLINE void handler_read2(void)
+{
+    char c;
+    for (;;) {
+        if (read(never[0], &c, 1) >= 0)
+            sink++;
+    }
+}
+
+NOINLINE void handler_read1(void)
+{
+    handler_read2();
+    sink++;
+}
+
+NOINLINE void on_sleep_signal(int sig)
+{
+    (void)sig;
+    __atomic_add_fetch(&handling, 1, __ATOMIC_SEQ_CST);
+    handler_sleep1();
+    sink++;
+}
+
+NOINLINE void on_read_signal(int sig)
+{
+    (void)sig;
+    __atomic_add_fetch(&handling, 1, __ATOMIC_SEQ_CST);
+    handler_read1();
+    sink++;
+}
+
+/* The threads' own functions: a spin loop three layers down. */
+
+NOINLINE void spin3(void)
+{
+    __atomic_add_fetch(&spinning, 1, __ATOMIC_SEQ_CST);
+    for (;;)
+        sink++;
+}
+
+NOINLINE void spin2(void)
+{
+    spin3();
+    sink++;
+}
+
+NOINLINE void spin1(void)
+{
+    spin2();
+    sink++;
+}
+
+/* With `alt`, a stack of its own for the handlers (SA_ONSTACK). */
+static void setup(const char *name, int alt)
+{
+    pthread_setname_np(pthread_self(), name);
+    if (alt) {
+        stack_t ss = {.ss_size = 64 * 1024};
+        ss.ss_sp = malloc(ss.ss_size);
+        if (!ss.ss_sp || sigaltstack(&ss, NULL))
+            die("sigaltstack");
+    }
+}
+
+NOINLINE void *sig_sleeper_main(void *arg)
+{
+    (void)arg;
+    setup("sig_sleeper", 0);
+    spin1();
+    return NULL;
+}
+
+NOINLINE void *alt_sleeper_main(void *arg)
+{
+    (void)arg;
+    setup("alt_sleeper", 1);
+    spin1();
+    return NULL;
+}
+
+NOINLINE void *sig_reader_main(void *arg)
+{
+    (void)arg;
+    setup("sig_reader", 0);
+    spin1();
+    return NULL;
+}
+
+NOINLINE void *alt_reader_main(void *arg)
+{
+    (void)arg;
+    setup("alt_reader", 1);
+    spin1();
+    return NULL;
+}
+
+NOINLINE void main_level2(void)
+{
+    raise(SIGUSR1);
+    sink++;
+}
+
+NOINLINE void main_level1(void)
+{
+    main_level2();
+    sink++;
+}
+
+static void handle(int sig, void (*fn)(int), int flags)
+{
+    struct sigaction sa = {.sa_handler = fn, .sa_flags = flags};
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sig, &sa, NULL))
+        die("sigaction");
+}
+
+static void wait_for(volatile int *counter, int n)
+{
+    struct timespec ts = {0, 1000000L};
+    while (__atomic_load_n(counter, __ATOMIC_SEQ_CST) < n)
+        nanosleep(&ts, NULL);
+}
+
+int main(void)
+{
+    static void *(*const mains[])(void *) = {sig_sleeper_main, alt_sleeper_main,
+                                             sig_reader_main, alt_reader_main};
+    const int sigs[] = {SIGUSR1, SIGUSR2, SIGRTMIN, SIGRTMIN + 1};
+    pthread_t t[4];
+    int i;
+
+    if (pipe(never))
+        die("pipe");
+    handle(SIGUSR1, on_sleep_signal, 0);
+    handle(SIGUSR2, on_sleep_signal, SA_ONSTACK);
+    handle(SIGRTMIN, on_read_signal, 0);
+    handle(SIGRTMIN + 1, on_read_signal, SA_ONSTACK);
+    for (i = 0; i < 4; i++) {
+        if (pthread_create(&t[i], NULL, mains[i], NULL))
+            die("pthread_create");
+        wait_for(&spinning, i + 1);
+        if (pthread_kill(t[i], sigs[i]))
+            die("pthread_kill");
+        wait_for(&handling, i + 1);
+    }
+    printf("%d\n", getpid());
+    fflush(stdout);
+    main_level1();
+    return 0;
+}
