@@ -289,7 +289,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         // the interval on another CPU: a program runs for microseconds.
         std::thread::sleep(Duration::from_millis(2));
         let written = tracer.take_intervals(iv.current).and_then(|mut raw| {
-            deferred.complete(&mut raw);
+            Deferred::complete(&mut raw);
             iv.write(
                 raw,
                 None,
@@ -322,7 +322,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     };
     let raw = match raw {
         Ok(mut raw) => {
-            deferred.complete(&mut raw);
+            Deferred::complete(&mut raw);
             raw
         }
         Err(e) => {
@@ -904,7 +904,9 @@ fn walk_deferred(
     if let Some(u) = unwinder {
         if deferred.is_waiting() {
             u.finish(registry, DEFERRED_TABLES_WAIT);
-            deferred.walk_ready(u, &|tgid| registry.start_of(tgid));
+            deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
+                tracer.store_stack(id, frames)
+            });
         }
     }
     deferred.give_up();
@@ -929,13 +931,14 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             crate::deferred::COPY_BYTES >> 10
         );
     }
-    let missed = d.unwalked as u64 + c.unwind_defer_lost;
+    let missed = (d.unwalked + d.unstored) as u64 + c.unwind_defer_lost;
     if missed > 0 {
         eprintln!(
             "offcputime: {missed} user stacks taken before their process's unwind tables were \
              ready are missed: {} of processes that exited before their mappings could be read \
-             or whose tables could not be made, {} lost for want of room to copy them",
-            d.unwalked, c.unwind_defer_lost
+             or whose tables could not be made, {} lost for want of room to copy them, {} for \
+             want of room to store them (--stack-storage-size)",
+            d.unwalked, c.unwind_defer_lost, d.unstored
         );
     }
     let (missing, more) = u.not_covered();
@@ -1012,20 +1015,20 @@ impl<'t> Collector<'t> {
         unwinder: &mut Option<Unwinder>,
         deferred: &mut Deferred,
     ) -> bool {
-        // The address space of each process whose mappings were read
-        // now, 0 where they could not be (it is gone): copied stacks are
+        // The address space of each process whose mappings were read now,
+        // None where they could not be (it is gone): copied stacks are
         // walked only with tables of the mappings of their own.
         let mut spaces = Vec::new();
         for &ev in events {
             match ev {
-                TaskEvent::New(p, mm) => {
+                TaskEvent::New(p, space) => {
                     self.stats.processes += 1;
                     let now = registry.note_process(p.tgid, Some(p.start), false);
-                    spaces.push((p.tgid, if now { mm } else { 0 }));
+                    spaces.push(now.then_some(space));
                 }
-                TaskEvent::Changed(p, mm) => {
+                TaskEvent::Changed(p, space) => {
                     let now = registry.note_process(p.tgid, Some(p.start), true);
-                    spaces.push((p.tgid, if now { mm } else { 0 }));
+                    spaces.push(now.then_some(space));
                 }
                 TaskEvent::Exited(p) => self.exits.exited(p),
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
@@ -1043,15 +1046,15 @@ impl<'t> Collector<'t> {
                         TaskEvent::New(p, _) | TaskEvent::Changed(p, _) => {
                             // Mappings not read now (the process is
                             // gone, or another) give no new tables.
-                            let Some((_, mm)) = spaces.next().filter(|&(_, mm)| mm != 0) else {
+                            let Some(space) = spaces.next().flatten() else {
                                 continue;
                             };
-                            u.note_address_space(p.tgid, mm);
+                            u.note_address_space(p.tgid, space);
                             u.note_process(registry, p.tgid);
                         }
                         TaskEvent::Forked {
                             child,
-                            mm,
+                            space,
                             parent,
                             map_start,
                             map_count,
@@ -1059,7 +1062,7 @@ impl<'t> Collector<'t> {
                             u.forked(
                                 parent,
                                 child.tgid,
-                                mm,
+                                space,
                                 (map_start as usize, map_count as usize),
                             );
                         }
@@ -1068,7 +1071,9 @@ impl<'t> Collector<'t> {
                 }
                 let building = u.poll(registry);
                 if deferred.is_waiting() {
-                    deferred.walk_ready(u, &|tgid| registry.start_of(tgid));
+                    deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
+                        tracer.store_stack(id, frames)
+                    });
                 }
                 building
             }
@@ -1081,7 +1086,7 @@ impl<'t> Collector<'t> {
         // events.
         let scanning = match &mut self.scan {
             None => false,
-            Some(s) => match s.step(tracer, deferred, 4096) {
+            Some(s) => match s.step(tracer, 4096) {
                 None => true,
                 Some(stacks) => {
                     let gone = self

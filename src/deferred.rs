@@ -9,7 +9,10 @@
 //! of its own (`STACK_ID_DEFERRED_BIT`). Once the process's tables are
 //! written, [`walk`] follows the same tables by the same rules as the BPF
 //! walk, over the copy, and the frames found take that id. A walk that
-//! needs stack memory beyond the copy is cut there, and counted; the
+//! needs stack memory beyond the copy is cut there, and counted. Walked
+//! stacks are stored with those the BPF program stored (see
+//! [`crate::tracer::Tracer::store_stack`]), so that nothing of them stays
+//! in userspace; the
 //! stacks of a process that exits before its mappings could be read are
 //! reported missed, and counted: never guessed.
 
@@ -21,7 +24,7 @@ pub const COPY_BYTES: usize = std::mem::size_of::<types::deferred_stack>()
 
 use crate::bpf::types;
 use crate::process::Proc;
-use crate::tracer::{RawProfile, RawUserStack, StackRef};
+use crate::tracer::{AddressSpace, RawProfile, RawUserStack, StackRef};
 
 /// How a walk over a copy ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -160,17 +163,20 @@ pub struct DeferredStats {
     /// Never walked: their process had no tables (it exited before its
     /// mappings could be read, or they could not be made).
     pub unwalked: usize,
+    /// Walked, but the table of stacks was full.
+    pub unstored: usize,
 }
 
 /// Where a process's tables are read from (the unwinder), for
 /// [`Deferred::walk_ready`].
 pub trait ProcessTables {
     /// Calls `f` with the mappings of process `tgid` and the rows, if it
-    /// has tables for address space `mm`; returns false if it has none.
+    /// has tables for address space `space`; returns false if it has
+    /// none.
     fn with_tables(
         &mut self,
         tgid: u32,
-        mm: u64,
+        space: AddressSpace,
         f: &mut dyn FnMut(&[types::unwind_mapping], &[types::unwind_row]),
     ) -> bool;
 }
@@ -180,7 +186,6 @@ pub trait ProcessTables {
 pub struct Deferred {
     max_frames: usize,
     waiting: HashMap<u32, Vec<RawUserStack>>,
-    walked: HashMap<u64, Vec<u64>>,
     stats: DeferredStats,
 }
 
@@ -190,7 +195,6 @@ impl Deferred {
         Deferred {
             max_frames,
             waiting: HashMap::new(),
-            walked: HashMap::new(),
             stats: DeferredStats::default(),
         }
     }
@@ -207,13 +211,15 @@ impl Deferred {
         !self.waiting.is_empty()
     }
 
-    /// Walks the copies of every process that has tables now. `start_of`
-    /// says when the process now at a pid started (a copy of an earlier
-    /// process at that pid is not walked with the later one's tables).
+    /// Walks the copies of every process that has tables now, and gives
+    /// their frames to `store` (false: no room). `start_of` says when the
+    /// process now at a pid started (a copy of an earlier process at that
+    /// pid is not walked with the later one's tables).
     pub fn walk_ready(
         &mut self,
         tables: &mut dyn ProcessTables,
         start_of: &dyn Fn(u32) -> Option<u64>,
+        store: &mut dyn FnMut(u64, &[u64]) -> bool,
     ) {
         let tgids: Vec<u32> = self.waiting.keys().copied().collect();
         for tgid in tgids {
@@ -228,14 +234,14 @@ impl Deferred {
                 stacks.retain(|s| Some(s.proc.start) == now);
                 self.stats.unwalked += before - stacks.len();
             }
-            let mut spaces: Vec<u64> = stacks.iter().map(|s| s.mm).collect();
-            spaces.sort_unstable();
+            let mut spaces: Vec<AddressSpace> = stacks.iter().map(|s| s.space).collect();
+            spaces.sort_unstable_by_key(|s| (s.mm, s.exec_vm));
             spaces.dedup();
             let max = self.max_frames;
             let mut done = Vec::new();
-            for mm in spaces {
-                tables.with_tables(tgid, mm, &mut |mappings, rows| {
-                    for s in stacks.iter().filter(|s| s.mm == mm) {
+            for space in spaces {
+                tables.with_tables(tgid, space, &mut |mappings, rows| {
+                    for s in stacks.iter().filter(|s| s.space == space) {
                         let regs = Regs {
                             pc: s.pc,
                             sp: s.sp,
@@ -245,13 +251,17 @@ impl Deferred {
                     }
                 });
             }
+            let mut walked = std::collections::HashSet::new();
             for (id, w) in done {
                 self.stats.walked += 1;
                 self.stats.cut += usize::from(w.cut);
                 self.stats.fp_frames += w.fp_frames;
-                self.walked.insert(id, w.frames);
+                if !store(id, &w.frames) {
+                    self.stats.unstored += 1;
+                }
+                walked.insert(id);
             }
-            stacks.retain(|s| !self.walked.contains_key(&s.id));
+            stacks.retain(|s| !walked.contains(&s.id));
             if !stacks.is_empty() {
                 self.waiting.insert(tgid, stacks);
             }
@@ -271,35 +281,22 @@ impl Deferred {
         }
     }
 
-    /// The frames of copied stack `id`, once walked.
-    pub fn frames(&self, id: u64) -> Option<&[u64]> {
-        self.walked.get(&id).map(Vec::as_slice)
-    }
-
-    /// Gives `raw` the frames of the copied stacks it counts: those walked
-    /// go with the stored stacks; the others are missed (and were counted
-    /// when given up).
-    pub fn complete(&mut self, raw: &mut RawProfile) {
+    /// The copied stacks `raw` counts that were not walked (and stored)
+    /// are missed: counted when given up, and shown as such.
+    pub fn complete(raw: &mut RawProfile) {
         let deferred = |id: u64| id & (1 << 63) == 0 && id & (1 << 62) != 0;
-        let fix = |r: &mut StackRef, stacks: &mut crate::tracer::Stacks| {
+        let fix = |r: &mut StackRef, stacks: &crate::tracer::Stacks| {
             if let StackRef::Id(id) = *r {
-                if deferred(id) {
-                    match self.walked.get(&id) {
-                        Some(frames) => {
-                            if !stacks.contains_key(&id) {
-                                stacks.insert(id, frames);
-                            }
-                        }
-                        None => *r = StackRef::MissedError,
-                    }
+                if deferred(id) && !stacks.contains_key(&id) {
+                    *r = StackRef::MissedError;
                 }
             }
         };
         for e in &mut raw.entries {
-            fix(&mut e.user_stack, &mut raw.stacks);
+            fix(&mut e.user_stack, &raw.stacks);
         }
         for w in raw.wakers.values_mut() {
-            fix(&mut w.user_stack, &mut raw.stacks);
+            fix(&mut w.user_stack, &raw.stacks);
         }
     }
 

@@ -388,10 +388,10 @@ pub struct LossCounters {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskEvent {
     /// A thread of it was seen blocking for the first time.
-    /// (With its address space, as in [`RawUserStack::mm`].)
-    New(Proc, u64),
+    /// (With its address space then.)
+    New(Proc, AddressSpace),
     /// A thread of it blocked after its executable mappings changed.
-    Changed(Proc, u64),
+    Changed(Proc, AddressSpace),
     /// Its last thread is gone.
     Exited(Proc),
     /// It was forked by `parent` and shares its parent's unwind tables:
@@ -399,11 +399,21 @@ pub enum TaskEvent {
     Forked {
         child: Proc,
         /// The child's address space.
-        mm: u64,
+        space: AddressSpace,
         parent: u32,
         map_start: u32,
         map_count: u32,
     },
+}
+
+/// What a process's mappings belong to: its address space (the kernel's
+/// address of its mm, an opaque identity) and the size of its executable
+/// mappings, as the BPF program saw them. Unwind tables hold for the
+/// mappings of one; all zero where unknown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AddressSpace {
+    pub mm: u64,
+    pub exec_vm: u64,
 }
 
 /// A user stack the BPF program copied for userspace to walk, with the
@@ -415,9 +425,9 @@ pub struct RawUserStack {
     pub id: u64,
     pub proc: Proc,
     pub tid: u32,
-    /// Its address space (an opaque identity): walked only with tables
-    /// written for the mappings of that address space.
-    pub mm: u64,
+    /// Its address space: walked only with tables written for the
+    /// mappings of that address space.
+    pub space: AddressSpace,
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
@@ -441,7 +451,10 @@ impl RawUserStack {
                 start: ticks_of_ns(u64_at(offset_of!(D, process_start))?),
             },
             tid: u32_at(offset_of!(D, pid))?,
-            mm: u64_at(offset_of!(D, mm))?,
+            space: AddressSpace {
+                mm: u64_at(offset_of!(D, mm))?,
+                exec_vm: u64_at(offset_of!(D, exec_vm))?,
+            },
             pc: u64_at(offset_of!(D, pc))?,
             sp: u64_at(offset_of!(D, sp))?,
             bp: u64_at(offset_of!(D, bp))?,
@@ -465,12 +478,7 @@ impl StackScan<'_> {
 
     /// Reads up to `n` more entries; once the pass is over, the stacks
     /// found: each (process, stack id, frames) once.
-    pub fn step(
-        &mut self,
-        tracer: &Tracer<'_>,
-        deferred: &crate::deferred::Deferred,
-        n: usize,
-    ) -> Option<Vec<(Proc, u64, Vec<u64>)>> {
+    pub fn step(&mut self, tracer: &Tracer<'_>, n: usize) -> Option<Vec<(Proc, u64, Vec<u64>)>> {
         let mut read = 0;
         for key_bytes in self.keys.by_ref().take(n) {
             read += 1;
@@ -496,13 +504,7 @@ impl StackScan<'_> {
         Some(
             self.wanted
                 .drain()
-                .filter_map(|(p, id)| {
-                    let frames = match deferred.frames(id) {
-                        Some(f) => f.to_vec(),
-                        None => tracer.stack(id).ok()??,
-                    };
-                    Some((p, id, frames))
-                })
+                .filter_map(|(p, id)| Some((p, id, tracer.stack(id).ok()??)))
                 .collect(),
         )
     }
@@ -1394,12 +1396,16 @@ impl<'obj> Tracer<'obj> {
                         tgid: ev.tgid,
                         start: ticks_of_ns(ev.process_start),
                     };
+                    let space = AddressSpace {
+                        mm: ev.mm,
+                        exec_vm: ev.exec_vm,
+                    };
                     let event = match K(ev.kind) {
-                        K::TASK_EVENT_NEW => TaskEvent::New(p, ev.mm),
-                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p, ev.mm),
+                        K::TASK_EVENT_NEW => TaskEvent::New(p, space),
+                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p, space),
                         K::TASK_EVENT_FORKED => TaskEvent::Forked {
                             child: p,
-                            mm: ev.mm,
+                            space,
                             parent: ev.parent,
                             map_start: ev.map_start,
                             map_count: ev.map_count,
@@ -1794,6 +1800,23 @@ impl<'obj> Tracer<'obj> {
     fn read_counters(&self) -> Result<LossCounters> {
         read_counters(&self.skel)
     }
+
+    /// Stores `frames` (innermost first) as stack `id` among those the BPF
+    /// program stored, where they are read as its own: a stack walked in
+    /// userspace (see [`crate::deferred`]). False where the table is full
+    /// (or refuses it).
+    pub fn store_stack(&self, id: u64, frames: &[u64]) -> bool {
+        let size = self.skel.maps.stacks.value_size() as usize;
+        let mut value = vec![0u8; size];
+        for (slot, f) in value.chunks_exact_mut(8).zip(frames) {
+            slot.copy_from_slice(&f.to_ne_bytes());
+        }
+        self.skel
+            .maps
+            .stacks
+            .update(&id.to_ne_bytes(), &value, MapFlags::ANY)
+            .is_ok()
+    }
 }
 
 /// The frames of the stored stack `id`, innermost first.
@@ -2053,11 +2076,18 @@ impl crate::unwind::TableStore for UnwindStore {
         self.mappings.write(start, mappings)
     }
 
-    fn set_process(&mut self, tgid: u32, start: u32, count: u32, mm: u64) -> Result<()> {
+    fn set_process(
+        &mut self,
+        tgid: u32,
+        start: u32,
+        count: u32,
+        space: AddressSpace,
+    ) -> Result<()> {
         let proc = types::unwind_proc {
             map_start: start,
             map_count: count,
-            mm,
+            mm: space.mm,
+            exec_vm: space.exec_vm,
             gen: self.next_gen,
         };
         self.next_gen += 1;

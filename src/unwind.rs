@@ -27,6 +27,7 @@ use anyhow::Result;
 use crate::bpf::types;
 use crate::elf::{load_segments, Segment};
 use crate::process::registry::{ExecMapping, Registry};
+use crate::tracer::AddressSpace;
 use crate::unwind_table;
 
 /// How long space given back stays unused: far longer than any walk of
@@ -47,8 +48,10 @@ pub trait TableStore {
     fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()>;
     /// Points process `tgid` at `count` mappings from `start`, written
     /// before: the BPF program uses them from its next unwind on, in
-    /// address space `mm` (0: unknown, the first to walk claims them).
-    fn set_process(&mut self, tgid: u32, start: u32, count: u32, mm: u64) -> Result<()>;
+    /// address space `space` (unknown, all zero: the first to walk claims
+    /// them).
+    fn set_process(&mut self, tgid: u32, start: u32, count: u32, space: AddressSpace)
+        -> Result<()>;
     fn remove_process(&mut self, tgid: u32);
     /// Calls `f` with the rows and the mappings as written.
     fn read(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]))
@@ -291,8 +294,9 @@ struct ProcessEntry {
     /// The distinct objects it maps.
     objects: Vec<u32>,
     /// The address space its mappings were read for, where an event said
-    /// (0: unknown): copied stacks are walked only with tables of theirs.
-    mm: u64,
+    /// (zero: unknown): copied stacks are walked only with tables of
+    /// theirs.
+    space: AddressSpace,
 }
 
 /// Why an object or a process has no tables.
@@ -345,7 +349,7 @@ pub struct Unwinder {
     processes: HashMap<u32, ProcessEntry>,
     /// The address space each process had when its mappings were last
     /// noted (see [`Unwinder::note_address_space`]).
-    address_spaces: HashMap<u32, u64>,
+    address_spaces: HashMap<u32, AddressSpace>,
     /// Processes that use each slice of mappings (by its start): a forked
     /// process shares its parent's until it has its own.
     slice_users: HashMap<usize, u32>,
@@ -392,9 +396,9 @@ impl Unwinder {
     }
 
     /// The mappings of `tgid` about to be noted are those of address space
-    /// `mm` (as the BPF program's event said).
-    pub fn note_address_space(&mut self, tgid: u32, mm: u64) {
-        self.address_spaces.insert(tgid, mm);
+    /// `space` (as the BPF program's event said).
+    pub fn note_address_space(&mut self, tgid: u32, space: AddressSpace) {
+        self.address_spaces.insert(tgid, space);
     }
 
     /// Gives the BPF program the tables of `tgid`'s mappings as `procs`
@@ -407,7 +411,7 @@ impl Unwinder {
             return true;
         }
         let mappings = procs.mappings(tgid);
-        let mm = self.address_spaces.get(&tgid).copied().unwrap_or(0);
+        let space = self.address_spaces.get(&tgid).copied().unwrap_or_default();
         if mappings.is_empty() {
             self.waiting.remove(&tgid);
             return true;
@@ -416,13 +420,13 @@ impl Unwinder {
             if p.mappings == mappings {
                 // The same mappings (a fork's, or those of the same image
                 // again): the tables hold for this address space too.
-                if p.mm != mm {
-                    p.mm = mm;
+                if p.space != space {
+                    p.space = space;
                     if let (Some((start, len)), Some(store)) = (p.slice, self.store.as_deref_mut())
                     {
                         // Not a failure if it cannot be said: the BPF
                         // program then copies the stacks for userspace.
-                        let _ = store.set_process(tgid, start as u32, len as u32, mm);
+                        let _ = store.set_process(tgid, start as u32, len as u32, space);
                     }
                 }
                 self.waiting.remove(&tgid);
@@ -725,14 +729,14 @@ impl Unwinder {
         if let Some(old) = old {
             self.release(old);
         }
-        let mm = self.address_spaces.get(&tgid).copied().unwrap_or(0);
+        let space = self.address_spaces.get(&tgid).copied().unwrap_or_default();
         self.processes.insert(
             tgid,
             ProcessEntry {
                 mappings,
                 slice,
                 objects,
-                mm,
+                space,
             },
         );
         self.update_stats();
@@ -746,7 +750,13 @@ impl Unwinder {
     /// rewritten meanwhile, or the parent is gone), the child's entry is
     /// removed, and its blocks wait for tables of its own; returns whether
     /// it shares.
-    pub fn forked(&mut self, parent: u32, child: u32, mm: u64, slice: (usize, usize)) -> bool {
+    pub fn forked(
+        &mut self,
+        parent: u32,
+        child: u32,
+        space: AddressSpace,
+        slice: (usize, usize),
+    ) -> bool {
         // Whatever is still kept for `child` is an earlier process's,
         // whose pid was reused.
         self.waiting.remove(&child);
@@ -758,7 +768,7 @@ impl Unwinder {
                 mappings: p.mappings.clone(),
                 slice: p.slice,
                 objects: p.objects.clone(),
-                mm,
+                space,
             },
             _ => {
                 if let Some(store) = self.store.as_deref_mut() {
@@ -775,7 +785,7 @@ impl Unwinder {
             }
         }
         *self.slice_users.entry(slice.0).or_insert(1) += 1;
-        self.address_spaces.insert(child, mm);
+        self.address_spaces.insert(child, space);
         self.processes.insert(child, entry);
         self.stats.processes_forked += 1;
         self.update_stats();
@@ -850,9 +860,9 @@ impl Unwinder {
             .alloc(count)
             .ok_or("the unwind tables are full (--unwind-memory)")?;
         let written = self.store().write_mappings(start, entries).and_then(|()| {
-            let mm = self.address_spaces.get(&tgid).copied().unwrap_or(0);
+            let space = self.address_spaces.get(&tgid).copied().unwrap_or_default();
             self.store()
-                .set_process(tgid, start as u32, count as u32, mm)
+                .set_process(tgid, start as u32, count as u32, space)
         });
         if let Err(e) = written {
             self.mappings.free(start, count);
@@ -941,13 +951,13 @@ impl crate::deferred::ProcessTables for Unwinder {
     fn with_tables(
         &mut self,
         tgid: u32,
-        mm: u64,
+        space: AddressSpace,
         f: &mut dyn FnMut(&[types::unwind_mapping], &[types::unwind_row]),
     ) -> bool {
         let Some((start, len)) = self
             .processes
             .get(&tgid)
-            .filter(|p| p.mm == mm)
+            .filter(|p| p.space == space && space.mm != 0)
             .and_then(|p| p.slice)
         else {
             return false;
@@ -1104,7 +1114,13 @@ mod tests {
             assert!(start + m.len() <= self.mappings);
             Ok(())
         }
-        fn set_process(&mut self, tgid: u32, start: u32, count: u32, _mm: u64) -> Result<()> {
+        fn set_process(
+            &mut self,
+            tgid: u32,
+            start: u32,
+            count: u32,
+            _space: AddressSpace,
+        ) -> Result<()> {
             self.procs.borrow_mut().insert(tgid, (start, count));
             Ok(())
         }

@@ -900,17 +900,31 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 	return u->pc && u->sp ? 0 : -1;
 }
 
+/* The address space of `task` and the size of its executable mappings
+ * (0, 0 for a task without one). */
+static __always_inline __u64 address_space(struct task_struct *task, __u64 *exec_vm)
+{
+	struct mm_struct *mm = BPF_CORE_READ(task, mm);
+
+	*exec_vm = mm ? BPF_CORE_READ(mm, exec_vm) : 0;
+	return (__u64)mm;
+}
+
 /* The unwind tables of process `tgid` if they are ready for its address
- * space `mm`, else NULL (counted).  The tables describe the address space
- * they were built for: the first unwind claims it, and an exec() or a
- * reused pid since makes them stale until userspace has built new ones. */
-static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm)
+ * space `mm` with executable mappings of `exec_vm` pages, else NULL.  The
+ * tables describe the mappings they were built for: the first unwind
+ * claims them where userspace could not say whose they are, and an exec(),
+ * a library mapped or unmapped, or a reused pid since makes them stale
+ * until userspace has built new ones. */
+static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm, __u64 exec_vm)
 {
 	struct unwind_proc *p = bpf_map_lookup_elem(&unwind_procs, &tgid);
 
-	if (p && mm && !p->mm)
+	if (p && mm && !p->mm) {
+		p->exec_vm = exec_vm;
 		p->mm = mm;
-	if (p && mm && p->mm == mm)
+	}
+	if (p && mm && p->mm == mm && p->exec_vm == exec_vm)
 		return p;
 	return NULL;
 }
@@ -941,7 +955,8 @@ static __always_inline void walk_with_tables(struct unwind_state *u, struct unwi
 static __always_inline long unwind_task(struct task_struct *task, __u32 tgid)
 {
 	struct unwind_state u = {};
-	struct unwind_proc *p = tables_of(tgid, (__u64)BPF_CORE_READ(task, mm));
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+	struct unwind_proc *p = tables_of(tgid, mm, exec_vm);
 
 	if (read_user_regs(task, &u))
 		return -1;
@@ -1103,7 +1118,7 @@ __noinline __u64 defer_user_stack(void)
 	d->s.tgid = pid_tgid >> 32;
 	d->s.pid = (__u32)pid_tgid;
 	d->s.process_start = BPF_CORE_READ(task, group_leader, start_boottime);
-	d->s.mm = (__u64)BPF_CORE_READ(task, mm);
+	d->s.mm = address_space(task, &d->s.exec_vm);
 	d->s.pc = u.pc;
 	d->s.sp = u.sp;
 	d->s.bp = u.bp;
@@ -1145,8 +1160,8 @@ __noinline __u64 defer_user_stack(void)
 __noinline __u64 user_stack_of_current(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 mm = (__u64)BPF_CORE_READ(task, mm);
-	struct unwind_proc *p = tables_of(bpf_get_current_pid_tgid() >> 32, mm);
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+	struct unwind_proc *p = tables_of(bpf_get_current_pid_tgid() >> 32, mm, exec_vm);
 	struct unwind_state u = {};
 	struct ucache *e = NULL, *pr = NULL;
 	__u32 zero = 0;
@@ -1313,7 +1328,7 @@ static __always_inline bool send_event(struct task_struct *t, __u32 tgid, __u32 
 	e->map_start = 0;
 	e->map_count = 0;
 	e->process_start = process_start(t);
-	e->mm = (__u64)BPF_CORE_READ(t, mm);
+	e->mm = address_space(t, &e->exec_vm);
 	bpf_ringbuf_submit(e, 0);
 	return true;
 }
@@ -1396,7 +1411,7 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	__u32 ctgid = TASK_READ(trusted, child, tgid);
 	struct unwind_proc *p, c = {};
 	struct task_event *e;
-	__u64 pmm, cmm;
+	__u64 pmm, cmm, pexec_vm, cexec_vm;
 
 	if (ptgid == ctgid || kernel_threads_only)
 		return;
@@ -1407,15 +1422,16 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	p = bpf_map_lookup_elem(&unwind_procs, &ptgid);
 	if (!p)
 		return;
-	pmm = (__u64)BPF_CORE_READ(parent, mm);
-	cmm = (__u64)BPF_CORE_READ(child, mm);
-	/* Tables of another address space (an exec since they were
-	 * written), or a child without one. */
-	if (!cmm || !pmm || (p->mm && p->mm != pmm))
+	pmm = address_space(parent, &pexec_vm);
+	cmm = address_space(child, &cexec_vm);
+	/* Tables of other mappings (an exec, a library mapped since they
+	 * were written), or a child without an address space. */
+	if (!cmm || !pmm || (p->mm && (p->mm != pmm || p->exec_vm != pexec_vm)))
 		return;
 	c.map_start = p->map_start;
 	c.map_count = p->map_count;
 	c.mm = cmm;
+	c.exec_vm = cexec_vm;
 	c.gen = p->gen;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -1430,6 +1446,7 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	e->map_count = c.map_count;
 	e->process_start = BPF_CORE_READ(child, start_boottime);
 	e->mm = cmm;
+	e->exec_vm = cexec_vm;
 	if (bpf_map_update_elem(&unwind_procs, &ctgid, &c, BPF_ANY)) {
 		bpf_ringbuf_discard(e, 0);
 		return;

@@ -148,6 +148,9 @@ struct task_event {
 	 * address of its mm), which the mappings userspace reads belong
 	 * to. */
 	__u64 mm;
+	/* ... and the size of its executable mappings then: with mm, what
+	 * the tables of those mappings hold for. */
+	__u64 exec_vm;
 };
 
 /*
@@ -226,6 +229,11 @@ struct unwind_proc {
 	 * processes found at the start): claimed by the first unwind in the
 	 * process (see tables_of()). */
 	__u64 mm;
+	/* ... and the size of its executable mappings then: a library
+	 * mapped since (the dynamic loader still at work, dlopen()) makes
+	 * the tables stale until userspace has written those of the new
+	 * mappings. */
+	__u64 exec_vm;
 	/* Different for every write of a process's tables: a walk kept with
 	 * the tables of one generation is not taken for another's (see
 	 * struct ucache). */
@@ -253,6 +261,7 @@ struct deferred_stack {
 	/* The address space the stack belongs to (as in struct task_event):
 	 * it is walked only with tables written for it. */
 	__u64 mm;
+	__u64 exec_vm;
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
