@@ -25,6 +25,7 @@ pub const COPY_BYTES: usize = std::mem::size_of::<types::deferred_stack>()
 use crate::bpf::types;
 use crate::process::Proc;
 use crate::tracer::{AddressSpace, RawProfile, RawUserStack, StackRef};
+use crate::unwind_table;
 
 /// How a walk over a copy ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -45,6 +46,12 @@ pub struct Regs {
     pub sp: u64,
     pub bp: u64,
 }
+
+/// Where a signal trampoline's ucontext holds the interrupted rbp, rsp and
+/// rip, from its rsp (`UCONTEXT_*` in the BPF program).
+const UCONTEXT_RBP: u64 = 0x78;
+const UCONTEXT_RSP: u64 = 0xa0;
+const UCONTEXT_RIP: u64 = 0xa8;
 
 /// Reads 8 bytes of the copy `bytes` of the stack from `base`.
 fn read_u64(bytes: &[u8], base: u64, addr: u64) -> Option<u64> {
@@ -93,11 +100,35 @@ pub fn walk(
     } = regs;
     let mut w = Walk::default();
     let read = |addr: u64| read_u64(bytes, base, addr);
+    // The frame whose pc is looked up as it is: the first, and the one a
+    // signal interrupted.
+    let mut exact_at = 0;
     for i in 0..max {
         w.frames.push(pc);
         // A return address is looked up at the call before it.
-        let at = if i == 0 { pc } else { pc.wrapping_sub(1) };
+        let at = if i == exact_at {
+            pc
+        } else {
+            pc.wrapping_sub(1)
+        };
         let ra = match rule(mappings, rows, at) {
+            Some(r) if r.kind == unwind_table::KIND_SIGNAL => {
+                // A signal trampoline: the interrupted registers are in
+                // the ucontext at sp (see unwind_step).
+                let (Some(rbp), Some(rsp), Some(rip)) = (
+                    read(sp.wrapping_add(UCONTEXT_RBP)),
+                    read(sp.wrapping_add(UCONTEXT_RSP)),
+                    read(sp.wrapping_add(UCONTEXT_RIP)),
+                ) else {
+                    w.cut = true;
+                    return w;
+                };
+                *w.frames.last_mut().expect("pushed above") = unwind_table::SIGNAL_FRAME;
+                exact_at = i + 1;
+                bp = rbp;
+                sp = rsp;
+                rip
+            }
             Some(r) => {
                 let cfa = match K(r.kind as u32) {
                     K::UNWIND_END => return w,
@@ -414,6 +445,52 @@ mod tests {
         let w = walk(regs, &copy, &maps, &rows, 2);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
         assert!(w.cut);
+    }
+
+    #[test]
+    fn through_a_signal_frame() {
+        let (mut maps, mut rows) = tables();
+        // A trampoline at 0x4000 and code at 0x5000 (CFA = rsp + 8).
+        let base = rows.len() as u32;
+        rows.extend([
+            row(0x4000, K::UNWIND_NONE, 0, 0),
+            row(0x5000, K::UNWIND_CFA_RSP, 8, 0),
+            row(0x5100, K::UNWIND_NONE, 0, 0),
+        ]);
+        rows[base as usize].kind = unwind_table::KIND_SIGNAL;
+        maps.push(types::unwind_mapping {
+            start: 0x40_4000,
+            end: 0x40_6000,
+            bias: 0x40_0000,
+            row_start: base,
+            row_count: 3,
+        });
+        let sp = 0x7fff_0000u64;
+        let mut words = vec![0u64; 0x100 / 8];
+        // The ucontext at sp: rbp, rsp, rip of the interrupted code, whose
+        // frame (at sp + 0xc0) returns into outer.
+        words[0x78 / 8] = 0x1234;
+        words[0xa0 / 8] = sp + 0xc0;
+        words[0xa8 / 8] = 0x40_5000; // at a function's first byte
+        words[0xc0 / 8] = 0x40_3010;
+        let w = walk(
+            Regs {
+                pc: 0x40_4000,
+                sp,
+                bp: 0,
+            },
+            &stack(&words),
+            &maps,
+            &rows,
+            127,
+        );
+        // 0x40_5000 is looked up as it is (at pc - 1 it would be in no
+        // row: frame pointers, bp 0x1234 outside the copy, cut).
+        assert_eq!(
+            w.frames,
+            vec![unwind_table::SIGNAL_FRAME, 0x40_5000, 0x40_3010]
+        );
+        assert!(!w.cut);
     }
 
     #[test]
