@@ -275,8 +275,9 @@ pub struct Args {
     #[arg(long = "unwind", value_enum, default_value = "dwarf")]
     pub unwind: UnwindArg,
 
-    /// Kernel memory for the DWARF unwind tables, in MiB
-    #[arg(long = "unwind-memory", value_name = "MIB", default_value = "16")]
+    /// Kernel memory for the DWARF unwind tables, in MiB (auto: 1/256 of
+    /// the machine's memory, 16 to 128)
+    #[arg(long = "unwind-memory", value_name = "MIB", default_value = "auto")]
     pub unwind_memory: String,
 
     /// Do not show inlined functions as frames of their own
@@ -573,7 +574,11 @@ impl Args {
         if depth == 0 || depth > MAX_STACK_DEPTH as u64 {
             bail!("--perf-max-stack-depth must be between 1 and {MAX_STACK_DEPTH}: {depth}");
         }
-        let unwind_mib = parse_u64("--unwind-memory", &self.unwind_memory)?;
+        let unwind_mib = if self.unwind_memory == "auto" {
+            auto_unwind_mib(crate::process::memory_total())
+        } else {
+            parse_u64("--unwind-memory", &self.unwind_memory)?
+        };
         if !(1..=4096).contains(&unwind_mib) {
             bail!("--unwind-memory must be between 1 and 4096 MiB: {unwind_mib}");
         }
@@ -1140,4 +1145,25 @@ pub fn check_targets(tracer: &TracerOptions) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--unwind-memory auto`: 1/256 of the machine's memory (`total` bytes,
+/// where known), at least 16 MiB and at most 128: room for the tables of
+/// the largest programs (a compiler that maps LLVM needs about 20 MiB) on
+/// any machine of 4 GiB or more.
+fn auto_unwind_mib(total: Option<u64>) -> u64 {
+    total.map_or(16, |t| (t >> 20) / 256).clamp(16, 128)
+}
+
+#[cfg(test)]
+mod unwind_memory_tests {
+    use super::auto_unwind_mib;
+
+    #[test]
+    fn auto_unwind_memory_follows_the_machine() {
+        assert_eq!(auto_unwind_mib(None), 16);
+        assert_eq!(auto_unwind_mib(Some(2 << 30)), 16);
+        assert_eq!(auto_unwind_mib(Some(24 << 30)), 96);
+        assert_eq!(auto_unwind_mib(Some(1 << 40)), 128);
+    }
 }

@@ -68,6 +68,15 @@ fn parse_start(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// The machine's memory in bytes (`MemTotal` in /proc/meminfo), if it can
+/// be read.
+pub fn memory_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
