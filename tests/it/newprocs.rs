@@ -137,3 +137,45 @@ fn first_blocks_of_new_images_are_not_guessed() {
         "{whole} us under the children's whole stack:\n{stderr}"
     );
 }
+
+/// A process that maps LLVM (the toolchain's `rustc`: 2.6 million unwind
+/// rows), traced with `-p` under the default `--unwind-memory`: its tables
+/// fit, and its main thread's stack is walked with them from `_start` to
+/// the compiler's read of its source.
+#[test]
+fn the_tables_of_a_compiler_fit_by_default() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let rustc = require_tool("rustc", &[]).expect("rustc");
+    let mut compiler = KillOnDrop(
+        Command::new(rustc)
+            .args(["--crate-type", "lib", "-", "-o"])
+            .arg(tempfile::tempdir().unwrap().path().join("x.rlib"))
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("start rustc"),
+    );
+    // Waiting for its source on stdin by then.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = compiler.0.id().to_string();
+    let out = profile(&["-v", "-f", "-p", &pid, "1"]);
+    let _ = compiler.0.kill();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("do not fit") && !stderr.contains("without DWARF unwinding"),
+        "{stderr}"
+    );
+    let lines = parse_folded(&out.stdout);
+    let whole = lines.iter().any(|l| {
+        l.comm() == "rustc"
+            && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
+            && l.frames.iter().any(|f| f.contains("read_to_string"))
+    });
+    assert!(
+        whole,
+        "no stack of rustc's main thread from _start to its read:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
