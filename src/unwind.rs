@@ -1242,6 +1242,39 @@ mod tests {
     }
 
     #[test]
+    fn a_forked_child_shares_its_parents_slice_while_either_lives() {
+        let procs = FakeProcesses::new();
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let mut u = Unwinder::new(FakeStore {
+            rows: rows_of(&procs.files[0]) + 10,
+            mappings: 10,
+            procs: live.clone(),
+        });
+        cover(&mut u, &procs, 1);
+        let slice = u.processes[&1].slice.expect("the parent has tables");
+        let space = AddressSpace { mm: 7, exec_vm: 9 };
+        assert!(u.forked(1, 2, space, slice));
+        // Not the parent's slice (rewritten meanwhile): no sharing, and
+        // the entry the BPF program made is removed.
+        live.borrow_mut().insert(3, (0, 0));
+        assert!(!u.forked(1, 3, space, (slice.0 + 1, slice.1)));
+        assert!(!live.borrow().contains_key(&3));
+        // The parent exits: the slice stays the child's.
+        u.forget(1);
+        std::thread::sleep(GRACE);
+        u.reclaim();
+        assert_eq!(u.stats().mappings, slice.1);
+        assert_eq!(u.processes[&2].slice, Some(slice));
+        assert_eq!(u.processes[&2].space, space);
+        // ... and is given back once the child exits too.
+        u.forget(2);
+        std::thread::sleep(GRACE);
+        u.reclaim();
+        assert_eq!(u.stats().mappings, 0);
+        assert_eq!(u.stats().processes_forked, 1);
+    }
+
+    #[test]
     fn tables_built_before_the_store_are_written_once_it_is_set() {
         let mut procs = FakeProcesses::new();
         procs.with_libc = vec![2];

@@ -1102,7 +1102,8 @@ __noinline __u64 defer_user_stack(void)
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct unwind_state u = {};
 	struct deferred_scratch *d;
-	__u32 zero = 0, off = 0, n;
+	__u32 zero = 0, off = 0, n, at;
+	__u64 len;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	int i;
 
@@ -1134,16 +1135,24 @@ __noinline __u64 defer_user_stack(void)
 		asm volatile("" : "+r"(n));
 		if (n > 4096)
 			n = 4096;
-		if (bpf_probe_read_user(&d->s.bytes[off & (DEFERRED_STACK_BYTES - 1)], n,
-					(void *)(u.sp + off)))
+		/* The mask too: the compiler drops it (off is below the
+		 * bound), and the verifier of 6.1 loses the bound. */
+		at = off;
+		asm volatile("" : "+r"(at));
+		at &= DEFERRED_STACK_BYTES - 1;
+		if (bpf_probe_read_user(&d->s.bytes[at], n, (void *)(u.sp + off)))
 			break;
 		off += n;
 		n = 4096;
 	}
-	if (off > DEFERRED_STACK_BYTES)
-		off = DEFERRED_STACK_BYTES;
-	d->s.len = off;
-	if (bpf_ringbuf_output(&deferred_stacks, &d->s, DEFERRED_HEADER_BYTES + off, 0)) {
+	/* A 64-bit copy bounded where the verifier sees it (that of 6.1
+	 * loses a bound the compiler puts on a 32-bit copy). */
+	len = off;
+	asm volatile("" : "+r"(len));
+	if (len > DEFERRED_STACK_BYTES)
+		len = DEFERRED_STACK_BYTES;
+	d->s.len = len;
+	if (bpf_ringbuf_output(&deferred_stacks, &d->s, DEFERRED_HEADER_BYTES + len, 0)) {
 		count(CNT_UNWIND_DEFER_LOST);
 		return STACK_ID_MISSED_ERROR;
 	}

@@ -577,6 +577,7 @@ impl Registry {
         let tgid = p.tgid;
         let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
             self.starts.remove(&tgid);
+            self.inherited.remove(&tgid);
             self.processes.remove(&tgid)
         } else {
             self.superseded.remove(&p)
