@@ -928,7 +928,7 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             "offcputime: {} user stacks taken before their process's unwind tables were ready \
              were cut short: deeper than the {} KiB of stack copied at the block",
             d.cut,
-            crate::deferred::COPY_BYTES >> 10
+            crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }
     let missed = (d.unwalked + d.unstored) as u64 + c.unwind_defer_lost;

@@ -18,9 +18,14 @@
 
 use std::collections::HashMap;
 
-/// Bytes of stack copied at most (`DEFERRED_STACK_BYTES`).
+/// Bytes of stack copied at most (`DEFERRED_STACK_BYTES`), from the start
+/// of the stack pointer's page.
 pub const COPY_BYTES: usize = std::mem::size_of::<types::deferred_stack>()
     - std::mem::offset_of!(types::deferred_stack, bytes);
+
+/// ... so at least this many above the stack pointer, where the stack has
+/// them.
+pub const COPY_BYTES_ABOVE_SP: usize = COPY_BYTES - 4096;
 
 use crate::bpf::types;
 use crate::process::Proc;
@@ -81,18 +86,18 @@ fn rule(
     Some(table[at]).filter(|r| r.kind != types::unwind_kind::UNWIND_NONE.0 as u8)
 }
 
-/// Walks the copied stack `bytes` (from `regs.sp`) through the tables of a
-/// process, `mappings` into `rows`, by the rules of the BPF program's
-/// `unwind_step`: at most `max` frames.
+/// Walks the copied stack `bytes` (of the addresses from `base` on)
+/// through the tables of a process, `mappings` into `rows`, by the rules
+/// of the BPF program's `unwind_step`: at most `max` frames.
 pub fn walk(
     regs: Regs,
+    base: u64,
     bytes: &[u8],
     mappings: &[types::unwind_mapping],
     rows: &[types::unwind_row],
     max: usize,
 ) -> Walk {
     use types::unwind_kind as K;
-    let base = regs.sp;
     let Regs {
         mut pc,
         mut sp,
@@ -278,7 +283,7 @@ impl Deferred {
                             sp: s.sp,
                             bp: s.bp,
                         };
-                        done.push((s.id, walk(regs, &s.bytes, mappings, rows, max)));
+                        done.push((s.id, walk(regs, s.base, &s.bytes, mappings, rows, max)));
                     }
                 });
             }
@@ -396,6 +401,7 @@ mod tests {
                 sp,
                 bp: sp + 24,
             },
+            sp,
             &copy,
             &maps,
             &rows,
@@ -418,6 +424,7 @@ mod tests {
                 sp,
                 bp: sp + 24,
             },
+            sp,
             &copy,
             &maps,
             &rows,
@@ -438,11 +445,11 @@ mod tests {
             sp,
             bp: sp,
         };
-        let w = walk(regs, &copy, &maps, &rows, 127);
+        let w = walk(regs, sp, &copy, &maps, &rows, 127);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000, 0x50_0100]);
         assert_eq!(w.fp_frames, 2);
         assert!(!w.cut);
-        let w = walk(regs, &copy, &maps, &rows, 2);
+        let w = walk(regs, sp, &copy, &maps, &rows, 2);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
         assert!(w.cut);
     }
@@ -479,6 +486,7 @@ mod tests {
                 sp,
                 bp: 0,
             },
+            sp,
             &stack(&words),
             &maps,
             &rows,

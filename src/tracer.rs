@@ -431,7 +431,9 @@ pub struct RawUserStack {
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
-    /// The stack from `sp` on.
+    /// Where `bytes` start: the page that holds `sp`.
+    pub base: u64,
+    /// The stack from `base` on.
     pub bytes: Vec<u8>,
 }
 
@@ -444,6 +446,7 @@ impl RawUserStack {
         let u32_at = |o: usize| Some(u32::from_ne_bytes(data.get(o..o + 4)?.try_into().ok()?));
         let len = u32_at(offset_of!(D, len))? as usize;
         let bytes = data.get(offset_of!(D, bytes)..)?.get(..len)?.to_vec();
+        let sp = u64_at(offset_of!(D, sp))?;
         Some(RawUserStack {
             id: u64_at(offset_of!(D, id))?,
             proc: Proc {
@@ -456,8 +459,9 @@ impl RawUserStack {
                 exec_vm: u64_at(offset_of!(D, exec_vm))?,
             },
             pc: u64_at(offset_of!(D, pc))?,
-            sp: u64_at(offset_of!(D, sp))?,
+            sp,
             bp: u64_at(offset_of!(D, bp))?,
+            base: sp & !4095,
             bytes,
         })
     }

@@ -1065,11 +1065,9 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 #define USTACK_NO_REGS 5
 
 /* The copies of user stacks for userspace (struct deferred_stack), made
- * in this CPU's scratch: 4 KiB more than a copy, so that a read of up to a
- * page from any offset inside it stays in bounds. */
+ * in this CPU's scratch. */
 struct deferred_scratch {
 	struct deferred_stack s;
-	__u8 slack[4096];
 	/* Copies made on this CPU: the ids' low bits. */
 	__u64 seq;
 };
@@ -1093,17 +1091,18 @@ struct {
  * The current task's user stack, copied for userspace to walk (see struct
  * deferred_stack): its id, STACK_ID_MISSED_ERROR where the ring buffer has
  * no room (counted), or USTACK_NO_REGS where its registers cannot be
- * read.  The stack is read a page at a time from the stack pointer, up to
- * DEFERRED_STACK_BYTES or the first page that cannot be read (the top of
- * the stack).  A global function, checked once on its own.
+ * read.  The stack is read a page at a time from the page of the stack
+ * pointer, up to DEFERRED_STACK_PAGES or the first page that cannot be
+ * read (the top of the stack).  A global function, checked once on its
+ * own.
  */
 __noinline __u64 defer_user_stack(void)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct unwind_state u = {};
 	struct deferred_scratch *d;
-	__u32 zero = 0, off = 0, n, at;
-	__u64 len;
+	__u32 zero = 0;
+	__u64 base, len = 0;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	int i;
 
@@ -1124,33 +1123,15 @@ __noinline __u64 defer_user_stack(void)
 	d->s.sp = u.sp;
 	d->s.bp = u.bp;
 	d->s._pad = 0;
-	/* The rest of the stack pointer's page, then whole pages. */
-	n = 4096 - (u.sp & 4095);
-	for (i = 0; i < DEFERRED_STACK_BYTES / 4096 + 1; i++) {
-		if (off >= DEFERRED_STACK_BYTES)
+	/* Whole pages from the one that holds the stack pointer, up to the
+	 * first that cannot be read (the top of the stack): reads of a
+	 * constant size at constant offsets, which every verifier follows. */
+	base = u.sp & ~4095ULL;
+	for (i = 0; i < DEFERRED_STACK_PAGES; i++) {
+		if (bpf_probe_read_user(&d->s.bytes[i * 4096], 4096, (void *)(base + i * 4096)))
 			break;
-		if (n > DEFERRED_STACK_BYTES - off)
-			n = DEFERRED_STACK_BYTES - off;
-		/* The compiler forgets the bounds above (see unwind_step). */
-		asm volatile("" : "+r"(n));
-		if (n > 4096)
-			n = 4096;
-		/* The mask too: the compiler drops it (off is below the
-		 * bound), and the verifier of 6.1 loses the bound. */
-		at = off;
-		asm volatile("" : "+r"(at));
-		at &= DEFERRED_STACK_BYTES - 1;
-		if (bpf_probe_read_user(&d->s.bytes[at], n, (void *)(u.sp + off)))
-			break;
-		off += n;
-		n = 4096;
+		len += 4096;
 	}
-	/* A 64-bit copy bounded where the verifier sees it (that of 6.1
-	 * loses a bound the compiler puts on a 32-bit copy). */
-	len = off;
-	asm volatile("" : "+r"(len));
-	if (len > DEFERRED_STACK_BYTES)
-		len = DEFERRED_STACK_BYTES;
 	d->s.len = len;
 	if (bpf_ringbuf_output(&deferred_stacks, &d->s, DEFERRED_HEADER_BYTES + len, 0)) {
 		count(CNT_UNWIND_DEFER_LOST);

@@ -243,13 +243,15 @@ struct unwind_proc {
 /*
  * --unwind dwarf: the user stack of a block whose process has no unwind
  * tables yet (its first blocks, before userspace has read its mappings),
- * copied from its stack pointer with the registers the walk starts from,
+ * copied from its stack pointer's page on, with the registers the walk
+ * starts from,
  * and sent on the `deferred_stacks` ring buffer.  Userspace walks it with
  * the same tables, by the same rules, once they are written; the block is
  * counted under `id` meanwhile.  A walk that needs stack memory beyond the
  * copy is cut there, and counted.
  */
-#define DEFERRED_STACK_BYTES 16384
+#define DEFERRED_STACK_PAGES 5
+#define DEFERRED_STACK_BYTES (DEFERRED_STACK_PAGES * 4096)
 
 struct deferred_stack {
 	/* The stack id the block is counted under (STACK_ID_DEFERRED_BIT). */
@@ -265,7 +267,9 @@ struct deferred_stack {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
-	/* Bytes copied from sp on (only these are sent). */
+	/* Bytes copied, from the start of the page that holds sp (at least
+	 * 16 KiB above sp, where the stack has them; only these are
+	 * sent). */
 	__u32 len;
 	__u32 _pad;
 	__u8 bytes[DEFERRED_STACK_BYTES];

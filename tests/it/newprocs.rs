@@ -11,22 +11,7 @@ use crate::util::*;
 /// Builds `tests/workloads/forker.c` without frame pointers.
 fn build_forker(dir: &Path) -> PathBuf {
     let cc = require_tool("cc", &[PathBuf::from("/usr/bin/cc")]).expect("a C compiler");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/forker.c");
-    let exe = dir.join("forker");
-    let out = Command::new(cc)
-        .args(["-O2", "-g", "-fomit-frame-pointer"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "building {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    build_workload(&cc, "forker", &["-O2", "-g", "-fomit-frame-pointer"], dir)
 }
 
 /// Whether `l` has every one of `frames`, root first in this order.

@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use offcputime::symbolize::{SymbolizeOptions, SIGNAL_FRAME_NAME};
@@ -50,20 +49,8 @@ fn gdb_agrees_through_signal_frames() {
     };
     let _g = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let exe = dir.path().join("signals");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/signals.c");
-    let out = Command::new(&clang)
-        .args(["-O2", "-g", "-pthread", "-fomit-frame-pointer"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run clang");
-    assert!(
-        out.status.success(),
-        "building signals.c: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let flags = ["-O2", "-g", "-pthread", "-fomit-frame-pointer"];
+    let exe = build_workload(&clang, "signals", &flags, dir.path());
     let wl = Running::start(&exe);
     let pid = wl.pid.to_string();
 

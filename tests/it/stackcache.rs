@@ -13,7 +13,6 @@
 //! cache must have been used.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::unwind::Running;
 use crate::util::*;
@@ -195,21 +194,6 @@ fn proved_unchanged(stderr: &str) -> u64 {
 }
 
 fn compile(clang: &Path, fp: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/stackcache.c");
-    let exe = dir.join("stackcache");
-    let out = Command::new(clang)
-        .args(["-O2", "-g", "-pthread", fp])
-        .arg("-fno-optimize-sibling-calls")
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run clang");
-    assert!(
-        out.status.success(),
-        "building {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    let flags = ["-O2", "-g", "-pthread", fp, "-fno-optimize-sibling-calls"];
+    build_workload(clang, "stackcache", &flags, dir)
 }

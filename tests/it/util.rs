@@ -1,7 +1,7 @@
 //! Helpers shared by the tests.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -925,4 +925,27 @@ pub fn wait_for_line(lines: &std::sync::mpsc::Receiver<(u64, String)>, what: &st
             Err(e) => panic!("no line with {what:?} from offcputime: {e}"),
         }
     }
+}
+
+/// Builds `tests/workloads/NAME.c` into `dir/NAME` with `compiler` and
+/// `flags`; panics with the compiler's output if that fails.
+pub fn build_workload(compiler: &Path, name: &str, flags: &[&str], dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/workloads")
+        .join(format!("{name}.c"));
+    let exe = dir.join(name);
+    let out = Command::new(compiler)
+        .args(flags)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", compiler.display()));
+    assert!(
+        out.status.success(),
+        "building {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
 }
