@@ -229,6 +229,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         exits: Exits::default(),
         scan: None,
         stats: StatsLine::from_env(began),
+        raised: None,
     };
     if config.interval.is_some() {
         symbolizer.keep_user_names();
@@ -931,14 +932,17 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }
-    let missed = (d.unwalked + d.unstored) as u64 + c.unwind_defer_lost;
+    let missed = (d.unwalked + d.unstored + d.dropped) as u64 + c.unwind_defer_lost;
     if missed > 0 {
         eprintln!(
             "offcputime: {missed} user stacks taken before their process's unwind tables were \
              ready are missed: {} of processes that exited before their mappings could be read \
-             or whose tables could not be made, {} lost for want of room to copy them, {} for \
-             want of room to store them (--stack-storage-size)",
-            d.unwalked, c.unwind_defer_lost, d.unstored
+             or whose tables could not be made, {} lost for want of room to copy or keep them \
+             (more new threads blocking at once than the profiler could take in), {} for want \
+             of room to store them (--stack-storage-size)",
+            d.unwalked,
+            c.unwind_defer_lost + d.dropped as u64,
+            d.unstored
         );
     }
     let (missing, more) = u.not_covered();
@@ -1002,6 +1006,10 @@ struct Collector<'t> {
     exits: Exits,
     scan: Option<crate::tracer::StackScan<'t>>,
     stats: StatsLine,
+    /// Raised to nice -20 while copied stacks wait for their tables: on a
+    /// machine whose CPUs the new processes keep busy, tables that come
+    /// late cost their blocks' stacks.
+    raised: Option<crate::priority::Raised>,
 }
 
 impl<'t> Collector<'t> {
@@ -1116,6 +1124,11 @@ impl<'t> Collector<'t> {
             },
         };
         self.stats.maybe_print(unwinder.as_ref());
+        if deferred.is_waiting() {
+            self.raised.get_or_insert_with(crate::priority::raise);
+        } else {
+            self.raised = None;
+        }
         busy || scanning
     }
 }

@@ -201,7 +201,14 @@ pub struct DeferredStats {
     pub unwalked: usize,
     /// Walked, but the table of stacks was full.
     pub unstored: usize,
+    /// Let go unwalked: copies waiting took [`MAX_WAITING_BYTES`].
+    pub dropped: usize,
 }
+
+/// Copies kept waiting for their tables at most, in bytes: under a flood
+/// of new processes' first blocks, the rest are let go (and counted), so
+/// that the profiler's memory stays bounded.
+pub const MAX_WAITING_BYTES: usize = 64 << 20;
 
 /// Where a process's tables are read from (the unwinder), for
 /// [`Deferred::walk_ready`].
@@ -222,6 +229,8 @@ pub trait ProcessTables {
 pub struct Deferred {
     max_frames: usize,
     waiting: HashMap<u32, Vec<RawUserStack>>,
+    /// Bytes of stack the waiting copies hold.
+    waiting_bytes: usize,
     stats: DeferredStats,
 }
 
@@ -231,6 +240,7 @@ impl Deferred {
         Deferred {
             max_frames,
             waiting: HashMap::new(),
+            waiting_bytes: 0,
             stats: DeferredStats::default(),
         }
     }
@@ -238,6 +248,11 @@ impl Deferred {
     pub fn add(&mut self, stacks: Vec<RawUserStack>) {
         self.stats.received += stacks.len();
         for s in stacks {
+            if self.waiting_bytes + s.bytes.len() > MAX_WAITING_BYTES {
+                self.stats.dropped += 1;
+                continue;
+            }
+            self.waiting_bytes += s.bytes.len();
             self.waiting.entry(s.proc.tgid).or_default().push(s);
         }
     }
@@ -263,6 +278,7 @@ impl Deferred {
             let Some(mut stacks) = self.waiting.remove(&tgid) else {
                 continue;
             };
+            self.waiting_bytes -= stacks.iter().map(|s| s.bytes.len()).sum::<usize>();
             // Copies of an earlier process at this pid cannot be walked
             // any more.
             if now.is_some() {
@@ -299,6 +315,7 @@ impl Deferred {
             }
             stacks.retain(|s| !walked.contains(&s.id));
             if !stacks.is_empty() {
+                self.waiting_bytes += stacks.iter().map(|s| s.bytes.len()).sum::<usize>();
                 self.waiting.insert(tgid, stacks);
             }
         }
@@ -309,7 +326,13 @@ impl Deferred {
     pub fn forget(&mut self, p: Proc) {
         if let Some(v) = self.waiting.get_mut(&p.tgid) {
             let before = v.len();
+            let bytes: usize = v
+                .iter()
+                .filter(|s| s.proc == p)
+                .map(|s| s.bytes.len())
+                .sum();
             v.retain(|s| s.proc != p);
+            self.waiting_bytes -= bytes;
             self.stats.unwalked += before - v.len();
             if v.is_empty() {
                 self.waiting.remove(&p.tgid);
@@ -340,6 +363,7 @@ impl Deferred {
     pub fn give_up(&mut self) {
         self.stats.unwalked += self.waiting.values().map(Vec::len).sum::<usize>();
         self.waiting.clear();
+        self.waiting_bytes = 0;
     }
 
     pub fn stats(&self) -> DeferredStats {

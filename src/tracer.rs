@@ -1381,16 +1381,6 @@ impl<'obj> Tracer<'obj> {
         let pending = std::cell::RefCell::new(Vec::<TaskEvent>::new());
         let stacks = std::cell::RefCell::new(Vec::<RawUserStack>::new());
         let mut builder = RingBufferBuilder::new();
-        if self.deferring {
-            builder
-                .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
-                    if let Some(s) = RawUserStack::parse(data) {
-                        stacks.borrow_mut().push(s);
-                    }
-                    0
-                })
-                .context("failed to set up the stack ring buffer")?;
-        }
         builder
             .add(&self.skel.maps.events, |data: &[u8]| {
                 let mut ev = types::task_event::default();
@@ -1421,10 +1411,21 @@ impl<'obj> Tracer<'obj> {
                 0
             })
             .context("failed to set up the event ring buffer")?;
+        // After the events: a round takes them first.
+        if self.deferring {
+            builder
+                .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
+                    if let Some(s) = RawUserStack::parse(data) {
+                        stacks.borrow_mut().push(s);
+                    }
+                    0
+                })
+                .context("failed to set up the stack ring buffer")?;
+        }
         let ringbuf = builder
             .build()
             .context("failed to set up the event ring buffer")?;
-        let mut busy = false;
+        let (mut busy, mut more) = (false, false);
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -1446,11 +1447,20 @@ impl<'obj> Tracer<'obj> {
             } else {
                 timeout
             };
-            match ringbuf.poll(timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("failed to poll the event ring buffer"),
+            // A round takes at most RECORDS_PER_ROUND records: a flood
+            // of copied stacks (thousands of threads of new processes)
+            // must not keep the news that ends it (their processes'
+            // mappings, hence tables) from being dealt with.
+            if !more {
+                wait_readable(ringbuf.epoll_fd(), timeout)
+                    .context("failed to poll the event ring buffer")?;
             }
+            let taken = ringbuf.consume_raw_n(RECORDS_PER_ROUND);
+            if taken < 0 && taken != -libc::EINTR {
+                return Err(std::io::Error::from_raw_os_error(-taken))
+                    .context("failed to read the event ring buffer");
+            }
+            more = taken >= RECORDS_PER_ROUND as i32;
             if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -2027,6 +2037,26 @@ impl<T: Copy> WindowedArray<T> {
         }
         Ok(())
     }
+}
+
+/// Records read from the ring buffers between two rounds of dealing with
+/// them (see [`Tracer::wait`]).
+const RECORDS_PER_ROUND: usize = 256;
+
+/// Waits until the epoll descriptor `fd` (a ring buffer's) is readable, or
+/// `timeout` has passed, or a signal came.
+fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
+    let mut event = libc::epoll_event { events: 0, u64: 0 };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one event's room, as said.
+    let n = unsafe { libc::epoll_wait(fd, &mut event, 1, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// The ring buffer of user stacks copied for userspace to walk (see

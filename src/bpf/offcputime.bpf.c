@@ -1070,7 +1070,22 @@ struct deferred_scratch {
 	struct deferred_stack s;
 	/* Copies made on this CPU: the ids' low bits. */
 	__u64 seq;
+	/* What this CPU may still copy (see DEFERRED_COPY_NS), and when
+	 * that was last worked out. */
+	__u64 credit_ns;
+	__u64 credit_at;
 };
+
+/*
+ * Copies cost the switch they are made in a few microseconds each: a CPU
+ * makes one per DEFERRED_COPY_NS at most, in bursts of up to
+ * DEFERRED_COPY_BURST, so that thousands of threads of new processes
+ * blocking at once (before userspace has their tables, a few milliseconds)
+ * cost a bounded share of it.  The blocks beyond are counted as lost for
+ * want of room, as where the ring buffer is full.
+ */
+#define DEFERRED_COPY_NS 250000ULL
+#define DEFERRED_COPY_BURST 512ULL
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -1102,7 +1117,7 @@ __noinline __u64 defer_user_stack(void)
 	struct unwind_state u = {};
 	struct deferred_scratch *d;
 	__u32 zero = 0;
-	__u64 base, len = 0;
+	__u64 base, len = 0, now;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	int i;
 
@@ -1112,6 +1127,16 @@ __noinline __u64 defer_user_stack(void)
 	/* No address space (an exiting task): no user memory to copy. */
 	if (read_user_regs(task, &u) || !BPF_CORE_READ(task, mm))
 		return USTACK_NO_REGS;
+	now = bpf_ktime_get_ns();
+	d->credit_ns += now - d->credit_at;
+	d->credit_at = now;
+	if (d->credit_ns > DEFERRED_COPY_NS * DEFERRED_COPY_BURST)
+		d->credit_ns = DEFERRED_COPY_NS * DEFERRED_COPY_BURST;
+	if (d->credit_ns < DEFERRED_COPY_NS) {
+		count(CNT_UNWIND_DEFER_LOST);
+		return STACK_ID_MISSED_ERROR;
+	}
+	d->credit_ns -= DEFERRED_COPY_NS;
 	d->seq++;
 	d->s.id = STACK_ID_DEFERRED_BIT | (__u64)bpf_get_smp_processor_id() << 40 |
 		  (d->seq & ((1ULL << 40) - 1));
