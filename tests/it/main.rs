@@ -13,6 +13,7 @@ mod intervals;
 mod newprocs;
 mod push;
 mod reading;
+mod realworld;
 mod sampling;
 mod signals;
 mod snapshot;

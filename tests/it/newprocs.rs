@@ -20,18 +20,6 @@ fn in_order(l: &Folded, frames: &[&str]) -> bool {
     at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1])
 }
 
-/// The count before `what` in the `-v` output.
-fn count_before(stderr: &str, what: &str) -> u64 {
-    let at = stderr
-        .find(what)
-        .unwrap_or_else(|| panic!("no {what:?} in:\n{stderr}"));
-    let before = stderr[..at].trim_end();
-    let start = before.rfind([' ', '(']).map_or(0, |i| i + 1);
-    before[start..]
-        .parse()
-        .unwrap_or_else(|_| panic!("no count before {what:?} in:\n{stderr}"))
-}
-
 /// Children forked 50 times a second, each sleeping 20 ms at once in its
 /// own function: at least 99% of the children's sleep is under their whole
 /// stack (down to `main` through `forker_child`), none walked with frame

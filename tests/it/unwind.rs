@@ -388,20 +388,20 @@ fn libbpf_tools_stacks(tool: &Path, sym: &mut Naming, pid: u32) -> BTreeMap<Stri
 /// One frame of gdb's backtrace.
 #[derive(Debug, Clone)]
 pub(crate) struct GdbFrame {
-    pc: u64,
+    pub(crate) pc: u64,
     /// A call inlined into the frame below it (gdb's virtual frame, at the
     /// same pc).
-    inline: bool,
+    pub(crate) inline: bool,
     /// A frame gdb reconstructs from DWARF call-site information: a
     /// function that tail-called the one above it, and so left no return
     /// address on the stack. No stack walker can see it.
-    tail_call: bool,
+    pub(crate) tail_call: bool,
     /// A signal trampoline: gdb's `<signal handler called>`. The frame
     /// after it is the interrupted code, its pc not a return address.
     pub(crate) signal: bool,
     /// gdb's name for the frame: the function's DWARF name where there is
     /// one (unqualified for Rust at `line-tables-only`).
-    name: String,
+    pub(crate) name: String,
     /// The ELF symbol gdb finds for the frame's code (for callers, for the
     /// call instruction), demangled by gdb; empty for an inline frame or
     /// where there is none.

@@ -448,6 +448,18 @@ pub fn parse_report(stdout: &[u8]) -> Vec<Entry> {
     out
 }
 
+/// The count before `what` in the `-v` output.
+pub fn count_before(stderr: &str, what: &str) -> u64 {
+    let at = stderr
+        .find(what)
+        .unwrap_or_else(|| panic!("no {what:?} in:\n{stderr}"));
+    let before = stderr[..at].trim_end();
+    let start = before.rfind([' ', '(']).map_or(0, |i| i + 1);
+    before[start..]
+        .parse()
+        .unwrap_or_else(|_| panic!("no count before {what:?} in:\n{stderr}"))
+}
+
 /// Total of the lines that satisfy `keep`.
 pub fn sum_us_where(lines: &[Folded], keep: impl Fn(&Folded) -> bool) -> u64 {
     lines.iter().filter(|l| keep(l)).map(|l| l.us).sum()
