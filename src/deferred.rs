@@ -213,15 +213,13 @@ pub const MAX_WAITING_BYTES: usize = 64 << 20;
 /// Where a process's tables are read from (the unwinder), for
 /// [`Deferred::walk_ready`].
 pub trait ProcessTables {
-    /// Calls `f` with the mappings of process `tgid` and the rows, if it
-    /// has tables for address space `space`; returns false if it has
-    /// none.
-    fn with_tables(
-        &mut self,
-        tgid: u32,
-        space: AddressSpace,
-        f: &mut dyn FnMut(&[types::unwind_mapping], &[types::unwind_row]),
-    ) -> bool;
+    /// Where the mappings of process `tgid`'s tables are (start and
+    /// length), if it has tables for address space `space`.
+    fn slice(&self, tgid: u32, space: AddressSpace) -> Option<(usize, usize)>;
+    /// Calls `f` with every row and every mapping, as written; false if
+    /// they cannot be read. (Mapping the tables costs a page-table entry
+    /// a page: once for all the copies walked together.)
+    fn read_all(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping])) -> bool;
 }
 
 /// The copied stacks waiting for their process's tables, and the frames of
@@ -272,53 +270,84 @@ impl Deferred {
         start_of: &dyn Fn(u32) -> Option<u64>,
         store: &mut dyn FnMut(u64, &[u64]) -> bool,
     ) {
-        let tgids: Vec<u32> = self.waiting.keys().copied().collect();
-        for tgid in tgids {
+        // The copies that can be walked now: of the process now at their
+        // pid, with tables for their address space.
+        let mut ready: Vec<(u32, AddressSpace, (usize, usize))> = Vec::new();
+        let mut earlier = 0;
+        for (&tgid, stacks) in &self.waiting {
             let now = start_of(tgid);
-            let Some(mut stacks) = self.waiting.remove(&tgid) else {
-                continue;
-            };
-            self.waiting_bytes -= stacks.iter().map(|s| s.bytes.len()).sum::<usize>();
-            // Copies of an earlier process at this pid cannot be walked
-            // any more.
-            if now.is_some() {
-                let before = stacks.len();
-                stacks.retain(|s| Some(s.proc.start) == now);
-                self.stats.unwalked += before - stacks.len();
-            }
-            let mut spaces: Vec<AddressSpace> = stacks.iter().map(|s| s.space).collect();
+            let mut spaces: Vec<AddressSpace> = stacks
+                .iter()
+                .filter(|s| now.is_none_or(|t| s.proc.start == t))
+                .map(|s| s.space)
+                .collect();
+            earlier += stacks.len() - spaces.len();
             spaces.sort_unstable_by_key(|s| (s.mm, s.exec_vm));
             spaces.dedup();
-            let max = self.max_frames;
-            let mut done = Vec::new();
             for space in spaces {
-                tables.with_tables(tgid, space, &mut |mappings, rows| {
-                    for s in stacks.iter().filter(|s| s.space == space) {
-                        let regs = Regs {
-                            pc: s.pc,
-                            sp: s.sp,
-                            bp: s.bp,
-                        };
-                        done.push((s.id, walk(regs, s.base, &s.bytes, mappings, rows, max)));
-                    }
-                });
-            }
-            let mut walked = std::collections::HashSet::new();
-            for (id, w) in done {
-                self.stats.walked += 1;
-                self.stats.cut += usize::from(w.cut);
-                self.stats.fp_frames += w.fp_frames;
-                if !store(id, &w.frames) {
-                    self.stats.unstored += 1;
+                if let Some(slice) = tables.slice(tgid, space) {
+                    ready.push((tgid, space, slice));
                 }
-                walked.insert(id);
-            }
-            stacks.retain(|s| !walked.contains(&s.id));
-            if !stacks.is_empty() {
-                self.waiting_bytes += stacks.iter().map(|s| s.bytes.len()).sum::<usize>();
-                self.waiting.insert(tgid, stacks);
             }
         }
+        // Copies of an earlier process at a pid cannot be walked any more.
+        if earlier > 0 {
+            for (&tgid, stacks) in self.waiting.iter_mut() {
+                if let Some(now) = start_of(tgid) {
+                    let bytes: usize = stacks
+                        .iter()
+                        .filter(|s| s.proc.start != now)
+                        .map(|s| s.bytes.len())
+                        .sum();
+                    stacks.retain(|s| s.proc.start == now);
+                    self.waiting_bytes -= bytes;
+                }
+            }
+            self.waiting.retain(|_, v| !v.is_empty());
+            self.stats.unwalked += earlier;
+        }
+        if ready.is_empty() {
+            return;
+        }
+        let max = self.max_frames;
+        let waiting = &self.waiting;
+        let mut done: Vec<(u32, u64, Walk)> = Vec::new();
+        tables.read_all(&mut |rows, mappings| {
+            for &(tgid, space, (start, len)) in &ready {
+                let Some(mappings) = mappings.get(start..start + len) else {
+                    continue;
+                };
+                for s in waiting[&tgid].iter().filter(|s| s.space == space) {
+                    let regs = Regs {
+                        pc: s.pc,
+                        sp: s.sp,
+                        bp: s.bp,
+                    };
+                    let w = walk(regs, s.base, &s.bytes, mappings, rows, max);
+                    done.push((tgid, s.id, w));
+                }
+            }
+        });
+        let mut walked = std::collections::HashSet::new();
+        for (tgid, id, w) in done {
+            self.stats.walked += 1;
+            self.stats.cut += usize::from(w.cut);
+            self.stats.fp_frames += w.fp_frames;
+            if !store(id, &w.frames) {
+                self.stats.unstored += 1;
+            }
+            walked.insert((tgid, id));
+        }
+        for (&tgid, stacks) in self.waiting.iter_mut() {
+            let bytes: usize = stacks
+                .iter()
+                .filter(|s| walked.contains(&(tgid, s.id)))
+                .map(|s| s.bytes.len())
+                .sum();
+            stacks.retain(|s| !walked.contains(&(tgid, s.id)));
+            self.waiting_bytes -= bytes;
+        }
+        self.waiting.retain(|_, v| !v.is_empty());
     }
 
     /// Process `p` is gone, and so are its tables: its copies that were

@@ -948,30 +948,17 @@ impl Unwinder {
 }
 
 impl crate::deferred::ProcessTables for Unwinder {
-    fn with_tables(
-        &mut self,
-        tgid: u32,
-        space: AddressSpace,
-        f: &mut dyn FnMut(&[types::unwind_mapping], &[types::unwind_row]),
-    ) -> bool {
-        let Some((start, len)) = self
-            .processes
+    fn slice(&self, tgid: u32, space: AddressSpace) -> Option<(usize, usize)> {
+        self.processes
             .get(&tgid)
             .filter(|p| p.space == space && space.mm != 0)
             .and_then(|p| p.slice)
-        else {
-            return false;
-        };
-        let Some(store) = self.store.as_deref() else {
-            return false;
-        };
-        store
-            .read(&mut |rows, mappings| {
-                if let Some(m) = mappings.get(start..start + len) {
-                    f(m, rows);
-                }
-            })
-            .is_ok()
+    }
+
+    fn read_all(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping])) -> bool {
+        self.store
+            .as_deref()
+            .is_some_and(|store| store.read(f).is_ok())
     }
 }
 
