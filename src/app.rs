@@ -229,12 +229,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         exits: Exits::default(),
         scan: None,
         stats: StatsLine::from_env(began),
+        raised: None,
     };
-    // The thread that takes in the BPF program's news runs raised while
-    // tracing (it sleeps but for those moments): under thousands of new
-    // threads at the user's priority it waited seconds for a CPU, and the
-    // new processes' tables came that late, their first stacks lost.
-    let _loop_raised = crate::priority::raise();
+
     if config.interval.is_some() {
         symbolizer.keep_user_names();
     }
@@ -1010,6 +1007,12 @@ struct Collector<'t> {
     exits: Exits,
     scan: Option<crate::tracer::StackScan<'t>>,
     stats: StatsLine,
+    /// Raised to nice -20 while copied stacks wait for their tables: under
+    /// thousands of new threads, at the user's priority, it waited seconds
+    /// for a CPU, and the new processes' tables came that late, their
+    /// first stacks lost. (Raised all the time, it perturbs the threads
+    /// it measures.)
+    raised: Option<crate::priority::Raised>,
 }
 
 impl<'t> Collector<'t> {
@@ -1124,6 +1127,11 @@ impl<'t> Collector<'t> {
             },
         };
         self.stats.maybe_print(unwinder.as_ref());
+        if deferred.is_waiting() {
+            self.raised.get_or_insert_with(crate::priority::raise);
+        } else {
+            self.raised = None;
+        }
         busy || scanning
     }
 }

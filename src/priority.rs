@@ -7,8 +7,8 @@
 //! threads that start tracing run at nice -20 where allowed, and go back to
 //! the priority they had once the window is open: the trace itself runs
 //! at the user's priority, but for the thread that takes in the BPF
-//! program's news (new processes, their copied stacks), which sleeps but
-//! for those moments and is raised again while tracing. Threads created while starting (the unwind
+//! program's news while stacks copied for it wait for their processes'
+//! tables (thousands of new threads at once). Threads created while starting (the unwind
 //! table builder) inherit the raised priority and drop it the next time
 //! they call [`settle`].
 

@@ -362,8 +362,9 @@ fn postgres_connection_per_transaction() {
 ///
 /// The share under the whole stack is printed, not asserted: on a 2-core
 /// machine the farm's first blocks come faster than their copies can be
-/// taken in (each CPU copies at most one stack per 250 us), and about 7%
-/// of them are missed.
+/// taken in (each CPU copies at most one stack per 250 us), and the farm
+/// can keep the profiler's event loop from a CPU for seconds: from none to
+/// all of them are missed, run to run.
 #[test]
 fn a_stackfarm_started_with_the_trace() {
     if !require_root() {
