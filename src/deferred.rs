@@ -441,25 +441,24 @@ mod tests {
         (maps, rows)
     }
 
-    #[test]
-    fn walks_a_copy_as_the_bpf_program_does() {
+    /// A walk of `words` of stack from sp 0x7fff_0000, in `leaf` (bp at sp
+    /// + 24).
+    fn walk_from_leaf(words: &[u64]) -> Walk {
         let (maps, rows) = tables();
         let sp = 0x7fff_0000u64;
+        let regs = Regs {
+            pc: 0x40_1010,
+            sp,
+            bp: sp + 24,
+        };
+        walk(regs, sp, &stack(words), &maps, &rows, 127)
+    }
+
+    #[test]
+    fn walks_a_copy_as_the_bpf_program_does() {
         // leaf's frame: 8 bytes of locals, then the return into mid.
         // mid's frame (bp = sp + 24): saved rbp, return into outer.
-        let copy = stack(&[0, 0x40_2050, 0, 0x7fff_1000, 0x40_3010]);
-        let w = walk(
-            Regs {
-                pc: 0x40_1010,
-                sp,
-                bp: sp + 24,
-            },
-            sp,
-            &copy,
-            &maps,
-            &rows,
-            127,
-        );
+        let w = walk_from_leaf(&[0, 0x40_2050, 0, 0x7fff_1000, 0x40_3010]);
         assert_eq!(w.frames, vec![0x40_1010, 0x40_2050, 0x40_3010]);
         assert!(!w.cut);
         assert_eq!(w.fp_frames, 0);
@@ -467,22 +466,8 @@ mod tests {
 
     #[test]
     fn a_walk_past_the_copy_is_cut() {
-        let (maps, rows) = tables();
-        let sp = 0x7fff_0000u64;
         // The copy ends before mid's return address.
-        let copy = stack(&[0, 0x40_2050, 0]);
-        let w = walk(
-            Regs {
-                pc: 0x40_1010,
-                sp,
-                bp: sp + 24,
-            },
-            sp,
-            &copy,
-            &maps,
-            &rows,
-            127,
-        );
+        let w = walk_from_leaf(&[0, 0x40_2050, 0]);
         assert_eq!(w.frames, vec![0x40_1010, 0x40_2050]);
         assert!(w.cut);
     }

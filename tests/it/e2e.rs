@@ -1595,20 +1595,7 @@ fn reused_pid_gets_its_own_names() {
     let mut reused: Option<KillOnDrop> = None;
     let (out, _, _) = profile_during(&["-f", "-p", &pid.to_string(), "6"], |_| {
         a.child.wait().expect("wait for the first process");
-        for _ in 0..200 {
-            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-                .expect("write ns_last_pid");
-            let b = KillOnDrop(
-                std::process::Command::new("perl")
-                    .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
-                    .spawn()
-                    .expect("start perl"),
-            );
-            if b.0.id() == pid {
-                reused = Some(b);
-                break;
-            }
-        }
+        reused = take_pid(pid);
     });
     assert!(reused.is_some(), "pid {pid} was not reused");
     let lines = parse_folded(&out.stdout);
@@ -1669,20 +1656,7 @@ fn a_pid_reused_late_in_the_window_names_each_process_its_own_way() {
         killed = monotonic_ns();
         a.child.kill().expect("kill the first process");
         a.child.wait().expect("wait for the first process");
-        for _ in 0..200 {
-            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-                .expect("write ns_last_pid");
-            let b = KillOnDrop(
-                std::process::Command::new("perl")
-                    .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
-                    .spawn()
-                    .expect("start perl"),
-            );
-            if b.0.id() == pid {
-                reused = Some(b);
-                break;
-            }
-        }
+        reused = take_pid(pid);
     });
     assert!(reused.is_some(), "pid {pid} was not reused");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1726,4 +1700,23 @@ fn a_pid_reused_late_in_the_window_names_each_process_its_own_way() {
             first.frames
         );
     }
+}
+
+/// A process (a perl loop that sleeps) started at pid `pid`, just freed,
+/// through `ns_last_pid`: None if another process took it first 200 times.
+fn take_pid(pid: u32) -> Option<KillOnDrop> {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("write ns_last_pid");
+        let b = KillOnDrop(
+            std::process::Command::new("perl")
+                .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
+                .spawn()
+                .expect("start perl"),
+        );
+        if b.0.id() == pid {
+            return Some(b);
+        }
+    }
+    None
 }
