@@ -988,10 +988,18 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
         );
         eprintln!(
             "offcputime: unwind tables: {} new processes used their parent's from the fork \
-             ({} shared by userspace); {} user stacks taken before their process's tables were \
-             ready copied and walked in userspace ({} walked, {} cut short, {} frames through \
-             frame pointers)",
-            c.unwind_forked, s.processes_forked, d.received, d.walked, d.cut, d.fp_frames,
+             ({} shared by userspace); {} user stacks of processes without tables of their own \
+             walked through those of the files they map ({} files); {} user stacks taken before \
+             their process's tables were ready copied and walked in userspace ({} walked, {} cut \
+             short, {} frames through frame pointers)",
+            c.unwind_forked,
+            s.processes_forked,
+            c.unwind_by_file,
+            s.files,
+            d.received,
+            d.walked,
+            d.cut,
+            d.fp_frames,
         );
     }
 }
@@ -1043,6 +1051,7 @@ impl<'t> Collector<'t> {
                 }
                 TaskEvent::Exited(p) => self.exits.exited(p),
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
+                TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),
             }
         }
         deferred.add(stacks);
@@ -1077,7 +1086,7 @@ impl<'t> Collector<'t> {
                                 (map_start as usize, map_count as usize),
                             );
                         }
-                        TaskEvent::Exited(_) => {}
+                        TaskEvent::Exited(_) | TaskEvent::Mapped(..) => {}
                     }
                 }
                 let building = u.poll(registry);

@@ -46,6 +46,9 @@ pub mod bpf {
     unsafe impl plain::Plain for types::offcpu_val {}
     unsafe impl plain::Plain for types::task_event {}
     unsafe impl plain::Plain for types::unwind_proc {}
+    unsafe impl plain::Plain for types::unwind_file_key {}
+    unsafe impl plain::Plain for types::unwind_file {}
+    unsafe impl plain::Plain for types::mapped_event {}
     unsafe impl plain::Plain for types::waker_info {}
     unsafe impl plain::Plain for types::snapshot_task {}
 }

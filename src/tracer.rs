@@ -378,6 +378,9 @@ pub struct LossCounters {
     /// `--unwind dwarf`: new processes given their parent's tables at the
     /// fork.
     pub unwind_forked: u64,
+    /// User stacks of processes without tables of their own walked
+    /// through the tables of the files they map.
+    pub unwind_by_file: u64,
     /// User stacks of processes without tables yet copied for userspace to
     /// walk, and lost for want of room in the ring buffer.
     pub unwind_deferred: u64,
@@ -394,6 +397,9 @@ pub enum TaskEvent {
     Changed(Proc, AddressSpace),
     /// Its last thread is gone.
     Exited(Proc),
+    /// A stack of it was walked through the files it maps, through these
+    /// mappings (the first `.1` of them).
+    Mapped(Proc, [MappedVma; MAPPED_VMAS], usize),
     /// It was forked by `parent` and shares its parent's unwind tables:
     /// the slice of mappings from `map_start`, `map_count` long.
     Forked {
@@ -404,6 +410,21 @@ pub enum TaskEvent {
         map_start: u32,
         map_count: u32,
     },
+}
+
+/// At most this many mappings come with a [`TaskEvent::Mapped`].
+pub const MAPPED_VMAS: usize = 8;
+
+/// A mapping of a file (or the vDSO: dev and ino 0) a stack was walked
+/// through, as `struct mapped_vma` gives it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappedVma {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    /// The kernel's encoding: major << 20 | minor.
+    pub dev: u64,
+    pub ino: u64,
 }
 
 /// What a process's mappings belong to: its address space (the kernel's
@@ -793,6 +814,7 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
         rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
         // For measuring and testing the cache against the walk it saves.
         rodata.ucache_on = std::env::var_os("OFFCPUTIME_NO_STACK_CACHE").is_none();
+        rodata.unwind_by_file = std::env::var_os("OFFCPUTIME_NO_FILE_TABLES").is_none();
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         if opts.wakers {
@@ -830,6 +852,10 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
             .unwind_procs
             .set_max_entries(cap.processes)
             .context("unwind processes map size")?;
+        open.maps
+            .unwind_files
+            .set_max_entries(UNWIND_FILES)
+            .context("unwind files map size")?;
         open.maps
             .deferred_stacks
             .set_max_entries(DEFERRED_RING_BYTES)
@@ -1397,6 +1423,24 @@ impl<'obj> Tracer<'obj> {
                     let event = match K(ev.kind) {
                         K::TASK_EVENT_NEW => TaskEvent::New(p, space),
                         K::TASK_EVENT_CHANGED => TaskEvent::Changed(p, space),
+                        K::TASK_EVENT_MAPPED => {
+                            let mut m = types::mapped_event::default();
+                            if plain::copy_from_bytes(&mut m, data).is_err() {
+                                return 0;
+                            }
+                            let mut vmas = [MappedVma::default(); MAPPED_VMAS];
+                            let n = (m.count as usize).min(MAPPED_VMAS).min(m.vma.len());
+                            for (to, from) in vmas.iter_mut().zip(&m.vma[..n]) {
+                                *to = MappedVma {
+                                    start: from.start,
+                                    end: from.end,
+                                    offset: from.offset,
+                                    dev: from.dev,
+                                    ino: from.ino,
+                                };
+                            }
+                            TaskEvent::Mapped(p, vmas, n)
+                        }
                         K::TASK_EVENT_FORKED => TaskEvent::Forked {
                             child: p,
                             space,
@@ -1927,6 +1971,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         sampled_short: at(C::CNT_SAMPLED_SHORT),
         sampled_out: at(C::CNT_SAMPLED_OUT),
         unwind_forked: at(C::CNT_UNWIND_FORKED),
+        unwind_by_file: at(C::CNT_UNWIND_BY_FILE),
         unwind_deferred: at(C::CNT_UNWIND_DEFERRED),
         unwind_defer_lost: at(C::CNT_UNWIND_DEFER_LOST),
     })
@@ -2063,6 +2108,11 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
 /// [`crate::deferred`]): room for 512 copies of 16 KiB between two reads.
 const DEFERRED_RING_BYTES: u32 = 8 << 20;
 
+/// Files whose tables the BPF program can find by their inode (see
+/// `struct unwind_file`): more than the objects that fit in the rows of a
+/// busy machine.
+pub const UNWIND_FILES: u32 = 16384;
+
 /// Entries of the table of blocked time (one per thread and pair of
 /// stacks): twice the stacks that can be stored, at least 65536.
 pub fn counts_capacity(stack_storage_size: u32) -> u32 {
@@ -2077,6 +2127,7 @@ pub struct UnwindStore {
     rows: WindowedArray<types::unwind_row>,
     mappings: WindowedArray<types::unwind_mapping>,
     procs: libbpf_rs::MapHandle,
+    files: libbpf_rs::MapHandle,
     /// The generation of the next process tables written.
     next_gen: u64,
 }
@@ -2088,6 +2139,8 @@ impl UnwindStore {
             mappings: WindowedArray::new(&skel.maps.unwind_maps, "unwind mappings")?,
             procs: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_procs)
                 .context("failed to open the unwind processes map")?,
+            files: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_files)
+                .context("failed to open the unwind files map")?,
             next_gen: 1,
         })
     }
@@ -2135,6 +2188,19 @@ impl crate::unwind::TableStore for UnwindStore {
     fn remove_process(&mut self, tgid: u32) {
         // Not there (never stored) is fine.
         let _ = self.procs.delete(&tgid.to_ne_bytes());
+    }
+
+    fn set_file(&mut self, key: &types::unwind_file_key, file: &types::unwind_file) -> Result<()> {
+        // SAFETY: both are plain old data.
+        let (k, v) = unsafe { (plain::as_bytes(key), plain::as_bytes(file)) };
+        self.files
+            .update(k, v, MapFlags::ANY)
+            .context("failed to store the unwind tables of a file")
+    }
+
+    fn remove_file(&mut self, key: &types::unwind_file_key) {
+        // SAFETY: plain old data.
+        let _ = self.files.delete(unsafe { plain::as_bytes(key) });
     }
 
     fn read(

@@ -26,7 +26,7 @@ use anyhow::Result;
 
 use crate::bpf::types;
 use crate::elf::{load_segments, Segment};
-use crate::process::registry::{ExecMapping, Registry};
+use crate::process::registry::{ExecMapping, FileIdentity, Registry};
 use crate::tracer::AddressSpace;
 use crate::unwind_table;
 
@@ -56,6 +56,10 @@ pub trait TableStore {
     /// Calls `f` with the rows and the mappings as written.
     fn read(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]))
         -> Result<()>;
+    /// Lets the BPF program find a file's tables by its inode (see
+    /// `struct unwind_file`), or no longer.
+    fn set_file(&mut self, key: &types::unwind_file_key, file: &types::unwind_file) -> Result<()>;
+    fn remove_file(&mut self, key: &types::unwind_file_key);
 }
 
 /// What the unwinder needs to know of processes and the files they map:
@@ -67,6 +71,8 @@ pub trait Processes {
     fn object_file(&self, object: u32) -> Option<&File>;
     /// The object's file name, for messages.
     fn object_name(&self, object: u32) -> &str;
+    /// How the kernel knows the object's file.
+    fn object_identity(&self, object: u32) -> Option<FileIdentity>;
 }
 
 impl Processes for Registry {
@@ -78,6 +84,9 @@ impl Processes for Registry {
     }
     fn object_name(&self, object: u32) -> &str {
         Registry::object_name(self, object)
+    }
+    fn object_identity(&self, object: u32) -> Option<FileIdentity> {
+        Registry::object_identity(self, object)
     }
 }
 
@@ -140,7 +149,7 @@ impl RangeAlloc {
 }
 
 /// A table asked of the builder: for whom, to report a failure once.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Requested {
     tgid: u32,
     name: String,
@@ -283,6 +292,28 @@ struct ObjectEntry {
     refs: u32,
     /// Since when no process maps it (its rows can be reused).
     idle_since: Option<Instant>,
+    /// Whether the BPF program can find it by its file (see
+    /// [`Unwinder::register`]): its rows are reused only [`GRACE`] after
+    /// it no longer can.
+    file: FileEntry,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileEntry {
+    /// No entry: never written (no identity, too many segments).
+    Never,
+    Written(FileIdentity),
+    Removed(Instant),
+}
+
+/// Rows built that wait for room that idle objects are about to give
+/// (see [`Unwinder::alloc_rows`]).
+struct Unplaced {
+    since: Instant,
+    object: u32,
+    req: Requested,
+    rows: Vec<unwind_table::Row>,
+    segments: Vec<Segment>,
 }
 
 #[derive(Debug)]
@@ -326,6 +357,8 @@ pub struct UnwindStats {
     pub processes_forgotten: usize,
     /// New processes that shared their parent's tables from the fork.
     pub processes_forked: usize,
+    /// Files the BPF program can find tables of by their inode now.
+    pub files: usize,
     /// Tables of objects no process mapped any more, dropped for room.
     pub objects_evicted: usize,
     /// Time spent building tables.
@@ -341,6 +374,10 @@ pub struct Unwinder {
     building: HashMap<u32, Requested>,
     /// Processes waiting for tables of files they map.
     waiting: HashSet<u32>,
+    /// How the kernel knows each object's file, as last noted.
+    identities: HashMap<u32, FileIdentity>,
+    /// Built tables waiting for room (see [`Unplaced`]).
+    unplaced: Vec<Unplaced>,
     rows: RangeAlloc,
     mappings: RangeAlloc,
     /// By symbolizer object id.
@@ -378,6 +415,8 @@ impl Unwinder {
             builder: Builder::start(),
             building: HashMap::new(),
             waiting: HashSet::new(),
+            identities: HashMap::new(),
+            unplaced: Vec::new(),
             rows: RangeAlloc::new(row_capacity),
             mappings: RangeAlloc::new(mapping_capacity),
             objects: HashMap::new(),
@@ -436,6 +475,11 @@ impl Unwinder {
         let mut objects: Vec<u32> = mappings.iter().map(|m| m.object).collect();
         objects.sort_unstable();
         objects.dedup();
+        for &o in &objects {
+            if let Some(identity) = procs.object_identity(o) {
+                self.identities.insert(o, identity);
+            }
+        }
         let mut pending = false;
         for &o in &objects {
             if self.building.contains_key(&o) {
@@ -530,6 +574,13 @@ impl Unwinder {
         while let Some(b) = self.builder.try_recv() {
             built.push(b);
         }
+        let placed = self.place_unplaced();
+        if placed && built.is_empty() {
+            let ready: Vec<u32> = self.waiting.iter().copied().collect();
+            for tgid in ready {
+                self.note_process(procs, tgid);
+            }
+        }
         self.take_in(procs, built);
         !self.building.is_empty()
     }
@@ -581,11 +632,49 @@ impl Unwinder {
                 }
                 self.settle(built.object, None, None, false);
             }
-            Ok(Some((rows, segments))) => {
-                let (table, wants) = self.place(req, rows, segments);
-                self.settle(built.object, table, wants, false);
+            Ok(Some((rows, segments))) => match self.place(&req, rows, segments) {
+                Ok((table, wants)) => self.settle(built.object, table, wants, false),
+                Err((rows, segments)) => self.wait_for_room(built.object, req, rows, segments),
+            },
+        }
+    }
+
+    /// Keeps built rows until the idle objects whose file entries were
+    /// just removed can give their room ([`GRACE`] from now).
+    fn wait_for_room(
+        &mut self,
+        object: u32,
+        req: Requested,
+        rows: Vec<unwind_table::Row>,
+        segments: Vec<Segment>,
+    ) {
+        self.building.insert(object, req.clone());
+        self.unplaced.push(Unplaced {
+            since: Instant::now(),
+            object,
+            req,
+            rows,
+            segments,
+        });
+    }
+
+    /// Places the rows that waited for room long enough: whether any was
+    /// settled.
+    fn place_unplaced(&mut self) -> bool {
+        let now = Instant::now();
+        let (due, wait): (Vec<Unplaced>, Vec<Unplaced>) = std::mem::take(&mut self.unplaced)
+            .into_iter()
+            .partition(|u| now.duration_since(u.since) >= GRACE);
+        self.unplaced = wait;
+        let placed = !due.is_empty();
+        for u in due {
+            self.building.remove(&u.object);
+            match self.place(&u.req, u.rows, u.segments) {
+                Ok((table, wants)) => self.settle(u.object, table, wants, false),
+                Err((rows, segments)) => self.wait_for_room(u.object, u.req, rows, segments),
             }
         }
+        placed
     }
 
     /// Records what became of an object's table, keeping its references.
@@ -599,10 +688,12 @@ impl Unwinder {
         if no_cfi {
             self.stats.objects_without_cfi += 1;
         }
-        let (refs, idle_since) = self
+        let (refs, idle_since, file) = self
             .objects
             .get(&object)
-            .map_or((0, Some(Instant::now())), |e| (e.refs, e.idle_since));
+            .map_or((0, Some(Instant::now()), FileEntry::Never), |e| {
+                (e.refs, e.idle_since, e.file)
+            });
         self.objects.insert(
             object,
             ObjectEntry {
@@ -610,25 +701,102 @@ impl Unwinder {
                 wants_rows,
                 refs,
                 idle_since,
+                file,
             },
         );
+        self.register(object);
         self.update_stats();
+    }
+
+    /// Lets the BPF program find `object`'s table by its file, for the
+    /// processes that map it before their own tables are written: the
+    /// rows and the segments that turn a mapping's file offset into the
+    /// object's addresses (see `bias`). An object without a table gets an
+    /// entry too: frame pointers are followed through it, as through a
+    /// process's mapping of it.
+    fn register(&mut self, object: u32) {
+        let Some(&identity) = self.identities.get(&object) else {
+            return;
+        };
+        let Some(e) = self.objects.get(&object) else {
+            return;
+        };
+        let mut f = types::unwind_file {
+            size: identity.size,
+            ..Default::default()
+        };
+        if let Some(t) = &e.table {
+            if t.segments.len() > f.segment.len() {
+                return;
+            }
+            f.row_start = t.row_start;
+            f.row_count = t.row_count;
+            f.segments = t.segments.len() as u32;
+            for (slot, seg) in f.segment.iter_mut().zip(&t.segments) {
+                *slot = types::unwind_file_segment {
+                    start: seg.offset & !0xfff,
+                    end: seg.offset.saturating_add(seg.filesz),
+                    delta: seg.vaddr.wrapping_sub(seg.offset),
+                };
+            }
+        }
+        let key = types::unwind_file_key {
+            dev: identity.dev,
+            ino: identity.ino,
+        };
+        let Some(store) = self.store.as_deref_mut() else {
+            return;
+        };
+        if store.set_file(&key, &f).is_ok() {
+            if let Some(e) = self.objects.get_mut(&object) {
+                e.file = FileEntry::Written(identity);
+            }
+        }
+    }
+
+    /// The BPF program no longer finds `object` by its file: its rows can
+    /// be reused [`GRACE`] from now.
+    fn unregister(&mut self, object: u32) {
+        let Some(e) = self.objects.get_mut(&object) else {
+            return;
+        };
+        let FileEntry::Written(identity) = e.file else {
+            return;
+        };
+        e.file = FileEntry::Removed(Instant::now());
+        let key = types::unwind_file_key {
+            dev: identity.dev,
+            ino: identity.ino,
+        };
+        if let Some(store) = self.store.as_deref_mut() {
+            store.remove_file(&key);
+        }
     }
 
     /// Writes built rows into the shared table, making room from idle
     /// objects if needed: the table, or None and the rows it needs.
+    /// Err: the rows fit once idle objects give their room, [`GRACE`]
+    /// from now.
+    #[allow(clippy::type_complexity)]
     fn place(
         &mut self,
-        req: Requested,
+        req: &Requested,
         rows: Vec<unwind_table::Row>,
         segments: Vec<Segment>,
-    ) -> (Option<ObjectTable>, Option<usize>) {
+    ) -> std::result::Result<
+        (Option<ObjectTable>, Option<usize>),
+        (Vec<unwind_table::Row>, Vec<Segment>),
+    > {
         let max = types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize;
         let start = if rows.len() > max {
             None
         } else {
             self.alloc_rows(rows.len(), &[])
         };
+        if start.is_none() && rows.len() <= max && self.freeing() + (self.rows.capacity - self.rows.used) >= rows.len()
+        {
+            return Err((rows, segments));
+        }
         let Some(start) = start else {
             if req.first {
                 self.refuse(
@@ -640,7 +808,7 @@ impl Unwinder {
                     ),
                 );
             }
-            return (None, (rows.len() <= max).then_some(rows.len()));
+            return Ok((None, (rows.len() <= max).then_some(rows.len())));
         };
         // Written a piece at a time, so that no second copy of a large
         // table is made.
@@ -661,16 +829,16 @@ impl Unwinder {
             if req.first {
                 self.refuse(req.tgid, &req.name, format!("{e:#}"));
             }
-            return (None, None);
+            return Ok((None, None));
         }
-        (
+        Ok((
             Some(ObjectTable {
                 row_start: start as u32,
                 row_count: rows.len() as u32,
                 segments,
             }),
             None,
-        )
+        ))
     }
 
     /// Writes the mappings of a process whose objects are all settled and
@@ -706,6 +874,9 @@ impl Unwinder {
             if let Some(e) = self.objects.get_mut(&o) {
                 e.refs += 1;
                 e.idle_since = None;
+                if matches!(e.file, FileEntry::Removed(_)) {
+                    self.register(o);
+                }
             }
         }
         let old = self.processes.remove(&tgid);
@@ -878,18 +1049,41 @@ impl Unwinder {
         let idle: usize = self
             .objects
             .iter()
-            .filter(|(id, e)| Self::evictable(id, e, keep, now))
+            .filter(|(id, e)| Self::idle(id, e, keep, now))
             .filter_map(|(_, e)| e.table.as_ref())
             .map(|t| t.row_count as usize)
             .sum();
         self.rows.capacity - self.rows.used + idle
     }
 
-    fn evictable(id: &u32, e: &ObjectEntry, keep: &[u32], now: Instant) -> bool {
+    /// An object with rows that no process noted maps, for [`GRACE`].
+    fn idle(id: &u32, e: &ObjectEntry, keep: &[u32], now: Instant) -> bool {
         e.table.is_some()
             && e.refs == 0
             && !keep.contains(id)
             && e.idle_since.is_some_and(|t| now.duration_since(t) >= GRACE)
+    }
+
+    /// ... whose rows no walk can be reading: the BPF program has not
+    /// found it by its file for [`GRACE`] either.
+    fn evictable(id: &u32, e: &ObjectEntry, keep: &[u32], now: Instant) -> bool {
+        Self::idle(id, e, keep, now)
+            && match e.file {
+                FileEntry::Never => true,
+                FileEntry::Written(_) => false,
+                FileEntry::Removed(t) => now.duration_since(t) >= GRACE,
+            }
+    }
+
+    /// Rows that objects whose file entries were removed give within
+    /// [`GRACE`].
+    fn freeing(&self) -> usize {
+        self.objects
+            .values()
+            .filter(|e| e.refs == 0 && matches!(e.file, FileEntry::Removed(_)))
+            .filter_map(|e| e.table.as_ref())
+            .map(|t| t.row_count as usize)
+            .sum()
     }
 
     /// Room for `len` rows: free space, else the space of objects idle for
@@ -905,7 +1099,30 @@ impl Unwinder {
                 .iter()
                 .filter(|(id, e)| Self::evictable(id, e, keep, now))
                 .min_by_key(|(_, e)| e.idle_since)
-                .map(|(&id, _)| id)?;
+                .map(|(&id, _)| id);
+            let Some(victim) = victim else {
+                // Idle objects the BPF program may still find by their
+                // files: no longer, the longest idle first, until their
+                // rows would do (they can be reused GRACE from now).
+                let mut idle: Vec<(Instant, u32, usize)> = self
+                    .objects
+                    .iter()
+                    .filter(|(id, e)| {
+                        Self::idle(id, e, keep, now) && matches!(e.file, FileEntry::Written(_))
+                    })
+                    .filter_map(|(&id, e)| Some((e.idle_since?, id, e.table.as_ref()?.row_count as usize)))
+                    .collect();
+                idle.sort_unstable();
+                let mut coming = self.freeing() + (self.rows.capacity - self.rows.used);
+                for (_, id, rows) in idle {
+                    if coming >= len {
+                        break;
+                    }
+                    self.unregister(id);
+                    coming += rows;
+                }
+                return None;
+            };
             if let Some(ObjectEntry { table: Some(t), .. }) = self.objects.remove(&victim) {
                 self.rows.free(t.row_start as usize, t.row_count as usize);
                 self.stats.objects_evicted += 1;
@@ -929,6 +1146,11 @@ impl Unwinder {
         self.stats.rows = self.rows.used;
         self.stats.mappings = self.mappings.used;
         self.stats.objects = self.objects.values().filter(|e| e.table.is_some()).count();
+        self.stats.files = self
+            .objects
+            .values()
+            .filter(|e| matches!(e.file, FileEntry::Written(_)))
+            .count();
         self.stats.processes = self
             .processes
             .values()
@@ -1084,6 +1306,7 @@ mod tests {
         rows: usize,
         mappings: usize,
         procs: std::rc::Rc<std::cell::RefCell<HashMap<u32, (u32, u32)>>>,
+        files: std::rc::Rc<std::cell::RefCell<HashMap<u64, u32>>>,
     }
 
     impl TableStore for FakeStore {
@@ -1120,6 +1343,17 @@ mod tests {
         ) -> Result<()> {
             f(&[], &[]);
             Ok(())
+        }
+        fn set_file(
+            &mut self,
+            key: &types::unwind_file_key,
+            file: &types::unwind_file,
+        ) -> Result<()> {
+            self.files.borrow_mut().insert(key.ino, file.row_count);
+            Ok(())
+        }
+        fn remove_file(&mut self, key: &types::unwind_file_key) {
+            self.files.borrow_mut().remove(&key.ino);
         }
     }
 
@@ -1184,6 +1418,13 @@ mod tests {
         fn object_name(&self, object: u32) -> &str {
             ["exe", "libc"][object as usize]
         }
+        fn object_identity(&self, object: u32) -> Option<FileIdentity> {
+            Some(FileIdentity {
+                dev: 1,
+                ino: u64::from(object),
+                size: self.files.get(object as usize)?.metadata().ok()?.len(),
+            })
+        }
     }
 
     /// Tables for `tgid`, built and installed.
@@ -1207,6 +1448,7 @@ mod tests {
             rows: exe_rows + 10,
             mappings: 10,
             procs: live.clone(),
+            files: Default::default(),
         });
         for round in 0..10u32 {
             for tgid in round * 5 + 1..=round * 5 + 5 {
@@ -1236,6 +1478,7 @@ mod tests {
             rows: rows_of(&procs.files[0]) + 10,
             mappings: 10,
             procs: live.clone(),
+            files: Default::default(),
         });
         cover(&mut u, &procs, 1);
         let slice = u.processes[&1].slice.expect("the parent has tables");
@@ -1283,6 +1526,7 @@ mod tests {
                 rows,
                 mappings: 4,
                 procs: live.clone(),
+                files: Default::default(),
             },
         );
         u.finish(&procs, Duration::from_secs(60));
@@ -1307,6 +1551,7 @@ mod tests {
                 rows,
                 mappings: 2,
                 procs: live.clone(),
+                files: Default::default(),
             },
         );
         u.finish(&procs, Duration::from_secs(60));
@@ -1321,14 +1566,18 @@ mod tests {
         let exe_rows = rows_of(&procs.files[0]);
         let libc_rows = rows_of(&procs.files[1]);
         let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let files = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
         // Room for either object's rows, not both.
         let mut u = Unwinder::new(FakeStore {
             rows: exe_rows.max(libc_rows),
             mappings: 16,
             procs: live.clone(),
+            files: files.clone(),
         });
         procs.with_libc = vec![2];
         cover(&mut u, &procs, 1);
+        // The BPF program finds the binary's rows by its file.
+        assert_eq!(files.borrow().get(&0), Some(&(exe_rows as u32)));
         // Process 2 maps both: libc does not fit while process 1 lives.
         cover(&mut u, &procs, 2);
         assert_eq!(u.not_covered().0.len(), 1);
@@ -1368,6 +1617,9 @@ mod tests {
             fn object_name(&self, object: u32) -> &str {
                 self.0.object_name(object)
             }
+            fn object_identity(&self, object: u32) -> Option<FileIdentity> {
+                self.0.object_identity(object)
+            }
         }
         let libc_only = LibcOnly(only_libc);
         cover(&mut u, &libc_only, 4);
@@ -1375,6 +1627,10 @@ mod tests {
         assert_eq!(s.objects_evicted, 1, "{s:?}");
         assert_eq!((s.objects, s.rows), (1, libc_rows));
         assert_eq!(live.borrow().get(&4).map(|&(_, n)| n), Some(1));
+        // The binary's file entry went before its rows were reused.
+        assert_eq!(files.borrow().get(&0), None);
+        assert_eq!(files.borrow().get(&1), Some(&(libc_rows as u32)));
+        assert_eq!(s.files, 1);
     }
 
     #[test]
@@ -1385,6 +1641,7 @@ mod tests {
             rows: 1 << 20,
             mappings: 4,
             procs: live.clone(),
+            files: Default::default(),
         });
         cover(&mut u, &procs, 7);
         let first = live.borrow()[&7];

@@ -65,6 +65,10 @@ const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 const volatile bool unwind_dwarf = false;
 /* ... and keep each thread's last walk, with its proof (struct ucache). */
 const volatile bool ucache_on = false;
+/* ... and walk processes without tables of their own through the tables of
+ * the files they map (struct unwind_file), where the kernel keeps
+ * mappings in a maple tree (6.1 on). */
+const volatile bool unwind_by_file = false;
 /* --states: blocks split by thread state, at their wake-up. */
 const volatile bool want_states = false;
 /* --wakers: the stacks of the task that woke each block. */
@@ -335,6 +339,32 @@ struct {
 	__type(value, struct unwind_proc);
 } unwind_procs SEC(".maps");
 
+/* Sized by userspace at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct unwind_file_key);
+	__type(value, struct unwind_file);
+} unwind_files SEC(".maps");
+
+/*
+ * A walk through files (see file_rule()): a node of the maple tree as read,
+ * and the last mappings found, each for one address space and one walk.
+ */
+#define MAPLE_NODE_WORDS 32
+#define FILE_MEMOS 4
+struct file_memo {
+	__u64 mm;
+	__u64 walk;
+	__u64 start;
+	__u64 end;
+	__u64 bias;
+	__u32 row_start;
+	__u32 row_count;
+};
+
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CNT_MAX);
@@ -377,6 +407,9 @@ enum unwind_limits _unwind_limits = UNWIND_MAX_OBJECT_ROWS;
 struct unwind_row _unwind_row = {};
 struct unwind_mapping _unwind_mapping = {};
 struct unwind_proc _unwind_proc = {};
+struct unwind_file_key _unwind_file_key = {};
+struct unwind_file _unwind_file = {};
+struct mapped_event _mapped_event = {};
 struct snapshot_task _snapshot_task = {};
 
 static __always_inline void count(__u32 which)
@@ -495,6 +528,69 @@ struct unwind_state {
 	/* The task whose stack it is, when it is not the current one. */
 	struct task_struct *task;
 };
+
+struct file_scratch {
+	__u64 node[MAPLE_NODE_WORDS];
+	struct file_memo memo[FILE_MEMOS];
+	/* The walk under way on this CPU, and the memo written next. */
+	__u64 walk;
+	struct unwind_file_key key;
+	__u32 next;
+	/* The mappings of files this walk went through (the first
+	 * MAPPED_VMAS). */
+	__u32 used;
+	struct mapped_vma vma[MAPPED_VMAS];
+	/* The walk itself, kept here, not on the stack: the verifier of 6.1
+	 * bounds the stack of a chain of calls (the switch hook, this walk,
+	 * its bpf_loop callback, file_rule()) to 512 bytes.  The address
+	 * space walked; whether a file without tables yet was met (the walk
+	 * is then given up). */
+	struct unwind_state st;
+	__u64 mm;
+	__u32 needs_tables;
+	__u32 _pad2;
+};
+
+/* Mapping notices sent per process (struct mapped_event): a few, for its
+ * first walks through files; userspace reads its mappings meanwhile. */
+#define MAPPED_NOTICES 4
+struct mapped_sent {
+	__u64 mm;
+	__u64 exec_vm;
+	__u32 sent;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct mapped_sent);
+} mapped_procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct file_scratch);
+} file_scratch SEC(".maps");
+
+/* The same for the start iterator, which may sleep: a switch hook on its
+ * CPU would reuse the per-CPU one meanwhile. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct file_scratch);
+} start_file_scratch SEC(".maps");
+
+static __always_inline struct file_scratch *file_scratch_of(bool start)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(start ? (void *)&start_file_scratch : (void *)&file_scratch,
+				   &zero);
+}
 
 /* The walk read `val` at `addr`: slot k of its proof in `pr`. */
 static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
@@ -665,6 +761,214 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
 	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
 }
 
+/* Maple tree nodes (lib/maple_tree.c): a node pointer is tagged with its
+ * type in bits 3..6 (and the root with 2 in bits 0..1); nodes are
+ * 256 bytes, aligned to 256.  A leaf or range node has 15 pivots (from
+ * word 1) and 16 slots (from word 16), where a node with fewer than 16
+ * entries keeps their count in the byte at 248 (its metadata); an
+ * allocation-range node (the inner nodes of a tree of mappings) has 9
+ * pivots, 10 slots (from word 10) and its count at byte 240.  Pivot k is
+ * the last address of slot k. */
+#define MAPLE_LEAF_64 1
+#define MAPLE_RANGE_64 2
+#define MAPLE_ARANGE_64 3
+#define MAPLE_DEPTH 8
+#define VM_EXEC 0x4
+
+/*
+ * The mapping of address space `mm` that holds `addr`: a lookup in its
+ * maple tree as the kernel's own (mtree_lookup_walk()), with plain reads:
+ * the tree may change meanwhile (another thread mapping or unmapping), so
+ * what is found is checked to hold `addr` and to belong to `mm`.  0 where
+ * nothing is found or the check fails, 1 where the tree has a gap at
+ * `addr` (no mapping).
+ */
+static __always_inline __u64 vma_of(__u64 mm, __u64 addr, struct file_scratch *s)
+{
+	struct mm_struct *m = (struct mm_struct *)mm;
+	struct vm_area_struct *vma;
+	__u64 entry = (__u64)BPF_CORE_READ(m, mm_mt.ma_root);
+	__u64 max = ~0ULL, piv, last;
+	__u32 type, npiv, slots, end, off, k;
+	int level;
+
+	for (level = 0; level < MAPLE_DEPTH; level++) {
+		/* The root is an internal entry (tagged 2); the nodes below
+		 * are tagged 4 (MAPLE_ENODE_NULL). */
+		if (entry < (1ULL << 63) || (level == 0 && (entry & 3) != 2))
+			return 0;
+		type = (entry >> 3) & 15;
+		if (bpf_probe_read_kernel(s->node, sizeof(s->node), (void *)(entry & ~255ULL)))
+			return 0;
+		if (type == MAPLE_ARANGE_64) {
+			npiv = 9;
+			slots = 10;
+			end = ((__u8 *)s->node)[240];
+		} else if (type == MAPLE_LEAF_64 || type == MAPLE_RANGE_64) {
+			npiv = 15;
+			slots = 16;
+			last = s->node[15];
+			if (!last)
+				end = ((__u8 *)s->node)[248];
+			else if (last == max)
+				end = 14;
+			else
+				end = 15;
+		} else {
+			return 0;
+		}
+		if (end > npiv)
+			end = npiv;
+		/* The first pivot at or above addr, else the last slot: from
+		 * the end down, so that the loop unrolls into plain compares
+		 * (the verifier of 6.1 loses the bounds of a pointer walked
+		 * through a loop that breaks early). */
+		off = end;
+#pragma clang loop unroll(full)
+		for (k = 15; k > 0; k--) {
+			piv = s->node[k & (MAPLE_NODE_WORDS - 1)];
+			if (k - 1 < end && piv >= addr)
+				off = k - 1;
+		}
+		if (off < end)
+			max = s->node[(1 + off) & (MAPLE_NODE_WORDS - 1)];
+		entry = s->node[(slots + off) & (MAPLE_NODE_WORDS - 1)];
+		if (type == MAPLE_LEAF_64)
+			break;
+	}
+	if (level == MAPLE_DEPTH)
+		return 0;
+	if (!entry)
+		return 1;
+	vma = (struct vm_area_struct *)entry;
+	if (BPF_CORE_READ(vma, vm_mm) != m || BPF_CORE_READ(vma, vm_start) > addr ||
+	    BPF_CORE_READ(vma, vm_end) <= addr)
+		return 0;
+	return entry;
+}
+
+/* The answers of file_memo() that are not a memo. */
+#define FILE_MEMO_NONE 0x100
+#define FILE_MEMO_UNKNOWN 0x101
+
+/*
+ * The mapping of address space `mm` that holds `addr`, with the tables of
+ * the file it maps (struct unwind_file): the index of the memo in
+ * file_scratch that says where they are; FILE_MEMO_NONE where the mapping
+ * has no tables, or no mapping holds `addr`, or it is not executable
+ * (frame pointers are followed there, as through a process's own tables);
+ * FILE_MEMO_UNKNOWN where the file has no entry yet, or the tree could not
+ * be read.  The last mappings found in this walk (`walk`) are kept, so
+ * that a stack through a few files looks each up once.  Split from the
+ * row lookup (row_rule()) to keep each call's stack small (see struct
+ * file_scratch).
+ */
+__noinline __u32 file_memo(__u64 addr, __u64 mm, __u64 walk, bool start_iter)
+{
+	struct unwind_file *f;
+	struct file_scratch *s;
+	struct vm_area_struct *vma;
+	struct inode *inode;
+	struct file *file;
+	__u64 entry, start, off, size = 0;
+	__u32 i, chosen = UNWIND_FILE_SEGMENTS, n;
+
+	s = file_scratch_of(start_iter);
+	if (!s)
+		return FILE_MEMO_UNKNOWN;
+	for (i = 0; i < FILE_MEMOS; i++) {
+		if (s->memo[i].mm == mm && s->memo[i].walk == walk && s->memo[i].start <= addr &&
+		    addr < s->memo[i].end)
+			return i;
+	}
+	entry = vma_of(mm, addr, s);
+	if (!entry)
+		return FILE_MEMO_UNKNOWN;
+	if (entry == 1)
+		return FILE_MEMO_NONE;
+	vma = (struct vm_area_struct *)entry;
+	if (!(BPF_CORE_READ(vma, vm_flags) & VM_EXEC))
+		return FILE_MEMO_NONE;
+	start = BPF_CORE_READ(vma, vm_start);
+	file = BPF_CORE_READ(vma, vm_file);
+	s->key.dev = 0;
+	s->key.ino = 0;
+	if (file) {
+		inode = BPF_CORE_READ(file, f_inode);
+		s->key.ino = BPF_CORE_READ(inode, i_ino);
+		s->key.dev = BPF_CORE_READ(inode, i_sb, s_dev);
+		size = BPF_CORE_READ(inode, i_size);
+	} else if (start != (__u64)BPF_CORE_READ((struct mm_struct *)mm, context.vdso)) {
+		/* Anonymous code (JIT): no tables, as in a process's. */
+		return FILE_MEMO_NONE;
+	}
+	f = bpf_map_lookup_elem(&unwind_files, &s->key);
+	if (!f || (file && f->size != size))
+		return FILE_MEMO_UNKNOWN;
+	off = BPF_CORE_READ(vma, vm_pgoff) << 12;
+	n = f->segments;
+	/* The last segment the mapping's first page reaches (as userspace's
+	 * bias()). */
+	for (i = 0; i < UNWIND_FILE_SEGMENTS; i++) {
+		if (i < n && off >= f->segment[i].start && off < f->segment[i].end)
+			chosen = i;
+	}
+	i = s->used;
+	if (i < MAPPED_VMAS) {
+		s->vma[i].start = start;
+		s->vma[i].end = BPF_CORE_READ(vma, vm_end);
+		s->vma[i].offset = off;
+		s->vma[i].dev = s->key.dev;
+		s->vma[i].ino = s->key.ino;
+		s->used = i + 1;
+	}
+	i = s->next++ & (FILE_MEMOS - 1);
+	s->memo[i].mm = mm;
+	s->memo[i].walk = walk;
+	s->memo[i].start = start;
+	s->memo[i].end = BPF_CORE_READ(vma, vm_end);
+	s->memo[i].bias = 0;
+	s->memo[i].row_start = 0;
+	s->memo[i].row_count = 0;
+	if (chosen < UNWIND_FILE_SEGMENTS) {
+		s->memo[i].bias =
+			start - off - f->segment[chosen & (UNWIND_FILE_SEGMENTS - 1)].delta;
+		s->memo[i].row_start = f->row_start;
+		s->memo[i].row_count = f->row_count;
+	}
+	return i;
+}
+
+/* The rule of the row of `count` from `start` that covers the object's
+ * address `pc` (as unwind_rule()'s answer). */
+__noinline __u64 row_rule(__u64 pc, __u32 start, __u32 count)
+{
+	struct unwind_row *r = NULL;
+
+	if (count && pc <= 0xffffffffULL)
+		r = find_row(start, count, pc);
+	if (!r)
+		return UNWIND_NONE;
+	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
+}
+
+/* The unwind rule of `addr` from the tables of the file mapped there (see
+ * file_memo()), UNWIND_UNKNOWN where it has none yet. */
+static __always_inline __u64 file_rule(__u64 addr, struct file_scratch *files, bool start_iter)
+{
+	__u32 m = file_memo(addr, files->mm, files->walk, start_iter);
+
+	if (m == FILE_MEMO_UNKNOWN)
+		return UNWIND_UNKNOWN;
+	if (m >= FILE_MEMOS)
+		return UNWIND_NONE;
+	/* The compiler forgets the bound above (see unwind_step). */
+	asm volatile("" : "+r"(m));
+	m &= FILE_MEMOS - 1;
+	return row_rule(addr - files->memo[m].bias, files->memo[m].row_start,
+			files->memo[m].row_count);
+}
+
 /* A signal trampoline's frame (UNWIND_SIGNAL): where the interrupted
  * registers are in the struct ucontext at rsp (x86-64: uc_mcontext at 40,
  * then r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip). */
@@ -679,7 +983,8 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
  * to stop (bpf_loop callback).
  */
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
-				       struct stack_copy *c, struct ucache *pr)
+				       struct stack_copy *c, struct ucache *pr,
+				       struct file_scratch *files)
 {
 	__u64 cfa, ra, frame[2], rule, ra_at, bp_at = 0, bp_val = 0;
 	__u32 idx;
@@ -700,9 +1005,19 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	u->nr = i + 1;
 
 	/* A return address is looked up at the call before it. */
-	rule = unwind_rule(i == u->exact_at ? u->pc : u->pc - 1, u->map_start, u->map_count);
+	if (files)
+		rule = file_rule(i == u->exact_at ? u->pc : u->pc - 1, files, c != NULL);
+	else
+		rule = unwind_rule(i == u->exact_at ? u->pc : u->pc - 1, u->map_start,
+				   u->map_count);
 	if (RULE_KIND(rule) != UNWIND_NONE) {
 		switch (RULE_KIND(rule)) {
+		case UNWIND_UNKNOWN:
+			if (files)
+				files->needs_tables = 1;
+			u->truncated = true;
+			u->unprovable = true;
+			return 1;
 		case UNWIND_END:
 			return 1;
 		case UNWIND_SIGNAL:
@@ -803,7 +1118,17 @@ static long unwind_step_current(__u32 i, void *arg)
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
 
-	return ips ? unwind_step(i, arg, ips, NULL, pr) : 1;
+	return ips ? unwind_step(i, arg, ips, NULL, pr, NULL) : 1;
+}
+
+/* The callback of a walk through files: its state is in file_scratch. */
+static long unwind_step_files(__u32 i, void *arg)
+{
+	__u32 zero = 0;
+	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
+	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
+
+	return ips && s ? unwind_step(i, &s->st, ips, NULL, NULL, s) : 1;
 }
 
 static long unwind_step_task(__u32 i, void *arg)
@@ -812,7 +1137,17 @@ static long unwind_step_task(__u32 i, void *arg)
 	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
 	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
 
-	return ips && c ? unwind_step(i, arg, ips, c, NULL) : 1;
+	return ips && c ? unwind_step(i, arg, ips, c, NULL, NULL) : 1;
+}
+
+static long unwind_step_task_files(__u32 i, void *arg)
+{
+	__u32 zero = 0;
+	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
+	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
+	struct file_scratch *s = file_scratch_of(true);
+
+	return ips && c && s ? unwind_step(i, arg, ips, c, NULL, s) : 1;
 }
 
 /* Copies the stack of the task being walked from its stack pointer: as
@@ -1167,6 +1502,108 @@ __noinline __u64 defer_user_stack(void)
 }
 
 /*
+ * Tells userspace which mappings the current task's walk through files
+ * went through (struct mapped_event), for the first MAPPED_NOTICES walks
+ * of its process in this address space.
+ */
+__noinline int send_mapped(__u64 mm, __u64 exec_vm, __u64 pid_tgid, __u64 start,
+			   bool start_iter)
+{
+	__u32 tgid = pid_tgid >> 32, i, n;
+	struct mapped_sent *m, fresh = { .mm = mm, .exec_vm = exec_vm };
+	struct file_scratch *s = file_scratch_of(start_iter);
+	struct mapped_event *ev;
+
+	if (!s || !s->used)
+		return 0;
+	m = bpf_map_lookup_elem(&mapped_procs, &tgid);
+	if (!m || m->mm != mm || m->exec_vm != exec_vm) {
+		bpf_map_update_elem(&mapped_procs, &tgid, &fresh, BPF_ANY);
+		m = bpf_map_lookup_elem(&mapped_procs, &tgid);
+		if (!m)
+			return 0;
+	}
+	if (m->sent >= MAPPED_NOTICES)
+		return 0;
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		count(CNT_EVENTS_DROPPED);
+		return 0;
+	}
+	m->sent++;
+	ev->e.tgid = tgid;
+	ev->e.pid = (__u32)pid_tgid;
+	ev->e.kind = TASK_EVENT_MAPPED;
+	ev->e.parent = 0;
+	ev->e.map_start = 0;
+	ev->e.map_count = 0;
+	ev->e.process_start = start;
+	ev->e.mm = mm;
+	ev->e.exec_vm = exec_vm;
+	n = s->used;
+	ev->count = n;
+	ev->_pad = 0;
+	for (i = 0; i < MAPPED_VMAS; i++)
+		ev->vma[i] = s->vma[i];
+	bpf_ringbuf_submit(ev, 0);
+	return 1;
+}
+
+/*
+ * The current task's user stack, walked through the tables of the files its
+ * process maps (see file_rule()) where it has no tables of its own, and
+ * stored: its stack id, or USTACK_NO_TABLES where a file without tables
+ * was met (or the kernel keeps no maple tree: before 6.1).  A global
+ * function, called from the hook itself with little of its own on the
+ * stack (see struct file_scratch).
+ */
+__noinline __u64 user_stack_by_files(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct file_scratch *s;
+	__u32 zero = 0, idx;
+	__u64 *ips, exec_vm, mm;
+
+	if (!unwind_by_file || !bpf_core_field_exists(((struct mm_struct *)0)->mm_mt))
+		return USTACK_NO_TABLES;
+	s = bpf_map_lookup_elem(&file_scratch, &zero);
+	if (!s)
+		return USTACK_NO_TABLES;
+	mm = address_space(task, &exec_vm);
+	if (!mm)
+		return USTACK_NO_TABLES;
+	__builtin_memset(&s->st, 0, sizeof(s->st));
+	if (read_user_regs(task, &s->st))
+		return USTACK_NO_TABLES;
+	s->st.max = clamp_stack_bytes() / sizeof(__u64);
+	s->mm = mm;
+	s->needs_tables = 0;
+	s->used = 0;
+	s->walk++;
+	bpf_loop(MAX_STACK_DEPTH, unwind_step_files, NULL, 0);
+	/* The callbacks may have run on another walk's scratch only if this
+	 * program was interrupted, which a switch hook is not. */
+	s = bpf_map_lookup_elem(&file_scratch, &zero);
+	ips = bpf_map_lookup_elem(&scratch, &zero);
+	if (!s || !ips || s->needs_tables)
+		return USTACK_NO_TABLES;
+	idx = s->st.nr;
+	if (idx < MAX_STACK_DEPTH) {
+		asm volatile("" : "+r"(idx));
+		ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	count(CNT_UNWIND_DWARF);
+	count(CNT_UNWIND_BY_FILE);
+	if (s->st.truncated)
+		count(CNT_UNWIND_TRUNCATED);
+	if (s->st.fp_frames)
+		count_n(CNT_UNWIND_FP_FRAMES, s->st.fp_frames);
+	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
+		    BPF_CORE_READ(task, group_leader, start_boottime), false);
+	return store_stack(s->st.nr * sizeof(__u64), true);
+}
+
+/*
  * The current task's user stack, walked with its process's tables (or
  * proved the same as at its last walk, see struct ucache) and stored: its
  * stack id, or USTACK_NO_TABLES.  A global function, checked once on its
@@ -1183,7 +1620,7 @@ __noinline __u64 user_stack_of_current(bool cache)
 	__u64 id, gen;
 
 	if (!p)
-		return defer_user_stack();
+		return USTACK_NO_TABLES;
 	if (read_user_regs(task, &u))
 		return USTACK_NO_REGS;
 	gen = p->gen;
@@ -1226,6 +1663,11 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf && !legacy) {
 		id = user_stack_of_current(cache);
+		if (id == USTACK_NO_TABLES) {
+			id = user_stack_by_files();
+			if (id == USTACK_NO_TABLES)
+				id = defer_user_stack();
+		}
 		if (id != USTACK_NO_TABLES && id != USTACK_NO_REGS)
 			return id;
 		if (id == USTACK_NO_TABLES)
@@ -2111,7 +2553,122 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 /* The user stack of `task`, which is not running: with its process's
  * tables where it has them, else through frame pointers, as at a
  * switch-out.  Only from the sleepable start iterator. */
-static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 tgid)
+/*
+ * Walks the user stack of `task` (blocked since before the start) through
+ * the tables of the files its process maps, as user_stack_by_files() does
+ * for the current task: its length in bytes, -1 where its registers
+ * cannot be read, -2 where a file without tables was met.
+ */
+static __always_inline long unwind_task_by_files(struct task_struct *task, __u32 tgid)
+{
+	struct unwind_state u = {};
+	struct file_scratch *s = file_scratch_of(true);
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+	__u64 *ips;
+	__u32 zero = 0, idx;
+
+	if (!unwind_by_file || !bpf_core_field_exists(((struct mm_struct *)0)->mm_mt) || !s || !mm)
+		return -2;
+	if (read_user_regs(task, &u))
+		return -1;
+	u.task = task;
+	u.max = clamp_stack_bytes() / sizeof(__u64);
+	s->mm = mm;
+	s->needs_tables = 0;
+	s->used = 0;
+	s->walk++;
+	copy_stack(&u);
+	bpf_loop(MAX_STACK_DEPTH, unwind_step_task_files, &u, 0);
+	s = file_scratch_of(true);
+	ips = bpf_map_lookup_elem(&start_scratch, &zero);
+	if (!s || !ips || s->needs_tables)
+		return -2;
+	idx = u.nr;
+	if (idx < MAX_STACK_DEPTH) {
+		asm volatile("" : "+r"(idx));
+		ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	count(CNT_UNWIND_DWARF);
+	count(CNT_UNWIND_BY_FILE);
+	if (u.truncated)
+		count(CNT_UNWIND_TRUNCATED);
+	if (u.fp_frames)
+		count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	send_mapped(mm, exec_vm, (__u64)tgid << 32 | BPF_CORE_READ(task, pid),
+		    BPF_CORE_READ(task, group_leader, start_boottime), true);
+	return u.nr * sizeof(__u64);
+}
+
+/* Whether the process of `task` has tables for its address space now. */
+static __always_inline bool tables_ready(struct task_struct *task, __u32 tgid)
+{
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+
+	return tables_of(tgid, mm, exec_vm) != NULL;
+}
+
+/*
+ * The start iterator's copy of the user stack of a task blocked since
+ * before the start whose process has no tables yet (it began as the
+ * profiler attached): sent for userspace to walk, as defer_user_stack()
+ * does for a switch-out, from a map of its own (the iterator may sleep,
+ * and a switch hook on its CPU would reuse a per-CPU one).  Its id, or
+ * STACK_ID_MISSED_ERROR (counted where the ring buffer had no room).
+ * The process is told of, so that userspace knows the address space the
+ * copy is of.
+ */
+#define START_DEFER_CPU 0x3fffffULL
+__u64 start_deferred_seq = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct deferred_stack);
+} start_deferred SEC(".maps");
+
+static __always_inline __u64 defer_task_stack(struct task_struct *task, __u32 tgid)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct deferred_stack *d;
+	__u32 zero = 0;
+	__u64 base, len = 0;
+	int i;
+
+	d = bpf_map_lookup_elem(&start_deferred, &zero);
+	if (!d || !regs)
+		return STACK_ID_MISSED_ERROR;
+	d->pc = regs->ip;
+	d->sp = regs->sp;
+	d->bp = regs->bp;
+	if (!d->pc || !d->sp)
+		return STACK_ID_MISSED_ERROR;
+	start_deferred_seq++;
+	d->id = STACK_ID_DEFERRED_BIT | START_DEFER_CPU << 40 |
+		(start_deferred_seq & ((1ULL << 40) - 1));
+	d->tgid = tgid;
+	d->pid = BPF_CORE_READ(task, pid);
+	d->process_start = BPF_CORE_READ(task, group_leader, start_boottime);
+	d->mm = address_space(task, &d->exec_vm);
+	d->_pad = 0;
+	base = d->sp & ~4095ULL;
+	for (i = 0; i < DEFERRED_STACK_PAGES; i++) {
+		if (bpf_copy_from_user_task(&d->bytes[i * 4096], 4096, (void *)(base + i * 4096),
+					    task, 0))
+			break;
+		len += 4096;
+	}
+	d->len = len;
+	if (bpf_ringbuf_output(&deferred_stacks, d, DEFERRED_HEADER_BYTES + len, 0)) {
+		count(CNT_UNWIND_DEFER_LOST);
+		return STACK_ID_MISSED_ERROR;
+	}
+	count(CNT_UNWIND_DEFERRED);
+	send_event(task, tgid, d->pid, TASK_EVENT_NEW);
+	return d->id;
+}
+
+static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 tgid, bool defer)
 {
 	struct unwind_state u = {};
 	__u32 zero = 0;
@@ -2129,7 +2686,13 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	if (BPF_CORE_READ(task, mm, mmap_lock.count.counter) & (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS))
 		return STACK_ID_NOT_READABLE;
 	if (unwind_dwarf) {
-		len = unwind_task(task, tgid);
+		len = -2;
+		if (!tables_ready(task, tgid))
+			len = unwind_task_by_files(task, tgid);
+		if (len == -2 && defer && !tables_ready(task, tgid))
+			return defer_task_stack(task, tgid);
+		if (len == -2)
+			len = unwind_task(task, tgid);
 	} else {
 		if (read_user_regs(task, &u))
 			return STACK_ID_MISSED_ERROR;
@@ -2194,7 +2757,7 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 			return;
 	}
 	if (want_user_stack && !kthread)
-		ustack = user_stacks ? user_stack_of_task(task, tgid) : STACK_ID_NOT_READABLE;
+		ustack = user_stacks ? user_stack_of_task(task, tgid, true) : STACK_ID_NOT_READABLE;
 	if (want_kernel_stack)
 		kstack = kernel_stack_of_task(task);
 	d->start_user_stack_id = ustack;
@@ -2293,7 +2856,7 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	 * task not running, as for a block under way at the start). */
 	if (!began_before_window(start) && stacks_at_switch_in) {
 		if (want_user_stack && !is_kthread(task, false))
-			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid)
+			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid, false)
 							: STACK_ID_NOT_READABLE;
 		if (want_kernel_stack)
 			key.kernel_stack_id = kernel_stack_of_task(task);
@@ -2465,7 +3028,7 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_s
 		if (!BPF_CORE_READ(task, exit_state)) {
 			if (want_user_stack && !kthread)
 				rec.user_stack_id = user_stacks
-							    ? user_stack_of_task(task, rec.tgid)
+							    ? user_stack_of_task(task, rec.tgid, false)
 							    : STACK_ID_NOT_READABLE;
 			if (want_kernel_stack)
 				rec.kernel_stack_id = kernel_stack_of_task(task);

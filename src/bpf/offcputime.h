@@ -127,6 +127,11 @@ enum task_event_kind {
 	 * tables (map_start, map_count: the slice of unwind_maps it shares
 	 * with the parent, until its own are written). */
 	TASK_EVENT_FORKED = 3,
+	/* A stack of it was walked through the files it maps (struct
+	 * unwind_file), before userspace had read its mappings: the mappings
+	 * the walk went through (struct mapped_event), so that its frames can
+	 * be named even if it is gone before they can be read. */
+	TASK_EVENT_MAPPED = 4,
 };
 
 /* Sent on the `events` ring buffer, so that userspace can snapshot a
@@ -151,6 +156,26 @@ struct task_event {
 	/* ... and the size of its executable mappings then: with mm, what
 	 * the tables of those mappings hold for. */
 	__u64 exec_vm;
+};
+
+/* A mapping a walk through files went through: its addresses, the file
+ * offset it maps from, and the file (as in struct unwind_file_key). */
+struct mapped_vma {
+	__u64 start;
+	__u64 end;
+	__u64 offset;
+	__u64 dev;
+	__u64 ino;
+};
+
+#define MAPPED_VMAS 8
+
+/* TASK_EVENT_MAPPED: a task event followed by the mappings. */
+struct mapped_event {
+	struct task_event e;
+	__u32 count;
+	__u32 _pad;
+	struct mapped_vma vma[MAPPED_VMAS];
 };
 
 /*
@@ -178,6 +203,10 @@ enum unwind_kind {
 	 * __restore_rt), where a signal handler returns: rsp points at the
 	 * struct ucontext that holds the interrupted registers. */
 	UNWIND_SIGNAL = 6,
+	/* Only in a walk through the files a process maps (struct
+	 * unwind_file): a mapped file whose tables userspace has not written
+	 * yet.  The walk is given up and the stack copied instead. */
+	UNWIND_UNKNOWN = 7,
 };
 
 /*
@@ -219,6 +248,47 @@ struct unwind_mapping {
 	 * are followed through it). */
 	__u32 row_start;
 	__u32 row_count;
+};
+
+/*
+ * The tables of a mapped file, by the file (struct unwind_file_key): a
+ * process whose own tables userspace has not written yet (a new process,
+ * or one that mapped a library since) is walked through the files its
+ * mappings map, found in its tree of mappings, as long as each has an
+ * entry here.  Written by userspace for every file whose tables it built,
+ * and removed before those rows are reused.
+ */
+struct unwind_file_key {
+	/* The file's inode: its filesystem's device, in the kernel's
+	 * encoding (major << 20 | minor), and its number.  The vDSO is
+	 * dev 0, ino 0. */
+	__u64 dev;
+	__u64 ino;
+};
+
+#define UNWIND_FILE_SEGMENTS 8
+
+/* A loadable segment: file offsets from `start` (the segment's offset
+ * rounded down to its page) to `end`, at virtual address offset +
+ * `delta`. */
+struct unwind_file_segment {
+	__u64 start;
+	__u64 end;
+	__u64 delta;
+};
+
+struct unwind_file {
+	/* The file's size when its tables were built: a file of another size
+	 * under the same inode is not the one they describe.  (The vDSO:
+	 * not checked.) */
+	__u64 size;
+	/* Its rows: row_count 0 means it has none (frame pointers are
+	 * followed through it, as with struct unwind_mapping). */
+	__u32 row_start;
+	__u32 row_count;
+	__u32 segments;
+	__u32 _pad;
+	struct unwind_file_segment segment[UNWIND_FILE_SEGMENTS];
 };
 
 struct unwind_proc {
@@ -373,6 +443,10 @@ enum offcpu_counter {
 	 * ring buffer */
 	CNT_UNWIND_DEFERRED,
 	CNT_UNWIND_DEFER_LOST,
+	/* --unwind dwarf: user stacks of processes without tables of their
+	 * own walked through the tables of the files they map (struct
+	 * unwind_file); counted in CNT_UNWIND_DWARF too */
+	CNT_UNWIND_BY_FILE,
 	CNT_MAX,
 };
 

@@ -78,10 +78,48 @@ struct rw_semaphore {
 	} count;
 } __attribute__((preserve_access_index));
 
+/* The tree of a process's mappings (6.1 on): ma_root is its root node,
+ * tagged with the node's type (see vma_of() in offcputime.bpf.c). */
+struct maple_tree {
+	unsigned int ma_flags;
+	void *ma_root;
+};
+
+/* x86-64: where the vDSO is mapped. */
+typedef struct {
+	void *vdso;
+} mm_context_t;
+
 struct mm_struct {
 	unsigned long exec_vm;
 	struct rw_semaphore mmap_lock;
+	struct maple_tree mm_mt;
+	mm_context_t context;
 } __attribute__((preserve_access_index));
+
+struct super_block {
+	/* The kernel's encoding: major << 20 | minor. */
+	unsigned int s_dev;
+};
+
+struct inode {
+	unsigned long i_ino;
+	struct super_block *i_sb;
+	long long i_size;
+};
+
+struct file {
+	struct inode *f_inode;
+};
+
+struct vm_area_struct {
+	unsigned long vm_start;
+	unsigned long vm_end;
+	struct mm_struct *vm_mm;
+	unsigned long vm_flags;
+	unsigned long vm_pgoff;
+	struct file *vm_file;
+};
 
 typedef struct {
 	int counter;

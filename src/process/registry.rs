@@ -63,6 +63,29 @@ pub(crate) struct Object {
     /// Snapshots (of live processes, or kept for one whose pid was reused)
     /// that map it.
     users: u32,
+    /// How the kernel knows the file mapped (see [`FileIdentity`]), where
+    /// it could be opened.
+    identity: Option<FileIdentity>,
+}
+
+/// A mapped file as the kernel knows it: its filesystem's device in the
+/// kernel's encoding (major << 20 | minor, as `/proc/PID/maps` shows it
+/// split), its inode number, and its size when it was opened. The vDSO is
+/// device 0, inode 0 (see `struct unwind_file_key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+}
+
+/// The kernel's encoding of a device given as `/proc/PID/maps` shows it
+/// (hexadecimal major:minor).
+fn kernel_dev(maps_dev: &str) -> Option<u64> {
+    let (major, minor) = maps_dev.split_once(':')?;
+    let major = u64::from_str_radix(major, 16).ok()?;
+    let minor = u64::from_str_radix(minor, 16).ok()?;
+    (major < 1 << 12 && minor < 1 << 20).then_some(major << 20 | minor)
 }
 
 /// An executable mapping of a process, as [`Registry::mappings`] gives
@@ -437,6 +460,24 @@ impl Registry {
                 .then(|| (PathBuf::from(line.path), m.dev(), m.ino()))
         });
         let path_is_handle = segments.is_none() && handle.is_some();
+        let identity = match &line.key {
+            ObjectKey::File { dev, inode } => {
+                let size = handle.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.len());
+                kernel_dev(dev)
+                    .zip(size)
+                    .map(|(dev, size)| FileIdentity {
+                        dev,
+                        ino: *inode,
+                        size,
+                    })
+            }
+            ObjectKey::Pseudo(n) if n == "[vdso]" && handle.is_some() => Some(FileIdentity {
+                dev: 0,
+                ino: 0,
+                size: 0,
+            }),
+            ObjectKey::Pseudo(_) => None,
+        };
         let id = self.objects.len() as u32;
         self.objects.push(Object {
             name,
@@ -447,6 +488,7 @@ impl Registry {
             mapped,
             path_is_handle,
             users: 0,
+            identity,
         });
         self.object_ids.insert(line.key.clone(), id);
         id
@@ -562,6 +604,12 @@ impl Registry {
     }
 
     /// The object's file name, for messages.
+    /// How the kernel knows the file `object` maps, where it could be
+    /// opened.
+    pub fn object_identity(&self, object: u32) -> Option<FileIdentity> {
+        self.objects.get(object as usize).and_then(|o| o.identity)
+    }
+
     pub fn object_name(&self, object: u32) -> &str {
         self.objects
             .get(object as usize)
@@ -635,6 +683,55 @@ impl Registry {
         self.starts.insert(tgid, child.start);
         self.processes.insert(tgid, mappings);
         self.inherited.insert(tgid);
+    }
+
+    /// A stack of process `p` was walked through the files it maps before
+    /// its own mappings were read (see `struct mapped_event`): the
+    /// mappings the walk went through, where they are not in its snapshot
+    /// yet, name its frames even if it is gone before its mappings can be
+    /// read. The snapshot is read again at the process's next notice, as a
+    /// forked child's is.
+    pub fn note_mapped(&mut self, p: Proc, vmas: &[crate::tracer::MappedVma]) {
+        if self.starts.get(&p.tgid).is_some_and(|&s| s != p.start) {
+            return;
+        }
+        let had = self.processes.get(&p.tgid).map(|m| distinct_objects(m)).unwrap_or_default();
+        let mut add: Vec<Mapping> = Vec::new();
+        for v in vmas {
+            let key = if v.dev == 0 && v.ino == 0 {
+                ObjectKey::Pseudo("[vdso]".into())
+            } else {
+                ObjectKey::File {
+                    dev: format!("{:02x}:{:02x}", v.dev >> 20, v.dev & 0xfffff),
+                    inode: v.ino,
+                }
+            };
+            let Some(&object) = self.object_ids.get(&key) else {
+                continue;
+            };
+            let overlaps = |m: &Mapping| v.start < m.end && m.start < v.end;
+            let known = self.processes.get(&p.tgid).is_some_and(|m| m.iter().any(overlaps));
+            if known || add.iter().any(overlaps) || v.start >= v.end {
+                continue;
+            }
+            add.push(Mapping {
+                start: v.start,
+                end: v.end,
+                file_offset: v.offset,
+                object,
+            });
+        }
+        if add.is_empty() {
+            return;
+        }
+        for o in distinct_objects(&add) {
+            if had.binary_search(&o).is_err() {
+                self.objects[o as usize].users += 1;
+            }
+        }
+        self.starts.entry(p.tgid).or_insert(p.start);
+        self.processes.entry(p.tgid).or_default().extend(add);
+        self.inherited.insert(p.tgid);
     }
 
     /// The processes with a snapshot (not retired), with their start
