@@ -231,6 +231,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         stats: StatsLine::from_env(began),
         raised: None,
     };
+    let _lookout = tracer.copies_counter().map(crate::priority::Lookout::start);
 
     if config.interval.is_some() {
         symbolizer.keep_user_names();
@@ -1136,7 +1137,7 @@ impl<'t> Collector<'t> {
             },
         };
         self.stats.maybe_print(unwinder.as_ref());
-        if deferred.is_waiting() {
+        if crate::priority::Lookout::take_raise() || deferred.is_waiting() {
             self.raised.get_or_insert_with(crate::priority::raise);
         } else {
             self.raised = None;

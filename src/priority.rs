@@ -37,7 +37,7 @@ pub struct Raised {
 
 pub fn raise() -> Raised {
     // SAFETY: getpriority has no preconditions; errno tells -1 apart.
-    let normal = unsafe {
+    let now = unsafe {
         *libc::__errno_location() = 0;
         let n = libc::getpriority(libc::PRIO_PROCESS, 0);
         if n == -1 && *libc::__errno_location() != 0 {
@@ -45,10 +45,88 @@ pub fn raise() -> Raised {
         }
         n
     };
-    NORMAL.store(normal, Ordering::Relaxed);
-    let active = normal > -20 && set_this_thread(-20);
+    // Already raised (by the lookout, see [`Lookout`]): the priority to
+    // go back to is the one noted before.
+    if now > -20 {
+        NORMAL.store(now, Ordering::Relaxed);
+    }
+    let normal = NORMAL.load(Ordering::Relaxed);
+    let active = normal > -20 && (now == -20 || set_this_thread(-20));
     RAISED.store(active, Ordering::Release);
     Raised { active }
+}
+
+/// Set by the lookout when it raised the event loop.
+static LOOKED_OUT: AtomicBool = AtomicBool::new(false);
+
+/// A thread at nice -20 that raises the event loop (thread `loop_tid`) as
+/// soon as the BPF program copies stacks for it (`copies`, a count that
+/// grows with them, read every 10 ms): a burst of new processes (thousands
+/// of threads at once) otherwise keeps the loop, at the user's priority,
+/// from a CPU for seconds before it can learn of them and raise itself,
+/// and the copies made meanwhile overflow. The loop goes back to its
+/// priority once no copy waits (see [`Lookout::take_raise`]).
+pub struct Lookout {
+    stop: std::sync::Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Lookout {
+    pub fn start(copies: Box<dyn FnMut() -> u64 + Send>) -> Lookout {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        // SAFETY: gettid has no preconditions.
+        let loop_tid = unsafe { libc::gettid() };
+        let thread = {
+            let stop = stop.clone();
+            let mut copies = copies;
+            std::thread::Builder::new()
+                .name("lookout".into())
+                .spawn(move || {
+                    if !set_this_thread(-20) {
+                        // Without the privilege it could not raise the
+                        // loop either.
+                        return;
+                    }
+                    let mut last = copies();
+                    while !stop.load(Ordering::Acquire) {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        let now = copies();
+                        if now != last && !LOOKED_OUT.swap(true, Ordering::AcqRel) {
+                            // The table builders too: the copies wait for
+                            // the tables they build. They stay raised.
+                            let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
+                            for tid in helpers.into_iter().chain([loop_tid]) {
+                                // SAFETY: setpriority on a thread of this
+                                // process; one that has exited fails
+                                // harmlessly.
+                                unsafe {
+                                    libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20)
+                                };
+                            }
+                        }
+                        last = now;
+                    }
+                })
+                .ok()
+        };
+        Lookout { stop, thread }
+    }
+
+    /// For the event loop: whether the lookout raised it since the last
+    /// call (it then holds the raised priority as its own, see
+    /// [`raise`], until nothing waits).
+    pub fn take_raise() -> bool {
+        LOOKED_OUT.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl Drop for Lookout {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drop for Raised {

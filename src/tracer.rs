@@ -388,6 +388,8 @@ pub struct LossCounters {
 }
 
 /// What the BPF program says of a process while tracing.
+// Events are few and short-lived (a round's worth): kept Copy and flat.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskEvent {
     /// A thread of it was seen blocking for the first time.
@@ -1857,6 +1859,25 @@ impl<'obj> Tracer<'obj> {
 
     fn read_counters(&self) -> Result<LossCounters> {
         read_counters(&self.skel)
+    }
+
+    /// A count that grows with every user stack the BPF program copies for
+    /// userspace (or could not copy), readable from another thread: None
+    /// where it copies none.
+    pub fn copies_counter(&self) -> Option<Box<dyn FnMut() -> u64 + Send>> {
+        if !self.deferring {
+            return None;
+        }
+        let map = libbpf_rs::MapHandle::try_from(&self.skel.maps.counters).ok()?;
+        Some(Box::new(move || {
+            use types::offcpu_counter as C;
+            [C::CNT_UNWIND_DEFERRED, C::CNT_UNWIND_DEFER_LOST]
+                .iter()
+                .filter_map(|c| map.lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY).ok()?)
+                .flatten()
+                .filter_map(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
+                .sum()
+        }))
     }
 
     /// Stores `frames` (innermost first) as stack `id` among those the BPF

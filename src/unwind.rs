@@ -793,7 +793,9 @@ impl Unwinder {
         } else {
             self.alloc_rows(rows.len(), &[])
         };
-        if start.is_none() && rows.len() <= max && self.freeing() + (self.rows.capacity - self.rows.used) >= rows.len()
+        if start.is_none()
+            && rows.len() <= max
+            && self.freeing() + (self.rows.capacity - self.rows.used) >= rows.len()
         {
             return Err((rows, segments));
         }
@@ -1110,7 +1112,9 @@ impl Unwinder {
                     .filter(|(id, e)| {
                         Self::idle(id, e, keep, now) && matches!(e.file, FileEntry::Written(_))
                     })
-                    .filter_map(|(&id, e)| Some((e.idle_since?, id, e.table.as_ref()?.row_count as usize)))
+                    .filter_map(|(&id, e)| {
+                        Some((e.idle_since?, id, e.table.as_ref()?.row_count as usize))
+                    })
                     .collect();
                 idle.sort_unstable();
                 let mut coming = self.freeing() + (self.rows.capacity - self.rows.used);

@@ -374,7 +374,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024);
+	__uint(max_entries, 1024 * 1024);
 } events SEC(".maps");
 
 /* What userspace was last told of each process (struct notified): one
@@ -551,9 +551,11 @@ struct file_scratch {
 	__u32 _pad2;
 };
 
-/* Mapping notices sent per process (struct mapped_event): a few, for its
- * first walks through files; userspace reads its mappings meanwhile. */
-#define MAPPED_NOTICES 4
+/* Mapping notices sent per process (struct mapped_event): two, for its
+ * first walks through files (userspace reads its mappings meanwhile): more
+ * would crowd out the news of other new processes on the ring buffer under
+ * a burst of them. */
+#define MAPPED_NOTICES 2
 struct mapped_sent {
 	__u64 mm;
 	__u64 exec_vm;

@@ -462,14 +462,15 @@ impl Registry {
         let path_is_handle = segments.is_none() && handle.is_some();
         let identity = match &line.key {
             ObjectKey::File { dev, inode } => {
-                let size = handle.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.len());
-                kernel_dev(dev)
-                    .zip(size)
-                    .map(|(dev, size)| FileIdentity {
-                        dev,
-                        ino: *inode,
-                        size,
-                    })
+                let size = handle
+                    .as_ref()
+                    .and_then(|f| f.metadata().ok())
+                    .map(|m| m.len());
+                kernel_dev(dev).zip(size).map(|(dev, size)| FileIdentity {
+                    dev,
+                    ino: *inode,
+                    size,
+                })
             }
             ObjectKey::Pseudo(n) if n == "[vdso]" && handle.is_some() => Some(FileIdentity {
                 dev: 0,
@@ -695,7 +696,11 @@ impl Registry {
         if self.starts.get(&p.tgid).is_some_and(|&s| s != p.start) {
             return;
         }
-        let had = self.processes.get(&p.tgid).map(|m| distinct_objects(m)).unwrap_or_default();
+        let had = self
+            .processes
+            .get(&p.tgid)
+            .map(|m| distinct_objects(m))
+            .unwrap_or_default();
         let mut add: Vec<Mapping> = Vec::new();
         for v in vmas {
             let key = if v.dev == 0 && v.ino == 0 {
@@ -710,7 +715,10 @@ impl Registry {
                 continue;
             };
             let overlaps = |m: &Mapping| v.start < m.end && m.start < v.end;
-            let known = self.processes.get(&p.tgid).is_some_and(|m| m.iter().any(overlaps));
+            let known = self
+                .processes
+                .get(&p.tgid)
+                .is_some_and(|m| m.iter().any(overlaps));
             if known || add.iter().any(overlaps) || v.start >= v.end {
                 continue;
             }

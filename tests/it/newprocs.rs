@@ -111,14 +111,24 @@ fn first_blocks_of_new_images_are_not_guessed() {
     };
     let slept = sum_us_where(&lines, child);
     let whole = sum_us_where(&lines, |l| {
-        child(l) && in_order(l, &["main", "forker_child", "forker_child_sleep", "nanosleep"])
+        child(l)
+            && in_order(
+                l,
+                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
+            )
     });
     eprintln!(
         "exec'd children: {whole} of {slept} us of their sleep under their whole stack; {by_file} \
          stacks walked through their files' tables, {copied} copied"
     );
-    assert!(by_file > 50, "{by_file} stacks walked through files:\n{stderr}");
-    assert!(slept > 1_000_000, "{slept} us of the children's sleep:\n{stderr}");
+    assert!(
+        by_file > 50,
+        "{by_file} stacks walked through files:\n{stderr}"
+    );
+    assert!(
+        slept > 1_000_000,
+        "{slept} us of the children's sleep:\n{stderr}"
+    );
     assert!(
         whole * 100 >= slept * 99,
         "{whole} of {slept} us of the children's sleep under their whole stack:\n{}\n{stderr}",
