@@ -2149,6 +2149,11 @@ pub struct UnwindStore {
     mappings: WindowedArray<types::unwind_mapping>,
     procs: libbpf_rs::MapHandle,
     files: libbpf_rs::MapHandle,
+    /// Changed after an entry of `files` is removed or rewritten (see
+    /// `unwind_files_gen`).
+    files_gen: libbpf_rs::MapHandle,
+    files_gen_now: u64,
+    files_written: std::collections::HashSet<(u64, u64)>,
     /// The generation of the next process tables written.
     next_gen: u64,
 }
@@ -2162,8 +2167,37 @@ impl UnwindStore {
                 .context("failed to open the unwind processes map")?,
             files: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_files)
                 .context("failed to open the unwind files map")?,
+            files_gen: libbpf_rs::MapHandle::try_from(&skel.maps.unwind_files_gen)
+                .context("failed to open the unwind files generation")?,
+            files_gen_now: 0,
+            files_written: Default::default(),
             next_gen: 1,
         })
+    }
+}
+
+impl UnwindStore {
+    /// After an entry of the files was removed or rewritten: walks kept
+    /// in the stack cache that went through the old one are walked again.
+    fn next_files_gen(&mut self) {
+        self.files_gen_now += 1;
+        // Failing, the cache could prove walks through entries gone:
+        // remove every file entry then.
+        if self
+            .files_gen
+            .update(
+                &0u32.to_ne_bytes(),
+                &self.files_gen_now.to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .is_err()
+        {
+            for (dev, ino) in std::mem::take(&mut self.files_written) {
+                let key = types::unwind_file_key { dev, ino };
+                // SAFETY: plain old data.
+                let _ = self.files.delete(unsafe { plain::as_bytes(&key) });
+            }
+        }
     }
 }
 
@@ -2216,12 +2250,19 @@ impl crate::unwind::TableStore for UnwindStore {
         let (k, v) = unsafe { (plain::as_bytes(key), plain::as_bytes(file)) };
         self.files
             .update(k, v, MapFlags::ANY)
-            .context("failed to store the unwind tables of a file")
+            .context("failed to store the unwind tables of a file")?;
+        if !self.files_written.insert((key.dev, key.ino)) {
+            self.next_files_gen();
+        }
+        Ok(())
     }
 
     fn remove_file(&mut self, key: &types::unwind_file_key) {
         // SAFETY: plain old data.
         let _ = self.files.delete(unsafe { plain::as_bytes(key) });
+        if self.files_written.remove(&(key.dev, key.ino)) {
+            self.next_files_gen();
+        }
     }
 
     fn read(

@@ -348,6 +348,16 @@ struct {
 	__type(value, struct unwind_file);
 } unwind_files SEC(".maps");
 
+/* Changed by userspace whenever an entry of unwind_files is removed or
+ * rewritten: a walk through files kept in the stack cache (struct ucache)
+ * holds only for the entries it was made with. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_files_gen SEC(".maps");
+
 /*
  * A walk through files (see file_rule()): a node of the maple tree as read,
  * and the last mappings found, each for one address space and one walk.
@@ -1130,7 +1140,9 @@ static long unwind_step_files(__u32 i, void *arg)
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
 
-	return ips && s ? unwind_step(i, &s->st, ips, NULL, NULL, s) : 1;
+	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
+
+	return ips && s ? unwind_step(i, &s->st, ips, NULL, pr, s) : 1;
 }
 
 static long unwind_step_task(__u32 i, void *arg)
@@ -1559,17 +1571,19 @@ __noinline int send_mapped(__u64 mm, __u64 exec_vm, __u64 pid_tgid, __u64 start,
  * function, called from the hook itself with little of its own on the
  * stack (see struct file_scratch).
  */
-__noinline __u64 user_stack_by_files(void)
+__noinline __u64 user_stack_by_files(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
+	struct ucache *e = NULL, *pr = NULL;
 	struct file_scratch *s;
 	__u32 zero = 0, idx;
-	__u64 *ips, exec_vm, mm;
+	__u64 *ips, *files_gen, exec_vm, mm, gen, id;
 
 	if (!unwind_by_file || !bpf_core_field_exists(((struct mm_struct *)0)->mm_mt))
 		return USTACK_NO_TABLES;
 	s = bpf_map_lookup_elem(&file_scratch, &zero);
-	if (!s)
+	files_gen = bpf_map_lookup_elem(&unwind_files_gen, &zero);
+	if (!s || !files_gen)
 		return USTACK_NO_TABLES;
 	mm = address_space(task, &exec_vm);
 	if (!mm)
@@ -1577,17 +1591,38 @@ __noinline __u64 user_stack_by_files(void)
 	__builtin_memset(&s->st, 0, sizeof(s->st));
 	if (read_user_regs(task, &s->st))
 		return USTACK_NO_TABLES;
+	/* Apart from the generations of processes' own tables (counted up
+	 * from 1 by userspace): the files' entries, and the executable
+	 * mappings of the address space. */
+	gen = 1ULL << 63 | (*files_gen & 0x7fffffff) << 32 | (exec_vm & 0xffffffff);
+	if (ucache_on && cache) {
+		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (e && ucache_holds(e, &s->st, mm, gen)) {
+			count(CNT_UNWIND_DWARF);
+			count(CNT_UNWIND_BY_FILE);
+			count(CNT_UNWIND_CACHED);
+			if (e->truncated)
+				count(CNT_UNWIND_TRUNCATED);
+			if (e->fp_frames)
+				count_n(CNT_UNWIND_FP_FRAMES, e->fp_frames);
+			return e->stack_id;
+		}
+		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
+		if (pr) {
+			pr->n = 0;
+			pr->pc = s->st.pc;
+			pr->sp = s->st.sp;
+			pr->bp = s->st.bp;
+		}
+	}
 	s->st.max = clamp_stack_bytes() / sizeof(__u64);
 	s->mm = mm;
 	s->needs_tables = 0;
 	s->used = 0;
 	s->walk++;
 	bpf_loop(MAX_STACK_DEPTH, unwind_step_files, NULL, 0);
-	/* The callbacks may have run on another walk's scratch only if this
-	 * program was interrupted, which a switch hook is not. */
-	s = bpf_map_lookup_elem(&file_scratch, &zero);
 	ips = bpf_map_lookup_elem(&scratch, &zero);
-	if (!s || !ips || s->needs_tables)
+	if (!ips || s->needs_tables)
 		return USTACK_NO_TABLES;
 	idx = s->st.nr;
 	if (idx < MAX_STACK_DEPTH) {
@@ -1602,7 +1637,10 @@ __noinline __u64 user_stack_by_files(void)
 		count_n(CNT_UNWIND_FP_FRAMES, s->st.fp_frames);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
-	return store_stack(s->st.nr * sizeof(__u64), true);
+	id = store_stack(s->st.nr * sizeof(__u64), true);
+	if (e)
+		ucache_keep(e, pr, &s->st, mm, gen, id);
+	return id;
 }
 
 /*
@@ -1666,7 +1704,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 	if (user && unwind_dwarf && !legacy) {
 		id = user_stack_of_current(cache);
 		if (id == USTACK_NO_TABLES) {
-			id = user_stack_by_files();
+			id = user_stack_by_files(cache);
 			if (id == USTACK_NO_TABLES)
 				id = defer_user_stack();
 		}
