@@ -225,6 +225,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
 
     let deadline = config.duration.map(|d| tracer.attached_at() + d);
     let mut deferred = Deferred::new(config.tracer.max_stack_depth as usize);
+    if let Some(ms) = crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_COPY_WALK_MS") {
+        // For tests: copied stacks wait this long for their walk, as if
+        // their tables took that long (a large new program's do).
+        deferred.stall_walks(Duration::from_millis(ms));
+    }
     let mut collector = Collector {
         exits: Exits::default(),
         scan: None,
@@ -247,6 +252,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             len_ns: len.as_nanos().try_into().unwrap_or(u64::MAX),
         },
         current: 0,
+        taken: 0,
+        held: Default::default(),
         splitter: Default::default(),
         recorded: false,
         missed: 0,
@@ -260,22 +267,48 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         // ends first.
         let cut = intervals
             .as_ref()
-            .map(|i| i.schedule.end_of(i.current))
+            .map(|i| i.schedule.end_of(i.taken))
             .filter(|&b| tracer.end_ns().is_none_or(|end| b < end));
         let until = match (deadline, cut.map(instant_of_monotonic)) {
             (Some(d), Some(c)) => Some(d.min(c)),
             (d, c) => d.or(c),
         };
+        let mut failed = None;
         tracer.wait(until, &stop, |events, stacks| {
-            collector.on_events(
+            let busy = collector.on_events(
                 events,
                 stacks,
                 &tracer,
                 &mut registry,
                 &mut unwinder,
                 &mut deferred,
-            )
+                &mut |id, frames| {
+                    if let Some(iv) = intervals.as_mut() {
+                        iv.held.walked(id, frames);
+                    }
+                },
+            );
+            // Intervals taken while copies they count waited: written
+            // once those are walked (just now, as a rule).
+            if let (Some(iv), None) = (intervals.as_mut(), failed.as_ref()) {
+                let written = iv.write_held(
+                    &deferred,
+                    kernel_first,
+                    (&mut registry, &symbolizer),
+                    config,
+                    &mut sinks,
+                );
+                if let Err(e) = written {
+                    failed = Some(e);
+                    stop.store(true, Ordering::SeqCst);
+                }
+            }
+            busy
         })?;
+        if let Some(e) = failed {
+            sinks.into_iter().for_each(Sink::discard);
+            return Err(e);
+        }
         let (Some(cut), Some(iv)) = (cut, intervals.as_mut()) else {
             break;
         };
@@ -291,11 +324,19 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         // A switch-in that began before the cut may still be adding to
         // the interval on another CPU: a program runs for microseconds.
         std::thread::sleep(Duration::from_millis(2));
-        let written = tracer.take_intervals(iv.current).and_then(|mut raw| {
-            Deferred::complete(&mut raw);
-            iv.write(
-                raw,
-                None,
+        let taken = tracer.take_intervals(iv.taken);
+        iv.taken += 1;
+        let written = taken.and_then(|raw| {
+            // The copies of stacks its blocks were counted under were put
+            // on the ring buffer before they were counted: all of them are
+            // read now, and it is written once they are walked.
+            match tracer.take_deferred() {
+                Ok(stacks) => deferred.add(stacks),
+                Err(e) => eprintln!("offcputime: {e:#}"),
+            }
+            iv.held.push(raw, Instant::now());
+            iv.write_held(
+                &deferred,
                 kernel_first,
                 (&mut registry, &symbolizer),
                 config,
@@ -317,7 +358,31 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let (window_start, window_end) = tracer.window_ns();
     let ended = Instant::now();
     let ended_cpu = process_cpu_ms();
-    walk_deferred(&tracer, &mut deferred, &mut registry, unwinder.as_mut());
+    walk_deferred(
+        &tracer,
+        &mut deferred,
+        &mut registry,
+        unwinder.as_mut(),
+        &mut |id, frames| {
+            if let Some(iv) = intervals.as_mut() {
+                iv.held.walked(id, frames);
+            }
+        },
+    );
+    if let Some(iv) = intervals.as_mut() {
+        // Every copy is walked or given up by now.
+        let written = iv.write_held(
+            &deferred,
+            kernel_first,
+            (&mut registry, &symbolizer),
+            config,
+            &mut sinks,
+        );
+        if let Err(e) = written {
+            sinks.into_iter().for_each(Sink::discard);
+            return Err(e);
+        }
+    }
 
     let raw = match intervals {
         Some(_) => tracer.take_intervals(u32::MAX),
@@ -489,6 +554,19 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
                 config.tracer.sample_ns / 1000,
                 c.sampled_short,
                 c.sampled_out
+            );
+        }
+        if let Some(h) = intervals.as_ref().map(|iv| iv.held.stats()) {
+            eprintln!(
+                "offcputime: {} intervals waited for the stacks copied for them to be walked \
+                 before they were written ({} stacks: {} walked, {} given up, {} still waiting \
+                 at the {} s bound)",
+                h.intervals,
+                h.stacks,
+                h.walked,
+                h.given_up,
+                h.late,
+                crate::intervals::Held::WAIT.as_secs()
             );
         }
         if config.tracer.wakers {
@@ -892,23 +970,30 @@ const DEFERRED_TABLES_WAIT: Duration = Duration::from_secs(5);
 /// The end of a trace: the stacks copied for userspace still in the ring
 /// buffer are read, and every copy is walked with its process's tables,
 /// waiting for those still being built (up to [`DEFERRED_TABLES_WAIT`]);
-/// copies left are given up (reported missed).
+/// copies left are given up (reported missed). `walked` is told of each
+/// copy walked and stored, with its frames.
 fn walk_deferred(
     tracer: &Tracer<'_>,
     deferred: &mut Deferred,
     registry: &mut Registry,
     unwinder: Option<&mut Unwinder>,
+    walked: &mut dyn FnMut(u64, &[u64]),
 ) {
     match tracer.take_deferred() {
         Ok(stacks) => deferred.add(stacks),
         // Their blocks are reported with missed user stacks.
         Err(e) => eprintln!("offcputime: {e:#}"),
     }
+    deferred.end_stall();
     if let Some(u) = unwinder {
         if deferred.is_waiting() {
             u.finish(registry, DEFERRED_TABLES_WAIT);
             deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
-                tracer.store_stack(id, frames)
+                let stored = tracer.store_stack(id, frames);
+                if stored {
+                    walked(id, frames);
+                }
+                stored
             });
         }
     }
@@ -1025,7 +1110,9 @@ struct Collector<'t> {
 }
 
 impl<'t> Collector<'t> {
-    /// Returns whether work is under way (see [`Tracer::wait`]).
+    /// Returns whether work is under way (see [`Tracer::wait`]). `walked`
+    /// is told of each copied stack walked and stored, with its frames.
+    #[allow(clippy::too_many_arguments)]
     fn on_events(
         &mut self,
         events: &[TaskEvent],
@@ -1034,6 +1121,7 @@ impl<'t> Collector<'t> {
         registry: &mut Registry,
         unwinder: &mut Option<Unwinder>,
         deferred: &mut Deferred,
+        walked: &mut dyn FnMut(u64, &[u64]),
     ) -> bool {
         // The address space of each process whose mappings were read now,
         // None where they could not be (it is gone): copied stacks are
@@ -1064,12 +1152,18 @@ impl<'t> Collector<'t> {
                 let mut spaces = spaces.into_iter();
                 for ev in events {
                     match *ev {
-                        TaskEvent::New(p, _) | TaskEvent::Changed(p, _) => {
+                        TaskEvent::New(p, space) | TaskEvent::Changed(p, space) => {
                             // Mappings not read now (the process is
-                            // gone, or another) give no new tables.
-                            let Some(space) = spaces.next().flatten() else {
+                            // gone, or another) give no new tables: the
+                            // copies of a process gone are given up now.
+                            if spaces.next().flatten().is_none() {
+                                use crate::deferred::ProcessTables;
+                                let gone = crate::process::start_ticks(p.tgid) != Some(p.start);
+                                if gone && u.slice(p.tgid, space).is_none() {
+                                    deferred.unwalkable(p, space);
+                                }
                                 continue;
-                            };
+                            }
                             u.note_address_space(p.tgid, space);
                             u.note_process(registry, p.tgid);
                         }
@@ -1093,7 +1187,11 @@ impl<'t> Collector<'t> {
                 let building = u.poll(registry);
                 if deferred.is_waiting() {
                     deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
-                        tracer.store_stack(id, frames)
+                        let stored = tracer.store_stack(id, frames);
+                        if stored {
+                            walked(id, frames);
+                        }
+                        stored
                     });
                 }
                 building
@@ -1151,7 +1249,12 @@ struct Intervals {
     /// `--push`: where each interval is sent as well.
     pusher: Option<crate::push::Pusher>,
     schedule: crate::intervals::Schedule,
+    /// The interval to write next.
     current: u32,
+    /// The interval to take from the table next: later than `current`
+    /// while intervals wait for their copied stacks (`held`).
+    taken: u32,
+    held: crate::intervals::Held,
     splitter: crate::intervals::Splitter,
     /// Some interval had off-CPU time.
     recorded: bool,
@@ -1219,6 +1322,35 @@ impl Intervals {
         }
         self.current += 1;
         Ok(profile)
+    }
+
+    /// Writes the intervals held (see [`crate::intervals::Held`]) whose
+    /// copied stacks are walked now or given up (no longer waiting in
+    /// `deferred`), or that waited long enough.
+    fn write_held(
+        &mut self,
+        deferred: &Deferred,
+        kernel_first: bool,
+        (registry, symbolizer): (&mut Registry, &Symbolizer),
+        config: &Config,
+        sinks: &mut [Sink],
+    ) -> Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let waiting = deferred.waiting_ids();
+        for mut raw in self.held.ready(&|id| waiting.contains(&id), Instant::now()) {
+            Deferred::complete(&mut raw);
+            self.write(
+                raw,
+                None,
+                kernel_first,
+                (&mut *registry, symbolizer),
+                config,
+                sinks,
+            )?;
+        }
+        Ok(())
     }
 
     /// `--push`: what is queued is sent, within a few seconds; what could

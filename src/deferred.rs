@@ -16,7 +16,8 @@
 //! stacks of a process that exits before its mappings could be read are
 //! reported missed, and counted: never guessed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 /// Bytes of stack copied at most (`DEFERRED_STACK_BYTES`), from the start
 /// of the stack pointer's page.
@@ -222,6 +223,12 @@ pub trait ProcessTables {
     fn read_all(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping])) -> bool;
 }
 
+/// Whether stack id `id` is that of a copy (`STACK_ID_DEFERRED_BIT`), not
+/// of a stack the BPF program stored.
+pub fn is_copy(id: u64) -> bool {
+    id & (1 << 63) == 0 && id & (1 << 62) != 0
+}
+
 /// The copied stacks waiting for their process's tables, and the frames of
 /// those walked.
 pub struct Deferred {
@@ -230,6 +237,13 @@ pub struct Deferred {
     /// Bytes of stack the waiting copies hold.
     waiting_bytes: usize,
     stats: DeferredStats,
+    /// For tests: each copy is walked no sooner than this after it came
+    /// (as if its tables took that long), and when each came.
+    stall: Option<(Duration, HashMap<u64, Instant>)>,
+    /// Processes gone before the mappings of an address space of theirs
+    /// could be read: no tables will be made for it (see
+    /// [`Deferred::unwalkable`]).
+    hopeless: HashSet<(Proc, AddressSpace)>,
 }
 
 impl Deferred {
@@ -240,15 +254,36 @@ impl Deferred {
             waiting: HashMap::new(),
             waiting_bytes: 0,
             stats: DeferredStats::default(),
+            stall: None,
+            hopeless: HashSet::new(),
         }
+    }
+
+    /// For tests: every copy waits at least `d` for its walk, as if its
+    /// tables took that long (until [`Deferred::end_stall`]).
+    pub fn stall_walks(&mut self, d: Duration) {
+        self.stall = Some((d, HashMap::new()));
+    }
+
+    /// From now on, copies are walked as soon as their tables are there.
+    pub fn end_stall(&mut self) {
+        self.stall = None;
     }
 
     pub fn add(&mut self, stacks: Vec<RawUserStack>) {
         self.stats.received += stacks.len();
+        let now = Instant::now();
         for s in stacks {
+            if self.hopeless.contains(&(s.proc, s.space)) {
+                self.stats.unwalked += 1;
+                continue;
+            }
             if self.waiting_bytes + s.bytes.len() > MAX_WAITING_BYTES {
                 self.stats.dropped += 1;
                 continue;
+            }
+            if let Some((_, came)) = &mut self.stall {
+                came.insert(s.id, now);
             }
             self.waiting_bytes += s.bytes.len();
             self.waiting.entry(s.proc.tgid).or_default().push(s);
@@ -258,6 +293,11 @@ impl Deferred {
     /// Whether copies wait for a walk.
     pub fn is_waiting(&self) -> bool {
         !self.waiting.is_empty()
+    }
+
+    /// The stack ids of the copies waiting for a walk.
+    pub fn waiting_ids(&self) -> HashSet<u64> {
+        self.waiting.values().flatten().map(|s| s.id).collect()
     }
 
     /// Walks the copies of every process that has tables now, and gives
@@ -311,13 +351,23 @@ impl Deferred {
         }
         let max = self.max_frames;
         let waiting = &self.waiting;
+        let now = Instant::now();
+        let stalled = |id: u64| {
+            self.stall.as_ref().is_some_and(|(d, came)| {
+                came.get(&id)
+                    .is_some_and(|&t| now.saturating_duration_since(t) < *d)
+            })
+        };
         let mut done: Vec<(u32, u64, Walk)> = Vec::new();
         tables.read_all(&mut |rows, mappings| {
             for &(tgid, space, (start, len)) in &ready {
                 let Some(mappings) = mappings.get(start..start + len) else {
                     continue;
                 };
-                for s in waiting[&tgid].iter().filter(|s| s.space == space) {
+                let ready = waiting[&tgid]
+                    .iter()
+                    .filter(|s| s.space == space && !stalled(s.id));
+                for s in ready {
                     let regs = Regs {
                         pc: s.pc,
                         sp: s.sp,
@@ -348,11 +398,38 @@ impl Deferred {
             self.waiting_bytes -= bytes;
         }
         self.waiting.retain(|_, v| !v.is_empty());
+        if self.stall.is_some() {
+            let left = self.waiting_ids();
+            if let Some((_, came)) = &mut self.stall {
+                came.retain(|id, _| left.contains(id));
+            }
+        }
+    }
+
+    /// Process `p` was gone before its mappings of address space `space`
+    /// could be read, and no tables were made for them: its copies of that
+    /// space (those waiting, and those still to come) are given up now
+    /// rather than when it is let go, seconds later (an interval waits for
+    /// them, see [`crate::intervals::Held`]).
+    pub fn unwalkable(&mut self, p: Proc, space: AddressSpace) {
+        self.hopeless.insert((p, space));
+        if let Some(v) = self.waiting.get_mut(&p.tgid) {
+            let mine = |s: &RawUserStack| s.proc == p && s.space == space;
+            let bytes: usize = v.iter().filter(|s| mine(s)).map(|s| s.bytes.len()).sum();
+            let before = v.len();
+            v.retain(|s| !mine(s));
+            self.waiting_bytes -= bytes;
+            self.stats.unwalked += before - v.len();
+            if v.is_empty() {
+                self.waiting.remove(&p.tgid);
+            }
+        }
     }
 
     /// Process `p` is gone, and so are its tables: its copies that were
     /// not walked never will be.
     pub fn forget(&mut self, p: Proc) {
+        self.hopeless.retain(|(q, _)| *q != p);
         if let Some(v) = self.waiting.get_mut(&p.tgid) {
             let before = v.len();
             let bytes: usize = v
@@ -372,10 +449,9 @@ impl Deferred {
     /// The copied stacks `raw` counts that were not walked (and stored)
     /// are missed: counted when given up, and shown as such.
     pub fn complete(raw: &mut RawProfile) {
-        let deferred = |id: u64| id & (1 << 63) == 0 && id & (1 << 62) != 0;
         let fix = |r: &mut StackRef, stacks: &crate::tracer::Stacks| {
             if let StackRef::Id(id) = *r {
-                if deferred(id) && !stacks.contains_key(&id) {
+                if is_copy(id) && !stacks.contains_key(&id) {
                     *r = StackRef::MissedError;
                 }
             }
@@ -393,6 +469,7 @@ impl Deferred {
         self.stats.unwalked += self.waiting.values().map(Vec::len).sum::<usize>();
         self.waiting.clear();
         self.waiting_bytes = 0;
+        self.hopeless.clear();
     }
 
     pub fn stats(&self) -> DeferredStats {
@@ -537,6 +614,39 @@ mod tests {
             vec![unwind_table::SIGNAL_FRAME, 0x40_5000, 0x40_3010]
         );
         assert!(!w.cut);
+    }
+
+    fn copy(id: u64, tgid: u32, start: u64, mm: u64) -> RawUserStack {
+        RawUserStack {
+            id,
+            proc: Proc { tgid, start },
+            tid: tgid,
+            space: AddressSpace { mm, exec_vm: 1 },
+            pc: 0,
+            sp: 0,
+            bp: 0,
+            base: 0,
+            bytes: vec![0; 64],
+        }
+    }
+
+    #[test]
+    fn copies_of_a_space_whose_tables_never_come_are_given_up() {
+        let mut d = Deferred::new(127);
+        let p = Proc { tgid: 7, start: 1 };
+        let space = AddressSpace { mm: 1, exec_vm: 1 };
+        d.add(vec![copy(1, 7, 1, 1), copy(2, 7, 1, 2), copy(3, 8, 1, 1)]);
+        d.unwalkable(p, space);
+        assert_eq!(d.waiting_ids(), HashSet::from([2, 3]));
+        // One to come is given up as it comes.
+        d.add(vec![copy(4, 7, 1, 1)]);
+        assert_eq!(d.waiting_ids(), HashSet::from([2, 3]));
+        assert_eq!(d.stats().unwalked, 2);
+        assert_eq!(d.waiting_bytes, 128);
+        // Let go: nothing is remembered of it.
+        d.forget(p);
+        assert_eq!(d.waiting_ids(), HashSet::from([3]));
+        assert!(d.hopeless.is_empty());
     }
 
     #[test]

@@ -7,14 +7,17 @@
 //! that spans an interval's end is split there, and one that covers whole
 //! intervals is stored once as a span of them. At each end the cut iterator
 //! counts the blocks under way up to it ([`crate::tracer::Tracer::cut`]);
-//! then the interval's entries are taken out of the table and written.
+//! then the interval's entries are taken out of the table and written,
+//! once the user stacks copied for them are walked ([`Held`]).
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::tracer::RawEntry;
+use crate::tracer::{RawEntry, RawProfile, StackRef};
 
 /// When the intervals end, on CLOCK_MONOTONIC.
 #[derive(Clone, Copy, Debug)]
@@ -136,6 +139,135 @@ fn merge(entries: Vec<RawEntry>) -> Vec<RawEntry> {
     let mut out: Vec<RawEntry> = by_key.into_values().collect();
     out.sort_by_key(|e| (e.tgid, e.pid));
     out
+}
+
+/// Intervals taken from the table while user stacks copied for them (see
+/// [`crate::deferred`]) still wait for their walk: the blocks of a new
+/// process counted just before a cut, whose tables come a few
+/// milliseconds later (or seconds, for a large program). Each is written
+/// once every copy it counts is walked or given up, in order, and at the
+/// latest [`Held::WAIT`] after it was taken; the tracing loop goes on
+/// meanwhile, and walks them.
+#[derive(Debug, Default)]
+pub struct Held {
+    queue: VecDeque<HeldInterval>,
+    /// Frames of copies walked since, that a held interval counts.
+    walked: HashMap<u64, Vec<u64>>,
+    stats: HeldStats,
+}
+
+#[derive(Debug)]
+struct HeldInterval {
+    raw: RawProfile,
+    /// The copies it counts that are not walked yet.
+    missing: HashSet<u64>,
+    taken: Instant,
+}
+
+/// What intervals waited for, for `-v`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldStats {
+    /// Intervals that waited for copies.
+    pub intervals: u64,
+    /// Copies waited for, counted once per interval.
+    pub stacks: u64,
+    /// ... walked in time for their interval.
+    pub walked: u64,
+    /// ... given up (their process exited before its tables were made, or
+    /// there was no room for them).
+    pub given_up: u64,
+    /// ... still waiting when their interval had waited [`Held::WAIT`].
+    pub late: u64,
+}
+
+impl Held {
+    /// How long an interval waits at most, as the end of a trace waits for
+    /// tables.
+    pub const WAIT: Duration = Duration::from_secs(5);
+
+    /// Interval `raw`, taken at `now`: it waits for the copies it counts
+    /// that are not among its stacks, and behind the intervals waiting
+    /// already.
+    pub fn push(&mut self, raw: RawProfile, now: Instant) {
+        let ids = raw
+            .entries
+            .iter()
+            .map(|e| e.user_stack)
+            .chain(raw.wakers.values().map(|w| w.user_stack));
+        let missing: HashSet<u64> = ids
+            .filter_map(|r| match r {
+                StackRef::Id(id)
+                    if crate::deferred::is_copy(id) && !raw.stacks.contains_key(&id) =>
+                {
+                    Some(id)
+                }
+                _ => None,
+            })
+            .collect();
+        if !missing.is_empty() {
+            self.stats.intervals += 1;
+            self.stats.stacks += missing.len() as u64;
+        }
+        self.queue.push_back(HeldInterval {
+            raw,
+            missing,
+            taken: now,
+        });
+    }
+
+    /// Whether an interval waits.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Copy `id` was walked into `frames` (innermost first), and stored.
+    pub fn walked(&mut self, id: u64, frames: &[u64]) {
+        if self.queue.iter().any(|h| h.missing.contains(&id)) {
+            // As the stored stack reads back: up to its first zero.
+            let len = frames.iter().position(|&f| f == 0).unwrap_or(frames.len());
+            self.walked.insert(id, frames[..len].to_vec());
+        }
+    }
+
+    /// The intervals to write now, in order: those whose copies are all
+    /// walked or no longer `waiting` (given up), or that waited
+    /// [`Held::WAIT`] by `now`. The copies walked are among their stacks;
+    /// those given up or late are not.
+    pub fn ready(&mut self, waiting: &dyn Fn(u64) -> bool, now: Instant) -> Vec<RawProfile> {
+        let mut out = Vec::new();
+        while let Some(h) = self.queue.front_mut() {
+            let walked = &self.walked;
+            let stats = &mut self.stats;
+            let raw = &mut h.raw;
+            h.missing.retain(|&id| {
+                if let Some(frames) = walked.get(&id) {
+                    raw.stacks.insert(id, frames);
+                    stats.walked += 1;
+                    false
+                } else if !waiting(id) {
+                    stats.given_up += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            if !h.missing.is_empty() && now.saturating_duration_since(h.taken) < Self::WAIT {
+                break;
+            }
+            self.stats.late += h.missing.len() as u64;
+            if let Some(h) = self.queue.pop_front() {
+                out.push(h.raw);
+            }
+        }
+        let queue = &self.queue;
+        self.walked
+            .retain(|id, _| queue.iter().any(|h| h.missing.contains(id)));
+        out
+    }
+
+    pub fn stats(&self) -> HeldStats {
+        self.stats
+    }
 }
 
 /// An output file's name for each interval: `{n}` is the interval's number
@@ -281,6 +413,91 @@ mod tests {
         assert_eq!(got[0].total_ns, 10);
         assert_eq!(s.late.ns, 15);
         assert_eq!(s.late.intervals, 1);
+    }
+
+    /// A profile of one entry per user stack, of `stacks` stored.
+    fn raw_of(users: &[u64], stacks: &[u64]) -> RawProfile {
+        let mut raw = RawProfile::default();
+        for (i, &id) in users.iter().enumerate() {
+            raw.entries.push(RawEntry {
+                user_stack: StackRef::Id(id),
+                ..entry(i as u32 + 1, 0, 1, 10)
+            });
+        }
+        for &id in stacks {
+            raw.stacks.insert(id, &[0x1000, 0x2000]);
+        }
+        raw
+    }
+
+    #[test]
+    fn intervals_wait_for_their_copies_in_order() {
+        const COPY: u64 = 1 << 62;
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        // Interval 0 counts a stored stack and two copies, one walked at
+        // once; interval 1 counts nothing copied, but comes after it.
+        held.push(raw_of(&[5 << 32, COPY | 1, COPY | 2], &[5 << 32]), t0);
+        held.push(raw_of(&[6 << 32], &[6 << 32]), t0);
+        held.walked(COPY | 1, &[0x40_1000, 0x40_2000, 0, 0]);
+        // A copy no interval counts is not kept.
+        held.walked(COPY | 9, &[0x40_1000]);
+        let waiting = |id: u64| id == COPY | 2;
+        assert!(held.ready(&waiting, t0).is_empty());
+        assert!(!held.is_empty());
+        // The second copy walked: both written, in order, with the frames
+        // walked as stored (up to the first zero).
+        held.walked(COPY | 2, &[0x40_3000]);
+        let out = held.ready(&waiting, t0);
+        assert_eq!(out.len(), 2);
+        assert_eq!(
+            out[0].stacks.get(&(COPY | 1)),
+            Some(&[0x40_1000, 0x40_2000][..])
+        );
+        assert_eq!(out[0].stacks.get(&(COPY | 2)), Some(&[0x40_3000][..]));
+        assert!(out[1].entries[0].user_stack == StackRef::Id(6 << 32));
+        assert!(held.is_empty() && held.walked.is_empty());
+        let s = held.stats();
+        assert_eq!(
+            (s.intervals, s.stacks, s.walked, s.given_up, s.late),
+            (1, 2, 2, 0, 0)
+        );
+    }
+
+    #[test]
+    fn copies_given_up_or_late_are_not_waited_for() {
+        const COPY: u64 = 1 << 62;
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        // A waker's copy counts as well as a blocked thread's.
+        let mut raw = raw_of(&[COPY | 1], &[]);
+        raw.wakers.insert(
+            1 << 63,
+            crate::tracer::RawWaker {
+                tgid: 1,
+                start: 1,
+                pid: 1,
+                comm: "w".into(),
+                user_stack: StackRef::Id(COPY | 2),
+                kernel_stack: StackRef::None,
+            },
+        );
+        held.push(raw, t0);
+        // Copy 1 is given up; copy 2 still waits, until the bound.
+        let waiting = |id: u64| id == COPY | 2;
+        assert!(held.ready(&waiting, t0 + Duration::from_secs(1)).is_empty());
+        let out = held.ready(&waiting, t0 + Held::WAIT);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].stacks.is_empty());
+        let s = held.stats();
+        assert_eq!(
+            (s.intervals, s.stacks, s.walked, s.given_up, s.late),
+            (1, 2, 0, 1, 1)
+        );
+        // Stacks the BPF program stored are not copies: nothing to wait for.
+        held.push(raw_of(&[7 << 32, 1 << 63 | 5], &[]), t0);
+        assert_eq!(held.ready(&|_| true, t0).len(), 1);
+        assert_eq!(held.stats().intervals, 1);
     }
 
     #[test]

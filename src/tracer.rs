@@ -654,6 +654,9 @@ pub struct Tracer<'obj> {
     deferring: bool,
     /// ... and those read but not passed on by [`Tracer::wait`].
     deferred_left: std::cell::RefCell<Vec<RawUserStack>>,
+    /// News read by a wait that ended before passing them on: the next
+    /// wait passes them first.
+    events_left: std::cell::RefCell<Vec<TaskEvent>>,
 }
 
 /// Whether the end iterator is the sleepable one that reads user stacks:
@@ -1332,6 +1335,7 @@ impl<'obj> Tracer<'obj> {
             phases,
             deferring: dwarf && modern,
             deferred_left: Default::default(),
+            events_left: Default::default(),
         })
     }
 
@@ -1399,14 +1403,15 @@ impl<'obj> Tracer<'obj> {
     /// walk. Calls stop with the trace: they must not
     /// delay its end. A call that returns true has work under way: the
     /// next comes within 5 ms. Stacks copied but not yet passed on when
-    /// the wait ends are kept for [`Tracer::take_deferred`].
+    /// the wait ends are kept for [`Tracer::take_deferred`], news for the
+    /// next wait (with `-i`, a wait ends at every interval's end).
     pub fn wait(
         &self,
         deadline: Option<Instant>,
         stop: &AtomicBool,
         mut on_events: impl FnMut(&[TaskEvent], Vec<RawUserStack>) -> bool,
     ) -> Result<()> {
-        let pending = std::cell::RefCell::new(Vec::<TaskEvent>::new());
+        let pending = std::cell::RefCell::new(self.events_left.take());
         let stacks = std::cell::RefCell::new(Vec::<RawUserStack>::new());
         let mut builder = RingBufferBuilder::new();
         builder
@@ -1471,7 +1476,7 @@ impl<'obj> Tracer<'obj> {
         let ringbuf = builder
             .build()
             .context("failed to set up the event ring buffer")?;
-        let (mut busy, mut more) = (false, false);
+        let (mut busy, mut more) = (false, !pending.borrow().is_empty());
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -1513,11 +1518,13 @@ impl<'obj> Tracer<'obj> {
             busy = on_events(&pending.take(), stacks.take());
         }
         self.deferred_left.borrow_mut().extend(stacks.take());
+        self.events_left.borrow_mut().extend(pending.take());
         Ok(())
     }
 
-    /// The user stacks copied for userspace that no wait passed on (call
-    /// once the trace is stopped: it reads what is left in the ring).
+    /// The user stacks copied for userspace that no wait passed on, and
+    /// those left in the ring (once the trace is stopped, or between two
+    /// waits).
     pub fn take_deferred(&self) -> Result<Vec<RawUserStack>> {
         let mut stacks = self.deferred_left.take();
         if !self.deferring {

@@ -2,8 +2,10 @@
 //! own time, checked against the kernel's own accounting interval by
 //! interval; Ctrl-C's partial last interval; a file per interval.
 
+use std::process::Command;
 use std::time::Duration;
 
+use crate::newprocs::{build_forker, in_order};
 use crate::util::*;
 
 /// The intervals of `-T` output: each time line and the folded lines after
@@ -299,4 +301,102 @@ fn a_block_ended_before_its_cut_is_split_once() {
              us in a {len_us:.0} us interval"
         );
     }
+}
+
+/// New processes traced with `-i`: a program forks a child every 20 ms,
+/// and each child execs it again (a new image, whose first block comes
+/// before its tables: its stack is copied and walked in userspace) and
+/// sleeps 500 ms at once under two functions of its own. Copied stacks
+/// wait 300 ms for their walk (`OFFCPUTIME_TEST_STALL_COPY_WALK_MS`, as
+/// the tables of a large new program take that long), so that at every
+/// cut of 0.5 s intervals the copies of the children of the last 300 ms
+/// still wait. Each interval is written once they are walked: in every
+/// interval, at least 99% of the children's sleep is under their whole
+/// stack, and `-v` says that every cut's interval waited for copies, that
+/// they were walked, and that no interval was written with copies still
+/// waiting.
+#[test]
+fn intervals_wait_for_the_copied_stacks_they_count() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // A name of its own: the children's command is the program's name,
+    // and the trace is of the whole system.
+    let exe = dir.path().join("ivforker");
+    std::fs::rename(build_forker(dir.path()), &exe).expect("rename the workload");
+    let _forker = KillOnDrop(
+        Command::new(&exe)
+            .args(["10", "exec", "500"])
+            .spawn()
+            .expect("start forker"),
+    );
+    // Its parent's tables are built before the trace starts.
+    std::thread::sleep(Duration::from_millis(500));
+    let (out, (from, to)) = profile_window(
+        &["-T", "-i", "0.5", "-f", "3"],
+        &[("OFFCPUTIME_TEST_STALL_COPY_WALK_MS", "300")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let intervals = split_intervals(&out.stdout);
+    assert_eq!(intervals.len(), 6, "3 s in 0.5 s intervals\n{stderr}");
+    // Blocks whose stacks were taken as they began (not those under way
+    // at the start, which the start iterator walks with the tables made
+    // before it: its kernel stack, the kernel's view of a sleeping task,
+    // leaves out do_nanosleep).
+    let sleeps = |l: &Folded| l.comm() == "ivforker" && l.has("do_nanosleep");
+    // The parent sleeps straight from main.
+    let parent = |l: &Folded| {
+        l.pos("main")
+            .is_some_and(|i| l.frames.get(i + 1).is_some_and(|f| f == "nanosleep"))
+    };
+    for (k, (time, lines)) in intervals.iter().enumerate() {
+        let a = from + k as u64 * 500_000_000;
+        let len_us = ((a + 500_000_000).min(to) - a) as f64 / 1e3;
+        let children = sum_us_where(lines, |l| sleeps(l) && !parent(l));
+        let whole = sum_us_where(lines, |l| {
+            sleeps(l)
+                && in_order(
+                    l,
+                    &["main", "forker_child", "forker_child_sleep", "nanosleep"],
+                )
+        });
+        let missed = sum_us_where(lines, |l| sleeps(l) && l.has("[Missed User Stack]"));
+        eprintln!(
+            "interval {k} ({time}): children asleep {children} us, {whole} us under their whole \
+             stack, {missed} us missed"
+        );
+        // About 25 children asleep at any time.
+        assert!(
+            children as f64 > 2.0 * len_us,
+            "interval {k}: only {children} us of the children's sleep in {len_us:.0} us\n{stderr}"
+        );
+        if whole * 100 < children * 99 {
+            let mine: Vec<&Folded> = lines.iter().filter(|l| sleeps(l)).collect();
+            panic!(
+                "interval {k}: {whole} of {children} us of the children's sleep under their \
+                 whole stack ({missed} us missed): {mine:#?}\n{stderr}"
+            );
+        }
+    }
+    // Every cut found copies waiting (those of the children of its last
+    // 300 ms), and each interval waited for them: none was written with
+    // copies still waiting.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("intervals waited for the stacks copied for them"))
+        .unwrap_or_else(|| panic!("no line of intervals waiting in:\n{stderr}"));
+    let held = count_before(line, "intervals waited");
+    let walked = count_before(line, "walked, ");
+    assert!(
+        held >= 5 && walked >= 25,
+        "{held} intervals waited for {walked} copies walked:\n{stderr}"
+    );
+    assert_eq!(count_before(line, "still waiting at the"), 0, "{stderr}");
+    let copied = count_before(
+        &stderr,
+        "user stacks taken before their process's tables were ready copied",
+    );
+    assert!(copied > 100, "{copied} stacks copied:\n{stderr}");
 }

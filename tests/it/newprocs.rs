@@ -9,13 +9,13 @@ use std::process::Command;
 use crate::util::*;
 
 /// Builds `tests/workloads/forker.c` without frame pointers.
-fn build_forker(dir: &Path) -> PathBuf {
+pub(crate) fn build_forker(dir: &Path) -> PathBuf {
     let cc = require_tool("cc", &[PathBuf::from("/usr/bin/cc")]).expect("a C compiler");
     build_workload(&cc, "forker", &["-O2", "-g", "-fomit-frame-pointer"], dir)
 }
 
 /// Whether `l` has every one of `frames`, root first in this order.
-fn in_order(l: &Folded, frames: &[&str]) -> bool {
+pub(crate) fn in_order(l: &Folded, frames: &[&str]) -> bool {
     let at: Vec<Option<usize>> = frames.iter().map(|f| l.pos(f)).collect();
     at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1])
 }

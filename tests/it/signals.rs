@@ -13,9 +13,16 @@
 //! `[signal handler called]` where gdb says `<signal handler called>`; and
 //! gdb's names of the workload's own frames, and of the signal frame, must
 //! be in it in gdb's order (see [`crate::unwind`]).
+//!
+//! With `--wakers`, the same workload's `wakers` mode wakes threads from
+//! inside signal handlers (a pipe written every 20 ms, on the thread's
+//! stack, on a `sigaltstack`, and in the main thread's handler of a signal
+//! it raised): each waker's stack must go from the write through
+//! `[signal handler called]` into the interrupted code and on to
+//! `start_thread` or `main`, exactly as the source calls.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use offcputime::symbolize::{SymbolizeOptions, SIGNAL_FRAME_NAME};
@@ -148,4 +155,157 @@ fn blocked_gdb_stacks(gdb: &Path, dir: &Path, pid: u32) -> BTreeMap<String, Vec<
         std::thread::sleep(Duration::from_millis(37));
     }
     panic!("gdb did not catch every thread in a syscall: {found:#?}");
+}
+
+#[test]
+fn wakers_in_signal_handlers_tp_btf() {
+    wakers_in_signal_handlers("tp-btf");
+}
+
+#[test]
+fn wakers_in_signal_handlers_raw_tp() {
+    wakers_in_signal_handlers("raw-tp");
+}
+
+#[test]
+fn wakers_in_signal_handlers_kprobe() {
+    on_kprobe(&["--wakers"], wakers_in_signal_handlers);
+}
+
+/// Where a waker's handler interrupted it: a thread spinning in `spin3`
+/// under its start function, or the main thread in `raise`.
+#[derive(Clone, Copy, Debug)]
+enum Interrupted {
+    Thread(&'static str),
+    Main,
+}
+
+/// The handler's frames from the write's caller to the signal frame,
+/// innermost first, as `signals.c` calls them.
+const HANDLER: &[&str] = &[
+    "wake_write",
+    "wake_loop2",
+    "wake_loop1",
+    "on_wake_signal",
+    SIGNAL_FRAME_NAME,
+];
+
+/// Whether `user`, a waker's user frames innermost first, is the stack
+/// `signals.c` implies for a write in its handler: glibc's write, the
+/// handler's functions, the signal frame, then the interrupted code and
+/// its callers down to the thread's or the process's start.
+fn waker_stack_is(user: &[String], interrupted: Interrupted) -> bool {
+    let Some(k) = user.iter().position(|f| f == HANDLER[0]) else {
+        return false;
+    };
+    let libc_write = k > 0 && user[..k].iter().all(|f| f.contains("write"));
+    if !libc_write || user.len() < k + HANDLER.len() || user[k..k + HANDLER.len()] != *HANDLER {
+        return false;
+    }
+    let below = &user[k + HANDLER.len()..];
+    match interrupted {
+        // Interrupted in its spin loop, itself called from the thread's
+        // start, and that from glibc's start_thread and clone.
+        Interrupted::Thread(start) => {
+            let expected = ["spin3", "spin2", "spin1", start, "start_thread"];
+            below.len() == expected.len() + 1
+                && below[..expected.len()] == expected
+                && below[expected.len()].contains("clone")
+        }
+        // Interrupted in glibc's raise (its own frames, of whatever name),
+        // called from main_level2, and on down to _start.
+        Interrupted::Main => {
+            let Some(j) = below.iter().position(|f| f == "main_level2") else {
+                return false;
+            };
+            let expected = ["main_level2", "main_level1", "wakers_main", "main"];
+            j > 0
+                && below[..j].iter().any(|f| f.contains("raise"))
+                && below.len() > j + expected.len()
+                && below[j..j + expected.len()] == expected
+                && below.last().is_some_and(|f| f == "_start")
+        }
+    }
+}
+
+/// Wakers inside signal handlers (see the module's documentation): at
+/// least 80% of each woken thread's window must be woken by its waker,
+/// with the whole stack `signals.c` implies, on hook `hook`.
+fn wakers_in_signal_handlers(hook: &str) {
+    if !require_root() {
+        return;
+    }
+    let cc = require_tool("cc", &[PathBuf::from("/usr/bin/cc")]).expect("a C compiler");
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flags = ["-O2", "-g", "-pthread", "-fomit-frame-pointer"];
+    let exe = build_workload(&cc, "signals", &flags, dir.path());
+    let wl = Running::start_with(&exe, &["wakers"]);
+    let pid = wl.pid.to_string();
+    let (out, (from, to)) = profile_window(
+        &["--hook", hook, "--wakers", "-d", "-f", "-p", &pid, "2"],
+        &[],
+    );
+    drop(wl);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !frame_pointers_only(&stderr),
+        "signal frames are followed by the DWARF walk only, which this kernel cannot run"
+    );
+    let window_us = (to - from) as f64 / 1e3;
+    let lines = parse_folded(&out.stdout);
+    // (woken thread, its waker's name, where the waker was interrupted)
+    let cases = [
+        (
+            "sig_wakee",
+            "sig_waker",
+            Interrupted::Thread("sig_waker_main"),
+        ),
+        (
+            "alt_wakee",
+            "alt_waker",
+            Interrupted::Thread("alt_waker_main"),
+        ),
+        ("main_wakee", "signals", Interrupted::Main),
+    ];
+    for (wakee, waker, interrupted) in cases {
+        let mine: Vec<&Folded> = lines.iter().filter(|l| l.comm() == wakee).collect();
+        // A line: the woken thread's stacks, `--`, the waker's kernel
+        // frames, `-`, its user frames and its name.
+        let parts = |l: &Folded| -> Option<(Vec<String>, Vec<String>, String)> {
+            let at = l.pos("--")?;
+            let (blocked, waker) = (&l.frames[..at], &l.frames[at + 1..]);
+            let (name, frames) = waker.split_last()?;
+            let user = frames
+                .iter()
+                .position(|f| f == "-")
+                .map_or(&[][..], |d| &frames[d + 1..]);
+            Some((blocked.to_vec(), user.to_vec(), name.clone()))
+        };
+        let woken: u64 = mine
+            .iter()
+            .filter(|l| {
+                parts(l).is_some_and(|(blocked, user, name)| {
+                    let reads = ["wakee_main", "wakee_read1", "wakee_read2"];
+                    name == waker
+                        && blocked
+                            .windows(reads.len())
+                            .any(|w| w.iter().eq(reads.iter()))
+                        && waker_stack_is(&user, interrupted)
+                })
+            })
+            .map(|l| l.us)
+            .sum();
+        eprintln!("{wakee} ({hook}): {woken} us of {window_us:.0} woken by {waker} in its handler");
+        if woken as f64 <= window_us * 0.8 {
+            let mut mine = mine.clone();
+            mine.sort_by_key(|l| std::cmp::Reverse(l.us));
+            panic!(
+                "{wakee}: only {woken} us of a {window_us:.0} us window woken by {waker} \
+                 through its signal frame ({hook}); its lines: {:#?}\n{stderr}",
+                &mine[..mine.len().min(4)]
+            );
+        }
+    }
+    eprintln!("matrix: signal wakers {hook} ok");
 }

@@ -230,7 +230,13 @@ impl Running {
     /// Starts `exe` and waits for its pid (the first line it prints) and
     /// for its threads to settle into blocking.
     pub(crate) fn start(exe: &Path) -> Running {
+        Running::start_with(exe, &[])
+    }
+
+    /// [`Running::start`] with arguments.
+    pub(crate) fn start_with(exe: &Path, args: &[&str]) -> Running {
         let mut child = Command::new(exe)
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", exe.display()));

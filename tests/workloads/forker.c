@@ -1,19 +1,25 @@
 /*
  * forker: a process that forks a child every 20 ms for SECONDS (argument);
- * each child blocks at once, sleeping 20 ms under two functions of its
- * own, and exits. With the argument "exec" each child first execs this
- * program again ("forker child"), so that it is a new program image, not
- * a copy of its parent's. Built without frame pointers by the tests.
+ * each child blocks at once, sleeping 20 ms (or CHILD_MS, the third
+ * argument) under two functions of its own, and exits. With the second
+ * argument "exec" each child first execs this program again ("NAME child
+ * CHILD_MS", by its own path, so that the child's command is this
+ * program's name), so that it is a new program image, not a copy of its
+ * parent's. Built without frame pointers by the tests.
  */
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
+static long child_ms = 20;
+
 __attribute__((noinline)) void forker_child_sleep(void)
 {
-	struct timespec ts = { 0, 20 * 1000 * 1000 };
+	struct timespec ts = { child_ms / 1000, child_ms % 1000 * 1000 * 1000 };
 
 	nanosleep(&ts, NULL);
 	asm volatile("");
@@ -28,15 +34,28 @@ __attribute__((noinline)) void forker_child(void)
 int main(int argc, char **argv)
 {
 	struct timespec gap = { 0, 20 * 1000 * 1000 }, t0, now;
+	char self[PATH_MAX], ms[32];
+	ssize_t n;
 	double secs;
 	int exec = 0;
 
 	if (argc > 1 && !strcmp(argv[1], "child")) {
+		if (argc > 2)
+			child_ms = atol(argv[2]);
 		forker_child();
 		return 0;
 	}
 	secs = argc > 1 ? atof(argv[1]) : 5;
 	exec = argc > 2 && !strcmp(argv[2], "exec");
+	if (argc > 3)
+		child_ms = atol(argv[3]);
+	snprintf(ms, sizeof(ms), "%ld", child_ms);
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n <= 0) {
+		perror("readlink /proc/self/exe");
+		return 1;
+	}
+	self[n] = 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		pid_t p;
@@ -47,7 +66,7 @@ int main(int argc, char **argv)
 		p = fork();
 		if (p == 0) {
 			if (exec)
-				execl("/proc/self/exe", "forker", "child", (char *)NULL);
+				execl(self, argv[0], "child", ms, (char *)NULL);
 			else
 				forker_child();
 			_exit(0);

@@ -22,6 +22,19 @@
  * The functions are noinline and do a volatile write after each call, so
  * that none is inlined or turned into a tail call: every one is a frame.
  *
+ * With the argument "wakers", the handlers wake other threads instead
+ * (tests/it/signals.rs, --wakers): each writes a byte to a pipe every
+ * 20 ms, forever, under three layers of its own functions, and a thread
+ * of its own blocks reading that pipe:
+ *
+ *   waker         signal       handler's stack     wakes
+ *   sig_waker     SIGUSR1      the thread's        sig_wakee
+ *   alt_waker     SIGUSR2      sigaltstack         alt_wakee
+ *   main thread   SIGRTMIN     its own             main_wakee
+ *
+ * The wakers are interrupted in the same spin loop as above; the main
+ * thread raises its signal itself, from within main_level2.
+ *
  * Prints its pid on the first line of stdout once every thread is in its
  * handler, then runs until killed.
  *
@@ -32,6 +45,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -162,9 +176,12 @@ NOINLINE void *alt_reader_main(void *arg)
     return NULL;
 }
 
+/* The signal the main thread raises. */
+static int main_signal = SIGUSR1;
+
 NOINLINE void main_level2(void)
 {
-    raise(SIGUSR1);
+    raise(main_signal);
     sink++;
 }
 
@@ -189,8 +206,125 @@ static void wait_for(volatile int *counter, int n)
         nanosleep(&ts, NULL);
 }
 
-int main(void)
+/* "wakers": the pipe each signal's handler writes, by signal number. */
+static int wake_fd_of[_NSIG];
+
+NOINLINE void wake_write(int fd)
 {
+    char c = 1;
+    if (write(fd, &c, 1) == 1)
+        sink++;
+}
+
+NOINLINE void wake_loop2(int fd)
+{
+    struct timespec ts = {0, 20 * 1000000L};
+    for (;;) {
+        nanosleep(&ts, NULL);
+        wake_write(fd);
+        sink++;
+    }
+}
+
+NOINLINE void wake_loop1(int fd)
+{
+    wake_loop2(fd);
+    sink++;
+}
+
+NOINLINE void on_wake_signal(int sig)
+{
+    __atomic_add_fetch(&handling, 1, __ATOMIC_SEQ_CST);
+    wake_loop1(wake_fd_of[sig]);
+    sink++;
+}
+
+NOINLINE void wakee_read2(int fd)
+{
+    char c;
+    for (;;) {
+        if (read(fd, &c, 1) >= 0)
+            sink++;
+    }
+}
+
+NOINLINE void wakee_read1(int fd)
+{
+    wakee_read2(fd);
+    sink++;
+}
+
+struct wakee {
+    const char *name;
+    int fd;
+};
+
+NOINLINE void *wakee_main(void *arg)
+{
+    struct wakee *w = arg;
+    setup(w->name, 0);
+    wakee_read1(w->fd);
+    return NULL;
+}
+
+NOINLINE void *sig_waker_main(void *arg)
+{
+    (void)arg;
+    setup("sig_waker", 0);
+    spin1();
+    return NULL;
+}
+
+NOINLINE void *alt_waker_main(void *arg)
+{
+    (void)arg;
+    setup("alt_waker", 1);
+    spin1();
+    return NULL;
+}
+
+NOINLINE int wakers_main(void)
+{
+    static struct wakee wakees[] = {{"sig_wakee", 0}, {"alt_wakee", 0}, {"main_wakee", 0}};
+    static void *(*const mains[])(void *) = {sig_waker_main, alt_waker_main};
+    const int sigs[] = {SIGUSR1, SIGUSR2, SIGRTMIN};
+    pthread_t t;
+    int i, fds[2];
+
+    for (i = 0; i < 3; i++) {
+        if (pipe(fds))
+            die("pipe");
+        wakees[i].fd = fds[0];
+        wake_fd_of[sigs[i]] = fds[1];
+        if (pthread_create(&t, NULL, wakee_main, &wakees[i]))
+            die("pthread_create");
+    }
+    handle(SIGUSR1, on_wake_signal, 0);
+    handle(SIGUSR2, on_wake_signal, SA_ONSTACK);
+    handle(SIGRTMIN, on_wake_signal, 0);
+    for (i = 0; i < 2; i++) {
+        if (pthread_create(&t, NULL, mains[i], NULL))
+            die("pthread_create");
+        wait_for(&spinning, i + 1);
+        if (pthread_kill(t, sigs[i]))
+            die("pthread_kill");
+        wait_for(&handling, i + 1);
+    }
+    printf("%d\n", getpid());
+    fflush(stdout);
+    main_signal = SIGRTMIN;
+    main_level1();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "wakers")) {
+        wakers_main();
+        sink++;
+        return 0;
+    }
+
     static void *(*const mains[])(void *) = {sig_sleeper_main, alt_sleeper_main,
                                              sig_reader_main, alt_reader_main};
     const int sigs[] = {SIGUSR1, SIGUSR2, SIGRTMIN, SIGRTMIN + 1};
