@@ -236,7 +236,9 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         stats: StatsLine::from_env(began),
         raised: None,
     };
-    let _lookout = tracer.copies_counter().map(crate::priority::Lookout::start);
+    let _lookout = tracer
+        .copies_lost_counter()
+        .map(crate::priority::Lookout::start);
 
     if config.interval.is_some() {
         symbolizer.keep_user_names();

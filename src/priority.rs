@@ -60,12 +60,15 @@ pub fn raise() -> Raised {
 static LOOKED_OUT: AtomicBool = AtomicBool::new(false);
 
 /// A thread at nice -20 that raises the event loop (thread `loop_tid`) as
-/// soon as the BPF program copies stacks for it (`copies`, a count that
-/// grows with them, read every 10 ms): a burst of new processes (thousands
-/// of threads at once) otherwise keeps the loop, at the user's priority,
-/// from a CPU for seconds before it can learn of them and raise itself,
-/// and the copies made meanwhile overflow. The loop goes back to its
-/// priority once no copy waits (see [`Lookout::take_raise`]).
+/// soon as the BPF program finds no room to copy stacks for it (`copies`,
+/// a count that grows with those lost, read every 10 ms): a burst of new
+/// processes (thousands of threads at once) otherwise keeps the loop, at
+/// the user's priority, from a CPU for seconds before it can learn of them
+/// and raise itself. Not at every copy: the loop raised whenever a new
+/// process appears disturbs the threads it measures (a thread sleeping
+/// 1 ms at a time was counted 50 ms over the kernel's accounting in 3 s).
+/// The loop goes back to its priority once no copy waits (see
+/// [`Lookout::take_raise`]).
 pub struct Lookout {
     stop: std::sync::Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,

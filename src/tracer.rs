@@ -1868,17 +1868,17 @@ impl<'obj> Tracer<'obj> {
         read_counters(&self.skel)
     }
 
-    /// A count that grows with every user stack the BPF program copies for
-    /// userspace (or could not copy), readable from another thread: None
-    /// where it copies none.
-    pub fn copies_counter(&self) -> Option<Box<dyn FnMut() -> u64 + Send>> {
+    /// A count that grows with every user stack the BPF program could not
+    /// copy for userspace for want of room (a flood of new threads),
+    /// readable from another thread: None where it copies none.
+    pub fn copies_lost_counter(&self) -> Option<Box<dyn FnMut() -> u64 + Send>> {
         if !self.deferring {
             return None;
         }
         let map = libbpf_rs::MapHandle::try_from(&self.skel.maps.counters).ok()?;
         Some(Box::new(move || {
             use types::offcpu_counter as C;
-            [C::CNT_UNWIND_DEFERRED, C::CNT_UNWIND_DEFER_LOST]
+            [C::CNT_UNWIND_DEFER_LOST]
                 .iter()
                 .filter_map(|c| map.lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY).ok()?)
                 .flatten()

@@ -885,6 +885,10 @@ __noinline __u32 file_memo(__u64 addr, __u64 mm, __u64 walk, bool start_iter)
 	__u64 entry, start, off, size = 0;
 	__u32 i, chosen = UNWIND_FILE_SEGMENTS, n;
 
+	/* Here too, not only in the callers: a global function is checked on
+	 * its own, and before 6.1 the tree's reads cannot be relocated. */
+	if (!bpf_core_field_exists(((struct mm_struct *)0)->mm_mt))
+		return FILE_MEMO_UNKNOWN;
 	s = file_scratch_of(start_iter);
 	if (!s)
 		return FILE_MEMO_UNKNOWN;

@@ -1306,8 +1306,10 @@ fn out_of_unwind_memory_is_said_and_falls_back() {
 /// switch), so a thread that switches a thousand times a second (1 ms
 /// sleeps) runs, by the kernel, a few microseconds longer per switch than
 /// between the tracepoints: 7 to 10 us per switch on the 2-CPU VM these
-/// figures come from. The bound allows 12 us per switch on top.
-const PER_SWITCH_US: f64 = 12.0;
+/// figures come from, about 12 with its host in a slower state (measured
+/// with the same tree before and after a change alike, beyond the 0.5%).
+/// The bound allows 16 us per switch on top.
+const PER_SWITCH_US: f64 = 16.0;
 
 fn every_thread_adds_up(load: bool) {
     if !require_root() {

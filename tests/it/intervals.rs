@@ -305,7 +305,9 @@ fn a_block_ended_before_its_cut_is_split_once() {
 
 /// New processes traced with `-i`: a program forks a child every 20 ms,
 /// and each child execs it again (a new image, whose first block comes
-/// before its tables: its stack is copied and walked in userspace) and
+/// before its tables: with the walk through files' tables turned off,
+/// `OFFCPUTIME_NO_FILE_TABLES`, its stack is copied and walked in
+/// userspace, as for a program new to the profiler) and
 /// sleeps 500 ms at once under two functions of its own. Copied stacks
 /// wait 300 ms for their walk (`OFFCPUTIME_TEST_STALL_COPY_WALK_MS`, as
 /// the tables of a large new program take that long), so that at every
@@ -336,7 +338,10 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
     std::thread::sleep(Duration::from_millis(500));
     let (out, (from, to)) = profile_window(
         &["-T", "-i", "0.5", "-f", "3"],
-        &[("OFFCPUTIME_TEST_STALL_COPY_WALK_MS", "300")],
+        &[
+            ("OFFCPUTIME_TEST_STALL_COPY_WALK_MS", "300"),
+            ("OFFCPUTIME_NO_FILE_TABLES", "1"),
+        ],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     let intervals = split_intervals(&out.stdout);
