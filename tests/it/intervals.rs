@@ -84,10 +84,18 @@ fn intervals_hold_exactly_their_own_time() {
         for (i, comm) in comms.iter().enumerate() {
             let got = sum_us(lines, comm) as f64;
             let expected = cpu.off_cpu_us(i, a, b);
+            let stolen = cpu.stolen_us(a, b);
             whole[i] += got as u64;
-            eprintln!("interval {k}: {comm} {got} us, by the kernel's accounting {expected:.0} us");
+            eprintln!(
+                "interval {k}: {comm} {got} us, by the kernel's accounting {expected:.0} us \
+                 (stolen from the VM: up to {stolen:.0} us)"
+            );
+            // Time stolen from the VM while the thread was switched in is
+            // run time to the profile, not to the kernel: it can only make
+            // the profile's off-CPU time the smaller.
+            let slack = if got < expected { stolen } else { 0.0 };
             assert!(
-                (got - expected).abs() < 0.02 * len_us,
+                (got - expected).abs() < 0.02 * len_us + slack,
                 "interval {k}: {comm} {got} us off-CPU, by the kernel's accounting {expected:.0} \
                  us in a {len_us:.0} us interval"
             );
