@@ -1038,11 +1038,23 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
     if !missing.is_empty() {
         const SHOWN: usize = 3;
         for m in missing.iter().take(SHOWN) {
-            eprintln!(
-                "offcputime: no DWARF unwinding for {} in process {}: {}; frame pointers are \
-                 used there",
-                m.what, m.tgid, m.why
-            );
+            if m.later {
+                eprintln!(
+                    "offcputime: no DWARF unwinding for {} in process {} at first: {}; frame \
+                     pointers were used there until room was made (the tables of processes \
+                     that had not blocked for {} s let go)",
+                    m.what,
+                    m.tgid,
+                    m.why,
+                    crate::unwind::COLD.as_secs()
+                );
+            } else {
+                eprintln!(
+                    "offcputime: no DWARF unwinding for {} in process {}: {}; frame pointers are \
+                     used there",
+                    m.what, m.tgid, m.why
+                );
+            }
         }
         if missing.len() + more > SHOWN {
             eprintln!(
@@ -1088,6 +1100,15 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             d.walked,
             d.cut,
             d.fp_frames,
+        );
+        eprintln!(
+            "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \
+             for {} s ({} given them again at a later block); {} processes left without some \
+             for want of room got them later",
+            s.processes_let_go,
+            crate::unwind::COLD.as_secs(),
+            s.processes_taken_back,
+            s.processes_given_room,
         );
     }
 }
@@ -1185,6 +1206,11 @@ impl<'t> Collector<'t> {
                         }
                         TaskEvent::Exited(_) | TaskEvent::Mapped(..) => {}
                     }
+                }
+                // Copies of processes whose tables were let go for room:
+                // they block again, and get them back.
+                for tgid in deferred.waiting_tgids() {
+                    u.wanted(registry, tgid);
                 }
                 let building = u.poll(registry);
                 if deferred.is_waiting() {

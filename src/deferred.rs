@@ -296,6 +296,11 @@ impl Deferred {
     }
 
     /// The stack ids of the copies waiting for a walk.
+    /// The processes with copies waiting for tables.
+    pub fn waiting_tgids(&self) -> Vec<u32> {
+        self.waiting.keys().copied().collect()
+    }
+
     pub fn waiting_ids(&self) -> HashSet<u64> {
         self.waiting.values().flatten().map(|s| s.id).collect()
     }

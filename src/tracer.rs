@@ -2238,6 +2238,8 @@ impl crate::unwind::TableStore for UnwindStore {
             mm: space.mm,
             exec_vm: space.exec_vm,
             gen: self.next_gen,
+            // Not cold before it has had the chance to block.
+            used: monotonic_ns(),
         };
         self.next_gen += 1;
         // SAFETY: unwind_proc is plain old data.
@@ -2278,6 +2280,17 @@ impl crate::unwind::TableStore for UnwindStore {
     ) -> Result<()> {
         self.rows
             .read(|rows| self.mappings.read(|mappings| f(rows, mappings)))?
+    }
+
+    fn last_used(&self, tgid: u32) -> Option<u64> {
+        let bytes = self
+            .procs
+            .lookup(&tgid.to_ne_bytes(), MapFlags::ANY)
+            .ok()
+            .flatten()?;
+        let mut proc = types::unwind_proc::default();
+        plain::copy_from_bytes(&mut proc, &bytes).ok()?;
+        Some(proc.used)
     }
 }
 

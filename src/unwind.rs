@@ -35,6 +35,15 @@ use crate::unwind_table;
 /// before it was given back.
 pub const GRACE: Duration = Duration::from_millis(200);
 
+/// A process none of whose blocks was walked with its tables for this
+/// long gives its tables up when a process that blocks now needs the room
+/// (they are built again at its next block that needs them).
+pub const COLD: Duration = Duration::from_secs(2);
+
+/// How often processes left without some of their tables for want of room
+/// are looked at again, to take the room of processes gone cold.
+const RETRY: Duration = Duration::from_secs(1);
+
 /// At most this many objects and processes without tables are named; the
 /// rest are only counted.
 const NOT_COVERED_KEPT: usize = 64;
@@ -60,6 +69,9 @@ pub trait TableStore {
     /// `struct unwind_file`), or no longer.
     fn set_file(&mut self, key: &types::unwind_file_key, file: &types::unwind_file) -> Result<()>;
     fn remove_file(&mut self, key: &types::unwind_file_key);
+    /// When a block of process `tgid` was last walked with its tables, or
+    /// its tables written (CLOCK_MONOTONIC ns); None: it has no entry.
+    fn last_used(&self, tgid: u32) -> Option<u64>;
 }
 
 /// What the unwinder needs to know of processes and the files they map:
@@ -146,12 +158,32 @@ impl RangeAlloc {
         }
         self.free.insert(start, len);
     }
+
+    /// The longest free run there would be with `more` ranges given back
+    /// too (start, length; not free now, not overlapping).
+    fn longest_with(&self, more: &[(usize, usize)]) -> usize {
+        let mut all: Vec<(usize, usize)> = self.free.iter().map(|(&s, &l)| (s, l)).collect();
+        all.extend(more.iter().copied().filter(|&(_, l)| l > 0));
+        all.sort_unstable();
+        let mut best = 0;
+        let mut run: Option<(usize, usize)> = None;
+        for (s, l) in all {
+            let (a, e) = match run {
+                Some((a, e)) if s <= e => (a, e.max(s + l)),
+                _ => (s, s + l),
+            };
+            run = Some((a, e));
+            best = best.max(e - a);
+        }
+        best
+    }
 }
 
 /// A table asked of the builder: for whom, to report a failure once.
 #[derive(Clone, Debug)]
 struct Requested {
     tgid: u32,
+    object: u32,
     name: String,
     /// The object's first build (not a retry for want of room).
     first: bool,
@@ -328,6 +360,9 @@ struct ProcessEntry {
     /// (zero: unknown): copied stacks are walked only with tables of
     /// theirs.
     space: AddressSpace,
+    /// Objects it maps that had no room for their rows when it was
+    /// installed: it is installed again once they have.
+    lacking: Vec<u32>,
 }
 
 /// Why an object or a process has no tables.
@@ -336,6 +371,10 @@ pub struct NotCovered {
     pub tgid: u32,
     pub what: String,
     pub why: String,
+    /// The object refused for want of room, which may get it later.
+    object: Option<u32>,
+    /// ... and did: frame pointers were used there only until then.
+    pub later: bool,
 }
 
 /// Table statistics, for `-v`.
@@ -361,6 +400,14 @@ pub struct UnwindStats {
     pub files: usize,
     /// Tables of objects no process mapped any more, dropped for room.
     pub objects_evicted: usize,
+    /// Processes whose tables were let go for a process that blocked
+    /// while they had not for [`COLD`].
+    pub processes_let_go: usize,
+    /// ... and how many of them were given tables again at a later block.
+    pub processes_taken_back: usize,
+    /// Processes left without some tables for want of room that got them
+    /// later.
+    pub processes_given_room: usize,
     /// Time spent building tables.
     pub build_ms: f64,
 }
@@ -395,6 +442,14 @@ pub struct Unwinder {
     quarantine: VecDeque<(Instant, usize, usize)>,
     not_covered: Vec<NotCovered>,
     not_covered_more: usize,
+    /// The objects of the processes waiting for tables: their rows are
+    /// not given to another.
+    pending: HashMap<u32, Vec<u32>>,
+    /// Processes whose tables were let go for room (see [`COLD`]), to be
+    /// given them again when a block needs them.
+    let_go: HashSet<u32>,
+    /// When processes lacking tables were last looked at (see [`RETRY`]).
+    retried: Instant,
     stats: UnwindStats,
 }
 
@@ -426,6 +481,9 @@ impl Unwinder {
             quarantine: VecDeque::new(),
             not_covered: Vec::new(),
             not_covered_more: 0,
+            pending: HashMap::new(),
+            let_go: HashSet::new(),
+            retried: Instant::now(),
             stats: UnwindStats {
                 row_capacity,
                 mapping_capacity,
@@ -455,7 +513,16 @@ impl Unwinder {
             self.waiting.remove(&tgid);
             return true;
         }
-        if let Some(p) = self.processes.get_mut(&tgid) {
+        // Installed without some tables for want of room: installed again
+        // once they have it.
+        // (Or being built again for it: it waits for them.)
+        let room_since = self.processes.get(&tgid).is_some_and(|p| {
+            p.lacking.iter().any(|o| {
+                self.building.contains_key(o)
+                    || self.objects.get(o).is_some_and(|e| e.table.is_some())
+            })
+        });
+        if let Some(p) = self.processes.get_mut(&tgid).filter(|_| !room_since) {
             if p.mappings == mappings {
                 // The same mappings (a fork's, or those of the same image
                 // again): the tables hold for this address space too.
@@ -491,10 +558,195 @@ impl Unwinder {
         }
         if pending || self.store.is_none() {
             self.waiting.insert(tgid);
+            self.pending.insert(tgid, objects);
             return false;
         }
         self.waiting.remove(&tgid);
+        self.pending.remove(&tgid);
         self.install(procs, tgid, mappings, objects);
+        true
+    }
+
+    /// Copied stacks of process `tgid` wait for its tables: if they were
+    /// let go for room (see [`COLD`]), they are made again.
+    pub fn wanted(&mut self, procs: &dyn Processes, tgid: u32) {
+        if self.let_go.remove(&tgid) {
+            self.stats.processes_taken_back += 1;
+            self.note_process(procs, tgid);
+        }
+    }
+
+    /// Processes installed without some of their tables for want of room
+    /// and blocking now: their tables are built again where the room of
+    /// processes gone cold can be had.
+    fn retry_lacking(&mut self, procs: &dyn Processes) {
+        if self.retried.elapsed() < RETRY {
+            return;
+        }
+        self.retried = Instant::now();
+        let now = crate::tracer::monotonic_ns();
+        let lacking: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(tgid, p)| {
+                !p.lacking.is_empty()
+                    && p.slice.is_some()
+                    && !self.waiting.contains(tgid)
+                    && !p.lacking.iter().any(|o| self.building.contains_key(o))
+            })
+            .map(|(&tgid, _)| tgid)
+            .collect();
+        for tgid in lacking {
+            let Some(store) = self.store.as_deref() else {
+                return;
+            };
+            let hot = store
+                .last_used(tgid)
+                .is_some_and(|t| now.saturating_sub(t) < COLD.as_nanos() as u64);
+            if !hot {
+                continue;
+            }
+            let Some(p) = self.processes.get(&tgid) else {
+                continue;
+            };
+            // The largest: each object's rows are one run.
+            let need: usize = p
+                .lacking
+                .iter()
+                .filter_map(|o| self.objects.get(o).and_then(|e| e.wants_rows))
+                .max()
+                .unwrap_or(0);
+            if need == 0 {
+                continue;
+            }
+            let keep = p.objects.clone();
+            if !self.cold_room(need, &keep, tgid).1 {
+                continue;
+            }
+            let lacking = p.lacking.clone();
+            for o in lacking {
+                if self.objects.get(&o).is_some_and(|e| e.wants_rows.is_some()) {
+                    self.request(procs, tgid, o);
+                }
+            }
+            self.waiting.insert(tgid);
+            self.pending.insert(tgid, keep);
+        }
+    }
+
+    /// The processes that could give their tables for `tgid`, the
+    /// longest unused first, and when each was last used (CLOCK_MONOTONIC
+    /// ns): those with tables of their own, but not `tgid` nor those
+    /// waiting for tables.
+    fn by_last_use(&self, tgid: u32) -> Vec<(u64, u32)> {
+        let Some(store) = self.store.as_deref() else {
+            return Vec::new();
+        };
+        let mut v: Vec<(u64, u32)> = self
+            .processes
+            .iter()
+            .filter(|(&pid, p)| pid != tgid && p.slice.is_some() && !self.waiting.contains(&pid))
+            .map(|(&pid, _)| (store.last_used(pid).unwrap_or(0), pid))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The rows that letting go of the processes unused for [`COLD`]
+    /// would free for `tgid` (mapping `keep`), with those of objects no
+    /// process maps now: the processes to let go, and whether that is
+    /// `len` rows with the free ones and those coming.
+    fn cold_room(&self, len: usize, keep: &[u32], tgid: u32) -> (Vec<u32>, bool) {
+        let now = crate::tracer::monotonic_ns();
+        let held: HashSet<u32> = keep
+            .iter()
+            .chain(self.pending.values().flatten())
+            .copied()
+            .collect();
+        let range_of = |o: &u32| -> Option<(usize, usize)> {
+            if held.contains(o) {
+                return None;
+            }
+            let t = self.objects.get(o)?.table.as_ref()?;
+            Some((t.row_start as usize, t.row_count as usize))
+        };
+        // Objects no process maps: theirs in any case.
+        let mut coming: Vec<(usize, usize)> = self
+            .objects
+            .iter()
+            .filter(|(_, e)| e.refs == 0)
+            .filter_map(|(o, _)| range_of(o))
+            .collect();
+        let mut refs: HashMap<u32, u32> = HashMap::new();
+        let mut victims = Vec::new();
+        for (used, pid) in self.by_last_use(tgid) {
+            if self.rows.longest_with(&coming) >= len
+                || now.saturating_sub(used) < COLD.as_nanos() as u64
+            {
+                break;
+            }
+            victims.push(pid);
+            for o in &self.processes[&pid].objects {
+                let r = refs
+                    .entry(*o)
+                    .or_insert_with(|| self.objects.get(o).map_or(0, |e| e.refs));
+                *r = r.saturating_sub(1);
+                if *r == 0 {
+                    coming.extend(range_of(o));
+                }
+            }
+        }
+        (victims, self.rows.longest_with(&coming) >= len)
+    }
+
+    /// Lets go the tables of the processes that have not blocked for
+    /// longest, none used for [`COLD`], until `len` rows can be had
+    /// [`GRACE`] from now for `tgid`: whether they can. Nothing is let go
+    /// if they cannot. Those processes' tables are made again at a block
+    /// that needs them (see [`Unwinder::wanted`]).
+    fn let_go_cold(&mut self, len: usize, tgid: u32) -> bool {
+        let keep = self
+            .processes
+            .get(&tgid)
+            .map(|p| p.objects.clone())
+            .or_else(|| self.pending.get(&tgid).cloned())
+            .unwrap_or_default();
+        let (victims, enough) = self.cold_room(len, &keep, tgid);
+        if !enough {
+            return false;
+        }
+        for pid in victims {
+            if let Some(p) = self.processes.remove(&pid) {
+                self.store().remove_process(pid);
+                self.release(p);
+                self.let_go.insert(pid);
+                self.stats.processes_let_go += 1;
+            }
+        }
+        // Every object no process maps now gives its rows GRACE from now,
+        // when no walk can still be reading them.
+        let held: HashSet<u32> = keep
+            .iter()
+            .chain(self.pending.values().flatten())
+            .copied()
+            .collect();
+        let free: Vec<u32> = self
+            .objects
+            .iter()
+            .filter(|(o, e)| e.refs == 0 && e.table.is_some() && !held.contains(o))
+            .map(|(&o, _)| o)
+            .collect();
+        let now = Instant::now();
+        for o in free {
+            self.unregister(o);
+            if let Some(e) = self.objects.get_mut(&o) {
+                if e.file == FileEntry::Never {
+                    e.file = FileEntry::Removed(now);
+                }
+                e.idle_since = Some(e.idle_since.map_or(now, |t| t.min(now)));
+            }
+        }
+        self.update_stats();
         true
     }
 
@@ -551,6 +803,7 @@ impl Unwinder {
             object,
             Requested {
                 tgid,
+                object,
                 name: procs.object_name(object).to_string(),
                 first,
             },
@@ -570,6 +823,7 @@ impl Unwinder {
             return true;
         }
         self.reclaim();
+        self.retry_lacking(procs);
         let mut built = Vec::new();
         while let Some(b) = self.builder.try_recv() {
             built.push(b);
@@ -704,6 +958,13 @@ impl Unwinder {
                 file,
             },
         );
+        if self.objects.get(&object).is_some_and(|e| e.table.is_some()) {
+            for n in &mut self.not_covered {
+                if n.object == Some(object) {
+                    n.later = true;
+                }
+            }
+        }
         self.register(object);
         self.update_stats();
     }
@@ -795,7 +1056,8 @@ impl Unwinder {
         };
         if start.is_none()
             && rows.len() <= max
-            && self.freeing() + (self.rows.capacity - self.rows.used) >= rows.len()
+            && (self.rows.longest_with(&self.freeing()) >= rows.len()
+                || self.let_go_cold(rows.len(), req.tgid))
         {
             return Err((rows, segments));
         }
@@ -809,6 +1071,9 @@ impl Unwinder {
                         rows.len()
                     ),
                 );
+                if let Some(n) = self.not_covered.last_mut() {
+                    n.object = Some(req.object);
+                }
             }
             return Ok((None, (rows.len() <= max).then_some(rows.len())));
         };
@@ -881,7 +1146,24 @@ impl Unwinder {
                 }
             }
         }
+        let lacking: Vec<u32> = objects
+            .iter()
+            .copied()
+            .filter(|o| {
+                self.objects
+                    .get(o)
+                    .is_some_and(|e| e.table.is_none() && e.wants_rows.is_some())
+            })
+            .collect();
+        self.let_go.remove(&tgid);
+        self.pending.remove(&tgid);
         let old = self.processes.remove(&tgid);
+        if old
+            .as_ref()
+            .is_some_and(|o| o.lacking.len() > lacking.len() && o.mappings == mappings)
+        {
+            self.stats.processes_given_room += 1;
+        }
         // Whatever happens, these mappings are dealt with: a process that
         // cannot be covered is not tried (and reported) again until they
         // change.
@@ -910,6 +1192,7 @@ impl Unwinder {
                 slice,
                 objects,
                 space,
+                lacking,
             },
         );
         self.update_stats();
@@ -933,6 +1216,8 @@ impl Unwinder {
         // Whatever is still kept for `child` is an earlier process's,
         // whose pid was reused.
         self.waiting.remove(&child);
+        self.pending.remove(&child);
+        self.let_go.remove(&child);
         if let Some(old) = self.processes.remove(&child) {
             self.release(old);
         }
@@ -942,6 +1227,7 @@ impl Unwinder {
                 slice: p.slice,
                 objects: p.objects.clone(),
                 space,
+                lacking: p.lacking.clone(),
             },
             _ => {
                 if let Some(store) = self.store.as_deref_mut() {
@@ -970,6 +1256,8 @@ impl Unwinder {
     /// maps them or until their room is needed.
     pub fn forget(&mut self, tgid: u32) {
         self.waiting.remove(&tgid);
+        self.pending.remove(&tgid);
+        self.let_go.remove(&tgid);
         self.address_spaces.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
             if p.slice.is_some() {
@@ -1045,17 +1333,18 @@ impl Unwinder {
         Ok((start, count))
     }
 
-    /// Rows that are free or could be freed for an object now.
+    /// The longest run of rows that is free or could be freed for an
+    /// object now (each object's rows are one run).
     fn room(&self, keep: &[u32]) -> usize {
         let now = Instant::now();
-        let idle: usize = self
+        let idle: Vec<(usize, usize)> = self
             .objects
             .iter()
             .filter(|(id, e)| Self::idle(id, e, keep, now))
             .filter_map(|(_, e)| e.table.as_ref())
-            .map(|t| t.row_count as usize)
-            .sum();
-        self.rows.capacity - self.rows.used + idle
+            .map(|t| (t.row_start as usize, t.row_count as usize))
+            .collect();
+        self.rows.longest_with(&idle)
     }
 
     /// An object with rows that no process noted maps, for [`GRACE`].
@@ -1079,13 +1368,13 @@ impl Unwinder {
 
     /// Rows that objects whose file entries were removed give within
     /// [`GRACE`].
-    fn freeing(&self) -> usize {
+    fn freeing(&self) -> Vec<(usize, usize)> {
         self.objects
             .values()
             .filter(|e| e.refs == 0 && matches!(e.file, FileEntry::Removed(_)))
             .filter_map(|e| e.table.as_ref())
-            .map(|t| t.row_count as usize)
-            .sum()
+            .map(|t| (t.row_start as usize, t.row_count as usize))
+            .collect()
     }
 
     /// Room for `len` rows: free space, else the space of objects idle for
@@ -1117,13 +1406,15 @@ impl Unwinder {
                     })
                     .collect();
                 idle.sort_unstable();
-                let mut coming = self.freeing() + (self.rows.capacity - self.rows.used);
-                for (_, id, rows) in idle {
-                    if coming >= len {
+                let mut coming = self.freeing();
+                for (_, id, _) in idle {
+                    if self.rows.longest_with(&coming) >= len {
                         break;
                     }
                     self.unregister(id);
-                    coming += rows;
+                    if let Some(t) = self.objects.get(&id).and_then(|e| e.table.as_ref()) {
+                        coming.push((t.row_start as usize, t.row_count as usize));
+                    }
                 }
                 return None;
             };
@@ -1143,6 +1434,8 @@ impl Unwinder {
             tgid,
             what: what.to_string(),
             why,
+            object: None,
+            later: false,
         });
     }
 
@@ -1311,6 +1604,8 @@ mod tests {
         mappings: usize,
         procs: std::rc::Rc<std::cell::RefCell<HashMap<u32, (u32, u32)>>>,
         files: std::rc::Rc<std::cell::RefCell<HashMap<u64, u32>>>,
+        /// Last use of processes (see TableStore::last_used).
+        used: std::rc::Rc<std::cell::RefCell<HashMap<u32, u64>>>,
     }
 
     impl TableStore for FakeStore {
@@ -1358,6 +1653,17 @@ mod tests {
         }
         fn remove_file(&mut self, key: &types::unwind_file_key) {
             self.files.borrow_mut().remove(&key.ino);
+        }
+        fn last_used(&self, tgid: u32) -> Option<u64> {
+            // Used just now, unless a test said otherwise.
+            self.procs.borrow().get(&tgid)?;
+            Some(
+                self.used
+                    .borrow()
+                    .get(&tgid)
+                    .copied()
+                    .unwrap_or_else(crate::tracer::monotonic_ns),
+            )
         }
     }
 
@@ -1453,6 +1759,7 @@ mod tests {
             mappings: 10,
             procs: live.clone(),
             files: Default::default(),
+            used: Default::default(),
         });
         for round in 0..10u32 {
             for tgid in round * 5 + 1..=round * 5 + 5 {
@@ -1483,6 +1790,7 @@ mod tests {
             mappings: 10,
             procs: live.clone(),
             files: Default::default(),
+            used: Default::default(),
         });
         cover(&mut u, &procs, 1);
         let slice = u.processes[&1].slice.expect("the parent has tables");
@@ -1531,6 +1839,7 @@ mod tests {
                 mappings: 4,
                 procs: live.clone(),
                 files: Default::default(),
+                used: Default::default(),
             },
         );
         u.finish(&procs, Duration::from_secs(60));
@@ -1556,6 +1865,7 @@ mod tests {
                 mappings: 2,
                 procs: live.clone(),
                 files: Default::default(),
+                used: Default::default(),
             },
         );
         u.finish(&procs, Duration::from_secs(60));
@@ -1577,6 +1887,7 @@ mod tests {
             mappings: 16,
             procs: live.clone(),
             files: files.clone(),
+            used: Default::default(),
         });
         procs.with_libc = vec![2];
         cover(&mut u, &procs, 1);
@@ -1646,6 +1957,7 @@ mod tests {
             mappings: 4,
             procs: live.clone(),
             files: Default::default(),
+            used: Default::default(),
         });
         cover(&mut u, &procs, 7);
         let first = live.borrow()[&7];

@@ -1653,7 +1653,7 @@ __noinline __u64 user_stack_by_files(bool cache)
  * stack id, or USTACK_NO_TABLES.  A global function, checked once on its
  * own (see unwind_rule).
  */
-__noinline __u64 user_stack_of_current(bool cache)
+__noinline __u64 user_stack_of_current(bool cache, __u64 now)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 exec_vm, mm = address_space(task, &exec_vm);
@@ -1665,6 +1665,9 @@ __noinline __u64 user_stack_of_current(bool cache)
 
 	if (!p)
 		return USTACK_NO_TABLES;
+	/* A block: the process uses its tables (see struct unwind_proc). */
+	if (now && now - p->used > USED_GRAIN_NS)
+		p->used = now;
 	if (read_user_regs(task, &u))
 		return USTACK_NO_REGS;
 	gen = p->gen;
@@ -1696,7 +1699,8 @@ __noinline __u64 user_stack_of_current(bool cache)
 
 /* The user or kernel stack of the current task.  `legacy`: a program for
  * kernels without bpf_loop, which walks with frame pointers only. */
-static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache)
+static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache,
+					      __u64 now)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
@@ -1706,7 +1710,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf && !legacy) {
-		id = user_stack_of_current(cache);
+		id = user_stack_of_current(cache, now);
 		if (id == USTACK_NO_TABLES) {
 			id = user_stack_by_files(cache);
 			if (id == USTACK_NO_TABLES)
@@ -2060,10 +2064,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	/* Without stacks_now the stacks are taken at switch-in; a block still
 	 * in progress when tracing ends has none. */
 	if (want_user_stack && !kthread)
-		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted)
+		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted, now)
 						: STACK_ID_MISSED_ERROR;
 	if (want_kernel_stack)
-		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false)
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
@@ -2325,9 +2329,10 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	if (next_is_current) {
 		if (want_user_stack)
 			key.user_stack_id =
-				kthread ? STACK_ID_NONE : stack_of_current(ctx, true, legacy, trusted);
+				kthread ? STACK_ID_NONE
+					: stack_of_current(ctx, true, legacy, trusted, now);
 		if (want_kernel_stack)
-			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false);
+			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}
 	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
@@ -2505,7 +2510,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
-		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted);
+		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings

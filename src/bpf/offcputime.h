@@ -308,7 +308,16 @@ struct unwind_proc {
 	 * the tables of one generation is not taken for another's (see
 	 * struct ucache). */
 	__u64 gen;
+	/* When a block of the process was last walked with these tables
+	 * (CLOCK_MONOTONIC ns, kept to USED_GRAIN_NS; userspace writes the
+	 * time it wrote the entry): under pressure userspace lets go the
+	 * tables of the processes that have not blocked for longest. */
+	__u64 used;
 };
+
+/* How stale `used` of struct unwind_proc may get before a walk writes it
+ * again (~268 ms): one write a process in that time, not one a block. */
+#define USED_GRAIN_NS (1ULL << 28)
 
 /*
  * --unwind dwarf: the user stack of a block whose process has no unwind

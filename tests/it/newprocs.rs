@@ -182,3 +182,112 @@ fn the_tables_of_a_compiler_fit_by_default() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// Two compilers whose tables do not fit together in `--unwind-memory`:
+/// the toolchain's `rustc` and a copy of it (its binary and libraries
+/// copied, so other files with tables of their own). Each blocks, fed its
+/// source a byte at a time, for a few seconds while the other waits: the
+/// room goes to the one that blocks now (the other's tables are let go
+/// once it has not blocked for a while, and made again when it blocks),
+/// and each gets stacks from `_start` to its read.
+#[test]
+fn the_tables_go_to_the_processes_that_block_now() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let rustc = require_tool("rustc", &[]).expect("rustc");
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc --print sysroot");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+    std::fs::create_dir_all(dir.path().join("lib")).unwrap();
+    std::fs::copy(sysroot.join("bin/rustc"), dir.path().join("bin/rustc-copy")).unwrap();
+    for e in std::fs::read_dir(sysroot.join("lib")).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("librustc_driver") || name.starts_with("libLLVM") {
+            std::fs::copy(e.path(), dir.path().join("lib").join(&name)).unwrap();
+        }
+    }
+    let start = |exe: PathBuf, out: &str| {
+        KillOnDrop(
+            Command::new(exe)
+                .args(["--crate-type", "lib", "-", "-o"])
+                .arg(dir.path().join(out))
+                .arg("--sysroot")
+                .arg(&sysroot)
+                // Each its own libraries (cargo points this at the
+                // toolchain's for the tests it runs).
+                .env_remove("LD_LIBRARY_PATH")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start rustc"),
+        )
+    };
+    let mut first = start(sysroot.join("bin/rustc"), "a.rlib");
+    let mut copy = start(dir.path().join("bin/rustc-copy"), "b.rlib");
+    // Both waiting for their source by then.
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let pids = format!("{},{}", first.0.id(), copy.0.id());
+    let mut a = first.0.stdin.take().unwrap();
+    let mut b = copy.0.stdin.take().unwrap();
+    let feed = |w: &mut std::process::ChildStdin, secs: f64| {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+        while std::time::Instant::now() < until {
+            std::io::Write::write_all(w, b" ").expect("feed rustc");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    // 36 MiB: one compiler's tables (20 MiB) and not two.
+    let (out, _, _) = profile_during(
+        &["-f", "--unwind-memory", "36", "-p", &pids, "11"],
+        |_| {
+            // The copy blocks first (the first process noted has the room
+            // at the start), then the first one.
+            feed(&mut b, 4.5);
+            feed(&mut a, 5.5);
+        },
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    for comm in ["rustc", "rustc-copy"] {
+        let whole: u64 = lines
+            .iter()
+            .filter(|l| {
+                l.comm() == comm
+                    && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
+                    && l.frames.iter().any(|f| f.contains("read_to_string"))
+            })
+            .map(|l| l.us)
+            .sum();
+        let all: u64 = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .map(|l| l.us)
+            .sum();
+        eprintln!("{comm}: {whole} of {all} us under stacks from _start to the read");
+        assert!(
+            whole > 0,
+            "no stack of {comm} from _start to its read:\n{}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let count = |after: &str| -> u64 {
+        let tail = stderr.split(after).next().unwrap_or("");
+        tail.rsplit(' ')
+            .next()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no count before '{after}' in {stderr}"))
+    };
+    let let_go = count(" processes let theirs go for room");
+    let given = count(" processes left without some");
+    eprintln!("{let_go} processes let their tables go; {given} got tables later");
+    assert!(let_go >= 2, "the room went to each in turn:\n{stderr}");
+    assert!(given >= 1, "{stderr}");
+}
