@@ -1948,6 +1948,82 @@ mod tests {
         assert_eq!(s.files, 1);
     }
 
+    /// Process 1 maps only the test binary (object 0), process 2 only
+    /// libc (object 1).
+    struct OneEach(FakeProcesses);
+    impl Processes for OneEach {
+        fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
+            let want = u32::from(tgid % 2 == 0);
+            self.0
+                .mappings(tgid)
+                .into_iter()
+                .filter(|m| m.object == want)
+                .collect()
+        }
+        fn object_file(&self, object: u32) -> Option<&File> {
+            self.0.object_file(object)
+        }
+        fn object_name(&self, object: u32) -> &str {
+            self.0.object_name(object)
+        }
+        fn object_identity(&self, object: u32) -> Option<FileIdentity> {
+            self.0.object_identity(object)
+        }
+    }
+
+    #[test]
+    fn the_room_goes_to_the_process_that_blocks_now() {
+        let mut fake = FakeProcesses::new();
+        fake.with_libc = vec![2];
+        let procs = OneEach(fake);
+        let exe_rows = rows_of(&procs.0.files[0]);
+        let libc_rows = rows_of(&procs.0.files[1]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let files = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let used = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        // Room for either object's rows, not both.
+        let mut u = Unwinder::new(FakeStore {
+            rows: exe_rows.max(libc_rows),
+            mappings: 16,
+            procs: live.clone(),
+            files: files.clone(),
+            used: used.clone(),
+        });
+        cover(&mut u, &procs, 1);
+        assert!(live.borrow().contains_key(&1));
+        // Process 1 blocked just now: process 2 gets no room.
+        cover(&mut u, &procs, 2);
+        assert_eq!(u.not_covered().0.len(), 1);
+        assert!(live.borrow().contains_key(&1));
+        assert_eq!(u.stats().processes_let_go, 0);
+        // Process 1 has not blocked for longer than COLD: its tables go to
+        // process 2, blocking now, and only once no walk can read them.
+        let long_ago = crate::tracer::monotonic_ns() - 2 * COLD.as_nanos() as u64;
+        used.borrow_mut().insert(1, long_ago);
+        u.retried = Instant::now() - RETRY;
+        u.poll(&procs);
+        assert_eq!(u.stats().processes_let_go, 1);
+        assert!(!live.borrow().contains_key(&1));
+        assert_eq!(files.borrow().get(&0), None, "the binary's file entry went first");
+        u.finish(&procs, Duration::from_secs(60));
+        let s = u.stats();
+        assert_eq!(s.processes_given_room, 1, "{s:?}");
+        assert_eq!(u.processes[&2].lacking, Vec::<u32>::new());
+        assert!(u.not_covered().0[0].later);
+        // Process 1 blocks again (a copy of its stack waits): it gets its
+        // tables back once process 2 has gone cold in turn.
+        used.borrow_mut().insert(2, long_ago);
+        u.wanted(&procs, 1);
+        u.finish(&procs, Duration::from_secs(60));
+        let s = u.stats();
+        assert_eq!((s.processes_let_go, s.processes_taken_back), (2, 1), "{s:?}");
+        assert!(live.borrow().contains_key(&1) && !live.borrow().contains_key(&2));
+        assert_eq!(u.processes[&1].lacking, Vec::<u32>::new());
+        // Asked again while it lacks nothing, it is not built again.
+        u.wanted(&procs, 1);
+        assert_eq!(u.stats().processes_taken_back, 1);
+    }
+
     #[test]
     fn new_mappings_replace_the_old_slice() {
         let mut procs = FakeProcesses::new();
