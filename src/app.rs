@@ -1104,11 +1104,12 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
         eprintln!(
             "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \
              for {} s ({} given them again at a later block); {} processes left without some \
-             for want of room got them later",
+             for want of room got them later; {} tables moved to put free rows together",
             s.processes_let_go,
             crate::unwind::COLD.as_secs(),
             s.processes_taken_back,
             s.processes_given_room,
+            s.tables_moved,
         );
     }
 }

@@ -408,6 +408,8 @@ pub struct UnwindStats {
     /// Processes left without some tables for want of room that got them
     /// later.
     pub processes_given_room: usize,
+    /// Tables moved to put the free rows together.
+    pub tables_moved: usize,
     /// Time spent building tables.
     pub build_ms: f64,
 }
@@ -440,6 +442,9 @@ pub struct Unwinder {
     /// Slices of mappings given back, reusable once GRACE has passed.
     /// (Rows are reused only from objects idle for that long.)
     quarantine: VecDeque<(Instant, usize, usize)>,
+    /// Rows that moved tables were in (see [`Unwinder::compact`]),
+    /// reusable once GRACE has passed.
+    moved_from: VecDeque<(Instant, usize, usize)>,
     not_covered: Vec<NotCovered>,
     not_covered_more: usize,
     /// The objects of the processes waiting for tables: their rows are
@@ -450,6 +455,9 @@ pub struct Unwinder {
     let_go: HashSet<u32>,
     /// When processes lacking tables were last looked at (see [`RETRY`]).
     retried: Instant,
+    /// When each process lacking tables may be tried again, and how many
+    /// times it was.
+    retry_at: HashMap<u32, (Instant, u32)>,
     stats: UnwindStats,
 }
 
@@ -479,11 +487,13 @@ impl Unwinder {
             slice_users: HashMap::new(),
             address_spaces: HashMap::new(),
             quarantine: VecDeque::new(),
+            moved_from: VecDeque::new(),
             not_covered: Vec::new(),
             not_covered_more: 0,
             pending: HashMap::new(),
             let_go: HashSet::new(),
             retried: Instant::now(),
+            retry_at: HashMap::new(),
             stats: UnwindStats {
                 row_capacity,
                 mapping_capacity,
@@ -620,9 +630,13 @@ impl Unwinder {
                 continue;
             }
             let keep = p.objects.clone();
-            if !self.cold_room(need, &keep, tgid).1 {
+            // Tried before and still lacking: less and less often.
+            let (at, tries) = self.retry_at.get(&tgid).copied().unwrap_or((Instant::now(), 0));
+            if Instant::now() < at || !self.cold_room(need, &keep, tgid).1 {
                 continue;
             }
+            let wait = RETRY * (1u32 << tries.min(6));
+            self.retry_at.insert(tgid, (Instant::now() + wait, tries + 1));
             let lacking = p.lacking.clone();
             for o in lacking {
                 if self.objects.get(&o).is_some_and(|e| e.wants_rows.is_some()) {
@@ -677,12 +691,17 @@ impl Unwinder {
             .filter(|(_, e)| e.refs == 0)
             .filter_map(|(o, _)| range_of(o))
             .collect();
+        coming.extend(self.moved_from.iter().map(|&(_, start, len)| (start, len)));
+        let free = self.rows.capacity - self.rows.used;
+        // In one run, or in pieces that moving tables puts together.
+        let enough = |coming: &[(usize, usize)]| {
+            self.rows.longest_with(coming) >= len
+                || free + coming.iter().map(|&(_, l)| l).sum::<usize>() >= len
+        };
         let mut refs: HashMap<u32, u32> = HashMap::new();
         let mut victims = Vec::new();
         for (used, pid) in self.by_last_use(tgid) {
-            if self.rows.longest_with(&coming) >= len
-                || now.saturating_sub(used) < COLD.as_nanos() as u64
-            {
+            if enough(&coming) || now.saturating_sub(used) < COLD.as_nanos() as u64 {
                 break;
             }
             victims.push(pid);
@@ -696,7 +715,8 @@ impl Unwinder {
                 }
             }
         }
-        (victims, self.rows.longest_with(&coming) >= len)
+        let enough = enough(&coming);
+        (victims, enough)
     }
 
     /// Lets go the tables of the processes that have not blocked for
@@ -1056,7 +1076,8 @@ impl Unwinder {
         };
         if start.is_none()
             && rows.len() <= max
-            && (self.rows.longest_with(&self.freeing()) >= rows.len()
+            && (self.rows.longest_with(&self.coming()) >= rows.len()
+                || self.compact(rows.len())
                 || self.let_go_cold(rows.len(), req.tgid))
         {
             return Err((rows, segments));
@@ -1108,19 +1129,11 @@ impl Unwinder {
         ))
     }
 
-    /// Writes the mappings of a process whose objects are all settled and
-    /// points it at them.
-    fn install(
-        &mut self,
-        procs: &dyn Processes,
-        tgid: u32,
-        mappings: Vec<ExecMapping>,
-        objects: Vec<u32>,
-    ) {
-        let _ = procs;
-
+    /// The BPF program's entries for `mappings`: each points at its
+    /// object's rows, where it has a table.
+    fn entries_of(&self, mappings: &[ExecMapping]) -> Vec<types::unwind_mapping> {
         let mut entries = Vec::with_capacity(mappings.len());
-        for m in &mappings {
+        for m in mappings {
             let mut e = types::unwind_mapping {
                 start: m.start,
                 end: m.end,
@@ -1136,6 +1149,117 @@ impl Unwinder {
             }
             entries.push(e);
         }
+        entries
+    }
+
+    /// Rows that come free within [`GRACE`]: those of objects whose file
+    /// entries were removed and that no process maps, and those that tables
+    /// moved from (see [`Unwinder::compact`]).
+    fn coming(&self) -> Vec<(usize, usize)> {
+        let mut v = self.freeing();
+        v.extend(self.moved_from.iter().map(|&(_, start, len)| (start, len)));
+        v
+    }
+
+    /// Makes a run of `len` rows come free where the free rows are enough
+    /// but in pieces: tables in use are moved down into the holes below
+    /// them, the highest first, until there would be such a run. A table is
+    /// copied to its new place, the processes that map it and its file
+    /// entry are pointed there, and its old rows are given back [`GRACE`]
+    /// later, when no walk can still be reading them. Whether any moved.
+    fn compact(&mut self, len: usize) -> bool {
+        let free: usize = self.rows.capacity - self.rows.used;
+        let coming: usize = self.coming().iter().map(|&(_, l)| l).sum();
+        if free + coming < len {
+            return false;
+        }
+        let mut order: Vec<(usize, u32, usize)> = self
+            .objects
+            .iter()
+            .filter(|(_, e)| !(e.refs == 0 && matches!(e.file, FileEntry::Removed(_))))
+            .filter_map(|(&o, e)| {
+                let t = e.table.as_ref()?;
+                Some((t.row_start as usize, o, t.row_count as usize))
+            })
+            .collect();
+        order.sort_unstable_by(|a, b| b.cmp(a));
+        let mut moved = false;
+        for (from, object, count) in order {
+            if self.rows.longest_with(&self.coming()) >= len {
+                break;
+            }
+            let Some(to) = self.rows.alloc(count) else {
+                continue;
+            };
+            if to >= from || self.move_rows(object, from, to, count).is_err() {
+                self.rows.free(to, count);
+                continue;
+            }
+            self.moved_from.push_back((Instant::now(), from, count));
+            self.stats.tables_moved += 1;
+            moved = true;
+        }
+        moved
+    }
+
+    /// Copies `object`'s `count` rows from `from` to `to` and points its
+    /// processes and its file entry at them.
+    fn move_rows(&mut self, object: u32, from: usize, to: usize, count: usize) -> Result<()> {
+        let mut copy: Vec<types::unwind_row> = Vec::new();
+        let store = self
+            .store
+            .as_deref_mut()
+            .ok_or_else(|| anyhow::anyhow!("no store"))?;
+        store.read(&mut |rows, _| {
+            if let Some(r) = rows.get(from..from + count) {
+                copy = r.to_vec();
+            }
+        })?;
+        if copy.len() != count {
+            anyhow::bail!("the rows to move are not there");
+        }
+        for (i, chunk) in copy.chunks(1 << 16).enumerate() {
+            store.write_rows(to + (i << 16), chunk)?;
+        }
+        drop(copy);
+        if let Some(t) = self.objects.get_mut(&object).and_then(|e| e.table.as_mut()) {
+            t.row_start = to as u32;
+        }
+        let users: Vec<(usize, Vec<ExecMapping>)> = self
+            .processes
+            .values()
+            .filter(|p| p.objects.contains(&object))
+            .filter_map(|p| Some((p.slice?.0, p.mappings.clone())))
+            .collect();
+        let mut done = HashSet::new();
+        for (start, mappings) in users {
+            // A slice shared with a forked child is written once.
+            if done.insert(start) {
+                let entries = self.entries_of(&mappings);
+                self.store().write_mappings(start, &entries)?;
+            }
+        }
+        if matches!(
+            self.objects.get(&object).map(|e| e.file),
+            Some(FileEntry::Written(_))
+        ) {
+            self.register(object);
+        }
+        Ok(())
+    }
+
+    /// Writes the mappings of a process whose objects are all settled and
+    /// points it at them.
+    fn install(
+        &mut self,
+        procs: &dyn Processes,
+        tgid: u32,
+        mappings: Vec<ExecMapping>,
+        objects: Vec<u32>,
+    ) {
+        let _ = procs;
+
+        let entries = self.entries_of(&mappings);
 
         for &o in &objects {
             if let Some(e) = self.objects.get_mut(&o) {
@@ -1157,6 +1281,9 @@ impl Unwinder {
             .collect();
         self.let_go.remove(&tgid);
         self.pending.remove(&tgid);
+        if lacking.is_empty() {
+            self.retry_at.remove(&tgid);
+        }
         let old = self.processes.remove(&tgid);
         if old
             .as_ref()
@@ -1257,6 +1384,7 @@ impl Unwinder {
     pub fn forget(&mut self, tgid: u32) {
         self.waiting.remove(&tgid);
         self.pending.remove(&tgid);
+        self.retry_at.remove(&tgid);
         self.let_go.remove(&tgid);
         self.address_spaces.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
@@ -1283,6 +1411,13 @@ impl Unwinder {
             }
             self.quarantine.pop_front();
             self.mappings.free(start, len);
+        }
+        while let Some(&(at, start, len)) = self.moved_from.front() {
+            if now.duration_since(at) < GRACE {
+                break;
+            }
+            self.moved_from.pop_front();
+            self.rows.free(start, len);
         }
         self.update_stats();
     }
@@ -1406,7 +1541,7 @@ impl Unwinder {
                     })
                     .collect();
                 idle.sort_unstable();
-                let mut coming = self.freeing();
+                let mut coming = self.coming();
                 for (_, id, _) in idle {
                     if self.rows.longest_with(&coming) >= len {
                         break;
@@ -1606,6 +1741,8 @@ mod tests {
         files: std::rc::Rc<std::cell::RefCell<HashMap<u64, u32>>>,
         /// Last use of processes (see TableStore::last_used).
         used: std::rc::Rc<std::cell::RefCell<HashMap<u32, u64>>>,
+        /// The rows and mappings written.
+        data: std::rc::Rc<std::cell::RefCell<(Vec<types::unwind_row>, Vec<types::unwind_mapping>)>>,
     }
 
     impl TableStore for FakeStore {
@@ -1617,10 +1754,16 @@ mod tests {
         }
         fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()> {
             assert!(start + rows.len() <= self.rows);
+            let mut d = self.data.borrow_mut();
+            d.0.resize(self.rows, types::unwind_row::default());
+            d.0[start..start + rows.len()].copy_from_slice(rows);
             Ok(())
         }
         fn write_mappings(&mut self, start: usize, m: &[types::unwind_mapping]) -> Result<()> {
             assert!(start + m.len() <= self.mappings);
+            let mut d = self.data.borrow_mut();
+            d.1.resize(self.mappings, types::unwind_mapping::default());
+            d.1[start..start + m.len()].copy_from_slice(m);
             Ok(())
         }
         fn set_process(
@@ -1640,7 +1783,8 @@ mod tests {
             &self,
             f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]),
         ) -> Result<()> {
-            f(&[], &[]);
+            let d = self.data.borrow();
+            f(&d.0, &d.1);
             Ok(())
         }
         fn set_file(
@@ -1760,6 +1904,7 @@ mod tests {
             procs: live.clone(),
             files: Default::default(),
             used: Default::default(),
+            data: Default::default(),
         });
         for round in 0..10u32 {
             for tgid in round * 5 + 1..=round * 5 + 5 {
@@ -1791,6 +1936,7 @@ mod tests {
             procs: live.clone(),
             files: Default::default(),
             used: Default::default(),
+            data: Default::default(),
         });
         cover(&mut u, &procs, 1);
         let slice = u.processes[&1].slice.expect("the parent has tables");
@@ -1840,6 +1986,7 @@ mod tests {
                 procs: live.clone(),
                 files: Default::default(),
                 used: Default::default(),
+                data: Default::default(),
             },
         );
         u.finish(&procs, Duration::from_secs(60));
@@ -1866,6 +2013,7 @@ mod tests {
                 procs: live.clone(),
                 files: Default::default(),
                 used: Default::default(),
+                data: Default::default(),
             },
         );
         u.finish(&procs, Duration::from_secs(60));
@@ -1888,6 +2036,7 @@ mod tests {
             procs: live.clone(),
             files: files.clone(),
             used: Default::default(),
+            data: Default::default(),
         });
         procs.with_libc = vec![2];
         cover(&mut u, &procs, 1);
@@ -1988,6 +2137,7 @@ mod tests {
             procs: live.clone(),
             files: files.clone(),
             used: used.clone(),
+            data: Default::default(),
         });
         cover(&mut u, &procs, 1);
         assert!(live.borrow().contains_key(&1));
@@ -2024,6 +2174,53 @@ mod tests {
         assert_eq!(u.stats().processes_taken_back, 1);
     }
 
+    /// Free rows in two pieces, neither long enough: the table above the
+    /// lower piece moves down into it, its processes and file entry point
+    /// at its new place, and its old rows join the upper piece once no
+    /// walk can be reading them.
+    #[test]
+    fn tables_move_to_put_free_rows_together() {
+        let procs = FakeProcesses::new();
+        let exe_rows = rows_of(&procs.files[0]);
+        let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let files = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
+        let data = std::rc::Rc::new(std::cell::RefCell::new((Vec::new(), Vec::new())));
+        let mut u = Unwinder::new(FakeStore {
+            rows: 2 * exe_rows + 11,
+            mappings: 4,
+            procs: live.clone(),
+            files: files.clone(),
+            used: Default::default(),
+            data: data.clone(),
+        });
+        // A hole of exe_rows + 1 rows below the binary's table, 10 above.
+        let hole = u.rows.alloc(exe_rows + 1).unwrap();
+        cover(&mut u, &procs, 1);
+        u.rows.free(hole, exe_rows + 1);
+        let old = u.objects[&0].table.as_ref().unwrap().row_start as usize;
+        assert_eq!(old, exe_rows + 1);
+        let key = |r: &types::unwind_row| (r.pc, r.cfa_off, r.kind, r.rbp_off);
+        let before: Vec<_> = data.borrow().0[old..old + exe_rows].iter().map(key).collect();
+        let want = exe_rows + 5;
+        assert!(u.rows.longest_with(&u.coming()) < want);
+        assert!(u.compact(want));
+        assert_eq!(u.stats().tables_moved, 1);
+        let t = u.objects[&0].table.as_ref().unwrap();
+        assert_eq!(t.row_start, 0);
+        let d = data.borrow();
+        let after: Vec<_> = d.0[..exe_rows].iter().map(key).collect();
+        assert_eq!(after, before, "the rows copied whole");
+        let (start, _) = live.borrow()[&1];
+        assert_eq!(d.1[start as usize].row_start, 0, "the process points at them");
+        drop(d);
+        // Not reusable before GRACE; then one run long enough.
+        assert!(u.rows.alloc(want).is_none());
+        std::thread::sleep(GRACE);
+        u.reclaim();
+        assert!(u.rows.alloc(want).is_some());
+        assert!(files.borrow().contains_key(&0));
+    }
+
     #[test]
     fn new_mappings_replace_the_old_slice() {
         let mut procs = FakeProcesses::new();
@@ -2034,6 +2231,7 @@ mod tests {
             procs: live.clone(),
             files: Default::default(),
             used: Default::default(),
+            data: Default::default(),
         });
         cover(&mut u, &procs, 7);
         let first = live.borrow()[&7];
