@@ -244,9 +244,10 @@ fn the_tables_go_to_the_processes_that_block_now() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     };
-    // 36 MiB: one compiler's tables (20 MiB) and not two.
+    // 30 MiB: one compiler's tables (20 MiB) and not two; what comes
+    // free as they are let go lies in pieces (moved together).
     let (out, _, _) = profile_during(
-        &["-f", "--unwind-memory", "36", "-p", &pids, "11"],
+        &["-f", "--unwind-memory", "30", "-p", &pids, "11"],
         |_| {
             // The copy blocks first (the first process noted has the room
             // at the start), then the first one.
@@ -288,6 +289,9 @@ fn the_tables_go_to_the_processes_that_block_now() {
     let let_go = count(" processes let theirs go for room");
     let given = count(" processes left without some");
     eprintln!("{let_go} processes let their tables go; {given} got tables later");
+    for l in stderr.lines().filter(|l| l.contains("unwind tables")) {
+        eprintln!("{l}");
+    }
     assert!(let_go >= 2, "the room went to each in turn:\n{stderr}");
     assert!(given >= 1, "{stderr}");
 }
