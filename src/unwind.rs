@@ -631,12 +631,17 @@ impl Unwinder {
             }
             let keep = p.objects.clone();
             // Tried before and still lacking: less and less often.
-            let (at, tries) = self.retry_at.get(&tgid).copied().unwrap_or((Instant::now(), 0));
+            let (at, tries) = self
+                .retry_at
+                .get(&tgid)
+                .copied()
+                .unwrap_or((Instant::now(), 0));
             if Instant::now() < at || !self.cold_room(need, &keep, tgid).1 {
                 continue;
             }
             let wait = RETRY * (1u32 << tries.min(6));
-            self.retry_at.insert(tgid, (Instant::now() + wait, tries + 1));
+            self.retry_at
+                .insert(tgid, (Instant::now() + wait, tries + 1));
             let lacking = p.lacking.clone();
             for o in lacking {
                 if self.objects.get(&o).is_some_and(|e| e.wants_rows.is_some()) {
@@ -2102,7 +2107,7 @@ mod tests {
     struct OneEach(FakeProcesses);
     impl Processes for OneEach {
         fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
-            let want = u32::from(tgid % 2 == 0);
+            let want = u32::from(tgid.is_multiple_of(2));
             self.0
                 .mappings(tgid)
                 .into_iter()
@@ -2154,7 +2159,11 @@ mod tests {
         u.poll(&procs);
         assert_eq!(u.stats().processes_let_go, 1);
         assert!(!live.borrow().contains_key(&1));
-        assert_eq!(files.borrow().get(&0), None, "the binary's file entry went first");
+        assert_eq!(
+            files.borrow().get(&0),
+            None,
+            "the binary's file entry went first"
+        );
         u.finish(&procs, Duration::from_secs(60));
         let s = u.stats();
         assert_eq!(s.processes_given_room, 1, "{s:?}");
@@ -2166,7 +2175,11 @@ mod tests {
         u.wanted(&procs, 1);
         u.finish(&procs, Duration::from_secs(60));
         let s = u.stats();
-        assert_eq!((s.processes_let_go, s.processes_taken_back), (2, 1), "{s:?}");
+        assert_eq!(
+            (s.processes_let_go, s.processes_taken_back),
+            (2, 1),
+            "{s:?}"
+        );
         assert!(live.borrow().contains_key(&1) && !live.borrow().contains_key(&2));
         assert_eq!(u.processes[&1].lacking, Vec::<u32>::new());
         // Asked again while it lacks nothing, it is not built again.
@@ -2200,7 +2213,10 @@ mod tests {
         let old = u.objects[&0].table.as_ref().unwrap().row_start as usize;
         assert_eq!(old, exe_rows + 1);
         let key = |r: &types::unwind_row| (r.pc, r.cfa_off, r.kind, r.rbp_off);
-        let before: Vec<_> = data.borrow().0[old..old + exe_rows].iter().map(key).collect();
+        let before: Vec<_> = data.borrow().0[old..old + exe_rows]
+            .iter()
+            .map(key)
+            .collect();
         let want = exe_rows + 5;
         assert!(u.rows.longest_with(&u.coming()) < want);
         assert!(u.compact(want));
@@ -2211,7 +2227,10 @@ mod tests {
         let after: Vec<_> = d.0[..exe_rows].iter().map(key).collect();
         assert_eq!(after, before, "the rows copied whole");
         let (start, _) = live.borrow()[&1];
-        assert_eq!(d.1[start as usize].row_start, 0, "the process points at them");
+        assert_eq!(
+            d.1[start as usize].row_start, 0,
+            "the process points at them"
+        );
         drop(d);
         // Not reusable before GRACE; then one run long enough.
         assert!(u.rows.alloc(want).is_none());

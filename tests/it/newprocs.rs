@@ -246,15 +246,12 @@ fn the_tables_go_to_the_processes_that_block_now() {
     };
     // 30 MiB: one compiler's tables (20 MiB) and not two; what comes
     // free as they are let go lies in pieces (moved together).
-    let (out, _, _) = profile_during(
-        &["-f", "--unwind-memory", "30", "-p", &pids, "11"],
-        |_| {
-            // The copy blocks first (the first process noted has the room
-            // at the start), then the first one.
-            feed(&mut b, 4.5);
-            feed(&mut a, 5.5);
-        },
-    );
+    let (out, _, _) = profile_during(&["-f", "--unwind-memory", "30", "-p", &pids, "11"], |_| {
+        // The copy blocks first (the first process noted has the room
+        // at the start), then the first one.
+        feed(&mut b, 4.5);
+        feed(&mut a, 5.5);
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines = parse_folded(&out.stdout);
     for comm in ["rustc", "rustc-copy"] {

@@ -818,7 +818,11 @@ pub fn check_blocked_threads(
              (stolen from the VM: up to {stolen:.0} us)"
         );
         // Stolen time can only make the profile's off-CPU time the smaller.
-        let slack = if total < expected { stolen / window_us } else { 0.0 };
+        let slack = if total < expected {
+            stolen / window_us
+        } else {
+            0.0
+        };
         assert!(
             err < 0.02 + slack,
             "{comm}: {total} us off-CPU, by the kernel's accounting {expected:.0} us, \
