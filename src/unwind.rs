@@ -2071,26 +2071,7 @@ mod tests {
             with_libc: vec![4],
             moved: vec![],
         };
-        struct LibcOnly(FakeProcesses);
-        impl Processes for LibcOnly {
-            fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
-                self.0
-                    .mappings(tgid)
-                    .into_iter()
-                    .filter(|m| m.object == 1)
-                    .collect()
-            }
-            fn object_file(&self, object: u32) -> Option<&File> {
-                self.0.object_file(object)
-            }
-            fn object_name(&self, object: u32) -> &str {
-                self.0.object_name(object)
-            }
-            fn object_identity(&self, object: u32) -> Option<FileIdentity> {
-                self.0.object_identity(object)
-            }
-        }
-        let libc_only = LibcOnly(only_libc);
+        let libc_only = Filtered(only_libc, |_, object| object == 1);
         cover(&mut u, &libc_only, 4);
         let s = u.stats();
         assert_eq!(s.objects_evicted, 1, "{s:?}");
@@ -2102,16 +2083,14 @@ mod tests {
         assert_eq!(s.files, 1);
     }
 
-    /// Process 1 maps only the test binary (object 0), process 2 only
-    /// libc (object 1).
-    struct OneEach(FakeProcesses);
-    impl Processes for OneEach {
+    /// Fake processes with only the mappings `keep(tgid, object)` says.
+    struct Filtered<F: Fn(u32, u32) -> bool>(FakeProcesses, F);
+    impl<F: Fn(u32, u32) -> bool> Processes for Filtered<F> {
         fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
-            let want = u32::from(tgid.is_multiple_of(2));
             self.0
                 .mappings(tgid)
                 .into_iter()
-                .filter(|m| m.object == want)
+                .filter(|m| (self.1)(tgid, m.object))
                 .collect()
         }
         fn object_file(&self, object: u32) -> Option<&File> {
@@ -2129,7 +2108,11 @@ mod tests {
     fn the_room_goes_to_the_process_that_blocks_now() {
         let mut fake = FakeProcesses::new();
         fake.with_libc = vec![2];
-        let procs = OneEach(fake);
+        // Process 1 maps only the test binary (object 0), process 2 only
+        // libc (object 1).
+        let procs = Filtered(fake, |tgid, object| {
+            object == u32::from(tgid.is_multiple_of(2))
+        });
         let exe_rows = rows_of(&procs.0.files[0]);
         let libc_rows = rows_of(&procs.0.files[1]);
         let live = std::rc::Rc::new(std::cell::RefCell::new(HashMap::new()));
