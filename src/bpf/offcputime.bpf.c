@@ -1653,6 +1653,11 @@ __noinline __u64 user_stack_by_files(bool cache)
  * stack id, or USTACK_NO_TABLES.  A global function, checked once on its
  * own (see unwind_rule).
  */
+/* `now` of user_stack_of_current(): read the clock for the last-use mark
+ * (a constant: the kprobe hook's frame, which holds its own time, is at
+ * 6.1's limit of the stack of a call chain); 0: no mark (wakers). */
+#define USED_READ_CLOCK 1
+
 __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -1666,6 +1671,8 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 	if (!p)
 		return USTACK_NO_TABLES;
 	/* A block: the process uses its tables (see struct unwind_proc). */
+	if (now == USED_READ_CLOCK)
+		now = bpf_ktime_get_ns();
 	if (now && now - p->used > USED_GRAIN_NS)
 		p->used = now;
 	if (read_user_regs(task, &u))
@@ -2330,7 +2337,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		if (want_user_stack)
 			key.user_stack_id =
 				kthread ? STACK_ID_NONE
-					: stack_of_current(ctx, true, legacy, trusted, now);
+					: stack_of_current(ctx, true, legacy, trusted,
+							   USED_READ_CLOCK);
 		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}
