@@ -181,7 +181,6 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             },
         )
     });
-    drop(raised);
     let mut tracer = match started_tracer {
         Ok((t, None)) => t,
         Ok((t, Some(why))) => {
@@ -236,9 +235,12 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         stats: StatsLine::from_env(began),
         raised: None,
     };
+    // Started before start-up's raise ends: under a burst of new threads
+    // the loop may get no CPU from then on until the lookout raises it.
     let _lookout = tracer
         .copies_lost_counter()
         .map(crate::priority::Lookout::start);
+    drop(raised);
 
     if config.interval.is_some() {
         symbolizer.keep_user_names();
@@ -1268,6 +1270,7 @@ impl<'t> Collector<'t> {
             self.raised.get_or_insert_with(crate::priority::raise);
         } else {
             self.raised = None;
+            crate::priority::Lookout::end_raise();
         }
         busy || scanning
     }

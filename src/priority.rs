@@ -1,16 +1,17 @@
-//! Start-up at a raised CPU priority.
+//! Start-up at a raised CPU priority, and the lookout.
 //!
 //! On a machine whose CPUs are all busy (thousands of runnable threads),
 //! a profiler at the default priority waits seconds for a CPU at every
 //! step of starting: the verifier, the unwind tables, the start iterator
 //! (44 s to attach under 8,000 threads of `examples/stackfarm`). The
 //! threads that start tracing run at nice -20 where allowed, and go back to
-//! the priority they had once the window is open: the trace itself runs
-//! at the user's priority, but for the thread that takes in the BPF
-//! program's news while stacks copied for it wait for their processes'
-//! tables (thousands of new threads at once). Threads created while starting (the unwind
-//! table builder) inherit the raised priority and drop it the next time
-//! they call [`settle`].
+//! the priority they had once the window is open and the lookout runs:
+//! the trace itself runs at the user's priority, but for the thread that
+//! takes in the BPF program's news while stacks copied for it wait for
+//! their processes' tables (thousands of new threads at once), which the
+//! lookout raises into the real-time class (see [`Lookout`]). Threads
+//! created while starting (the unwind table builder) inherit the raised
+//! priority and drop it the next time they call [`settle`].
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
@@ -23,10 +24,39 @@ thread_local! {
     static SETTLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Set while the lookout holds the loop and the builders in the
+/// real-time class.
+static REALTIME: AtomicBool = AtomicBool::new(false);
+
+/// Thread `tid` (0: the calling one) into `SCHED_FIFO` at the lowest
+/// priority, its children back in the normal class. False without the
+/// privilege (`CAP_SYS_NICE` or `RLIMIT_RTPRIO`).
+fn set_realtime(tid: libc::pid_t) -> bool {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sched_setscheduler reads `param` and changes the policy of
+    // a thread of this process (one that has exited fails harmlessly).
+    unsafe {
+        libc::sched_setscheduler(tid, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param) == 0
+    }
+}
+
+/// Thread `tid` (0: the calling one) back in the normal class.
+fn set_normal_class(tid: libc::pid_t) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as in set_realtime.
+    unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
+}
+
+/// Nice value of thread `tid` of this process (0: the calling one).
+fn set_nice(tid: libc::pid_t, nice: i32) -> bool {
+    // SAFETY: setpriority on a thread id of this process; one that has
+    // exited fails harmlessly.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0 }
+}
+
+/// The calling thread's nice value (Linux: per thread).
 fn set_this_thread(nice: i32) -> bool {
-    // SAFETY: setpriority with PRIO_PROCESS and 0 changes the nice value
-    // of the calling thread only (Linux).
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) == 0 }
+    set_nice(0, nice)
 }
 
 /// Raises the calling thread to nice -20 until the guard is dropped (no
@@ -59,16 +89,20 @@ pub fn raise() -> Raised {
 /// Set by the lookout when it raised the event loop.
 static LOOKED_OUT: AtomicBool = AtomicBool::new(false);
 
-/// A thread at nice -20 that raises the event loop (thread `loop_tid`) as
-/// soon as the BPF program finds no room to copy stacks for it (`copies`,
-/// a count that grows with those lost, read every 10 ms): a burst of new
-/// processes (thousands of threads at once) otherwise keeps the loop, at
-/// the user's priority, from a CPU for seconds before it can learn of them
-/// and raise itself. Not at every copy: the loop raised whenever a new
-/// process appears disturbs the threads it measures (a thread sleeping
-/// 1 ms at a time was counted 50 ms over the kernel's accounting in 3 s).
-/// The loop goes back to its priority once no copy waits (see
-/// [`Lookout::take_raise`]).
+/// A thread that raises the event loop (thread `loop_tid`) as soon as the
+/// BPF program finds no room to copy stacks for it (`copies`, a count that
+/// grows with those lost, read every 10 ms): a burst of new processes
+/// (thousands of threads at once) otherwise keeps the loop, at the user's
+/// priority, from a CPU for seconds before it can learn of them and raise
+/// itself. Raised means the real-time class where allowed (`SCHED_FIFO`
+/// at its lowest priority, for the lookout itself too): with 8,000 new
+/// threads on two CPUs, nice -20 still left the loop a sixth of a CPU,
+/// and the farm's blocks of the first seconds were missed. Otherwise nice
+/// -20. Not at every copy: the loop raised whenever a new process appears
+/// disturbs the threads it measures (a thread sleeping 1 ms at a time was
+/// counted 50 ms over the kernel's accounting in 3 s). The loop and the
+/// table builders leave the real-time class once no copy waits (see
+/// [`Lookout::take_raise`] and [`Raised`]).
 pub struct Lookout {
     stop: std::sync::Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -85,9 +119,10 @@ impl Lookout {
             std::thread::Builder::new()
                 .name("lookout".into())
                 .spawn(move || {
-                    if !set_this_thread(-20) {
-                        // Without the privilege it could not raise the
-                        // loop either.
+                    // Without the privilege it could not raise the loop
+                    // either.
+                    let rt = set_realtime(0);
+                    if !rt && !set_this_thread(-20) {
                         return;
                     }
                     let mut last = copies();
@@ -99,13 +134,11 @@ impl Lookout {
                             // the tables they build. They stay raised.
                             let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
                             for tid in helpers.into_iter().chain([loop_tid]) {
-                                // SAFETY: setpriority on a thread of this
-                                // process; one that has exited fails
-                                // harmlessly.
-                                unsafe {
-                                    libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20)
-                                };
+                                if !(rt && set_realtime(tid)) {
+                                    set_nice(tid, -20);
+                                }
                             }
+                            REALTIME.store(rt, Ordering::Release);
                         }
                         last = now;
                     }
@@ -113,6 +146,20 @@ impl Lookout {
                 .ok()
         };
         Lookout { stop, thread }
+    }
+
+    /// For the event loop, once no copy waits: the lookout's real-time
+    /// raise ends. The loop and the builders go back to the normal class
+    /// (the builders at nice -20, as after start-up).
+    pub fn end_raise() {
+        if REALTIME.swap(false, Ordering::AcqRel) {
+            let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
+            for tid in helpers {
+                set_normal_class(tid);
+                set_nice(tid, -20);
+            }
+            set_normal_class(0);
+        }
     }
 
     /// For the event loop: whether the lookout raised it since the last
@@ -194,9 +241,7 @@ pub fn loading(on: bool) {
     h.0 = on;
     if !on && RAISED.load(Ordering::Acquire) {
         for &tid in &h.1 {
-            // SAFETY: setpriority on a thread id of this process; one
-            // that has exited fails harmlessly.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20) };
+            set_nice(tid, -20);
         }
     }
 }

@@ -99,6 +99,10 @@ pub struct Symbolizer {
     /// The kernel's symbols, read on first use; `None` if they could not
     /// be.
     kernel: OnceCell<Option<KernelSymbols>>,
+    /// The kernel's symbols being read on a thread of their own (see
+    /// [`Symbolizer::warm_up_kernel`]).
+    kernel_coming:
+        std::cell::RefCell<Option<std::thread::JoinHandle<anyhow::Result<KernelSymbols>>>>,
     opts: SymbolizeOptions,
     /// Files whose symbols could not be parsed (the parser panicked).
     hostile: std::cell::Cell<usize>,
@@ -112,6 +116,7 @@ impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
         Symbolizer {
             kernel: OnceCell::new(),
+            kernel_coming: std::cell::RefCell::new(None),
             opts,
             hostile: std::cell::Cell::new(0),
             user_names_kept: None,
@@ -168,31 +173,49 @@ impl Symbolizer {
         self.hostile.get()
     }
 
-    /// Reads the kernel's symbols now (reading kallsyms takes 50 to 100
-    /// ms, most of it the kernel's), so that the report at the end does not
-    /// wait for it.
+    /// Starts reading the kernel's symbols on a thread of its own
+    /// (reading kallsyms takes 50 to 100 ms, most of it the kernel's), so
+    /// that the report at the end does not wait for it, nor the first
+    /// events of the trace (new processes wanting tables) for them.
     pub fn warm_up_kernel(&self) {
-        self.kernel_symbols();
+        if self.kernel.get().is_some() {
+            return;
+        }
+        let read = std::thread::Builder::new()
+            .name("kallsyms".into())
+            .spawn(KernelSymbols::load);
+        match read {
+            Ok(h) => *self.kernel_coming.borrow_mut() = Some(h),
+            Err(_) => {
+                self.kernel_symbols();
+            }
+        }
     }
 
     /// The kernel's symbols, read the first time. Says once on stderr why
     /// kernel frames will be `[unknown]`, if they will.
     fn kernel_symbols(&self) -> Option<&KernelSymbols> {
         self.kernel
-            .get_or_init(|| match KernelSymbols::load() {
-                Ok(table) => {
-                    if table.addresses_hidden() {
-                        eprintln!(
-                            "offcputime: /proc/kallsyms hides kernel addresses from \
+            .get_or_init(|| {
+                let coming = self.kernel_coming.borrow_mut().take();
+                let read = coming
+                    .and_then(|h| h.join().ok())
+                    .unwrap_or_else(KernelSymbols::load);
+                match read {
+                    Ok(table) => {
+                        if table.addresses_hidden() {
+                            eprintln!(
+                                "offcputime: /proc/kallsyms hides kernel addresses from \
                              this user (kernel.kptr_restrict, kernel.perf_event_paranoid): \
                              kernel frames are [unknown]; CAP_SYSLOG shows them"
-                        );
+                            );
+                        }
+                        Some(table)
                     }
-                    Some(table)
-                }
-                Err(e) => {
-                    eprintln!("offcputime: {e:#}: kernel frames are [unknown]");
-                    None
+                    Err(e) => {
+                        eprintln!("offcputime: {e:#}: kernel frames are [unknown]");
+                        None
+                    }
                 }
             })
             .as_ref()

@@ -353,20 +353,22 @@ fn postgres_connection_per_transaction() {
 
 /// `stackfarm --procs 200 --depth 40` started right after the profiler
 /// attached (system-wide, 3 s): 200 new images, their 8000 threads each
-/// blocking every 50 ms under its own depth of `farm_level`. No stack is
-/// guessed: at least 99.5% of the farm threads' time is under their whole
-/// stack (thread `farm-D`: `clone3` outermost and D + 1 `farm_level`
-/// frames, or none before it gets there) or reported missed (`[Missed User
-/// Stack]`, counted and said on stderr), and at most 0.1% of the machine's
-/// user stacks are walked with frame pointers for want of tables.
+/// blocking every 50 ms under its own depth of `farm_level`. At least
+/// 99.9% of the farm threads' time is under their whole stack (thread
+/// `farm-D`: `clone3` outermost and D + 1 `farm_level` frames, fewer where
+/// it was preempted on its way down, none before it gets there), at most
+/// 0.1% of the machine's user stacks are missed for want of tables
+/// (counted and said), and at most 0.1% are walked with frame pointers
+/// for want of them.
 ///
-/// The share under the whole stack is printed, not asserted: the farm's
-/// processes are walked through the tables of the files they map once the
-/// farm's program has tables, and until then their blocks are copied, at
-/// most one stack per 250 us per CPU; on a 2-core machine the farm can
-/// keep the profiler's threads from a CPU for a second or more, even
-/// raised, before it learns of the farm's program, and the blocks of that
-/// time are missed (from none to all of them, run to run).
+/// The farm's processes are walked through the tables of the files they
+/// map once the farm's program has tables; until then their blocks are
+/// copied, at most one stack per 250 us per CPU, and the rest are missed.
+/// What keeps that time short on a 2-core machine under 8,000 new threads:
+/// the event loop takes the first notices at once (kallsyms is read on a
+/// thread of its own), and the lookout raises the loop into the real-time
+/// class when copies are lost (at nice -20 it got a sixth of a CPU and
+/// missed from none to all of the farm's blocks, run to run).
 #[test]
 fn a_stackfarm_started_with_the_trace() {
     if !require_root() {
@@ -402,11 +404,13 @@ fn a_stackfarm_started_with_the_trace() {
             .filter(|&i| user[i] == "farm_level")
             .collect();
         // A thread caught before it reached `farm_level` (its start) has
-        // none; otherwise all of its own, in a row.
+        // none; one preempted on its way down, fewer, the innermost;
+        // otherwise all of its own, in a row.
+        let down = levels.len() <= d && user.last().is_some_and(|f| f == "farm_level");
         user.first()
             .is_some_and(|f| f == "clone3" || f == "__clone3")
             && (levels.is_empty()
-                || levels.len() == d + 1 && levels.windows(2).all(|w| w[1] == w[0] + 1))
+                || (levels.len() == d + 1 || down) && levels.windows(2).all(|w| w[1] == w[0] + 1))
     };
     let farm_us = sum_us_where(&lines, |l| depth(l).is_some());
     let whole_us = sum_us_where(&lines, whole);
@@ -451,9 +455,9 @@ fn a_stackfarm_started_with_the_trace() {
         "too little of the farm's time ({farm_us} us):\n{stderr}"
     );
     assert!(
-        (whole_us + missed_us) * 1000 >= farm_us * 995,
+        whole_us * 1000 >= farm_us * 999,
         "only {whole_us} of {farm_us} us of the farm threads' time under their whole stack \
-         and {missed_us} us missed; the others:\n{}\n{stderr}",
+         ({missed_us} us missed); the others:\n{}\n{stderr}",
         lines
             .iter()
             .filter(|l| depth(l).is_some() && !whole(l))
@@ -465,6 +469,17 @@ fn a_stackfarm_started_with_the_trace() {
     assert!(
         copied + by_file > 0,
         "no first blocks walked through files' tables or copied:\n{stderr}"
+    );
+    let missed_line =
+        "user stacks taken before their process's unwind tables were ready are missed";
+    let missed = if stderr.contains(missed_line) {
+        count_before(&stderr, missed_line)
+    } else {
+        0
+    };
+    assert!(
+        missed * 1000 <= walked + copied,
+        "{missed} user stacks missed for want of tables, of {walked} + {copied}:\n{stderr}"
     );
     assert!(
         fp_walked * 1000 <= walked + copied,
