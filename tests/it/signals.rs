@@ -22,7 +22,7 @@
 //! `start_thread` or `main`, exactly as the source calls.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use offcputime::symbolize::{SymbolizeOptions, SIGNAL_FRAME_NAME};
@@ -231,15 +231,15 @@ fn waker_stack_is(user: &[String], interrupted: Interrupted) -> bool {
 /// Wakers inside signal handlers (see the module's documentation): at
 /// least 80% of each woken thread's window must be woken by its waker,
 /// with the whole stack `signals.c` implies, on hook `hook`.
+pub const SIGNALS_FLAGS: &[&str] = &["-O2", "-g", "-pthread", "-fomit-frame-pointer"];
+
 fn wakers_in_signal_handlers(hook: &str) {
     if !require_root() {
         return;
     }
-    let cc = require_tool("cc", &[PathBuf::from("/usr/bin/cc")]).expect("a C compiler");
     let _g = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let flags = ["-O2", "-g", "-pthread", "-fomit-frame-pointer"];
-    let exe = build_workload(&cc, "signals", &flags, dir.path());
+    let exe = c_workload("signals", SIGNALS_FLAGS, dir.path());
     let wl = Running::start_with(&exe, &["wakers"]);
     let pid = wl.pid.to_string();
     let (out, (from, to)) = profile_window(
@@ -248,10 +248,12 @@ fn wakers_in_signal_handlers(hook: &str) {
     );
     drop(wl);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !frame_pointers_only(&stderr),
-        "signal frames are followed by the DWARF walk only, which this kernel cannot run"
-    );
+    // Signal frames are followed by the DWARF walk only, which a kernel
+    // before 5.17 cannot run (the kernel matrix's 5.10).
+    if frame_pointers_only(&stderr) {
+        eprintln!("matrix: signal wakers {hook}: {NO_DWARF_WALK}");
+        return;
+    }
     let window_us = (to - from) as f64 / 1e3;
     let lines = parse_folded(&out.stdout);
     // (woken thread, its waker's name, where the waker was interrupted)

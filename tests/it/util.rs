@@ -167,6 +167,10 @@ pub fn kernel_version() -> (u32, u32) {
     (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
+/// What a kernel-matrix test of the DWARF walk says on a kernel without
+/// one (before 5.17): `scripts/vmtest` takes it only from such a kernel.
+pub const NO_DWARF_WALK: &str = "n/a (no DWARF walk before 5.17)";
+
 /// Whether the profiler ran its programs for kernels without `bpf_loop`
 /// (before 5.17, or forced with OFFCPUTIME_TEST_LEGACY): user stacks walked
 /// with frame pointers, which its stderr (of a run with the default
@@ -986,6 +990,21 @@ pub fn wait_for_line(lines: &std::sync::mpsc::Receiver<(u64, String)>, what: &st
 
 /// Builds `tests/workloads/NAME.c` into `dir/NAME` with `compiler` and
 /// `flags`; panics with the compiler's output if that fails.
+/// A C workload of `tests/workloads` in `dir`: the one built beforehand in
+/// `$OFFCPUTIME_TEST_WORKLOADS` where that is set (the kernel matrix's VMs
+/// have no compiler: `scripts/vmtest` builds them with the same flags),
+/// else built with the system's `cc` and `flags`.
+pub fn c_workload(name: &str, flags: &[&str], dir: &Path) -> PathBuf {
+    if let Some(built) = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS") {
+        let exe = dir.join(name);
+        std::fs::copy(Path::new(&built).join(name), &exe)
+            .unwrap_or_else(|e| panic!("copy the prebuilt {name}: {e}"));
+        return exe;
+    }
+    let cc = require_tool("cc", &[PathBuf::from("/usr/bin/cc")]).expect("a C compiler");
+    build_workload(&cc, name, flags, dir)
+}
+
 pub fn build_workload(compiler: &Path, name: &str, flags: &[&str], dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/workloads")
