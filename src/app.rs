@@ -17,8 +17,9 @@ use crate::output::{folded, pprof, speedscope, svg, text};
 use crate::process::Proc;
 use crate::process::Registry;
 use crate::profile::{self, Profile};
+use crate::raw::{StackRef, TaskEvent};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
-use crate::tracer::{check_environment, StackRef, TaskEvent, Tracer};
+use crate::tracer::{check_environment, Tracer};
 use crate::unwind::Unwinder;
 
 /// What `main` should do after `run`.
@@ -316,7 +317,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         let (Some(cut), Some(iv)) = (cut, intervals.as_mut()) else {
             break;
         };
-        if stop.load(Ordering::SeqCst) || crate::tracer::monotonic_ns() < cut {
+        if stop.load(Ordering::SeqCst) || crate::raw::monotonic_ns() < cut {
             break;
         }
         if let Some(ms) = crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS") {
@@ -421,7 +422,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             // end: more than one when the trace ended while an interval
             // was being written.
             let last = iv.schedule.last_before(window_end).max(iv.current);
-            let base = crate::tracer::RawProfile {
+            let base = crate::raw::RawProfile {
                 entries: Vec::new(),
                 ..raw.clone()
             };
@@ -1142,7 +1143,7 @@ impl<'t> Collector<'t> {
     fn on_events(
         &mut self,
         events: &[TaskEvent],
-        stacks: Vec<crate::tracer::RawUserStack>,
+        stacks: Vec<crate::raw::RawUserStack>,
         tracer: &'t Tracer<'_>,
         registry: &mut Registry,
         unwinder: &mut Option<Unwinder>,
@@ -1304,7 +1305,7 @@ impl Intervals {
     /// goes on to the next. Returns the interval's profile.
     fn write(
         &mut self,
-        raw: crate::tracer::RawProfile,
+        raw: crate::raw::RawProfile,
         end: Option<u64>,
         kernel_first: bool,
         (registry, symbolizer): (&mut Registry, &Symbolizer),
@@ -1316,7 +1317,7 @@ impl Intervals {
         let start = self.schedule.start_of(i);
         let end = end.unwrap_or_else(|| self.schedule.end_of(i));
         let entries = self.splitter.interval(raw.entries, i);
-        let raw = crate::tracer::RawProfile { entries, ..raw };
+        let raw = crate::raw::RawProfile { entries, ..raw };
         let mut profile = profile::build(&raw, registry, symbolizer, kernel_first);
         let window = profile::Window::from_monotonic(start, end);
         let end_unix = window.start_unix_ns + window.duration_ns;
@@ -1435,7 +1436,7 @@ fn finish_interval_sinks(config: &Config, sinks: Vec<Sink>) -> Result<()> {
 
 /// The Instant at which CLOCK_MONOTONIC reads `ns` (Instant is that clock).
 fn instant_of_monotonic(ns: u64) -> Instant {
-    let now = crate::tracer::monotonic_ns();
+    let now = crate::raw::monotonic_ns();
     let now_i = Instant::now();
     if ns >= now {
         now_i + Duration::from_nanos(ns - now)

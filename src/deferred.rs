@@ -30,7 +30,7 @@ pub const COPY_BYTES_ABOVE_SP: usize = COPY_BYTES - 4096;
 
 use crate::bpf::types;
 use crate::process::Proc;
-use crate::tracer::{AddressSpace, RawProfile, RawUserStack, StackRef};
+use crate::raw::{AddressSpace, RawProfile, RawUserStack, StackRef};
 use crate::unwind_table;
 
 /// How a walk over a copy ended.
@@ -454,7 +454,7 @@ impl Deferred {
     /// The copied stacks `raw` counts that were not walked (and stored)
     /// are missed: counted when given up, and shown as such.
     pub fn complete(raw: &mut RawProfile) {
-        let fix = |r: &mut StackRef, stacks: &crate::tracer::Stacks| {
+        let fix = |r: &mut StackRef, stacks: &crate::raw::Stacks| {
             if let StackRef::Id(id) = *r {
                 if is_copy(id) && !stacks.contains_key(&id) {
                     *r = StackRef::MissedError;

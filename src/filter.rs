@@ -18,9 +18,8 @@ use regex::{Regex, RegexSet};
 
 use std::borrow::Cow;
 
-use crate::output::folded::{MISSED_KERNEL, MISSED_USER};
-use crate::output::Shape;
 use crate::profile::{Frame, Part, Profile, Sample};
+use crate::shape::{Shape, MISSED_KERNEL, MISSED_USER};
 
 /// The patterns of `--grep` and `--exclude`, compiled.
 #[derive(Clone, Debug)]
@@ -103,7 +102,7 @@ impl StackFilter {
 /// Every frame of a sample the outputs show, markers of lost stacks as
 /// frames named by them, the waker's included.
 fn shown_frames(sample: &Sample, shape: Shape) -> Vec<Cow<'_, Frame>> {
-    let mut out = crate::output::leaf_first(sample, shape);
+    let mut out = crate::shape::leaf_first(sample, shape);
     if let Some(w) = &sample.waker {
         let (user, kernel) = w.parts();
         if shape.mode.kernel() {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::tracer::{RawEntry, RawProfile, StackRef};
+use crate::raw::{RawEntry, RawProfile, StackRef};
 
 /// When the intervals end, on CLOCK_MONOTONIC.
 #[derive(Clone, Copy, Debug)]
@@ -368,7 +368,7 @@ pub fn check_outputs(outputs: &[(Option<PathBuf>, bool)]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tracer::StackRef;
+    use crate::raw::StackRef;
 
     fn entry(pid: u32, interval: u32, span: u32, total_ns: u64) -> RawEntry {
         RawEntry {
@@ -473,7 +473,7 @@ mod tests {
         let mut raw = raw_of(&[COPY | 1], &[]);
         raw.wakers.insert(
             1 << 63,
-            crate::tracer::RawWaker {
+            crate::raw::RawWaker {
                 tgid: 1,
                 start: 1,
                 pid: 1,

@@ -8,6 +8,12 @@
 //! frames are named from their runtime's perf map ([`jit`]). While
 //! tracing, [`unwind`] gives the BPF program the DWARF unwind tables
 //! ([`unwind_table`]) of every process it sees.
+//!
+//! Modules use only those before them in the order `tests/it/layers.rs`
+//! holds (and fails on a use against): the kernel side first, from
+//! [`raw`] (what it reports, as plain data), then files, processes and
+//! the tracer, the profile and [`shape`] (how the outputs shape a sample's
+//! stacks) before [`filter`] and [`output`], and [`cli`] and [`app`] last.
 
 pub mod app;
 pub mod cli;
@@ -24,6 +30,8 @@ pub mod priority;
 pub mod process;
 pub mod profile;
 pub mod push;
+pub mod raw;
+pub mod shape;
 pub mod snapshot;
 pub mod symbolize;
 pub mod tracer;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use crate::process::registry::StackFrames;
 use crate::process::Proc;
 use crate::process::Registry;
+pub use crate::raw::OffState;
+use crate::raw::{LossCounters, RawProfile, StackRef, WakerRef};
 use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
-pub use crate::tracer::OffState;
-use crate::tracer::{LossCounters, RawProfile, StackRef, WakerRef};
 
 /// The user or the kernel part of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -128,13 +128,7 @@ impl std::fmt::Display for Frame {
     }
 }
 
-/// A file frames are in: its path as the process mapped it and its GNU
-/// build id (empty if it has none, or could not be read).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ObjectInfo {
-    pub path: String,
-    pub build_id: Vec<u8>,
-}
+pub use crate::process::ObjectInfo;
 
 /// Blocked time of one thread in one distinct pair of stacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -476,7 +470,7 @@ impl Known {
     }
 }
 
-fn part_addrs(r: StackRef, stacks: &crate::tracer::Stacks) -> Option<&[u64]> {
+fn part_addrs(r: StackRef, stacks: &crate::raw::Stacks) -> Option<&[u64]> {
     match r {
         StackRef::Id(id) => stacks.get(&id),
         _ => None,

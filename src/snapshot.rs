@@ -4,18 +4,22 @@
 //! The tracer takes the snapshot ([`crate::tracer::take_snapshot`]: one
 //! pass of a task iterator, each task's state letter, stacks and time off
 //! the CPU); [`build`] names its frames with the same symbolizer as a
-//! profile; [`Snapshot::groups`] merges the tasks that wait in the same
+//! profile; [`crate::output::snapshot::groups`] merges the tasks that wait in the same
 //! stack, for the report ([`crate::output::snapshot`]); and
 //! [`Snapshot::profile`] makes a profile of it in which each task weighs one,
 //! so that folded lines and flame graphs count tasks.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::output::Shape;
 use crate::process::Registry;
 use crate::profile::{self, Frame, Part, Profile, Sample};
+use crate::raw::{LossCounters, RawEntry, RawProfile};
+use crate::shape::Shape;
+
+/// The order of the groups.
+pub use crate::shape::GroupSort;
 use crate::symbolize::Symbolizer;
-use crate::tracer::{LossCounters, RawEntry, RawProfile, RawSnapshot};
+use crate::tracer::RawSnapshot;
 
 /// The frame that stands for the stacks of a task on a CPU: none are
 /// taken of a running task.
@@ -99,40 +103,7 @@ impl Group<'_> {
     }
 }
 
-/// The order of the groups.
-pub use crate::output::group::GroupSort;
-
 impl Snapshot {
-    /// The tasks merged by stack, as the report prints it under `shape`:
-    /// fewest tasks first (BTstack's order; ties by stack), or most first
-    /// with [`GroupSort::Desc`].
-    pub fn groups(&self, shape: Shape, sort: GroupSort) -> Vec<Group<'_>> {
-        let mut by_stack: HashMap<String, Vec<&Task>> = HashMap::new();
-        for t in &self.tasks {
-            by_stack
-                .entry(stack_text(&t.sample, shape))
-                .or_default()
-                .push(t);
-        }
-        let mut groups: Vec<Group<'_>> = by_stack
-            .into_iter()
-            .map(|(stack, mut tasks)| {
-                tasks.sort_by_key(|t| (t.sample.pid, t.sample.tgid));
-                Group { stack, tasks }
-            })
-            .collect();
-        groups.sort_by(|a, b| {
-            a.tasks
-                .len()
-                .cmp(&b.tasks.len())
-                .then_with(|| a.stack.cmp(&b.stack))
-        });
-        if sort == GroupSort::Desc {
-            groups.reverse();
-        }
-        groups
-    }
-
     /// A profile in which each task weighs one microsecond: its folded
     /// lines and flame graph count tasks.
     pub fn profile(&self) -> Profile {
@@ -160,14 +131,6 @@ impl Snapshot {
         self.tasks.retain(|t| filter.keeps(&t.sample, shape));
         before - self.tasks.len()
     }
-}
-
-/// The stacks of a sample as the report prints them.
-fn stack_text(sample: &Sample, shape: Shape) -> String {
-    let mut out = Vec::new();
-    // Writing to a Vec cannot fail.
-    let _ = crate::output::text::write_stacks(&mut out, sample, shape);
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Names the frames of the tasks the tracer found. A task on a CPU gets

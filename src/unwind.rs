@@ -27,7 +27,7 @@ use anyhow::Result;
 use crate::bpf::types;
 use crate::elf::{load_segments, Segment};
 use crate::process::registry::{ExecMapping, FileIdentity, Registry};
-use crate::tracer::AddressSpace;
+use crate::raw::AddressSpace;
 use crate::unwind_table;
 
 /// How long space given back stays unused: far longer than any walk of
@@ -594,7 +594,7 @@ impl Unwinder {
             return;
         }
         self.retried = Instant::now();
-        let now = crate::tracer::monotonic_ns();
+        let now = crate::raw::monotonic_ns();
         let lacking: Vec<u32> = self
             .processes
             .iter()
@@ -676,7 +676,7 @@ impl Unwinder {
     /// process maps now: the processes to let go, and whether that is
     /// `len` rows with the free ones and those coming.
     fn cold_room(&self, len: usize, keep: &[u32], tgid: u32) -> (Vec<u32>, bool) {
-        let now = crate::tracer::monotonic_ns();
+        let now = crate::raw::monotonic_ns();
         let held: HashSet<u32> = keep
             .iter()
             .chain(self.pending.values().flatten())
@@ -1811,7 +1811,7 @@ mod tests {
                     .borrow()
                     .get(&tgid)
                     .copied()
-                    .unwrap_or_else(crate::tracer::monotonic_ns),
+                    .unwrap_or_else(crate::raw::monotonic_ns),
             )
         }
     }
@@ -2136,7 +2136,7 @@ mod tests {
         assert_eq!(u.stats().processes_let_go, 0);
         // Process 1 has not blocked for longer than COLD: its tables go to
         // process 2, blocking now, and only once no walk can read them.
-        let long_ago = crate::tracer::monotonic_ns() - 2 * COLD.as_nanos() as u64;
+        let long_ago = crate::raw::monotonic_ns() - 2 * COLD.as_nanos() as u64;
         used.borrow_mut().insert(1, long_ago);
         u.retried = Instant::now() - RETRY;
         // Once libc's table is built again (on the builder thread).

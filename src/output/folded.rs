@@ -12,8 +12,7 @@ use std::sync::Arc;
 use super::Shape;
 use crate::profile::{ns_to_us, Frame, Part, Profile, Sample};
 
-pub const MISSED_USER: &str = "[Missed User Stack]";
-pub const MISSED_KERNEL: &str = "[Missed Kernel Stack]";
+pub use crate::shape::{MISSED_KERNEL, MISSED_USER};
 
 /// A frame name as it can stand in a folded line: `;` separates frames.
 fn clean(name: &str) -> String {

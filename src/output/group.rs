@@ -18,15 +18,7 @@ use super::text::write_stacks;
 use super::Shape;
 use crate::profile::{ns_to_us, Profile};
 
-/// The order of `--group`'s entries.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GroupSort {
-    /// Fewest threads first (BTstack's order), the most shared stack last.
-    #[default]
-    Asc,
-    /// Most threads first.
-    Desc,
-}
+pub use crate::shape::GroupSort;
 
 /// One stack shared by threads.
 #[derive(Default)]

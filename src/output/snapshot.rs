@@ -20,10 +20,13 @@
 //! cannot tell (a task running on a CPU, a real-time task), a line says
 //! so. With `-v`, every task is listed: pid, command, state and time.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 
+use super::group::GroupSort;
 use super::Shape;
-use crate::snapshot::{Group, GroupSort, OffCpu, Snapshot, Task};
+use crate::profile::Sample;
+use crate::snapshot::{Group, OffCpu, Snapshot, Task};
 
 /// Seconds with milliseconds.
 fn secs(ns: u64) -> String {
@@ -49,10 +52,48 @@ pub fn write(
     every_task: bool,
     w: &mut dyn Write,
 ) -> io::Result<()> {
-    for g in snapshot.groups(shape, sort) {
+    for g in groups(snapshot, shape, sort) {
         write_group(&g, every_task, w)?;
     }
     Ok(())
+}
+
+/// The tasks merged by stack, as the report prints it under `shape`:
+/// fewest tasks first (BTstack's order; ties by stack), or most first
+/// with [`GroupSort::Desc`].
+pub fn groups(snapshot: &Snapshot, shape: Shape, sort: GroupSort) -> Vec<Group<'_>> {
+    let mut by_stack: HashMap<String, Vec<&Task>> = HashMap::new();
+    for t in &snapshot.tasks {
+        by_stack
+            .entry(stack_text(&t.sample, shape))
+            .or_default()
+            .push(t);
+    }
+    let mut groups: Vec<Group<'_>> = by_stack
+        .into_iter()
+        .map(|(stack, mut tasks)| {
+            tasks.sort_by_key(|t| (t.sample.pid, t.sample.tgid));
+            Group { stack, tasks }
+        })
+        .collect();
+    groups.sort_by(|a, b| {
+        a.tasks
+            .len()
+            .cmp(&b.tasks.len())
+            .then_with(|| a.stack.cmp(&b.stack))
+    });
+    if sort == GroupSort::Desc {
+        groups.reverse();
+    }
+    groups
+}
+
+/// The stacks of a sample as the report prints them.
+fn stack_text(sample: &Sample, shape: Shape) -> String {
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = super::text::write_stacks(&mut out, sample, shape);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result<()> {

@@ -9,12 +9,14 @@ pub mod registry;
 
 pub use registry::Registry;
 
-/// A process: its pid and its start time, in clock ticks since boot (as
-/// `/proc/PID/stat` gives it, field 22).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Proc {
-    pub tgid: u32,
-    pub start: u64,
+pub use crate::raw::{ticks_of_ns, Proc};
+
+/// A file frames are in: its path as the process mapped it and its GNU
+/// build id (empty if it has none, or could not be read).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub path: String,
+    pub build_id: Vec<u8>,
 }
 
 /// Whether this process has capability `cap` (its number, as in
@@ -34,24 +36,6 @@ pub fn effective_capabilities() -> u64 {
 }
 
 pub const CAP_SYS_PTRACE: u32 = 19;
-
-/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
-fn ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
-    }
-}
-
-/// A start time as the BPF program reads it (the leader's
-/// `start_boottime`, ns) in the ticks of `/proc/PID/stat`, rounded down
-/// as the kernel rounds it there.
-pub fn ticks_of_ns(ns: u64) -> u64 {
-    ns / (1_000_000_000 / ticks_per_second())
-}
 
 /// When process `tgid` started, if it exists.
 pub fn start_ticks(tgid: u32) -> Option<u64> {

@@ -573,7 +573,7 @@ impl Registry {
 
     /// The object's path as mapped and its build id, for outputs that
     /// name the files frames are in.
-    pub fn object_info(&self, object: u32) -> crate::profile::ObjectInfo {
+    pub fn object_info(&self, object: u32) -> super::ObjectInfo {
         let Some(o) = self.objects.get(object as usize) else {
             return Default::default();
         };
@@ -593,7 +593,7 @@ impl Registry {
             })
             .map(|id| id.to_vec())
             .unwrap_or_default();
-        crate::profile::ObjectInfo {
+        super::ObjectInfo {
             // A mapping without a file (JIT code) by its kind, `anon`.
             path: if o.maps_path.is_empty() {
                 o.name.clone()
@@ -692,7 +692,7 @@ impl Registry {
     /// yet, name its frames even if it is gone before its mappings can be
     /// read. The snapshot is read again at the process's next notice, as a
     /// forked child's is.
-    pub fn note_mapped(&mut self, p: Proc, vmas: &[crate::tracer::MappedVma]) {
+    pub fn note_mapped(&mut self, p: Proc, vmas: &[crate::raw::MappedVma]) {
         if self.starts.get(&p.tgid).is_some_and(|&s| s != p.start) {
             return;
         }

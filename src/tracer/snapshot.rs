@@ -8,11 +8,12 @@ use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
 use super::{
-    comm_to_string, configure, fill_filters, load_while, read_counters, read_stack, LossCounters,
-    StackRef, StartTables, TracerOptions, Unwind, UnwindStore,
+    comm_to_string, configure, fill_filters, load_while, read_counters, read_stack, StartTables,
+    TracerOptions, Unwind, UnwindStore,
 };
 use crate::bpf::{types, OffcputimeSkelBuilder};
 use crate::process::ticks_of_ns;
+use crate::raw::{LossCounters, StackRef};
 
 /// The letters of the task states, as /proc shows them, in the order of
 /// the kernel's state index (`fs/proc/array.c`).
@@ -42,7 +43,7 @@ pub struct RawTask {
 pub struct RawSnapshot {
     pub tasks: Vec<RawTask>,
     /// Frames of each stored stack, innermost first.
-    pub stacks: super::Stacks,
+    pub stacks: crate::raw::Stacks,
     pub counters: LossCounters,
     /// Whether the user stacks of other tasks could be read (the
     /// sleepable iterator, Linux 5.18).
@@ -151,7 +152,7 @@ fn try_snapshot(
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    let mut stacks = super::Stacks::default();
+    let mut stacks = crate::raw::Stacks::default();
     for id in ids {
         if let Some(frames) = read_stack(&skel, id)? {
             stacks.insert(id, &frames);

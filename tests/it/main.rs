@@ -10,6 +10,7 @@ mod faults;
 pub(crate) mod formats;
 mod golden;
 mod intervals;
+mod layers;
 mod newprocs;
 mod push;
 mod reading;

@@ -1,0 +1,498 @@
+//! What the kernel side reports, as plain data: the records read back
+//! from the BPF program (count entries, stack references, wakers, loss
+//! counters, task events, copied user stacks) and the identities they
+//! carry (processes, address spaces). It depends on nothing in the crate
+//! but the types generated from `offcputime.h`, so that every stage can
+//! use it: the tracer fills it, the unwinder, the registry and the profile
+//! builder read it.
+
+use std::collections::HashMap;
+
+use crate::bpf::types;
+
+/// A process: its pid and its start time, in clock ticks since boot (as
+/// `/proc/PID/stat` gives it, field 22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Proc {
+    pub tgid: u32,
+    pub start: u64,
+}
+
+/// A stack reference as stored in a count entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StackRef {
+    /// Not collected, or empty (a kernel thread's user stack).
+    None,
+    /// Lost: the stacks map was full.
+    MissedFull,
+    /// Lost: the kernel could not walk the stack.
+    MissedError,
+    /// The user stack of a thread blocked since before tracing started,
+    /// which this kernel cannot read from BPF.
+    NotReadable,
+    /// Frames in `RawProfile::stacks`.
+    Id(u64),
+}
+
+impl StackRef {
+    pub(crate) fn from_raw(id: u64) -> StackRef {
+        use types::stack_id_special as S;
+        // A stored stack (its hash), or one copied for userspace to walk
+        // (see crate::deferred).
+        if id >= 1 << 62 {
+            StackRef::Id(id)
+        } else if id == S::STACK_ID_NONE.0 as u64 {
+            StackRef::None
+        } else if id == S::STACK_ID_MISSED_FULL.0 as u64 {
+            StackRef::MissedFull
+        } else if id == S::STACK_ID_NOT_READABLE.0 as u64 {
+            StackRef::NotReadable
+        } else {
+            StackRef::MissedError
+        }
+    }
+}
+
+/// One aggregated entry of the `counts` map.
+#[derive(Clone, Debug)]
+pub struct RawEntry {
+    pub tgid: u32,
+    /// When the process started (see [`Proc`]).
+    pub start: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
+    /// Why the thread was off the CPU (`--states`), None without it.
+    pub state: Option<OffState>,
+    /// Who ended the block (`--wakers`), None without it.
+    pub waker: Option<WakerRef>,
+    /// `-i`: the interval of this time, the first of `span` whole
+    /// intervals when `span` > 1 (the time is then `span` intervals' length
+    /// per block); 0 and 1 without `-i`.
+    pub interval: u32,
+    pub span: u32,
+    pub total_ns: u64,
+    pub count: u64,
+}
+
+/// Who ended a block (`--wakers`), as stored in a count entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WakerRef {
+    /// No wake-up: the thread was preempted.
+    Preempted,
+    /// Not woken: still blocked when tracing ended.
+    NotWoken,
+    /// The wake-up was not seen (it came before tracing started).
+    Unseen,
+    /// Lost: the wakers table was full.
+    MissedFull,
+    /// A task: [`RawProfile::wakers`] under this id.
+    Id(u64),
+}
+
+impl WakerRef {
+    pub(crate) fn from_raw(id: u64) -> Option<WakerRef> {
+        use types::waker_id_special as W;
+        Some(match id {
+            id if id >= 1 << 63 => WakerRef::Id(id),
+            id if id == W::WAKER_ID_PREEMPTED.0 as u64 => WakerRef::Preempted,
+            id if id == W::WAKER_ID_NOT_WOKEN.0 as u64 => WakerRef::NotWoken,
+            id if id == W::WAKER_ID_UNSEEN.0 as u64 => WakerRef::Unseen,
+            id if id == W::WAKER_ID_MISSED_FULL.0 as u64 => WakerRef::MissedFull,
+            _ => return None,
+        })
+    }
+}
+
+/// The task that woke a block, and its stacks at the wake-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawWaker {
+    pub tgid: u32,
+    /// When its process started (see [`Proc`]).
+    pub start: u64,
+    pub pid: u32,
+    pub comm: String,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
+}
+
+/// Why a thread was off the CPU (`--states`): the kernel's `enum
+/// offcpu_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OffState {
+    /// Interruptible sleep, until the wake-up.
+    Sleep,
+    /// Uninterruptible sleep waiting for I/O, until the wake-up.
+    Io,
+    /// Other uninterruptible sleep, until the wake-up.
+    Blocked,
+    /// Runnable without a CPU: preempted, or woken and not yet running.
+    RunQueue,
+    /// Stopped by a signal or a tracer.
+    Stopped,
+}
+
+impl OffState {
+    pub(crate) fn from_raw(state: u32) -> Option<OffState> {
+        use types::offcpu_state as S;
+        Some(match state {
+            s if s == S::OFFCPU_STATE_SLEEP.0 => OffState::Sleep,
+            s if s == S::OFFCPU_STATE_IO.0 => OffState::Io,
+            s if s == S::OFFCPU_STATE_BLOCKED.0 => OffState::Blocked,
+            s if s == S::OFFCPU_STATE_RUNQUEUE.0 => OffState::RunQueue,
+            s if s == S::OFFCPU_STATE_STOPPED.0 => OffState::Stopped,
+            _ => return None,
+        })
+    }
+
+    /// The name shown as a frame: `[sleep]`, `[io]`, ...
+    pub fn frame(self) -> &'static str {
+        match self {
+            OffState::Sleep => "[sleep]",
+            OffState::Io => "[io]",
+            OffState::Blocked => "[blocked]",
+            OffState::RunQueue => "[runqueue]",
+            OffState::Stopped => "[stopped]",
+        }
+    }
+
+    /// The state named by a frame of [`OffState::frame`].
+    pub fn from_frame(frame: &str) -> Option<OffState> {
+        [
+            OffState::Sleep,
+            OffState::Io,
+            OffState::Blocked,
+            OffState::RunQueue,
+            OffState::Stopped,
+        ]
+        .into_iter()
+        .find(|s| s.frame() == frame)
+    }
+}
+
+/// Why data was lost or is incomplete, as counted in the kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LossCounters {
+    pub user_stack_full: u64,
+    pub kernel_stack_full: u64,
+    pub user_stack_error: u64,
+    pub kernel_stack_error: u64,
+    pub kernel_thread_blocks: u64,
+    pub counts_full: u64,
+    pub no_task_storage: u64,
+    pub events_dropped: u64,
+    pub blocks_at_end: u64,
+    /// Blocks under way when tracing started, counted from the start.
+    pub blocks_at_start: u64,
+    /// Switches to a thread that the sched_switch tracepoint did not
+    /// report, found at its next switch-out.
+    pub unseen_switch_in: u64,
+    /// ... of which the block could not be timed (not a CFS thread).
+    pub unseen_untimed: u64,
+    /// `--unwind dwarf`: user stacks walked with frame pointers because
+    /// their process had no tables yet.
+    pub unwind_not_ready: u64,
+    /// User stacks walked with the tables.
+    pub unwind_dwarf: u64,
+    /// ... of which cut short.
+    pub unwind_truncated: u64,
+    /// Frames found through frame pointers in stacks walked with tables.
+    pub unwind_fp_frames: u64,
+    /// ... of which proved the same as the thread's last walk, not walked
+    /// again.
+    pub unwind_cached: u64,
+    /// `--states`: wake-ups that split a block.
+    pub wakeups: u64,
+    /// `--wakers`: wakers recorded, and lost for a full table.
+    pub wakers: u64,
+    pub wakers_full: u64,
+    /// `--states`: blocks that ended with no wake-up seen.
+    pub unwoken: u64,
+    /// `--states`, `--state`: blocks whose state was taken as a sleep
+    /// (a wake-up was under way as they began, and the hook does not pass
+    /// the state).
+    pub state_guessed: u64,
+    /// `--sample`: blocks shorter than the threshold taken (weighted),
+    /// and left out.
+    pub sampled_short: u64,
+    pub sampled_out: u64,
+    /// `--unwind dwarf`: new processes given their parent's tables at the
+    /// fork.
+    pub unwind_forked: u64,
+    /// User stacks of processes without tables of their own walked
+    /// through the tables of the files they map.
+    pub unwind_by_file: u64,
+    /// User stacks of processes without tables yet copied for userspace to
+    /// walk, and lost for want of room in the ring buffer.
+    pub unwind_deferred: u64,
+    pub unwind_defer_lost: u64,
+}
+
+/// What the BPF program says of a process while tracing.
+// Events are few and short-lived (a round's worth): kept Copy and flat.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskEvent {
+    /// A thread of it was seen blocking for the first time.
+    /// (With its address space then.)
+    New(Proc, AddressSpace),
+    /// A thread of it blocked after its executable mappings changed.
+    Changed(Proc, AddressSpace),
+    /// Its last thread is gone.
+    Exited(Proc),
+    /// A stack of it was walked through the files it maps, through these
+    /// mappings (the first `.1` of them).
+    Mapped(Proc, [MappedVma; MAPPED_VMAS], usize),
+    /// It was forked by `parent` and shares its parent's unwind tables:
+    /// the slice of mappings from `map_start`, `map_count` long.
+    Forked {
+        child: Proc,
+        /// The child's address space.
+        space: AddressSpace,
+        parent: u32,
+        map_start: u32,
+        map_count: u32,
+    },
+}
+
+/// At most this many mappings come with a [`TaskEvent::Mapped`].
+pub const MAPPED_VMAS: usize = 8;
+
+/// A mapping of a file (or the vDSO: dev and ino 0) a stack was walked
+/// through, as `struct mapped_vma` gives it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappedVma {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    /// The kernel's encoding: major << 20 | minor.
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// What a process's mappings belong to: its address space (the kernel's
+/// address of its mm, an opaque identity) and the size of its executable
+/// mappings, as the BPF program saw them. Unwind tables hold for the
+/// mappings of one; all zero where unknown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AddressSpace {
+    pub mm: u64,
+    pub exec_vm: u64,
+}
+
+/// A user stack the BPF program copied for userspace to walk, with the
+/// registers the walk starts from (see `struct deferred_stack` and
+/// [`crate::deferred`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawUserStack {
+    /// The stack id its block is counted under.
+    pub id: u64,
+    pub proc: Proc,
+    pub tid: u32,
+    /// Its address space: walked only with tables written for the
+    /// mappings of that address space.
+    pub space: AddressSpace,
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Where `bytes` start: the page that holds `sp`.
+    pub base: u64,
+    /// The stack from `base` on.
+    pub bytes: Vec<u8>,
+}
+
+impl RawUserStack {
+    /// Decodes a record of the ring buffer, or None if it is malformed.
+    pub fn parse(data: &[u8]) -> Option<RawUserStack> {
+        use std::mem::offset_of;
+        use types::deferred_stack as D;
+        let u64_at = |o: usize| Some(u64::from_ne_bytes(data.get(o..o + 8)?.try_into().ok()?));
+        let u32_at = |o: usize| Some(u32::from_ne_bytes(data.get(o..o + 4)?.try_into().ok()?));
+        let len = u32_at(offset_of!(D, len))? as usize;
+        let bytes = data.get(offset_of!(D, bytes)..)?.get(..len)?.to_vec();
+        let sp = u64_at(offset_of!(D, sp))?;
+        Some(RawUserStack {
+            id: u64_at(offset_of!(D, id))?,
+            proc: Proc {
+                tgid: u32_at(offset_of!(D, tgid))?,
+                start: ticks_of_ns(u64_at(offset_of!(D, process_start))?),
+            },
+            tid: u32_at(offset_of!(D, pid))?,
+            space: AddressSpace {
+                mm: u64_at(offset_of!(D, mm))?,
+                exec_vm: u64_at(offset_of!(D, exec_vm))?,
+            },
+            pc: u64_at(offset_of!(D, pc))?,
+            sp,
+            bp: u64_at(offset_of!(D, bp))?,
+            base: sp & !4095,
+            bytes,
+        })
+    }
+}
+
+/// Frames of stored stacks by id, innermost first, all in one buffer: a
+/// vector each was 100,000 allocations (and as many frees) at 100,000
+/// stacks.
+#[derive(Clone, Debug, Default)]
+pub struct Stacks {
+    /// Where each stack's frames are in `frames`: start and length.
+    spans: ahash::AHashMap<u64, (usize, usize)>,
+    frames: Vec<u64>,
+}
+
+impl Stacks {
+    /// The frames of stack `id`.
+    pub fn get(&self, id: &u64) -> Option<&[u64]> {
+        let &(start, len) = self.spans.get(id)?;
+        self.frames.get(start..start + len)
+    }
+
+    /// Where the frames of stack `id` are among all the frames (start and
+    /// length, for [`Stacks::at`]): stacks read in this order are read
+    /// front to back.
+    pub fn span(&self, id: &u64) -> Option<(usize, usize)> {
+        self.spans.get(id).copied()
+    }
+
+    /// The frames at `span`, as [`Stacks::span`] gave it.
+    pub fn at(&self, (start, len): (usize, usize)) -> &[u64] {
+        self.frames.get(start..start + len).unwrap_or(&[])
+    }
+
+    pub fn contains_key(&self, id: &u64) -> bool {
+        self.spans.contains_key(id)
+    }
+
+    /// Stack `id` is `frames` (in place of what it was, if anything).
+    pub fn insert(&mut self, id: u64, frames: &[u64]) {
+        self.spans.insert(id, (self.frames.len(), frames.len()));
+        self.frames.extend_from_slice(frames);
+    }
+
+    /// Stack `id` is the stored value `bytes` (see [`stack_frames`]).
+    pub(crate) fn insert_value(&mut self, id: u64, bytes: &[u8]) {
+        let (words, len) = stored_words(bytes);
+        let start = self.frames.len();
+        self.frames.extend(words.take(len));
+        self.spans.insert(id, (start, len));
+    }
+
+    /// Room for `more` stacks.
+    pub fn reserve(&mut self, more: usize) {
+        self.spans.reserve(more);
+    }
+
+    /// How many stacks there are.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Only the stacks whose id `keep` keeps; the frames of the others
+    /// are let go.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64) -> bool) {
+        let before = self.spans.len();
+        self.spans.retain(|&id, _| keep(id));
+        if self.spans.len() == before {
+            return;
+        }
+        let mut frames = Vec::with_capacity(self.spans.values().map(|&(_, len)| len).sum());
+        for (start, len) in self.spans.values_mut() {
+            let at = frames.len();
+            frames.extend_from_slice(&self.frames[*start..*start + *len]);
+            *start = at;
+        }
+        self.frames = frames;
+    }
+}
+
+/// Everything read back from the kernel at the end of tracing.
+#[derive(Clone, Debug, Default)]
+pub struct RawProfile {
+    pub entries: Vec<RawEntry>,
+    /// Frames of each stored stack, innermost first.
+    pub stacks: Stacks,
+    /// The wakers the entries refer to (`--wakers`).
+    pub wakers: HashMap<u64, RawWaker>,
+    pub counters: LossCounters,
+}
+
+/// CLOCK_MONOTONIC now, in ns: the clock of the BPF program.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC is what
+    // bpf_ktime_get_ns() reads.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
+fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// A start time as the BPF program reads it (the leader's
+/// `start_boottime`, ns) in the ticks of `/proc/PID/stat`, rounded down
+/// as the kernel rounds it there.
+pub fn ticks_of_ns(ns: u64) -> u64 {
+    ns / (1_000_000_000 / ticks_per_second())
+}
+
+/// The words of a stored stack and how many are frames (up to the first
+/// 0): counted first, so that they are copied at a known length, in one
+/// go.
+pub(crate) fn stored_words(bytes: &[u8]) -> (impl Iterator<Item = u64> + '_, usize) {
+    let words = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
+    let len = words
+        .clone()
+        .position(|ip| ip == 0)
+        .unwrap_or(bytes.len() / 8);
+    (words, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacks_keep_their_frames_through_a_retain() {
+        let mut stacks = Stacks::default();
+        let value = |frames: &[u64]| {
+            let mut v: Vec<u8> = frames.iter().flat_map(|f| f.to_ne_bytes()).collect();
+            v.resize(8 * 8, 0);
+            v
+        };
+        stacks.insert_value(1, &value(&[10, 11, 12]));
+        stacks.insert_value(2, &value(&[20]));
+        stacks.insert_value(3, &value(&[]));
+        stacks.insert(4, &[40, 41]);
+        // A full value: no 0 ends it.
+        stacks.insert_value(5, &value(&[1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(stacks.get(&1), Some(&[10, 11, 12][..]));
+        assert_eq!(stacks.get(&3), Some(&[][..]));
+        assert_eq!(stacks.get(&5).map(<[u64]>::len), Some(8));
+        stacks.retain(|id| id != 2 && id != 5);
+        assert_eq!(stacks.len(), 3);
+        assert_eq!(stacks.get(&2), None);
+        assert_eq!(stacks.get(&1), Some(&[10, 11, 12][..]));
+        assert_eq!(stacks.get(&3), Some(&[][..]));
+        assert_eq!(stacks.get(&4), Some(&[40, 41][..]));
+        assert_eq!(stacks.frames.len(), 5);
+    }
+}
