@@ -1024,15 +1024,17 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }
-    let missed = (d.unwalked + d.unstored + d.dropped) as u64 + c.unwind_defer_lost;
+    let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished) as u64 + c.unwind_defer_lost;
     if missed > 0 {
         eprintln!(
             "offcputime: {missed} user stacks taken before their process's unwind tables were \
              ready are missed: {} of processes that exited before their mappings could be read \
-             or whose tables could not be made, {} lost for want of room to copy or keep them \
-             (more new threads blocking at once than the profiler could take in), {} for want \
-             of room to store them (--stack-storage-size)",
+             or whose tables could not be made, {} still waiting for their tables when the \
+             trace ended, {} lost for want of room to copy or keep them (more new threads \
+             blocking at once than the profiler could take in), {} for want of room to store \
+             them (--stack-storage-size)",
             d.unwalked,
+            d.unfinished,
             c.unwind_defer_lost + d.dropped as u64,
             d.unstored
         );

@@ -204,6 +204,8 @@ pub struct DeferredStats {
     pub unstored: usize,
     /// Let go unwalked: copies waiting took [`MAX_WAITING_BYTES`].
     pub dropped: usize,
+    /// Still waiting for their process's tables when the trace ended.
+    pub unfinished: usize,
 }
 
 /// Copies kept waiting for their tables at most, in bytes: under a flood
@@ -471,7 +473,7 @@ impl Deferred {
 
     /// Gives up on every copy still waiting (the end of the trace).
     pub fn give_up(&mut self) {
-        self.stats.unwalked += self.waiting.values().map(Vec::len).sum::<usize>();
+        self.stats.unfinished += self.waiting.values().map(Vec::len).sum::<usize>();
         self.waiting.clear();
         self.waiting_bytes = 0;
         self.hopeless.clear();
@@ -652,6 +654,10 @@ mod tests {
         d.forget(p);
         assert_eq!(d.waiting_ids(), HashSet::from([3]));
         assert!(d.hopeless.is_empty());
+        // The end of the trace: what still waits is counted apart.
+        d.give_up();
+        assert_eq!((d.stats().unwalked, d.stats().unfinished), (3, 1));
+        assert!(d.waiting_ids().is_empty());
     }
 
     #[test]
