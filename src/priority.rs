@@ -102,7 +102,7 @@ static LOOKED_OUT: AtomicBool = AtomicBool::new(false);
 /// disturbs the threads it measures (a thread sleeping 1 ms at a time was
 /// counted 50 ms over the kernel's accounting in 3 s). The loop and the
 /// table builders leave the real-time class once no copy waits (see
-/// [`Lookout::take_raise`] and [`Raised`]).
+/// [`Lookout::take_raise`] and [`Lookout::end_raise`]).
 pub struct Lookout {
     stop: std::sync::Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
