@@ -51,6 +51,8 @@ pub struct Regs {
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
+    /// rax, for the first frame's [`unwind_table::KIND_CLONE`] rule.
+    pub ax: u64,
 }
 
 /// Where a signal trampoline's ucontext holds the interrupted rbp, rsp and
@@ -103,6 +105,7 @@ pub fn walk(
         mut pc,
         mut sp,
         mut bp,
+        ax,
     } = regs;
     let mut w = Walk::default();
     let read = |addr: u64| read_u64(bytes, base, addr);
@@ -138,6 +141,11 @@ pub fn walk(
             Some(r) => {
                 let cfa = match K(r.kind as u32) {
                     K::UNWIND_END => return w,
+                    // clone's child (rax 0) starts a stack; its parent
+                    // goes on as before the syscall. Only at the first
+                    // frame, whose rax is known (see unwind_step).
+                    K::UNWIND_CLONE if i == 0 && ax == 0 => return w,
+                    K::UNWIND_CLONE if i == 0 => sp.wrapping_add(r.cfa_off as u64),
                     K::UNWIND_CFA_RSP => sp.wrapping_add(r.cfa_off as u64),
                     K::UNWIND_CFA_RBP => bp.wrapping_add(r.cfa_off as u64),
                     K::UNWIND_PLT => sp.wrapping_add(8 + if pc & 15 >= 11 { 8 } else { 0 }),
@@ -379,6 +387,7 @@ impl Deferred {
                         pc: s.pc,
                         sp: s.sp,
                         bp: s.bp,
+                        ax: s.ax,
                     };
                     let w = walk(regs, s.base, &s.bytes, mappings, rows, max);
                     done.push((tgid, s.id, w));
@@ -534,6 +543,7 @@ mod tests {
             pc: 0x40_1010,
             sp,
             bp: sp + 24,
+            ax: 0,
         };
         walk(regs, sp, &stack(words), &maps, &rows, 127)
     }
@@ -566,6 +576,7 @@ mod tests {
             pc: 0x60_0000,
             sp,
             bp: sp,
+            ax: 0,
         };
         let w = walk(regs, sp, &copy, &maps, &rows, 127);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000, 0x50_0100]);
@@ -607,6 +618,7 @@ mod tests {
                 pc: 0x40_4000,
                 sp,
                 bp: 0,
+                ax: 0,
             },
             sp,
             &stack(&words),
@@ -623,6 +635,46 @@ mod tests {
         assert!(!w.cut);
     }
 
+    #[test]
+    fn after_a_clone_syscall_by_rax() {
+        let (mut maps, mut rows) = tables();
+        // clone at 0x7000: CFA = rsp + 8 up to its syscall's tail at
+        // 0x7010, the child's code from 0x701a.
+        let base = rows.len() as u32;
+        rows.extend([
+            row(0x7000, K::UNWIND_CFA_RSP, 8, 0),
+            row(0x7010, K::UNWIND_CLONE, 8, 0),
+            row(0x701a, K::UNWIND_END, 0, 0),
+            row(0x7040, K::UNWIND_NONE, 0, 0),
+        ]);
+        maps.push(types::unwind_mapping {
+            start: 0x40_7000,
+            end: 0x40_8000,
+            bias: 0x40_0000,
+            row_start: base,
+            row_count: 4,
+        });
+        let sp = 0x7fff_0000u64;
+        // The parent's return into outer is at sp.
+        let copy = stack(&[0x40_3010]);
+        let at = |pc, ax| Regs { pc, sp, bp: 0, ax };
+        // The parent (rax: the child's pid, or -ENOSYS while in the
+        // syscall) goes on to its caller; the child's stack ends there.
+        for ax in [1234, -38i64 as u64] {
+            let w = walk(at(0x40_7012, ax), sp, &copy, &maps, &rows, 127);
+            assert_eq!(w.frames, vec![0x40_7012, 0x40_3010], "rax {ax}");
+            assert!(!w.cut);
+        }
+        let w = walk(at(0x40_7012, 0), sp, &copy, &maps, &rows, 127);
+        assert_eq!(w.frames, vec![0x40_7012]);
+        assert!(!w.cut);
+        // Never a return address: a walk that meets it as one is cut.
+        let copy = stack(&[0, 0x40_7013]);
+        let w = walk(at(0x40_1010, 1), sp, &copy, &maps, &rows, 127);
+        assert_eq!(w.frames, vec![0x40_1010, 0x40_7013]);
+        assert!(w.cut);
+    }
+
     fn copy(id: u64, tgid: u32, start: u64, mm: u64) -> RawUserStack {
         RawUserStack {
             id,
@@ -632,6 +684,7 @@ mod tests {
             pc: 0,
             sp: 0,
             bp: 0,
+            ax: 0,
             base: 0,
             bytes: vec![0; 64],
         }
@@ -672,12 +725,13 @@ mod tests {
         put(&mut data, offset_of!(D, pc), &0x1234u64.to_ne_bytes());
         put(&mut data, offset_of!(D, sp), &0x5678u64.to_ne_bytes());
         put(&mut data, offset_of!(D, bp), &0x9abcu64.to_ne_bytes());
+        put(&mut data, offset_of!(D, ax), &0xdef0u64.to_ne_bytes());
         put(&mut data, offset_of!(D, len), &16u32.to_ne_bytes());
         let s = RawUserStack::parse(&data).expect("a whole record");
         assert_eq!((s.id, s.proc.tgid, s.tid), (3 << 62, 42, 43));
         assert_eq!(
-            (s.pc, s.sp, s.bp, s.bytes.len()),
-            (0x1234, 0x5678, 0x9abc, 16)
+            (s.pc, s.sp, s.bp, s.ax, s.bytes.len()),
+            (0x1234, 0x5678, 0x9abc, 0xdef0, 16)
         );
         // A length past the record is refused.
         put(&mut data, offset_of!(D, len), &17u32.to_ne_bytes());

@@ -296,6 +296,8 @@ pub struct RawUserStack {
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
+    /// rax: tells clone's child from its parent (`KIND_CLONE`).
+    pub ax: u64,
     /// Where `bytes` start: the page that holds `sp`.
     pub base: u64,
     /// The stack from `base` on.
@@ -326,6 +328,7 @@ impl RawUserStack {
             pc: u64_at(offset_of!(D, pc))?,
             sp,
             bp: u64_at(offset_of!(D, bp))?,
+            ax: u64_at(offset_of!(D, ax))?,
             base: sp & !4095,
             bytes,
         })

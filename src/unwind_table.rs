@@ -9,12 +9,15 @@
 //! the PLT expression), whether the return address is undefined (the
 //! outermost frame), and where the caller's rbp was saved. A signal
 //! trampoline's rows are [`KIND_SIGNAL`]: the interrupted code's registers
-//! are read from the `struct ucontext` at rsp. Rows it cannot express are
+//! are read from the `struct ucontext` at rsp. The few instructions after
+//! glibc's clone syscall, which no FDE covers, get a row of their own
+//! ([`KIND_CLONE`], see [`clone_gaps`]). Rows it cannot express are
 //! kept as [`KIND_UNSUPPORTED`] so that the unwinder stops there instead of
 //! guessing.
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 use crate::elf::{Elf, ET_DYN, ET_EXEC, SHF_COMPRESSED};
 use anyhow::Result;
@@ -31,6 +34,7 @@ pub const KIND_END: u8 = 3; // outermost frame: the return address is undefined 
 pub const KIND_PLT: u8 = 4; // the standard .plt/.plt.sec CFA expression: CFA = rsp + 8 + ((pc & 15) >= 11 ? 8 : 0); cfa_off = 8
 pub const KIND_UNSUPPORTED: u8 = 5; // CFI present but not expressible here (other expressions, other registers, offsets out of range)
 pub const KIND_SIGNAL: u8 = 6; // a signal trampoline (CIE augmentation 'S', glibc's __restore_rt): rsp points at the struct ucontext of the interrupted code
+pub const KIND_CLONE: u8 = 8; // the instructions after glibc's clone/clone3 syscall, outside any FDE (see clone_gaps): the child (rax 0) ends there, the parent has CFA = rsp + cfa_off
 
 /// What a stored user stack holds in place of a signal trampoline's pc
 /// (`UNWIND_SIGNAL_FRAME` in offcputime.h): the frame where a signal
@@ -41,8 +45,8 @@ pub const SIGNAL_FRAME: u64 =
 
 /// One row of the table: the unwind rule from `pc` up to the next row's pc.
 ///
-/// Rows of kinds other than [`KIND_CFA_RSP`], [`KIND_CFA_RBP`] and
-/// [`KIND_PLT`] have `cfa_off` and `rbp_off` 0, so that consecutive ones
+/// Rows of kinds other than [`KIND_CFA_RSP`], [`KIND_CFA_RBP`],
+/// [`KIND_PLT`] and [`KIND_CLONE`] have `cfa_off` and `rbp_off` 0, so that consecutive ones
 /// merge. The layout is C's (8 bytes: `pc` at 0, `cfa_off` at 4, `kind` at
 /// 6, `rbp_off` at 7), so the rows can be copied as they are into a BPF map
 /// whose value is the same struct in C.
@@ -181,7 +185,8 @@ pub fn build_within(
     if out.fdes == 0 {
         return Ok(None);
     }
-    let rows = normalize(out.rows);
+    let mut rows = normalize(out.rows);
+    clone_gaps(&elf, file, &mut rows);
     let stats = TableStats {
         fdes: out.fdes,
         rows: rows.len(),
@@ -339,6 +344,71 @@ impl Collector {
     }
 }
 
+/// The instructions of glibc's `clone` and `clone3` (x86-64) from their
+/// `syscall` on: `syscall; test %rax,%rax; jl <error>; je <child>; ret`,
+/// where `<child>` is the next instruction. glibc ends the function's FDE
+/// before the `syscall` (the child's registers are not the parent's) and
+/// starts the child's, whose return address is undefined, after the
+/// `ret`, so that no CFI covers these 10 bytes. A thread is found there
+/// whenever it blocks in the syscall (a `vfork` parent waits there for
+/// its child, as `posix_spawn` does) or is preempted right after it.
+const CLONE_TAIL: [u8; 10] = [0x0f, 0x05, 0x48, 0x85, 0xc0, 0x7c, 0x00, 0x74, 0x01, 0xc3];
+const CLONE_TAIL_ANY_AT: usize = 6;
+
+/// Turns the gap after a clone's `syscall` ([`CLONE_TAIL`]) into a
+/// [`KIND_CLONE`] row, where the FDE before it ends there with
+/// CFA = rsp + 8 and rbp not saved, and the next one starts after its
+/// `ret` with an undefined return address: in the parent the rule before
+/// the syscall still holds (the syscall moves no register the rule reads),
+/// in the child (rax 0) the stack starts there. The code is read from the
+/// file only at such gaps (two in glibc); one that cannot be read stays a
+/// gap.
+fn clone_gaps(elf: &Elf, file: &File, rows: &mut [Row]) {
+    let len = CLONE_TAIL.len() as u32;
+    let candidates: Vec<usize> = (1..rows.len().saturating_sub(1))
+        .filter(|&k| {
+            let (before, gap, after) = (rows[k - 1], rows[k], rows[k + 1]);
+            gap.kind == KIND_NONE
+                && after.kind == KIND_END
+                && gap.pc.checked_add(len) == Some(after.pc)
+                && (before.kind, before.cfa_off, before.rbp_off) == (KIND_CFA_RSP, 8, 0)
+        })
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let Ok(segments) = elf.load_segments(file) else {
+        return;
+    };
+    for k in candidates {
+        let at = u64::from(rows[k].pc);
+        let Some(seg) = segments.iter().find(|s| {
+            at >= s.vaddr
+                && (at - s.vaddr)
+                    .checked_add(u64::from(len))
+                    .is_some_and(|end| end <= s.filesz)
+        }) else {
+            continue;
+        };
+        let mut code = [0u8; CLONE_TAIL.len()];
+        let Some(offset) = seg.offset.checked_add(at - seg.vaddr) else {
+            continue;
+        };
+        if file.read_exact_at(&mut code, offset).is_err() {
+            continue;
+        }
+        let matches = code
+            .iter()
+            .zip(CLONE_TAIL)
+            .enumerate()
+            .all(|(i, (&b, want))| i == CLONE_TAIL_ANY_AT || b == want);
+        if matches {
+            rows[k].kind = KIND_CLONE;
+            rows[k].cfa_off = 8;
+        }
+    }
+}
+
 /// The row (without its pc) for one row of the DWARF table.
 fn translate<'a, S: UnwindSection<Slice<'a>>>(
     section: &S,
@@ -456,7 +526,6 @@ fn overlaps(ranges: &[(u32, u32)], start: u32, end: u32) -> bool {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use std::os::unix::fs::FileExt;
     use std::process::Command;
     use std::time::Instant;
 
@@ -483,6 +552,7 @@ mod tests {
             (KIND_PLT, K::UNWIND_PLT),
             (KIND_UNSUPPORTED, K::UNWIND_UNSUPPORTED),
             (KIND_SIGNAL, K::UNWIND_SIGNAL),
+            (KIND_CLONE, K::UNWIND_CLONE),
         ];
         for (rust, c) in pairs {
             assert_eq!(u32::from(rust), c.0, "{c:?}");
@@ -733,6 +803,33 @@ mod tests {
         let pc = signal[0].pc;
         assert_eq!(lookup(&rows, pc).map(|r| r.kind), Some(KIND_SIGNAL));
         assert_eq!(lookup(&rows, pc + 1).map(|r| r.kind), Some(KIND_SIGNAL));
+    }
+
+    /// libc's clone and clone3 have a [`KIND_CLONE`] row from their
+    /// syscall to the child's FDE, and nothing else has.
+    #[test]
+    fn libc_clone_tails_are_clone_rows() {
+        let f = File::open(LIBC).unwrap();
+        let (rows, _) = build(&f).unwrap().unwrap();
+        let segments = Elf::read(&f).unwrap().load_segments(&f).unwrap();
+        let clone: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].kind == KIND_CLONE)
+            .collect();
+        assert_eq!(clone.len(), 2, "{clone:?}");
+        for i in clone {
+            let r = rows[i];
+            assert_eq!((r.cfa_off, r.rbp_off), (8, 0));
+            assert_eq!(rows[i + 1].pc, r.pc + 10);
+            assert_eq!(rows[i + 1].kind, KIND_END);
+            let seg = segments
+                .iter()
+                .find(|s| (s.vaddr..s.vaddr + s.filesz).contains(&u64::from(r.pc)))
+                .unwrap();
+            let mut code = [0u8; 2];
+            f.read_exact_at(&mut code, seg.offset + u64::from(r.pc) - seg.vaddr)
+                .unwrap();
+            assert_eq!(code, [0x0f, 0x05], "{:#x}: not a syscall", r.pc);
+        }
     }
 
     #[test]
@@ -1180,7 +1277,7 @@ int main(int argc, char **argv) { return mid(argc * 100) & 1; }
             let t0 = Instant::now();
             let (rows, stats) = build(&f).unwrap().unwrap();
             let took = t0.elapsed();
-            let mut kinds = [0usize; 7];
+            let mut kinds = [0usize; KIND_CLONE as usize + 1];
             for r in &rows {
                 kinds[r.kind as usize] += 1;
             }
@@ -1202,10 +1299,13 @@ int main(int argc, char **argv) { return mid(argc * 100) & 1; }
                 assert_ne!(rule(&w[0]), rule(&w[1]), "{path}: not merged {w:?}");
             }
             for r in &rows {
-                if !matches!(r.kind, KIND_CFA_RSP | KIND_CFA_RBP | KIND_PLT) {
+                if !matches!(r.kind, KIND_CFA_RSP | KIND_CFA_RBP | KIND_PLT | KIND_CLONE) {
                     assert_eq!((r.cfa_off, r.rbp_off), (0, 0), "{path}: {r:?}");
                 }
-                assert!(r.kind <= KIND_SIGNAL, "{path}: {r:?}");
+                assert!(
+                    r.kind <= KIND_SIGNAL || r.kind == KIND_CLONE,
+                    "{path}: {r:?}"
+                );
             }
             assert_eq!(rows.last().unwrap().kind, KIND_NONE, "{path}");
             assert!(

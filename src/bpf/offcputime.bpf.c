@@ -517,6 +517,9 @@ struct unwind_state {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
+	/* rax of the first frame (UNWIND_CLONE tells the child from the
+	 * parent by it). */
+	__u64 ax;
 	/* The process's slice of unwind_maps. */
 	__u32 map_start;
 	__u32 map_count;
@@ -535,6 +538,8 @@ struct unwind_state {
 	bool unprovable;
 	bool bp_used;
 	bool bp_restored;
+	/* Past a signal frame: rax is not known. */
+	bool ax_unknown;
 	/* The task whose stack it is, when it is not the current one. */
 	struct task_struct *task;
 };
@@ -1055,12 +1060,28 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			}
 			note_slot(pr, u, u->sp + UCONTEXT_RSP, frame[0]);
 			ips[idx & MAX_STACK_DEPTH] = UNWIND_SIGNAL_FRAME;
+			/* The interrupted frame's rax is not read: it could
+			 * only matter in clone's few instructions. */
+			u->ax_unknown = true;
 			u->exact_at = i + 1;
 			u->bp = bp_val;
 			u->bp_restored = true;
 			u->sp = frame[0];
 			ra = frame[1];
 			goto noted;
+		case UNWIND_CLONE:
+			/* A return address is never there, and rax is known
+			 * only at the first frame.  The cache does not check
+			 * rax: the walk is not kept. */
+			u->unprovable = true;
+			if (i != 0 || u->ax_unknown) {
+				u->truncated = true;
+				return 1;
+			}
+			if (!u->ax)
+				return 1;
+			cfa = u->sp + RULE_CFA_OFF(rule);
+			break;
 		case UNWIND_CFA_RSP:
 			cfa = u->sp + RULE_CFA_OFF(rule);
 			break;
@@ -1247,6 +1268,7 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 	u->pc = regs->ip;
 	u->sp = regs->sp;
 	u->bp = regs->bp;
+	u->ax = regs->ax;
 	/* A load that faults reads 0, where the helper failed: no user code
 	 * runs at 0, and the walk is then not made (counted as a missed
 	 * stack, as before). */
@@ -1500,6 +1522,7 @@ __noinline __u64 defer_user_stack(void)
 	d->s.pc = u.pc;
 	d->s.sp = u.sp;
 	d->s.bp = u.bp;
+	d->s.ax = u.ax;
 	d->s._pad = 0;
 	/* Whole pages from the one that holds the stack pointer, up to the
 	 * first that cannot be read (the top of the stack): reads of a
@@ -2698,6 +2721,7 @@ static __always_inline __u64 defer_task_stack(struct task_struct *task, __u32 tg
 	d->pc = regs->ip;
 	d->sp = regs->sp;
 	d->bp = regs->bp;
+	d->ax = regs->ax;
 	if (!d->pc || !d->sp)
 		return STACK_ID_MISSED_ERROR;
 	start_deferred_seq++;

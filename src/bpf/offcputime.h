@@ -207,6 +207,13 @@ enum unwind_kind {
 	 * unwind_file): a mapped file whose tables userspace has not written
 	 * yet.  The walk is given up and the stack copied instead. */
 	UNWIND_UNKNOWN = 7,
+	/* The few instructions after the syscall of glibc's clone and clone3,
+	 * which no FDE covers (the parent's ends before the syscall, the
+	 * child's starts after the return): in the parent (rax not 0) the
+	 * rule of the instructions before (CFA = rsp + cfa_off), in the child
+	 * (rax 0, a new stack) the outermost frame.  Only at the walk's
+	 * first frame, whose rax is known. */
+	UNWIND_CLONE = 8,
 };
 
 /*
@@ -346,6 +353,8 @@ struct deferred_stack {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
+	/* rax, for UNWIND_CLONE. */
+	__u64 ax;
 	/* Bytes copied, from the start of the page that holds sp (at least
 	 * 16 KiB above sp, where the stack has them; only these are
 	 * sent). */

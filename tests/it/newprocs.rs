@@ -164,6 +164,108 @@ fn first_blocks_of_new_images_are_not_guessed() {
     );
 }
 
+/// `posix_spawn`: the parent waits for its child (a vfork) inside glibc's
+/// clone3, just after the syscall, where no FDE covers the code, and the
+/// child starts there on a stack of its own. The forker's `spawn` mode
+/// stalls the child in opening a FIFO, so that both stay blocked. The
+/// parent's stack goes from `__clone3` through `posix_spawn` to `main` and
+/// `_start`, the child's ends at `__clone3` under `__spawni_child` (as gdb
+/// shows it), without a frame-pointer guess: walked at the switch-out of a
+/// process new to the trace, by the start iterator, and in a snapshot.
+#[test]
+fn a_vfork_parent_and_its_child_walk_through_clone() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_forker(dir.path());
+    let fifo = dir.path().join("fifo");
+    let status = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(status.success());
+    let mut forker = None;
+    // The forker starts during the trace and spawns at once: its blocks
+    // come before or just after its tables.
+    let (traced, _, _) = profile_during(&["-f", "2"], |_| {
+        use std::io::Write;
+        let mut c = Command::new(&exe)
+            .args(["spawn".as_ref(), fifo.as_os_str()])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("start forker");
+        c.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        forker = Some(KillOnDrop(c));
+    });
+    let mut forker = forker.expect("the forker started");
+    let parent = forker.0.id();
+    let child = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    assert!(!child.is_empty(), "the spawned child is gone");
+    let pids = format!("{parent},{child}");
+    let at_start = profile(&["-v", "-f", "-p", &pids, "1"]);
+    let snapshot = profile(&["-v", "--snapshot", "-f", "-p", &pids]);
+    // Releases the child, then the parent.
+    drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+    let _ = forker.0.wait();
+
+    let parent_frames = [
+        "_start",
+        "main",
+        "spawn_stalled",
+        "forker_spawn",
+        "__spawni",
+        "__clone3",
+    ];
+    for (what, out) in [
+        ("traced", &traced),
+        ("at the start", &at_start),
+        ("snapshot", &snapshot),
+    ] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<Folded> = parse_folded(&out.stdout)
+            .into_iter()
+            .filter(|l| l.comm() == "forker")
+            .collect();
+        let stdout: Vec<String> = lines.iter().map(|l| l.frames.join(";")).collect();
+        let stdout = stdout.join("\n");
+        let user = |l: &Folded| -> Vec<String> {
+            l.frames[1..]
+                .iter()
+                .take_while(|f| !f.starts_with("entry_SYSCALL"))
+                .cloned()
+                .collect()
+        };
+        let spawning = lines.iter().find(|l| l.has("forker_spawn"));
+        let spawning = spawning.unwrap_or_else(|| panic!("{what}: no parent's stack:\n{stdout}"));
+        assert!(
+            in_order(spawning, &parent_frames) && user(spawning).last().unwrap() == "__clone3",
+            "{what}: the parent's stack is not whole:\n{stdout}"
+        );
+        assert_eq!(spawning.frames[1], "_start", "{what}:\n{stdout}");
+        let child_line = lines.iter().find(|l| l.has("__spawni_child"));
+        let child_line = child_line.unwrap_or_else(|| panic!("{what}: no child's stack:\n{stdout}"));
+        let u = user(child_line);
+        assert_eq!(
+            u.get(..2),
+            Some(&["__clone3".to_string(), "__spawni_child".to_string()][..]),
+            "{what}: the child's stack:\n{stdout}"
+        );
+        assert!(u.len() <= 4, "{what}: the child's stack:\n{stdout}");
+        for l in &lines {
+            assert!(!l.has("[unknown]"), "{what}:\n{stdout}");
+        }
+        if what != "traced" {
+            assert_eq!(
+                count_before(&stderr, "frames through frame pointers"),
+                0,
+                "{what}:\n{stderr}"
+            );
+        }
+    }
+}
+
 /// A process that maps LLVM (the toolchain's `rustc`: 2.6 million unwind
 /// rows), traced with `-p` under the default `--unwind-memory`: its tables
 /// fit, and its main thread's stack is walked with them from `_start` to

@@ -5,9 +5,19 @@
  * argument "exec" each child first execs this program again ("NAME child
  * CHILD_MS", by its own path, so that the child's command is this
  * program's name), so that it is a new program image, not a copy of its
- * parent's. Built without frame pointers by the tests.
+ * parent's.
+ *
+ * "forker spawn FIFO": once a line is read from stdin, posix_spawn()s
+ * /bin/true with the FIFO to open first, so that the child (which shares
+ * its parent's memory until it execs) blocks opening it, and the parent
+ * waits for it inside glibc's clone3 (a vfork), until a writer opens the
+ * FIFO.
+ *
+ * Built without frame pointers by the tests.
  */
+#include <fcntl.h>
 #include <limits.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +41,39 @@ __attribute__((noinline)) void forker_child(void)
 	asm volatile("");
 }
 
+extern char **environ;
+
+/* Returns once the child has opened the FIFO and exec'd. */
+__attribute__((noinline)) int forker_spawn(const char *fifo, pid_t *pid)
+{
+	char *args[] = { "/bin/true", NULL };
+	posix_spawn_file_actions_t fa;
+	int err;
+
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 3, fifo, O_RDONLY, 0);
+	err = posix_spawn(pid, args[0], &fa, NULL, args, environ);
+	asm volatile("");
+	return err;
+}
+
+static int spawn_stalled(const char *fifo)
+{
+	char line[16];
+	pid_t pid;
+	int err;
+
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	err = forker_spawn(fifo, &pid);
+	if (err) {
+		fprintf(stderr, "posix_spawn: %s\n", strerror(err));
+		return 1;
+	}
+	waitpid(pid, NULL, 0);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct timespec gap = { 0, 20 * 1000 * 1000 }, t0, now;
@@ -39,6 +82,8 @@ int main(int argc, char **argv)
 	double secs;
 	int exec = 0;
 
+	if (argc > 2 && !strcmp(argv[1], "spawn"))
+		return spawn_stalled(argv[2]);
 	if (argc > 1 && !strcmp(argv[1], "child")) {
 		if (argc > 2)
 			child_ms = atol(argv[2]);
