@@ -1024,6 +1024,15 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }
+    let gaps = c.unwind_gap_frames + d.gap_frames as u64;
+    if gaps > 0 {
+        eprintln!(
+            "offcputime: {gaps} user frames were found through frame pointers in code that its \
+             object's call-frame information does not cover (assembly or a PLT without it, or \
+             code built without unwind tables): they are right only where that code keeps frame \
+             pointers"
+        );
+    }
     let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished) as u64 + c.unwind_defer_lost;
     if missed > 0 {
         eprintln!(
@@ -1077,7 +1086,7 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
              {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
              with them ({} cut short, {} proved unchanged since the thread's last walk), {} \
-             frames through frame pointers",
+             frames through frame pointers ({} in code its object's tables do not cover)",
             s.objects,
             s.objects_without_cfi,
             s.rows,
@@ -1090,6 +1099,7 @@ fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbos
             c.unwind_truncated,
             c.unwind_cached,
             c.unwind_fp_frames,
+            c.unwind_gap_frames,
         );
         eprintln!(
             "offcputime: unwind tables: {} new processes used their parent's from the fork \

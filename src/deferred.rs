@@ -43,6 +43,9 @@ pub struct Walk {
     pub cut: bool,
     /// Frames found through frame pointers (code without tables).
     pub fp_frames: usize,
+    /// ... of which in an object with tables that do not cover the code
+    /// (see `CNT_UNWIND_GAP_FRAMES`).
+    pub gap_frames: usize,
 }
 
 /// The registers a walk starts from.
@@ -68,25 +71,34 @@ fn read_u64(bytes: &[u8], base: u64, addr: u64) -> Option<u64> {
     Some(u64::from_ne_bytes(b.try_into().ok()?))
 }
 
+/// The rule at an address, as `unwind_rule` in the BPF program answers.
+enum Rule {
+    Row(types::unwind_row),
+    /// No object with tables maps it.
+    Untabled,
+    /// An object with tables maps it, but none of its rows covers it.
+    Gap,
+}
+
 /// The row that applies at `addr` in a process with `mappings` (sorted by
 /// start) into `rows`: as `unwind_rule` in the BPF program.
-fn rule(
-    mappings: &[types::unwind_mapping],
-    rows: &[types::unwind_row],
-    addr: u64,
-) -> Option<types::unwind_row> {
-    let i = mappings
-        .partition_point(|m| m.start <= addr)
-        .checked_sub(1)?;
+fn rule(mappings: &[types::unwind_mapping], rows: &[types::unwind_row], addr: u64) -> Rule {
+    let Some(i) = mappings.partition_point(|m| m.start <= addr).checked_sub(1) else {
+        return Rule::Untabled;
+    };
     let m = &mappings[i];
     if addr >= m.end || m.row_count == 0 {
-        return None;
+        return Rule::Untabled;
     }
-    let pc = u32::try_from(addr.wrapping_sub(m.bias)).ok()?;
     let start = m.row_start as usize;
-    let table = rows.get(start..start.checked_add(m.row_count as usize)?)?;
-    let at = table.partition_point(|r| r.pc <= pc).checked_sub(1)?;
-    Some(table[at]).filter(|r| r.kind != types::unwind_kind::UNWIND_NONE.0 as u8)
+    let row = u32::try_from(addr.wrapping_sub(m.bias))
+        .ok()
+        .zip(rows.get(start..start.saturating_add(m.row_count as usize)))
+        .and_then(|(pc, table)| {
+            let at = table.partition_point(|r| r.pc <= pc).checked_sub(1)?;
+            Some(table[at]).filter(|r| r.kind != types::unwind_kind::UNWIND_NONE.0 as u8)
+        });
+    row.map_or(Rule::Gap, Rule::Row)
 }
 
 /// Walks the copied stack `bytes` (of the addresses from `base` on)
@@ -121,7 +133,7 @@ pub fn walk(
             pc.wrapping_sub(1)
         };
         let ra = match rule(mappings, rows, at) {
-            Some(r) if r.kind == unwind_table::KIND_SIGNAL => {
+            Rule::Row(r) if r.kind == unwind_table::KIND_SIGNAL => {
                 // A signal trampoline: the interrupted registers are in
                 // the ucontext at sp (see unwind_step).
                 let (Some(rbp), Some(rsp), Some(rip)) = (
@@ -138,7 +150,7 @@ pub fn walk(
                 sp = rsp;
                 rip
             }
-            Some(r) => {
+            Rule::Row(r) => {
                 let cfa = match K(r.kind as u32) {
                     K::UNWIND_END => return w,
                     // clone's child (rax 0) starts a stack; its parent
@@ -168,7 +180,7 @@ pub fn walk(
                 sp = cfa;
                 ra
             }
-            None => {
+            none @ (Rule::Untabled | Rule::Gap) => {
                 // No call-frame information: the frame pointer chain; its
                 // end (bp 0) is the end of the stack. A frame beyond the
                 // copy could be read by the BPF walk: cut.
@@ -182,6 +194,9 @@ pub fn walk(
                 sp = bp.wrapping_add(16);
                 bp = saved;
                 w.fp_frames += 1;
+                if matches!(none, Rule::Gap) {
+                    w.gap_frames += 1;
+                }
                 ra
             }
         };
@@ -205,6 +220,8 @@ pub struct DeferredStats {
     pub cut: usize,
     /// Frames found through frame pointers in those walks.
     pub fp_frames: usize,
+    /// ... of which in an object with tables that do not cover the code.
+    pub gap_frames: usize,
     /// Never walked: their process had no tables (it exited before its
     /// mappings could be read, or they could not be made).
     pub unwalked: usize,
@@ -399,6 +416,7 @@ impl Deferred {
             self.stats.walked += 1;
             self.stats.cut += usize::from(w.cut);
             self.stats.fp_frames += w.fp_frames;
+            self.stats.gap_frames += w.gap_frames;
             if !store(id, &w.frames) {
                 self.stats.unstored += 1;
             }
@@ -580,8 +598,17 @@ mod tests {
         };
         let w = walk(regs, sp, &copy, &maps, &rows, 127);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000, 0x50_0100]);
-        assert_eq!(w.fp_frames, 2);
+        assert_eq!((w.fp_frames, w.gap_frames), (2, 0));
         assert!(!w.cut);
+        // Code of the mapped object that its rows do not cover (0x1100 to
+        // 0x2000): the same chain, counted as a guess in a gap.
+        let in_gap = Regs {
+            pc: 0x40_1200,
+            ..regs
+        };
+        let w = walk(in_gap, sp, &copy, &maps, &rows, 127);
+        assert_eq!(w.frames, vec![0x40_1200, 0x50_0000, 0x50_0100]);
+        assert_eq!((w.fp_frames, w.gap_frames), (2, 1));
         let w = walk(regs, sp, &copy, &maps, &rows, 2);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
         assert!(w.cut);

@@ -199,6 +199,10 @@ pub struct LossCounters {
     pub unwind_truncated: u64,
     /// Frames found through frame pointers in stacks walked with tables.
     pub unwind_fp_frames: u64,
+    /// ... of which at an address of an object with call-frame
+    /// information that none covers: a guess where that code keeps no
+    /// frame pointers.
+    pub unwind_gap_frames: u64,
     /// ... of which proved the same as the thread's last walk, not walked
     /// again.
     pub unwind_cached: u64,

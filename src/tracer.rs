@@ -1564,6 +1564,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         unwind_dwarf: at(C::CNT_UNWIND_DWARF),
         unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
         unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
+        unwind_gap_frames: at(C::CNT_UNWIND_GAP_FRAMES),
         unwind_cached: at(C::CNT_UNWIND_CACHED),
         wakeups: at(C::CNT_WAKEUPS),
         wakers: at(C::CNT_WAKERS),

@@ -275,7 +275,8 @@ struct ucache {
 	__u32 fp_frames;
 	__u8 bp_used;
 	__u8 truncated;
-	__u8 _pad[6];
+	__u16 gap_frames;
+	__u8 _pad[4];
 	/* Slot k: at sp + off[k], the walk read val[k]. */
 	__u32 off[UCACHE_SLOTS];
 	__u64 val[UCACHE_SLOTS];
@@ -511,6 +512,18 @@ static __always_inline void count_n(__u32 which, __u64 n)
 		*c += n;
 }
 
+/* What a walk of a user stack with tables (or a proof of a kept one)
+ * counts besides CNT_UNWIND_DWARF. */
+static __always_inline void count_walk(bool truncated, __u32 fp_frames, __u32 gap_frames)
+{
+	if (truncated)
+		count(CNT_UNWIND_TRUNCATED);
+	if (fp_frames)
+		count_n(CNT_UNWIND_FP_FRAMES, fp_frames);
+	if (gap_frames)
+		count_n(CNT_UNWIND_GAP_FRAMES, gap_frames);
+}
+
 /* State of a DWARF unwind of the current task's user stack. */
 struct unwind_state {
 	/* Registers of the frame being unwound. */
@@ -527,6 +540,9 @@ struct unwind_state {
 	__u32 nr;
 	__u32 max;
 	__u32 fp_frames;
+	/* ... of which in an object's code that its tables do not cover
+	 * (CNT_UNWIND_GAP_FRAMES). */
+	__u32 gap_frames;
 	/* The frame whose pc is not a return address, and so is looked up
 	 * as it is: 0, or the one after a signal frame (the interrupted
 	 * pc). */
@@ -748,7 +764,10 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
 	return bpf_map_lookup_elem(&unwind_rows, &idx);
 }
 
-/* unwind_rule()'s answer: kind | cfa_off << 8 | (__u8)rbp_off << 24. */
+/* unwind_rule()'s answer: kind | cfa_off << 8 | (__u8)rbp_off << 24,
+ * and RULE_GAP where an object with tables maps the address but no row
+ * covers it. */
+#define RULE_GAP (1ULL << 32)
 #define RULE_KIND(r) ((__u32)((r) & 0xff))
 #define RULE_CFA_OFF(r) ((__u32)(((r) >> 8) & 0xffff))
 #define RULE_RBP_OFF(r) ((__s64)(__s8)(((r) >> 24) & 0xff))
@@ -771,10 +790,12 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
 	struct unwind_row *r = NULL;
 
 	m = find_mapping(start, count, addr);
-	if (m && m->row_count && addr - m->bias <= 0xffffffffULL)
-		r = find_row(m->row_start, m->row_count, addr - m->bias);
-	if (!r)
+	if (!m || !m->row_count)
 		return UNWIND_NONE;
+	if (addr - m->bias <= 0xffffffffULL)
+		r = find_row(m->row_start, m->row_count, addr - m->bias);
+	if (!r || r->kind == UNWIND_NONE)
+		return UNWIND_NONE | RULE_GAP;
 	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
 }
 
@@ -966,10 +987,12 @@ __noinline __u64 row_rule(__u64 pc, __u32 start, __u32 count)
 {
 	struct unwind_row *r = NULL;
 
-	if (count && pc <= 0xffffffffULL)
-		r = find_row(start, count, pc);
-	if (!r)
+	if (!count)
 		return UNWIND_NONE;
+	if (pc <= 0xffffffffULL)
+		r = find_row(start, count, pc);
+	if (!r || r->kind == UNWIND_NONE)
+		return UNWIND_NONE | RULE_GAP;
 	return (__u64)r->kind | (__u64)r->cfa_off << 8 | (__u64)(__u8)r->rbp_off << 24;
 }
 
@@ -1136,6 +1159,8 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		u->sp = u->bp + 16;
 		u->bp = frame[0];
 		u->fp_frames++;
+		if (rule & RULE_GAP)
+			u->gap_frames++;
 	}
 	/* What the walk read, for the cache: one place, so that the
 	 * verifier checks the recording once, not in each path. */
@@ -1314,10 +1339,7 @@ static __always_inline void walk_with_tables(struct unwind_state *u, struct unwi
 		u->map_count = UNWIND_MAX_PROC_MAPPINGS;
 	walk_user(u, remote);
 	count(CNT_UNWIND_DWARF);
-	if (u->truncated)
-		count(CNT_UNWIND_TRUNCATED);
-	if (u->fp_frames)
-		count_n(CNT_UNWIND_FP_FRAMES, u->fp_frames);
+	count_walk(u->truncated, u->fp_frames, u->gap_frames);
 }
 
 /*
@@ -1428,6 +1450,7 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->bp_used = u->bp_used;
 	e->truncated = u->truncated;
 	e->fp_frames = u->fp_frames;
+	e->gap_frames = u->gap_frames;
 	e->stack_id = id;
 }
 
@@ -1628,10 +1651,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_BY_FILE);
 			count(CNT_UNWIND_CACHED);
-			if (e->truncated)
-				count(CNT_UNWIND_TRUNCATED);
-			if (e->fp_frames)
-				count_n(CNT_UNWIND_FP_FRAMES, e->fp_frames);
+			count_walk(e->truncated, e->fp_frames, e->gap_frames);
 			return e->stack_id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
@@ -1658,10 +1678,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	}
 	count(CNT_UNWIND_DWARF);
 	count(CNT_UNWIND_BY_FILE);
-	if (s->st.truncated)
-		count(CNT_UNWIND_TRUNCATED);
-	if (s->st.fp_frames)
-		count_n(CNT_UNWIND_FP_FRAMES, s->st.fp_frames);
+	count_walk(s->st.truncated, s->st.fp_frames, s->st.gap_frames);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
 	id = store_stack(s->st.nr * sizeof(__u64), true);
@@ -1706,10 +1723,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		if (e && ucache_holds(e, &u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);
-			if (e->truncated)
-				count(CNT_UNWIND_TRUNCATED);
-			if (e->fp_frames)
-				count_n(CNT_UNWIND_FP_FRAMES, e->fp_frames);
+			count_walk(e->truncated, e->fp_frames, e->gap_frames);
 			return e->stack_id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
@@ -2670,10 +2684,7 @@ static __always_inline long unwind_task_by_files(struct task_struct *task, __u32
 	}
 	count(CNT_UNWIND_DWARF);
 	count(CNT_UNWIND_BY_FILE);
-	if (u.truncated)
-		count(CNT_UNWIND_TRUNCATED);
-	if (u.fp_frames)
-		count_n(CNT_UNWIND_FP_FRAMES, u.fp_frames);
+	count_walk(u.truncated, u.fp_frames, u.gap_frames);
 	send_mapped(mm, exec_vm, (__u64)tgid << 32 | BPF_CORE_READ(task, pid),
 		    BPF_CORE_READ(task, group_leader, start_boottime), true);
 	return u.nr * sizeof(__u64);

@@ -465,6 +465,11 @@ enum offcpu_counter {
 	 * own walked through the tables of the files they map (struct
 	 * unwind_file); counted in CNT_UNWIND_DWARF too */
 	CNT_UNWIND_BY_FILE,
+	/* Frames found through frame pointers at an address that an object
+	 * with call-frame information maps, where none covers it (assembly
+	 * without CFI, a PLT without it): counted in CNT_UNWIND_FP_FRAMES
+	 * too, and a guess where the code does not keep frame pointers. */
+	CNT_UNWIND_GAP_FRAMES,
 	CNT_MAX,
 };
 

@@ -245,7 +245,8 @@ fn a_vfork_parent_and_its_child_walk_through_clone() {
         );
         assert_eq!(spawning.frames[1], "_start", "{what}:\n{stdout}");
         let child_line = lines.iter().find(|l| l.has("__spawni_child"));
-        let child_line = child_line.unwrap_or_else(|| panic!("{what}: no child's stack:\n{stdout}"));
+        let child_line =
+            child_line.unwrap_or_else(|| panic!("{what}: no child's stack:\n{stdout}"));
         let u = user(child_line);
         assert_eq!(
             u.get(..2),

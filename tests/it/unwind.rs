@@ -708,3 +708,43 @@ fn side_by_side(expected: &[String], got: &[String]) -> String {
     }
     out
 }
+
+/// A frame found through frame pointers in code that its object's
+/// call-frame information does not cover (`tests/workloads/nocfi.c`: a
+/// function of assembly without CFI, in a program with it) is a guess the
+/// profiler cannot check: it is counted apart in `-v` and said once on
+/// stderr. The workload keeps frame pointers there, so the guess is
+/// right, and the stack whole.
+#[test]
+fn frame_pointer_guesses_in_code_without_cfi_are_said() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = c_workload(
+        "nocfi",
+        &["-O2", "-g", "-fno-omit-frame-pointer"],
+        dir.path(),
+    );
+    let wl = KillOnDrop(Command::new(&exe).spawn().expect("start nocfi"));
+    let pid = wl.0.id().to_string();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = profile(&["-v", "-f", "-p", &pid, "2"]);
+    drop(wl);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let slept = sum_us_where(&lines, |l| l.has("nocfi_sleep"));
+    let whole = sum_us_where(&lines, |l| {
+        crate::newprocs::in_order(l, &["_start", "main", "nocfi_asm", "nocfi_sleep"])
+    });
+    assert!(slept > 1_000_000, "{slept} us:\n{stderr}");
+    assert!(whole * 100 >= slept * 99, "{whole} of {slept} us whole");
+    let gaps = count_before(&stderr, "in code its object's tables do not cover");
+    let said = count_before(
+        &stderr,
+        "user frames were found through frame pointers in code that its object's call-frame",
+    );
+    assert!(gaps >= 50, "{gaps} frames in the gap:\n{stderr}");
+    assert_eq!(said, gaps, "{stderr}");
+}
