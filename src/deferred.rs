@@ -54,7 +54,8 @@ pub struct Regs {
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
-    /// rax, for the first frame's [`unwind_table::KIND_CLONE`] rule.
+    /// rax (or only whether it is 0), for the first frame's
+    /// [`unwind_table::KIND_CLONE`] rule.
     pub ax: u64,
 }
 

@@ -300,7 +300,8 @@ pub struct RawUserStack {
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
-    /// rax: tells clone's child from its parent (`KIND_CLONE`).
+    /// 0 where rax was 0: tells clone's child from its parent
+    /// (`KIND_CLONE`).
     pub ax: u64,
     /// Where `bytes` start: the page that holds `sp`.
     pub base: u64,

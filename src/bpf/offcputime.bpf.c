@@ -512,17 +512,20 @@ static __always_inline void count_n(__u32 which, __u64 n)
 		*c += n;
 }
 
-/* What a walk of a user stack with tables (or a proof of a kept one)
- * counts besides CNT_UNWIND_DWARF. */
-static __always_inline void count_walk(bool truncated, __u32 fp_frames, __u32 gap_frames)
-{
-	if (truncated)
-		count(CNT_UNWIND_TRUNCATED);
-	if (fp_frames)
-		count_n(CNT_UNWIND_FP_FRAMES, fp_frames);
-	if (gap_frames)
-		count_n(CNT_UNWIND_GAP_FRAMES, gap_frames);
-}
+/* What a walk of a user stack with tables, `w` (struct unwind_state, or
+ * the struct ucache of a kept one proved again), counts besides
+ * CNT_UNWIND_DWARF.  A macro that reads the fields where they are after
+ * each count: values passed on would be kept on the stack across the
+ * calls (see unwind_state). */
+#define COUNT_WALK(w)                                                       \
+	do {                                                                \
+		if ((w)->truncated)                                         \
+			count(CNT_UNWIND_TRUNCATED);                        \
+		if ((w)->fp_frames)                                         \
+			count_n(CNT_UNWIND_FP_FRAMES, (w)->fp_frames);      \
+		if ((w)->gap_frames)                                        \
+			count_n(CNT_UNWIND_GAP_FRAMES, (w)->gap_frames);    \
+	} while (0)
 
 /* State of a DWARF unwind of the current task's user stack. */
 struct unwind_state {
@@ -530,19 +533,19 @@ struct unwind_state {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
-	/* rax of the first frame (UNWIND_CLONE tells the child from the
-	 * parent by it). */
-	__u64 ax;
 	/* The process's slice of unwind_maps. */
 	__u32 map_start;
 	__u32 map_count;
 	/* Frames written to `scratch`, and the most to write. */
 	__u32 nr;
 	__u32 max;
-	__u32 fp_frames;
+	/* 16 bits, and rax's test below kept as a bool: on 6.1 the stack of
+	 * a chain of calls (the switch hook, user_stack_of_current, the
+	 * bpf_loop callback, unwind_rule) is bounded to 512 bytes. */
+	__u16 fp_frames;
 	/* ... of which in an object's code that its tables do not cover
 	 * (CNT_UNWIND_GAP_FRAMES). */
-	__u32 gap_frames;
+	__u16 gap_frames;
 	/* The frame whose pc is not a return address, and so is looked up
 	 * as it is: 0, or the one after a signal frame (the interrupted
 	 * pc). */
@@ -554,8 +557,13 @@ struct unwind_state {
 	bool unprovable;
 	bool bp_used;
 	bool bp_restored;
-	/* Past a signal frame: rax is not known. */
+	/* rax of the first frame is 0 (UNWIND_CLONE: clone's child); past a
+	 * signal frame, rax is not known. */
+	bool ax_zero;
 	bool ax_unknown;
+	/* The frame being walked through frame pointers is in a gap of its
+	 * object's tables (RULE_GAP). */
+	bool in_gap;
 	/* The task whose stack it is, when it is not the current one. */
 	struct task_struct *task;
 };
@@ -1086,7 +1094,9 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			/* The interrupted frame's rax is not read: it could
 			 * only matter in clone's few instructions. */
 			u->ax_unknown = true;
-			u->exact_at = i + 1;
+			/* i + 1, read back: kept in a register it would be
+			 * spilled (see unwind_state). */
+			u->exact_at = u->nr;
 			u->bp = bp_val;
 			u->bp_restored = true;
 			u->sp = frame[0];
@@ -1101,7 +1111,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 				u->truncated = true;
 				return 1;
 			}
-			if (!u->ax)
+			if (u->ax_zero)
 				return 1;
 			cfa = u->sp + RULE_CFA_OFF(rule);
 			break;
@@ -1147,6 +1157,9 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			u->bp_used = true;
 		if (!u->bp)
 			return 1;
+		/* In the state, not a register: it would be kept on the
+		 * stack across the read (see unwind_state). */
+		u->in_gap = !!(rule & RULE_GAP);
 		if (read_user(frame, sizeof(frame), (void *)u->bp, u->task, c)) {
 			u->unprovable = true;
 			return 1;
@@ -1159,7 +1172,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		u->sp = u->bp + 16;
 		u->bp = frame[0];
 		u->fp_frames++;
-		if (rule & RULE_GAP)
+		if (u->in_gap)
 			u->gap_frames++;
 	}
 	/* What the walk read, for the cache: one place, so that the
@@ -1293,7 +1306,7 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 	u->pc = regs->ip;
 	u->sp = regs->sp;
 	u->bp = regs->bp;
-	u->ax = regs->ax;
+	u->ax_zero = !regs->ax;
 	/* A load that faults reads 0, where the helper failed: no user code
 	 * runs at 0, and the walk is then not made (counted as a missed
 	 * stack, as before). */
@@ -1339,7 +1352,7 @@ static __always_inline void walk_with_tables(struct unwind_state *u, struct unwi
 		u->map_count = UNWIND_MAX_PROC_MAPPINGS;
 	walk_user(u, remote);
 	count(CNT_UNWIND_DWARF);
-	count_walk(u->truncated, u->fp_frames, u->gap_frames);
+	COUNT_WALK(u);
 }
 
 /*
@@ -1545,7 +1558,7 @@ __noinline __u64 defer_user_stack(void)
 	d->s.pc = u.pc;
 	d->s.sp = u.sp;
 	d->s.bp = u.bp;
-	d->s.ax = u.ax;
+	d->s.ax = !u.ax_zero;
 	d->s._pad = 0;
 	/* Whole pages from the one that holds the stack pointer, up to the
 	 * first that cannot be read (the top of the stack): reads of a
@@ -1651,7 +1664,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_BY_FILE);
 			count(CNT_UNWIND_CACHED);
-			count_walk(e->truncated, e->fp_frames, e->gap_frames);
+			COUNT_WALK(e);
 			return e->stack_id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
@@ -1678,7 +1691,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	}
 	count(CNT_UNWIND_DWARF);
 	count(CNT_UNWIND_BY_FILE);
-	count_walk(s->st.truncated, s->st.fp_frames, s->st.gap_frames);
+	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
 	id = store_stack(s->st.nr * sizeof(__u64), true);
@@ -1723,7 +1736,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		if (e && ucache_holds(e, &u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);
-			count_walk(e->truncated, e->fp_frames, e->gap_frames);
+			COUNT_WALK(e);
 			return e->stack_id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
@@ -2684,7 +2697,7 @@ static __always_inline long unwind_task_by_files(struct task_struct *task, __u32
 	}
 	count(CNT_UNWIND_DWARF);
 	count(CNT_UNWIND_BY_FILE);
-	count_walk(u.truncated, u.fp_frames, u.gap_frames);
+	COUNT_WALK(&u);
 	send_mapped(mm, exec_vm, (__u64)tgid << 32 | BPF_CORE_READ(task, pid),
 		    BPF_CORE_READ(task, group_leader, start_boottime), true);
 	return u.nr * sizeof(__u64);

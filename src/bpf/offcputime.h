@@ -353,7 +353,8 @@ struct deferred_stack {
 	__u64 pc;
 	__u64 sp;
 	__u64 bp;
-	/* rax, for UNWIND_CLONE. */
+	/* 0 where rax was 0: UNWIND_CLONE tells clone's child from its
+	 * parent by it. */
 	__u64 ax;
 	/* Bytes copied, from the start of the page that holds sp (at least
 	 * 16 KiB above sp, where the stack has them; only these are
