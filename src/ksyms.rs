@@ -300,6 +300,44 @@ impl InterruptEntries {
     }
 }
 
+/// The name under which `finish_task_switch` is in `/proc/kallsyms` (the
+/// compiler may have renamed it: `finish_task_switch.isra.0`), for the
+/// kprobe hook.
+pub fn finish_task_switch() -> Result<String> {
+    let file = File::open(KALLSYMS).with_context(|| format!("failed to open {KALLSYMS}"))?;
+    finish_task_switch_in(BufReader::new(file))
+        .with_context(|| format!("failed to read {KALLSYMS}"))?
+        .ok_or_else(|| anyhow::anyhow!("finish_task_switch not found in {KALLSYMS}"))
+}
+
+/// From kallsyms text: the kernel image's function `finish_task_switch`,
+/// else its first renamed copy that is not a cold part.
+fn finish_task_switch_in(mut input: impl BufRead) -> Result<Option<String>> {
+    let mut best = None;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            return Ok(best);
+        }
+        let Some(sym) = parse_line(&line) else {
+            continue;
+        };
+        if sym.module.is_some() || !matches!(sym.kind, b't' | b'T') {
+            continue;
+        }
+        if sym.name == "finish_task_switch" {
+            return Ok(Some(sym.name.to_string()));
+        }
+        if best.is_none()
+            && sym.name.starts_with("finish_task_switch.")
+            && !sym.name.ends_with(".cold")
+        {
+            best = Some(sym.name.to_string());
+        }
+    }
+}
+
 struct Line<'a> {
     addr: u64,
     kind: u8,
@@ -406,6 +444,23 @@ mod tests {
 
     fn at(t: &KernelSymbols, addr: u64) -> Option<(&str, u64, Option<&str>)> {
         t.resolve(addr).map(|s| (s.name, s.offset, s.module))
+    }
+
+    #[test]
+    fn finds_finish_task_switch_as_renamed() {
+        let find = |text: &[u8]| finish_task_switch_in(text).unwrap();
+        let renamed = b"ffffffff81000000 t finish_task_switch.cold
+ffffffff81000010 t finish_task_switch\t[mod]
+ffffffff81000020 d finish_task_switch.data
+ffffffff81000030 t finish_task_switch.isra.0
+ffffffff81000040 t finish_task_switch.part.1
+";
+        assert_eq!(find(renamed).as_deref(), Some("finish_task_switch.isra.0"));
+        let plain = b"0000000000000000 t finish_task_switch.isra.0
+0000000000000000 T finish_task_switch
+";
+        assert_eq!(find(plain).as_deref(), Some("finish_task_switch"));
+        assert_eq!(find(b"ffffffff81000000 T schedule\n"), None);
     }
 
     #[test]

@@ -498,32 +498,6 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
     Ok(())
 }
 
-/// Finds the name under which `finish_task_switch` is in kallsyms: the
-/// compiler may have renamed it (`finish_task_switch.isra.0`).
-pub fn find_finish_task_switch() -> Result<String> {
-    let kallsyms =
-        std::fs::read_to_string("/proc/kallsyms").context("failed to read /proc/kallsyms")?;
-    let mut best: Option<&str> = None;
-    for line in kallsyms.lines() {
-        let mut it = line.split_whitespace();
-        let (_, kind, name) = match (it.next(), it.next(), it.next()) {
-            (Some(a), Some(k), Some(n)) => (a, k, n),
-            _ => continue,
-        };
-        if !matches!(kind, "t" | "T") || it.next().is_some() {
-            continue;
-        }
-        if name == "finish_task_switch" {
-            return Ok(name.to_string());
-        }
-        if name.starts_with("finish_task_switch.") && !name.ends_with(".cold") && best.is_none() {
-            best = Some(name);
-        }
-    }
-    best.map(str::to_string)
-        .ok_or_else(|| anyhow!("finish_task_switch not found in /proc/kallsyms"))
-}
-
 /// For tests: the milliseconds in environment variable `name`, a stall
 /// that a test asks for to hold the profiler up at one point as a loaded
 /// machine would (`OFFCPUTIME_TEST_STALL_*`). None, and so no stall, unless
@@ -659,7 +633,7 @@ impl<'obj> Tracer<'obj> {
         tables: &mut dyn StartTables,
     ) -> Result<Tracer<'obj>> {
         let kprobe_symbol = if hook == Hook::FinishTaskSwitch {
-            Some(find_finish_task_switch()?)
+            Some(crate::ksyms::finish_task_switch()?)
         } else {
             None
         };
