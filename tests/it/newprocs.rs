@@ -268,9 +268,11 @@ fn a_vfork_parent_and_its_child_walk_through_clone() {
 }
 
 /// A process that maps LLVM (the toolchain's `rustc`: 2.6 million unwind
-/// rows), traced with `-p` under the default `--unwind-memory`: its tables
-/// fit, and its main thread's stack is walked with them from `_start` to
-/// the compiler's read of its source.
+/// rows), traced with `-p` under the default `--unwind-memory`, then
+/// system-wide beside a storm of new processes that exec: its tables fit,
+/// and its main thread's stack is walked with them from `_start` to the
+/// compiler's read of its source, none with frame pointers for want of
+/// tables.
 #[test]
 fn the_tables_of_a_compiler_fit_by_default() {
     if !require_root() {
@@ -289,24 +291,41 @@ fn the_tables_of_a_compiler_fit_by_default() {
     // Waiting for its source on stdin by then.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let pid = compiler.0.id().to_string();
-    let out = profile(&["-v", "-f", "-p", &pid, "1"]);
+    let alone = profile(&["-v", "-f", "-p", &pid, "1"]);
+    // Then system-wide, beside a fork storm of processes of their own.
+    let dir = tempfile::tempdir().unwrap();
+    let forker = KillOnDrop(
+        Command::new(build_forker(dir.path()))
+            .args(["600", "exec"])
+            .spawn()
+            .expect("start forker"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let beside = profile(&["-v", "-f", "1"]);
+    drop(forker);
     let _ = compiler.0.kill();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("do not fit") && !stderr.contains("without DWARF unwinding"),
-        "{stderr}"
-    );
-    let lines = parse_folded(&out.stdout);
-    let whole = lines.iter().any(|l| {
-        l.comm() == "rustc"
-            && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
-            && l.frames.iter().any(|f| f.contains("read_to_string"))
-    });
-    assert!(
-        whole,
-        "no stack of rustc's main thread from _start to its read:\n{}\n{stderr}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    for (what, out) in [("alone", &alone), ("system-wide", &beside)] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("do not fit") && !stderr.contains("without DWARF unwinding"),
+            "{what}: {stderr}"
+        );
+        let lines = parse_folded(&out.stdout);
+        let whole = lines.iter().any(|l| {
+            l.comm() == "rustc"
+                && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
+                && l.frames.iter().any(|f| f.contains("read_to_string"))
+        });
+        assert!(
+            whole,
+            "{what}: no stack of rustc's main thread from _start to its read:\n{}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            !stderr.contains("walked with frame pointers because"),
+            "{what}: {stderr}"
+        );
+    }
 }
 
 /// Two compilers whose tables do not fit together in `--unwind-memory`:

@@ -198,9 +198,20 @@ fn blocked_gdb_stack(gdb: &Path, dir: &Path, pid: u32) -> Vec<GdbFrame> {
 /// queries. Every user stack of a `postgres` process must reach
 /// `_start` (none guessed with frame pointers), most of the backends must
 /// have used the postmaster's tables from the fork, and the idle backend's
-/// stack must be gdb's, frame by frame.
+/// stack must be gdb's, frame by frame. On both tracepoint hooks (the
+/// kprobe's, which this machine's kernel lacks, on the forked children of
+/// the kernel matrix).
 #[test]
-fn postgres_connection_per_transaction() {
+fn postgres_connection_per_transaction_tp_btf() {
+    postgres_connection_per_transaction("tp-btf");
+}
+
+#[test]
+fn postgres_connection_per_transaction_raw_tp() {
+    postgres_connection_per_transaction("raw-tp");
+}
+
+fn postgres_connection_per_transaction(hook: &str) {
     if !require_root() {
         return;
     }
@@ -215,7 +226,7 @@ fn postgres_connection_per_transaction() {
     let bench = std::thread::spawn(move || bench.output().expect("run pgbench"));
     std::thread::sleep(Duration::from_secs(1));
 
-    let (mut profiler, stdout, lines, stderr) = spawn_lines(&["-d", "4"], &[]);
+    let (mut profiler, stdout, lines, stderr) = spawn_lines(&["--hook", hook, "-d", "4"], &[]);
     wait_for_line(&lines, "offcputime: attached ");
     let mut psql = pg.command("psql");
     psql.args(["-X", "-A", "-t", "-q"])
@@ -310,7 +321,7 @@ fn postgres_connection_per_transaction() {
         .max_by_key(|e| e.us)
         .map(|e| user_part(e).to_vec());
     eprintln!(
-        "postgres: {transactions} transactions (a backend each), {forked} new processes used \
+        "postgres ({hook}): {transactions} transactions (a backend each), {forked} new processes used \
          their parent's tables from the fork; {} postgres stacks ({total} us, {not_from_start} us \
          of them not from _start), {} blocked in a system call and named, {} of them not from \
          _start; {fp_walked} user stacks of the machine walked with frame pointers for want of \
@@ -345,7 +356,7 @@ fn postgres_connection_per_transaction() {
         panic!("the idle backend's stack is not gdb's:\n{report}");
     }
     eprintln!(
-        "postgres: the idle backend's stack is gdb's ({} frames; gdb names {})",
+        "postgres ({hook}): the idle backend's stack is gdb's ({} frames; gdb names {})",
         got.len(),
         gdb_own.join(" <- ")
     );
