@@ -137,6 +137,34 @@ impl crate::tracer::StartTables for StartingTables<'_> {
         self.installed = true;
         u.finish(registry, Duration::from_secs(10));
     }
+
+    fn install_python(&mut self, store: crate::tracer::PythonStore) {
+        if self.unwinder.is_none() {
+            // No tables: the processes are noted here.
+            self.noted = processes_to_trace(self.config);
+            for &tgid in &self.noted {
+                self.registry.note_process(tgid, None, false);
+            }
+        }
+        for &tgid in &self.noted {
+            if let Some(start) = self.registry.start_of(tgid) {
+                // The address space is claimed by the first walk.
+                note_python(&store, self.registry, Proc { tgid, start }, 0);
+            }
+        }
+    }
+}
+
+/// Tells the BPF program where the interpreter of process `p` (its
+/// mappings just read) keeps its threads' frames, if it is a CPython
+/// process whose interpreter's layout is known.
+fn note_python(store: &crate::tracer::PythonStore, registry: &mut Registry, p: Proc, mm: u64) {
+    if let Some(mut entry) = registry.note_python(p) {
+        entry.mm = mm;
+        if let Err(e) = store.set(p.tgid, &entry) {
+            eprintln!("offcputime: {e:#}");
+        }
+    }
 }
 
 /// Checks privileges and targets, and installs the signal handler.
@@ -235,6 +263,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         scan: None,
         stats: StatsLine::from_env(began),
         raised: None,
+        python: tracer.python_store(),
     };
     // Started before start-up's raise ends: under a burst of new threads
     // the loop may get no CPU from then on until the lookout raises it.
@@ -1146,6 +1175,9 @@ struct Collector<'t> {
     /// first stacks lost. (Raised all the time, it perturbs the threads
     /// it measures.)
     raised: Option<crate::priority::Raised>,
+    /// Where the BPF program is told of CPython processes (None with
+    /// `--no-python`).
+    python: Option<crate::tracer::PythonStore>,
 }
 
 impl<'t> Collector<'t> {
@@ -1171,12 +1203,21 @@ impl<'t> Collector<'t> {
                 TaskEvent::New(p, space) => {
                     self.stats.processes += 1;
                     let now = registry.note_process(p.tgid, Some(p.start), false);
+                    if let (true, Some(store)) = (now, &self.python) {
+                        note_python(store, registry, p, space.mm);
+                    }
                     spaces.push(now.then_some(space));
                 }
                 TaskEvent::Changed(p, space) => {
                     let now = registry.note_process(p.tgid, Some(p.start), true);
+                    if let (true, Some(store)) = (now, &self.python) {
+                        note_python(store, registry, p, space.mm);
+                    }
                     spaces.push(now.then_some(space));
                 }
+                TaskEvent::PyCode {
+                    proc, code, tag, ..
+                } => registry.note_python_code(proc, code, tag),
                 TaskEvent::Exited(p) => self.exits.exited(p),
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
                 TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),
@@ -1220,7 +1261,8 @@ impl<'t> Collector<'t> {
                                 (map_start as usize, map_count as usize),
                             );
                         }
-                        TaskEvent::Exited(_) | TaskEvent::Mapped(..) => {}
+                        TaskEvent::Exited(_) | TaskEvent::Mapped(..) | TaskEvent::PyCode { .. } => {
+                        }
                     }
                 }
                 // Copies of processes whose tables were let go for room:
@@ -1266,9 +1308,12 @@ impl<'t> Collector<'t> {
                         deferred.forget(p);
                         // Unless another process has its pid now, with
                         // tables of its own.
-                        if let Some(u) = unwinder.as_mut() {
-                            if !registry.has_pid(p.tgid) {
+                        if !registry.has_pid(p.tgid) {
+                            if let Some(u) = unwinder.as_mut() {
                                 u.forget(p.tgid);
+                            }
+                            if let Some(store) = &self.python {
+                                store.remove(p.tgid);
                             }
                         }
                     }

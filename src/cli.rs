@@ -342,6 +342,12 @@ pub struct Args {
     #[arg(long = "wakers")]
     pub wakers: bool,
 
+    /// Keep the native view of CPython processes: the interpreter's C
+    /// frames only, without the Python functions it was running in their
+    /// place
+    #[arg(long = "no-python")]
+    pub no_python: bool,
+
     /// Instead of tracing: what every task waits in now, grouped by stack,
     /// with how long each has been off the CPU. STATES keeps the tasks in
     /// these states only: letters as /proc shows them (D, or DS: R S D T
@@ -687,6 +693,7 @@ impl Args {
                 unwind_capacity: UnwindCapacity::from_bytes(unwind_mib << 20),
                 states: self.states,
                 wakers: self.wakers,
+                python: !self.no_python,
             },
             shape: Shape {
                 mode,

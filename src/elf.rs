@@ -3,8 +3,9 @@
 //! header, the section headers and names (for the call-frame information
 //! sections, see [`crate::unwind_table`]), and the loadable segments (to
 //! turn file offsets into the addresses of the file, or of its separate
-//! debug file, see [`crate::symbolize`] and [`crate::unwind`]).
-//! Little-endian ELF64 for x86-64 only.
+//! debug file, see [`crate::symbolize`] and [`crate::unwind`]), and a
+//! few symbols looked up by name (the interpreter's globals, see
+//! `crate::python`). Little-endian ELF64 for x86-64 only.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -24,7 +25,10 @@ const PT_LOAD: u32 = 1;
 pub(crate) const ET_EXEC: u16 = 2;
 pub(crate) const ET_DYN: u16 = 3;
 const EM_X86_64: u16 = 62;
+const SHT_SYMTAB: u32 = 2;
+const SHT_STRTAB: u32 = 3;
 const SHT_NOBITS: u32 = 8;
+const SHT_DYNSYM: u32 = 11;
 pub(crate) const SHF_COMPRESSED: u64 = 0x800;
 const SHN_XINDEX: u32 = 0xffff;
 
@@ -59,7 +63,19 @@ pub(crate) struct Section {
     pub addr: u64,
     offset: u64,
     size: u64,
+    /// For a symbol table, the index of its string table.
+    link: u32,
 }
+
+/// A defined symbol: its value (an address of the file) and its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Symbol {
+    pub value: u64,
+    pub size: u64,
+}
+
+/// The size of an `Elf64_Sym`.
+const SYM_SIZE: u64 = 24;
 
 /// The headers of a little-endian x86-64 ELF64 file: its type, its section
 /// headers and their names, and where its program headers are.
@@ -156,6 +172,7 @@ impl Elf {
                 addr: u64_at(h, 16),
                 offset: u64_at(h, 24),
                 size: u64_at(h, 32),
+                link: u32_at(h, 40),
             })
             .collect();
         let mut elf = Elf {
@@ -198,6 +215,64 @@ impl Elf {
         Ok(data)
     }
 
+    /// The first defined symbol of each of `names` in one symbol table
+    /// (None where there is none, or where the file has no such table).
+    /// The table and its string table are read whole, each bounded by
+    /// [`MAX_SECTION_BYTES`]: `.dynsym` is small (what other objects may
+    /// link against), `.symtab` can be tens of MB in a large program, so
+    /// it is worth reading only for a file already known to be of
+    /// interest.
+    pub fn symbols(
+        &self,
+        file: &File,
+        table: SymbolTable,
+        names: &[&str],
+    ) -> Result<Vec<Option<Symbol>>> {
+        let mut found = vec![None; names.len()];
+        let kind = match table {
+            SymbolTable::Dynamic => SHT_DYNSYM,
+            SymbolTable::Full => SHT_SYMTAB,
+        };
+        let Some(&symbols) = self.sections.iter().find(|s| s.kind == kind) else {
+            return Ok(found);
+        };
+        let strings = self
+            .sections
+            .get(symbols.link as usize)
+            .filter(|s| symbols.link != 0 && s.kind == SHT_STRTAB)
+            .copied()
+            .context("malformed ELF: a symbol table without its string table")?;
+        let symbols = self.read_section(file, symbols)?;
+        let strings = self.read_section(file, strings)?;
+        let mut left = names.len();
+        for sym in symbols.chunks_exact(SYM_SIZE as usize) {
+            if left == 0 {
+                break;
+            }
+            // SHN_UNDEF: a reference to another object's symbol.
+            if u16_at(sym, 6) == 0 {
+                continue;
+            }
+            let Some(rest) = strings.get(u32_at(sym, 0) as usize..) else {
+                continue;
+            };
+            let Some(end) = rest.iter().position(|&b| b == 0) else {
+                continue;
+            };
+            let name = &rest[..end];
+            for (i, want) in names.iter().enumerate() {
+                if found[i].is_none() && name == want.as_bytes() {
+                    found[i] = Some(Symbol {
+                        value: u64_at(sym, 8),
+                        size: u64_at(sym, 16),
+                    });
+                    left -= 1;
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// The loadable segments (`PT_LOAD`).
     pub fn load_segments(&self, file: &File) -> Result<Vec<Segment>> {
         if self.phentsize < 56 || self.phnum > 256 {
@@ -216,6 +291,55 @@ impl Elf {
             })
             .collect())
     }
+}
+
+/// Which symbol table [`Elf::symbols`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SymbolTable {
+    /// `.dynsym`: the exported symbols (and imports), kept by `strip`.
+    Dynamic,
+    /// `.symtab`: every symbol, local ones too; gone from stripped files.
+    Full,
+}
+
+/// The bytes at the file's address `vaddr` (`len` of them, at most 1 MiB),
+/// as the loader maps them from the file: None where a segment does not
+/// hold them all in the file (zero-filled memory, or no segment at all).
+pub(crate) fn read_at_vaddr(
+    file: &File,
+    segments: &[Segment],
+    vaddr: u64,
+    len: usize,
+) -> Option<Vec<u8>> {
+    if len > 1 << 20 {
+        return None;
+    }
+    let end = vaddr.checked_add(len as u64)?;
+    let seg = segments
+        .iter()
+        .find(|s| s.vaddr <= vaddr && s.vaddr.checked_add(s.filesz).is_some_and(|e| end <= e))?;
+    let at = seg.offset.checked_add(vaddr - seg.vaddr)?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, at).ok()?;
+    Some(buf)
+}
+
+/// The load bias of an object (what to add to an address of the file to
+/// get the process's) from one of its mappings: `start`, mapping the file
+/// from `file_offset` (as `/proc/PID/maps` gives them). The mapping is of
+/// the segment whose bytes in the file it begins with (its offset rounded
+/// down to the page); None if no segment's are.
+pub(crate) fn load_bias(segments: &[Segment], start: u64, file_offset: u64) -> Option<u64> {
+    let seg = segments.iter().find(|s| {
+        let page = s.offset & !0xfff;
+        page <= file_offset && file_offset < s.offset.saturating_add(s.filesz.max(1))
+    })?;
+    Some(
+        start
+            .wrapping_add(seg.offset)
+            .wrapping_sub(file_offset)
+            .wrapping_sub(seg.vaddr),
+    )
 }
 
 /// The loadable segments of an ELF file, if it is one this module reads.
@@ -406,6 +530,172 @@ mod tests {
             cost < 1 << 20,
             "{cost} bytes allocated at once to build tables from a section not in the file"
         );
+    }
+
+    /// `nm`'s (value, size) of `name` in `path` (`-D`: the dynamic table),
+    /// None if nm is missing (a failure under CI=true).
+    fn nm_symbol(path: &str, dynamic: bool, name: &str) -> Option<Option<(u64, u64)>> {
+        let mut cmd = std::process::Command::new("nm");
+        if dynamic {
+            cmd.arg("-D");
+        }
+        let out = match cmd.arg("-S").arg(path).output() {
+            Ok(out) => out,
+            Err(_) => {
+                let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+                assert!(!ci, "nm (binutils) is needed to check the symbols");
+                eprintln!("skipped: nm not found");
+                return None;
+            }
+        };
+        let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+        Some(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|t| t.len() == 4 && t[2] != "U" && t[3].split('@').next() == Some(name))
+                .map(|t| (hex(t[0]), hex(t[1]))),
+        )
+    }
+
+    /// Symbols by name are nm's: libc's exported ones (`.dynsym`, also
+    /// where it has no `.symtab`), and this test executable's own, local
+    /// ones included (`.symtab`); an undefined import is not found, nor a
+    /// name no table has.
+    #[test]
+    fn symbols_match_nm() {
+        let libc = "/lib/x86_64-linux-gnu/libc.so.6";
+        let f = File::open(libc).unwrap();
+        let elf = Elf::read(&f).unwrap();
+        let names = ["malloc", "pthread_getspecific", "environ", "no such symbol"];
+        let got = elf.symbols(&f, SymbolTable::Dynamic, &names).unwrap();
+        for (name, got) in names.iter().zip(got) {
+            let Some(want) = nm_symbol(libc, true, name) else {
+                return;
+            };
+            assert_eq!(got.map(|s| (s.value, s.size)), want, "{name}");
+        }
+        assert!(elf.symbols(&f, SymbolTable::Dynamic, &["malloc"]).unwrap()[0].is_some());
+
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let exe = exe.to_str().unwrap();
+        let f = File::open(exe).unwrap();
+        let elf = Elf::read(&f).unwrap();
+        let names = ["main", "rust_begin_unwind", "malloc"];
+        let full = elf.symbols(&f, SymbolTable::Full, &names).unwrap();
+        for (name, got) in names.iter().zip(&full) {
+            let Some(want) = nm_symbol(exe, false, name) else {
+                return;
+            };
+            assert_eq!(got.map(|s| (s.value, s.size)), want, "{name}");
+        }
+        assert!(full[0].is_some() && full[2].is_none(), "{full:?}");
+        // malloc is an import: in .dynsym, but undefined.
+        let dynamic = elf.symbols(&f, SymbolTable::Dynamic, &["malloc"]).unwrap();
+        assert_eq!(dynamic, vec![None]);
+    }
+
+    /// A file with no section headers has no symbols (and no error); the
+    /// bytes at an address come from the segment that holds them in the
+    /// file, not from beyond it.
+    #[test]
+    fn symbols_and_data_of_odd_files() {
+        let f = sparse_elf(0x3000, 0x1000);
+        let elf = Elf::read(&f).unwrap();
+        assert_eq!(
+            elf.symbols(&f, SymbolTable::Full, &["x"]).unwrap(),
+            vec![None]
+        );
+        let segments = [Segment {
+            offset: 0x1000,
+            vaddr: 0x40_1000,
+            filesz: 0x100,
+        }];
+        assert!(read_at_vaddr(&f, &segments, 0x40_1000, 0x100).is_some());
+        assert!(read_at_vaddr(&f, &segments, 0x40_10f8, 8).is_some());
+        assert!(read_at_vaddr(&f, &segments, 0x40_10f9, 8).is_none());
+        assert!(read_at_vaddr(&f, &segments, 0x40_0fff, 8).is_none());
+        assert!(read_at_vaddr(&f, &segments, u64::MAX - 3, 8).is_none());
+        assert!(read_at_vaddr(&f, &segments, 0x40_1000, 2 << 20).is_none());
+        // Load biases: of a PIE's second mapping, of a non-PIE's.
+        let pie = [
+            Segment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x1234,
+            },
+            Segment {
+                offset: 0x2040,
+                vaddr: 0x3040,
+                filesz: 0x500,
+            },
+        ];
+        assert_eq!(load_bias(&pie, 0x7f00_0000_0000, 0), Some(0x7f00_0000_0000));
+        assert_eq!(
+            load_bias(&pie, 0x7f00_0000_3000, 0x2000),
+            Some(0x7f00_0000_0000)
+        );
+        assert_eq!(load_bias(&pie, 0x7f00_0000_9000, 0x9000), None);
+        let exec = [Segment {
+            offset: 0,
+            vaddr: 0x40_0000,
+            filesz: 0x1000,
+        }];
+        assert_eq!(load_bias(&exec, 0x40_0000, 0), Some(0));
+    }
+
+    /// Symbol lookups over mutated section headers and symbol tables of
+    /// libc: an answer or an error, never a panic, within bounded memory.
+    #[test]
+    fn symbols_of_mutated_files() {
+        use std::io::Write;
+        let original = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let shoff = u64_at(&original, 40) as usize;
+        let shnum = usize::from(u16_at(&original, 60));
+        let elf = Elf::read(&File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap();
+        let dynsym = elf.sections.iter().find(|s| s.kind == SHT_DYNSYM).unwrap();
+        let areas = [
+            (0, 64),
+            (shoff, shnum * 64),
+            (dynsym.offset as usize, 64 * 24),
+        ];
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&original).unwrap();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let values = [
+            0u64,
+            1,
+            0xff,
+            0xffff,
+            0x7fff_ffff,
+            0xffff_ffff,
+            1 << 40,
+            u64::MAX,
+        ];
+        for _ in 0..400 {
+            let (start, len) = areas[(next() % 3) as usize];
+            let at = start + (next() as usize % len) / 8 * 8;
+            let v = values[(next() % values.len() as u64) as usize];
+            let width = [1usize, 2, 4, 8][(next() % 4) as usize];
+            f.write_all_at(&v.to_le_bytes()[..width], at as u64)
+                .unwrap();
+            largest::take();
+            if let Ok(elf) = Elf::read(&f) {
+                for table in [SymbolTable::Dynamic, SymbolTable::Full] {
+                    let _ = elf.symbols(&f, table, &["malloc", "free"]);
+                }
+            }
+            let cost = largest::take();
+            assert!(cost <= original.len(), "{cost} bytes at once");
+            f.write_all_at(&original[at..at + width], at as u64)
+                .unwrap();
+        }
     }
 
     #[test]

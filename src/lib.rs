@@ -30,6 +30,7 @@ pub mod priority;
 pub mod process;
 pub mod profile;
 pub mod push;
+pub mod python;
 pub mod raw;
 pub mod shape;
 pub mod snapshot;
@@ -59,6 +60,8 @@ pub mod bpf {
     unsafe impl plain::Plain for types::mapped_event {}
     unsafe impl plain::Plain for types::waker_info {}
     unsafe impl plain::Plain for types::snapshot_task {}
+    unsafe impl plain::Plain for types::py_proc {}
+    unsafe impl plain::Plain for types::py_code_event {}
 }
 
 /// The floor programs of the overhead benchmark (`examples/floor.rs`): the

@@ -604,22 +604,34 @@ pub fn build(
             user_stacks.of[had] = user_stacks.list.len() as u32;
             let addrs = raw.stacks.at(span);
             let at = user_stacks.numbers.len();
-            match reg.user_stack(proc, id) {
-                StackFrames::Kept(frames) => {
-                    let mut kinds = UserKinds::new();
-                    user_stacks.numbers.extend(
-                        frames
-                            .iter()
-                            .map(|&f| number((f, kinds.next(f == UserFrame::Signal)))),
-                    )
-                }
-                StackFrames::Mapped(mappings) => {
-                    let known = by_address.entry(proc).or_insert_with(Known::new);
-                    let mut kinds = UserKinds::new();
-                    user_stacks.numbers.extend(addrs.iter().map(|&a| {
-                        let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
-                        known.number(a, k, || number((mappings.frame(a), k)))
-                    }));
+            if addrs.iter().any(|&a| crate::process::is_python_word(a)) {
+                // Python frames in place of the interpreter's: frames
+                // made stack by stack.
+                let frames = reg.user_frames(proc, id, addrs);
+                let mut kinds = UserKinds::new();
+                user_stacks.numbers.extend(
+                    frames
+                        .iter()
+                        .map(|&f| number((f, kinds.next(f == UserFrame::Signal)))),
+                );
+            } else {
+                match reg.user_stack(proc, id) {
+                    StackFrames::Kept(frames) => {
+                        let mut kinds = UserKinds::new();
+                        user_stacks.numbers.extend(
+                            frames
+                                .iter()
+                                .map(|&f| number((f, kinds.next(f == UserFrame::Signal)))),
+                        )
+                    }
+                    StackFrames::Mapped(mappings) => {
+                        let known = by_address.entry(proc).or_insert_with(Known::new);
+                        let mut kinds = UserKinds::new();
+                        user_stacks.numbers.extend(addrs.iter().map(|&a| {
+                            let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
+                            known.number(a, k, || number((mappings.frame(a), k)))
+                        }));
+                    }
                 }
             }
             let len = user_stacks.numbers.len() - at;
@@ -645,7 +657,10 @@ pub fn build(
     let place = |f: UserFrame| match f {
         UserFrame::File { object, offset } => (offset, Origin::Object(object_index[&object])),
         UserFrame::Unmapped(a) => (a, Origin::Unknown),
-        UserFrame::Signal => (0, Origin::Unknown),
+        UserFrame::Signal
+        | UserFrame::Python { .. }
+        | UserFrame::PythonUnreadable
+        | UserFrame::PythonCutShort => (0, Origin::Unknown),
     };
     // The frames of one address: functions inlined there, innermost
     // first, then the function itself.

@@ -231,6 +231,19 @@ pub struct LossCounters {
     /// walk, and lost for want of room in the ring buffer.
     pub unwind_deferred: u64,
     pub unwind_defer_lost: u64,
+    /// User stacks of CPython processes given their Python frames, and
+    /// the frames.
+    pub py_stacks: u64,
+    pub py_frames: u64,
+    /// ... of threads whose own thread state was not found (native
+    /// frames only).
+    pub py_no_thread_state: u64,
+    /// Python frames that could not be read; walks cut for room.
+    pub py_unreadable: u64,
+    pub py_truncated: u64,
+    /// Notices of code objects lost for a full ring buffer (named later
+    /// from the process, if it still runs).
+    pub py_events_lost: u64,
 }
 
 /// What the BPF program says of a process while tracing.
@@ -250,6 +263,14 @@ pub enum TaskEvent {
     Mapped(Proc, [MappedVma; MAPPED_VMAS], usize),
     /// It was forked by `parent` and shares its parent's unwind tables:
     /// the slice of mappings from `map_start`, `map_count` long.
+    /// A walk of its Python frames met code object `code` (with `tag`,
+    /// see `struct py_code_event`), in its address space `space`.
+    PyCode {
+        proc: Proc,
+        space: AddressSpace,
+        code: u64,
+        tag: u32,
+    },
     Forked {
         child: Proc,
         /// The child's address space.

@@ -83,6 +83,13 @@ pub(crate) struct Resolved {
 /// ([`UserFrame::Signal`]), as gdb's `<signal handler called>`.
 pub const SIGNAL_FRAME_NAME: &str = "[signal handler called]";
 
+/// A Python frame that could not be read, or whose code object was gone
+/// when it was to be named.
+pub const PYTHON_UNREADABLE: &str = "[python frame unreadable]";
+
+/// Where the Python frames went on beyond the walk's room.
+pub const PYTHON_CUT_SHORT: &str = "[python frames cut short]";
+
 /// Names of user frames, by frame.
 type UserNames = HashMap<(UserFrame, AddrKind), Vec<Named>>;
 
@@ -347,11 +354,45 @@ impl Symbolizer {
                         reg.object(object).name
                     ))],
                     (_, UserFrame::Signal) => vec![Named::plain(SIGNAL_FRAME_NAME.to_string())],
+                    (_, UserFrame::Python { code, instr }) => {
+                        vec![self.python_name(reg, code, instr)]
+                    }
+                    (_, UserFrame::PythonUnreadable) => {
+                        vec![Named::plain(PYTHON_UNREADABLE.to_string())]
+                    }
+                    (_, UserFrame::PythonCutShort) => {
+                        vec![Named::plain(PYTHON_CUT_SHORT.to_string())]
+                    }
                     _ => vec![Named::plain("[unknown]".to_string())],
                 };
                 ((f, kind), names)
             })
             .collect()
+    }
+
+    /// A Python frame's name: the function's qualified name, with `-s`
+    /// its file (`Worker.handle [server.py]`), with `--lines` the file
+    /// and the line it was at (`Worker.handle (app/server.py:42)`).
+    fn python_name(&self, reg: &Registry, code: u32, instr: u32) -> Named {
+        let Some(c) = reg.python_code(code) else {
+            return Named::plain(PYTHON_UNREADABLE.to_string());
+        };
+        let location = if self.opts.lines {
+            match c.line(instr) {
+                Some(line) => format!(" ({}:{line})", c.filename),
+                None => format!(" ({})", c.filename),
+            }
+        } else {
+            String::new()
+        };
+        let shown = self.opts.offsets.then(|| {
+            let file = c.filename.rsplit('/').next().unwrap_or(&c.filename);
+            format!("{} [{file}]{location}", c.qualname)
+        });
+        Named {
+            name: format!("{}{location}", c.qualname).into(),
+            shown,
+        }
     }
 
     /// Symbols of file offsets of one object. The file's symbol tables and

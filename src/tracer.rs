@@ -156,6 +156,9 @@ pub struct TracerOptions {
     /// `--wakers`: the stacks of the task that woke each block (a
     /// `sched_waking` hook beside the switch hook).
     pub wakers: bool,
+    /// The Python frames of CPython processes in their user stacks (off
+    /// with `--no-python`).
+    pub python: bool,
 }
 
 /// The DWARF unwind tables' part in starting (see [`Tracer::start`]).
@@ -170,6 +173,39 @@ pub trait StartTables {
     /// first block on (again, if a hook loads but fails to attach and the
     /// next is tried: the last call's store is the one used).
     fn install(&mut self, store: UnwindStore);
+    /// Where to tell the program of CPython processes, once loaded and
+    /// before the hook is attached (`--no-python`: never called).
+    fn install_python(&mut self, store: PythonStore);
+}
+
+/// The program's table of CPython processes (`py_procs`, see `struct
+/// py_proc`).
+pub struct PythonStore {
+    procs: libbpf_rs::MapHandle,
+}
+
+impl PythonStore {
+    fn new(skel: &OffcputimeSkel<'_>) -> Result<PythonStore> {
+        Ok(PythonStore {
+            procs: libbpf_rs::MapHandle::try_from(&skel.maps.py_procs)
+                .context("failed to open the Python processes map")?,
+        })
+    }
+
+    /// Tells the program where the interpreter of process `tgid` keeps
+    /// its threads' frames.
+    pub fn set(&self, tgid: u32, entry: &types::py_proc) -> Result<()> {
+        // SAFETY: py_proc is plain old data.
+        let value = unsafe { plain::as_bytes(entry) };
+        self.procs
+            .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
+            .with_context(|| format!("failed to note the interpreter of process {tgid}"))
+    }
+
+    /// Process `tgid` has exited, or runs another program now.
+    pub fn remove(&self, tgid: u32) {
+        let _ = self.procs.delete(&tgid.to_ne_bytes());
+    }
 }
 
 /// An open skeleton handed to the thread that loads it.
@@ -257,6 +293,8 @@ pub struct Tracer<'obj> {
     /// News read by a wait that ended before passing them on: the next
     /// wait passes them first.
     events_left: std::cell::RefCell<Vec<TaskEvent>>,
+    /// Python frames are walked (see [`Tracer::python_store`]).
+    python: bool,
 }
 
 /// Whether the end iterator is the sleepable one that reads user stacks:
@@ -420,6 +458,7 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
         // For measuring and testing the cache against the walk it saves.
         rodata.ucache_on = std::env::var_os("OFFCPUTIME_NO_STACK_CACHE").is_none();
         rodata.unwind_by_file = std::env::var_os("OFFCPUTIME_NO_FILE_TABLES").is_none();
+        rodata.python_on = opts.python && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         if opts.wakers {
@@ -777,6 +816,9 @@ impl<'obj> Tracer<'obj> {
         if dwarf {
             tables.install(UnwindStore::new(&skel)?);
         }
+        if opts.python && opts.user_stacks && !legacy {
+            tables.install_python(PythonStore::new(&skel)?);
+        }
 
         phases.mark("tables");
         // The wake-up hook first: no wake-up of a block the switch hook
@@ -893,6 +935,7 @@ impl<'obj> Tracer<'obj> {
             start_user_stacks,
             end_user_stacks: end_user_stacks(hook, programs, start_user_stacks),
             wakers: opts.wakers,
+            python: opts.python && opts.user_stacks && !legacy,
             programs,
             phases,
             deferring: dwarf && modern,
@@ -1009,6 +1052,18 @@ impl<'obj> Tracer<'obj> {
                                 };
                             }
                             TaskEvent::Mapped(p, vmas, n)
+                        }
+                        K::TASK_EVENT_PYCODE => {
+                            let mut c = types::py_code_event::default();
+                            if plain::copy_from_bytes(&mut c, data).is_err() {
+                                return 0;
+                            }
+                            TaskEvent::PyCode {
+                                proc: p,
+                                space,
+                                code: c.code,
+                                tag: c.tag,
+                            }
                         }
                         K::TASK_EVENT_FORKED => TaskEvent::Forked {
                             child: p,
@@ -1453,6 +1508,14 @@ impl<'obj> Tracer<'obj> {
     /// program stored, where they are read as its own: a stack walked in
     /// userspace (see [`crate::deferred`]). False where the table is full
     /// (or refuses it).
+    /// Where userspace tells the program of CPython processes, if their
+    /// Python frames are walked.
+    pub fn python_store(&self) -> Option<PythonStore> {
+        self.python
+            .then(|| PythonStore::new(&self.skel).ok())
+            .flatten()
+    }
+
     pub fn store_stack(&self, id: u64, frames: &[u64]) -> bool {
         let size = self.skel.maps.stacks.value_size() as usize;
         let mut value = vec![0u8; size];
@@ -1551,6 +1614,12 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         unwind_by_file: at(C::CNT_UNWIND_BY_FILE),
         unwind_deferred: at(C::CNT_UNWIND_DEFERRED),
         unwind_defer_lost: at(C::CNT_UNWIND_DEFER_LOST),
+        py_stacks: at(C::CNT_PY_STACKS),
+        py_frames: at(C::CNT_PY_FRAMES),
+        py_no_thread_state: at(C::CNT_PY_NO_THREAD_STATE),
+        py_unreadable: at(C::CNT_PY_UNREADABLE),
+        py_truncated: at(C::CNT_PY_TRUNCATED),
+        py_events_lost: at(C::CNT_PY_EVENTS_LOST),
     })
 }
 

@@ -422,6 +422,10 @@ struct unwind_file_key _unwind_file_key = {};
 struct unwind_file _unwind_file = {};
 struct mapped_event _mapped_event = {};
 struct snapshot_task _snapshot_task = {};
+struct py_proc _py_proc = {};
+struct py_code_event _py_code_event = {};
+enum py_frames_kind _py_frames_kind = PY_FRAMES_OBJECT;
+enum py_frame_special _py_frame_special = PY_FRAME_MARK_HI;
 
 static __always_inline void count(__u32 which)
 {
@@ -1513,6 +1517,8 @@ struct {
 
 #define DEFERRED_HEADER_BYTES ((__u32)__builtin_offsetof(struct deferred_stack, bytes))
 
+#include "python.h"
+
 /*
  * The current task's user stack, copied for userspace to walk (see struct
  * deferred_stack): its id, STACK_ID_MISSED_ERROR where the ring buffer has
@@ -1658,7 +1664,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	 * from 1 by userspace): the files' entries, and the executable
 	 * mappings of the address space. */
 	gen = 1ULL << 63 | (*files_gen & 0x7fffffff) << 32 | (exec_vm & 0xffffffff);
-	if (ucache_on && cache) {
+	if (ucache_on && cache && !python_process(bpf_get_current_pid_tgid() >> 32)) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (e && ucache_holds(e, &s->st, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
@@ -1694,7 +1700,8 @@ __noinline __u64 user_stack_by_files(bool cache)
 	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
-	id = store_stack(s->st.nr * sizeof(__u64), true);
+	idx = python_frames_of_current(s->st.nr);
+	id = store_stack(idx * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &s->st, mm, gen, id);
 	return id;
@@ -1731,7 +1738,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 	if (read_user_regs(task, &u))
 		return USTACK_NO_REGS;
 	gen = p->gen;
-	if (ucache_on && cache) {
+	if (ucache_on && cache && !python_process(bpf_get_current_pid_tgid() >> 32)) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (e && ucache_holds(e, &u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
@@ -1748,7 +1755,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		}
 	}
 	walk_with_tables(&u, p, false);
-	id = store_stack(u.nr * sizeof(__u64), true);
+	id = store_stack(python_frames_of_current(u.nr) * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &u, mm, gen, id);
 	return id;
@@ -1779,6 +1786,8 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 			count(CNT_UNWIND_NOT_READY);
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
+	if (user && !legacy && len > 0)
+		len = python_frames_of_current(len / sizeof(__u64)) * sizeof(__u64);
 	return store_stack(len, user);
 }
 
@@ -1981,11 +1990,23 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 		return;
 	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &ctgid))
 		return;
+	pmm = address_space(parent, &pexec_vm);
+	cmm = address_space(child, &cexec_vm);
+	/* The child's memory is a copy of its parent's: its interpreter,
+	 * if it has one, is where the parent's is. */
+	if (python_on && cmm) {
+		struct py_proc *pp = bpf_map_lookup_elem(&py_procs, &ptgid);
+
+		if (pp && pp->mm == pmm) {
+			struct py_proc cp = *pp;
+
+			cp.mm = cmm;
+			bpf_map_update_elem(&py_procs, &ctgid, &cp, BPF_ANY);
+		}
+	}
 	p = bpf_map_lookup_elem(&unwind_procs, &ptgid);
 	if (!p)
 		return;
-	pmm = address_space(parent, &pexec_vm);
-	cmm = address_space(child, &cexec_vm);
 	/* Tables of other mappings (an exec, a library mapped since they
 	 * were written), or a child without an address space. */
 	if (!cmm || !pmm || (p->mm && (p->mm != pmm || p->exec_vm != pexec_vm)))
@@ -2806,6 +2827,8 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	}
 	if (len < 0)
 		return STACK_ID_MISSED_ERROR;
+	if (len > 0)
+		len = python_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
 	return store_task_stack(len, true);
 }
 

@@ -132,6 +132,11 @@ enum task_event_kind {
 	 * the walk went through (struct mapped_event), so that its frames can
 	 * be named even if it is gone before they can be read. */
 	TASK_EVENT_MAPPED = 4,
+	/* A walk of its Python frames met a code object (struct
+	 * py_code_event) not met lately on this CPU: userspace reads its
+	 * names while the object surely exists (a frame of a blocked thread
+	 * holds it). */
+	TASK_EVENT_PYCODE = 5,
 };
 
 /* Sent on the `events` ring buffer, so that userspace can snapshot a
@@ -176,6 +181,93 @@ struct mapped_event {
 	__u32 count;
 	__u32 _pad;
 	struct mapped_vma vma[MAPPED_VMAS];
+};
+
+/*
+ * CPython frames (see python.h).  Userspace writes an entry in `py_procs`
+ * for each process that maps an interpreter whose layout it knows: where
+ * the GIL-state key is, which maps each thread to its own thread state
+ * whether it holds the GIL or not, and the offsets of the fields the walk
+ * reads.  The walk appends the thread's Python frames, innermost first, to
+ * its user stack, two words each (see PY_FRAME_MARK).
+ */
+enum py_frames_kind {
+	/* 3.10: a chain of frame objects (f_back), each evaluated by a call
+	 * of its own to _PyEval_EvalFrameDefault; f_lasti an instruction
+	 * index. */
+	PY_FRAMES_OBJECT = 1,
+	/* 3.11: interpreter frames; `is_entry` marks the first frame an
+	 * evaluation call ran (the last of its run, innermost first). */
+	PY_FRAMES_ENTRY_FLAG = 2,
+	/* 3.12, 3.13: interpreter frames; each evaluation call pushes a shim
+	 * frame owned by the C stack below the frames it runs. */
+	PY_FRAMES_SHIM = 3,
+};
+
+struct py_proc {
+	/* The address space the entry is for (as in struct task_event). */
+	__u64 mm;
+	/* The GIL-state key (Py_tss_t: int initialized, then the key). */
+	__u64 tss;
+	/* enum py_frames_kind */
+	__u32 kind;
+	/* glibc: the keys' values of a thread, from its thread pointer
+	 * (fsbase): pthread_getspecific's first block, {seq, data} each. */
+	__u16 tls_specific;
+	/* PyThreadState: thread_id (its pthread_t, glibc's thread pointer:
+	 * checked against the thread's fsbase), and the current frame, or
+	 * the C frame that holds it (cframe_frame, 0xffff where there is
+	 * none). */
+	__u16 ts_thread_id;
+	__u16 ts_frame;
+	__u16 cframe_frame;
+	/* The frame: its code object, the frame below, the instruction
+	 * (pointer, or index where instr_is_index), is_entry or owner. */
+	__u16 f_code;
+	__u16 f_previous;
+	__u16 f_instr;
+	__u16 f_entry;
+	/* Bytes read of a frame (covering the fields above). */
+	__u16 frame_read;
+	/* The code object's co_filename: the 24 bytes from there make the
+	 * code object's tag. */
+	__u16 co_tag;
+	/* PY_FRAMES_SHIM: the owner value of a shim frame. */
+	__u8 owner_cstack;
+	__u8 instr_is_index;
+	__u8 _pad[4];
+};
+
+/*
+ * A Python frame in a stored user stack: PY_FRAME_MARK | the code object's
+ * address, then PY_WORD_MARK | flags << 56 | tag << 24 | instruction (the
+ * byte offset of the instruction pointer into the code object; 3.10: the
+ * instruction index), each masked to its width.  A non-canonical address
+ * (bits 63..47 not all equal), as UNWIND_SIGNAL_FRAME.
+ */
+enum py_frame_special {
+	PY_FRAME_MARK_HI = 0x50590000,
+	/* The frame is the outermost of an evaluation call's run. */
+	PY_FLAG_ENTRY = 1,
+	/* An evaluation call that runs no frame (yet): code address 0. */
+	PY_FLAG_EMPTY = 2,
+	/* The frame could not be read: the walk ends here. */
+	PY_FLAG_UNREADABLE = 4,
+	/* More frames than room: the walk ends here. */
+	PY_FLAG_TRUNCATED = 8,
+	/* The code object's tag could not be read. */
+	PY_FLAG_NO_TAG = 16,
+};
+#define PY_FRAME_MARK ((__u64)PY_FRAME_MARK_HI << 32)
+#define PY_WORD_MARK (1ULL << 63)
+#define PY_MAX_FRAMES 64
+
+/* TASK_EVENT_PYCODE: a task event followed by the code object. */
+struct py_code_event {
+	struct task_event e;
+	__u64 code;
+	__u32 tag;
+	__u32 _pad;
 };
 
 /*
@@ -471,6 +563,18 @@ enum offcpu_counter {
 	 * without CFI, a PLT without it): counted in CNT_UNWIND_FP_FRAMES
 	 * too, and a guess where the code does not keep frame pointers. */
 	CNT_UNWIND_GAP_FRAMES,
+	/* User stacks of CPython processes (struct py_proc) given their
+	 * Python frames, and the frames */
+	CNT_PY_STACKS,
+	CNT_PY_FRAMES,
+	/* ... stacks of threads whose own thread state was not found (no
+	 * key yet, none for the thread, or not the thread's): native only */
+	CNT_PY_NO_THREAD_STATE,
+	/* ... frames that could not be read, and walks cut for room */
+	CNT_PY_UNREADABLE,
+	CNT_PY_TRUNCATED,
+	/* ... code object notices lost for a full ring buffer */
+	CNT_PY_EVENTS_LOST,
 	CNT_MAX,
 };
 

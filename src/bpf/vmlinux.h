@@ -148,6 +148,12 @@ struct thread_info {
 	unsigned long flags;
 };
 
+/* x86-64: the user thread pointer (the fs base), saved at each switch and
+ * set by arch_prctl(ARCH_SET_FS). */
+struct thread_struct {
+	unsigned long fsbase;
+};
+
 struct task_struct {
 	struct thread_info thread_info;
 	unsigned int __state;
@@ -172,6 +178,7 @@ struct task_struct {
 	int on_rq;
 	/* Set while the task sleeps waiting for I/O (io_schedule()). */
 	unsigned int in_iowait:1;
+	struct thread_struct thread;
 };
 
 

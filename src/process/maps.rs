@@ -40,8 +40,17 @@ pub(crate) struct MapsLine<'a> {
     pub(crate) end: u64,
     pub(crate) file_offset: u64,
     pub(crate) key: ObjectKey,
-    pub(crate) range: &'a str,
     pub(crate) path: &'a str,
+}
+
+impl MapsLine<'_> {
+    /// The mapping's entry in `/proc/PID/map_files`: its range without
+    /// the leading zeros the maps pad low addresses with (a non-PIE
+    /// executable at 0x400000 is `00400000-0041f000` there, and
+    /// `400000-41f000` in map_files).
+    pub(crate) fn map_files_name(&self) -> String {
+        format!("{:x}-{:x}", self.start, self.end)
+    }
 }
 
 /// Opens the file a process maps at `line`: through its
@@ -54,7 +63,7 @@ pub(crate) struct MapsLine<'a> {
 pub(crate) fn open_mapped(tgid: u32, line: &MapsLine<'_>) -> std::io::Result<File> {
     use std::io::{Error, ErrorKind};
     use std::os::unix::fs::MetadataExt;
-    let denied = match File::open(format!("/proc/{tgid}/map_files/{}", line.range)) {
+    let denied = match File::open(format!("/proc/{tgid}/map_files/{}", line.map_files_name())) {
         Ok(f) => return Ok(f),
         Err(e) => e,
     };
@@ -149,7 +158,6 @@ pub(crate) fn parse_maps(text: &str) -> Vec<MapsLine<'_>> {
             end,
             file_offset,
             key,
-            range,
             path,
         });
     }
@@ -213,7 +221,9 @@ mod tests {
                     inode: 1234
                 }
         );
-        assert_eq!(lines[0].range, "55d0c0a20000-55d0c0a80000");
+        assert_eq!(lines[0].map_files_name(), "55d0c0a20000-55d0c0a80000");
+        let low = parse_maps("0041f000-006d2000 r-xp 0001f000 fe:00 247706 /usr/bin/python3.11\n");
+        assert_eq!(low[0].map_files_name(), "41f000-6d2000");
         assert_eq!(lines[1].path, "/opt/my app/lib two.so (deleted)");
         assert!(lines[2].key == ObjectKey::Pseudo("[vdso]".into()));
         assert!(lines[3].key == ObjectKey::Pseudo("anon".into()));

@@ -113,6 +113,18 @@ pub enum UserFrame {
     /// the DWARF unwinder leaves it in a stack. The frame after it is the
     /// interrupted code's pc, not a return address.
     Signal,
+    /// A Python function: its code object (by its index in the
+    /// registry, see [`Registry::python_code`]) and the instruction it
+    /// was at (see [`crate::python::Code::line`]).
+    Python {
+        code: u32,
+        instr: u32,
+    },
+    /// A Python frame that could not be read, or whose code object was
+    /// gone (or another in its place) when it was to be named.
+    PythonUnreadable,
+    /// The Python frames went on beyond the walk's room.
+    PythonCutShort,
 }
 
 /// The id a retired stack is kept under: the stack id mixed with its
@@ -200,6 +212,8 @@ pub struct Registry {
     /// Forked processes whose snapshot is still their parent's (see
     /// [`Registry::forked`]): read again at their first notice.
     inherited: HashSet<u32>,
+    /// CPython interpreters, processes and code objects.
+    py: super::python::Pythons,
 }
 
 /// Mappings of a process replaced by another file's at an overlapping
@@ -235,6 +249,7 @@ impl Registry {
             perf_maps_refused: Vec::new(),
             replaced: Replaced::default(),
             inherited: HashSet::new(),
+            py: Default::default(),
         }
     }
 
@@ -636,12 +651,13 @@ impl Registry {
         };
         self.drop_users(&distinct_objects(&mappings));
         for (id, addrs) in stacks {
+            self.resolve_python(p, addrs);
             // An address outside every mapping is `[unknown]` whatever
             // it is: kept as one, so that such stacks of different
             // processes are kept once too.
-            let frames: std::rc::Rc<[UserFrame]> = addrs
-                .iter()
-                .map(|&a| match user_frame(&mappings, a) {
+            let frames: std::rc::Rc<[UserFrame]> = stack_frames(&mappings, &self.py, p, addrs)
+                .into_iter()
+                .map(|f| match f {
                     UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
                     f => f,
                 })
@@ -653,6 +669,7 @@ impl Registry {
             }
             self.retired.push(tgid, retired_id(*id, p.start), index);
         }
+        self.py.exited(p);
     }
 
     /// Process `child` was forked by `parent`: it maps what its parent
@@ -684,6 +701,7 @@ impl Registry {
         self.starts.insert(tgid, child.start);
         self.processes.insert(tgid, mappings);
         self.inherited.insert(tgid);
+        self.py.forked(parent, child);
     }
 
     /// A stack of process `p` was walked through the files it maps before
@@ -767,10 +785,77 @@ impl Registry {
     /// through its snapshot, taken again now if it is still running, for
     /// libraries loaded since.
     pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
-        match self.user_stack(p, id) {
-            StackFrames::Kept(frames) => frames.to_vec(),
-            StackFrames::Mapped(m) => addrs.iter().map(|&a| m.frame(a)).collect(),
+        let python = addrs.iter().any(|&a| super::python::is_python_word(a));
+        if python {
+            self.resolve_python(p, addrs);
         }
+        let mappings = match self.user_stack(p, id) {
+            StackFrames::Kept(frames) => return frames.to_vec(),
+            StackFrames::Mapped(m) if !python => {
+                return addrs.iter().map(|&a| m.frame(a)).collect()
+            }
+            StackFrames::Mapped(m) => m.0.to_vec(),
+        };
+        stack_frames(&mappings, &self.py, p, addrs)
+    }
+
+    /// Reads the code objects the Python frames of `addrs` (a stack of
+    /// process `p`) name that were not read yet (their notice was lost),
+    /// while the process lives.
+    fn resolve_python(&mut self, p: Proc, addrs: &[u64]) {
+        let (_, words) = super::python::split(addrs);
+        for w in words {
+            if w.code != 0 {
+                self.py.code(p, w.code, w.tag);
+            }
+        }
+    }
+
+    /// A walk of process `p`'s Python frames met code object `code` with
+    /// `tag`: its names are read now, while the process runs.
+    pub fn note_python_code(&mut self, p: Proc, code: u64, tag: u32) {
+        self.py.code(p, code, tag);
+    }
+
+    /// The code object of a [`UserFrame::Python`].
+    pub fn python_code(&self, code: u32) -> Option<&crate::python::Code> {
+        self.py.code_at(code)
+    }
+
+    /// Whether process `p` runs a CPython interpreter whose frames are
+    /// read.
+    pub fn is_python(&self, p: Proc) -> bool {
+        self.py.has_process(p)
+    }
+
+    /// Interpreters whose frames are not read, and why: one line each.
+    pub fn python_notes(&self) -> &[String] {
+        &self.py.unsupported
+    }
+
+    pub fn python_stats(&self) -> super::python::PyStats {
+        self.py.stats
+    }
+
+    /// Looks for a CPython interpreter among the objects process `p`
+    /// maps (noted first): the BPF program's entry for it (its address
+    /// space left to the caller), if it has one whose layout is known.
+    pub fn note_python(&mut self, p: Proc) -> Option<crate::bpf::types::py_proc> {
+        let mappings = self.processes.get(&p.tgid)?;
+        let candidates: Vec<(u32, u64, u64)> = mappings
+            .iter()
+            .map(|m| (m.object, m.start, m.file_offset))
+            .collect();
+        for (object, start, file_offset) in candidates {
+            let o = &self.objects[object as usize];
+            let Some(py) = self.py.object(object, &o.name, o.handle.as_ref()) else {
+                continue;
+            };
+            // The lowest mapping of the object: the first found, as the
+            // maps list them by address.
+            return self.py.note_process(p, &py, start, file_offset);
+        }
+        None
     }
 
     /// How the frames of user stack `id` of process `p` are found (see
@@ -863,6 +948,53 @@ fn distinct_objects(mappings: &[Mapping]) -> Vec<u32> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// The frames of stack `addrs` of process `p` through its mappings: its
+/// native frames, with the runs of its Python frames in place of their
+/// evaluation calls (the code objects they name read before, see
+/// [`Registry::resolve_python`]).
+fn stack_frames(
+    mappings: &[Mapping],
+    py: &super::python::Pythons,
+    p: Proc,
+    addrs: &[u64],
+) -> Vec<UserFrame> {
+    use super::python::{merge, runs, split, RunFrame};
+    let (native, words) = split(addrs);
+    let native: Vec<UserFrame> = native.iter().map(|&a| user_frame(mappings, a)).collect();
+    if words.is_empty() {
+        return native;
+    }
+    let runs: Vec<Vec<UserFrame>> = runs(&words)
+        .into_iter()
+        .map(|run| {
+            run.into_iter()
+                .map(|f| match f {
+                    RunFrame::Code(w) => match py.known_code(p, w.code, w.tag) {
+                        Some(code) if py.code_at(code).is_some() => UserFrame::Python {
+                            code,
+                            instr: w.instr,
+                        },
+                        _ => UserFrame::PythonUnreadable,
+                    },
+                    RunFrame::Unreadable => UserFrame::PythonUnreadable,
+                    RunFrame::CutShort => UserFrame::PythonCutShort,
+                })
+                .collect()
+        })
+        .collect();
+    let is_eval = |f: &UserFrame| match *f {
+        UserFrame::File { object, offset } => {
+            py.object_read(object).is_some_and(|o| o.is_eval(offset))
+        }
+        _ => false,
+    };
+    let (frames, matched) = merge(native, is_eval, runs);
+    if !matched {
+        py.unmatched.set(py.unmatched.get() + 1);
+    }
+    frames
 }
 
 /// `addr` as a frame of the mapping that holds it.

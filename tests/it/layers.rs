@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "ksyms",
     "unwind_table",
     "jit",
+    "python",
     // Processes, names, the unwinder that feeds the BPF program.
     "process",
     "symbolize",

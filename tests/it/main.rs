@@ -13,6 +13,7 @@ mod intervals;
 mod layers;
 mod newprocs;
 mod push;
+mod python;
 mod reading;
 mod realworld;
 mod sampling;

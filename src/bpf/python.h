@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * CPython frames, appended to a user stack after its native frames (see
+ * struct py_proc and PY_FRAME_MARK in offcputime.h).
+ *
+ * A thread blocked in time.sleep(), a socket read or a lock has released
+ * the GIL: the interpreter's "current" thread state is then another
+ * thread's, or none.  The GIL-state key still maps every thread to its own
+ * state: glibc keeps the values of the first 32 keys in the thread's own
+ * struct pthread, at the thread pointer (fsbase) + tls_specific, 16 bytes
+ * a key ({seq, data}).  The state found must name the thread itself
+ * (thread_id, its pthread_t: glibc's thread pointer), or the thread gets
+ * native frames only.
+ *
+ * From the state's current frame the walk follows `previous` (3.10:
+ * f_back) outwards, writing each frame's code object, a tag of the code
+ * object (so that userspace does not name a frame after a code object
+ * freed and another allocated in its place), and the instruction.  Where
+ * an evaluation call's run of frames ends is marked, so that userspace can
+ * put each run in place of its _PyEval_EvalFrameDefault frame.  The names
+ * are read by userspace, from the process, when it first hears of a code
+ * object (TASK_EVENT_PYCODE).
+ */
+#ifndef __OFFCPUTIME_PYTHON_H__
+#define __OFFCPUTIME_PYTHON_H__
+
+/* Set at load: --no-python leaves it off. */
+const volatile bool python_on = false;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct py_proc);
+} py_procs SEC(".maps");
+
+/* The code objects whose notices this CPU sent lately, by a hash of the
+ * process, address and tag: a notice each the first time, and again only
+ * once another took its slot. */
+#define PY_SEEN_SLOTS 1024
+struct py_seen {
+	__u64 code;
+	__u32 tgid;
+	__u32 tag;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PY_SEEN_SLOTS);
+	__type(key, __u32);
+	__type(value, struct py_seen);
+} py_seen SEC(".maps");
+
+/* A frame's bytes, and room past them: a field read at any offset below
+ * PY_READ_MAX stays inside. */
+#define PY_READ_MAX 128
+struct py_walk {
+	struct py_proc p;
+	__u64 frame;
+	__u64 process_start;
+	__u32 tgid;
+	__u32 pid;
+	/* Words written to the frames, and the most there is room for. */
+	__u32 nr;
+	__u32 max;
+	/* Frames written since the last end of a run. */
+	__u32 in_run;
+	__u32 frames;
+	bool done;
+	__u8 _pad[7];
+	__u8 buf[PY_READ_MAX + 8];
+	__u8 tag[24];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_walk);
+} py_walk_scratch SEC(".maps");
+
+/* The same for the sleepable iterators, which a switch hook on their CPU
+ * could interrupt while they wait for another task's memory. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct py_walk);
+} py_walk_task SEC(".maps");
+
+struct py_ctx {
+	struct py_walk *w;
+	__u64 *ips;
+	/* The task walked, when it is not the current one. */
+	struct task_struct *task;
+};
+
+static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
+{
+	off &= PY_READ_MAX - 1;
+	return *(__u64 *)&w->buf[off];
+}
+
+/* The 24 bytes from a code object's co_filename, as userspace hashes them
+ * (src/python). */
+static __always_inline __u32 py_tag(struct py_walk *w)
+{
+	__u64 h = 0xcbf29ce484222325ULL;
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		h ^= *(__u64 *)&w->tag[i * 8];
+		h *= 0x100000001b3ULL;
+		h ^= h >> 32;
+	}
+	return (__u32)h;
+}
+
+/* Tells userspace of a code object this CPU has not told it of lately. */
+static __always_inline void py_notice(struct py_walk *w, __u64 code, __u32 tag)
+{
+	__u32 slot = (__u32)((code >> 4) ^ (code >> 16) ^ w->tgid ^ tag) & (PY_SEEN_SLOTS - 1);
+	struct py_seen *s = bpf_map_lookup_elem(&py_seen, &slot);
+	struct py_code_event *ev;
+
+	if (!s || (s->code == code && s->tgid == w->tgid && s->tag == tag))
+		return;
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		count(CNT_PY_EVENTS_LOST);
+		return;
+	}
+	ev->e.tgid = w->tgid;
+	ev->e.pid = w->pid;
+	ev->e.kind = TASK_EVENT_PYCODE;
+	ev->e.parent = 0;
+	ev->e.map_start = 0;
+	ev->e.map_count = 0;
+	ev->e.process_start = w->process_start;
+	ev->e.mm = w->p.mm;
+	ev->e.exec_vm = 0;
+	ev->code = code;
+	ev->tag = tag;
+	ev->_pad = 0;
+	bpf_ringbuf_submit(ev, 0);
+	s->code = code;
+	s->tgid = w->tgid;
+	s->tag = tag;
+}
+
+/* Writes a frame's two words; false where there is no room. */
+static __always_inline bool py_put(struct py_ctx *c, __u64 code, __u64 flags, __u32 tag,
+				   __u32 instr)
+{
+	struct py_walk *w = c->w;
+	__u32 i = w->nr;
+
+	if (i + 2 > w->max || i + 2 > MAX_STACK_DEPTH)
+		return false;
+	asm volatile("" : "+r"(i));
+	c->ips[i & MAX_STACK_DEPTH] = PY_FRAME_MARK | (code & 0xffffffffffffULL);
+	i++;
+	asm volatile("" : "+r"(i));
+	c->ips[i & MAX_STACK_DEPTH] = PY_WORD_MARK | (flags & 0x7f) << 56 | (__u64)tag << 24 |
+				      (instr & 0xffffff);
+	w->nr = i + 1;
+	return true;
+}
+
+/* Marks the frame written last as the end of its run. */
+static __always_inline void py_end_run(struct py_ctx *c)
+{
+	struct py_walk *w = c->w;
+	__u32 i = w->nr - 1;
+
+	if (w->nr < 2 || i >= MAX_STACK_DEPTH)
+		return;
+	asm volatile("" : "+r"(i));
+	c->ips[i & MAX_STACK_DEPTH] |= (__u64)PY_FLAG_ENTRY << 56;
+}
+
+static __always_inline long py_read(void *dst, __u32 size, __u64 src, struct task_struct *task)
+{
+	if (task)
+		return bpf_copy_from_user_task(dst, size, (void *)src, task, 0);
+	return bpf_probe_read_user(dst, size, (void *)src);
+}
+
+static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
+{
+	struct py_walk *w = c->w;
+	__u32 size = w->p.frame_read, tag = 0, instr = 0xffffff;
+	__u64 code, prev, flags = 0, ip;
+	__u8 entry;
+
+	if (!w->frame || w->done) {
+		w->done = true;
+		return 1;
+	}
+	if (size > PY_READ_MAX)
+		size = PY_READ_MAX;
+	if (size < 8)
+		size = 8;
+	if (py_read(w->buf, size, w->frame, task)) {
+		py_put(c, 0, PY_FLAG_UNREADABLE, 0, 0);
+		count(CNT_PY_UNREADABLE);
+		w->done = true;
+		return 1;
+	}
+	code = py_u64(w, w->p.f_code);
+	prev = py_u64(w, w->p.f_previous);
+	entry = w->buf[w->p.f_entry & (PY_READ_MAX - 1)];
+	if (w->p.kind == PY_FRAMES_SHIM && entry == w->p.owner_cstack) {
+		/* The shim below an evaluation call's frames. */
+		if (w->in_run)
+			py_end_run(c);
+		else if (!py_put(c, 0, PY_FLAG_EMPTY | PY_FLAG_ENTRY, 0, 0))
+			goto full;
+		w->in_run = 0;
+		w->frame = prev;
+		return 0;
+	}
+	if (w->p.instr_is_index) {
+		instr = *(__u32 *)&w->buf[w->p.f_instr & (PY_READ_MAX - 1)];
+	} else {
+		ip = py_u64(w, w->p.f_instr);
+		if (ip >= code && ip - code < 0xffffff)
+			instr = ip - code;
+	}
+	if (w->p.kind == PY_FRAMES_OBJECT || (w->p.kind == PY_FRAMES_ENTRY_FLAG && entry))
+		flags |= PY_FLAG_ENTRY;
+	if (py_read(w->tag, sizeof(w->tag), code + w->p.co_tag, task))
+		flags |= PY_FLAG_NO_TAG;
+	else
+		tag = py_tag(w);
+	if (!py_put(c, code, flags, tag, instr))
+		goto full;
+	if (!(flags & PY_FLAG_NO_TAG))
+		py_notice(w, code, tag);
+	w->frames++;
+	w->in_run = (flags & PY_FLAG_ENTRY) ? 0 : w->in_run + 1;
+	w->frame = prev;
+	return 0;
+full:
+	/* Flag the last frame written: the frames go on beyond. */
+	if (w->nr >= 2 && w->nr - 1 < MAX_STACK_DEPTH) {
+		__u32 i = w->nr - 1;
+
+		asm volatile("" : "+r"(i));
+		c->ips[i & MAX_STACK_DEPTH] |= (__u64)PY_FLAG_TRUNCATED << 56;
+	}
+	count(CNT_PY_TRUNCATED);
+	w->done = true;
+	return 1;
+}
+
+/* After the loop: frames beyond its last step are said as for room. */
+static __always_inline void py_finish(struct py_ctx *c)
+{
+	struct py_walk *w = c->w;
+	__u32 i = w->nr - 1;
+
+	if (!w->done && w->frame) {
+		if (w->nr >= 2 && i < MAX_STACK_DEPTH) {
+			asm volatile("" : "+r"(i));
+			c->ips[i & MAX_STACK_DEPTH] |= (__u64)PY_FLAG_TRUNCATED << 56;
+		}
+		count(CNT_PY_TRUNCATED);
+	}
+	count(CNT_PY_STACKS);
+}
+
+static long py_step_current(__u32 i, void *arg)
+{
+	return py_step(arg, NULL);
+}
+
+static long py_step_task(__u32 i, void *arg)
+{
+	struct py_ctx *c = arg;
+
+	return py_step(c, c->task);
+}
+
+/*
+ * Finds the Python frames of a thread of process `tgid` (`task`, or the
+ * current task where NULL) and sets up the walk in `w`: false where the
+ * process has no interpreter known, or the thread no state of its own.
+ */
+static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, __u32 tgid,
+				     __u32 pid, __u64 mm, struct task_struct *task)
+{
+	struct py_proc *p = bpf_map_lookup_elem(&py_procs, &tgid);
+	__u64 fsbase, tstate = 0, frame = 0, tid = 0;
+	__u32 tss[2];
+
+	if (!p || !mm)
+		return false;
+	/* Claimed by the first walk where userspace could not say which
+	 * address space it is for (the processes found at the start). */
+	if (!p->mm)
+		p->mm = mm;
+	if (p->mm != mm)
+		return false;
+	w->p = *p;
+	if (py_read(tss, sizeof(tss), w->p.tss, task) || tss[0] != 1 || tss[1] >= 32)
+		goto no_state;
+	fsbase = BPF_CORE_READ(t, thread.fsbase);
+	if (!fsbase ||
+	    py_read(&tstate, sizeof(tstate), fsbase + w->p.tls_specific + tss[1] * 16 + 8, task) ||
+	    !tstate)
+		goto no_state;
+	/* Its thread_id is its pthread_t: under glibc the thread pointer. */
+	if (py_read(&tid, sizeof(tid), tstate + w->p.ts_thread_id, task) || tid != fsbase)
+		goto no_state;
+	if (py_read(&frame, sizeof(frame), tstate + w->p.ts_frame, task))
+		goto no_state;
+	if (w->p.cframe_frame != 0xffff && frame &&
+	    py_read(&frame, sizeof(frame), frame + w->p.cframe_frame, task))
+		goto no_state;
+	w->frame = frame;
+	w->tgid = tgid;
+	w->pid = pid;
+	w->in_run = 0;
+	w->frames = 0;
+	w->done = false;
+	w->process_start = BPF_CORE_READ(t, group_leader, start_boottime);
+	return true;
+no_state:
+	count(CNT_PY_NO_THREAD_STATE);
+	return false;
+}
+
+/*
+ * Appends the current task's Python frames to its user stack in `scratch`
+ * (`nr` words so far) and returns the stack's new length in words.  A
+ * global function, checked once on its own.
+ */
+__noinline __u32 python_frames_of_current(__u32 nr)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm;
+	__u32 zero = 0, idx;
+	struct py_ctx c = {};
+	struct py_walk *w;
+
+	if (!python_on || nr >= MAX_STACK_DEPTH)
+		return nr;
+	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
+	c.ips = bpf_map_lookup_elem(&scratch, &zero);
+	if (!w || !c.ips)
+		return nr;
+	c.w = w;
+	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
+		      NULL))
+		return nr;
+	w->nr = nr;
+	w->max = clamp_stack_bytes() / sizeof(__u64);
+	bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
+	py_finish(&c);
+	count_n(CNT_PY_FRAMES, w->frames);
+	idx = w->nr;
+	if (idx < MAX_STACK_DEPTH) {
+		asm volatile("" : "+r"(idx));
+		c.ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	return w->nr;
+}
+
+/*
+ * Appends the Python frames of `task`, a thread of process `tgid` other
+ * than the current task, to its user stack in `start_scratch` (`nr` words
+ * so far); returns the stack's new length in words.  Only from the
+ * sleepable iterators, which can read another task's memory.
+ */
+static __always_inline __u32 python_frames_of_task(struct task_struct *task, __u32 tgid, __u32 nr)
+{
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+	__u32 zero = 0, idx;
+	struct py_ctx c = {};
+	struct py_walk *w;
+
+	if (!python_on || nr >= MAX_STACK_DEPTH)
+		return nr;
+	w = bpf_map_lookup_elem(&py_walk_task, &zero);
+	c.ips = bpf_map_lookup_elem(&start_scratch, &zero);
+	if (!w || !c.ips)
+		return nr;
+	c.w = w;
+	c.task = task;
+	if (!py_begin(w, task, tgid, BPF_CORE_READ(task, pid), mm, task))
+		return nr;
+	w->nr = nr;
+	w->max = clamp_stack_bytes() / sizeof(__u64);
+	bpf_loop(PY_MAX_FRAMES, py_step_task, &c, 0);
+	py_finish(&c);
+	idx = w->nr;
+	if (idx < MAX_STACK_DEPTH) {
+		asm volatile("" : "+r"(idx));
+		c.ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	return w->nr;
+}
+
+/* Whether the current task's process has an interpreter known: its walks
+ * are not kept for the stack cache, which proves native frames only. */
+static __always_inline bool python_process(__u32 tgid)
+{
+	return python_on && bpf_map_lookup_elem(&py_procs, &tgid);
+}
+
+#endif /* __OFFCPUTIME_PYTHON_H__ */

@@ -1,0 +1,495 @@
+//! CPython processes: which mapped objects are interpreters, where each
+//! process's interpreter is, the code objects its Python frames name, and
+//! how those frames take the place of the interpreter's evaluation calls
+//! in its native stack.
+//!
+//! The BPF program appends a thread's Python frames, innermost first, to
+//! its native frames, two words each (see `PY_FRAME_MARK` in
+//! `offcputime.h`): the code object's address, then its tag, the
+//! instruction and flags, among them the one that ends an evaluation
+//! call's run of frames. Each run takes the place of the native frame of
+//! its call of `_PyEval_EvalFrameDefault`, the innermost run that of the
+//! innermost call, as py-spy's `--native` shows them.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+
+use super::Proc;
+use crate::bpf::types;
+use crate::elf::Segment;
+use crate::python::{self, Code, FrameKind, Interpreter, Layout};
+
+/// Bits 63..48 of a Python frame's first word (`PY_FRAME_MARK`).
+const FRAME_MARK: u64 = 0x5059;
+const WORD_MARK: u64 = 1 << 63;
+const FLAG_ENTRY: u8 = 1;
+const FLAG_EMPTY: u8 = 2;
+const FLAG_UNREADABLE: u8 = 4;
+const FLAG_TRUNCATED: u8 = 8;
+const FLAG_NO_TAG: u8 = 16;
+
+/// Whether a stored stack's word is the first of a Python frame.
+pub fn is_python_word(word: u64) -> bool {
+    word >> 48 == FRAME_MARK
+}
+
+/// A Python frame as the walk wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PyWord {
+    pub code: u64,
+    pub tag: u32,
+    pub instr: u32,
+    pub flags: u8,
+}
+
+/// A stored stack's native frames, and its Python frames.
+pub(crate) fn split(words: &[u64]) -> (&[u64], Vec<PyWord>) {
+    let native = words
+        .iter()
+        .position(|&w| is_python_word(w))
+        .unwrap_or(words.len());
+    let py = words[native..]
+        .chunks_exact(2)
+        .take_while(|w| is_python_word(w[0]) && w[1] & WORD_MARK != 0)
+        .map(|w| PyWord {
+            code: w[0] & 0xffff_ffff_ffff,
+            tag: (w[1] >> 24) as u32,
+            instr: (w[1] & 0xff_ffff) as u32,
+            flags: ((w[1] >> 56) & 0x7f) as u8,
+        })
+        .collect();
+    (&words[..native], py)
+}
+
+/// One frame of a run, before it is numbered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunFrame {
+    Code(PyWord),
+    /// The frame could not be read.
+    Unreadable,
+    /// Frames beyond were not walked, for room.
+    CutShort,
+}
+
+/// The walk's frames cut into evaluation calls' runs, innermost first
+/// (an empty run: a call that runs no frame).
+pub(crate) fn runs(words: &[PyWord]) -> Vec<Vec<RunFrame>> {
+    let mut runs = Vec::new();
+    let mut run = Vec::new();
+    for w in words {
+        if w.flags & FLAG_EMPTY != 0 {
+            runs.push(std::mem::take(&mut run));
+            continue;
+        }
+        if w.flags & FLAG_UNREADABLE != 0 {
+            run.push(RunFrame::Unreadable);
+            runs.push(std::mem::take(&mut run));
+            break;
+        }
+        run.push(if w.flags & FLAG_NO_TAG != 0 {
+            RunFrame::Unreadable
+        } else {
+            RunFrame::Code(*w)
+        });
+        if w.flags & FLAG_TRUNCATED != 0 {
+            run.push(RunFrame::CutShort);
+            runs.push(std::mem::take(&mut run));
+            break;
+        }
+        if w.flags & FLAG_ENTRY != 0 {
+            runs.push(std::mem::take(&mut run));
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
+
+/// Puts each run in place of its evaluation call's native frame: the
+/// innermost run in place of the innermost call, and so on out. A call
+/// whose run is empty keeps its native frame. Runs left over (the native
+/// walk was cut short) go outermost. Returns whether runs and calls
+/// matched one for one.
+pub(crate) fn merge<T>(
+    native: Vec<T>,
+    is_eval: impl Fn(&T) -> bool,
+    runs: Vec<Vec<T>>,
+) -> (Vec<T>, bool) {
+    let mut runs = runs.into_iter();
+    let mut out = Vec::with_capacity(native.len() + 8);
+    let mut calls = 0;
+    let mut placed = 0;
+    for f in native {
+        if !is_eval(&f) {
+            out.push(f);
+            continue;
+        }
+        calls += 1;
+        match runs.next() {
+            Some(run) if !run.is_empty() => {
+                placed += 1;
+                out.extend(run);
+            }
+            Some(_) => {
+                placed += 1;
+                out.push(f);
+            }
+            None => out.push(f),
+        }
+    }
+    let mut left = 0;
+    for run in runs {
+        left += 1;
+        out.extend(run);
+    }
+    (out, left == 0 && placed == calls)
+}
+
+/// An object that is a CPython interpreter (the executable, or
+/// `libpython3.X.so`).
+pub(crate) struct PyObject {
+    pub interp: Interpreter,
+    segments: Vec<Segment>,
+    /// `_PyEval_EvalFrameDefault` (and its cold part) as file offsets.
+    eval: Vec<(u64, u64)>,
+}
+
+impl PyObject {
+    /// Whether file offset `offset` (a return address or a pc) is in an
+    /// evaluation call.
+    pub fn is_eval(&self, offset: u64) -> bool {
+        self.eval
+            .iter()
+            .any(|&(start, end)| offset >= start && offset <= end)
+    }
+}
+
+/// The interpreter of a CPython process, where its process has it.
+pub(crate) struct PyProcess {
+    pub version: (u8, u8, u8),
+    pub layout: &'static Layout,
+    /// Addresses in the process.
+    pub runtime: u64,
+    pub code_type: u64,
+    mem: Option<python::ProcMem>,
+}
+
+/// The name of an object's file as a CPython interpreter's would be:
+/// other objects are not read.
+fn may_be_python(name: &str) -> bool {
+    name.starts_with("libpython") || name.starts_with("python")
+}
+
+/// What the registry knows of CPython.
+#[derive(Default)]
+pub(crate) struct Pythons {
+    /// Objects read, by the registry's object id: None for those that are
+    /// not interpreters (or could not be read).
+    objects: HashMap<u32, Option<Arc<PyObject>>>,
+    procs: HashMap<Proc, PyProcess>,
+    /// The code objects Python frames name, by [`UserFrame::Python`]'s
+    /// index: None where the object could not be read (gone, or another
+    /// in its place).
+    ///
+    /// [`UserFrame::Python`]: super::registry::UserFrame::Python
+    codes: Vec<Option<Arc<Code>>>,
+    code_ids: HashMap<(Proc, u64, u32), u32>,
+    /// Interpreters whose frames are not read, once each: why.
+    pub unsupported: Vec<String>,
+    pub stats: PyStats,
+    /// Stacks whose runs and evaluation calls did not match one for one.
+    pub unmatched: std::cell::Cell<usize>,
+}
+
+/// What naming Python frames came to, for `-v`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PyStats {
+    pub processes: usize,
+    pub codes_read: usize,
+    pub codes_unreadable: usize,
+}
+
+impl Pythons {
+    /// Object `id` (its file `file`, named `name`): an interpreter?
+    pub fn object(&mut self, id: u32, name: &str, file: Option<&File>) -> Option<Arc<PyObject>> {
+        if let Some(o) = self.objects.get(&id) {
+            return o.clone();
+        }
+        let found = file
+            .filter(|_| may_be_python(name))
+            .and_then(|f| Some((f, python::inspect(f, name).ok()??)))
+            .and_then(|(f, interp)| {
+                if let Some(why) = interp.unsupported.clone() {
+                    let note = format!(
+                        "{name} (CPython {}.{}): {why}",
+                        interp.version.0, interp.version.1
+                    );
+                    if !self.unsupported.contains(&note) {
+                        self.unsupported.push(note);
+                    }
+                    return None;
+                }
+                interp.layout?;
+                let segments = crate::elf::load_segments(f)?;
+                let to_offset = |v: u64| {
+                    segments
+                        .iter()
+                        .find(|s| v >= s.vaddr && v - s.vaddr < s.filesz)
+                        .map(|s| v - s.vaddr + s.offset)
+                };
+                let eval = std::iter::once(Some(interp.eval))
+                    .chain(std::iter::once(interp.eval_cold))
+                    .flatten()
+                    .filter_map(|(start, end)| Some((to_offset(start)?, to_offset(end - 1)? + 1)))
+                    .collect();
+                Some(Arc::new(PyObject {
+                    interp,
+                    segments,
+                    eval,
+                }))
+            });
+        self.objects.insert(id, found.clone());
+        found
+    }
+
+    /// Notes the interpreter of process `p`, mapped by object `object` at
+    /// `start` from file offset `file_offset`: the entry for the BPF
+    /// program's `py_procs` (its address space left to the caller).
+    pub fn note_process(
+        &mut self,
+        p: Proc,
+        obj: &PyObject,
+        start: u64,
+        file_offset: u64,
+    ) -> Option<types::py_proc> {
+        let layout = obj.interp.layout?;
+        let bias = crate::elf::load_bias(&obj.segments, start, file_offset)?;
+        let runtime = obj.interp.runtime.wrapping_add(bias);
+        let code_type = obj.interp.code_type.wrapping_add(bias);
+        let entry = bpf_entry(layout, runtime)?;
+        if self
+            .procs
+            .insert(
+                p,
+                PyProcess {
+                    version: obj.interp.version,
+                    layout,
+                    runtime,
+                    code_type,
+                    mem: None,
+                },
+            )
+            .is_none()
+        {
+            self.stats.processes += 1;
+        }
+        Some(entry)
+    }
+
+    /// Process `child` was forked by `parent`: the same interpreter at the
+    /// same addresses.
+    pub fn forked(&mut self, parent: u32, child: Proc) {
+        let Some((_, pp)) = self.procs.iter().find(|(p, _)| p.tgid == parent) else {
+            return;
+        };
+        let copy = PyProcess {
+            version: pp.version,
+            layout: pp.layout,
+            runtime: pp.runtime,
+            code_type: pp.code_type,
+            mem: None,
+        };
+        self.procs.insert(child, copy);
+    }
+
+    /// Process `p` is gone: its memory can no longer be read (the names
+    /// read stay).
+    pub fn exited(&mut self, p: Proc) {
+        self.procs.remove(&p);
+    }
+
+    pub fn has_process(&self, p: Proc) -> bool {
+        self.procs.contains_key(&p)
+    }
+
+    /// The index of code object `code` (with `tag`) of process `p`, read
+    /// from the process the first time (None: never met, and the process
+    /// is gone).
+    pub fn code(&mut self, p: Proc, code: u64, tag: u32) -> Option<u32> {
+        if let Some(&i) = self.code_ids.get(&(p, code, tag)) {
+            return Some(i);
+        }
+        let proc = self.procs.get_mut(&p)?;
+        if proc.mem.is_none() {
+            proc.mem = python::ProcMem::open(p.tgid).ok();
+        }
+        let read = proc.mem.as_ref().and_then(|mem| {
+            python::read_code(mem, code, proc.code_type, proc.layout)
+                .ok()
+                .filter(|c| c.tag == tag)
+        });
+        match read {
+            Some(_) => self.stats.codes_read += 1,
+            None => self.stats.codes_unreadable += 1,
+        }
+        let i = self.codes.len() as u32;
+        self.codes.push(read.map(Arc::new));
+        self.code_ids.insert((p, code, tag), i);
+        Some(i)
+    }
+
+    /// The code object of index `i` (see [`Pythons::code`]).
+    pub fn code_at(&self, i: u32) -> Option<&Code> {
+        self.codes.get(i as usize)?.as_deref()
+    }
+
+    /// The index of a code object met before (see [`Pythons::code`]).
+    pub fn known_code(&self, p: Proc, code: u64, tag: u32) -> Option<u32> {
+        self.code_ids.get(&(p, code, tag)).copied()
+    }
+
+    /// The object of id `id`, if it is an interpreter read before.
+    pub fn object_read(&self, id: u32) -> Option<&PyObject> {
+        self.objects.get(&id)?.as_deref()
+    }
+}
+
+/// The BPF program's entry for an interpreter of `layout` whose
+/// `_PyRuntime` is at `runtime`.
+fn bpf_entry(l: &Layout, runtime: u64) -> Option<types::py_proc> {
+    let (kind, cframe) = match l.frame_kind {
+        FrameKind::Object310 => (types::py_frames_kind::PY_FRAMES_OBJECT, 0xffff),
+        FrameKind::Interp311 => (
+            types::py_frames_kind::PY_FRAMES_ENTRY_FLAG,
+            l.cframe_current_frame?,
+        ),
+        FrameKind::Interp312 => (
+            types::py_frames_kind::PY_FRAMES_SHIM,
+            l.cframe_current_frame.unwrap_or(0xffff),
+        ),
+    };
+    let fields = [l.f_code, l.f_previous, l.f_instr, l.f_entry];
+    let frame_read = fields.iter().max().copied()? + 8;
+    // The walk reads fields within its buffer's first 128 bytes.
+    if frame_read > 128 {
+        return None;
+    }
+    Some(types::py_proc {
+        mm: 0,
+        tss: runtime + l.tss_key as u64,
+        kind: kind.0,
+        tls_specific: GLIBC_SPECIFIC,
+        ts_thread_id: l.ts_thread_id,
+        ts_frame: l.ts_frame,
+        cframe_frame: cframe,
+        f_code: l.f_code,
+        f_previous: l.f_previous,
+        f_instr: l.f_instr,
+        f_entry: l.f_entry,
+        frame_read,
+        co_tag: l.tag_at,
+        owner_cstack: l.owner_cstack,
+        instr_is_index: matches!(l.frame_kind, FrameKind::Object310) as u8,
+        _pad: [0; 4],
+    })
+}
+
+/// glibc (x86-64): where `struct pthread` keeps the first block of
+/// thread-specific values (`specific_1stblock`), from the thread pointer.
+/// The same from 2.26 to 2.40; a thread state found through another
+/// layout would not name its thread, and is not used.
+const GLIBC_SPECIFIC: u16 = 0x310;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn word(code: u64, tag: u32, instr: u32, flags: u8) -> [u64; 2] {
+        [
+            FRAME_MARK << 48 | code,
+            WORD_MARK | (flags as u64) << 56 | (tag as u64) << 24 | instr as u64,
+        ]
+    }
+
+    #[test]
+    fn words_split_into_native_frames_and_runs() {
+        let mut words = vec![0x1000, 0x2000, 0x3000];
+        words.extend(word(0xa0, 1, 10, 0));
+        words.extend(word(0xb0, 2, 20, FLAG_ENTRY));
+        words.extend(word(0, 0, 0, FLAG_EMPTY | FLAG_ENTRY));
+        words.extend(word(0xc0, 3, 30, FLAG_ENTRY));
+        let (native, py) = split(&words);
+        assert_eq!(native, &[0x1000, 0x2000, 0x3000]);
+        assert_eq!(py.len(), 4);
+        assert_eq!(
+            py[1],
+            PyWord {
+                code: 0xb0,
+                tag: 2,
+                instr: 20,
+                flags: FLAG_ENTRY
+            }
+        );
+        let r = runs(&py);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].len(), 2);
+        assert!(r[1].is_empty());
+        assert_eq!(r[2], vec![RunFrame::Code(py[3])]);
+    }
+
+    #[test]
+    fn runs_take_the_place_of_their_evaluation_calls() {
+        // Native, innermost first: E marks an evaluation call.
+        let native = vec!["sleep", "time_sleep", "E", "call", "E", "main"];
+        let runs = vec![vec!["inner", "middle"], vec!["outer"]];
+        let (merged, matched) = merge(native.clone(), |f| *f == "E", runs);
+        assert_eq!(
+            merged,
+            vec![
+                "sleep",
+                "time_sleep",
+                "inner",
+                "middle",
+                "call",
+                "outer",
+                "main"
+            ]
+        );
+        assert!(matched);
+        // A call with an empty run keeps its frame; a call without a run
+        // too, and the stack says it did not match.
+        let (merged, matched) = merge(native.clone(), |f| *f == "E", vec![vec![], vec!["outer"]]);
+        assert_eq!(
+            merged,
+            vec!["sleep", "time_sleep", "E", "call", "outer", "main"]
+        );
+        assert!(matched);
+        let (merged, matched) = merge(native, |f| *f == "E", vec![vec!["inner"]]);
+        assert_eq!(
+            merged,
+            vec!["sleep", "time_sleep", "inner", "call", "E", "main"]
+        );
+        assert!(!matched);
+    }
+
+    #[test]
+    fn a_walk_cut_short_or_unreadable_ends_its_run() {
+        let mut words = vec![];
+        words.extend(word(0xa0, 1, 10, FLAG_TRUNCATED));
+        let (_, py) = split(&words);
+        assert_eq!(
+            runs(&py),
+            vec![vec![RunFrame::Code(py[0]), RunFrame::CutShort]]
+        );
+        let mut words = vec![];
+        words.extend(word(0xa0, 1, 10, 0));
+        words.extend(word(0, 0, 0, FLAG_UNREADABLE));
+        let (_, py) = split(&words);
+        assert_eq!(
+            runs(&py),
+            vec![vec![RunFrame::Code(py[0]), RunFrame::Unreadable]]
+        );
+    }
+}

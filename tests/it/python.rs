@@ -1,0 +1,272 @@
+//! Python frames in place of the interpreter's: threads of a CPython
+//! program blocked in known functions (`tests/workloads/pythreads.py`),
+//! on every supported version, each thread's stack checked against what
+//! the program reports of itself (`sys._current_frames()`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::util::*;
+
+/// The workload.
+fn workload() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/pythreads.py")
+}
+
+/// The interpreter of CPython `version` ("3.12", or "debian-3.11" for
+/// Debian's /usr/bin/python3.11): None where this machine has none (a
+/// failure under CI).
+pub fn interpreter(version: &str) -> Option<PathBuf> {
+    let found = if let Some(v) = version.strip_prefix("debian-") {
+        Some(PathBuf::from(format!("/usr/bin/python{v}"))).filter(|p| p.exists())
+    } else {
+        let root = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+        std::fs::read_dir(root.join("versions"))
+            .ok()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_prefix(version))
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
+            .map(|p| p.join("bin/python3"))
+            .find(|p| p.exists())
+    };
+    if found.is_none() {
+        assert!(
+            !is_ci(),
+            "CPython {version} is not installed (scripts/setup --test), and CI=true forbids \
+             skipping"
+        );
+        eprintln!("skipped: CPython {version} is not installed");
+    }
+    found
+}
+
+/// A running workload: its pid and what it reported of its threads.
+struct Running {
+    child: KillOnDrop,
+    /// By comm: the thread's Python frames, outermost first, as
+    /// (function, line).
+    threads: HashMap<String, Vec<(String, u32)>>,
+    file: String,
+}
+
+fn start(python: &Path, prefix: &str, dir: &Path) -> Running {
+    let out = dir.join("seen.json");
+    let mut child = Command::new(python)
+        .arg(workload())
+        .arg(&out)
+        .arg(prefix)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the Python workload");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready", "the workload did not start");
+    let pid = child.id();
+    let child = KillOnDrop(child);
+    let seen: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let mut threads = HashMap::new();
+    for (tid, frames) in seen["threads"].as_object().unwrap() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let mut frames: Vec<(String, u32)> = frames
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["function"].as_str().unwrap().to_string(),
+                    f["line"].as_u64().unwrap() as u32,
+                )
+            })
+            .collect();
+        frames.reverse();
+        threads.insert(comm, frames);
+    }
+    Running {
+        child,
+        threads,
+        file: workload().to_string_lossy().into_owned(),
+    }
+}
+
+/// The Python frames of a folded stack (`--lines`: `name (file:line)`
+/// where the file is the workload's or the standard library's), in order:
+/// (function, line).
+fn python_frames(line: &Folded) -> Vec<(String, u32, usize)> {
+    line.frames
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| {
+            let (name, rest) = f.split_once(" (")?;
+            let (file, l) = rest.strip_suffix(')')?.rsplit_once(':')?;
+            if !file.ends_with(".py") {
+                return None;
+            }
+            Some((name.to_string(), l.parse().ok()?, i))
+        })
+        .collect()
+}
+
+/// Checks each thread's stack in `out` (folded, `--lines`) against what
+/// the workload reported; `whole`: blocked throughout the window.
+fn check(what: &str, prefix: &str, out: &std::process::Output, run: &Running, whole: Option<u64>) {
+    let lines = parse_folded(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dump = || {
+        lines
+            .iter()
+            .filter(|l| l.comm().starts_with(prefix))
+            .map(|l| format!("{} {}", l.frames.join(";"), l.us))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for what_thread in ["sleep", "recv", "queue", "lock", "sort"] {
+        let comm = &format!("{prefix}-{what_thread}");
+        let expected = run.threads.get(comm).unwrap_or_else(|| {
+            panic!(
+                "{what}: the workload did not report {comm}: {:?}",
+                run.threads
+            )
+        });
+        // Its block in the function it was written to block in: the
+        // longest (a thread started while tracing also waits for the GIL
+        // on its way there).
+        let line = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| panic!("{what}: no stack of {comm}:\n{}\n{stderr}", dump()));
+        let py = python_frames(line);
+        let got: Vec<(String, u32)> = py.iter().map(|(n, l, _)| (n.clone(), *l)).collect();
+        assert_eq!(
+            &got,
+            expected,
+            "{what}: {comm}'s Python frames differ from what it reports of itself:\n{}",
+            dump()
+        );
+        // In place of the interpreter's evaluation calls: none is left,
+        // and the Python frames sit between native frames (the thread's
+        // start below, the C function they call above).
+        assert!(
+            !line
+                .frames
+                .iter()
+                .any(|f| f.starts_with("_PyEval_EvalFrameDefault")),
+            "{what}: {comm} still shows the interpreter's frames:\n{}",
+            dump()
+        );
+        let (first, last) = (py[0].2, py[py.len() - 1].2);
+        assert!(
+            first > 1 && last + 1 < line.frames.len(),
+            "{what}: {comm}'s Python frames are not between native frames:\n{}",
+            dump()
+        );
+        assert!(
+            line.frames.iter().all(|f| f != "[python frame unreadable]"),
+            "{what}:\n{}",
+            dump()
+        );
+        if what_thread == "sort" {
+            // sorted() is C: between the frame that called it and the key
+            // function it calls back, at least one native frame.
+            let inner = py
+                .iter()
+                .position(|(n, _, _)| n.ends_with("sort_inner"))
+                .unwrap();
+            assert!(
+                py[inner + 1].2 > py[inner].2 + 1,
+                "{what}: no native frame between sort_inner and its key function:\n{}",
+                dump()
+            );
+        }
+        if let Some(window) = whole {
+            let us = line.us;
+            assert!(
+                us.abs_diff(window) * 100 <= window,
+                "{what}: {comm} blocked {us} us of a {window} us window"
+            );
+        }
+    }
+    assert!(run.file.ends_with("pythreads.py"));
+}
+
+fn cpython(version: &str, prefix: &str) {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = interpreter(version) else {
+        return;
+    };
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // Started before tracing: every thread blocked throughout, its block
+    // under way at the start.
+    let run = start(&python, prefix, dir.path());
+    let pid = run.child.0.id().to_string();
+    let (out, (from, to)) = profile_window(&["-f", "--lines", "-p", &pid, "2"], &[]);
+    check(
+        &format!("{version}, started before"),
+        prefix,
+        &out,
+        &run,
+        Some((to - from) / 1000),
+    );
+    drop(run);
+    // Started while tracing: its first blocks come before or just after
+    // its interpreter is known.
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut during = None;
+    let (out, _, _) = profile_during(&["-f", "--lines", "3"], |_| {
+        during = Some(start(&python, prefix, dir2.path()));
+    });
+    let during = during.expect("the workload started");
+    check(
+        &format!("{version}, started during"),
+        prefix,
+        &out,
+        &during,
+        None,
+    );
+}
+
+#[test]
+fn cpython_3_10() {
+    cpython("3.10", "p310");
+}
+
+#[test]
+fn cpython_3_11() {
+    cpython("3.11", "p311");
+}
+
+#[test]
+fn cpython_3_12() {
+    cpython("3.12", "p312");
+}
+
+#[test]
+fn cpython_3_13() {
+    cpython("3.13", "p313");
+}
+
+#[test]
+fn debian_python_3_11() {
+    cpython("debian-3.11", "d311");
+}

@@ -1,0 +1,136 @@
+"""Threads blocked in known Python functions, for the Python frame tests.
+
+Each thread names itself (its comm, as the profiler shows it) and blocks
+under two functions of its own: in time.sleep, a socket read, a queue, a
+lock, and one through a C builtin that calls back into Python (sorted's
+key function) and blocks there. Once all are blocked, the program writes
+what it sees of itself (sys._current_frames(), by native thread id) as
+JSON to the file given, prints "ready", and stays blocked until killed.
+
+Usage: pythreads.py OUT.json [PREFIX]
+
+Threads are named PREFIX-sleep, PREFIX-recv, ... (PREFIX: py).
+"""
+
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+
+FOREVER = 3600
+
+
+PREFIX = sys.argv[2] if len(sys.argv) > 2 else "py"
+
+
+def name_thread(what):
+    comm = PREFIX + "-" + what
+    with open("/proc/self/task/%d/comm" % threading.get_native_id(), "w") as f:
+        f.write(comm)
+
+
+def sleep_inner():
+    time.sleep(FOREVER)
+
+
+def sleep_outer():
+    name_thread("sleep")
+    sleep_inner()
+
+
+def recv_inner(sock):
+    sock.recv(1)
+
+
+def recv_outer(sock):
+    name_thread("recv")
+    recv_inner(sock)
+
+
+def queue_inner(q):
+    q.get()
+
+
+def queue_outer(q):
+    name_thread("queue")
+    queue_inner(q)
+
+
+def lock_inner(lock):
+    lock.acquire()
+
+
+def lock_outer(lock):
+    name_thread("lock")
+    lock_inner(lock)
+
+
+class Sorter:
+    def key_wait(self, x):
+        time.sleep(FOREVER)
+        return x
+
+    def key(self, x):
+        return self.key_wait(x)
+
+    def sort_inner(self):
+        return sorted([3, 1, 2], key=self.key)
+
+    def sort_outer(self):
+        name_thread("sort")
+        self.sort_inner()
+
+
+def code_name(code):
+    return getattr(code, "co_qualname", code.co_name)
+
+
+def main():
+    out = sys.argv[1]
+    a, b = socket.socketpair()
+    q = queue.Queue()
+    lock = threading.Lock()
+    lock.acquire()
+    threads = [
+        threading.Thread(target=sleep_outer, daemon=True),
+        threading.Thread(target=recv_outer, args=(a,), daemon=True),
+        threading.Thread(target=queue_outer, args=(q,), daemon=True),
+        threading.Thread(target=lock_outer, args=(lock,), daemon=True),
+        threading.Thread(target=Sorter().sort_outer, daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    seen = {}
+    for ident, frame in sys._current_frames().items():
+        frames = []
+        while frame is not None:
+            frames.append(
+                {
+                    "function": code_name(frame.f_code),
+                    "file": frame.f_code.co_filename,
+                    "line": frame.f_lineno,
+                }
+            )
+            frame = frame.f_back
+        native = next(
+            (t.native_id for t in threading.enumerate() if t.ident == ident), None
+        )
+        seen[str(native)] = frames
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "version": list(sys.version_info[:3]), "threads": seen}, f)
+    os.rename(out + ".tmp", out)
+    print("ready", flush=True)
+    name_thread("main")
+    main_wait(threading.Event())
+
+
+def main_wait(event):
+    event.wait()
+
+
+if __name__ == "__main__":
+    main()
