@@ -158,14 +158,29 @@ impl crate::tracer::StartTables for StartingTables<'_> {
 /// Tells the BPF program where the interpreter of process `p` (its
 /// mappings just read) keeps its threads' frames, if it is a CPython
 /// process whose interpreter's layout is known.
-fn note_python(store: &crate::tracer::PythonStore, registry: &mut Registry, p: Proc, mm: u64) {
-    if let Some(mut entry) = registry.note_python(p) {
-        entry.mm = mm;
-        if let Err(e) = store.set(p.tgid, &entry) {
+fn note_python(
+    store: &crate::tracer::PythonStore,
+    registry: &mut Registry,
+    p: Proc,
+    mm: u64,
+) -> bool {
+    let Some(mut entry) = registry.note_python(p) else {
+        return false;
+    };
+    entry.mm = mm;
+    match store.set(p.tgid, &entry) {
+        Ok(()) => true,
+        Err(e) => {
             eprintln!("offcputime: {e:#}");
+            false
         }
     }
 }
+
+/// How long the blocks of a CPython process noted while tracing are
+/// looked at again for their Python frames (see
+/// [`Tracer::refresh_python`]): its tables may take a moment.
+const PYTHON_REFRESH_FOR: Duration = Duration::from_secs(2);
 
 /// Checks privileges and targets, and installs the signal handler.
 fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
@@ -264,6 +279,12 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         stats: StatsLine::from_env(began),
         raised: None,
         python: tracer.python_store(),
+        refreshing: HashMap::new(),
+        refresh_failed: false,
+        python_later: Vec::new(),
+        python_stall: Duration::from_millis(
+            crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_PYTHON_MS").unwrap_or(0),
+        ),
     };
     // Started before start-up's raise ends: under a burst of new threads
     // the loop may get no CPU from then on until the lookout raises it.
@@ -523,6 +544,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     if let Some(u) = &unwinder {
         report_unwinding(u, &deferred, &profile, config.verbose);
     }
+    report_python(&registry, &profile, config.verbose);
     if config.verbose {
         let (stacks, blocks, total_ns) = match &intervals {
             Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
@@ -1035,6 +1057,54 @@ fn walk_deferred(
 }
 
 /// What DWARF unwinding did not cover, and with -v its tables' size.
+/// What became of the Python frames of CPython processes: what could not
+/// be shown is said (once each), the rest with `-v`.
+fn report_python(registry: &Registry, profile: &Profile, verbose: bool) {
+    for note in registry.python_notes() {
+        eprintln!(
+            "offcputime: the Python frames of {note}: its processes' stacks show the \
+             interpreter's frames only"
+        );
+    }
+    let s = registry.python_stats();
+    let c = &profile.counters;
+    if s.unmatched > 0 {
+        eprintln!(
+            "offcputime: {} user stacks of CPython processes show the interpreter's \
+             _PyEval_EvalFrameDefault frames in place of some or all of their Python frames \
+             (blocks that ended before the interpreter was known, threads whose own state was \
+             not found, or walks cut short)",
+            s.unmatched
+        );
+    }
+    if c.py_unreadable + c.py_truncated > 0 {
+        eprintln!(
+            "offcputime: {} Python frames could not be read, and {} walks of Python frames \
+             were cut short for room (--perf-max-stack-depth): shown as {} and {}",
+            c.py_unreadable,
+            c.py_truncated,
+            crate::symbolize::PYTHON_UNREADABLE,
+            crate::symbolize::PYTHON_CUT_SHORT
+        );
+    }
+    if verbose && (s.processes > 0 || c.py_stacks > 0) {
+        eprintln!(
+            "offcputime: python: {} CPython processes; {} user stacks walked with their Python \
+             frames ({} frames; {} walked again once their interpreter was known), {} of \
+             threads without a state of their own; {} code objects named ({} could not be \
+             read, {} notices lost)",
+            s.processes,
+            c.py_stacks,
+            c.py_frames,
+            c.py_refreshed,
+            c.py_no_thread_state,
+            s.codes_read,
+            s.codes_unreadable,
+            c.py_events_lost,
+        );
+    }
+}
+
 fn report_unwinding(u: &Unwinder, deferred: &Deferred, profile: &Profile, verbose: bool) {
     let c = &profile.counters;
     if c.unwind_not_ready > 0 {
@@ -1178,9 +1248,67 @@ struct Collector<'t> {
     /// Where the BPF program is told of CPython processes (None with
     /// `--no-python`).
     python: Option<crate::tracer::PythonStore>,
+    /// CPython processes noted while tracing, and when: their blocks
+    /// under way are walked again with their Python frames for a while.
+    refreshing: HashMap<u32, Instant>,
+    /// The refresh failed once (said once).
+    refresh_failed: bool,
+    /// Processes whose mappings were read, to be looked at for an
+    /// interpreter (with their address space), and when.
+    python_later: Vec<(Proc, u64, Instant)>,
+    /// For tests: how long that waits (as if reading the interpreter took
+    /// that long; its first blocks are then walked before it is known).
+    python_stall: Duration,
 }
 
 impl<'t> Collector<'t> {
+    /// Tells the BPF program of the CPython processes among those whose
+    /// mappings were read, once due.
+    fn note_pythons(&mut self, registry: &mut Registry) {
+        let Some(store) = &self.python else {
+            self.python_later.clear();
+            return;
+        };
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.python_later.len() {
+            let (p, mm, due) = self.python_later[i];
+            if due > now {
+                i += 1;
+                continue;
+            }
+            self.python_later.swap_remove(i);
+            if note_python(store, registry, p, mm) {
+                self.refreshing.insert(p.tgid, now);
+            }
+        }
+    }
+
+    /// Walks again the blocks under way of the CPython processes noted
+    /// lately, walked before their interpreter was known (after their
+    /// tables are written: the walk needs them).
+    fn refresh_python(&mut self, tracer: &Tracer<'_>) {
+        if self.refreshing.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let done: Vec<u32> = self
+            .refreshing
+            .iter()
+            .filter(|(_, &since)| now - since > PYTHON_REFRESH_FOR)
+            .map(|(&tgid, _)| tgid)
+            .collect();
+        for tgid in &done {
+            self.refreshing.remove(tgid);
+        }
+        let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
+        if let Err(e) = tracer.refresh_python(&tgids, &done) {
+            if !std::mem::replace(&mut self.refresh_failed, true) {
+                eprintln!("offcputime: {e:#}");
+            }
+        }
+    }
+
     /// Returns whether work is under way (see [`Tracer::wait`]). `walked`
     /// is told of each copied stack walked and stored, with its frames.
     #[allow(clippy::too_many_arguments)]
@@ -1203,15 +1331,17 @@ impl<'t> Collector<'t> {
                 TaskEvent::New(p, space) => {
                     self.stats.processes += 1;
                     let now = registry.note_process(p.tgid, Some(p.start), false);
-                    if let (true, Some(store)) = (now, &self.python) {
-                        note_python(store, registry, p, space.mm);
+                    if now {
+                        self.python_later
+                            .push((p, space.mm, Instant::now() + self.python_stall));
                     }
                     spaces.push(now.then_some(space));
                 }
                 TaskEvent::Changed(p, space) => {
                     let now = registry.note_process(p.tgid, Some(p.start), true);
-                    if let (true, Some(store)) = (now, &self.python) {
-                        note_python(store, registry, p, space.mm);
+                    if now {
+                        self.python_later
+                            .push((p, space.mm, Instant::now() + self.python_stall));
                     }
                     spaces.push(now.then_some(space));
                 }
@@ -1283,6 +1413,8 @@ impl<'t> Collector<'t> {
                 building
             }
         };
+        self.note_pythons(registry);
+        self.refresh_python(tracer);
         self.exits.sweep(registry);
         if self.scan.is_none() {
             self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));

@@ -244,6 +244,9 @@ pub struct LossCounters {
     /// Notices of code objects lost for a full ring buffer (named later
     /// from the process, if it still runs).
     pub py_events_lost: u64,
+    /// Blocks of new CPython processes walked again with their Python
+    /// frames once the interpreter was known.
+    pub py_refreshed: u64,
 }
 
 /// What the BPF program says of a process while tracing.

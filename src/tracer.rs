@@ -182,6 +182,10 @@ pub trait StartTables {
 /// py_proc`).
 pub struct PythonStore {
     procs: libbpf_rs::MapHandle,
+    /// Whether any entry was written (`py_any`: until then no process
+    /// pays for a lookup).
+    any: libbpf_rs::MapHandle,
+    any_set: std::cell::Cell<bool>,
 }
 
 impl PythonStore {
@@ -189,6 +193,9 @@ impl PythonStore {
         Ok(PythonStore {
             procs: libbpf_rs::MapHandle::try_from(&skel.maps.py_procs)
                 .context("failed to open the Python processes map")?,
+            any: libbpf_rs::MapHandle::try_from(&skel.maps.py_any)
+                .context("failed to open the Python processes map")?,
+            any_set: std::cell::Cell::new(false),
         })
     }
 
@@ -199,7 +206,14 @@ impl PythonStore {
         let value = unsafe { plain::as_bytes(entry) };
         self.procs
             .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
-            .with_context(|| format!("failed to note the interpreter of process {tgid}"))
+            .with_context(|| format!("failed to note the interpreter of process {tgid}"))?;
+        if !self.any_set.get() {
+            self.any
+                .update(&0u32.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
+                .context("failed to note the first Python process")?;
+            self.any_set.set(true);
+        }
+        Ok(())
     }
 
     /// Process `tgid` has exited, or runs another program now.
@@ -295,6 +309,9 @@ pub struct Tracer<'obj> {
     events_left: std::cell::RefCell<Vec<TaskEvent>>,
     /// Python frames are walked (see [`Tracer::python_store`]).
     python: bool,
+    /// ... and the first blocks of new CPython processes walked again
+    /// once their interpreter is known (see [`Tracer::refresh_python`]).
+    python_refresh: bool,
 }
 
 /// Whether the end iterator is the sleepable one that reads user stacks:
@@ -755,6 +772,10 @@ impl<'obj> Tracer<'obj> {
         // The snapshot's iterators are for --snapshot alone.
         p.snapshot_tasks.set_autoload(false);
         p.snapshot_tasks_user.set_autoload(false);
+        // The Python frames of new CPython processes' first blocks, walked
+        // again once the interpreter is known (sleepable, task storage).
+        let refresh = opts.python && opts.user_stacks && trusted && user && modern;
+        p.python_refresh.set_autoload(refresh);
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -936,6 +957,11 @@ impl<'obj> Tracer<'obj> {
             end_user_stacks: end_user_stacks(hook, programs, start_user_stacks),
             wakers: opts.wakers,
             python: opts.python && opts.user_stacks && !legacy,
+            python_refresh: opts.python
+                && opts.user_stacks
+                && programs == Programs::TaskStorage
+                && start_user_stacks
+                && !legacy,
             programs,
             phases,
             deferring: dwarf && modern,
@@ -1508,6 +1534,29 @@ impl<'obj> Tracer<'obj> {
     /// program stored, where they are read as its own: a stack walked in
     /// userspace (see [`crate::deferred`]). False where the table is full
     /// (or refuses it).
+    /// The blocks under way of processes `tgids` (CPython processes whose
+    /// interpreter was just noted, and `done`: those no longer to be
+    /// looked at), walked before their interpreter was known, are walked
+    /// again with their Python frames (the `python_refresh` iterator).
+    pub fn refresh_python(&self, tgids: &[u32], done: &[u32]) -> Result<()> {
+        if !self.python_refresh {
+            return Ok(());
+        }
+        let map = &self.skel.maps.py_refresh;
+        for tgid in done {
+            let _ = map.delete(&tgid.to_ne_bytes());
+        }
+        if tgids.is_empty() {
+            return Ok(());
+        }
+        for tgid in tgids {
+            map.update(&tgid.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
+                .context("failed to list a process for its Python frames")?;
+        }
+        run_iterator(&self.skel.progs.python_refresh)
+            .context("failed to run the Python frames iterator")
+    }
+
     /// Where userspace tells the program of CPython processes, if their
     /// Python frames are walked.
     pub fn python_store(&self) -> Option<PythonStore> {
@@ -1620,6 +1669,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         py_unreadable: at(C::CNT_PY_UNREADABLE),
         py_truncated: at(C::CNT_PY_TRUNCATED),
         py_events_lost: at(C::CNT_PY_EVENTS_LOST),
+        py_refreshed: at(C::CNT_PY_REFRESHED),
     })
 }
 

@@ -152,6 +152,10 @@ struct task_data {
 	__u32 start_state;
 	/* --wakers: who woke the open block (a waker id; 0: nobody yet). */
 	__u64 waker_id;
+	/* The open block's user stack was walked without Python frames: its
+	 * process had no interpreter known then (see python_refresh). */
+	__u32 py_missing;
+	__u32 _pad;
 };
 
 struct {
@@ -1640,7 +1644,7 @@ __noinline int send_mapped(__u64 mm, __u64 exec_vm, __u64 pid_tgid, __u64 start,
  * function, called from the hook itself with little of its own on the
  * stack (see struct file_scratch).
  */
-__noinline __u64 user_stack_by_files(bool cache)
+__noinline __u64 user_stack_by_files(bool cache, bool py)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct ucache *e = NULL, *pr = NULL;
@@ -1664,7 +1668,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	 * from 1 by userspace): the files' entries, and the executable
 	 * mappings of the address space. */
 	gen = 1ULL << 63 | (*files_gen & 0x7fffffff) << 32 | (exec_vm & 0xffffffff);
-	if (ucache_on && cache && !python_process(bpf_get_current_pid_tgid() >> 32)) {
+	if (ucache_on && cache) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (e && ucache_holds(e, &s->st, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
@@ -1700,7 +1704,9 @@ __noinline __u64 user_stack_by_files(bool cache)
 	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
-	idx = python_frames_of_current(s->st.nr);
+	idx = s->st.nr;
+	if (py)
+		idx = python_frames_of_current(idx);
 	id = store_stack(idx * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &s->st, mm, gen, id);
@@ -1718,7 +1724,7 @@ __noinline __u64 user_stack_by_files(bool cache)
  * 6.1's limit of the stack of a call chain); 0: no mark (wakers). */
 #define USED_READ_CLOCK 1
 
-__noinline __u64 user_stack_of_current(bool cache, __u64 now)
+__noinline __u64 user_stack_of_current(bool cache, __u64 now, bool py)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 exec_vm, mm = address_space(task, &exec_vm);
@@ -1738,7 +1744,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 	if (read_user_regs(task, &u))
 		return USTACK_NO_REGS;
 	gen = p->gen;
-	if (ucache_on && cache && !python_process(bpf_get_current_pid_tgid() >> 32)) {
+	if (ucache_on && cache) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (e && ucache_holds(e, &u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
@@ -1755,28 +1761,35 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		}
 	}
 	walk_with_tables(&u, p, false);
-	id = store_stack(python_frames_of_current(u.nr) * sizeof(__u64), true);
+	id = store_stack((py ? python_frames_of_current(u.nr) : u.nr) * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &u, mm, gen, id);
 	return id;
 }
 
 /* The user or kernel stack of the current task.  `legacy`: a program for
- * kernels without bpf_loop, which walks with frame pointers only. */
+ * kernels without bpf_loop, which walks with frame pointers only.  `py`,
+ * if given: whether the user stack was walked with its Python frames. */
 static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache,
-					      __u64 now)
+					      __u64 now, bool *py_out)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
+	/* A CPython process: its walks are not kept for the stack cache,
+	 * which proves native frames only. */
+	bool py = user && !legacy && python_process(bpf_get_current_pid_tgid() >> 32);
 	__u64 id;
 	long len;
 
+	if (py_out)
+		*py_out = py;
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
+	cache = cache && !py;
 	if (user && unwind_dwarf && !legacy) {
-		id = user_stack_of_current(cache, now);
+		id = user_stack_of_current(cache, now, py);
 		if (id == USTACK_NO_TABLES) {
-			id = user_stack_by_files(cache);
+			id = user_stack_by_files(cache, py);
 			if (id == USTACK_NO_TABLES)
 				id = defer_user_stack();
 		}
@@ -1786,7 +1799,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 			count(CNT_UNWIND_NOT_READY);
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
-	if (user && !legacy && len > 0)
+	if (py && len > 0)
 		len = python_frames_of_current(len / sizeof(__u64)) * sizeof(__u64);
 	return store_stack(len, user);
 }
@@ -2141,11 +2154,18 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	d->kernel_stack_id = STACK_ID_NONE;
 	/* Without stacks_now the stacks are taken at switch-in; a block still
 	 * in progress when tracing ends has none. */
-	if (want_user_stack && !kthread)
-		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted, now)
-						: STACK_ID_MISSED_ERROR;
+	if (want_user_stack && !kthread) {
+		bool py = false;
+
+		d->user_stack_id = stacks_now
+					   ? stack_of_current(ctx, true, legacy, trusted, now, &py)
+					   : STACK_ID_MISSED_ERROR;
+		/* Walked before userspace knew of its interpreter, if it has
+		 * one: see python_refresh. */
+		d->py_missing = stacks_now && !py;
+	}
 	if (want_kernel_stack)
-		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0, NULL)
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
@@ -2409,9 +2429,9 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 			key.user_stack_id =
 				kthread ? STACK_ID_NONE
 					: stack_of_current(ctx, true, legacy, trusted,
-							   USED_READ_CLOCK);
+							   USED_READ_CLOCK, NULL);
 		if (want_kernel_stack)
-			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
+			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0, NULL);
 	}
 	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
@@ -2589,7 +2609,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
-		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0);
+		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0, NULL);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings
@@ -2830,6 +2850,70 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	if (len > 0)
 		len = python_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
 	return store_task_stack(len, true);
+}
+
+/*
+ * The Python frames of a new CPython process's first blocks: its stacks
+ * are walked at its threads' switch-outs before userspace has heard of it,
+ * let alone read where its interpreter is.  Once it has, it lists the
+ * process in py_refresh and runs this over every task: a thread of it
+ * still in a block whose user stack was walked without its Python frames
+ * has not run since, so its stack is as it was; it is walked again, now
+ * with them, and the block takes that stack.  Only with the process's
+ * tables or its files' (no frame-pointer guess replaces a stack); where
+ * they are not ready yet, the next run tries again.
+ */
+SEC("iter.s/task")
+int python_refresh(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct task_data *d;
+	__u64 start, block, id;
+	__u32 tgid;
+	long len;
+
+	if (!task || !python_on)
+		return 0;
+	tgid = task->tgid;
+	if (!bpf_map_lookup_elem(&py_refresh, &tgid))
+		return 0;
+	d = bpf_task_storage_get(&task_data_storage, task, 0, 0);
+	if (!d || !d->py_missing || task->on_cpu)
+		return 0;
+	start = d->start_ns;
+	block = d->block_ns;
+	/* A block of its own switch-out (not one claimed at the start). */
+	if (start <= START_AT_WINDOW || (start & START_CUT_AT_WINDOW))
+		return 0;
+	if (!BPF_CORE_READ(task, mm) ||
+	    (BPF_CORE_READ(task, mm, mmap_lock.count.counter) &
+	     (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS)))
+		return 0;
+	if (!unwind_dwarf) {
+		struct unwind_state u = {};
+
+		if (read_user_regs(task, &u))
+			return 0;
+		u.task = task;
+		len = walk_user(&u, true) * sizeof(__u64);
+	} else if (tables_ready(task, tgid)) {
+		len = unwind_task(task, tgid);
+	} else {
+		len = unwind_task_by_files(task, tgid);
+	}
+	if (len <= 0)
+		return 0;
+	len = python_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
+	id = store_task_stack(len, true);
+	if (!(id & STACK_ID_HASH_BIT))
+		return 0;
+	/* Still the same block: the thread has not run meanwhile. */
+	if (d->start_ns != start || d->block_ns != block || task->on_cpu)
+		return 0;
+	d->user_stack_id = id;
+	d->py_missing = 0;
+	count(CNT_PY_REFRESHED);
+	return 0;
 }
 
 /*

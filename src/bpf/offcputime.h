@@ -575,6 +575,10 @@ enum offcpu_counter {
 	CNT_PY_TRUNCATED,
 	/* ... code object notices lost for a full ring buffer */
 	CNT_PY_EVENTS_LOST,
+	/* ... blocks whose user stack was walked before userspace knew of
+	 * the interpreter, walked again with their Python frames while they
+	 * were still under way (python_refresh) */
+	CNT_PY_REFRESHED,
 	CNT_MAX,
 };
 

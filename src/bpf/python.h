@@ -34,6 +34,24 @@ struct {
 	__type(value, struct py_proc);
 } py_procs SEC(".maps");
 
+/* Set by userspace once it has written an entry in py_procs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} py_any SEC(".maps");
+
+/* The processes whose interpreter userspace has just noted: their threads
+ * blocked since before, walked without their Python frames, are walked
+ * again by python_refresh. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u32);
+} py_refresh SEC(".maps");
+
 /* The code objects whose notices this CPU sent lately, by a hash of the
  * process, address and tag: a notice each the first time, and again only
  * once another took its slot. */
@@ -268,6 +286,7 @@ static __always_inline void py_finish(struct py_ctx *c)
 		count(CNT_PY_TRUNCATED);
 	}
 	count(CNT_PY_STACKS);
+	count_n(CNT_PY_FRAMES, w->frames);
 }
 
 static long py_step_current(__u32 i, void *arg)
@@ -358,7 +377,6 @@ __noinline __u32 python_frames_of_current(__u32 nr)
 	w->max = clamp_stack_bytes() / sizeof(__u64);
 	bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
 	py_finish(&c);
-	count_n(CNT_PY_FRAMES, w->frames);
 	idx = w->nr;
 	if (idx < MAX_STACK_DEPTH) {
 		asm volatile("" : "+r"(idx));
@@ -402,11 +420,17 @@ static __always_inline __u32 python_frames_of_task(struct task_struct *task, __u
 	return w->nr;
 }
 
-/* Whether the current task's process has an interpreter known: its walks
- * are not kept for the stack cache, which proves native frames only. */
+/* Whether process `tgid` has an interpreter known.  Processes pay for the
+ * lookup only once some CPython process has an entry. */
 static __always_inline bool python_process(__u32 tgid)
 {
-	return python_on && bpf_map_lookup_elem(&py_procs, &tgid);
+	__u32 zero = 0;
+	__u32 *any;
+
+	if (!python_on)
+		return false;
+	any = bpf_map_lookup_elem(&py_any, &zero);
+	return any && *any && bpf_map_lookup_elem(&py_procs, &tgid);
 }
 
 #endif /* __OFFCPUTIME_PYTHON_H__ */

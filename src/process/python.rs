@@ -209,6 +209,10 @@ pub struct PyStats {
     pub processes: usize,
     pub codes_read: usize,
     pub codes_unreadable: usize,
+    /// Stacks whose Python frames and the interpreter's evaluation calls
+    /// did not match one for one (an evaluation call left in place of
+    /// its frames, or frames without a call).
+    pub unmatched: usize,
 }
 
 impl Pythons {

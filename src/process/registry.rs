@@ -834,7 +834,10 @@ impl Registry {
     }
 
     pub fn python_stats(&self) -> super::python::PyStats {
-        self.py.stats
+        super::python::PyStats {
+            unmatched: self.py.unmatched.get(),
+            ..self.py.stats
+        }
     }
 
     /// Looks for a CPython interpreter among the objects process `p`
@@ -963,7 +966,19 @@ fn stack_frames(
     use super::python::{merge, runs, split, RunFrame};
     let (native, words) = split(addrs);
     let native: Vec<UserFrame> = native.iter().map(|&a| user_frame(mappings, a)).collect();
+    let is_eval = |f: &UserFrame| match *f {
+        UserFrame::File { object, offset } => {
+            py.object_read(object).is_some_and(|o| o.is_eval(offset))
+        }
+        _ => false,
+    };
     if words.is_empty() {
+        // A CPython process's stack with the interpreter's frames and
+        // none of its Python frames (walked before the interpreter was
+        // known, or a thread whose own state was not found).
+        if py.has_process(p) && native.iter().any(is_eval) {
+            py.unmatched.set(py.unmatched.get() + 1);
+        }
         return native;
     }
     let runs: Vec<Vec<UserFrame>> = runs(&words)
@@ -984,12 +999,6 @@ fn stack_frames(
                 .collect()
         })
         .collect();
-    let is_eval = |f: &UserFrame| match *f {
-        UserFrame::File { object, offset } => {
-            py.object_read(object).is_some_and(|o| o.is_eval(offset))
-        }
-        _ => false,
-    };
     let (frames, matched) = merge(native, is_eval, runs);
     if !matched {
         py.unmatched.set(py.unmatched.get() + 1);

@@ -158,7 +158,7 @@ fn check(what: &str, prefix: &str, out: &std::process::Output, run: &Running, wh
         assert_eq!(
             &got,
             expected,
-            "{what}: {comm}'s Python frames differ from what it reports of itself:\n{}",
+            "{what}: {comm}'s Python frames differ from what it reports of itself:\n{}\n{stderr}",
             dump()
         );
         // In place of the interpreter's evaluation calls: none is left,
@@ -229,13 +229,19 @@ fn cpython(version: &str, prefix: &str) {
         Some((to - from) / 1000),
     );
     drop(run);
-    // Started while tracing: its first blocks come before or just after
-    // its interpreter is known.
+    // Started while tracing: its threads' blocks come before its
+    // interpreter is known (made sure of: the profiler waits a second
+    // before it looks), and are walked again with their Python frames
+    // once it is, while they last.
     let dir2 = tempfile::tempdir().unwrap();
     let mut during = None;
-    let (out, _, _) = profile_during(&["-f", "--lines", "3"], |_| {
-        during = Some(start(&python, prefix, dir2.path()));
-    });
+    let (out, _, _) = profile_during_with(
+        &["-f", "--lines", "4"],
+        &[("OFFCPUTIME_TEST_STALL_PYTHON_MS", "1000")],
+        |_| {
+            during = Some(start(&python, prefix, dir2.path()));
+        },
+    );
     let during = during.expect("the workload started");
     check(
         &format!("{version}, started during"),
@@ -243,6 +249,11 @@ fn cpython(version: &str, prefix: &str) {
         &out,
         &during,
         None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        count_before(&stderr, " walked again once their interpreter was known") >= 5,
+        "{version}: the first blocks were not walked again:\n{stderr}"
     );
 }
 

@@ -343,8 +343,17 @@ pub fn spawn_verbose(
 /// Returns its output, and when (CLOCK_MONOTONIC ns) it was started and
 /// its "attached" line was read: the window must start between the two.
 pub fn profile_during(args: &[&str], during: impl FnOnce(u32)) -> (Output, u64, u64) {
+    profile_during_with(args, &[], during)
+}
+
+/// [`profile_during`], with `env` set for the profiler.
+pub fn profile_during_with(
+    args: &[&str],
+    env: &[(&str, &str)],
+    during: impl FnOnce(u32),
+) -> (Output, u64, u64) {
     let started = monotonic_ns();
-    let (mut child, stderr, rx) = spawn_verbose(args, &[]);
+    let (mut child, stderr, rx) = spawn_verbose(args, env);
     let mut stdout = child.stdout.take().unwrap();
     let stdout = std::thread::spawn(move || {
         let mut all = Vec::new();
