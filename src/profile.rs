@@ -36,6 +36,9 @@ pub enum Origin {
     /// A file, by index into [`Profile::objects`]: the address is an
     /// offset into the file, the same in every process that maps it.
     Object(u32),
+    /// A Python function: the "address" is the line it was at (0 where
+    /// unknown), its source file is [`FrameInfo::file`].
+    Python,
 }
 
 /// One frame of a stack: the function's name as the outputs show it, and
@@ -63,6 +66,8 @@ pub struct FrameInfo {
     /// first, `0x7f3a5c1147e2:read`. pprof, which has addresses and files
     /// of its own, keeps the bare name.
     pub shown: Option<Box<str>>,
+    /// A Python frame's source file (pprof and speedscope carry it).
+    pub file: Option<Arc<str>>,
 }
 
 impl Frame {
@@ -90,6 +95,7 @@ impl FrameInfo {
             origin: Origin::Unknown,
             inlined: false,
             shown: None,
+            file: None,
         }
     }
 
@@ -655,12 +661,19 @@ pub fn build(
     // Where a user frame is: the offset in its file, or its address; a
     // signal frame is nowhere (a frame known by its name only).
     let place = |f: UserFrame| match f {
-        UserFrame::File { object, offset } => (offset, Origin::Object(object_index[&object])),
-        UserFrame::Unmapped(a) => (a, Origin::Unknown),
-        UserFrame::Signal
-        | UserFrame::Python { .. }
-        | UserFrame::PythonUnreadable
-        | UserFrame::PythonCutShort => (0, Origin::Unknown),
+        UserFrame::File { object, offset } => (offset, Origin::Object(object_index[&object]), None),
+        UserFrame::Unmapped(a) => (a, Origin::Unknown, None),
+        UserFrame::Python { code, instr } => match reg.python_code(code) {
+            Some(c) => (
+                c.line(instr).map_or(0, u64::from),
+                Origin::Python,
+                Some(Arc::<str>::from(c.filename.as_str())),
+            ),
+            None => (0, Origin::Unknown, None),
+        },
+        UserFrame::Signal | UserFrame::PythonUnreadable | UserFrame::PythonCutShort => {
+            (0, Origin::Unknown, None)
+        }
     };
     // The frames of one address: functions inlined there, innermost
     // first, then the function itself.
@@ -668,23 +681,25 @@ pub fn build(
     // process, where `addr` is the offset in its file); None for a frame
     // that has none (a signal frame).
     let addresses = sym.options().addresses;
-    let frames_at = |names: Vec<Named>, addr: u64, at: Option<u64>, origin: Origin| {
-        let last = names.len().saturating_sub(1);
-        names.into_iter().enumerate().map(move |(i, n)| {
-            let shown = if let (true, Some(at)) = (addresses, at) {
-                Some(format!("{at:#x}:{}", n.text()).into_boxed_str())
-            } else {
-                n.shown.map(String::into_boxed_str)
-            };
-            Frame::new(FrameInfo {
-                name: n.name,
-                addr,
-                origin,
-                inlined: i < last,
-                shown,
+    let frames_at =
+        |names: Vec<Named>, addr: u64, at: Option<u64>, origin: Origin, file: Option<Arc<str>>| {
+            let last = names.len().saturating_sub(1);
+            names.into_iter().enumerate().map(move |(i, n)| {
+                let shown = if let (true, Some(at)) = (addresses, at) {
+                    Some(format!("{at:#x}:{}", n.text()).into_boxed_str())
+                } else {
+                    n.shown.map(String::into_boxed_str)
+                };
+                Frame::new(FrameInfo {
+                    name: n.name,
+                    addr,
+                    origin,
+                    inlined: i < last,
+                    shown,
+                    file: file.clone(),
+                })
             })
-        })
-    };
+        };
     let unknown = || {
         vec![Named {
             name: "[unknown]".into(),
@@ -710,9 +725,9 @@ pub fn build(
     if !addresses {
         spans.reserve(distinct.len());
         for &(f, k) in &distinct {
-            let (addr, origin) = place(f);
+            let (addr, origin, file) = place(f);
             let at = placed.len();
-            placed.extend(frames_at(user_names(f, k), addr, None, origin));
+            placed.extend(frames_at(user_names(f, k), addr, None, origin, file));
             spans.push((at, placed.len() - at));
         }
         placed_words.extend(placed.iter().map(|f| frame_word(f)));
@@ -752,9 +767,9 @@ pub fn build(
                         scratch.extend_from_slice(&placed[at..at + len]);
                     }
                     _ => {
-                        let (addr, origin) = place(f);
+                        let (addr, origin, file) = place(f);
                         let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
-                        scratch.extend(frames_at(names, addr, shown_at, origin));
+                        scratch.extend(frames_at(names, addr, shown_at, origin, file));
                     }
                 }
             }
@@ -790,7 +805,7 @@ pub fn build(
                     let mut named: Vec<Frame> = kinds(frames, first_is_ip)
                         .flat_map(|k| {
                             let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                            frames_at(names, k.0, Some(k.0), Origin::Kernel)
+                            frames_at(names, k.0, Some(k.0), Origin::Kernel, None)
                         })
                         .collect();
                     let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
@@ -1073,7 +1088,8 @@ fn frame_word(f: &FrameInfo) -> u64 {
     let origin = match f.origin {
         Origin::Unknown => 0,
         Origin::Kernel => 1,
-        Origin::Object(i) => 2 + u64::from(i),
+        Origin::Python => 2,
+        Origin::Object(i) => 3 + u64::from(i),
     };
     f.addr.wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ (origin << 33)

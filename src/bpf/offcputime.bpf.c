@@ -1482,6 +1482,10 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 /* ... or its user registers could not be read (walked as bpf_get_stack()
  * can, not counted). */
 #define USTACK_NO_REGS 5
+/* ... or a walk of a CPython process's native frames, left in `scratch`
+ * (their count in the low bits) for the caller to add its Python frames
+ * and store (python_stack_of_current). */
+#define USTACK_PYTHON (1ULL << 61)
 
 /* The copies of user stacks for userspace (struct deferred_stack), made
  * in this CPU's scratch. */
@@ -1704,10 +1708,9 @@ __noinline __u64 user_stack_by_files(bool cache, bool py)
 	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
-	idx = s->st.nr;
 	if (py)
-		idx = python_frames_of_current(idx);
-	id = store_stack(idx * sizeof(__u64), true);
+		return USTACK_PYTHON | s->st.nr;
+	id = store_stack(s->st.nr * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &s->st, mm, gen, id);
 	return id;
@@ -1761,7 +1764,9 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, bool py)
 		}
 	}
 	walk_with_tables(&u, p, false);
-	id = store_stack((py ? python_frames_of_current(u.nr) : u.nr) * sizeof(__u64), true);
+	if (py)
+		return USTACK_PYTHON | u.nr;
+	id = store_stack(u.nr * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &u, mm, gen, id);
 	return id;
@@ -1793,14 +1798,21 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 			if (id == USTACK_NO_TABLES)
 				id = defer_user_stack();
 		}
-		if (id != USTACK_NO_TABLES && id != USTACK_NO_REGS)
+		if (id >> 61 == USTACK_PYTHON >> 61)
+			return python_stack_of_current((__u32)id & 0xff);
+		if (id != USTACK_NO_TABLES && id != USTACK_NO_REGS) {
+			/* A copy for userspace to walk has no Python frames:
+			 * see python_refresh. */
+			if (py_out && id >> 62 == STACK_ID_DEFERRED_BIT >> 62)
+				*py_out = false;
 			return id;
+		}
 		if (id == USTACK_NO_TABLES)
 			count(CNT_UNWIND_NOT_READY);
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	if (py && len > 0)
-		len = python_frames_of_current(len / sizeof(__u64)) * sizeof(__u64);
+		return python_stack_of_current(len / sizeof(__u64));
 	return store_stack(len, user);
 }
 
@@ -2161,7 +2173,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 					   ? stack_of_current(ctx, true, legacy, trusted, now, &py)
 					   : STACK_ID_MISSED_ERROR;
 		/* Walked before userspace knew of its interpreter, if it has
-		 * one: see python_refresh. */
+		 * one, or copied for userspace to walk: see python_refresh. */
 		d->py_missing = stacks_now && !py;
 	}
 	if (want_kernel_stack)
@@ -2869,7 +2881,7 @@ int python_refresh(struct bpf_iter__task *ctx)
 	struct task_struct *task = ctx->task;
 	struct task_data *d;
 	__u64 start, block, id;
-	__u32 tgid;
+	__u32 tgid, nr, more;
 	long len;
 
 	if (!task || !python_on)
@@ -2903,8 +2915,12 @@ int python_refresh(struct bpf_iter__task *ctx)
 	}
 	if (len <= 0)
 		return 0;
-	len = python_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
-	id = store_task_stack(len, true);
+	nr = len / sizeof(__u64);
+	more = python_frames_of_task(task, tgid, nr);
+	/* No Python frames found (yet): tried again at the next run. */
+	if (more == nr)
+		return 0;
+	id = store_task_stack(more * sizeof(__u64), true);
 	if (!(id & STACK_ID_HASH_BIT))
 		return 0;
 	/* Still the same block: the thread has not run meanwhile. */

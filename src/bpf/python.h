@@ -310,8 +310,7 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 				     __u32 pid, __u64 mm, struct task_struct *task)
 {
 	struct py_proc *p = bpf_map_lookup_elem(&py_procs, &tgid);
-	__u64 fsbase, tstate = 0, frame = 0, tid = 0;
-	__u32 tss[2];
+	__u64 *v = (__u64 *)w->buf;
 
 	if (!p || !mm)
 		return false;
@@ -322,22 +321,25 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	if (p->mm != mm)
 		return false;
 	w->p = *p;
-	if (py_read(tss, sizeof(tss), w->p.tss, task) || tss[0] != 1 || tss[1] >= 32)
+	/* Read into the walk's buffer, not the stack: on 6.1 the stack of a
+	 * chain of calls is bounded to 512 bytes.  v[0]: the key (Py_tss_t),
+	 * v[1]: the thread pointer, v[2]: the thread state, v[3]: its
+	 * thread_id, v[4]: the frame. */
+	if (py_read(&v[0], 8, w->p.tss, task) || (__u32)v[0] != 1 || (v[0] >> 32) >= 32)
 		goto no_state;
-	fsbase = BPF_CORE_READ(t, thread.fsbase);
-	if (!fsbase ||
-	    py_read(&tstate, sizeof(tstate), fsbase + w->p.tls_specific + tss[1] * 16 + 8, task) ||
-	    !tstate)
+	v[1] = BPF_CORE_READ(t, thread.fsbase);
+	if (!v[1] ||
+	    py_read(&v[2], 8, v[1] + w->p.tls_specific + (v[0] >> 32) * 16 + 8, task) || !v[2])
 		goto no_state;
 	/* Its thread_id is its pthread_t: under glibc the thread pointer. */
-	if (py_read(&tid, sizeof(tid), tstate + w->p.ts_thread_id, task) || tid != fsbase)
+	if (py_read(&v[3], 8, v[2] + w->p.ts_thread_id, task) || v[3] != v[1])
 		goto no_state;
-	if (py_read(&frame, sizeof(frame), tstate + w->p.ts_frame, task))
+	if (py_read(&v[4], 8, v[2] + w->p.ts_frame, task))
 		goto no_state;
-	if (w->p.cframe_frame != 0xffff && frame &&
-	    py_read(&frame, sizeof(frame), frame + w->p.cframe_frame, task))
+	if (w->p.cframe_frame != 0xffff && v[4] &&
+	    py_read(&v[4], 8, v[4] + w->p.cframe_frame, task))
 		goto no_state;
-	w->frame = frame;
+	w->frame = v[4];
 	w->tgid = tgid;
 	w->pid = pid;
 	w->in_run = 0;
@@ -351,11 +353,13 @@ no_state:
 }
 
 /*
- * Appends the current task's Python frames to its user stack in `scratch`
- * (`nr` words so far) and returns the stack's new length in words.  A
- * global function, checked once on its own.
+ * The current task's user stack, its `nr` native frames walked into
+ * `scratch`, with its Python frames appended, stored: its stack id.  A
+ * global function, called from the hook itself (the walk of the native
+ * frames returned first): a chain of calls under a walk's would pass 6.1's
+ * bound of 512 bytes of stack.
  */
-__noinline __u32 python_frames_of_current(__u32 nr)
+__noinline __u64 python_stack_of_current(__u32 nr)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm;
@@ -363,26 +367,26 @@ __noinline __u32 python_frames_of_current(__u32 nr)
 	struct py_ctx c = {};
 	struct py_walk *w;
 
-	if (!python_on || nr >= MAX_STACK_DEPTH)
-		return nr;
 	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
 	if (!w || !c.ips)
-		return nr;
+		return STACK_ID_MISSED_ERROR;
 	c.w = w;
-	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
-		      NULL))
-		return nr;
-	w->nr = nr;
-	w->max = clamp_stack_bytes() / sizeof(__u64);
-	bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
-	py_finish(&c);
-	idx = w->nr;
-	if (idx < MAX_STACK_DEPTH) {
-		asm volatile("" : "+r"(idx));
-		c.ips[idx & MAX_STACK_DEPTH] = 0;
+	if (nr < MAX_STACK_DEPTH && python_on &&
+	    py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
+		     NULL)) {
+		w->nr = nr;
+		w->max = clamp_stack_bytes() / sizeof(__u64);
+		bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
+		py_finish(&c);
+		nr = w->nr;
+		idx = nr;
+		if (idx < MAX_STACK_DEPTH) {
+			asm volatile("" : "+r"(idx));
+			c.ips[idx & MAX_STACK_DEPTH] = 0;
+		}
 	}
-	return w->nr;
+	return store_stack(nr * sizeof(__u64), true);
 }
 
 /*

@@ -15,7 +15,7 @@ use crate::profile::{ns_to_us, Frame, Part, Profile, Sample};
 pub use crate::shape::{MISSED_KERNEL, MISSED_USER};
 
 /// A frame name as it can stand in a folded line: `;` separates frames.
-fn clean(name: &str) -> String {
+pub(crate) fn clean(name: &str) -> String {
     name.replace(';', ":")
 }
 

@@ -180,7 +180,8 @@ type SampleKey = (Vec<u64>, Vec<(i64, i64)>);
 struct Builder {
     out: pb::Profile,
     strings: HashMap<String, i64>,
-    functions: HashMap<String, u64>,
+    /// By name and source file (a Python function's).
+    functions: HashMap<(String, Option<std::sync::Arc<str>>), u64>,
     /// (origin, address, names innermost first) -> location id.
     locations: HashMap<(Origin, u64, Vec<std::sync::Arc<str>>), u64>,
     /// Index in `out.mapping` by origin (kernel, or a file).
@@ -200,26 +201,31 @@ impl Builder {
         i
     }
 
-    fn function(&mut self, name: &str) -> u64 {
-        if let Some(&id) = self.functions.get(name) {
+    /// The function of a frame: by name, and a Python function's with its
+    /// source file.
+    fn function(&mut self, name: &str, file: Option<&std::sync::Arc<str>>) -> u64 {
+        let key = (name.to_string(), file.cloned());
+        if let Some(&id) = self.functions.get(&key) {
             return id;
         }
         let id = self.out.function.len() as u64 + 1;
         let n = self.string(name);
+        let filename = file.map_or(0, |f| self.string(f));
         self.out.function.push(pb::Function {
             id,
             name: n,
             system_name: n,
+            filename,
             ..Default::default()
         });
-        self.functions.insert(name.to_string(), id);
+        self.functions.insert(key, id);
         id
     }
 
     /// The mapping of an origin, created the first time; 0 for none.
     fn mapping(&mut self, profile: &Profile, origin: Origin, addr: u64) -> u64 {
         let (name, build_id) = match origin {
-            Origin::Unknown => return 0,
+            Origin::Unknown | Origin::Python => return 0,
             Origin::Kernel => (KERNEL_MAPPING, &[][..]),
             Origin::Object(i) => match profile.objects.get(i as usize) {
                 Some(o) => (o.path.as_str(), o.build_id.as_slice()),
@@ -298,7 +304,13 @@ impl Builder {
         let line = frames
             .iter()
             .map(|f| pb::Line {
-                function_id: self.function(&f.name),
+                function_id: self.function(&f.name, f.file.as_ref()),
+                // A Python frame's line.
+                line: if f.origin == Origin::Python {
+                    f.addr as i64
+                } else {
+                    0
+                },
                 ..Default::default()
             })
             .collect();
@@ -306,7 +318,11 @@ impl Builder {
         self.out.location.push(pb::Location {
             id,
             mapping_id,
-            address: outer.addr,
+            address: if outer.origin == Origin::Python {
+                0
+            } else {
+                outer.addr
+            },
             line,
             is_folded: false,
         });

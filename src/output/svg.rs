@@ -8,7 +8,7 @@ use inferno::flamegraph::{self, Direction, Palette};
 
 use super::folded::{self, KERNEL_ANNOTATION, WAKER_ANNOTATION};
 use super::Shape;
-use crate::profile::{OffState, Profile};
+use crate::profile::{OffState, Origin, Part, Profile};
 
 pub const DEFAULT_TITLE: &str = "Off-CPU Time Flame Graph";
 pub const COUNT_NAME: &str = "us";
@@ -130,6 +130,18 @@ fn waker_color(name: &str) -> Color {
     }
 }
 
+/// The colour of a Python function's frame: violet shades, apart from the
+/// native frames' blue and orange.
+fn python_color(name: &str) -> Color {
+    let v = shade(name);
+    let scale = |base: u8, range: f32| base + (range * v) as u8;
+    Color {
+        r: scale(150, 50.0),
+        g: scale(110, 45.0),
+        b: scale(205, 45.0),
+    }
+}
+
 fn palette_knows_kernel(p: Palette) -> bool {
     matches!(
         p,
@@ -169,6 +181,19 @@ pub fn write(
         for frame in stack.split(';').filter(|f| f.ends_with(WAKER_ANNOTATION)) {
             if kernel_colors.get(frame).is_none() {
                 kernel_colors.insert(frame, waker_color(frame));
+            }
+        }
+    }
+    // Python functions (in place of the interpreter's frames): violet
+    // shades, apart from the native frames.
+    for sample in &profile.samples {
+        if let Part::Frames(frames) = &sample.user {
+            for f in frames.iter().filter(|f| f.origin == Origin::Python) {
+                let text = folded::clean(f.text());
+                if kernel_colors.get(&text).is_none() {
+                    let color = python_color(&text);
+                    kernel_colors.insert(text, color);
+                }
             }
         }
     }

@@ -135,6 +135,11 @@ fn try_snapshot(
     if dwarf {
         tables.install(UnwindStore::new(&skel)?);
     }
+    // The sleepable iterator reads the tasks' memory: their Python frames
+    // too.
+    if user && opts.python && opts.user_stacks {
+        tables.install_python(super::PythonStore::new(&skel)?);
+    }
     let prog = if user {
         &skel.progs.snapshot_tasks_user
     } else {

@@ -228,6 +228,9 @@ fn cpython(version: &str, prefix: &str) {
         &run,
         Some((to - from) / 1000),
     );
+    // --snapshot: the same, in what each waits in now.
+    let snap = profile(&["--snapshot", "-f", "--lines", "-p", &pid]);
+    check(&format!("{version}, --snapshot"), prefix, &snap, &run, None);
     drop(run);
     // Started while tracing: its threads' blocks come before its
     // interpreter is known (made sure of: the profiler waits a second
@@ -280,4 +283,152 @@ fn cpython_3_13() {
 #[test]
 fn debian_python_3_11() {
     cpython("debian-3.11", "d311");
+}
+
+/// `--wakers`: the Python function that released a lock, or wrote to a
+/// pipe, is in the waker's stack of the thread it woke.
+#[test]
+fn wakers_name_the_python_function_that_woke() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = interpreter("3.12") else {
+        return;
+    };
+    let _serial = serial();
+    let mut child = Command::new(&python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/pywakers.py"))
+        .arg("pyw")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the Python workload");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let child = KillOnDrop(child);
+    let pid = child.0.id().to_string();
+    let out = profile(&["--wakers", "-f", "-p", &pid, "2"]);
+    let lines = parse_folded(&out.stdout);
+    for (waiter, blocked_in, waker, woke_in, caller) in [
+        (
+            "pyw-lwait",
+            "waiter_inner",
+            "pyw-lrel",
+            "release_inner",
+            "releaser",
+        ),
+        (
+            "pyw-pread",
+            "read_inner",
+            "pyw-pwrite",
+            "write_inner",
+            "writer",
+        ),
+    ] {
+        let mine = || {
+            lines
+                .iter()
+                .filter(move |l| l.comm() == waiter && l.has(blocked_in))
+        };
+        let total: u64 = mine().map(|l| l.us).sum();
+        // The waker's part, innermost first: its Python function, then
+        // the one that called it, its command last.
+        let by_it: u64 = mine()
+            .filter(|l| {
+                let at = l.pos("--").expect("a waker part");
+                let w = &l.frames[at + 1..];
+                let (Some(i), Some(j)) = (
+                    w.iter().position(|f| f == woke_in),
+                    w.iter().position(|f| f == caller),
+                ) else {
+                    return false;
+                };
+                w.last().is_some_and(|c| c == waker) && j == i + 1
+            })
+            .map(|l| l.us)
+            .sum();
+        assert!(
+            total > 1_000_000 && by_it * 10 >= total * 9,
+            "{waiter}: {by_it} of {total} us woken by {woke_in} of {waker}:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.starts_with("pyw-"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+/// Python frames in the other outputs: violet in the flame graph, functions
+/// with their file and line in pprof (as `go tool pprof` reads them), with
+/// their file in speedscope.
+#[test]
+fn outputs_carry_python_frames() {
+    if !require_root() {
+        return;
+    }
+    let (Some(python), Some(go)) = (interpreter("3.12"), crate::formats::go()) else {
+        return;
+    };
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = start(&python, "pyo", dir.path());
+    let pid = run.child.0.id().to_string();
+    let svg = dir.path().join("out.svg");
+    let pprof = dir.path().join("out.pb.gz");
+    let speedscope = dir.path().join("out.speedscope.json");
+    profile(&[
+        "-p",
+        &pid,
+        "-o",
+        svg.to_str().unwrap(),
+        "-o",
+        pprof.to_str().unwrap(),
+        "-o",
+        speedscope.to_str().unwrap(),
+        "1",
+    ]);
+    let (inner, line) = run.threads["pyo-sleep"].last().cloned().unwrap();
+    drop(run);
+    assert_eq!(inner, "sleep_inner");
+    let file = workload().to_string_lossy().into_owned();
+
+    let svg = parse_svg(&std::fs::read_to_string(&svg).unwrap());
+    let frame = svg
+        .frames
+        .iter()
+        .find(|f| f.name == "sleep_inner")
+        .expect("sleep_inner in the flame graph");
+    let (r, g, b) = frame.fill;
+    assert!(
+        b >= 205 && r >= 150 && g < r && g < b,
+        "not violet: {:?}",
+        frame.fill
+    );
+    let native = svg
+        .frames
+        .iter()
+        .find(|f| f.name == "time_sleep")
+        .expect("time_sleep in the flame graph");
+    assert_ne!(native.fill, frame.fill);
+
+    let raw = crate::formats::go_pprof(&go, &["-raw"], &pprof);
+    let want = format!("sleep_inner {file}:{line} ");
+    assert!(
+        raw.lines().any(|l| l.contains(&want)),
+        "no {want:?} in go tool pprof -raw:\n{raw}"
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&speedscope).unwrap()).unwrap();
+    let frames = json["shared"]["frames"].as_array().unwrap();
+    assert!(
+        frames
+            .iter()
+            .any(|f| f["name"] == "sleep_inner" && f["file"] == file.as_str()),
+        "{frames:?}"
+    );
 }
