@@ -661,13 +661,8 @@ mod tests {
         ];
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&original).unwrap();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::hostile::Rng(0x9e37_79b9_7f4a_7c15);
+        let mut next = || rng.next();
         let values = [
             0u64,
             1,

@@ -19,11 +19,12 @@ use crate::elf::Elf;
 use crate::process::maps::{debug_file, parse_maps};
 use crate::symbolize::{names_in_file, SymbolizeOptions};
 
-/// xorshift64*: small, seeded, good enough to pick mutations.
-struct Rng(u64);
+/// xorshift64*: small, seeded, good enough to pick mutations (the other
+/// modules' tests of hostile input use it too).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;

@@ -152,10 +152,6 @@ struct task_data {
 	__u32 start_state;
 	/* --wakers: who woke the open block (a waker id; 0: nobody yet). */
 	__u64 waker_id;
-	/* The open block's user stack was walked without Python frames: its
-	 * process had no interpreter known then (see python_refresh). */
-	__u32 py_missing;
-	__u32 _pad;
 };
 
 struct {
@@ -1482,10 +1478,6 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 /* ... or its user registers could not be read (walked as bpf_get_stack()
  * can, not counted). */
 #define USTACK_NO_REGS 5
-/* ... or a walk of a CPython process's native frames, left in `scratch`
- * (their count in the low bits) for the caller to add its Python frames
- * and store (python_stack_of_current). */
-#define USTACK_PYTHON (1ULL << 61)
 
 /* The copies of user stacks for userspace (struct deferred_stack), made
  * in this CPU's scratch. */
@@ -1648,7 +1640,7 @@ __noinline int send_mapped(__u64 mm, __u64 exec_vm, __u64 pid_tgid, __u64 start,
  * function, called from the hook itself with little of its own on the
  * stack (see struct file_scratch).
  */
-__noinline __u64 user_stack_by_files(bool cache, bool py)
+__noinline __u64 user_stack_by_files(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct ucache *e = NULL, *pr = NULL;
@@ -1708,8 +1700,6 @@ __noinline __u64 user_stack_by_files(bool cache, bool py)
 	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    BPF_CORE_READ(task, group_leader, start_boottime), false);
-	if (py)
-		return USTACK_PYTHON | s->st.nr;
 	id = store_stack(s->st.nr * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &s->st, mm, gen, id);
@@ -1727,7 +1717,7 @@ __noinline __u64 user_stack_by_files(bool cache, bool py)
  * 6.1's limit of the stack of a call chain); 0: no mark (wakers). */
 #define USED_READ_CLOCK 1
 
-__noinline __u64 user_stack_of_current(bool cache, __u64 now, bool py)
+__noinline __u64 user_stack_of_current(bool cache, __u64 now)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 exec_vm, mm = address_space(task, &exec_vm);
@@ -1764,8 +1754,6 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, bool py)
 		}
 	}
 	walk_with_tables(&u, p, false);
-	if (py)
-		return USTACK_PYTHON | u.nr;
 	id = store_stack(u.nr * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &u, mm, gen, id);
@@ -1773,46 +1761,30 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, bool py)
 }
 
 /* The user or kernel stack of the current task.  `legacy`: a program for
- * kernels without bpf_loop, which walks with frame pointers only.  `py`,
- * if given: whether the user stack was walked with its Python frames. */
+ * kernels without bpf_loop, which walks with frame pointers only. */
 static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache,
-					      __u64 now, bool *py_out)
+					      __u64 now)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
-	/* A CPython process: its walks are not kept for the stack cache,
-	 * which proves native frames only. */
-	bool py = user && !legacy && python_process(bpf_get_current_pid_tgid() >> 32);
 	__u64 id;
 	long len;
 
-	if (py_out)
-		*py_out = py;
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	cache = cache && !py;
 	if (user && unwind_dwarf && !legacy) {
-		id = user_stack_of_current(cache, now, py);
+		id = user_stack_of_current(cache, now);
 		if (id == USTACK_NO_TABLES) {
-			id = user_stack_by_files(cache, py);
+			id = user_stack_by_files(cache);
 			if (id == USTACK_NO_TABLES)
 				id = defer_user_stack();
 		}
-		if (id >> 61 == USTACK_PYTHON >> 61)
-			return python_stack_of_current((__u32)id & 0xff);
-		if (id != USTACK_NO_TABLES && id != USTACK_NO_REGS) {
-			/* A copy for userspace to walk has no Python frames:
-			 * see python_refresh. */
-			if (py_out && id >> 62 == STACK_ID_DEFERRED_BIT >> 62)
-				*py_out = false;
+		if (id != USTACK_NO_TABLES && id != USTACK_NO_REGS)
 			return id;
-		}
 		if (id == USTACK_NO_TABLES)
 			count(CNT_UNWIND_NOT_READY);
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
-	if (py && len > 0)
-		return python_stack_of_current(len / sizeof(__u64));
 	return store_stack(len, user);
 }
 
@@ -2166,18 +2138,15 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	d->kernel_stack_id = STACK_ID_NONE;
 	/* Without stacks_now the stacks are taken at switch-in; a block still
 	 * in progress when tracing ends has none. */
-	if (want_user_stack && !kthread) {
-		bool py = false;
-
-		d->user_stack_id = stacks_now
-					   ? stack_of_current(ctx, true, legacy, trusted, now, &py)
-					   : STACK_ID_MISSED_ERROR;
-		/* Walked before userspace knew of its interpreter, if it has
-		 * one, or copied for userspace to walk: see python_refresh. */
-		d->py_missing = stacks_now && !py;
-	}
+	if (want_user_stack && !kthread)
+		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted, now)
+					      : STACK_ID_MISSED_ERROR;
+	/* With its Python frames, where its process has an interpreter
+	 * known (else see python_refresh). */
+	if (!legacy && want_user_stack && stacks_now)
+		d->user_stack_id = python_stack_of_current(d->user_stack_id);
 	if (want_kernel_stack)
-		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0, NULL)
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
@@ -2441,9 +2410,12 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 			key.user_stack_id =
 				kthread ? STACK_ID_NONE
 					: stack_of_current(ctx, true, legacy, trusted,
-							   USED_READ_CLOCK, NULL);
+							   USED_READ_CLOCK);
+		/* (A kernel thread's STACK_ID_NONE is left as it is.) */
+		if (!legacy && want_user_stack)
+			key.user_stack_id = python_stack_of_current(key.user_stack_id);
 		if (want_kernel_stack)
-			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0, NULL);
+			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}
 	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
@@ -2621,7 +2593,9 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
-		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0, NULL);
+		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0);
+	if (!legacy && want_user_stack)
+		w.user_stack_id = python_stack_of_current(w.user_stack_id);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings
@@ -2890,10 +2864,14 @@ int python_refresh(struct bpf_iter__task *ctx)
 	if (!bpf_map_lookup_elem(&py_refresh, &tgid))
 		return 0;
 	d = bpf_task_storage_get(&task_data_storage, task, 0, 0);
-	if (!d || !d->py_missing || task->on_cpu)
+	if (!d || task->on_cpu)
 		return 0;
 	start = d->start_ns;
 	block = d->block_ns;
+	/* Its stack has Python frames already. */
+	id = d->user_stack_id;
+	if ((id & STACK_ID_HASH_BIT) && has_python_frames(id))
+		return 0;
 	/* A block of its own switch-out (not one claimed at the start). */
 	if (start <= START_AT_WINDOW || (start & START_CUT_AT_WINDOW))
 		return 0;
@@ -2927,7 +2905,6 @@ int python_refresh(struct bpf_iter__task *ctx)
 	if (d->start_ns != start || d->block_ns != block || task->on_cpu)
 		return 0;
 	d->user_stack_id = id;
-	d->py_missing = 0;
 	count(CNT_PY_REFRESHED);
 	return 0;
 }

@@ -113,6 +113,19 @@ struct py_ctx {
 	struct task_struct *task;
 };
 
+/* Whether process `tgid` has an interpreter known.  Processes pay for the
+ * lookup only once some CPython process has an entry. */
+static __always_inline bool python_process(__u32 tgid)
+{
+	__u32 zero = 0;
+	__u32 *any;
+
+	if (!python_on)
+		return false;
+	any = bpf_map_lookup_elem(&py_any, &zero);
+	return any && *any && bpf_map_lookup_elem(&py_procs, &tgid);
+}
+
 static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
 {
 	off &= PY_READ_MAX - 1;
@@ -353,40 +366,68 @@ no_state:
 }
 
 /*
- * The current task's user stack, its `nr` native frames walked into
- * `scratch`, with its Python frames appended, stored: its stack id.  A
- * global function, called from the hook itself (the walk of the native
- * frames returned first): a chain of calls under a walk's would pass 6.1's
- * bound of 512 bytes of stack.
+ * The current task's user stack `id`, just walked, with its Python frames
+ * appended where its process has an interpreter known: the id of that
+ * stack, stored, or `id` itself (no interpreter known, no Python frames
+ * found, a stack that was not stored, or a copy for userspace to walk).
+ * The native frames are those stored under `id` (the walk's, or the ones
+ * the stack cache proved unchanged).  A global function, called from the
+ * hook itself once the native walk has returned: a chain of calls under
+ * the walk's would pass 6.1's bound of 512 bytes of stack.
  */
-__noinline __u64 python_stack_of_current(__u32 nr)
+__noinline __u64 python_stack_of_current(__u64 id)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm;
-	__u32 zero = 0, idx;
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm, *native;
+	__u32 zero = 0, idx, nr;
 	struct py_ctx c = {};
 	struct py_walk *w;
 
+	if (!(id & STACK_ID_HASH_BIT) || !python_process(pid_tgid >> 32))
+		return id;
 	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
-	if (!w || !c.ips)
-		return STACK_ID_MISSED_ERROR;
+	native = bpf_map_lookup_elem(&stacks, &id);
+	if (!w || !c.ips || !native)
+		return id;
 	c.w = w;
-	if (nr < MAX_STACK_DEPTH && python_on &&
-	    py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
-		     NULL)) {
-		w->nr = nr;
-		w->max = clamp_stack_bytes() / sizeof(__u64);
-		bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
-		py_finish(&c);
-		nr = w->nr;
-		idx = nr;
-		if (idx < MAX_STACK_DEPTH) {
-			asm volatile("" : "+r"(idx));
-			c.ips[idx & MAX_STACK_DEPTH] = 0;
-		}
+	__builtin_memcpy(c.ips, native, MAX_STACK_DEPTH * sizeof(__u64));
+	for (nr = 0; nr < MAX_STACK_DEPTH; nr++)
+		if (!c.ips[nr])
+			break;
+	if (nr >= MAX_STACK_DEPTH - 1 ||
+	    !py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
+		      NULL))
+		return id;
+	w->nr = nr;
+	w->max = clamp_stack_bytes() / sizeof(__u64);
+	bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
+	py_finish(&c);
+	if (w->nr == nr)
+		return id;
+	idx = w->nr;
+	if (idx < MAX_STACK_DEPTH) {
+		asm volatile("" : "+r"(idx));
+		c.ips[idx & MAX_STACK_DEPTH] = 0;
 	}
-	return store_stack(nr * sizeof(__u64), true);
+	return store_stack(w->nr * sizeof(__u64), true);
+}
+
+/* Whether stored stack `id` has Python frames. */
+static __always_inline bool has_python_frames(__u64 id)
+{
+	__u64 *f = bpf_map_lookup_elem(&stacks, &id);
+	int i;
+
+	if (!f)
+		return false;
+	for (i = 0; i < MAX_STACK_DEPTH; i++) {
+		if (!f[i])
+			return false;
+		if (f[i] >> 48 == PY_FRAME_MARK >> 48)
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -424,17 +465,5 @@ static __always_inline __u32 python_frames_of_task(struct task_struct *task, __u
 	return w->nr;
 }
 
-/* Whether process `tgid` has an interpreter known.  Processes pay for the
- * lookup only once some CPython process has an entry. */
-static __always_inline bool python_process(__u32 tgid)
-{
-	__u32 zero = 0;
-	__u32 *any;
-
-	if (!python_on)
-		return false;
-	any = bpf_map_lookup_elem(&py_any, &zero);
-	return any && *any && bpf_map_lookup_elem(&py_procs, &tgid);
-}
 
 #endif /* __OFFCPUTIME_PYTHON_H__ */

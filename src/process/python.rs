@@ -417,6 +417,21 @@ mod tests {
         ]
     }
 
+    /// The words as the BPF program writes them (offcputime.h).
+    #[test]
+    fn marks_and_flags_are_the_bpf_programs() {
+        use types::py_frame_special as S;
+        assert_eq!(FRAME_MARK << 48, (S::PY_FRAME_MARK_HI.0 as u64) << 32);
+        assert_eq!(FLAG_ENTRY as u32, S::PY_FLAG_ENTRY.0);
+        assert_eq!(FLAG_EMPTY as u32, S::PY_FLAG_EMPTY.0);
+        assert_eq!(FLAG_UNREADABLE as u32, S::PY_FLAG_UNREADABLE.0);
+        assert_eq!(FLAG_TRUNCATED as u32, S::PY_FLAG_TRUNCATED.0);
+        assert_eq!(FLAG_NO_TAG as u32, S::PY_FLAG_NO_TAG.0);
+        // Never a user address, nor the signal frame's mark.
+        assert!(!is_python_word(crate::unwind_table::SIGNAL_FRAME));
+        assert!(!is_python_word(0x7fff_ffff_f000));
+    }
+
     #[test]
     fn words_split_into_native_frames_and_runs() {
         let mut words = vec![0x1000, 0x2000, 0x3000];

@@ -914,13 +914,8 @@ json.dump(out, sys.stdout)
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(&original).unwrap();
         let f = f.as_file();
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::hostile::Rng(0x2545_f491_4f6c_dd1d);
+        let mut next = || rng.next();
         let values = [
             0u64,
             1,
@@ -1369,13 +1364,8 @@ json.dump(out, sys.stdout)
             assert!(read(&p).is_err());
 
             // Random bytes anywhere.
-            let mut seed = 0x2545_f491_4f6c_dd1du64 ^ u64::from(l.version.1);
-            let mut next = || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
+            let mut rng = crate::hostile::Rng(0x2545_f491_4f6c_dd1d ^ u64::from(l.version.1));
+            let mut next = || rng.next();
             let regions: Vec<u64> = good.0.keys().copied().collect();
             for _ in 0..3000 {
                 let mut p = good.clone();

@@ -59,12 +59,10 @@ struct Running {
     file: String,
 }
 
-fn start(python: &Path, prefix: &str, dir: &Path) -> Running {
-    let out = dir.join("seen.json");
+/// Starts `python` on a workload with `args`, and waits for its "ready".
+fn spawn_ready(python: &Path, args: &[&std::ffi::OsStr]) -> KillOnDrop {
     let mut child = Command::new(python)
-        .arg(workload())
-        .arg(&out)
-        .arg(prefix)
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the Python workload");
@@ -74,9 +72,18 @@ fn start(python: &Path, prefix: &str, dir: &Path) -> Running {
         &mut line,
     )
     .unwrap();
-    assert_eq!(line.trim(), "ready", "the workload did not start");
-    let pid = child.id();
     let child = KillOnDrop(child);
+    assert_eq!(line.trim(), "ready", "the workload did not start");
+    child
+}
+
+fn start(python: &Path, prefix: &str, dir: &Path) -> Running {
+    let out = dir.join("seen.json");
+    let child = spawn_ready(
+        python,
+        &[workload().as_os_str(), out.as_os_str(), prefix.as_ref()],
+    );
+    let pid = child.0.id();
     let seen: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let mut threads = HashMap::new();
@@ -296,19 +303,8 @@ fn wakers_name_the_python_function_that_woke() {
         return;
     };
     let _serial = serial();
-    let mut child = Command::new(&python)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/pywakers.py"))
-        .arg("pyw")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the Python workload");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let child = KillOnDrop(child);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/pywakers.py");
+    let child = spawn_ready(&python, &[script.as_os_str(), "pyw".as_ref()]);
     let pid = child.0.id().to_string();
     let out = profile(&["--wakers", "-f", "-p", &pid, "2"]);
     let lines = parse_folded(&out.stdout);
@@ -430,5 +426,40 @@ fn outputs_carry_python_frames() {
             .iter()
             .any(|f| f["name"] == "sleep_inner" && f["file"] == file.as_str()),
         "{frames:?}"
+    );
+}
+
+/// An interpreter whose layout the profiler does not know (3.9): said once
+/// on stderr, its stacks native, never another function's name.
+#[test]
+fn an_unknown_version_is_said_and_walked_natively() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = interpreter("3.9") else {
+        return;
+    };
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = start(&python, "p39", dir.path());
+    let pid = run.child.0.id().to_string();
+    let out = profile(&["-f", "-p", &pid, "1"]);
+    drop(run);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("CPython 3.9") && l.contains("not supported"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    let lines = parse_folded(&out.stdout);
+    let sleep = lines
+        .iter()
+        .find(|l| l.comm() == "p39-sleep")
+        .expect("the sleeping thread");
+    assert!(sleep.has("_PyEval_EvalFrameDefault"), "{:?}", sleep.frames);
+    assert!(
+        !sleep.frames.iter().any(|f| f.contains("sleep_inner")),
+        "{:?}",
+        sleep.frames
     );
 }

@@ -1,0 +1,49 @@
+"""Two Python threads passing a byte back and forth through pipes, each
+under DEPTH functions of its own: a context switch per pass, every one in
+a CPython process (scripts/bench-builds --python). Prints the time per
+round trip.
+
+Usage: pyping.py ROUNDS [DEPTH]
+"""
+
+import os
+import sys
+import threading
+import time
+
+ROUNDS = int(sys.argv[1])
+DEPTH = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+A_R, A_W = os.pipe()
+B_R, B_W = os.pipe()
+
+
+def nest(depth, f):
+    if depth == 0:
+        return f()
+    return nest(depth - 1, f)
+
+
+def echo():
+    for _ in range(ROUNDS):
+        os.read(A_R, 1)
+        os.write(B_W, b"x")
+
+
+def ping():
+    for _ in range(ROUNDS):
+        os.write(A_W, b"x")
+        os.read(B_R, 1)
+
+
+def main():
+    t = threading.Thread(target=nest, args=(DEPTH, echo))
+    t.start()
+    start = time.perf_counter_ns()
+    nest(DEPTH, ping)
+    took = time.perf_counter_ns() - start
+    t.join()
+    print("%.1f ns/op" % (took / ROUNDS))
+
+
+if __name__ == "__main__":
+    main()
