@@ -165,6 +165,8 @@ fn note_python(
     mm: u64,
 ) -> bool {
     let Some(mut entry) = registry.note_python(p) else {
+        // No interpreter (any more: an exec into another program).
+        store.remove(p.tgid);
         return false;
     };
     entry.mm = mm;
@@ -180,7 +182,7 @@ fn note_python(
 /// How long the blocks of a CPython process noted while tracing are
 /// looked at again for their Python frames (see
 /// [`Tracer::refresh_python`]): its tables may take a moment.
-const PYTHON_REFRESH_FOR: Duration = Duration::from_secs(2);
+const PYTHON_REFRESH_FOR: Duration = Duration::from_secs(10);
 
 /// Checks privileges and targets, and installs the signal handler.
 fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
@@ -317,6 +319,10 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     });
     let mut sinks: Vec<Sink> = std::iter::once(sink).chain(more_sinks).collect();
     let kernel_first = tracer.hook().kernel_first_frame_is_ip();
+    // Python frames asked for (not --no-python) where the kernel cannot
+    // walk them: said at the end, if a CPython process was traced.
+    let python_unwalked =
+        config.tracer.python && config.tracer.user_stacks && tracer.python_store().is_none();
     loop {
         // With -i, the end of the current interval, unless the window
         // ends first.
@@ -544,7 +550,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     if let Some(u) = &unwinder {
         report_unwinding(u, &deferred, &profile, config.verbose);
     }
-    report_python(&registry, &profile, config.verbose);
+    report_python(&mut registry, &profile, config.verbose, python_unwalked);
     if config.verbose {
         let (stacks, blocks, total_ns) = match &intervals {
             Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
@@ -1059,7 +1065,29 @@ fn walk_deferred(
 /// What DWARF unwinding did not cover, and with -v its tables' size.
 /// What became of the Python frames of CPython processes: what could not
 /// be shown is said (once each), the rest with `-v`.
-fn report_python(registry: &Registry, profile: &Profile, verbose: bool) {
+fn report_python(registry: &mut Registry, profile: &Profile, verbose: bool, unwalked: bool) {
+    if unwalked {
+        let procs: Vec<Proc> = registry
+            .processes()
+            .filter_map(|(tgid, start)| {
+                Some(Proc {
+                    tgid,
+                    start: start?,
+                })
+            })
+            .collect();
+        let found = procs
+            .into_iter()
+            .filter(|&p| registry.note_python(p).is_some())
+            .count();
+        if found > 0 {
+            eprintln!(
+                "offcputime: Python frames are not read on Linux {} (their walk needs bpf_loop: \
+                 5.17): the stacks of {found} CPython processes show the interpreter's frames",
+                crate::tracer::kernel::release()
+            );
+        }
+    }
     for note in registry.python_notes() {
         eprintln!(
             "offcputime: the Python frames of {note}: its processes' stacks show the \

@@ -20,7 +20,7 @@ use crate::raw::{
 };
 
 mod batch;
-mod kernel;
+pub mod kernel;
 mod snapshot;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
 
@@ -1549,9 +1549,17 @@ impl<'obj> Tracer<'obj> {
         if tgids.is_empty() {
             return Ok(());
         }
-        for tgid in tgids {
-            map.update(&tgid.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
-                .context("failed to list a process for its Python frames")?;
+        // A process that finds no room (more than the map holds at once)
+        // is left out; the others are walked.
+        let listed = tgids
+            .iter()
+            .filter(|tgid| {
+                map.update(&tgid.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
+                    .is_ok()
+            })
+            .count();
+        if listed == 0 {
+            return Ok(());
         }
         run_iterator(&self.skel.progs.python_refresh)
             .context("failed to run the Python frames iterator")

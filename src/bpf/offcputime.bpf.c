@@ -383,9 +383,10 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+#define EVENTS_BYTES (1024 * 1024)
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1024 * 1024);
+	__uint(max_entries, EVENTS_BYTES);
 } events SEC(".maps");
 
 /* What userspace was last told of each process (struct notified): one
@@ -1989,18 +1990,6 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 		return;
 	pmm = address_space(parent, &pexec_vm);
 	cmm = address_space(child, &cexec_vm);
-	/* The child's memory is a copy of its parent's: its interpreter,
-	 * if it has one, is where the parent's is. */
-	if (python_on && cmm) {
-		struct py_proc *pp = bpf_map_lookup_elem(&py_procs, &ptgid);
-
-		if (pp && pp->mm == pmm) {
-			struct py_proc cp = *pp;
-
-			cp.mm = cmm;
-			bpf_map_update_elem(&py_procs, &ctgid, &cp, BPF_ANY);
-		}
-	}
 	p = bpf_map_lookup_elem(&unwind_procs, &ptgid);
 	if (!p)
 		return;
@@ -2030,6 +2019,19 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	if (bpf_map_update_elem(&unwind_procs, &ctgid, &c, BPF_ANY)) {
 		bpf_ringbuf_discard(e, 0);
 		return;
+	}
+	/* The child's memory is a copy of its parent's: its interpreter, if
+	 * it has one, is where the parent's is.  Only with the event, which
+	 * tells userspace whose code objects the child's frames name. */
+	if (python_on) {
+		struct py_proc *pp = bpf_map_lookup_elem(&py_procs, &ptgid);
+
+		if (pp && (pp->mm == pmm || !pp->mm)) {
+			struct py_proc cp = *pp;
+
+			cp.mm = cmm;
+			bpf_map_update_elem(&py_procs, &ctgid, &cp, BPF_ANY);
+		}
 	}
 	bpf_ringbuf_submit(e, 0);
 	count(CNT_UNWIND_FORKED);

@@ -24,6 +24,9 @@
 #ifndef __OFFCPUTIME_PYTHON_H__
 #define __OFFCPUTIME_PYTHON_H__
 
+/* bpf_ringbuf_query(): the bytes not yet consumed (uapi bpf.h). */
+#define BPF_RB_AVAIL_DATA 0
+
 /* Set at load: --no-python leaves it off. */
 const volatile bool python_on = false;
 
@@ -85,7 +88,9 @@ struct py_walk {
 	__u32 in_run;
 	__u32 frames;
 	bool done;
-	__u8 _pad[7];
+	__u8 _pad[3];
+	/* The native frames' words: the Python frames' begin there. */
+	__u32 base;
 	__u8 buf[PY_READ_MAX + 8];
 	__u8 tag[24];
 };
@@ -156,6 +161,12 @@ static __always_inline void py_notice(struct py_walk *w, __u64 code, __u32 tag)
 
 	if (!s || (s->code == code && s->tgid == w->tgid && s->tag == tag))
 		return;
+	/* The ring buffer carries news of processes too, which must not be
+	 * crowded out: a name not told now is read at the report. */
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > EVENTS_BYTES / 2) {
+		count(CNT_PY_EVENTS_LOST);
+		return;
+	}
 	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
 	if (!ev) {
 		count(CNT_PY_EVENTS_LOST);
@@ -204,7 +215,7 @@ static __always_inline void py_end_run(struct py_ctx *c)
 	struct py_walk *w = c->w;
 	__u32 i = w->nr - 1;
 
-	if (w->nr < 2 || i >= MAX_STACK_DEPTH)
+	if (w->nr <= w->base + 1 || i >= MAX_STACK_DEPTH)
 		return;
 	asm volatile("" : "+r"(i));
 	c->ips[i & MAX_STACK_DEPTH] |= (__u64)PY_FLAG_ENTRY << 56;
@@ -273,8 +284,8 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 	w->frame = prev;
 	return 0;
 full:
-	/* Flag the last frame written: the frames go on beyond. */
-	if (w->nr >= 2 && w->nr - 1 < MAX_STACK_DEPTH) {
+	/* Flag the last Python frame written: the frames go on beyond. */
+	if (w->nr > w->base + 1 && w->nr - 1 < MAX_STACK_DEPTH) {
 		__u32 i = w->nr - 1;
 
 		asm volatile("" : "+r"(i));
@@ -292,7 +303,7 @@ static __always_inline void py_finish(struct py_ctx *c)
 	__u32 i = w->nr - 1;
 
 	if (!w->done && w->frame) {
-		if (w->nr >= 2 && i < MAX_STACK_DEPTH) {
+		if (w->nr > w->base + 1 && i < MAX_STACK_DEPTH) {
 			asm volatile("" : "+r"(i));
 			c->ips[i & MAX_STACK_DEPTH] |= (__u64)PY_FLAG_TRUNCATED << 56;
 		}
@@ -378,7 +389,7 @@ no_state:
 __noinline __u64 python_stack_of_current(__u64 id)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm, *native;
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm, *native, with;
 	__u32 zero = 0, idx, nr;
 	struct py_ctx c = {};
 	struct py_walk *w;
@@ -395,11 +406,16 @@ __noinline __u64 python_stack_of_current(__u64 id)
 	for (nr = 0; nr < MAX_STACK_DEPTH; nr++)
 		if (!c.ips[nr])
 			break;
-	if (nr >= MAX_STACK_DEPTH - 1 ||
-	    !py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
+	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
 		      NULL))
 		return id;
+	if (nr >= MAX_STACK_DEPTH - 1) {
+		/* No room left by the native frames. */
+		count(CNT_PY_TRUNCATED);
+		return id;
+	}
 	w->nr = nr;
+	w->base = nr;
 	w->max = clamp_stack_bytes() / sizeof(__u64);
 	bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
 	py_finish(&c);
@@ -410,7 +426,9 @@ __noinline __u64 python_stack_of_current(__u64 id)
 		asm volatile("" : "+r"(idx));
 		c.ips[idx & MAX_STACK_DEPTH] = 0;
 	}
-	return store_stack(w->nr * sizeof(__u64), true);
+	/* Where it cannot be stored, the native stack stays. */
+	with = store_stack(w->nr * sizeof(__u64), true);
+	return (with & STACK_ID_HASH_BIT) ? with : id;
 }
 
 /* Whether stored stack `id` has Python frames. */
@@ -454,6 +472,7 @@ static __always_inline __u32 python_frames_of_task(struct task_struct *task, __u
 	if (!py_begin(w, task, tgid, BPF_CORE_READ(task, pid), mm, task))
 		return nr;
 	w->nr = nr;
+	w->base = nr;
 	w->max = clamp_stack_bytes() / sizeof(__u64);
 	bpf_loop(PY_MAX_FRAMES, py_step_task, &c, 0);
 	py_finish(&c);

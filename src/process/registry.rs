@@ -858,6 +858,8 @@ impl Registry {
             // maps list them by address.
             return self.py.note_process(p, &py, start, file_offset);
         }
+        // None (any more: an exec into another program).
+        self.py.exited(p);
         None
     }
 
