@@ -182,8 +182,10 @@ pub trait StartTables {
 /// py_proc`).
 pub struct PythonStore {
     procs: libbpf_rs::MapHandle,
-    /// Whether any entry was written (`py_any`: until then no process
-    /// pays for a lookup).
+    /// A bit per pid of the processes in `procs` (see `py_pids`).
+    pids: libbpf_rs::MapHandle,
+    /// Whether any entry was written (`py_any`, alone in its section:
+    /// until then no process pays for a lookup).
     any: libbpf_rs::MapHandle,
     any_set: std::cell::Cell<bool>,
 }
@@ -193,7 +195,9 @@ impl PythonStore {
         Ok(PythonStore {
             procs: libbpf_rs::MapHandle::try_from(&skel.maps.py_procs)
                 .context("failed to open the Python processes map")?,
-            any: libbpf_rs::MapHandle::try_from(&skel.maps.py_any)
+            pids: libbpf_rs::MapHandle::try_from(&skel.maps.py_pids)
+                .context("failed to open the Python processes map")?,
+            any: libbpf_rs::MapHandle::try_from(&skel.maps.data_python)
                 .context("failed to open the Python processes map")?,
             any_set: std::cell::Cell::new(false),
         })
@@ -207,6 +211,8 @@ impl PythonStore {
         self.procs
             .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
             .with_context(|| format!("failed to note the interpreter of process {tgid}"))?;
+        self.set_pid(tgid, true)
+            .with_context(|| format!("failed to note the interpreter of process {tgid}"))?;
         if !self.any_set.get() {
             self.any
                 .update(&0u32.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
@@ -218,7 +224,27 @@ impl PythonStore {
 
     /// Process `tgid` has exited, or runs another program now.
     pub fn remove(&self, tgid: u32) {
+        let _ = self.set_pid(tgid, false);
         let _ = self.procs.delete(&tgid.to_ne_bytes());
+    }
+
+    /// Sets or clears the bit of pid `tgid` (pid_max is at most 2^22:
+    /// every pid has one). A fork setting a bit of the same word meanwhile
+    /// could be undone: that child's stacks would then have the
+    /// interpreter's frames, and be counted and said as such.
+    fn set_pid(&self, tgid: u32, on: bool) -> Result<()> {
+        let word = tgid >> 6;
+        let Some(old) = self.pids.lookup(&word.to_ne_bytes(), MapFlags::ANY)? else {
+            return Ok(());
+        };
+        let old = u64::from_ne_bytes(old.as_slice().try_into().unwrap_or([0; 8]));
+        let bit = 1u64 << (tgid & 63);
+        let new = if on { old | bit } else { old & !bit };
+        if new != old {
+            self.pids
+                .update(&word.to_ne_bytes(), &new.to_ne_bytes(), MapFlags::ANY)?;
+        }
+        Ok(())
     }
 }
 

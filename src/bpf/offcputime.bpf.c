@@ -2026,11 +2026,15 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	if (python_on) {
 		struct py_proc *pp = bpf_map_lookup_elem(&py_procs, &ptgid);
 
-		if (pp && (pp->mm == pmm || !pp->mm)) {
+		__u32 word = ctgid >> 6;
+		__u64 *bits = bpf_map_lookup_elem(&py_pids, &word);
+
+		if (pp && (pp->mm == pmm || !pp->mm) && bits) {
 			struct py_proc cp = *pp;
 
 			cp.mm = cmm;
-			bpf_map_update_elem(&py_procs, &ctgid, &cp, BPF_ANY);
+			if (!bpf_map_update_elem(&py_procs, &ctgid, &cp, BPF_ANY))
+				__sync_fetch_and_or(bits, 1ULL << (ctgid & 63));
 		}
 	}
 	bpf_ringbuf_submit(e, 0);
@@ -2145,8 +2149,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 					      : STACK_ID_MISSED_ERROR;
 	/* With its Python frames, where its process has an interpreter
 	 * known (else see python_refresh). */
-	if (!legacy && want_user_stack && stacks_now)
-		d->user_stack_id = python_stack_of_current(d->user_stack_id);
+	if (!legacy && want_user_stack && stacks_now && python_on && py_any)
+		d->user_stack_id = python_stack_of_current(d->user_stack_id, tgid);
 	if (want_kernel_stack)
 		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
 						  : STACK_ID_MISSED_ERROR;
@@ -2414,8 +2418,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 					: stack_of_current(ctx, true, legacy, trusted,
 							   USED_READ_CLOCK);
 		/* (A kernel thread's STACK_ID_NONE is left as it is.) */
-		if (!legacy && want_user_stack)
-			key.user_stack_id = python_stack_of_current(key.user_stack_id);
+		if (!legacy && want_user_stack && python_on && py_any)
+			key.user_stack_id = python_stack_of_current(key.user_stack_id, key.tgid);
 		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}
@@ -2596,8 +2600,8 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
 		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0);
-	if (!legacy && want_user_stack)
-		w.user_stack_id = python_stack_of_current(w.user_stack_id);
+	if (!legacy && want_user_stack && python_on && py_any)
+		w.user_stack_id = python_stack_of_current(w.user_stack_id, w.tgid);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings

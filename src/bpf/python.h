@@ -37,13 +37,35 @@ struct {
 	__type(value, struct py_proc);
 } py_procs SEC(".maps");
 
-/* Set by userspace once it has written an entry in py_procs. */
+/* Set by userspace once it has written an entry in py_procs: until then
+ * no stack pays for a lookup.  A global of a section of its own, which
+ * userspace writes whole (no other variable shares it); read with a load,
+ * not a helper call. */
+volatile __u32 py_any SEC(".data.python") = 0;
+
+/* The processes with an entry in py_procs, a bit each by pid (pid_max is
+ * at most 2^22): the hooks test a bit, a load, before anything else, so
+ * that the switches of other processes pay next to nothing while CPython
+ * processes run on the machine. */
+#define PY_PID_WORDS (1 << 16)
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, PY_PID_WORDS);
 	__type(key, __u32);
-	__type(value, __u32);
-} py_any SEC(".maps");
+	__type(value, __u64);
+} py_pids SEC(".maps");
+
+/* Whether process `tgid` may have an entry in py_procs (its bit is set). */
+static __always_inline bool python_pid(__u32 tgid)
+{
+	__u32 word = tgid >> 6;
+	__u64 *bits;
+
+	if (!python_on || !py_any || word >= PY_PID_WORDS)
+		return false;
+	bits = bpf_map_lookup_elem(&py_pids, &word);
+	return bits && (*bits & (1ULL << (tgid & 63)));
+}
 
 /* The processes whose interpreter userspace has just noted: their threads
  * blocked since before, walked without their Python frames, are walked
@@ -122,13 +144,7 @@ struct py_ctx {
  * lookup only once some CPython process has an entry. */
 static __always_inline bool python_process(__u32 tgid)
 {
-	__u32 zero = 0;
-	__u32 *any;
-
-	if (!python_on)
-		return false;
-	any = bpf_map_lookup_elem(&py_any, &zero);
-	return any && *any && bpf_map_lookup_elem(&py_procs, &tgid);
+	return python_pid(tgid) && bpf_map_lookup_elem(&py_procs, &tgid);
 }
 
 static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
@@ -377,7 +393,8 @@ no_state:
 }
 
 /*
- * The current task's user stack `id`, just walked, with its Python frames
+ * The current task's user stack `id`, just walked (the task of process
+ * `tgid`), with its Python frames
  * appended where its process has an interpreter known: the id of that
  * stack, stored, or `id` itself (no interpreter known, no Python frames
  * found, a stack that was not stored, or a copy for userspace to walk).
@@ -386,16 +403,21 @@ no_state:
  * hook itself once the native walk has returned: a chain of calls under
  * the walk's would pass 6.1's bound of 512 bytes of stack.
  */
-__noinline __u64 python_stack_of_current(__u64 id)
+__noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 pid_tgid = bpf_get_current_pid_tgid(), exec_vm, *native, with;
+	struct task_struct *task;
+	__u64 pid_tgid, exec_vm, *native, with;
 	__u32 zero = 0, idx, nr;
 	struct py_ctx c = {};
 	struct py_walk *w;
 
-	if (!(id & STACK_ID_HASH_BIT) || !python_process(pid_tgid >> 32))
+	/* Its pid's bit first: a load, where other processes stop. */
+	if (!(id & STACK_ID_HASH_BIT) || !python_pid(tgid))
 		return id;
+	pid_tgid = bpf_get_current_pid_tgid();
+	if (!python_process(pid_tgid >> 32))
+		return id;
+	task = bpf_get_current_task_btf();
 	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
 	native = bpf_map_lookup_elem(&stacks, &id);
