@@ -121,25 +121,25 @@ fn state_color(state: OffState) -> Color {
 /// The colour of a waker's frame (`--wakers`): yellow-green shades, apart
 /// from the blocked thread's blue and orange.
 fn waker_color(name: &str) -> Color {
+    shaded(name, (190, 50.0), (215, 35.0), (80, 50.0))
+}
+
+/// A colour of a family: each component its base plus up to its range, by
+/// the name's shade.
+fn shaded(name: &str, r: (u8, f32), g: (u8, f32), b: (u8, f32)) -> Color {
     let v = shade(name);
-    let scale = |base: u8, range: f32| base + (range * v) as u8;
+    let scale = |(base, range): (u8, f32)| base + (range * v) as u8;
     Color {
-        r: scale(190, 50.0),
-        g: scale(215, 35.0),
-        b: scale(80, 50.0),
+        r: scale(r),
+        g: scale(g),
+        b: scale(b),
     }
 }
 
 /// The colour of a Python function's frame: violet shades, apart from the
 /// native frames' blue and orange.
 fn python_color(name: &str) -> Color {
-    let v = shade(name);
-    let scale = |base: u8, range: f32| base + (range * v) as u8;
-    Color {
-        r: scale(150, 50.0),
-        g: scale(110, 45.0),
-        b: scale(205, 45.0),
-    }
+    shaded(name, (150, 50.0), (110, 45.0), (205, 45.0))
 }
 
 fn palette_knows_kernel(p: Palette) -> bool {
