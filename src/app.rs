@@ -284,9 +284,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         refreshing: HashMap::new(),
         refresh_failed: false,
         python_later: Vec::new(),
-        python_stall: Duration::from_millis(
-            crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_PYTHON_MS").unwrap_or(0),
-        ),
+        python_gate: std::env::var_os("OFFCPUTIME_TEST_PYTHON_GATE").map(Into::into),
     };
     // Started before start-up's raise ends: under a burst of new threads
     // the loop may get no CPU from then on until the lookout raises it.
@@ -1282,11 +1280,12 @@ struct Collector<'t> {
     /// The refresh failed once (said once).
     refresh_failed: bool,
     /// Processes whose mappings were read, to be looked at for an
-    /// interpreter (with their address space), and when.
-    python_later: Vec<(Proc, u64, Instant)>,
-    /// For tests: how long that waits (as if reading the interpreter took
-    /// that long; its first blocks are then walked before it is known).
-    python_stall: Duration,
+    /// interpreter (with their address space).
+    python_later: Vec<(Proc, u64)>,
+    /// For tests: that waits until this file exists (as if reading the
+    /// interpreter took that long: its first blocks are then walked
+    /// before it is known).
+    python_gate: Option<std::path::PathBuf>,
 }
 
 impl<'t> Collector<'t> {
@@ -1297,15 +1296,11 @@ impl<'t> Collector<'t> {
             self.python_later.clear();
             return;
         };
+        if self.python_gate.as_ref().is_some_and(|g| !g.exists()) {
+            return;
+        }
         let now = Instant::now();
-        let mut i = 0;
-        while i < self.python_later.len() {
-            let (p, mm, due) = self.python_later[i];
-            if due > now {
-                i += 1;
-                continue;
-            }
-            self.python_later.swap_remove(i);
+        for (p, mm) in std::mem::take(&mut self.python_later) {
             if note_python(store, registry, p, mm) {
                 self.refreshing.insert(p.tgid, now);
             }
@@ -1360,16 +1355,14 @@ impl<'t> Collector<'t> {
                     self.stats.processes += 1;
                     let now = registry.note_process(p.tgid, Some(p.start), false);
                     if now {
-                        self.python_later
-                            .push((p, space.mm, Instant::now() + self.python_stall));
+                        self.python_later.push((p, space.mm));
                     }
                     spaces.push(now.then_some(space));
                 }
                 TaskEvent::Changed(p, space) => {
                     let now = registry.note_process(p.tgid, Some(p.start), true);
                     if now {
-                        self.python_later
-                            .push((p, space.mm, Instant::now() + self.python_stall));
+                        self.python_later.push((p, space.mm));
                     }
                     spaces.push(now.then_some(space));
                 }

@@ -258,16 +258,21 @@ fn cpython(version: &str, prefix: &str) {
     check(&format!("{version}, --snapshot"), prefix, &snap, &run, None);
     drop(run);
     // Started while tracing: its threads' blocks come before its
-    // interpreter is known (made sure of: the profiler waits a second
-    // before it looks), and are walked again with their Python frames
-    // once it is, while they last.
+    // interpreter is known (made sure of: the profiler looks at new
+    // processes only once the workload is ready and blocked), and are
+    // walked again with their Python frames once it is, while they last.
     let dir2 = tempfile::tempdir().unwrap();
+    let gate = dir2.path().join("gate");
     let mut during = None;
+    // Software emulation (the kernel matrix) takes seconds to start
+    // Python and build its tables.
+    let seconds = if emulated() { "15" } else { "5" };
     let (out, _, _) = profile_during_with(
-        &["-f", "--lines", "4"],
-        &[("OFFCPUTIME_TEST_STALL_PYTHON_MS", "1000")],
+        &["-f", "--lines", seconds],
+        &[("OFFCPUTIME_TEST_PYTHON_GATE", gate.to_str().unwrap())],
         |_| {
             during = Some(start(&python, prefix, dir2.path()));
+            std::fs::write(&gate, b"").unwrap();
         },
     );
     let during = during.expect("the workload started");
