@@ -549,6 +549,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         report_unwinding(u, &deferred, &profile, config.verbose);
     }
     report_python(&mut registry, &profile, config.verbose, python_unwalked);
+    report_namespaces(&registry, config.verbose);
     if config.verbose {
         let (stacks, blocks, total_ns) = match &intervals {
             Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
@@ -752,6 +753,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
     if let Some(u) = &unwinder {
         report_unwinding(u, &Deferred::new(0), &profile, config.verbose);
     }
+    report_namespaces(&registry, config.verbose);
     Ok(())
 }
 
@@ -857,6 +859,32 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
 
 /// Processes and files the profiler had no right to read, and what that
 /// cost, once each.
+/// `-v`: the processes of other pid namespaces (containers) by their pid
+/// there too, since the outputs show the host's.
+fn report_namespaces(registry: &Registry, verbose: bool) {
+    if !verbose {
+        return;
+    }
+    let pids = registry.namespace_pids();
+    if pids.is_empty() {
+        return;
+    }
+    const SHOWN: usize = 20;
+    let list: Vec<String> = pids
+        .iter()
+        .take(SHOWN)
+        .map(|(pid, ns)| format!("{pid} is {ns}"))
+        .collect();
+    let more = match pids.len().saturating_sub(SHOWN) {
+        0 => String::new(),
+        n => format!(", and {n} more"),
+    };
+    eprintln!(
+        "offcputime: pids in their own pid namespace: {}{more}",
+        list.join(", ")
+    );
+}
+
 fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config: &Config) {
     if !config.shape.mode.user() {
         return;

@@ -128,6 +128,17 @@ pub struct Args {
     )]
     pub tid: Vec<String>,
 
+    /// Trace only the tasks in this cgroup v2 directory and the cgroups
+    /// below it (a pod's cgroup holds its containers'); may be given
+    /// several times
+    #[arg(long = "cgroup", value_name = "PATH")]
+    pub cgroup: Vec<PathBuf>,
+
+    /// Each stack under a `[container ID]` frame at its root (folded,
+    /// flame graph), one speedscope profile per container
+    #[arg(long = "per-container")]
+    pub per_container: bool,
+
     /// User threads only (no kernel threads)
     #[arg(short = 'u', long = "user-threads-only")]
     pub user_threads_only: bool,
@@ -437,6 +448,8 @@ pub enum Format {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub tracer: TracerOptions,
+    /// `--cgroup`'s directories, as given (their ids are in `tracer`).
+    pub cgroups: Vec<PathBuf>,
     pub shape: Shape,
     pub format: Format,
     /// `None` is stdout.
@@ -544,6 +557,11 @@ impl Args {
         }
         let tgids = parse_ids("PID", &self.pid)?;
         let tids = parse_ids("TID", &self.tid)?;
+        let cgroups = self
+            .cgroup
+            .iter()
+            .map(|p| crate::container::cgroup_dir(p))
+            .collect::<Result<Vec<_>>>()?;
         let min_us = match &self.min_block_time {
             Some(s) => parse_u64("-m/--min-block-time", s)?,
             None => 1,
@@ -668,6 +686,7 @@ impl Args {
                 interval,
                 tgids,
                 tids,
+                cgroups: cgroups.iter().map(|c| c.id).collect(),
                 user_threads_only: self.user_threads_only,
                 kernel_threads_only: self.kernel_threads_only,
                 state,
@@ -698,7 +717,9 @@ impl Args {
             shape: Shape {
                 mode,
                 delimited: self.delimited,
+                per_container: self.per_container,
             },
+            cgroups: cgroups.into_iter().map(|c| c.path).collect(),
             format,
             output,
             more_outputs,
@@ -1058,6 +1079,13 @@ impl Config {
             format!("PID {}", list(&t.tgids))
         } else if !t.tids.is_empty() {
             format!("TID {}", list(&t.tids))
+        } else if !self.cgroups.is_empty() {
+            let paths: Vec<String> = self
+                .cgroups
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            format!("threads in cgroup {}", paths.join(", "))
         } else if t.user_threads_only {
             "user threads".to_string()
         } else if t.kernel_threads_only {

@@ -17,6 +17,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod container;
 pub mod deferred;
 mod elf;
 pub mod filter;

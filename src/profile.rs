@@ -134,6 +134,7 @@ impl std::fmt::Display for Frame {
     }
 }
 
+pub use crate::container::Container;
 pub use crate::process::ObjectInfo;
 
 /// Blocked time of one thread in one distinct pair of stacks.
@@ -148,6 +149,9 @@ pub struct Sample {
     pub state: Option<OffState>,
     /// Who ended the block (`--wakers`); None without it.
     pub waker: Option<Waker>,
+    /// The process's cgroup and container, as seen at its first block;
+    /// None where it could not be read.
+    pub container: Option<Arc<Container>>,
     pub total_ns: u64,
     pub count: u64,
 }
@@ -403,8 +407,11 @@ fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> Vec<Sample>
             });
             merger.waker(reduced)
         });
+        let container = merger.container(s.container.as_ref());
         merger.add(
-            (s.tgid, s.pid, &s.comm, user, kernel, s.state, waker),
+            (
+                s.tgid, s.pid, &s.comm, user, kernel, s.state, waker, container,
+            ),
             s.total_ns,
             s.count,
         );
@@ -843,8 +850,17 @@ pub fn build(
                 },
             },
         });
+        let container = merger.container(
+            reg.container(Proc {
+                tgid: e.tgid,
+                start: e.start,
+            })
+            .as_ref(),
+        );
         merger.add(
-            (e.tgid, e.pid, &e.comm, user, kernel, e.state, waker),
+            (
+                e.tgid, e.pid, &e.comm, user, kernel, e.state, waker, container,
+            ),
             e.total_ns,
             e.count,
         );
@@ -876,11 +892,22 @@ struct Merger<'a> {
     parts: Parts,
     wakers: ahash::AHashMap<WakerKey, u32>,
     waker_list: Vec<Waker>,
+    containers: ahash::AHashMap<Arc<Container>, u32>,
+    container_list: Vec<Arc<Container>>,
     sums: ahash::AHashMap<SumKey<'a>, (u64, u64)>,
 }
 
-/// A sample's identity, its parts and waker by number.
-type SumKey<'a> = (u32, u32, &'a str, u32, u32, Option<OffState>, Option<u32>);
+/// A sample's identity, its parts, waker and container by number.
+type SumKey<'a> = (
+    u32,
+    u32,
+    &'a str,
+    u32,
+    u32,
+    Option<OffState>,
+    Option<u32>,
+    Option<u32>,
+);
 
 /// A waker by content: its kind, command and pid, its parts by number.
 type WakerKey = (u8, String, u32, u32, u32);
@@ -892,8 +919,19 @@ impl<'a> Merger<'a> {
             parts: Parts::with_capacity(samples),
             wakers: ahash::AHashMap::new(),
             waker_list: Vec::new(),
+            containers: ahash::AHashMap::new(),
+            container_list: Vec::new(),
             sums: ahash::AHashMap::with_capacity(samples),
         }
+    }
+
+    /// The number of `container`: equal containers get one number.
+    fn container(&mut self, container: Option<&Arc<Container>>) -> Option<u32> {
+        let c = container?;
+        Some(*self.containers.entry(c.clone()).or_insert_with(|| {
+            self.container_list.push(c.clone());
+            (self.container_list.len() - 1) as u32
+        }))
     }
 
     /// The number of `part`: equal parts get one number.
@@ -941,6 +979,7 @@ impl<'a> Merger<'a> {
         let Merger {
             parts,
             waker_list,
+            container_list,
             sums,
             ..
         } = self;
@@ -968,13 +1007,17 @@ impl<'a> Merger<'a> {
                 .then_with(|| a.5.cmp(&b.5))
                 .then_with(|| waker(a.6, b.6))
                 .then_with(|| (a.0, a_n).cmp(&(b.0, b_n)))
+                .then_with(|| {
+                    let c = |n: Option<u32>| n.map(|n| &container_list[n as usize]);
+                    c(a.7).cmp(&c(b.7))
+                })
         });
         // The last sample to have a part takes the merger's copy of it
         // rather than a clone: most parts are in one sample, and a clone
         // and the copy's drop each read the part's count, 100,000 reads
         // from all over memory.
         let mut uses = vec![0u32; parts.list.len()];
-        for ((_, _, _, u, k, _, _), _) in &sums {
+        for ((_, _, _, u, k, _, _, _), _) in &sums {
             uses[*u as usize] += 1;
             uses[*k as usize] += 1;
         }
@@ -990,7 +1033,7 @@ impl<'a> Merger<'a> {
         };
         sums.into_iter()
             .map(
-                |((tgid, pid, comm, u, k, state, w), (total_ns, count))| Sample {
+                |((tgid, pid, comm, u, k, state, w, c), (total_ns, count))| Sample {
                     comm: comm.to_string(),
                     tgid,
                     pid,
@@ -998,6 +1041,7 @@ impl<'a> Merger<'a> {
                     kernel: take(k),
                     state,
                     waker: w.map(|w| waker_list[w as usize].clone()),
+                    container: c.map(|c| container_list[c as usize].clone()),
                     total_ns,
                     count,
                 },

@@ -15,7 +15,22 @@ pub struct Shape {
     pub mode: StackMode,
     /// A `-` frame between the user and the kernel part.
     pub delimited: bool,
+    /// `--per-container`: a `[container ID]` frame at the root of each
+    /// stack (folded, flame graph), a speedscope profile per container.
+    pub per_container: bool,
 }
+
+/// The root frame of a sample's stack with `--per-container`: its
+/// container's short id, or that it is in none (or was not seen).
+pub fn container_frame(sample: &crate::profile::Sample) -> String {
+    match sample.container.as_deref().and_then(|c| c.short_id()) {
+        Some(id) => format!("[container {id}]"),
+        None => NO_CONTAINER.to_string(),
+    }
+}
+
+/// The root frame of processes outside any container (`--per-container`).
+pub const NO_CONTAINER: &str = "[no container]";
 
 /// The frames of one sample as `-U`/`-K` show them, innermost (leaf)
 /// first: the kernel part, then the user part; a part that was lost is

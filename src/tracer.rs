@@ -135,6 +135,9 @@ pub struct TracerOptions {
     pub interval: Option<Duration>,
     pub tgids: Vec<u32>,
     pub tids: Vec<u32>,
+    /// `--cgroup`: the ids of the cgroup v2 directories whose tasks (and
+    /// their descendants') are traced; empty for all.
+    pub cgroups: Vec<u64>,
     pub user_threads_only: bool,
     pub kernel_threads_only: bool,
     /// `--state`: None for all states.
@@ -458,7 +461,8 @@ fn load_while<'obj>(
     })
 }
 
-/// The processes and threads of `-p` and `-t`, for the program's filters.
+/// The processes, threads and cgroups of `-p`, `-t` and `--cgroup`, for
+/// the program's filters.
 fn fill_filters(skel: &OffcputimeSkel<'_>, opts: &TracerOptions) -> Result<()> {
     let one = [1u8];
     for tgid in &opts.tgids {
@@ -470,6 +474,11 @@ fn fill_filters(skel: &OffcputimeSkel<'_>, opts: &TracerOptions) -> Result<()> {
         skel.maps
             .tids
             .update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
+    }
+    for id in &opts.cgroups {
+        skel.maps
+            .cgroups
+            .update(&id.to_ne_bytes(), &one, MapFlags::ANY)?;
     }
     Ok(())
 }
@@ -486,6 +495,7 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
             .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
         rodata.filter_by_tgid = !opts.tgids.is_empty();
         rodata.filter_by_tid = !opts.tids.is_empty();
+        rodata.filter_by_cgroup = !opts.cgroups.is_empty();
         rodata.user_threads_only = opts.user_threads_only;
         rodata.kernel_threads_only = opts.kernel_threads_only;
         rodata.filter_by_state = opts.state.is_some();
@@ -577,6 +587,9 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
     open.maps
         .tids
         .set_max_entries(opts.tids.len().max(1) as u32)?;
+    open.maps
+        .cgroups
+        .set_max_entries(opts.cgroups.len().max(1) as u32)?;
     Ok(())
 }
 

@@ -45,6 +45,8 @@
 /* Configuration, fixed at load time (see src/tracer.rs). */
 const volatile bool filter_by_tgid = false;
 const volatile bool filter_by_tid = false;
+/* --cgroup: only the tasks in the cgroups of map `cgroups` or below them. */
+const volatile bool filter_by_cgroup = false;
 const volatile bool user_threads_only = false;
 const volatile bool kernel_threads_only = false;
 const volatile bool filter_by_state = false;
@@ -183,6 +185,15 @@ struct {
 	__type(key, __u32);
 	__type(value, __u8);
 } tids SEC(".maps");
+
+/* The cgroup v2 ids (kernfs node ids, the directories' inode numbers) of
+ * --cgroup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u8);
+} cgroups SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -1825,8 +1836,30 @@ static __always_inline __u32 offcpu_state(struct task_struct *t, __u32 state)
 	return OFFCPU_STATE_BLOCKED;
 }
 
-/* The in-kernel filters on the thread (-p -t -u -k). */
-static __always_inline bool wanted_thread(__u32 tgid, __u32 tid, bool kthread)
+/*
+ * Whether `t` is in one of the cgroups of --cgroup or below one: its cgroup
+ * of the v2 hierarchy and then each ancestor, looked up by id.  A process
+ * moved is seen where it is now, at its next block.  Deeper hierarchies than
+ * CGROUP_MAX_DEPTH are looked at in their innermost levels only.
+ */
+static __noinline bool in_cgroups(struct task_struct *t)
+{
+	struct cgroup *cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
+
+	for (int i = 0; i < CGROUP_MAX_DEPTH && cg; i++) {
+		__u64 id = BPF_CORE_READ(cg, kn, id);
+
+		if (bpf_map_lookup_elem(&cgroups, &id))
+			return true;
+		/* `self` is the first member: its parent is the parent cgroup. */
+		cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
+	}
+	return false;
+}
+
+/* The in-kernel filters on the thread (-p -t -u -k --cgroup). */
+static __always_inline bool wanted_thread(struct task_struct *t, __u32 tgid, __u32 tid,
+					  bool kthread)
 {
 	if (tid == 0) /* the idle tasks */
 		return false;
@@ -1838,13 +1871,16 @@ static __always_inline bool wanted_thread(__u32 tgid, __u32 tid, bool kthread)
 		return false;
 	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &tid))
 		return false;
+	if (filter_by_cgroup && !in_cgroups(t))
+		return false;
 	return true;
 }
 
 /* ... and on the block (--state). */
-static __always_inline bool wanted(__u32 tgid, __u32 tid, bool kthread, __u32 state)
+static __always_inline bool wanted(struct task_struct *t, __u32 tgid, __u32 tid, bool kthread,
+				   __u32 state)
 {
-	if (!wanted_thread(tgid, tid, kthread))
+	if (!wanted_thread(t, tgid, tid, kthread))
 		return false;
 	if (filter_by_state) {
 		/* As bcc: 0 means exactly TASK_RUNNING (preempted), any
@@ -1952,7 +1988,8 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 {
 	/* Processes not traced are told of only if a thread of theirs woke
 	 * a traced one (--wakers). */
-	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid) &&
+	if ((filter_by_tgid || filter_by_cgroup) &&
+	    (!filter_by_tgid || !bpf_map_lookup_elem(&tgids, &tgid)) &&
 	    !bpf_map_lookup_elem(&notified_procs, &tgid))
 		return;
 	if (BPF_CORE_READ(t, signal, live.counter) == 0) {
@@ -1987,6 +2024,8 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &ctgid))
 		return;
 	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &ctgid))
+		return;
+	if (filter_by_cgroup && !in_cgroups(child))
 		return;
 	pmm = address_space(parent, &pexec_vm);
 	cmm = address_space(child, &cexec_vm);
@@ -2122,7 +2161,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 			notify_exit(prev, tgid, tid);
 		return;
 	}
-	if (!wanted(tgid, tid, kthread, state))
+	if (!wanted(prev, tgid, tid, kthread, state))
 		return;
 	if (trace_end_ns && now >= trace_end_ns)
 		return;
@@ -2392,7 +2431,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	 * noted, so that the start iterator cannot take it for one blocked
 	 * since before the hook was attached. */
 	if (starting)
-		starting = wanted_thread(TASK_READ(trusted, next, tgid), tid, is_kthread(next, trusted));
+		starting = wanted_thread(next, TASK_READ(trusted, next, tgid), tid,
+					  is_kthread(next, trusted));
 	d = get_data(next, tid, trusted, starting);
 	if (!d)
 		return;
@@ -2951,7 +2991,7 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		return;
 	tgid = BPF_CORE_READ(task, tgid);
 	kthread = is_kthread(task, false);
-	if (!wanted(tgid, tid, kthread, state))
+	if (!wanted(task, tgid, tid, kthread, state))
 		return;
 	if (legacy) {
 		/* Switched since the hook was attached: it has a record. */
@@ -3224,7 +3264,7 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_s
 	rec.tgid = BPF_CORE_READ(task, tgid);
 	kthread = is_kthread(task, false);
 	/* Not run yet: nothing to show. */
-	if (!wanted_thread(rec.tgid, rec.pid, kthread) || (task_state(task, false) & TASK_NEW))
+	if (!wanted_thread(task, rec.tgid, rec.pid, kthread) || (task_state(task, false) & TASK_NEW))
 		return;
 	index = state_index(task);
 	if (snapshot_states && !(snapshot_states & (1u << index)))

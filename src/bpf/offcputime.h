@@ -10,6 +10,8 @@
 #define TASK_COMM_LEN 16
 /* Upper bound of --perf-max-stack-depth; the real depth is set at load. */
 #define MAX_STACK_DEPTH 127
+/* Levels of the cgroup hierarchy --cgroup looks up, innermost first. */
+#define CGROUP_MAX_DEPTH 32
 
 /*
  * Stack ids in struct offcpu_key.  A captured stack is stored in the `stacks`

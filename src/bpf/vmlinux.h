@@ -154,6 +154,30 @@ struct thread_struct {
 	unsigned long fsbase;
 };
 
+/* A kernfs node: a cgroup's directory; its id is the inode number userspace
+ * sees (on 64-bit) and bpf_get_current_cgroup_id() returns. */
+struct kernfs_node {
+	u64 id;
+};
+
+/* The part of a cgroup its controllers share: `parent` is the parent
+ * cgroup's own `self`. */
+struct cgroup_subsys_state {
+	struct cgroup_subsys_state *parent;
+};
+
+/* `self` is the first member: a cgroup_subsys_state pointer to a cgroup's
+ * `self` is a pointer to the cgroup. */
+struct cgroup {
+	struct cgroup_subsys_state self;
+	struct kernfs_node *kn;
+};
+
+/* The cgroups of a task: dfl_cgrp is its cgroup in the v2 hierarchy. */
+struct css_set {
+	struct cgroup *dfl_cgrp;
+};
+
 struct task_struct {
 	struct thread_info thread_info;
 	unsigned int __state;
@@ -179,6 +203,7 @@ struct task_struct {
 	/* Set while the task sleeps waiting for I/O (io_schedule()). */
 	unsigned int in_iowait:1;
 	struct thread_struct thread;
+	struct css_set *cgroups;
 };
 
 

@@ -215,6 +215,10 @@ impl Texts {
     /// `line`. With `annotate`, kernel frames end in [`KERNEL_ANNOTATION`]
     /// and the waker's in [`WAKER_ANNOTATION`].
     fn line(&mut self, line: &mut String, sample: &Sample, shape: Shape, annotate: bool) {
+        if shape.per_container {
+            push_clean(line, &crate::shape::container_frame(sample));
+            line.push(';');
+        }
         push_clean(line, &sample.comm);
         if let Some(state) = sample.state {
             push(line, state.frame());
@@ -417,6 +421,7 @@ mod tests {
             kernel: part(kernel),
             state: None,
             waker: None,
+            container: None,
             total_ns: ns,
             count: 1,
         }

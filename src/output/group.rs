@@ -3,7 +3,8 @@
 //! (BTstack) groups the tasks of a crash dump, with the time each stack
 //! cost. An entry gives the stacks as the report prints them, then how
 //! many threads and processes blocked there, the commands among them with
-//! how many threads each, the blocks and the total time. Stacks are the
+//! how many threads each, the containers among them (where any was in
+//! one), the blocks and the total time. Stacks are the
 //! same when they print the same (after `-U`/`-K`/`-d`, `--states`,
 //! `--wakers`): frames by name, or as `-s`/`--addresses` show them.
 //!
@@ -26,6 +27,8 @@ struct Group {
     threads: BTreeSet<(u32, u32)>,
     /// Command -> its threads.
     commands: BTreeMap<String, BTreeSet<u32>>,
+    /// Container (short id) -> its threads, for threads in one.
+    containers: BTreeMap<String, BTreeSet<u32>>,
     total_ns: u64,
     blocks: u64,
 }
@@ -44,6 +47,12 @@ pub fn write(
         let g = groups.entry(stack).or_default();
         g.threads.insert((s.tgid, s.pid));
         g.commands.entry(s.comm.clone()).or_default().insert(s.pid);
+        if let Some(id) = s.container.as_deref().and_then(|c| c.short_id()) {
+            g.containers
+                .entry(id.to_string())
+                .or_default()
+                .insert(s.pid);
+        }
         g.total_ns += s.total_ns;
         g.blocks += s.count;
     }
@@ -78,6 +87,14 @@ pub fn write(
             .map(|(comm, tids)| format!("{comm} ({})", tids.len()))
             .collect();
         writeln!(w, "    {:<16} {}", "commands:", commands.join(", "))?;
+        if !g.containers.is_empty() {
+            let containers: Vec<String> = g
+                .containers
+                .iter()
+                .map(|(id, tids)| format!("{id} ({})", tids.len()))
+                .collect();
+            writeln!(w, "    {:<16} {}", "containers:", containers.join(", "))?;
+        }
         writeln!(
             w,
             "    {:<16} {}, {} us\n",

@@ -90,6 +90,21 @@ fn labels(s: &Sample, opts: &PprofOptions) -> Vec<(&'static str, String)> {
     if let Some(waker) = &s.waker {
         l.push(("waker", waker.name().to_string()));
     }
+    // Where the process is: its cgroup always (where read), its container
+    // and pod where the cgroup path names them, so that a fleet backend
+    // can cut profiles by workload.
+    if let Some(c) = s.container.as_deref() {
+        l.push(("cgroup", c.cgroup.clone()));
+        if let Some(id) = &c.id {
+            l.push(("container_id", id.clone()));
+        }
+        if let Some(runtime) = c.runtime {
+            l.push(("container_runtime", runtime.to_string()));
+        }
+        if let Some(uid) = &c.pod_uid {
+            l.push(("pod_uid", uid.clone()));
+        }
+    }
     l
 }
 

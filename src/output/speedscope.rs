@@ -9,7 +9,9 @@
 //! first; profiles come hottest first too. A thread's profile is named
 //! `comm (tid)`. With one profile per process, named `comm (pid)` after its
 //! main thread (or, if that never blocked, its first thread seen), each
-//! stack starts with its thread's name, as a folded line does. With
+//! stack starts with its thread's name, as a folded line does; so with one
+//! profile per container (`--per-container`), named `container ID` or `no
+//! container`. With
 //! `--states`, the thread state (`[sleep]`, ...) is the frame after the
 //! thread's name, or the root, as in the folded output. Frames of a file
 //! say which (`file`), kernel frames say `[kernel.kallsyms]`.
@@ -72,7 +74,9 @@ pub fn write(
         if s.total_ns == 0 {
             continue;
         }
-        let key = if opts.per_process {
+        let key = if shape.per_container {
+            (0, 0, crate::shape::container_frame(s))
+        } else if opts.per_process {
             (s.tgid, 0, String::new())
         } else {
             (s.tgid, s.pid, s.comm.clone())
@@ -81,7 +85,7 @@ pub fn write(
         let at = *by_key.entry(key).or_insert(next);
         if at == next {
             profiles.push(Built {
-                name: profile_name(s, opts),
+                name: profile_name(s, shape, opts),
                 stacks: Vec::new(),
                 index: HashMap::new(),
                 total_ns: 0,
@@ -89,12 +93,12 @@ pub fn write(
             });
         }
         let p = &mut profiles[at];
-        if opts.per_process && !p.named_by_main && s.pid == s.tgid {
-            p.name = profile_name(s, opts);
+        if opts.per_process && !shape.per_container && !p.named_by_main && s.pid == s.tgid {
+            p.name = profile_name(s, shape, opts);
             p.named_by_main = true;
         }
         let mut stack: Vec<usize> = Vec::new();
-        if opts.per_process {
+        if opts.per_process || shape.per_container {
             stack.push(frame_id(&s.comm, None));
         }
         // As in the folded output: the state first (`--states`).
@@ -184,8 +188,14 @@ pub fn write(
     )
 }
 
-fn profile_name(s: &Sample, opts: &SpeedscopeOptions) -> String {
-    if opts.per_process {
+fn profile_name(s: &Sample, shape: Shape, opts: &SpeedscopeOptions) -> String {
+    if shape.per_container {
+        let frame = crate::shape::container_frame(s);
+        frame
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string()
+    } else if opts.per_process {
         format!("{} ({})", s.comm, s.tgid)
     } else {
         format!("{} ({})", s.comm, s.pid)

@@ -184,6 +184,22 @@ pub fn write(
             }
         }
     }
+    // The containers' root frames (--per-container): one sand colour.
+    if shape.per_container {
+        for sample in &profile.samples {
+            let frame = folded::clean(&crate::shape::container_frame(sample));
+            if kernel_colors.get(&frame).is_none() {
+                kernel_colors.insert(
+                    frame,
+                    Color {
+                        r: 200,
+                        g: 185,
+                        b: 150,
+                    },
+                );
+            }
+        }
+    }
     // Python functions (in place of the interpreter's frames): violet
     // shades, apart from the native frames.
     for sample in &profile.samples {

@@ -4,7 +4,8 @@
 //! next to the prompt. With `--states`, the thread state (`[sleep]`, ...)
 //! is the last frame, as it is the outermost one in folded stacks. With
 //! `--wakers`, each entry starts with its waker (`waker: comm (pid)`), the
-//! waker's user then kernel frames outermost first, and `--`.
+//! waker's user then kernel frames outermost first, and `--`. A thread in
+//! a container has its container's short id after its pid.
 
 use std::io::{self, Write};
 
@@ -20,7 +21,14 @@ pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<(
             continue;
         }
         write_stacks(w, s, shape)?;
-        writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?;
+        match s.container.as_deref().and_then(|c| c.short_id()) {
+            Some(id) => writeln!(
+                w,
+                "    {:<16} {} ({}) in container {id}",
+                "-", s.comm, s.pid
+            )?,
+            None => writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?,
+        }
         writeln!(w, "        {}\n", s.total_us())?;
     }
     Ok(())

@@ -214,6 +214,11 @@ pub struct Registry {
     inherited: HashSet<u32>,
     /// CPython interpreters, processes and code objects.
     py: super::python::Pythons,
+    /// The cgroup and container of each process, read when it is first
+    /// noted (at its first block).
+    containers: HashMap<Proc, std::sync::Arc<crate::container::Container>>,
+    /// Pids of processes in their own pid namespace, where they differ.
+    namespace_pids: HashMap<Proc, u32>,
 }
 
 /// Mappings of a process replaced by another file's at an overlapping
@@ -250,6 +255,40 @@ impl Registry {
             replaced: Replaced::default(),
             inherited: HashSet::new(),
             py: Default::default(),
+            containers: HashMap::new(),
+            namespace_pids: HashMap::new(),
+        }
+    }
+
+    /// The cgroup and container of process `p`, where it was read.
+    pub fn container(&self, p: Proc) -> Option<std::sync::Arc<crate::container::Container>> {
+        self.containers.get(&p).cloned()
+    }
+
+    /// The processes whose pid in their own pid namespace differs from
+    /// their pid: (pid, pid in the namespace), in pid order.
+    pub fn namespace_pids(&self) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = self
+            .namespace_pids
+            .iter()
+            .map(|(p, &n)| (p.tgid, n))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Reads where a process just noted is: its cgroup (it may move later;
+    /// it is counted where it was first seen) and its namespace pid.
+    fn note_place(&mut self, p: Proc) {
+        if self.containers.contains_key(&p) {
+            return;
+        }
+        if let Some(c) = crate::container::of_process(p.tgid) {
+            self.containers.insert(p, std::sync::Arc::new(c));
+        }
+        if let Some(n) = crate::container::namespace_pid(p.tgid) {
+            self.namespace_pids.insert(p, n);
         }
     }
 
@@ -291,6 +330,7 @@ impl Registry {
             return false;
         }
         self.starts.insert(tgid, start);
+        self.note_place(Proc { tgid, start });
         self.refresh_process(tgid, inherited)
     }
 

@@ -94,7 +94,7 @@ pub fn with_addresses() -> Profile {
 fn shape(mode: StackMode) -> Shape {
     Shape {
         mode,
-        delimited: false,
+        ..Shape::default()
     }
 }
 

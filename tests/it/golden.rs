@@ -22,6 +22,7 @@ pub fn synthetic() -> Profile {
         kernel,
         state: None,
         waker: None,
+        container: None,
         total_ns,
         count: 1,
     };
@@ -120,6 +121,7 @@ fn golden_folded() {
             Shape {
                 mode: StackMode::Both,
                 delimited: true,
+                ..Shape::default()
             },
             true,
         ),
@@ -130,6 +132,7 @@ fn golden_folded() {
             Shape {
                 mode: StackMode::UserOnly,
                 delimited: true,
+                ..Shape::default()
             },
             true,
         ),
@@ -140,6 +143,7 @@ fn golden_folded() {
             Shape {
                 mode: StackMode::KernelOnly,
                 delimited: false,
+                ..Shape::default()
             },
             true,
         ),
@@ -155,6 +159,7 @@ fn golden_report() {
             Shape {
                 mode: StackMode::Both,
                 delimited: true,
+                ..Shape::default()
             },
             false,
         ),

@@ -5,6 +5,7 @@
 //! gdb; and the kernel matrix in VMs.
 
 mod cli;
+mod containers;
 mod e2e;
 mod faults;
 pub(crate) mod formats;
@@ -12,7 +13,7 @@ mod golden;
 mod intervals;
 mod layers;
 mod newprocs;
-mod push;
+pub(crate) mod push;
 mod python;
 mod reading;
 mod realworld;

@@ -14,22 +14,22 @@ use crate::util::*;
 
 /// One request as the server got it.
 #[derive(Debug, Clone)]
-struct Request {
-    path: String,
-    query: BTreeMap<String, String>,
+pub(crate) struct Request {
+    pub(crate) path: String,
+    pub(crate) query: BTreeMap<String, String>,
     /// Multipart parts by name.
-    parts: BTreeMap<String, Vec<u8>>,
+    pub(crate) parts: BTreeMap<String, Vec<u8>>,
 }
 
 /// An ingest endpoint on 127.0.0.1 that answers 200 to every request and
 /// keeps it.
-struct Server {
+pub(crate) struct Server {
     got: Arc<Mutex<Vec<Request>>>,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Server {
-    fn start(listener: TcpListener) -> Server {
+    pub(crate) fn start(listener: TcpListener) -> Server {
         let port = listener.local_addr().unwrap().port();
         let got = Arc::new(Mutex::new(Vec::new()));
         let keep = got.clone();
@@ -47,7 +47,7 @@ impl Server {
         Server { got, port }
     }
 
-    fn requests(&self) -> Vec<Request> {
+    pub(crate) fn requests(&self) -> Vec<Request> {
         self.got.lock().unwrap().clone()
     }
 }

@@ -75,6 +75,7 @@ fn grep_rules() {
         kernel,
         state: None,
         waker,
+        container: None,
         total_ns: 1_000_000,
         count: 1,
     };

@@ -31,6 +31,7 @@ fn synthetic() -> Snapshot {
             kernel,
             state: None,
             waker: None,
+            container: None,
             total_ns: 0,
             count: 0,
         },
@@ -151,6 +152,7 @@ fn golden_snapshot_report() {
             Shape {
                 mode: StackMode::KernelOnly,
                 delimited: false,
+                ..Shape::default()
             },
             GroupSort::Desc,
             true,
@@ -164,6 +166,7 @@ fn golden_snapshot_folded_and_svg() {
     let shape = Shape {
         mode: StackMode::Both,
         delimited: true,
+        ..Shape::default()
     };
     let mut out = Vec::new();
     folded::write(&profile, shape, &mut out).unwrap();

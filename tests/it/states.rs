@@ -393,6 +393,7 @@ fn golden_states() {
     let delimited = Shape {
         mode: StackMode::Both,
         delimited: true,
+        ..Shape::default()
     };
     check(
         "synthetic-states.folded",

@@ -16,6 +16,7 @@ use crate::util::*;
 const DELIMITED: Shape = Shape {
     mode: StackMode::Both,
     delimited: true,
+    per_container: false,
 };
 
 fn render(profile: &Profile, shape: Shape, opts: &SvgOptions) -> String {

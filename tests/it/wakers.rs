@@ -293,6 +293,7 @@ fn golden_wakers() {
     let delimited = Shape {
         mode: StackMode::Both,
         delimited: true,
+        ..Shape::default()
     };
     check("synthetic-wakers.folded", &render(&p, delimited, "folded"));
     check("synthetic-wakers.txt", &render(&p, delimited, "report"));
