@@ -96,6 +96,8 @@ fn set_libbpf_logging(verbose: bool) {
 /// while the BPF program loads, and written once it has.
 struct StartingTables<'a> {
     config: &'a crate::tracer::TracerOptions,
+    /// `--cgroup`'s directories: the processes in them are those traced.
+    cgroups: &'a [std::path::PathBuf],
     registry: &'a mut Registry,
     unwinder: &'a mut Option<Unwinder>,
     /// The processes noted by `prepare`.
@@ -110,7 +112,7 @@ impl crate::tracer::StartTables for StartingTables<'_> {
             return;
         }
         let mut u = Unwinder::without_store(capacity.rows as usize, capacity.mappings as usize);
-        self.noted = processes_to_trace(self.config);
+        self.noted = processes_to_trace(self.config, self.cgroups);
         for &tgid in &self.noted {
             self.registry.note_process(tgid, None, false);
             u.note_process(&*self.registry, tgid);
@@ -141,7 +143,7 @@ impl crate::tracer::StartTables for StartingTables<'_> {
     fn install_python(&mut self, store: crate::tracer::PythonStore) {
         if self.unwinder.is_none() {
             // No tables: the processes are noted here.
-            self.noted = processes_to_trace(self.config);
+            self.noted = processes_to_trace(self.config, self.cgroups);
             for &tgid in &self.noted {
                 self.registry.note_process(tgid, None, false);
             }
@@ -220,6 +222,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             &config.tracer,
             &mut StartingTables {
                 config: &config.tracer,
+                cgroups: &config.cgroups,
                 registry: &mut registry,
                 unwinder: &mut unwinder,
                 noted: Vec::new(),
@@ -672,6 +675,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
                 snap.states,
                 &mut StartingTables {
                     config: &config.tracer,
+                    cgroups: &config.cgroups,
                     registry: &mut registry,
                     unwinder: &mut unwinder,
                     noted: Vec::new(),
@@ -828,12 +832,18 @@ fn render(
 
 /// The processes alive now whose threads are traced (none if no user
 /// stacks are wanted): those of -p, those of the threads of -t, else all.
-fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
+fn processes_to_trace(
+    t: &crate::tracer::TracerOptions,
+    cgroups: &[std::path::PathBuf],
+) -> Vec<u32> {
     if t.kernel_threads_only || !t.user_stacks {
         return Vec::new();
     }
     if !t.tgids.is_empty() {
         return t.tgids.clone();
+    }
+    if t.tids.is_empty() && !cgroups.is_empty() {
+        return crate::container::processes_in(cgroups);
     }
     let tgid_of = |tid: u32| {
         std::fs::read_to_string(format!("/proc/{tid}/status"))
@@ -857,8 +867,6 @@ fn processes_to_trace(t: &crate::tracer::TracerOptions) -> Vec<u32> {
         .collect()
 }
 
-/// Processes and files the profiler had no right to read, and what that
-/// cost, once each.
 /// `-v`: the processes of other pid namespaces (containers) by their pid
 /// there too, since the outputs show the host's.
 fn report_namespaces(registry: &Registry, verbose: bool) {
@@ -885,6 +893,8 @@ fn report_namespaces(registry: &Registry, verbose: bool) {
     );
 }
 
+/// Processes and files the profiler had no right to read, and what that
+/// cost, once each.
 fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config: &Config) {
     if !config.shape.mode.user() {
         return;

@@ -100,9 +100,10 @@ fn parse_line(line: &str) -> Option<CgroupLine<'_>> {
 
 /// Parses the text of /proc/PID/cgroup into a Container.
 ///
-/// The v2 line ("0::PATH") is used unless it says nothing of a container
-/// while a v1 line ("N:controllers:PATH") does: on hybrid systems the
-/// container runtime may place the process only in v1 cgroups. Then the
+/// The v2 line ("0::PATH") is used unless it has the process at the v2
+/// root (or there is none) while a v1 line ("N:controllers:PATH") names a
+/// container: on hybrid systems the container runtime may place the
+/// process only in v1 cgroups. Then the
 /// first v1 line whose path names a container id is used (else the first
 /// naming a pod). Where no line names one, the v2 path (or, without a v2
 /// line, the name=systemd v1 line's, else the first v1 line's) with no
@@ -113,8 +114,11 @@ pub fn parse_proc_cgroup(text: &str) -> Option<Container> {
         .iter()
         .find(|l| l.hierarchy == 0 && l.controllers.is_empty())
         .map(|l| classify(l.path));
+    // A v2 path below the root is where the process is: a v1 line is
+    // looked at only where the v2 hierarchy has it at its root (or has no
+    // line), as on hybrid hosts whose runtime uses the v1 controllers.
     if let Some(v2) = &v2 {
-        if v2.names_something() {
+        if v2.names_something() || !v2.cgroup.trim_end_matches('/').is_empty() {
             return Some(v2.clone());
         }
     }
@@ -164,6 +168,7 @@ fn is_pod_uid(s: &str) -> bool {
 const RUNTIME_PREFIXES: &[(&str, &str)] = &[
     ("docker-", "docker"),
     ("cri-containerd-", "containerd"),
+    ("nerdctl-", "containerd"),
     ("crio-", "cri-o"),
     ("libpod-", "podman"),
 ];
@@ -190,6 +195,11 @@ fn container_component<'a>(
     if is_container_id(part) {
         if parent == Some("docker") {
             return Some((part, Some("docker")));
+        }
+        // containerd's cgroupfs layout: a directory per containerd
+        // namespace (nerdctl's "default", the CRI's "k8s.io").
+        if matches!(parent, Some("default" | "k8s.io")) {
+            return Some((part, Some("containerd")));
         }
         if parent_is_pod {
             return Some((part, None));
@@ -276,6 +286,39 @@ fn read_capped(path: &Path, cap: u64) -> Option<String> {
     let mut bytes = Vec::new();
     file.take(cap).read_to_end(&mut bytes).ok()?;
     Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The processes in the cgroups `dirs` and every cgroup below them, from
+/// their `cgroup.procs` files (each read to at most 4 MiB, 64 levels down
+/// at most), sorted, each once.
+pub fn processes_in(dirs: &[PathBuf]) -> Vec<u32> {
+    fn walk(dir: &Path, depth: u32, out: &mut Vec<u32>) {
+        if let Some(text) = read_capped(&dir.join("cgroup.procs"), 4 << 20) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        if depth >= 64 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            // Not followed through links: cgroupfs has none.
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&e.path(), depth + 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for d in dirs {
+        walk(d, 0, &mut out);
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Reads /proc/PID/cgroup (at most 64 KiB) and parses it; None if the
@@ -643,6 +686,34 @@ mod tests {
         // The v2 line wins when it names a container itself.
         let text = format!("4:memory:/docker/{ID2}\n0::/system.slice/docker-{ID}.scope\n");
         assert_eq!(parse_proc_cgroup(&text).unwrap().id.as_deref(), Some(ID));
+    }
+
+    #[test]
+    fn a_v2_path_below_the_root_is_not_overridden_by_v1_lines() {
+        // A process in a cgroup of its own in v2 is there, whatever a v1
+        // line (which anyone with a delegated v1 subtree could name) says.
+        let text = format!("4:memory:/docker/{ID}\n0::/user.slice/app.scope\n");
+        let c = parse_proc_cgroup(&text).unwrap();
+        assert_eq!(c, classify("/user.slice/app.scope"));
+        assert_eq!(c.id, None);
+    }
+
+    #[test]
+    fn containerd_without_kubernetes() {
+        expect(
+            &format!("/system.slice/nerdctl-{ID}.scope"),
+            Some(ID),
+            Some("containerd"),
+            None,
+        );
+        expect(
+            &format!("/default/{ID}"),
+            Some(ID),
+            Some("containerd"),
+            None,
+        );
+        expect(&format!("/k8s.io/{ID}"), Some(ID), Some("containerd"), None);
+        expect(&format!("/elsewhere/{ID}"), None, None, None);
     }
 
     #[test]

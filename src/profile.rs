@@ -892,7 +892,8 @@ struct Merger<'a> {
     parts: Parts,
     wakers: ahash::AHashMap<WakerKey, u32>,
     waker_list: Vec<Waker>,
-    containers: ahash::AHashMap<Arc<Container>, u32>,
+    /// By address: equal containers are one `Arc` (the registry's).
+    containers: ahash::AHashMap<usize, u32>,
     container_list: Vec<Arc<Container>>,
     sums: ahash::AHashMap<SumKey<'a>, (u64, u64)>,
 }
@@ -928,10 +929,15 @@ impl<'a> Merger<'a> {
     /// The number of `container`: equal containers get one number.
     fn container(&mut self, container: Option<&Arc<Container>>) -> Option<u32> {
         let c = container?;
-        Some(*self.containers.entry(c.clone()).or_insert_with(|| {
-            self.container_list.push(c.clone());
-            (self.container_list.len() - 1) as u32
-        }))
+        Some(
+            *self
+                .containers
+                .entry(Arc::as_ptr(c) as usize)
+                .or_insert_with(|| {
+                    self.container_list.push(c.clone());
+                    (self.container_list.len() - 1) as u32
+                }),
+        )
     }
 
     /// The number of `part`: equal parts get one number.

@@ -1857,9 +1857,9 @@ static __noinline bool in_cgroups(struct task_struct *t)
 	return false;
 }
 
-/* The in-kernel filters on the thread (-p -t -u -k --cgroup). */
-static __always_inline bool wanted_thread(struct task_struct *t, __u32 tgid, __u32 tid,
-					  bool kthread)
+/* The in-kernel filters on the thread that cost a load or a lookup (-p -t
+ * -u -k). */
+static __always_inline bool wanted_ids(__u32 tgid, __u32 tid, bool kthread)
 {
 	if (tid == 0) /* the idle tasks */
 		return false;
@@ -1871,16 +1871,25 @@ static __always_inline bool wanted_thread(struct task_struct *t, __u32 tgid, __u
 		return false;
 	if (filter_by_tid && !bpf_map_lookup_elem(&tids, &tid))
 		return false;
+	return true;
+}
+
+/* ... and all of them (--cgroup: a walk up the task's cgroups, last). */
+static __always_inline bool wanted_thread(struct task_struct *t, __u32 tgid, __u32 tid,
+					  bool kthread)
+{
+	if (!wanted_ids(tgid, tid, kthread))
+		return false;
 	if (filter_by_cgroup && !in_cgroups(t))
 		return false;
 	return true;
 }
 
-/* ... and on the block (--state). */
+/* ... and on the block (--state), the cgroups looked at last. */
 static __always_inline bool wanted(struct task_struct *t, __u32 tgid, __u32 tid, bool kthread,
 				   __u32 state)
 {
-	if (!wanted_thread(t, tgid, tid, kthread))
+	if (!wanted_ids(tgid, tid, kthread))
 		return false;
 	if (filter_by_state) {
 		/* As bcc: 0 means exactly TASK_RUNNING (preempted), any
@@ -1888,6 +1897,8 @@ static __always_inline bool wanted(struct task_struct *t, __u32 tgid, __u32 tid,
 		if (state_mask == 0 ? state != 0 : !(state & state_mask))
 			return false;
 	}
+	if (filter_by_cgroup && !in_cgroups(t))
+		return false;
 	return true;
 }
 
@@ -1988,9 +1999,10 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
 {
 	/* Processes not traced are told of only if a thread of theirs woke
 	 * a traced one (--wakers). */
-	if ((filter_by_tgid || filter_by_cgroup) &&
-	    (!filter_by_tgid || !bpf_map_lookup_elem(&tgids, &tgid)) &&
+	if (filter_by_tgid && !bpf_map_lookup_elem(&tgids, &tgid) &&
 	    !bpf_map_lookup_elem(&notified_procs, &tgid))
+		return;
+	if (filter_by_cgroup && !bpf_map_lookup_elem(&notified_procs, &tgid) && !in_cgroups(t))
 		return;
 	if (BPF_CORE_READ(t, signal, live.counter) == 0) {
 		bpf_map_delete_elem(&notified_procs, &tgid);

@@ -215,8 +215,12 @@ pub struct Registry {
     /// CPython interpreters, processes and code objects.
     py: super::python::Pythons,
     /// The cgroup and container of each process, read when it is first
-    /// noted (at its first block).
+    /// noted (at its first block) and again when its mappings change (an
+    /// exec: a process moved into a cgroup before it execs, as
+    /// `systemd-run` and runtimes do).
     containers: HashMap<Proc, std::sync::Arc<crate::container::Container>>,
+    /// Each distinct container once: processes share it.
+    container_set: HashSet<std::sync::Arc<crate::container::Container>>,
     /// Pids of processes in their own pid namespace, where they differ.
     namespace_pids: HashMap<Proc, u32>,
 }
@@ -256,12 +260,22 @@ impl Registry {
             inherited: HashSet::new(),
             py: Default::default(),
             containers: HashMap::new(),
+            container_set: HashSet::new(),
             namespace_pids: HashMap::new(),
         }
     }
 
-    /// The cgroup and container of process `p`, where it was read.
-    pub fn container(&self, p: Proc) -> Option<std::sync::Arc<crate::container::Container>> {
+    /// The cgroup and container of process `p`: as read at its first
+    /// block, or (a process never noted, as with `-K`, where no process's
+    /// mappings are read) now, if it is still the process at that pid.
+    pub fn container(&mut self, p: Proc) -> Option<std::sync::Arc<crate::container::Container>> {
+        if let Some(c) = self.containers.get(&p) {
+            return Some(c.clone());
+        }
+        if crate::process::start_ticks(p.tgid) != Some(p.start) {
+            return None;
+        }
+        self.note_place(p, false);
         self.containers.get(&p).cloned()
     }
 
@@ -280,12 +294,20 @@ impl Registry {
 
     /// Reads where a process just noted is: its cgroup (it may move later;
     /// it is counted where it was first seen) and its namespace pid.
-    fn note_place(&mut self, p: Proc) {
-        if self.containers.contains_key(&p) {
+    fn note_place(&mut self, p: Proc, again: bool) {
+        if !again && self.containers.contains_key(&p) {
             return;
         }
         if let Some(c) = crate::container::of_process(p.tgid) {
-            self.containers.insert(p, std::sync::Arc::new(c));
+            let c = match self.container_set.get(&c) {
+                Some(known) => known.clone(),
+                None => {
+                    let c = std::sync::Arc::new(c);
+                    self.container_set.insert(c.clone());
+                    c
+                }
+            };
+            self.containers.insert(p, c);
         }
         if let Some(n) = crate::container::namespace_pid(p.tgid) {
             self.namespace_pids.insert(p, n);
@@ -330,7 +352,7 @@ impl Registry {
             return false;
         }
         self.starts.insert(tgid, start);
-        self.note_place(Proc { tgid, start });
+        self.note_place(Proc { tgid, start }, changed);
         self.refresh_process(tgid, inherited)
     }
 
@@ -717,6 +739,15 @@ impl Registry {
     /// read, at its first notice. A child that exits before it is noted
     /// (a short-lived worker) still has its frames named.
     pub fn forked(&mut self, parent: u32, child: Proc) {
+        // The child is where its parent is until it moves (read again at
+        // its first notice).
+        let parent_proc = self.starts.get(&parent).map(|&start| Proc {
+            tgid: parent,
+            start,
+        });
+        if let Some(c) = parent_proc.and_then(|p| self.containers.get(&p).cloned()) {
+            self.containers.entry(child).or_insert(c);
+        }
         let Some(mappings) = self.processes.get(&parent).filter(|m| !m.is_empty()) else {
             return;
         };
