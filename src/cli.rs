@@ -1049,6 +1049,9 @@ impl Config {
             return parts.join(", ");
         }
         parts.push(format!("{} stacks", self.stacks()));
+        if self.shape.per_container {
+            parts.push("by container".to_string());
+        }
         if t.min_block_ns > 1000 || t.max_block_ns != u64::MAX {
             let min = t.min_block_ns / 1000;
             parts.push(if t.max_block_ns == u64::MAX {
@@ -1075,24 +1078,31 @@ impl Config {
     fn threads(&self) -> String {
         let t = &self.tracer;
         let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        if !t.tgids.is_empty() {
+        let who = if !t.tgids.is_empty() {
             format!("PID {}", list(&t.tgids))
         } else if !t.tids.is_empty() {
             format!("TID {}", list(&t.tids))
-        } else if !self.cgroups.is_empty() {
-            let paths: Vec<String> = self
-                .cgroups
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            format!("threads in cgroup {}", paths.join(", "))
         } else if t.user_threads_only {
             "user threads".to_string()
         } else if t.kernel_threads_only {
             "kernel threads".to_string()
         } else {
             "all threads".to_string()
+        };
+        if self.cgroups.is_empty() {
+            return who;
         }
+        let paths: Vec<String> = self
+            .cgroups
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let who = if who == "all threads" {
+            "threads".to_string()
+        } else {
+            who
+        };
+        format!("{who} in cgroup {}", paths.join(", "))
     }
 
     fn stacks(&self) -> &'static str {
