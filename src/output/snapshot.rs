@@ -127,6 +127,27 @@ fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result
                 .collect()
         )
     )?;
+    // The containers among the tasks (where any is in one), with how many
+    // tasks each.
+    let mut containers: std::collections::BTreeMap<&str, usize> = Default::default();
+    for t in &g.tasks {
+        if let Some(id) = t.sample.container.as_deref().and_then(|c| c.short_id()) {
+            *containers.entry(id).or_default() += 1;
+        }
+    }
+    if !containers.is_empty() {
+        writeln!(
+            w,
+            "    {:<16} {}",
+            "containers:",
+            list(
+                containers
+                    .iter()
+                    .map(|(c, n)| format!("{c} ({n})"))
+                    .collect()
+            )
+        )?;
+    }
     let who = |t: &Task| format!("pid {} ({})", t.sample.pid, t.sample.comm);
     if let [only] = g.tasks[..] {
         writeln!(w, "    {:<16} {}", "time:", off_cpu(only))?;

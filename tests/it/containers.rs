@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::formats::{go, go_pprof};
+use crate::formats::{go, tags};
 use crate::util::*;
 
 const ID_A: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -127,6 +127,27 @@ impl Drop for Tree {
     }
 }
 
+/// What a root test of cgroups starts from: the test's cgroup tree, and
+/// the lock that runs such tests one at a time. None (a failure under CI)
+/// without root or cgroup2.
+fn setup() -> Option<(std::sync::MutexGuard<'static, ()>, Tree)> {
+    if !require_root() {
+        return None;
+    }
+    let mount = cgroup2()?;
+    let guard = serial();
+    // The tree is made after the lock is taken and, bound after it,
+    // removed before the lock is let go.
+    Some((guard, Tree::new(&mount)))
+}
+
+impl Tree {
+    /// Makes the pod's slice and a containerd container `id` in it.
+    fn container(&self, id: &str) -> PathBuf {
+        self.make(&format!("{}/cri-containerd-{id}.scope", pod_slice()))
+    }
+}
+
 /// The systemd driver's name of a pod's slice.
 fn pod_slice() -> String {
     format!(
@@ -163,21 +184,15 @@ fn stuck_tids(w: &Workload) -> Vec<u32> {
         .collect()
 }
 
-/// Label values as `go tool pprof -tags` lists them: key -> values.
-fn tags(go: &Path, file: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let text = go_pprof(go, &["-tags"], file);
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut key = None;
-    for line in text.lines() {
-        if let Some((k, _)) = line.trim().split_once(": Total ") {
-            key = Some(k.to_string());
-        } else if let (Some(k), Some((_, v))) = (&key, line.split_once("): ")) {
-            out.entry(k.clone())
-                .or_default()
-                .insert(v.trim().to_string());
-        }
-    }
-    out
+/// The names of a speedscope file's profiles.
+fn profile_names(json: &str) -> BTreeSet<String> {
+    let json: serde_json::Value = serde_json::from_str(json).unwrap();
+    json["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
 }
 
 fn set(values: &[&str]) -> BTreeSet<String> {
@@ -190,16 +205,11 @@ fn set(values: &[&str]) -> BTreeSet<String> {
 /// `--cgroup`, a docker container and a process in none are told apart.
 #[test]
 fn cgroup_of_a_pod_and_of_a_container() {
-    if !require_root() {
-        return;
-    }
-    let Some(mount) = cgroup2() else { return };
+    let Some((_g, tree)) = setup() else { return };
     let Some(go) = go() else { return };
-    let _g = serial();
-    let tree = Tree::new(&mount);
     let pod = tree.make(&pod_slice());
-    let scope_a = tree.make(&format!("{}/cri-containerd-{ID_A}.scope", pod_slice()));
-    let scope_b = tree.make(&format!("{}/cri-containerd-{ID_B}.scope", pod_slice()));
+    let scope_a = tree.container(ID_A);
+    let scope_b = tree.container(ID_B);
     let scope_c = tree.make(&format!("system.slice/docker-{ID_C}.scope"));
     let a = Workload::start(&["stuck"]);
     let b = Workload::start(&["stuck"]);
@@ -268,14 +278,7 @@ fn cgroup_of_a_pod_and_of_a_container() {
         set(&[&a.pid.to_string(), &b.pid.to_string()]),
         "{t:?}"
     );
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&speedscope).unwrap()).unwrap();
-    let names: BTreeSet<String> = json["profiles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap().to_string())
-        .collect();
+    let names = profile_names(&std::fs::read_to_string(&speedscope).unwrap());
     assert_eq!(
         names,
         set(&[
@@ -289,6 +292,17 @@ fn cgroup_of_a_pod_and_of_a_container() {
         let line = format!("wl-stuck-sleep ({tid}) in container {}", &id[..12]);
         assert!(text.contains(&line), "no {line:?} in the report:\n{text}");
     }
+
+    // A snapshot of the pod: its report names the containers of each
+    // group of tasks.
+    let snap = profile(&["--snapshot", "--cgroup", pod.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&snap.stdout);
+    assert!(
+        text.contains(&format!("containers:      {} (4)", &ID_A[..12]))
+            || text.contains(&format!("containers:      {} (1)", &ID_A[..12])),
+        "{text}"
+    );
+    assert!(text.contains(&ID_B[..12]), "{text}");
 
     // Kernel stacks only (no process's mappings read): the containers all
     // the same.
@@ -371,20 +385,15 @@ fn cgroup_of_a_pod_and_of_a_container() {
 /// next block: its threads' time ends where it was moved.
 #[test]
 fn cgroup_left_during_the_trace() {
-    if !require_root() {
-        return;
-    }
-    let Some(mount) = cgroup2() else { return };
-    let _g = serial();
-    let tree = Tree::new(&mount);
+    let Some((_g, tree)) = setup() else { return };
     let pod = tree.make(&pod_slice());
-    let scope = tree.make(&format!("{}/cri-containerd-{ID_A}.scope", pod_slice()));
+    let scope = tree.container(ID_A);
     let elsewhere = tree.make("elsewhere");
     let staying = Workload::start(&["stuck"]);
     let leaving = Workload::start(&[]);
     Tree::enter(&scope, staying.pid);
     Tree::enter(&scope, leaving.pid);
-    let scope_b = tree.make(&format!("{}/cri-containerd-{ID_B}.scope", pod_slice()));
+    let scope_b = tree.container(ID_B);
     let mut moved = 0;
     let mut arriving = None;
     let (out, _, _) = profile_during(
@@ -464,13 +473,8 @@ fn cgroup_left_during_the_trace() {
 /// with -v its pid in its namespace.
 #[test]
 fn container_in_its_own_namespaces() {
-    if !require_root() {
-        return;
-    }
-    let Some(mount) = cgroup2() else { return };
+    let Some((_g, tree)) = setup() else { return };
     let Some(go) = go() else { return };
-    let _g = serial();
-    let tree = Tree::new(&mount);
     let scope = tree.make(&format!("system.slice/docker-{ID_NS}.scope"));
     let script = format!(
         "echo $$ > {}/cgroup.procs && exec unshare --pid --mount --fork --mount-proc {} stuck",
@@ -581,15 +585,10 @@ fn cgroup_that_is_not_one() {
 /// blocked threads of the pod, woken by a process outside it.
 #[test]
 fn cgroup_on_every_hook() {
-    if !require_root() {
-        return;
-    }
-    let Some(mount) = cgroup2() else { return };
-    let _g = serial();
-    let tree = Tree::new(&mount);
+    let Some((_g, tree)) = setup() else { return };
     let pod = tree.make(&pod_slice());
-    let scope_a = tree.make(&format!("{}/cri-containerd-{ID_A}.scope", pod_slice()));
-    let scope_b = tree.make(&format!("{}/cri-containerd-{ID_B}.scope", pod_slice()));
+    let scope_a = tree.container(ID_A);
+    let scope_b = tree.container(ID_B);
     let a = Workload::start(&["stuck"]);
     let b = Workload::start(&["wakers"]);
     let outside = Workload::start(&["stuck"]);
@@ -758,13 +757,7 @@ fn outputs_name_the_container() {
             w,
         )
     });
-    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
-    let names: BTreeSet<String> = json["profiles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap().to_string())
-        .collect();
+    let names = profile_names(&json);
     assert_eq!(
         names,
         set(&[

@@ -306,7 +306,7 @@ pub(crate) fn top_total_ns(go: &Path, file: &Path) -> u64 {
 }
 
 /// Label values as `go tool pprof -tags` lists them: key -> values.
-fn tags(go: &Path, file: &Path) -> BTreeMap<String, BTreeSet<String>> {
+pub(crate) fn tags(go: &Path, file: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let text = go_pprof(go, &["-tags"], file);
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut key = None;
