@@ -239,18 +239,24 @@ fn push_survives_a_server_that_is_down() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    // When each interval's time line came out.
+    // When each interval's time line came out; the first one told.
+    let (first_tx, first) = std::sync::mpsc::channel();
     let lines = std::thread::spawn(move || {
         let mut at = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let line = line.unwrap();
             if is_time_line(&line) {
                 at.push(Instant::now());
+                let _ = first_tx.send(());
             }
         }
         at
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // The server comes up once the first interval has been written and
+    // its push tried (and retried once) against nothing: however long the
+    // start-up took (over a second on a loaded machine).
+    let _ = first.recv_timeout(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(600));
     let server = Server::start(TcpListener::bind(("127.0.0.1", port)).unwrap());
     let mut stderr = String::new();
     child
