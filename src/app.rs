@@ -521,6 +521,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             (profile, iv.missed, iv.recorded)
         }
         None => {
+            let mut raw = raw;
+            crate::oncpu::divide(&mut raw, config.shape.mode.user());
             let mut profile = profile::build(&raw, &mut registry, &symbolizer, kernel_first);
             // What was read is let go before the output is made: at
             // 100,000 stacks its frames are tens of megabytes.
@@ -553,13 +555,14 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
     report_python(&mut registry, &profile, config.verbose, python_unwalked);
     report_namespaces(&registry, config.verbose);
+    report_on_cpu(&profile, config);
     if config.verbose {
         let (stacks, blocks, total_ns) = match &intervals {
             Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
             None => (
                 format!("{} stacks", profile.samples.len()),
-                profile.samples.iter().map(|s| s.count).sum::<u64>(),
-                profile.total_ns(),
+                profile.off_cpu().map(|s| s.count).sum::<u64>(),
+                profile.off_cpu().map(|s| s.total_ns).sum::<u64>(),
             ),
         };
         eprintln!(
@@ -869,6 +872,47 @@ fn processes_to_trace(
 
 /// `-v`: the processes of other pid namespaces (containers) by their pid
 /// there too, since the outputs show the host's.
+/// `--on-cpu`: samples left out, and with `-v` what the samples were.
+fn report_on_cpu(profile: &Profile, config: &Config) {
+    let Some(hz) = config.tracer.on_cpu_hz else {
+        return;
+    };
+    let c = &profile.counters;
+    if c.oncpu_untimed > 0 {
+        eprintln!(
+            "offcputime: {} runs of threads outside CFS (real-time, deadline) are left out of \
+             their running time: the tracepoint did not report their switch-in, and the \
+             scheduler does not date it",
+            c.oncpu_untimed
+        );
+    }
+    if c.oncpu_orphan_samples > 0 {
+        eprintln!(
+            "offcputime: {} on-CPU samples of threads whose running time was not counted are \
+             left out",
+            c.oncpu_orphan_samples
+        );
+    }
+    if config.verbose {
+        let running: u64 = profile
+            .samples
+            .iter()
+            .filter(|s| s.state == Some(profile::OffState::Running))
+            .map(|s| s.total_ns)
+            .sum();
+        eprintln!(
+            "offcputime: on-CPU: {} samples at {hz} Hz on each CPU ({} outside the window left \
+             out); {:.3} s running in total, of which {:.3} s of {} threads (per interval, with \
+             -i) that no sample caught",
+            c.oncpu_samples,
+            c.oncpu_outside,
+            running as f64 / 1e9,
+            c.oncpu_unsampled_ns as f64 / 1e9,
+            c.oncpu_unsampled_threads,
+        );
+    }
+}
+
 fn report_namespaces(registry: &Registry, verbose: bool) {
     if !verbose {
         return;
@@ -1565,7 +1609,8 @@ impl Intervals {
         let start = self.schedule.start_of(i);
         let end = end.unwrap_or_else(|| self.schedule.end_of(i));
         let entries = self.splitter.interval(raw.entries, i);
-        let raw = crate::raw::RawProfile { entries, ..raw };
+        let mut raw = crate::raw::RawProfile { entries, ..raw };
+        crate::oncpu::divide(&mut raw, config.shape.mode.user());
         let mut profile = profile::build(&raw, registry, symbolizer, kernel_first);
         let window = profile::Window::from_monotonic(start, end);
         let end_unix = window.start_unix_ns + window.duration_ns;
@@ -1575,8 +1620,8 @@ impl Intervals {
         }
         self.recorded |= !profile.samples.is_empty();
         self.missed += profile.missed_stacks(config.shape.mode);
-        self.blocks += profile.samples.iter().map(|s| s.count).sum::<u64>();
-        self.total_ns += profile.total_ns();
+        self.blocks += profile.off_cpu().map(|s| s.count).sum::<u64>();
+        self.total_ns += profile.off_cpu().map(|s| s.total_ns).sum::<u64>();
         for ((path, format), sink) in config.outputs().zip(sinks.iter_mut()) {
             match path.and_then(NamePattern::new) {
                 Some(pattern) => {

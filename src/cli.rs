@@ -16,6 +16,13 @@ use crate::tracer::{Hook, TracerOptions, Unwind, UnwindCapacity, MAX_STACK_DEPTH
 
 /// `--sample` at most 1 s: the BPF program's weights stay within 64 bits.
 const MAX_SAMPLE_US: u64 = 1_000_000;
+/// `--on-cpu`'s samples per second on each CPU: a few hundred, at a period
+/// (3.236 ms, twice the golden ratio in ms) that no loop timed in whole
+/// milliseconds keeps in step with: 2.004 ms (499 Hz) sampled a loop of
+/// 1 + 3 ms at the same two points of it for seconds.
+pub const DEFAULT_ON_CPU_HZ: u32 = 309;
+/// ... and at most (each sample walks the stacks).
+const MAX_ON_CPU_HZ: u32 = 10_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HookArg {
@@ -346,6 +353,17 @@ pub struct Args {
     /// thread runs, [stopped]; shown as a frame after the command name
     #[arg(long = "states")]
     pub states: bool,
+
+    /// The time threads ran too, beside the time they waited: each
+    /// thread's running time (exact, from its switches) shared between the
+    /// stacks it was sampled in on the CPU, under a [running] frame after
+    /// the command name ([running];[not sampled] where no sample caught it)
+    #[arg(long = "on-cpu")]
+    pub on_cpu: bool,
+
+    /// --on-cpu: samples per second on each CPU (cpu-clock)
+    #[arg(short = 'F', long = "frequency", value_name = "HZ")]
+    pub frequency: Option<String>,
 
     /// With each block, the stacks of the task that woke it, taken at the
     /// wake-up (folded: bcc offwaketime's format, `--` then the waker's
@@ -713,6 +731,7 @@ impl Args {
                 states: self.states,
                 wakers: self.wakers,
                 python: !self.no_python,
+                on_cpu_hz: self.on_cpu_hz()?,
             },
             shape: Shape {
                 mode,
@@ -868,9 +887,29 @@ impl Args {
         PprofOptions {
             sample_type: match self.pprof_sample_type {
                 Some(SampleTypeArg::Wallclock) => SampleType::Wallclock,
-                Some(SampleTypeArg::Offcpu) | None => SampleType::Offcpu,
+                Some(SampleTypeArg::Offcpu) => SampleType::Offcpu,
+                // Running and waiting: the time on the wall.
+                None if self.on_cpu => SampleType::Wallclock,
+                None => SampleType::Offcpu,
             },
             thread_ids: self.thread_ids,
+            on_cpu: self.on_cpu,
+        }
+    }
+
+    /// `--on-cpu` and `-F`: the sampling rate, checked.
+    fn on_cpu_hz(&self) -> Result<Option<u32>> {
+        let Some(f) = &self.frequency else {
+            return Ok(self.on_cpu.then_some(DEFAULT_ON_CPU_HZ));
+        };
+        if !self.on_cpu {
+            bail!("-F/--frequency is the on-CPU sampling rate: add --on-cpu");
+        }
+        match f.trim().parse::<u32>() {
+            Ok(hz) if (1..=MAX_ON_CPU_HZ).contains(&hz) => Ok(Some(hz)),
+            _ => bail!(
+                "-F/--frequency must be a whole number of Hz from 1 to {MAX_ON_CPU_HZ}: {f:?}"
+            ),
         }
     }
 
@@ -931,6 +970,7 @@ impl Args {
         }
         let tracing_only = [
             ("--states", self.states),
+            ("--on-cpu", self.on_cpu),
             ("--wakers", self.wakers),
             ("-m/--min-block-time", self.min_block_time.is_some()),
             ("-M/--max-block-time", self.max_block_time.is_some()),
@@ -1071,6 +1111,11 @@ impl Config {
         }
         if t.wakers {
             parts.push("with wakers".to_string());
+        }
+        if let Some(hz) = t.on_cpu_hz {
+            parts.push(format!(
+                "on-CPU time sampled at {hz} Hz in warm colours, off-CPU in cool ones"
+            ));
         }
         parts.join(", ")
     }

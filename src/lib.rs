@@ -26,6 +26,7 @@ mod hostile;
 pub mod intervals;
 pub mod jit;
 mod ksyms;
+pub mod oncpu;
 pub mod output;
 pub mod priority;
 pub mod process;

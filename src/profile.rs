@@ -350,6 +350,13 @@ impl Profile {
         self.samples.iter().map(|s| s.total_ns).sum()
     }
 
+    /// The samples of off-CPU time: all but `--on-cpu`'s running time.
+    pub fn off_cpu(&self) -> impl Iterator<Item = &Sample> {
+        self.samples
+            .iter()
+            .filter(|s| s.state != Some(OffState::Running))
+    }
+
     /// The profile with frames reduced to their names, and the samples of
     /// a thread that then look alike merged: what the text outputs show,
     /// where two call sites in one function are one frame.
@@ -874,11 +881,15 @@ pub fn build(
     }
 }
 
+/// The frame of `--on-cpu` running time that no sample caught.
+pub const NOT_SAMPLED: &str = "[not sampled]";
+
 /// The number of the part a reference without frames stands for: none by
 /// nature or request, or lost.
 fn frameless(merger: &mut Merger, r: StackRef) -> u32 {
     merger.part(match r {
         StackRef::None => Part::Absent,
+        StackRef::NotSampled => Part::Frames(Arc::new([Frame::named(NOT_SAMPLED)])),
         _ => Part::Missed,
     })
 }

@@ -30,6 +30,11 @@ pub enum StackRef {
     /// The user stack of a thread blocked since before tracing started,
     /// which this kernel cannot read from BPF.
     NotReadable,
+    /// `--on-cpu`: not a stack, a thread's exact running time, which
+    /// [`crate::oncpu::divide`] shares out between its sampled stacks.
+    RunTotal,
+    /// `--on-cpu`: running time of a thread that no sample caught.
+    NotSampled,
     /// Frames in `RawProfile::stacks`.
     Id(u64),
 }
@@ -47,6 +52,8 @@ impl StackRef {
             StackRef::MissedFull
         } else if id == S::STACK_ID_NOT_READABLE.0 as u64 {
             StackRef::NotReadable
+        } else if id == S::STACK_ID_RUN_TOTAL.0 as u64 {
+            StackRef::RunTotal
         } else {
             StackRef::MissedError
         }
@@ -118,7 +125,7 @@ pub struct RawWaker {
 }
 
 /// Why a thread was off the CPU (`--states`): the kernel's `enum
-/// offcpu_state`.
+/// offcpu_state`; or that it was on one (`--on-cpu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OffState {
     /// Interruptible sleep, until the wake-up.
@@ -131,6 +138,8 @@ pub enum OffState {
     RunQueue,
     /// Stopped by a signal or a tracer.
     Stopped,
+    /// Not off the CPU: running (`--on-cpu`).
+    Running,
 }
 
 impl OffState {
@@ -142,6 +151,7 @@ impl OffState {
             s if s == S::OFFCPU_STATE_BLOCKED.0 => OffState::Blocked,
             s if s == S::OFFCPU_STATE_RUNQUEUE.0 => OffState::RunQueue,
             s if s == S::OFFCPU_STATE_STOPPED.0 => OffState::Stopped,
+            s if s == S::OFFCPU_STATE_RUNNING.0 => OffState::Running,
             _ => return None,
         })
     }
@@ -154,6 +164,7 @@ impl OffState {
             OffState::Blocked => "[blocked]",
             OffState::RunQueue => "[runqueue]",
             OffState::Stopped => "[stopped]",
+            OffState::Running => "[running]",
         }
     }
 
@@ -165,6 +176,7 @@ impl OffState {
             OffState::Blocked,
             OffState::RunQueue,
             OffState::Stopped,
+            OffState::Running,
         ]
         .into_iter()
         .find(|s| s.frame() == frame)
@@ -247,6 +259,20 @@ pub struct LossCounters {
     /// Blocks of new CPython processes walked again with their Python
     /// frames once the interpreter was known.
     pub py_refreshed: u64,
+    /// `--on-cpu`: samples of traced threads taken on a CPU, and those
+    /// left out for falling outside the window.
+    pub oncpu_samples: u64,
+    pub oncpu_outside: u64,
+    /// ... runs left out: switched in unseen, by a scheduler that does not
+    /// date it.
+    pub oncpu_untimed: u64,
+    /// ... threads (in an interval, with `-i`) that ran but that no
+    /// sample caught, and their running time (shown as not sampled).
+    pub oncpu_unsampled_threads: u64,
+    pub oncpu_unsampled_ns: u64,
+    /// ... samples of a thread whose running time was not counted (left
+    /// out: they would have no time to share).
+    pub oncpu_orphan_samples: u64,
 }
 
 /// What the BPF program says of a process while tracing.

@@ -20,6 +20,7 @@ use crate::raw::{
 };
 
 mod batch;
+mod cpuclock;
 pub mod kernel;
 mod snapshot;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
@@ -162,6 +163,9 @@ pub struct TracerOptions {
     /// The Python frames of CPython processes in their user stacks (off
     /// with `--no-python`).
     pub python: bool,
+    /// `--on-cpu`: the running time too, sampled on every CPU at this rate
+    /// (Hz); None: off-CPU time only.
+    pub on_cpu_hz: Option<u32>,
 }
 
 /// The DWARF unwind tables' part in starting (see [`Tracer::start`]).
@@ -310,6 +314,9 @@ impl StackScan<'_> {
 pub struct Tracer<'obj> {
     skel: OffcputimeSkel<'obj>,
     links: Vec<Link>,
+    /// `--on-cpu`: the perf events the sampler is attached to, closed
+    /// once it is detached.
+    cpu_clocks: Vec<std::os::fd::OwnedFd>,
     hook: AttachedHook,
     attached_at: Instant,
     /// `attached_at` on the clock of the BPF program (CLOCK_MONOTONIC).
@@ -514,6 +521,7 @@ fn configure(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, opts: &TracerOptions
         rodata.python_on = opts.python && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
+        rodata.on_cpu_on = opts.on_cpu_hz.is_some();
         if opts.wakers {
             // Unreadable or hidden: userspace tells interrupts by
             // their frames' names alone.
@@ -815,9 +823,16 @@ impl<'obj> Tracer<'obj> {
         // again once the interpreter is known (sleepable, task storage).
         let refresh = opts.python && opts.user_stacks && trusted && user && modern;
         p.python_refresh.set_autoload(refresh);
+        // --on-cpu's sampler, in the flavour of the switch hooks.
+        p.on_cpu.set_autoload(opts.on_cpu_hz.is_some() && modern);
+        p.on_cpu_legacy
+            .set_autoload(opts.on_cpu_hz.is_some() && legacy);
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
+        }
+        if trusted || opts.on_cpu_hz.is_none() {
+            open.maps.run_by_tid.set_max_entries(1)?;
         }
         if legacy {
             // Before 5.11 tracing programs have no task-local storage,
@@ -830,6 +845,10 @@ impl<'obj> Tracer<'obj> {
                 .ucache_storage
                 .set_autocreate(false)
                 .context("stack cache map")?;
+            open.maps
+                .run_storage
+                .set_autocreate(false)
+                .context("running time map")?;
         }
 
         if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
@@ -962,6 +981,29 @@ impl<'obj> Tracer<'obj> {
                 (link, AttachedHook::Kprobe { symbol })
             }
         };
+        links.push(link);
+        // --on-cpu: the samples begin before the window opens (and those
+        // before it are left out), so that none of it goes unsampled.
+        let cpu_clocks = match opts.on_cpu_hz {
+            Some(hz) => {
+                let fds = cpuclock::open(hz)?;
+                let sampler = if legacy {
+                    &progs.on_cpu_legacy
+                } else {
+                    &progs.on_cpu
+                };
+                for fd in &fds {
+                    use std::os::fd::AsRawFd;
+                    links.push(
+                        sampler
+                            .attach_perf_event(fd.as_raw_fd())
+                            .context("failed to attach the on-CPU sampler to cpu-clock")?,
+                    );
+                }
+                fds
+            }
+            None => Vec::new(),
+        };
         phases.mark("attach");
         if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS") {
             // For tests: the hook attached and the window not open yet for
@@ -983,10 +1025,8 @@ impl<'obj> Tracer<'obj> {
         }
         Ok(Tracer {
             skel,
-            links: {
-                links.push(link);
-                links
-            },
+            links,
+            cpu_clocks,
             hook: attached,
             attached_at: started_at,
             attached_ns: started_ns,
@@ -1265,6 +1305,7 @@ impl<'obj> Tracer<'obj> {
             self.set_end(now);
         }
         self.links.clear();
+        self.cpu_clocks.clear();
         if self.programs == Programs::Legacy {
             // Those programs claim a block without atomic instructions:
             // no hook may still be running when the end iterator starts.
@@ -1717,6 +1758,11 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
         py_truncated: at(C::CNT_PY_TRUNCATED),
         py_events_lost: at(C::CNT_PY_EVENTS_LOST),
         py_refreshed: at(C::CNT_PY_REFRESHED),
+        oncpu_samples: at(C::CNT_ONCPU_SAMPLES),
+        oncpu_outside: at(C::CNT_ONCPU_OUTSIDE),
+        oncpu_untimed: at(C::CNT_ONCPU_UNTIMED),
+        // Userspace's, see crate::oncpu.
+        ..LossCounters::default()
     })
 }
 

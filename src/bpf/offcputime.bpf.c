@@ -172,6 +172,42 @@ struct {
 	__type(value, struct task_data);
 } task_data_by_tid SEC(".maps");
 
+/*
+ * --on-cpu: when each thread traced began its current run on a CPU, kept
+ * apart from task_data (whose size the switch hooks' frames are near 6.1's
+ * limit with).  `since` is a switch-in time (or an interval's end, from
+ * where the cut iterator counted it), or one of these (a ktime in ns is
+ * never this small).  RUN_UNSEEN: a record made at a switch-out, no switch-in
+ * seen since the hooks were attached: the thread ran since before.
+ * RUN_OFF: off the CPU, or its run counted up to the end.  RUN_AT_WINDOW: on
+ * a CPU when the start iterator passed, counted from the window's start.
+ */
+const volatile bool on_cpu_on = false;
+
+#define RUN_UNSEEN 0
+#define RUN_OFF 1
+#define RUN_AT_WINDOW 2
+
+struct run_data {
+	__u64 since;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct run_data);
+} run_storage SEC(".maps");
+
+/* The same keyed by thread id, for the hooks whose task pointers the
+ * verifier does not trust (see task_data_by_tid). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct run_data);
+} run_by_tid SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1);
@@ -2130,6 +2166,8 @@ static __always_inline __u64 swap_start(struct task_data *d, __u64 v, bool legac
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
 					       __u32 tid, __u64 now, bool unseen, bool legacy);
+static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, bool trusted,
+			       bool legacy);
 
 /*
  * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
@@ -2166,9 +2204,13 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	d = get_data(prev, tid, trusted, false);
 	if (d && d->start_ns > START_SEEN)
 		close_unseen_block(prev, d, tid, now, true, legacy);
+	if (on_cpu_on && tid && wanted_ids(tgid, tid, kthread))
+		run_ends(prev, tid, now, trusted, legacy);
 	if (state & TASK_DEAD) {
 		if (!trusted)
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
+		if (on_cpu_on && !trusted)
+			bpf_map_delete_elem(&run_by_tid, &tid);
 		if (notify_new_tasks && !kthread)
 			notify_exit(prev, tgid, tid);
 		return;
@@ -2421,6 +2463,160 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
 }
 
 /*
+ * --on-cpu.  A thread's running time is counted exactly, from the switches
+ * (its switch-in to its switch-out, clipped to the window, split at the
+ * intervals' ends), under one entry per thread: state OFFCPU_STATE_RUNNING,
+ * stacks STACK_ID_RUN_TOTAL.  The samples taken on the CPU (on_cpu_sample)
+ * are counted under the same state with their stacks, and userspace
+ * divides the exact time between them.
+ */
+static __always_inline struct run_data *get_run(struct task_struct *t, __u32 tid, bool trusted,
+						bool create)
+{
+	struct run_data *r;
+
+	if (trusted)
+		return bpf_task_storage_get(&run_storage, t, 0,
+					    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	r = bpf_map_lookup_elem(&run_by_tid, &tid);
+	if (r || !create)
+		return r;
+	/* Zeroed: RUN_UNSEEN. */
+	bpf_map_update_elem(&run_by_tid, &tid, &new_task_data, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&run_by_tid, &tid);
+}
+
+static __always_inline __u64 swap_run(struct run_data *r, __u64 v, bool legacy)
+{
+	__u64 old;
+
+	if (!legacy)
+		return __sync_lock_test_and_set(&r->since, v);
+	old = r->since;
+	r->since = v;
+	return old;
+}
+
+/* The part in the window of a run that began at `since` (a time, or
+ * RUN_UNSEEN / RUN_AT_WINDOW: at the window's start) and ends at `now`,
+ * added to the thread's running time.  The cgroups are looked at here, where
+ * there is time to add: not at every switch-in. */
+static __noinline void add_run(struct task_struct *t, __u32 tid, __u64 since, __u64 now)
+{
+	struct offcpu_key key = {};
+	struct weight wt = { .seen = 0, .blocks = 1 };
+	__u64 w = trace_start_ns, end = trace_end_ns, from, to;
+
+	if (since == RUN_OFF || !w)
+		return;
+	from = since == RUN_UNSEEN || since == RUN_AT_WINDOW || since < w ? w : since;
+	to = end && now > end ? end : now;
+	if (to <= from)
+		return;
+	if (filter_by_cgroup && !in_cgroups(t))
+		return;
+	fill_key(&key, t, tid, false);
+	key.state = OFFCPU_STATE_RUNNING;
+	key.user_stack_id = STACK_ID_RUN_TOTAL;
+	key.kernel_stack_id = STACK_ID_RUN_TOTAL;
+	add_span(&key, from, to, &wt);
+}
+
+/* `t` is switched in: its run begins. */
+static __always_inline void run_begins(struct task_struct *t, __u32 tid, __u64 now, bool trusted)
+{
+	struct run_data *r;
+
+	if (!wanted_ids(TASK_READ(trusted, t, tgid), tid, is_kthread(t, trusted)))
+		return;
+	r = get_run(t, tid, trusted, true);
+	if (!r) {
+		count(CNT_NO_TASK_STORAGE);
+		return;
+	}
+	r->since = now;
+}
+
+static __always_inline bool is_cfs(struct task_struct *t);
+
+/* `t` (a thread the ids keep) is switched out: its run ends.  A run whose
+ * switch-in the tracepoint did not report (see close_unseen_block) began
+ * when CFS last picked the thread. */
+static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, bool trusted,
+				bool legacy)
+{
+	struct run_data *r = get_run(t, tid, trusted, true);
+	__u64 since, ran;
+
+	if (!r) {
+		count(CNT_NO_TASK_STORAGE);
+		return;
+	}
+	since = swap_run(r, RUN_OFF, legacy);
+	if (since == RUN_OFF) {
+		ran = BPF_CORE_READ(t, se.sum_exec_runtime) -
+		      BPF_CORE_READ(t, se.prev_sum_exec_runtime);
+		if (!is_cfs(t) || ran >= now - RUN_AT_WINDOW) {
+			count(CNT_ONCPU_UNTIMED);
+			return;
+		}
+		since = now - ran;
+	}
+	add_run(t, tid, since, now);
+}
+
+/* The start iterator found `t` on a CPU: unless a switch was seen since
+ * the hooks were attached, it has run since before the window. */
+static __always_inline void run_at_start(struct task_struct *t, __u32 tid, bool trusted,
+					 bool legacy)
+{
+	struct run_data *r, at = { .since = RUN_AT_WINDOW };
+
+	if (!wanted_ids(BPF_CORE_READ(t, tgid), tid, is_kthread(t, false)))
+		return;
+	if (legacy) {
+		bpf_map_update_elem(&run_by_tid, &tid, &at, BPF_NOEXIST);
+		return;
+	}
+	r = get_run(t, tid, trusted, true);
+	if (r)
+		__sync_val_compare_and_swap(&r->since, RUN_UNSEEN, RUN_AT_WINDOW);
+}
+
+/* The end iterator: a run under way when the hooks were detached is
+ * counted up to the window's end. */
+static __always_inline void run_at_end(struct task_struct *t, __u32 tid, bool trusted,
+				       bool legacy)
+{
+	struct run_data *r = get_run(t, tid, trusted, false);
+	__u64 since;
+
+	if (!r)
+		return;
+	since = swap_run(r, RUN_OFF, legacy);
+	if (since > RUN_OFF)
+		add_run(t, tid, since, trace_end_ns);
+}
+
+/* -i: a run under way at an interval's end `cut` is counted up to it, and
+ * from it on from then. */
+static __always_inline void run_cut(struct task_struct *t, __u32 tid, __u64 cut, bool trusted)
+{
+	struct run_data *r = get_run(t, tid, trusted, false);
+	__u64 since, from;
+
+	if (!r)
+		return;
+	since = r->since;
+	if (since <= RUN_OFF)
+		return;
+	from = since == RUN_AT_WINDOW ? trace_start_ns : since;
+	if (from >= cut || __sync_val_compare_and_swap(&r->since, since, cut) != since)
+		return;
+	add_run(t, tid, since, cut);
+}
+
+/*
  * `next` is switched in.  `next_is_current`: we run in next's own context
  * (finish_task_switch), so its stacks are taken now; otherwise they were
  * taken at switch-out (or by the start iterator).
@@ -2439,6 +2635,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 
 	if (tid == 0)
 		return;
+	if (on_cpu_on)
+		run_begins(next, tid, now, trusted);
 	/* Until the window starts every switch-in of a thread traced is
 	 * noted, so that the start iterator cannot take it for one blocked
 	 * since before the hook was attached. */
@@ -2517,6 +2715,81 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
 	on_switch_out(ctx, prev, false, now, false, false, false, -1);
 	on_switch_in(ctx, curr, now, false, true, false);
+	return 0;
+}
+
+/*
+ * --on-cpu: a cpu-clock perf event on every CPU runs this at its rate
+ * (-F).  The task it interrupted, if traced, is sampled: its kernel stack
+ * from the interrupted registers, its user stack from those saved at its
+ * entry to the kernel (or interrupted in user mode), walked as at a
+ * switch-out but without the stack cache, whose kept walk is for the next
+ * block.  A sample only counts (the `count` of its entry): the thread's
+ * time comes from its switches (add_run).  The hooks and the wake-up hooks
+ * run with interrupts disabled, so this never runs inside one on the same
+ * CPU and their per-CPU scratch is its own; the iterators use theirs.
+ */
+static __always_inline void on_cpu_sample(void *ctx, bool legacy)
+{
+	struct task_struct *t = legacy ? (struct task_struct *)bpf_get_current_task()
+				       : bpf_get_current_task_btf();
+	__u64 now = bpf_ktime_get_ns(), w = trace_start_ns, end = trace_end_ns;
+	struct offcpu_key key = {};
+	struct offcpu_val *v, init = {};
+	__u32 tid, tgid;
+	bool kthread;
+	int err;
+
+	tid = TASK_READ(!legacy, t, pid);
+	if (tid == 0)
+		return;
+	tgid = TASK_READ(!legacy, t, tgid);
+	kthread = is_kthread(t, !legacy);
+	if (!wanted_thread(t, tgid, tid, kthread))
+		return;
+	if (!w || now < w || (end && now >= end)) {
+		count(CNT_ONCPU_OUTSIDE);
+		return;
+	}
+	fill_key(&key, t, tid, !legacy);
+	key.state = OFFCPU_STATE_RUNNING;
+	key.span = 1;
+	if (interval_ns)
+		key.interval = (now - w) / interval_ns;
+	if (want_user_stack && !kthread) {
+		key.user_stack_id = stack_of_current(ctx, true, legacy, false, now);
+		if (!legacy && python_on && py_any)
+			key.user_stack_id = python_stack_of_current(key.user_stack_id, tgid);
+	}
+	if (want_kernel_stack)
+		key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
+	count(CNT_ONCPU_SAMPLES);
+	v = bpf_map_lookup_elem(&counts, &key);
+	if (!v) {
+		err = bpf_map_update_elem(&counts, &key, &init, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			count(CNT_COUNTS_FULL);
+			return;
+		}
+		v = bpf_map_lookup_elem(&counts, &key);
+		if (!v)
+			return;
+	}
+	__sync_fetch_and_add(&v->count, 1);
+}
+
+SEC("perf_event")
+int on_cpu(void *ctx)
+{
+	on_cpu_sample(ctx, false);
+	return 0;
+}
+
+/* Before 5.17 (see the legacy programs at the end): frame pointers. */
+SEC("perf_event")
+int on_cpu_legacy(void *ctx)
+{
+	on_cpu_sample(ctx, true);
 	return 0;
 }
 
@@ -2995,8 +3268,13 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 		return;
 	}
 	tid = BPF_CORE_READ(task, pid);
-	if (tid == 0 || BPF_CORE_READ(task, on_cpu))
+	if (tid == 0)
 		return;
+	if (BPF_CORE_READ(task, on_cpu)) {
+		if (on_cpu_on)
+			run_at_start(task, tid, trusted, legacy);
+		return;
+	}
 	state = task_state(task, false);
 	/* Gone, or never run yet (TASK_NEW). */
 	if ((state & (TASK_DEAD | TASK_NEW)) || BPF_CORE_READ(task, exit_state))
@@ -3095,6 +3373,8 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 	tid = BPF_CORE_READ(task, pid);
 	if (tid == 0)
 		return;
+	if (on_cpu_on)
+		run_at_end(task, tid, trusted, legacy);
 	d = get_data(task, tid, trusted, false);
 	if (!d)
 		return;
@@ -3173,7 +3453,11 @@ static __always_inline void cut_task(struct task_struct *task, bool trusted)
 		return;
 	cut = *at;
 	tid = BPF_CORE_READ(task, pid);
-	if (tid == 0 || BPF_CORE_READ(task, on_cpu))
+	if (tid == 0)
+		return;
+	if (on_cpu_on)
+		run_cut(task, tid, cut, trusted);
+	if (BPF_CORE_READ(task, on_cpu))
 		return;
 	d = get_data(task, tid, trusted, false);
 	if (!d)

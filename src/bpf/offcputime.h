@@ -30,6 +30,11 @@ enum stack_id_special {
 	 * a kernel that cannot read another thread's user memory from BPF
 	 * (bpf_copy_from_user_task and sleepable task iterators: 5.18). */
 	STACK_ID_NOT_READABLE = 3,
+	/* --on-cpu: not a stack, the entry of a thread's exact running time
+	 * (state OFFCPU_STATE_RUNNING), which userspace divides between the
+	 * stacks sampled on the CPU (the entries of that state with stacks,
+	 * whose count is the number of samples). */
+	STACK_ID_RUN_TOTAL = 4,
 };
 
 #define STACK_ID_HASH_BIT (1ULL << 63)
@@ -105,6 +110,8 @@ enum offcpu_state {
 	OFFCPU_STATE_RUNQUEUE = 4,
 	/* stopped by a signal or a tracer */
 	OFFCPU_STATE_STOPPED = 5,
+	/* --on-cpu: not off the CPU at all, running (see STACK_ID_RUN_TOTAL) */
+	OFFCPU_STATE_RUNNING = 6,
 };
 
 struct offcpu_val {
@@ -581,6 +588,14 @@ enum offcpu_counter {
 	 * the interpreter, walked again with their Python frames while they
 	 * were still under way (python_refresh) */
 	CNT_PY_REFRESHED,
+	/* --on-cpu: samples taken on a CPU of a thread traced, and those
+	 * that fell outside the window (between the attach and its start,
+	 * or after its end) */
+	CNT_ONCPU_SAMPLES,
+	CNT_ONCPU_OUTSIDE,
+	/* ... runs whose switch-in the tracepoint did not report, of a
+	 * thread that is not CFS's (no date for it): left out */
+	CNT_ONCPU_UNTIMED,
 	CNT_MAX,
 };
 

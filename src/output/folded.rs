@@ -36,6 +36,12 @@ pub const KERNEL_ANNOTATION: &str = "_[k]";
 /// shows the name without it.
 pub const WAKER_ANNOTATION: &str = "_[w]";
 
+/// Suffixes that mark the frames of an on-CPU part (`--on-cpu`), user and
+/// kernel, so that the flame graph colours them hot; inferno shows the
+/// names without them.
+pub const HOT_USER_ANNOTATION: &str = "_[j]";
+pub const HOT_KERNEL_ANNOTATION: &str = "_[i]";
+
 /// Between the blocked thread's stacks and its waker's (bcc's
 /// `offwaketime`).
 pub const WAKER_SEPARATOR: &str = "--";
@@ -49,6 +55,23 @@ enum Run {
     Kernel,
     /// The waker's frames: innermost first, annotated.
     Waker,
+    /// A running thread's user and kernel frames (`--on-cpu`), as User
+    /// and Kernel, annotated hot where annotated.
+    HotUser,
+    HotKernel,
+}
+
+impl Run {
+    /// The suffix of each frame's name where frames are annotated.
+    fn annotation(self) -> &'static str {
+        match self {
+            Run::User => "",
+            Run::Kernel => KERNEL_ANNOTATION,
+            Run::Waker => WAKER_ANNOTATION,
+            Run::HotUser => HOT_USER_ANNOTATION,
+            Run::HotKernel => HOT_KERNEL_ANNOTATION,
+        }
+    }
 }
 
 /// The folded text of each part that samples share, made once (a profile
@@ -146,27 +169,17 @@ fn append_frames(names: &mut Names, text: &mut String, f: &[Frame], run: Run, su
 impl Texts {
     /// Appends the frames of `part` to `line` as `run` writes them.
     fn push(&mut self, line: &mut String, part: &Part, run: Run, annotate: bool) {
-        let annotated = |n: &str| match run {
-            Run::User => clean(n),
-            Run::Kernel if annotate => format!("{}{KERNEL_ANNOTATION}", clean(n)),
-            Run::Waker if annotate => format!("{}{WAKER_ANNOTATION}", clean(n)),
-            _ => clean(n),
-        };
+        let suffix = if annotate { run.annotation() } else { "" };
         match part {
             Part::Absent => {}
             Part::Missed => {
                 let marker = match run {
-                    Run::User => MISSED_USER,
+                    Run::User | Run::HotUser => MISSED_USER,
                     _ => MISSED_KERNEL,
                 };
-                push(line, &annotated(marker));
+                push(line, &format!("{}{suffix}", clean(marker)));
             }
             Part::Frames(f) => {
-                let suffix = match run {
-                    Run::Kernel if annotate => KERNEL_ANNOTATION,
-                    Run::Waker if annotate => WAKER_ANNOTATION,
-                    _ => "",
-                };
                 let key = part_key(f);
                 if !self.shared.contains_key(&key) {
                     let start = line.len();
@@ -223,8 +236,13 @@ impl Texts {
         if let Some(state) = sample.state {
             push(line, state.frame());
         }
+        let (user, kernel) = if sample.state == Some(crate::profile::OffState::Running) {
+            (Run::HotUser, Run::HotKernel)
+        } else {
+            (Run::User, Run::Kernel)
+        };
         if shape.mode.user() {
-            self.push(line, &sample.user, Run::User, annotate);
+            self.push(line, &sample.user, user, annotate);
         }
         if shape.mode.kernel() {
             let both =
@@ -232,7 +250,7 @@ impl Texts {
             if shape.delimited && shape.mode.user() && both {
                 push(line, "-");
             }
-            self.push(line, &sample.kernel, Run::Kernel, annotate);
+            self.push(line, &sample.kernel, kernel, annotate);
         }
         // The waker, as bcc's offwaketime folds it: its kernel frames,
         // then its user frames, innermost first, and its name last.

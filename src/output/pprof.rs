@@ -38,6 +38,9 @@ use crate::profile::{Frame, OffState, Origin, Profile, Sample};
 /// The mapping kernel frames are in, as `perf` and Parca name it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 pub const UNIT: &str = "nanoseconds";
+/// The `state` label of off-CPU time with `--on-cpu` and without
+/// `--states`.
+pub const OFFCPU_STATE: &str = "offcpu";
 /// The frame of a sample that has none.
 pub const NO_FRAMES: &str = "[kernel thread]";
 
@@ -67,6 +70,9 @@ pub struct PprofOptions {
     /// A `thread_id` label on each sample (else threads of a process with
     /// the same name and stack are one sample).
     pub thread_ids: bool,
+    /// `--on-cpu`: every sample has a `state` label, `running` or (without
+    /// `--states`) `offcpu`.
+    pub on_cpu: bool,
 }
 
 /// A thread state as a label's value: `sleep`, `io`, ... (the frame
@@ -81,8 +87,10 @@ fn labels(s: &Sample, opts: &PprofOptions) -> Vec<(&'static str, String)> {
     if opts.thread_ids {
         l.push(("thread_id", s.pid.to_string()));
     }
-    if let Some(state) = s.state {
-        l.push(("state", state_name(state).to_string()));
+    match s.state {
+        Some(state) => l.push(("state", state_name(state).to_string())),
+        None if opts.on_cpu => l.push(("state", OFFCPU_STATE.to_string())),
+        None => {}
     }
     // --wakers: the waker's name (its command, or [interrupt], ...); its
     // stacks are not a call chain of the blocked thread's, so they are

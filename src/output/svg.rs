@@ -6,7 +6,9 @@ use std::io::{self, Write};
 use inferno::flamegraph::color::{BasicPalette, Color, MultiPalette, PaletteMap};
 use inferno::flamegraph::{self, Direction, Palette};
 
-use super::folded::{self, KERNEL_ANNOTATION, WAKER_ANNOTATION};
+use super::folded::{
+    self, HOT_KERNEL_ANNOTATION, HOT_USER_ANNOTATION, KERNEL_ANNOTATION, WAKER_ANNOTATION,
+};
 use super::Shape;
 use crate::profile::{OffState, Origin, Part, Profile};
 
@@ -114,8 +116,20 @@ fn state_color(state: OffState) -> Color {
         OffState::Blocked => (220, 60, 60),
         OffState::RunQueue => (70, 190, 90),
         OffState::Stopped => (160, 160, 160),
+        OffState::Running => (230, 50, 30),
     };
     Color { r, g, b }
+}
+
+/// The colour of a frame of a running thread (`--on-cpu`): red to orange
+/// in user code, yellow in the kernel, the hot half of a hot/cold graph
+/// whose off-CPU half is blue and aqua.
+fn hot_color(name: &str, kernel: bool) -> Color {
+    if kernel {
+        shaded(name, (225, 30.0), (185, 50.0), (0, 60.0))
+    } else {
+        shaded(name, (205, 50.0), (40, 120.0), (0, 40.0))
+    }
 }
 
 /// The colour of a waker's frame (`--wakers`): yellow-green shades, apart
@@ -165,8 +179,25 @@ pub fn write(
         OffState::Blocked,
         OffState::RunQueue,
         OffState::Stopped,
+        OffState::Running,
     ] {
         kernel_colors.insert(state.frame(), state_color(state));
+    }
+    // --on-cpu: the running threads' frames hot, and the off-CPU kernel
+    // frames aqua rather than orange, so that the two halves part.
+    let hot_cold = profile
+        .samples
+        .iter()
+        .any(|s| s.state == Some(OffState::Running));
+    for (stack, _) in &stacks {
+        for frame in stack.split(';') {
+            let kernel = frame.ends_with(HOT_KERNEL_ANNOTATION);
+            if (kernel || frame.ends_with(HOT_USER_ANNOTATION))
+                && kernel_colors.get(frame).is_none()
+            {
+                kernel_colors.insert(frame, hot_color(&frame[..frame.len() - 4], kernel));
+            }
+        }
     }
     // The waker's part (--wakers): a colour family of its own.
     kernel_colors.insert(
@@ -217,7 +248,12 @@ pub fn write(
         for (stack, _) in &stacks {
             for frame in stack.split(';').filter(|f| f.ends_with(KERNEL_ANNOTATION)) {
                 if kernel_colors.get(frame).is_none() {
-                    kernel_colors.insert(frame, kernel_color(frame, opts.palette));
+                    let palette = if hot_cold {
+                        Palette::Basic(BasicPalette::Hot)
+                    } else {
+                        opts.palette
+                    };
+                    kernel_colors.insert(frame, kernel_color(frame, palette));
                 }
             }
         }

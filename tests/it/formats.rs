@@ -115,6 +115,7 @@ fn golden_pprof() {
     let opts = PprofOptions {
         sample_type: SampleType::Offcpu,
         thread_ids: true,
+        on_cpu: false,
     };
     let message = pprof::build(&with_addresses(), Shape::default(), &opts);
     check("synthetic.pprof.txt", &format!("{message:#?}\n"));
@@ -569,6 +570,7 @@ fn pprof_in_go_tool_pprof() {
     let opts = PprofOptions {
         sample_type: SampleType::Wallclock,
         thread_ids: true,
+        on_cpu: false,
     };
     std::fs::write(&file, pprof_bytes(&p, Shape::default(), &opts)).unwrap();
     let raw = parse_raw(&go_pprof(&go, &["-raw"], &file));
@@ -1103,7 +1105,8 @@ fn formats_by_flag_and_name() {
         c.format,
         Format::Pprof(PprofOptions {
             sample_type: SampleType::Wallclock,
-            thread_ids: true
+            thread_ids: true,
+            on_cpu: false,
         })
     );
     let c = config(&["--format", "speedscope", "--per-process"]);

@@ -16,6 +16,7 @@ const LAYERS: &[&str] = &[
     "bpf",
     "priority",
     "raw",
+    "oncpu",
     "container",
     // Files: object files, the kernel's symbols, unwind tables.
     "elf",

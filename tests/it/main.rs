@@ -13,6 +13,7 @@ mod golden;
 mod intervals;
 mod layers;
 mod newprocs;
+mod oncpu;
 pub(crate) mod push;
 mod python;
 mod reading;

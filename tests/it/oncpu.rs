@@ -1,0 +1,371 @@
+//! `--on-cpu`: running and waiting time in one profile. The `oncpu`
+//! workload (tests/workloads/oncpu.c) has a thread that runs all the time
+//! (1 ms in `spin_one`, 3 ms in `spin_three`, by its own CPU clock), one
+//! that runs 3 ms of every 10, one blocked throughout, and its main thread
+//! in pause(). Every thread's running time is checked against the kernel's
+//! own (`/proc/PID/task/TID/schedstat`), its running and off-CPU time
+//! against the window, the spinner's split against the ratio it was written
+//! with and against `perf record -e cpu-clock` over the same run.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use crate::util::*;
+
+/// The workload, killed when dropped.
+struct OnCpu {
+    child: Child,
+    pid: u32,
+    tids: BTreeMap<String, u32>,
+}
+
+impl Drop for OnCpu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const THREADS: [&str; 3] = ["oc-spinner", "oc-duty", "oc-blocked"];
+
+fn start(dir: &Path) -> OnCpu {
+    let exe = c_workload(
+        "oncpu",
+        &["-O2", "-g", "-pthread", "-fno-omit-frame-pointer"],
+        dir,
+    );
+    let mut child = Command::new(exe)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the oncpu workload");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let pid = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let mut tids = BTreeMap::new();
+    for _ in THREADS {
+        let line = lines.next().unwrap().unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        tids.insert(f[1].to_string(), f[2].parse().unwrap());
+    }
+    // Past its first cycles.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    OnCpu { child, pid, tids }
+}
+
+/// (running, off-CPU) microseconds of each command in folded lines.
+fn split_by_command(lines: &[Folded]) -> BTreeMap<String, (u64, u64)> {
+    let mut m: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for l in lines {
+        let e = m.entry(l.comm().to_string()).or_default();
+        if l.has("[running]") {
+            e.0 += l.us;
+        } else {
+            e.1 += l.us;
+        }
+    }
+    m
+}
+
+/// The spinner's running time in spin_one and in spin_three (us).
+fn spinner_split(lines: &[Folded]) -> (u64, u64) {
+    let running = |f: &str| {
+        sum_us_where(lines, |l| {
+            l.comm() == "oc-spinner" && l.has("[running]") && l.has(f)
+        })
+    };
+    (running("spin_one"), running("spin_three"))
+}
+
+/// Every thread's running + off-CPU time is the window (within 0.5%), and
+/// its running time the kernel's.
+fn check_threads(
+    lines: &[Folded],
+    cpu: Option<(&CpuSamples, &[&str])>,
+    (from, to): (u64, u64),
+    context: &str,
+) {
+    let window_us = (to - from) as f64 / 1e3;
+    let by = split_by_command(lines);
+    for comm in THREADS.iter().chain(["oncpu"].iter()) {
+        let (run, off) = by.get(*comm).copied().unwrap_or_default();
+        let sum = (run + off) as f64;
+        eprintln!("{context}{comm}: running {run} us, off-CPU {off} us, window {window_us:.0} us");
+        assert!(
+            (sum - window_us).abs() < window_us * 0.005,
+            "{context}{comm}: running {run} + off-CPU {off} us against a {window_us:.0} us window"
+        );
+    }
+    let Some((cpu, order)) = cpu else { return };
+    let stolen = cpu.stolen_us(from, to);
+    for (i, comm) in order.iter().enumerate() {
+        let run = by.get(*comm).map_or(0, |b| b.0) as f64;
+        let kernel = window_us - cpu.off_cpu_us(i, from, to);
+        let err = (run - kernel).abs();
+        eprintln!(
+            "{context}{comm}: running {run} us, by the kernel's accounting {kernel:.0} us \
+             (stolen: up to {stolen:.0} us)"
+        );
+        // Stolen time is running to the profiler, not to the kernel.
+        let slack = if run > kernel { stolen } else { 0.0 };
+        assert!(
+            err < window_us * 0.005 + slack,
+            "{context}{comm}: running {run} us, by the kernel's accounting {kernel:.0} us, in \
+             a {window_us:.0} us window"
+        );
+    }
+}
+
+/// Per thread, running + off-CPU = the window and running = the kernel's
+/// account; the spinner's split 1:3 as written and as perf samples it; the
+/// duty thread ~30% on; pprof's totals those of the folded lines, with a
+/// state label; the flame graph hot and cold.
+#[test]
+fn running_and_waiting_add_up_to_the_window() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let w = start(dir.path());
+    let tids: Vec<u32> = THREADS.iter().map(|t| w.tids[*t]).collect();
+    let perf = require_tool("perf", &[]);
+    let perf_data = dir.path().join("perf.data");
+    let cpu = CpuClock::start(w.pid, &tids);
+    // perf samples the spinner at the same rate over the same stretch.
+    let mut perf_run = perf.as_ref().map(|perf| {
+        Command::new(perf)
+            .args(["record", "-q", "-e", "cpu-clock", "-F", "309", "-g", "-t"])
+            .arg(w.tids["oc-spinner"].to_string())
+            .arg("-o")
+            .arg(&perf_data)
+            .args(["--", "sleep", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start perf record")
+    });
+    let folded = dir.path().join("out.folded");
+    let pb = dir.path().join("out.pb.gz");
+    let svg = dir.path().join("out.svg");
+    let pid = w.pid.to_string();
+    let (out, window) = profile_window(
+        &[
+            "--on-cpu",
+            "-p",
+            &pid,
+            "-o",
+            folded.to_str().unwrap(),
+            "-o",
+            pb.to_str().unwrap(),
+            "-o",
+            svg.to_str().unwrap(),
+            "4",
+        ],
+        &[],
+    );
+    let cpu = cpu.finish();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&std::fs::read(&folded).unwrap());
+    check_threads(&lines, Some((&cpu, &THREADS)), window, "");
+    let window_us = (window.1 - window.0) as f64 / 1e3;
+    let by = split_by_command(&lines);
+    let duty = by["oc-duty"].0 as f64 / window_us;
+    assert!(
+        (0.22..0.36).contains(&duty),
+        "duty thread on {duty:.3} of the window"
+    );
+    assert!(
+        (by["oc-blocked"].0 as f64) < window_us * 0.001,
+        "the blocked thread ran {} us",
+        by["oc-blocked"].0
+    );
+    let (one, three) = spinner_split(&lines);
+    let ours = one as f64 / (one + three) as f64;
+    eprintln!("spinner: spin_one {one} us, spin_three {three} us: {ours:.3} in spin_one");
+    assert!(
+        (ours - 0.25).abs() < 0.05,
+        "spinner: {ours:.3} of its running time in spin_one, written as 0.25"
+    );
+    assert!(
+        one + three > by["oc-spinner"].0 * 9 / 10,
+        "the spinner's samples are not in its functions: {stderr}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.has("[not sampled]") && l.comm() == "oc-spinner"),
+        "the spinner ran all along and was sampled"
+    );
+
+    // perf's samples of the same stretch.
+    match (perf, perf_run.as_mut()) {
+        (Some(perf), Some(run)) => {
+            assert!(run.wait().unwrap().success(), "perf record failed");
+            let script = Command::new(perf)
+                .args(["script", "-F", "ip,sym", "-i"])
+                .arg(&perf_data)
+                .output()
+                .expect("run perf script");
+            let text = String::from_utf8_lossy(&script.stdout);
+            let (mut p_one, mut p_three) = (0u64, 0u64);
+            for sample in text.split("\n\n") {
+                let first = sample.lines().find_map(|l| {
+                    let name = l.split_whitespace().nth(1)?;
+                    ["spin_one", "spin_three"].contains(&name).then_some(name)
+                });
+                match first {
+                    Some("spin_one") => p_one += 1,
+                    Some("spin_three") => p_three += 1,
+                    _ => {}
+                }
+            }
+            let theirs = p_one as f64 / (p_one + p_three).max(1) as f64;
+            eprintln!(
+                "perf: spin_one {p_one}, spin_three {p_three} samples: {theirs:.3} in spin_one"
+            );
+            assert!(
+                p_one + p_three > 500,
+                "perf sampled too little: {p_one} + {p_three}"
+            );
+            assert!(
+                (ours - theirs).abs() < 0.05,
+                "spinner: {ours:.3} of its time in spin_one by the profile, {theirs:.3} by perf"
+            );
+        }
+        _ => assert!(
+            !is_ci(),
+            "perf is needed (scripts/setup --test installs linux-perf)"
+        ),
+    }
+
+    // pprof: wall-clock time, the folded total, a state on every sample.
+    match crate::formats::go() {
+        Some(go) => {
+            let total_us: u64 = lines.iter().map(|l| l.us).sum();
+            let top = crate::formats::top_total_ns(&go, &pb);
+            assert!(
+                (top as f64 / 1e3 - total_us as f64).abs() < lines.len() as f64,
+                "pprof total {top} ns, folded {total_us} us"
+            );
+            let tags = crate::formats::tags(&go, &pb);
+            let states: Vec<&str> = tags["state"].iter().map(String::as_str).collect();
+            assert_eq!(states, ["offcpu", "running"]);
+            let raw = crate::formats::go_pprof(&go, &["-raw"], &pb);
+            assert!(raw.contains("wallclock/nanoseconds"), "{raw}");
+        }
+        None => assert!(
+            !is_ci(),
+            "go is needed (scripts/setup --test installs golang-go)"
+        ),
+    }
+
+    // The flame graph: running frames warm, waiting frames cool.
+    let graph = parse_svg(&std::fs::read_to_string(&svg).unwrap());
+    let warm = |f: &SvgFrame| f.fill.0 > 180 && f.fill.2 < 100;
+    let cool = |f: &SvgFrame| f.fill.2 > f.fill.0;
+    // A frame is under a [running] frame where that one spans it.
+    let running: Vec<(f64, f64)> = graph
+        .frames
+        .iter()
+        .filter(|f| f.name == "[running]")
+        .map(|f| (f.x, f.x + f.width))
+        .collect();
+    assert!(!running.is_empty(), "no [running] frame in the flame graph");
+    let mut seen = (0, 0);
+    for f in graph.frames.iter().filter(|f| {
+        [
+            "spin_one",
+            "spin_three",
+            "spin_duty",
+            "blocked",
+            "nanosleep",
+            "pipe_read",
+        ]
+        .contains(&f.name.as_str())
+    }) {
+        let under = running
+            .iter()
+            .any(|&(a, b)| f.x >= a - 1e-6 && f.x + f.width <= b + 1e-6);
+        if under {
+            assert!(warm(f), "{} under [running] is {:?}", f.name, f.fill);
+            seen.0 += 1;
+        } else {
+            assert!(cool(f), "{} off the CPU is {:?}", f.name, f.fill);
+            seen.1 += 1;
+        }
+    }
+    assert!(
+        seen.0 > 2 && seen.1 > 2,
+        "frames running and waiting: {seen:?}"
+    );
+    assert!(
+        graph.texts.values().any(|t| t.contains("warm colours")),
+        "the subtitle says which colours are which"
+    );
+    assert!(graph.total_us() as f64 > window_us * 3.9);
+}
+
+/// The kernel matrix's `oncpu` cell: on every hook (and with -i on the
+/// tracepoints), every thread's running + off-CPU time is the window, the
+/// spinner's running time is in its functions.
+#[test]
+fn on_cpu_on_every_hook() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let w = start(dir.path());
+    let pid = w.pid.to_string();
+    let mut hooks = vec!["tp-btf", "raw-tp"];
+    if has_kprobes() {
+        hooks.push("finish-task-switch");
+    } else {
+        report_no_kprobes();
+    }
+    for hook in &hooks {
+        let (out, window) =
+            profile_window(&["--on-cpu", "-f", "--hook", hook, "-p", &pid, "2"], &[]);
+        let lines = parse_folded(&out.stdout);
+        check_threads(&lines, None, window, &format!("{hook}: "));
+        let (one, three) = spinner_split(&lines);
+        assert!(one > 0 && three > 0, "{hook}: spinner split {one}/{three}");
+    }
+    // -i: each interval adds up on its own (-i needs bpf_loop: 5.17).
+    if kernel_version() < (5, 17) {
+        eprintln!("matrix: oncpu on {}", hooks.join(", "));
+        return;
+    }
+    let out = profile(&["--on-cpu", "-f", "-T", "-i", "0.5", "-p", &pid, "2"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines = text.lines().map(str::to_string);
+    let mut interval = Vec::new();
+    let mut intervals = 0;
+    let check = |block: &mut Vec<String>| {
+        if block.is_empty() {
+            return;
+        }
+        let parsed = parse_folded(block.join("\n").as_bytes());
+        let by = split_by_command(&parsed);
+        for comm in THREADS {
+            let (run, off) = by.get(comm).copied().unwrap_or_default();
+            assert!(
+                ((run + off) as f64 - 500_000.0).abs() < 2_500.0,
+                "-i: {comm} {run} + {off} us in a 0.5 s interval"
+            );
+        }
+        block.clear();
+    };
+    for line in lines {
+        if is_time_line(&line) {
+            check(&mut interval);
+            intervals += 1;
+        } else if !line.is_empty() {
+            interval.push(line);
+        }
+    }
+    check(&mut interval);
+    assert!(intervals >= 4, "{intervals} intervals");
+    eprintln!("matrix: oncpu on {}, -i", hooks.join(", "));
+}
