@@ -1181,7 +1181,11 @@ impl Config {
             0 => String::new(),
             ns => format!(" (blocks under {} us sampled)", ns / 1000),
         };
-        format!("Tracing off-CPU time (us) of {threads} by {stacks} stack{sampled}{when}")
+        let what = match self.tracer.on_cpu_hz {
+            Some(hz) => format!("on- and off-CPU time (us, on-CPU sampled at {hz} Hz)"),
+            None => "off-CPU time (us)".to_string(),
+        };
+        format!("Tracing {what} of {threads} by {stacks} stack{sampled}{when}")
     }
 }
 

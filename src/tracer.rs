@@ -316,7 +316,7 @@ pub struct Tracer<'obj> {
     links: Vec<Link>,
     /// `--on-cpu`: the perf events the sampler is attached to, closed
     /// once it is detached.
-    cpu_clocks: Vec<std::os::fd::OwnedFd>,
+    cpu_clocks: Option<cpuclock::CpuClocks>,
     hook: AttachedHook,
     attached_at: Instant,
     /// `attached_at` on the clock of the BPF program (CLOCK_MONOTONIC).
@@ -986,23 +986,22 @@ impl<'obj> Tracer<'obj> {
         // before it are left out), so that none of it goes unsampled.
         let cpu_clocks = match opts.on_cpu_hz {
             Some(hz) => {
-                let fds = cpuclock::open(hz)?;
+                let clocks = cpuclock::CpuClocks::open(hz)?;
                 let sampler = if legacy {
                     &progs.on_cpu_legacy
                 } else {
                     &progs.on_cpu
                 };
-                for fd in &fds {
-                    use std::os::fd::AsRawFd;
+                for fd in clocks.fds() {
                     links.push(
                         sampler
-                            .attach_perf_event(fd.as_raw_fd())
+                            .attach_perf_event(fd)
                             .context("failed to attach the on-CPU sampler to cpu-clock")?,
                     );
                 }
-                fds
+                Some(clocks)
             }
-            None => Vec::new(),
+            None => None,
         };
         phases.mark("attach");
         if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS") {
@@ -1305,7 +1304,7 @@ impl<'obj> Tracer<'obj> {
             self.set_end(now);
         }
         self.links.clear();
-        self.cpu_clocks.clear();
+        self.cpu_clocks = None;
         if self.programs == Programs::Legacy {
             // Those programs claim a block without atomic instructions:
             // no hook may still be running when the end iterator starts.

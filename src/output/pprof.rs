@@ -2,11 +2,13 @@
 //! Pyroscope and Parca read it.
 //!
 //! One sample type, `offcpu`/`nanoseconds` (the name Grafana Alloy gives
-//! off-CPU profiles), or `wallclock`/`nanoseconds` (Parca's); values are the
-//! blocked time in nanoseconds, unrounded. Each sample has the labels
+//! off-CPU profiles), or `wallclock`/`nanoseconds` (Parca's; the default
+//! with `--on-cpu`, whose running time is in the same profile); values are
+//! the time in nanoseconds, unrounded. Each sample has the labels
 //! `comm` and `pid` (and `thread_id` if asked for, and `state` with
 //! `--states`: `sleep`, `io`, `blocked`, `stopped`, `runqueue`, the
-//! state frame of the folded output as a label; `waker` with `--wakers`,
+//! state frame of the folded output as a label, and with `--on-cpu`
+//! `running`, or `offcpu` for all the rest without `--states`; `waker` with `--wakers`,
 //! the waker's name); its locations are the
 //! stack, leaf first, as `-U`/`-K` shape it, a lost part being one frame
 //! named by its marker (`[Missed User Stack]`) as in the folded output.

@@ -1,8 +1,20 @@
 //! `--on-cpu`: a `cpu-clock` perf event on every online CPU, counting
 //! every task (not the idle ones), whose overflow at each period runs the
 //! BPF program's sampler.
+//!
+//! A fixed period samples a loop whose length is near a multiple of it at
+//! the same few points, for as long as the two stay in step: a thread that
+//! runs 1 ms in one function and 3 ms in another, sampled every 2.004 ms,
+//! was seen 50:50 for seconds. So the period is dithered: every 20 to 80 ms
+//! each event gets a period drawn uniformly within 25% of the one asked
+//! for, and restarts from then, which moves the phase too. Samples only
+//! divide exact time between stacks (see crate::oncpu), so their number
+//! need not be exact: they must only not favour a stack.
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -52,9 +64,88 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
     Ok(cpus)
 }
 
+/// `_IOW('$', 4, __u64)`: a sampling event's new period.
+const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
+
+/// The events, and the thread that dithers their period.
+pub struct CpuClocks {
+    fds: Arc<Vec<OwnedFd>>,
+    stop: Arc<AtomicBool>,
+    dither: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CpuClocks {
+    /// The events of every online CPU at `hz`, their period dithered.
+    pub fn open(hz: u32) -> Result<CpuClocks> {
+        let fds = Arc::new(open(hz)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = period_ns(hz);
+        let dither = {
+            let (fds, stop) = (fds.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("cpu-clock".into())
+                .spawn(move || dither(&fds, period, &stop))
+                .context("failed to start the thread that dithers the sampling period")?
+        };
+        Ok(CpuClocks {
+            fds,
+            stop,
+            dither: Some(dither),
+        })
+    }
+
+    pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.fds.iter().map(|f| f.as_raw_fd())
+    }
+}
+
+impl Drop for CpuClocks {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.dither.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+fn period_ns(hz: u32) -> u64 {
+    (1_000_000_000 / u64::from(hz.max(1))).max(1)
+}
+
+/// Until `stop`: every 20 to 80 ms, each event's period drawn within 25%
+/// of `period` (xorshift, seeded from the clock: it need only be unrelated
+/// to what is sampled).
+fn dither(fds: &[OwnedFd], period: u64, stop: &AtomicBool) {
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
+        | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::park_timeout(Duration::from_millis(20 + next() % 61));
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        for fd in fds {
+            let quarter = period / 4;
+            let p: u64 = (period - quarter + next() % (2 * quarter + 1)).max(10_000);
+            // SAFETY: an ioctl on a perf event descriptor this struct
+            // owns, with a pointer to a u64 alive for the call. A failure
+            // (the CPU went offline) leaves the period as it was.
+            unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_PERIOD as _, &p as *const u64) };
+        }
+    }
+}
+
 /// One cpu-clock event per online CPU, sampling every `1 / hz` seconds of
 /// that CPU's time.
-pub fn open(hz: u32) -> Result<Vec<OwnedFd>> {
+fn open(hz: u32) -> Result<Vec<OwnedFd>> {
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .context("failed to read /sys/devices/system/cpu/online")?;
     let cpus = parse_cpu_list(&online)?;
@@ -62,7 +153,7 @@ pub fn open(hz: u32) -> Result<Vec<OwnedFd>> {
         kind: PERF_TYPE_SOFTWARE,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
         config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: (1_000_000_000 / u64::from(hz.max(1))).max(1),
+        sample_period: period_ns(hz),
         flags: EXCLUDE_IDLE,
         ..Default::default()
     };

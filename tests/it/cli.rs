@@ -305,3 +305,59 @@ fn unwritable_output_path() {
     assert!(err.contains("cannot write the output to"), "{err}");
     assert!(err.contains("Permission denied"), "{err}");
 }
+
+/// `--on-cpu` and `-F`: the rate, its bounds, what it does not go with,
+/// the status line, the flame graph's subtitle and pprof's sample type.
+#[test]
+fn on_cpu_flags() {
+    use offcputime::cli::Format;
+    use offcputime::output::pprof::SampleType;
+    let c = config(&["--on-cpu", "5"]).unwrap();
+    assert_eq!(c.tracer.on_cpu_hz, Some(offcputime::cli::DEFAULT_ON_CPU_HZ));
+    assert_eq!(
+        c.status_line(),
+        "Tracing on- and off-CPU time (us, on-CPU sampled at 309 Hz) of all threads by user + \
+         kernel stack for 5 secs."
+    );
+    assert_eq!(config(&[]).unwrap().tracer.on_cpu_hz, None);
+    assert_eq!(
+        config(&["--on-cpu", "-F", "99"]).unwrap().tracer.on_cpu_hz,
+        Some(99)
+    );
+    assert!(err(&["-F", "99"]).contains("add --on-cpu"));
+    for bad in ["0", "10001", "1.5", "x", "-3"] {
+        assert!(
+            err(&["--on-cpu", "-F", bad]).contains("-F/--frequency must be"),
+            "{bad}"
+        );
+    }
+    assert!(err(&["--on-cpu", "--snapshot"]).contains("--on-cpu"));
+    let svg = config(&["--on-cpu", "--svg", "1"]).unwrap();
+    match &svg.format {
+        Format::Svg(o) => assert!(
+            o.subtitle.as_deref().unwrap().contains("warm colours"),
+            "{:?}",
+            o.subtitle
+        ),
+        f => panic!("{f:?}"),
+    }
+    let pprof = |args: &[&str]| match config(args).unwrap().format {
+        Format::Pprof(o) => (o.sample_type, o.on_cpu),
+        f => panic!("{f:?}"),
+    };
+    assert_eq!(
+        pprof(&["--on-cpu", "--format", "pprof"]),
+        (SampleType::Wallclock, true)
+    );
+    assert_eq!(
+        pprof(&[
+            "--on-cpu",
+            "--format",
+            "pprof",
+            "--pprof-sample-type",
+            "offcpu"
+        ]),
+        (SampleType::Offcpu, true)
+    );
+    assert_eq!(pprof(&["--format", "pprof"]), (SampleType::Offcpu, false));
+}
