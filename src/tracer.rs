@@ -313,10 +313,10 @@ impl StackScan<'_> {
 /// A loaded and attached profiler.
 pub struct Tracer<'obj> {
     skel: OffcputimeSkel<'obj>,
+    /// `--on-cpu`: what dithers the period of the perf events the sampler
+    /// is attached to (their descriptors are the links'): dropped first.
+    cpu_clocks: Option<cpuclock::Dither>,
     links: Vec<Link>,
-    /// `--on-cpu`: the perf events the sampler is attached to, closed
-    /// once it is detached.
-    cpu_clocks: Option<cpuclock::CpuClocks>,
     hook: AttachedHook,
     attached_at: Instant,
     /// `attached_at` on the clock of the BPF program (CLOCK_MONOTONIC).
@@ -984,22 +984,25 @@ impl<'obj> Tracer<'obj> {
         links.push(link);
         // --on-cpu: the samples begin before the window opens (and those
         // before it are left out), so that none of it goes unsampled.
+        // libbpf's link closes the event's descriptor: the link owns it
+        // once attached (those not attached yet are closed here).
         let cpu_clocks = match opts.on_cpu_hz {
             Some(hz) => {
-                let clocks = cpuclock::CpuClocks::open(hz)?;
                 let sampler = if legacy {
                     &progs.on_cpu_legacy
                 } else {
                     &progs.on_cpu
                 };
-                for fd in clocks.fds() {
-                    links.push(
-                        sampler
-                            .attach_perf_event(fd)
-                            .context("failed to attach the on-CPU sampler to cpu-clock")?,
-                    );
+                let mut attached = Vec::new();
+                for fd in cpuclock::open(hz)? {
+                    use std::os::fd::AsRawFd;
+                    let link = sampler
+                        .attach_perf_event(fd.as_raw_fd())
+                        .context("failed to attach the on-CPU sampler to cpu-clock")?;
+                    attached.push(std::os::fd::IntoRawFd::into_raw_fd(fd));
+                    links.push(link);
                 }
-                Some(clocks)
+                Some(cpuclock::Dither::start(attached, hz)?)
             }
             None => None,
         };
@@ -1303,8 +1306,8 @@ impl<'obj> Tracer<'obj> {
         if self.end_ns.is_none_or(|end| end > now) {
             self.set_end(now);
         }
-        self.links.clear();
         self.cpu_clocks = None;
+        self.links.clear();
         if self.programs == Programs::Legacy {
             // Those programs claim a block without atomic instructions:
             // no hook may still be running when the end iterator starts.

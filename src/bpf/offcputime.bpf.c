@@ -2166,8 +2166,8 @@ static __always_inline __u64 swap_start(struct task_data *d, __u64 v, bool legac
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
 					       __u32 tid, __u64 now, bool unseen, bool legacy);
-static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, bool trusted,
-			       bool legacy);
+static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, bool trusted);
+static __noinline void run_ends_legacy(struct task_struct *t, __u32 tid, __u64 now);
 
 /*
  * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
@@ -2204,8 +2204,12 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	d = get_data(prev, tid, trusted, false);
 	if (d && d->start_ns > START_SEEN)
 		close_unseen_block(prev, d, tid, now, true, legacy);
-	if (on_cpu_on && tid && wanted_ids(tgid, tid, kthread))
-		run_ends(prev, tid, now, trusted, legacy);
+	if (on_cpu_on && tid && wanted_ids(tgid, tid, kthread)) {
+		if (legacy)
+			run_ends_legacy(prev, tid, now);
+		else
+			run_ends(prev, tid, now, trusted);
+	}
 	if (state & TASK_DEAD) {
 		if (!trusted)
 			bpf_map_delete_elem(&task_data_by_tid, &tid);
@@ -2542,8 +2546,8 @@ static __always_inline bool is_cfs(struct task_struct *t);
 /* `t` (a thread the ids keep) is switched out: its run ends.  A run whose
  * switch-in the tracepoint did not report (see close_unseen_block) began
  * when CFS last picked the thread. */
-static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, bool trusted,
-				bool legacy)
+static __always_inline void run_ends_as(struct task_struct *t, __u32 tid, __u64 now,
+					bool trusted, bool legacy)
 {
 	struct run_data *r = get_run(t, tid, trusted, true);
 	__u64 since, ran;
@@ -2563,6 +2567,18 @@ static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, boo
 		since = now - ran;
 	}
 	add_run(t, tid, since, now);
+}
+
+/* Apart for the legacy programs: 5.10 refuses a program that holds an
+ * atomic exchange, even one it could never run. */
+static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, bool trusted)
+{
+	run_ends_as(t, tid, now, trusted, false);
+}
+
+static __noinline void run_ends_legacy(struct task_struct *t, __u32 tid, __u64 now)
+{
+	run_ends_as(t, tid, now, false, true);
 }
 
 /* The start iterator found `t` on a CPU: unless a switch was seen since

@@ -11,7 +11,7 @@
 //! divide exact time between stacks (see crate::oncpu), so their number
 //! need not be exact: they must only not favour a stack.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,42 +67,37 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
 /// `_IOW('$', 4, __u64)`: a sampling event's new period.
 const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 
-/// The events, and the thread that dithers their period.
-pub struct CpuClocks {
-    fds: Arc<Vec<OwnedFd>>,
+/// The thread that dithers the period of the events it is given.
+pub struct Dither {
     stop: Arc<AtomicBool>,
-    dither: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl CpuClocks {
-    /// The events of every online CPU at `hz`, their period dithered.
-    pub fn open(hz: u32) -> Result<CpuClocks> {
-        let fds = Arc::new(open(hz)?);
+impl Dither {
+    /// Dithers the events `fds` (at `hz`) until dropped. The descriptors
+    /// are not its own (libbpf's links close them): it must be dropped
+    /// before they are.
+    pub fn start(fds: Vec<RawFd>, hz: u32) -> Result<Dither> {
         let stop = Arc::new(AtomicBool::new(false));
         let period = period_ns(hz);
-        let dither = {
-            let (fds, stop) = (fds.clone(), stop.clone());
+        let thread = {
+            let stop = stop.clone();
             std::thread::Builder::new()
                 .name("cpu-clock".into())
                 .spawn(move || dither(&fds, period, &stop))
                 .context("failed to start the thread that dithers the sampling period")?
         };
-        Ok(CpuClocks {
-            fds,
+        Ok(Dither {
             stop,
-            dither: Some(dither),
+            thread: Some(thread),
         })
-    }
-
-    pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
-        self.fds.iter().map(|f| f.as_raw_fd())
     }
 }
 
-impl Drop for CpuClocks {
+impl Drop for Dither {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.dither.take() {
+        if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
         }
@@ -116,7 +111,7 @@ fn period_ns(hz: u32) -> u64 {
 /// Until `stop`: every 20 to 80 ms, each event's period drawn within 25%
 /// of `period` (xorshift, seeded from the clock: it need only be unrelated
 /// to what is sampled).
-fn dither(fds: &[OwnedFd], period: u64, stop: &AtomicBool) {
+fn dither(fds: &[RawFd], period: u64, stop: &AtomicBool) {
     let mut x = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
@@ -132,20 +127,21 @@ fn dither(fds: &[OwnedFd], period: u64, stop: &AtomicBool) {
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        for fd in fds {
+        for &fd in fds {
             let quarter = period / 4;
             let p: u64 = (period - quarter + next() % (2 * quarter + 1)).max(10_000);
-            // SAFETY: an ioctl on a perf event descriptor this struct
-            // owns, with a pointer to a u64 alive for the call. A failure
-            // (the CPU went offline) leaves the period as it was.
-            unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_PERIOD as _, &p as *const u64) };
+            // SAFETY: an ioctl on a perf event descriptor kept open until
+            // this thread has ended (see Dither::start), with a pointer to
+            // a u64 alive for the call. A failure (the CPU went offline)
+            // leaves the period as it was.
+            unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD as _, &p as *const u64) };
         }
     }
 }
 
 /// One cpu-clock event per online CPU, sampling every `1 / hz` seconds of
 /// that CPU's time.
-fn open(hz: u32) -> Result<Vec<OwnedFd>> {
+pub fn open(hz: u32) -> Result<Vec<OwnedFd>> {
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .context("failed to read /sys/devices/system/cpu/online")?;
     let cpus = parse_cpu_list(&online)?;

@@ -369,3 +369,75 @@ fn on_cpu_on_every_hook() {
     assert!(intervals >= 4, "{intervals} intervals");
     eprintln!("matrix: oncpu on {}, -i", hooks.join(", "));
 }
+
+/// With 8,000 threads of `stackfarm` (200 processes x 40) blocking and
+/// waking, traced system-wide: no thread has more running and off-CPU time
+/// than the window, and the workload's threads have exactly it.
+#[test]
+fn no_thread_above_the_window_under_load() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut farm = Command::new(example_path("stackfarm"))
+        .args(["--procs", "200", "--depth", "40", "--seconds", "120"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start stackfarm");
+    let mut out = BufReader::new(farm.stdout.take().unwrap());
+    let _farm = KillOnDrop(farm);
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap_or(0) > 0 && line.trim() != "ready" {
+        line.clear();
+    }
+    let w = start(dir.path());
+    let speedscope = dir.path().join("all.speedscope.json");
+    let (out, (from, to)) =
+        profile_window(&["--on-cpu", "-o", speedscope.to_str().unwrap(), "3"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for l in stderr.lines().filter(|l| l.contains("on-CPU")) {
+        eprintln!("{l}");
+    }
+    let window_us = (to - from) as f64 / 1e3;
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&speedscope).unwrap()).unwrap();
+    let frames = doc["shared"]["frames"].as_array().unwrap();
+    let running = frames
+        .iter()
+        .position(|f| f["name"] == "[running]")
+        .expect("a [running] frame");
+    let mut threads = 0;
+    let mut farm_running = 0.0;
+    for p in doc["profiles"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let weights = p["weights"].as_array().unwrap();
+        let samples = p["samples"].as_array().unwrap();
+        // Speedscope's unit here is microseconds.
+        let total: f64 = weights.iter().map(|w| w.as_f64().unwrap()).sum();
+        assert!(
+            total <= window_us * 1.005,
+            "{name}: {total:.0} us in a {window_us:.0} us window"
+        );
+        let ran: f64 = samples
+            .iter()
+            .zip(weights)
+            .filter(|(s, _)| s.as_array().unwrap().iter().any(|i| i == running))
+            .map(|(_, w)| w.as_f64().unwrap())
+            .sum();
+        if name.starts_with("stackfarm") {
+            farm_running += ran;
+        }
+        for (comm, tid) in &w.tids {
+            if name == format!("{comm} ({tid})") {
+                assert!(
+                    (total - window_us).abs() < window_us * 0.005,
+                    "{name}: {total:.0} us (running {ran:.0}) in a {window_us:.0} us window"
+                );
+                threads += 1;
+            }
+        }
+    }
+    assert_eq!(threads, THREADS.len(), "the workload's threads");
+    assert!(farm_running > 0.0, "the farm's threads ran");
+}
