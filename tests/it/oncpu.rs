@@ -132,10 +132,11 @@ fn running_and_waiting_add_up_to_the_window() {
     let perf = require_tool("perf", &[]);
     let perf_data = dir.path().join("perf.data");
     let cpu = CpuClock::start(w.pid, &tids);
-    // perf samples the spinner at the same rate over the same stretch.
+    // perf samples the spinner over the same stretch (at 997 Hz: its
+    // share is then the surer of the two).
     let mut perf_run = perf.as_ref().map(|perf| {
         Command::new(perf)
-            .args(["record", "-q", "-e", "cpu-clock", "-F", "309", "-g", "-t"])
+            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-t"])
             .arg(w.tids["oc-spinner"].to_string())
             .arg("-o")
             .arg(&perf_data)
@@ -171,8 +172,11 @@ fn running_and_waiting_add_up_to_the_window() {
     let window_us = (window.1 - window.0) as f64 / 1e3;
     let by = split_by_command(&lines);
     let duty = by["oc-duty"].0 as f64 / window_us;
+    // 3 ms of CPU in every 10 ms when it gets a CPU at once: less on a
+    // loaded machine (its running time is checked against the kernel's
+    // above).
     assert!(
-        (0.22..0.36).contains(&duty),
+        (0.1..0.36).contains(&duty),
         "duty thread on {duty:.3} of the window"
     );
     assert!(
@@ -225,7 +229,7 @@ fn running_and_waiting_add_up_to_the_window() {
                 "perf: spin_one {p_one}, spin_three {p_three} samples: {theirs:.3} in spin_one"
             );
             assert!(
-                p_one + p_three > 500,
+                p_one + p_three > 300,
                 "perf sampled too little: {p_one} + {p_three}"
             );
             assert!(
@@ -425,7 +429,7 @@ fn no_thread_above_the_window_under_load() {
             .filter(|(s, _)| s.as_array().unwrap().iter().any(|i| i == running))
             .map(|(_, w)| w.as_f64().unwrap())
             .sum();
-        if name.starts_with("stackfarm") {
+        if name.starts_with("farm-") {
             farm_running += ran;
         }
         for (comm, tid) in &w.tids {
