@@ -2153,15 +2153,20 @@ int BPF_PROG(process_fork_raw, struct task_struct *parent, struct task_struct *c
  * see start_task); the end iterator runs once the hooks are detached, and
  * -i (the cut iterator) is refused there.
  */
-static __always_inline __u64 swap_start(struct task_data *d, __u64 v, bool legacy)
+static __always_inline __u64 swap_u64(__u64 *p, __u64 v, bool legacy)
 {
 	__u64 old;
 
 	if (!legacy)
-		return __sync_lock_test_and_set(&d->start_ns, v);
-	old = d->start_ns;
-	d->start_ns = v;
+		return __sync_lock_test_and_set(p, v);
+	old = *p;
+	*p = v;
 	return old;
+}
+
+static __always_inline __u64 swap_start(struct task_data *d, __u64 v, bool legacy)
+{
+	return swap_u64(&d->start_ns, v, legacy);
 }
 
 static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
@@ -2490,16 +2495,6 @@ static __always_inline struct run_data *get_run(struct task_struct *t, __u32 tid
 	return bpf_map_lookup_elem(&run_by_tid, &tid);
 }
 
-static __always_inline __u64 swap_run(struct run_data *r, __u64 v, bool legacy)
-{
-	__u64 old;
-
-	if (!legacy)
-		return __sync_lock_test_and_set(&r->since, v);
-	old = r->since;
-	r->since = v;
-	return old;
-}
 
 /* The part in the window of a run that began at `since` (a time, or
  * RUN_UNSEEN / RUN_AT_WINDOW: at the window's start) and ends at `now`,
@@ -2556,7 +2551,7 @@ static __always_inline void run_ends_as(struct task_struct *t, __u32 tid, __u64 
 		count(CNT_NO_TASK_STORAGE);
 		return;
 	}
-	since = swap_run(r, RUN_OFF, legacy);
+	since = swap_u64(&r->since, RUN_OFF, legacy);
 	if (since == RUN_OFF) {
 		ran = BPF_CORE_READ(t, se.sum_exec_runtime) -
 		      BPF_CORE_READ(t, se.prev_sum_exec_runtime);
@@ -2609,7 +2604,7 @@ static __always_inline void run_at_end(struct task_struct *t, __u32 tid, bool tr
 
 	if (!r)
 		return;
-	since = swap_run(r, RUN_OFF, legacy);
+	since = swap_u64(&r->since, RUN_OFF, legacy);
 	if (since > RUN_OFF)
 		add_run(t, tid, since, trace_end_ns);
 }
