@@ -548,6 +548,27 @@ pub fn is_profiler_frame(name: &str) -> bool {
         || name.starts_with("__bpf_prog_exit")
 }
 
+/// How many of a kernel stack's innermost frames (`names`, innermost
+/// first) are the profiler's: those up to the outermost one named as the
+/// profiler's among the first few. The program's own frame is named
+/// `bpf_prog_...` only where kallsyms listed it when it was read (a list
+/// read while programs were being freed can skip some): otherwise it takes
+/// the name of whatever symbol precedes its address, and the frames the
+/// tracepoint adds (`bpf_trace_run4`, ...) come after it.
+pub fn profiler_frames<'a>(names: impl IntoIterator<Item = &'a str>) -> usize {
+    names
+        .into_iter()
+        .take(PROFILER_FRAMES_MAX)
+        .collect::<Vec<_>>()
+        .iter()
+        .rposition(|n| is_profiler_frame(n))
+        .map_or(0, |i| i + 1)
+}
+
+/// At most this many frames of the profiler's on top of a kernel stack
+/// (the program, its subprogram, the tracepoint's runner and iterator).
+const PROFILER_FRAMES_MAX: usize = 6;
+
 /// Symbolizes and merges what the kernel recorded.
 pub fn build(
     raw: &RawProfile,
@@ -822,7 +843,7 @@ pub fn build(
                             frames_at(names, k.0, Some(k.0), Origin::Kernel, None)
                         })
                         .collect();
-                    let ours = named.iter().take_while(|n| is_profiler_frame(n)).count();
+                    let ours = profiler_frames(named.iter().map(|f| f.text()));
                     named.drain(..ours);
                     Part::Frames(named.into())
                 }

@@ -223,6 +223,33 @@ fn profiler_frames_are_recognised() {
     }
 }
 
+/// The profiler's frames on top of a kernel stack are dropped even where
+/// the program's own is misnamed (kallsyms read without it).
+#[test]
+fn profiler_frames_on_top_of_a_stack() {
+    use offcputime::profile::profiler_frames;
+    fn stack(s: &str) -> Vec<&str> {
+        s.split(';').collect()
+    }
+    for (frames, ours) in [
+        (
+            "bpf_prog_1_sched_switch_btf;bpf_trace_run4;__schedule;schedule",
+            2,
+        ),
+        ("handshake_exit;bpf_trace_run4;__schedule;schedule", 2),
+        (
+            "handshake_exit;bpf_prog_1_f;bpf_trace_run4;__traceiter_sched_switch;__schedule",
+            4,
+        ),
+        ("__schedule;schedule;do_nanosleep", 0),
+        ("finish_task_switch.isra.0;__schedule;schedule", 0),
+        // Deeper than the profiler's frames can be: not its own.
+        ("a;b;c;d;e;f;bpf_trace_run4", 0),
+    ] {
+        assert_eq!(profiler_frames(stack(frames)), ours, "{frames}");
+    }
+}
+
 /// `-i` to one output: each interval after the other, `-T`'s time line
 /// before each, a blank line after each report.
 #[test]
