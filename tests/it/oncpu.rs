@@ -268,7 +268,8 @@ fn running_and_waiting_add_up_to_the_window() {
     let graph = parse_svg(&std::fs::read_to_string(&svg).unwrap());
     let warm = |f: &SvgFrame| f.fill.0 > 180 && f.fill.2 < 100;
     let cool = |f: &SvgFrame| f.fill.2 > f.fill.0;
-    // A frame is under a [running] frame where that one spans it.
+    // A frame is under a [running] frame where that one spans it (to the
+    // 4 decimals of the percentages inferno writes).
     let running: Vec<(f64, f64)> = graph
         .frames
         .iter()
@@ -290,7 +291,7 @@ fn running_and_waiting_add_up_to_the_window() {
     }) {
         let under = running
             .iter()
-            .any(|&(a, b)| f.x >= a - 1e-6 && f.x + f.width <= b + 1e-6);
+            .any(|&(a, b)| f.x >= a - 2e-4 && f.x + f.width <= b + 2e-4);
         if under {
             assert!(warm(f), "{} under [running] is {:?}", f.name, f.fill);
             seen.0 += 1;
@@ -308,6 +309,36 @@ fn running_and_waiting_add_up_to_the_window() {
         "the subtitle says which colours are which"
     );
     assert!(graph.total_us() as f64 > window_us * 3.9);
+
+    // ... and as a browser draws it, after its scripts ran: both palettes.
+    match crate::svg::chromium() {
+        Some(chromium) => {
+            let url = format!("file://{}", svg.display());
+            let (dom, log) = crate::svg::browse(&chromium, &url);
+            assert!(dom.contains("[running]"), "{log}");
+            let fills: Vec<(u32, u32, u32)> = dom
+                .split("fill=\"rgb(")
+                .skip(1)
+                .filter_map(|rest| {
+                    let inner = rest.split(')').next()?;
+                    let v: Vec<u32> = inner
+                        .split(',')
+                        .filter_map(|x| x.trim().parse().ok())
+                        .collect();
+                    (v.len() == 3).then(|| (v[0], v[1], v[2]))
+                })
+                .collect();
+            assert!(
+                fills.iter().any(|&(r, _, b)| r > 180 && b < 100)
+                    && fills.iter().any(|&(r, _, b)| b > r + 60),
+                "no hot and cold frames in the browser's page: {fills:?}"
+            );
+        }
+        None => assert!(
+            !is_ci(),
+            "chromium is needed (scripts/setup --test installs it)"
+        ),
+    }
 }
 
 /// The kernel matrix's `oncpu` cell: on every hook (and with -i on the

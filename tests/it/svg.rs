@@ -278,13 +278,13 @@ pub fn flamegraph_pl() -> Option<PathBuf> {
     require_tool("flamegraph.pl", &candidates)
 }
 
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     require_tool("chromium", &["/usr/bin/chromium".into()])
 }
 
 /// Loads `url` in headless Chromium; returns the DOM after the page's
 /// scripts ran, and the messages the page logged.
-fn browse(chromium: &Path, url: &str) -> (String, String) {
+pub(crate) fn browse(chromium: &Path, url: &str) -> (String, String) {
     let profile_dir = tempfile::tempdir().unwrap();
     let out = Command::new("timeout")
         .arg("120")
