@@ -978,7 +978,7 @@ fn sigterm_and_sigint_print_the_profile() {
     let wl = Workload::start(&["--seconds", "30"]);
     for sig in [libc::SIGTERM, libc::SIGINT] {
         let child = offcputime()
-            .args(["-f", "-t", &wl.tid("wl-nanosleep").to_string()])
+            .args(["-v", "-f", "-t", &wl.tid("wl-nanosleep").to_string()])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -994,10 +994,17 @@ fn sigterm_and_sigint_print_the_profile() {
         );
         let lines = parse_folded(&out.stdout);
         let total = sum_us(&lines, "wl-nanosleep");
-        // Traced from attach (some time after spawn) to the signal.
+        // Traced from the window's start (once loaded: some time after
+        // spawn, longer in a debug build) to the signal: the whole window.
+        let (_, from, to) = verbose_window(&String::from_utf8_lossy(&out.stderr));
+        let window_us = (to - from) as f64 / 1e3;
         assert!(
-            total > 1_500_000 && total < 2_600_000,
-            "signal {sig}: {total} us"
+            window_us > 500_000.0 && window_us < 2_600_000.0,
+            "signal {sig}: a window of {window_us:.0} us"
+        );
+        assert!(
+            (total as f64 - window_us).abs() < window_us * 0.02,
+            "signal {sig}: {total} us of a {window_us:.0} us window"
         );
     }
 }

@@ -77,12 +77,13 @@ fn spinner_split(lines: &[Folded]) -> (u64, u64) {
     (running("spin_one"), running("spin_three"))
 }
 
-/// Every thread's running + off-CPU time is the window (within 0.5%), and
-/// its running time the kernel's.
+/// Every thread's running + off-CPU time is the window (within `tolerance`
+/// of it), and its running time the kernel's (within 0.5%).
 fn check_threads(
     lines: &[Folded],
     cpu: Option<(&CpuSamples, &[&str])>,
     (from, to): (u64, u64),
+    tolerance: f64,
     context: &str,
 ) {
     let window_us = (to - from) as f64 / 1e3;
@@ -92,7 +93,7 @@ fn check_threads(
         let sum = (run + off) as f64;
         eprintln!("{context}{comm}: running {run} us, off-CPU {off} us, window {window_us:.0} us");
         assert!(
-            (sum - window_us).abs() < window_us * 0.005,
+            (sum - window_us).abs() < window_us * tolerance,
             "{context}{comm}: running {run} + off-CPU {off} us against a {window_us:.0} us window"
         );
     }
@@ -168,7 +169,7 @@ fn running_and_waiting_add_up_to_the_window() {
     let cpu = cpu.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines = parse_folded(&std::fs::read(&folded).unwrap());
-    check_threads(&lines, Some((&cpu, &THREADS)), window, "");
+    check_threads(&lines, Some((&cpu, &THREADS)), window, 0.005, "");
     let window_us = (window.1 - window.0) as f64 / 1e3;
     let by = split_by_command(&lines);
     let duty = by["oc-duty"].0 as f64 / window_us;
@@ -363,7 +364,10 @@ fn on_cpu_on_every_hook() {
         let (out, window) =
             profile_window(&["--on-cpu", "-f", "--hook", hook, "-p", &pid, "2"], &[]);
         let lines = parse_folded(&out.stdout);
-        check_threads(&lines, None, window, &format!("{hook}: "));
+        // 1%: the matrix's VMs emulate their CPUs, and late or unseen
+        // switches cost a little more there (a block the kernel cannot
+        // date is left out).
+        check_threads(&lines, None, window, 0.01, &format!("{hook}: "));
         let (one, three) = spinner_split(&lines);
         assert!(one > 0 && three > 0, "{hook}: spinner split {one}/{three}");
     }
@@ -385,8 +389,10 @@ fn on_cpu_on_every_hook() {
         let by = split_by_command(&parsed);
         for comm in THREADS {
             let (run, off) = by.get(comm).copied().unwrap_or_default();
+            // 2%: a part counted after its interval was written is left
+            // out of it (and said), as for off-CPU time.
             assert!(
-                ((run + off) as f64 - 500_000.0).abs() < 2_500.0,
+                ((run + off) as f64 - 500_000.0).abs() < 10_000.0,
                 "-i: {comm} {run} + {off} us in a 0.5 s interval"
             );
         }
@@ -475,4 +481,20 @@ fn no_thread_above_the_window_under_load() {
     }
     assert_eq!(threads, THREADS.len(), "the workload's threads");
     assert!(farm_running > 0.0, "the farm's threads ran");
+    // The next test is not to run beside 8,000 exiting threads.
+    drop(_farm);
+    for _ in 0..100 {
+        let left = std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten().any(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "stackfarm")
+                })
+            })
+            .unwrap_or(false);
+        if !left {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
