@@ -2209,7 +2209,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	d = get_data(prev, tid, trusted, false);
 	if (d && d->start_ns > START_SEEN)
 		close_unseen_block(prev, d, tid, now, true, legacy);
-	if (on_cpu_on && tid && wanted_ids(tgid, tid, kthread)) {
+	/* (The kprobe's hook does it itself: see run_switch.) */
+	if (on_cpu_on && tid && stacks_now) {
 		if (legacy)
 			run_ends_legacy(prev, tid, now);
 		else
@@ -2521,8 +2522,10 @@ static __noinline void add_run(struct task_struct *t, __u32 tid, __u64 since, __
 	add_span(&key, from, to, &wt);
 }
 
-/* `t` is switched in: its run begins. */
-static __always_inline void run_begins(struct task_struct *t, __u32 tid, __u64 now, bool trusted)
+/* `t` is switched in: its run begins.  Not inlined: the hooks' own frames
+ * are near 6.1's limit of a call chain's stack. */
+static __always_inline void run_begins_as(struct task_struct *t, __u32 tid, __u64 now,
+					  bool trusted)
 {
 	struct run_data *r;
 
@@ -2536,17 +2539,33 @@ static __always_inline void run_begins(struct task_struct *t, __u32 tid, __u64 n
 	r->since = now;
 }
 
+/* Apart by the map they use: the legacy programs have no task storage. */
+static __noinline void run_begins(struct task_struct *t, __u32 tid, __u64 now)
+{
+	run_begins_as(t, tid, now, true);
+}
+
+static __noinline void run_begins_by_tid(struct task_struct *t, __u32 tid, __u64 now)
+{
+	run_begins_as(t, tid, now, false);
+}
+
 static __always_inline bool is_cfs(struct task_struct *t);
 
-/* `t` (a thread the ids keep) is switched out: its run ends.  A run whose
+/* `t` is switched out: its run ends, if the ids keep it.  A run whose
  * switch-in the tracepoint did not report (see close_unseen_block) began
  * when CFS last picked the thread. */
 static __always_inline void run_ends_as(struct task_struct *t, __u32 tid, __u64 now,
 					bool trusted, bool legacy)
 {
-	struct run_data *r = get_run(t, tid, trusted, true);
+	struct run_data *r;
 	__u64 since, ran;
 
+	/* The ids looked at here, not in the hook: its frame is near 6.1's
+	 * limit of a call chain's stack. */
+	if (!wanted_ids(BPF_CORE_READ(t, tgid), tid, is_kthread(t, false)))
+		return;
+	r = get_run(t, tid, trusted, true);
 	if (!r) {
 		count(CNT_NO_TASK_STORAGE);
 		return;
@@ -2574,6 +2593,25 @@ static __noinline void run_ends(struct task_struct *t, __u32 tid, __u64 now, boo
 static __noinline void run_ends_legacy(struct task_struct *t, __u32 tid, __u64 now)
 {
 	run_ends_as(t, tid, now, false, true);
+}
+
+/* The kprobe's switch, `prev` out and the current task in, in one call:
+ * two from its hook would make its frame pass 6.1's limit of a call
+ * chain's stack. */
+static __noinline void run_switch(struct task_struct *prev, struct task_struct *curr, __u64 now,
+				  bool legacy)
+{
+	__u32 tid = BPF_CORE_READ(prev, pid);
+
+	if (tid) {
+		if (legacy)
+			run_ends_legacy(prev, tid, now);
+		else
+			run_ends(prev, tid, now, false);
+	}
+	tid = BPF_CORE_READ(curr, pid);
+	if (tid)
+		run_begins_by_tid(curr, tid, now);
 }
 
 /* The start iterator found `t` on a CPU: unless a switch was seen since
@@ -2646,8 +2684,12 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 
 	if (tid == 0)
 		return;
-	if (on_cpu_on)
-		run_begins(next, tid, now, trusted);
+	if (on_cpu_on && !next_is_current) {
+		if (trusted)
+			run_begins(next, tid, now);
+		else
+			run_begins_by_tid(next, tid, now);
+	}
 	/* Until the window starts every switch-in of a thread traced is
 	 * noted, so that the start iterator cannot take it for one blocked
 	 * since before the hook was attached. */
@@ -2726,6 +2768,8 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
 	on_switch_out(ctx, prev, false, now, false, false, false, -1);
 	on_switch_in(ctx, curr, now, false, true, false);
+	if (on_cpu_on)
+		run_switch(prev, curr, now, false);
 	return 0;
 }
 
@@ -3653,6 +3697,8 @@ int BPF_KPROBE(finish_task_switch_legacy, struct task_struct *prev)
 
 	on_switch_out(ctx, prev, false, now, false, false, true, -1);
 	on_switch_in(ctx, curr, now, false, true, true);
+	if (on_cpu_on)
+		run_switch(prev, curr, now, true);
 	return 0;
 }
 

@@ -124,6 +124,11 @@ fn try_snapshot(
         .ucache_storage
         .set_autocreate(false)
         .context("stack cache map")?;
+    open.maps
+        .run_storage
+        .set_autocreate(false)
+        .context("running time map")?;
+    open.maps.run_by_tid.set_max_entries(1)?;
     let dwarf = opts.unwind == Unwind::Dwarf;
     let (skel, _) = load_while(open, || {
         if dwarf {
