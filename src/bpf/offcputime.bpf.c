@@ -2598,8 +2598,8 @@ static __noinline void run_ends_legacy(struct task_struct *t, __u32 tid, __u64 n
 /* The kprobe's switch, `prev` out and the current task in, in one call:
  * two from its hook would make its frame pass 6.1's limit of a call
  * chain's stack. */
-static __noinline void run_switch(struct task_struct *prev, struct task_struct *curr, __u64 now,
-				  bool legacy)
+static __always_inline void run_switch_as(struct task_struct *prev, struct task_struct *curr,
+					  __u64 now, bool legacy)
 {
 	__u32 tid = BPF_CORE_READ(prev, pid);
 
@@ -2612,6 +2612,18 @@ static __noinline void run_switch(struct task_struct *prev, struct task_struct *
 	tid = BPF_CORE_READ(curr, pid);
 	if (tid)
 		run_begins_by_tid(curr, tid, now);
+}
+
+static __noinline void run_switch(struct task_struct *prev, struct task_struct *curr, __u64 now)
+{
+	run_switch_as(prev, curr, now, false);
+}
+
+/* (5.10 refuses the atomic exchange of run_ends even unreached.) */
+static __noinline void run_switch_legacy(struct task_struct *prev, struct task_struct *curr,
+					 __u64 now)
+{
+	run_switch_as(prev, curr, now, true);
 }
 
 /* The start iterator found `t` on a CPU: unless a switch was seen since
@@ -2769,7 +2781,7 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 	on_switch_out(ctx, prev, false, now, false, false, false, -1);
 	on_switch_in(ctx, curr, now, false, true, false);
 	if (on_cpu_on)
-		run_switch(prev, curr, now, false);
+		run_switch(prev, curr, now);
 	return 0;
 }
 
@@ -3698,7 +3710,7 @@ int BPF_KPROBE(finish_task_switch_legacy, struct task_struct *prev)
 	on_switch_out(ctx, prev, false, now, false, false, true, -1);
 	on_switch_in(ctx, curr, now, false, true, true);
 	if (on_cpu_on)
-		run_switch(prev, curr, now, true);
+		run_switch_legacy(prev, curr, now);
 	return 0;
 }
 
