@@ -355,10 +355,10 @@ fn on_cpu_on_every_hook() {
     let w = start(dir.path());
     let pid = w.pid.to_string();
     let mut hooks = vec!["tp-btf", "raw-tp"];
+    // (Where the kernel has no kprobes, the e2e tests check that the hook
+    // says so; this test's matrix line names the hooks it ran.)
     if has_kprobes() {
         hooks.push("finish-task-switch");
-    } else {
-        report_no_kprobes();
     }
     for hook in &hooks {
         let (out, window) =
