@@ -460,7 +460,7 @@ fn translate<'a, S: UnwindSection<Slice<'a>>>(
 
 /// Where the kernel's `struct ucontext` (at rsp in a signal trampoline,
 /// x86-64) holds the interrupted rbp, rsp and rip: the BPF unwinder reads
-/// them there (`UCONTEXT_*` in offcputime.bpf.c).
+/// them there (`UCONTEXT_*` in src/bpf/dwarf.h).
 const UCONTEXT_RBP: u8 = 0x78;
 const UCONTEXT_RSP: u8 = 0xa0;
 const UCONTEXT_RIP: u8 = 0xa8;

@@ -1,0 +1,513 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * Task iterators: blocks under way at the window's start claimed, at its
+ * end flushed, at each -i cut counted.
+ */
+#ifndef __OFFCPUTIME_ITER_H__
+#define __OFFCPUTIME_ITER_H__
+
+/* The kernel stack of `task`, which is not running.  The kernel leaves out
+ * the scheduler's own frames (those in .sched.text). */
+static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
+{
+	__u32 zero = 0;
+	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
+
+	if (!buf)
+		return STACK_ID_MISSED_ERROR;
+	return store_task_stack(bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
+}
+
+/* The user stack of `task`, which is not running: with its process's
+ * tables where it has them, else through frame pointers, as at a
+ * switch-out.  Only from the sleepable start iterator. */
+/*
+ * Walks the user stack of `task` (blocked since before the start) through
+ * the tables of the files its process maps, as user_stack_by_files() does
+ * for the current task: its length in bytes, -1 where its registers
+ * cannot be read, -2 where a file without tables was met.
+ */
+static __always_inline long unwind_task_by_files(struct task_struct *task, __u32 tgid)
+{
+	struct unwind_state u = {};
+	struct file_scratch *s = file_scratch_of(true);
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+	__u64 *ips;
+	__u32 zero = 0, idx;
+
+	if (!unwind_by_file || !bpf_core_field_exists(((struct mm_struct *)0)->mm_mt) || !s || !mm)
+		return -2;
+	if (read_user_regs(task, &u))
+		return -1;
+	u.task = task;
+	u.max = clamp_stack_bytes() / sizeof(__u64);
+	s->mm = mm;
+	s->needs_tables = 0;
+	s->used = 0;
+	s->walk++;
+	copy_stack(&u);
+	bpf_loop(MAX_STACK_DEPTH, unwind_step_task_files, &u, 0);
+	s = file_scratch_of(true);
+	ips = bpf_map_lookup_elem(&start_scratch, &zero);
+	if (!s || !ips || s->needs_tables)
+		return -2;
+	idx = u.nr;
+	if (idx < MAX_STACK_DEPTH) {
+		asm volatile("" : "+r"(idx));
+		ips[idx & MAX_STACK_DEPTH] = 0;
+	}
+	count(CNT_UNWIND_DWARF);
+	count(CNT_UNWIND_BY_FILE);
+	COUNT_WALK(&u);
+	send_mapped(mm, exec_vm, (__u64)tgid << 32 | BPF_CORE_READ(task, pid),
+		    BPF_CORE_READ(task, group_leader, start_boottime), true);
+	return u.nr * sizeof(__u64);
+}
+
+/* Whether the process of `task` has tables for its address space now. */
+static __always_inline bool tables_ready(struct task_struct *task, __u32 tgid)
+{
+	__u64 exec_vm, mm = address_space(task, &exec_vm);
+
+	return tables_of(tgid, mm, exec_vm) != NULL;
+}
+
+/*
+ * The start iterator's copy of the user stack of a task blocked since
+ * before the start whose process has no tables yet (it began as the
+ * profiler attached): sent for userspace to walk, as defer_user_stack()
+ * does for a switch-out, from a map of its own (the iterator may sleep,
+ * and a switch hook on its CPU would reuse a per-CPU one).  Its id, or
+ * STACK_ID_MISSED_ERROR (counted where the ring buffer had no room).
+ * The process is told of, so that userspace knows the address space the
+ * copy is of.
+ */
+#define START_DEFER_CPU 0x3fffffULL
+__u64 start_deferred_seq = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct deferred_stack);
+} start_deferred SEC(".maps");
+
+static __always_inline __u64 defer_task_stack(struct task_struct *task, __u32 tgid)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct deferred_stack *d;
+	__u32 zero = 0;
+	__u64 base, len = 0;
+	int i;
+
+	d = bpf_map_lookup_elem(&start_deferred, &zero);
+	if (!d || !regs)
+		return STACK_ID_MISSED_ERROR;
+	d->pc = regs->ip;
+	d->sp = regs->sp;
+	d->bp = regs->bp;
+	d->ax = regs->ax;
+	if (!d->pc || !d->sp)
+		return STACK_ID_MISSED_ERROR;
+	start_deferred_seq++;
+	d->id = STACK_ID_DEFERRED_BIT | START_DEFER_CPU << 40 |
+		(start_deferred_seq & ((1ULL << 40) - 1));
+	d->tgid = tgid;
+	d->pid = BPF_CORE_READ(task, pid);
+	d->process_start = BPF_CORE_READ(task, group_leader, start_boottime);
+	d->mm = address_space(task, &d->exec_vm);
+	d->_pad = 0;
+	base = d->sp & ~4095ULL;
+	for (i = 0; i < DEFERRED_STACK_PAGES; i++) {
+		if (bpf_copy_from_user_task(&d->bytes[i * 4096], 4096, (void *)(base + i * 4096),
+					    task, 0))
+			break;
+		len += 4096;
+	}
+	d->len = len;
+	if (bpf_ringbuf_output(&deferred_stacks, d, DEFERRED_HEADER_BYTES + len, 0)) {
+		count(CNT_UNWIND_DEFER_LOST);
+		return STACK_ID_MISSED_ERROR;
+	}
+	count(CNT_UNWIND_DEFERRED);
+	send_event(task, tgid, d->pid, TASK_EVENT_NEW);
+	return d->id;
+}
+
+static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 tgid, bool defer)
+{
+	struct unwind_state u = {};
+	__u32 zero = 0;
+	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
+	long len = -1;
+
+	if (!buf)
+		return STACK_ID_MISSED_ERROR;
+	if (!BPF_CORE_READ(task, mm))
+		return STACK_ID_NONE;
+	/* Reading another task's memory takes its mmap lock: if a writer
+	 * holds it or waits for it (a thread stuck in a page fault on a hung
+	 * file system, another in mmap), the iterator could wait as long, and
+	 * the window never open.  Such a stack is not read. */
+	if (BPF_CORE_READ(task, mm, mmap_lock.count.counter) & (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS))
+		return STACK_ID_NOT_READABLE;
+	if (unwind_dwarf) {
+		len = -2;
+		if (!tables_ready(task, tgid))
+			len = unwind_task_by_files(task, tgid);
+		if (len == -2 && defer && !tables_ready(task, tgid))
+			return defer_task_stack(task, tgid);
+		if (len == -2)
+			len = unwind_task(task, tgid);
+	} else {
+		if (read_user_regs(task, &u))
+			return STACK_ID_MISSED_ERROR;
+		u.task = task;
+		len = walk_user(&u, true) * sizeof(__u64);
+	}
+	if (len < 0)
+		return STACK_ID_MISSED_ERROR;
+	if (len > 0)
+		len = python_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
+	return store_task_stack(len, true);
+}
+
+/*
+ * The Python frames of a new CPython process's first blocks: its stacks
+ * are walked at its threads' switch-outs before userspace has heard of it,
+ * let alone read where its interpreter is.  Once it has, it lists the
+ * process in py_refresh and runs this over every task: a thread of it
+ * still in a block whose user stack was walked without its Python frames
+ * has not run since, so its stack is as it was; it is walked again, now
+ * with them, and the block takes that stack.  Only with the process's
+ * tables or its files' (no frame-pointer guess replaces a stack); where
+ * they are not ready yet, the next run tries again.
+ */
+SEC("iter.s/task")
+int python_refresh(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct task_data *d;
+	__u64 start, block, id;
+	__u32 tgid, nr, more;
+	long len;
+
+	if (!task || !python_on)
+		return 0;
+	tgid = task->tgid;
+	if (!bpf_map_lookup_elem(&py_refresh, &tgid))
+		return 0;
+	d = bpf_task_storage_get(&task_data_storage, task, 0, 0);
+	if (!d || task->on_cpu)
+		return 0;
+	start = d->start_ns;
+	block = d->block_ns;
+	/* Its stack has Python frames already. */
+	id = d->user_stack_id;
+	if ((id & STACK_ID_HASH_BIT) && has_python_frames(id))
+		return 0;
+	/* A block of its own switch-out (not one claimed at the start). */
+	if (start <= START_AT_WINDOW || (start & START_CUT_AT_WINDOW))
+		return 0;
+	if (!BPF_CORE_READ(task, mm) ||
+	    (BPF_CORE_READ(task, mm, mmap_lock.count.counter) &
+	     (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS)))
+		return 0;
+	if (!unwind_dwarf) {
+		struct unwind_state u = {};
+
+		if (read_user_regs(task, &u))
+			return 0;
+		u.task = task;
+		len = walk_user(&u, true) * sizeof(__u64);
+	} else if (tables_ready(task, tgid)) {
+		len = unwind_task(task, tgid);
+	} else {
+		len = unwind_task_by_files(task, tgid);
+	}
+	if (len <= 0)
+		return 0;
+	nr = len / sizeof(__u64);
+	more = python_frames_of_task(task, tgid, nr);
+	/* No Python frames found (yet): tried again at the next run. */
+	if (more == nr)
+		return 0;
+	id = store_task_stack(more * sizeof(__u64), true);
+	if (!(id & STACK_ID_HASH_BIT))
+		return 0;
+	/* Still the same block: the thread has not run meanwhile. */
+	if (d->start_ns != start || d->block_ns != block || task->on_cpu)
+		return 0;
+	d->user_stack_id = id;
+	count(CNT_PY_REFRESHED);
+	return 0;
+}
+
+/*
+ * The start iterator: every thread blocked (or waiting for a CPU) since
+ * before the hook was attached, and not switched since, is claimed as
+ * blocked from the window's start, with its stacks as the kernel keeps
+ * them.  `user_stacks`: the kernel can read another task's user memory
+ * (the sleepable iterator); else such blocks have no user stack.  Its last
+ * call (no task) opens the window.
+ */
+static __always_inline void start_task(struct task_struct *task, bool trusted, bool user_stacks,
+				       bool legacy)
+{
+	__u64 ustack = STACK_ID_NONE, kstack = STACK_ID_NONE, now;
+	struct task_data *d, rec = {};
+	__u32 tid, tgid, state;
+	bool kthread;
+	long err;
+
+	if (!task) {
+		now = bpf_ktime_get_ns();
+		if (!trace_start_ns) {
+			if (trace_duration_ns)
+				trace_end_ns = now + trace_duration_ns < now ? ~0ULL
+									    : now + trace_duration_ns;
+			trace_start_ns = now;
+		}
+		return;
+	}
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0)
+		return;
+	if (BPF_CORE_READ(task, on_cpu)) {
+		if (on_cpu_on)
+			run_at_start(task, tid, trusted, legacy);
+		return;
+	}
+	state = task_state(task, false);
+	/* Gone, or never run yet (TASK_NEW). */
+	if ((state & (TASK_DEAD | TASK_NEW)) || BPF_CORE_READ(task, exit_state))
+		return;
+	tgid = BPF_CORE_READ(task, tgid);
+	kthread = is_kthread(task, false);
+	if (!wanted(task, tgid, tid, kthread, state))
+		return;
+	if (legacy) {
+		/* Switched since the hook was attached: it has a record. */
+		if (bpf_map_lookup_elem(&task_data_by_tid, &tid))
+			return;
+		d = &rec;
+	} else {
+		d = get_data(task, tid, trusted, true);
+		if (!d) {
+			count(CNT_NO_TASK_STORAGE);
+			return;
+		}
+		if (d->start_ns)
+			return;
+	}
+	if (want_user_stack && !kthread)
+		ustack = user_stacks ? user_stack_of_task(task, tgid, true) : STACK_ID_NOT_READABLE;
+	if (want_kernel_stack)
+		kstack = kernel_stack_of_task(task);
+	d->start_user_stack_id = ustack;
+	d->start_kernel_stack_id = kstack;
+	if (want_states || want_wakers)
+		d->start_state = offcpu_state(task, state);
+	if (want_states)
+		d->wake_ns = 0;
+	if (legacy) {
+		/* The claim: the record is created here only if no switch of
+		 * the thread has created it since the check above. */
+		rec.start_ns = START_AT_WINDOW;
+		err = bpf_map_update_elem(&task_data_by_tid, &tid, &rec, BPF_NOEXIST);
+		if (err) {
+			if (err != -EEXIST)
+				count(CNT_NO_TASK_STORAGE);
+			return;
+		}
+		d = bpf_map_lookup_elem(&task_data_by_tid, &tid);
+		if (!d)
+			return;
+	} else if (__sync_val_compare_and_swap(&d->start_ns, 0, START_AT_WINDOW) != 0) {
+		return;
+	}
+	if (notify_new_tasks && !kthread)
+		notify_new_mappings(task, d, tgid, tid);
+}
+
+SEC("iter/task")
+int start_blocked(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, true, false, false);
+	return 0;
+}
+
+SEC("iter/task")
+int start_blocked_by_tid(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, false, false, false);
+	return 0;
+}
+
+SEC("iter.s/task")
+int start_blocked_user(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, true, true, false);
+	return 0;
+}
+
+SEC("iter.s/task")
+int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, false, true, false);
+	return 0;
+}
+
+/*
+ * Run once after tracing ends (trace_end_ns set, switch hooks detached):
+ * count every block still in progress up to trace_end_ns.
+ */
+static __always_inline void flush_task(struct task_struct *task, bool trusted, bool legacy,
+				       bool user_stacks)
+{
+	struct offcpu_key key = {};
+	struct weight wt;
+	struct task_data *d;
+	__u64 start, from, to;
+	__u32 tid, state;
+
+	if (!task || !trace_end_ns)
+		return;
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0)
+		return;
+	if (on_cpu_on)
+		run_at_end(task, tid, trusted, legacy);
+	d = get_data(task, tid, trusted, false);
+	if (!d)
+		return;
+	/* Running now, with a block still open: either switched in after the
+	 * hook was detached (the block ended then), or switched in without the
+	 * tracepoint; either way the block ended when its current run began. */
+	if (BPF_CORE_READ(task, on_cpu) && is_cfs(task)) {
+		close_unseen_block(task, d, tid, bpf_ktime_get_ns(), false, legacy);
+		return;
+	}
+	start = swap_start(d, 0, legacy);
+	if (!block_part(d, start, trace_end_ns, false, &from, &to, &wt))
+		return;
+
+	fill_key(&key, task, tid, false);
+	if (start == START_AT_WINDOW)
+		count(CNT_BLOCKS_AT_START);
+	state = claimed_stacks(&key, d, start);
+	/* The kprobe takes a block's stacks at its switch-in, which this one
+	 * has not reached: the thread has not run since its switch-out, so
+	 * its stacks are still those it blocked with (the kernel's view of a
+	 * task not running, as for a block under way at the start). */
+	if (!began_before_window(start) && stacks_at_switch_in) {
+		if (want_user_stack && !is_kthread(task, false))
+			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid, false)
+							: STACK_ID_NOT_READABLE;
+		if (want_kernel_stack)
+			key.kernel_stack_id = kernel_stack_of_task(task);
+	}
+	count(CNT_BLOCKS_AT_END);
+	add_block_parts(&key, d, state, from, to, false, &wt);
+}
+
+SEC("iter/task")
+int flush_in_progress(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx->task, true, false, false);
+	return 0;
+}
+
+SEC("iter/task")
+int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx->task, false, false, false);
+	return 0;
+}
+
+/* The kprobe's end iterator where the kernel reads another task's user
+ * memory (5.18): the user stacks of blocks it has none for. */
+SEC("iter.s/task")
+int flush_in_progress_user_by_tid(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx->task, false, false, true);
+	return 0;
+}
+
+/*
+ * -i: run at each interval's end (cut_at), once the clock has passed it:
+ * every block under way is counted up to that end, and from then on is
+ * counted from it.  A thread on a CPU is left alone: its switch-in (under
+ * way now, or done without the hook seeing it) counts the block whole,
+ * split at the intervals' ends it crossed.  The block's stacks and state
+ * are read before it is claimed: once claimed, the thread may run and block
+ * again.
+ */
+static __always_inline void cut_task(struct task_struct *task, bool trusted)
+{
+	struct offcpu_key key = {};
+	struct weight wt;
+	struct task_data *d, seen;
+	__u64 start, cut, next, from, to, *at;
+	__u32 tid, state, zero = 0;
+
+	at = bpf_map_lookup_elem(&cut_at, &zero);
+	if (!task || !at || !*at)
+		return;
+	cut = *at;
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0)
+		return;
+	if (on_cpu_on)
+		run_cut(task, tid, cut, trusted);
+	if (BPF_CORE_READ(task, on_cpu))
+		return;
+	d = get_data(task, tid, trusted, false);
+	if (!d)
+		return;
+	seen = *d;
+	start = seen.start_ns;
+	if (start <= START_SEEN || counted_from(start) >= cut)
+		return;
+	next = cut | START_CUT | (began_before_window(start) ? START_CUT_AT_WINDOW : 0);
+	if (__sync_val_compare_and_swap(&d->start_ns, start, next) != start)
+		return;
+	if (!block_part(&seen, start, cut, false, &from, &to, &wt))
+		return;
+	fill_key(&key, task, tid, false);
+	if (start == START_AT_WINDOW)
+		count(CNT_BLOCKS_AT_START);
+	state = claimed_stacks(&key, &seen, start);
+	add_block_parts(&key, &seen, state, from, to, false, &wt);
+}
+
+SEC("iter/task")
+int cut_interval(struct bpf_iter__task *ctx)
+{
+	cut_task(ctx->task, true);
+	return 0;
+}
+
+SEC("iter/task")
+int cut_interval_by_tid(struct bpf_iter__task *ctx)
+{
+	cut_task(ctx->task, false);
+	return 0;
+}
+
+
+SEC("iter/task")
+int start_blocked_legacy(struct bpf_iter__task *ctx)
+{
+	start_task(ctx->task, false, false, true);
+	return 0;
+}
+
+SEC("iter/task")
+int flush_in_progress_legacy(struct bpf_iter__task *ctx)
+{
+	flush_task(ctx->task, false, true, false);
+	return 0;
+}
+
+#endif /* __OFFCPUTIME_ITER_H__ */

@@ -1,0 +1,355 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * Per-thread records (blocks, runs) and the maps every part shares:
+ * filters, stacks, counts, counters, events, the DWARF walk's tables and
+ * the stack cache's storage.
+ */
+#ifndef __OFFCPUTIME_MAPS_H__
+#define __OFFCPUTIME_MAPS_H__
+
+/* Per-thread state while it is switched out. */
+struct task_data {
+	__u64 start_ns;
+	/* When the open block began (its switch-out), for -m/-M once the cut
+	 * iterator has moved start_ns on. */
+	__u64 block_ns;
+	__u64 user_stack_id;
+	__u64 kernel_stack_id;
+	/* The stacks of a block under way at the start, kept apart so that
+	 * the iterator never overwrites those of a switch-out that raced it. */
+	__u64 start_user_stack_id;
+	__u64 start_kernel_stack_id;
+	/* The address space its last new-task event was sent for, and the
+	 * size of its executable mappings then. */
+	__u64 notified_mm;
+	__u64 notified_exec_vm;
+	/* --states: when the open block was woken (0: not yet), and the
+	 * state it blocked in (enum offcpu_state); start_state for a block
+	 * under way at the start, kept apart as its stacks are. */
+	__u64 wake_ns;
+	__u32 state;
+	__u32 start_state;
+	/* --wakers: who woke the open block (a waker id; 0: nobody yet). */
+	__u64 waker_id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct task_data);
+} task_data_storage SEC(".maps");
+
+/* The same state keyed by thread id, for hooks whose task pointers the
+ * verifier does not trust (raw_tp, kprobe). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct task_data);
+} task_data_by_tid SEC(".maps");
+
+/*
+ * --on-cpu: when each thread traced began its current run on a CPU, kept
+ * apart from task_data (whose size the switch hooks' frames are near 6.1's
+ * limit with).  `since` is a switch-in time (or an interval's end, from
+ * where the cut iterator counted it), or one of these (a ktime in ns is
+ * never this small).  RUN_UNSEEN: a record made at a switch-out, no switch-in
+ * seen since the hooks were attached: the thread ran since before.
+ * RUN_OFF: off the CPU, or its run counted up to the end.  RUN_AT_WINDOW: on
+ * a CPU when the start iterator passed, counted from the window's start.
+ */
+const volatile bool on_cpu_on = false;
+
+#define RUN_UNSEEN 0
+#define RUN_OFF 1
+#define RUN_AT_WINDOW 2
+
+struct run_data {
+	__u64 since;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct run_data);
+} run_storage SEC(".maps");
+
+/* The same keyed by thread id, for the hooks whose task pointers the
+ * verifier does not trust (see task_data_by_tid). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct run_data);
+} run_by_tid SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u8);
+} tgids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u8);
+} tids SEC(".maps");
+
+/* The cgroup v2 ids (kernfs node ids, the directories' inode numbers) of
+ * --cgroup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u8);
+} cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64[MAX_STACK_DEPTH]);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct offcpu_key);
+	__type(value, struct offcpu_val);
+} counts SEC(".maps");
+
+/* --wakers: each distinct waker (task and stacks) under a 64-bit hash. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct waker_info);
+} wakers SEC(".maps");
+
+/* One more slot than a stack needs, so that a frame index masked with
+ * MAX_STACK_DEPTH (2^7 - 1) is in bounds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[MAX_STACK_DEPTH + 1]);
+} scratch SEC(".maps");
+
+/* The start iterator's frames: it may sleep (reading another task's stack
+ * memory can fault), and a switch hook on its CPU would reuse `scratch`
+ * meanwhile. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[MAX_STACK_DEPTH + 1]);
+} start_scratch SEC(".maps");
+
+/* The start iterator's copy of the stack of the thread it walks, from its
+ * stack pointer: one read of another task's memory (which takes its mmap
+ * lock and pins its pages) instead of one or two a frame, which made the
+ * iterator take a second under thousands of deep stacks.  Reads beyond it
+ * are made one by one. */
+#define STACK_COPY_BYTES 8192
+struct stack_copy {
+	__u64 base;
+	__u64 len;
+	/* 16 bytes more: a read of up to 16 bytes from any offset below
+	 * STACK_COPY_BYTES stays inside. */
+	__u8 bytes[STACK_COPY_BYTES + 16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_copy);
+} start_stack SEC(".maps");
+
+/*
+ * The user stack cache.  A walk is a function of the registers it starts
+ * from, its process's unwind tables and the stack memory it reads: walked
+ * again from the same registers, with the same tables, over the same
+ * memory, it gives the same frames.  So each thread keeps what its last
+ * walk started from and every 8-byte slot it read (where, and what was
+ * there).  At its next block, if the registers are the same, the tables
+ * are (their generation, see struct unwind_proc), and every one of those
+ * slots still holds what it held, the stack is the one stored then: it is
+ * not walked again, and no frame is guessed.  Where the proof cannot be
+ * kept (a read that failed, more than UCACHE_SLOTS slots, a stack that
+ * could not be stored) the thread keeps nothing and is walked each time.
+ * The initial frame pointer is part of the proof only where the walk used
+ * it before restoring it from the stack (code without frame pointers
+ * keeps anything in that register).
+ */
+#define UCACHE_SLOTS 64
+struct ucache {
+	/* The stack's id in `stacks`; 0: nothing kept. */
+	__u64 stack_id;
+	__u64 mm;
+	__u64 gen;
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u32 n;
+	__u32 fp_frames;
+	__u8 bp_used;
+	__u8 truncated;
+	__u16 gap_frames;
+	__u8 _pad[4];
+	/* Slot k: at sp + off[k], the walk read val[k]. */
+	__u32 off[UCACHE_SLOTS];
+	__u64 val[UCACHE_SLOTS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ucache);
+} ucache_storage SEC(".maps");
+
+/* The slots of the walk under way on this CPU, kept once it succeeds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ucache);
+} ucache_scratch SEC(".maps");
+
+/* Checking the slots: the stack is read a window at a time (frames are
+ * small, so one read usually covers several), not 8 bytes at a time. */
+#define UCACHE_WINDOW 1024
+struct ucache_window {
+	/* The stack memory read last: from base, len bytes. */
+	__u64 base;
+	__u64 len;
+	__u8 bytes[UCACHE_WINDOW + 8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ucache_window);
+} ucache_window SEC(".maps");
+
+/* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
+ * written by it through mmap. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+} unwind_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_mapping);
+} unwind_maps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unwind_proc);
+} unwind_procs SEC(".maps");
+
+/* Sized by userspace at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct unwind_file_key);
+	__type(value, struct unwind_file);
+} unwind_files SEC(".maps");
+
+/* Changed by userspace whenever an entry of unwind_files is removed or
+ * rewritten: a walk through files kept in the stack cache (struct ucache)
+ * holds only for the entries it was made with. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_files_gen SEC(".maps");
+
+/*
+ * A walk through files (see file_rule()): a node of the maple tree as read,
+ * and the last mappings found, each for one address space and one walk.
+ */
+#define MAPLE_NODE_WORDS 32
+#define FILE_MEMOS 4
+struct file_memo {
+	__u64 mm;
+	__u64 walk;
+	__u64 start;
+	__u64 end;
+	__u64 bias;
+	__u32 row_start;
+	__u32 row_count;
+};
+
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+#define EVENTS_BYTES (1024 * 1024)
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EVENTS_BYTES);
+} events SEC(".maps");
+
+/* What userspace was last told of each process (struct notified): one
+ * notice a process, not one a thread, so that a start with thousands of
+ * threads does not overflow the ring buffer. */
+struct notified {
+	__u64 start;
+	__u64 mm;
+	__u64 exec_vm;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct notified);
+} notified_procs SEC(".maps");
+
+/* Make the shared types visible in the skeleton's `types` module. */
+struct task_event _task_event = {};
+enum task_event_kind _task_event_kind = TASK_EVENT_NEW;
+enum offcpu_state _offcpu_state = OFFCPU_STATE_ANY;
+enum waker_id_special _waker_id_special = WAKER_ID_NONE;
+struct waker_info _waker_info = {};
+enum stack_id_special _stack_id_special = STACK_ID_NONE;
+enum offcpu_counter _offcpu_counter = CNT_MAX;
+enum unwind_kind _unwind_kind = UNWIND_NONE;
+enum unwind_frame_special _unwind_frame_special = UNWIND_SIGNAL_FRAME_HI;
+enum unwind_limits _unwind_limits = UNWIND_MAX_OBJECT_ROWS;
+struct unwind_row _unwind_row = {};
+struct unwind_mapping _unwind_mapping = {};
+struct unwind_proc _unwind_proc = {};
+struct unwind_file_key _unwind_file_key = {};
+struct unwind_file _unwind_file = {};
+struct mapped_event _mapped_event = {};
+struct snapshot_task _snapshot_task = {};
+struct py_proc _py_proc = {};
+struct py_code_event _py_code_event = {};
+enum py_frames_kind _py_frames_kind = PY_FRAMES_OBJECT;
+enum py_frame_special _py_frame_special = PY_FRAME_MARK_HI;
+
+#endif /* __OFFCPUTIME_MAPS_H__ */

@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * The context-switch hooks: switch-out and switch-in, on the BTF and raw
+ * tracepoints and the finish_task_switch kprobe, and their programs for
+ * kernels without bpf_loop.
+ */
+#ifndef __OFFCPUTIME_SWITCH_H__
+#define __OFFCPUTIME_SWITCH_H__
+
+/*
+ * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
+ * storage; `stacks_now`: prev is current, so its stacks are taken now.
+ */
+static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
+					  __u64 now, bool trusted, bool stacks_now, bool legacy,
+					  long prev_state)
+{
+	__u32 tid = TASK_READ(trusted, prev, pid);
+	__u32 tgid = TASK_READ(trusted, prev, tgid);
+	__u32 state = preempt ? 0 : task_state(prev, trusted);
+	bool kthread = is_kthread(prev, trusted);
+	struct task_data *d;
+
+	bool state_guessed = false;
+
+	/* A wake-up from another CPU may already have begun (TASK_WAKING):
+	 * the state it blocked in is then the one the scheduler read, which
+	 * the tracepoint passes where it can.  (The thread's own state is
+	 * read first: where a pending signal kept it runnable, the kernels
+	 * before 6.13 pass the state it meant to sleep in.)  Elsewhere it
+	 * is gone: an I/O wait still says so, anything else is taken as a
+	 * sleep and counted. */
+	if (state & TASK_WAKING) {
+		if (prev_state >= 0) {
+			state = prev_state;
+		} else {
+			state_guessed = !BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait);
+			state = state_guessed ? TASK_INTERRUPTIBLE : TASK_UNINTERRUPTIBLE;
+		}
+	}
+
+	d = get_data(prev, tid, trusted, false);
+	if (d && d->start_ns > START_SEEN)
+		close_unseen_block(prev, d, tid, now, true, legacy);
+	/* (The kprobe's hook does it itself: see run_switch.) */
+	if (on_cpu_on && tid && stacks_now) {
+		if (legacy)
+			run_ends_legacy(prev, tid, now);
+		else
+			run_ends(prev, tid, now, trusted);
+	}
+	if (state & TASK_DEAD) {
+		if (!trusted)
+			bpf_map_delete_elem(&task_data_by_tid, &tid);
+		if (on_cpu_on && !trusted)
+			bpf_map_delete_elem(&run_by_tid, &tid);
+		if (notify_new_tasks && !kthread)
+			notify_exit(prev, tgid, tid);
+		return;
+	}
+	if (!wanted(prev, tgid, tid, kthread, state))
+		return;
+	if (trace_end_ns && now >= trace_end_ns)
+		return;
+	if (state_guessed && (want_states || filter_by_state))
+		count(CNT_STATE_GUESSED);
+
+	d = get_data(prev, tid, trusted, true);
+	if (!d) {
+		count(CNT_NO_TASK_STORAGE);
+		return;
+	}
+	if (want_states || want_wakers) {
+		d->wake_ns = 0;
+		d->state = offcpu_state(prev, state);
+	}
+	d->block_ns = now;
+	d->start_ns = now;
+	d->user_stack_id = STACK_ID_NONE;
+	d->kernel_stack_id = STACK_ID_NONE;
+	/* Without stacks_now the stacks are taken at switch-in; a block still
+	 * in progress when tracing ends has none. */
+	if (want_user_stack && !kthread)
+		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted, now)
+					      : STACK_ID_MISSED_ERROR;
+	/* With its Python frames, where its process has an interpreter
+	 * known (else see python_refresh). */
+	if (!legacy && want_user_stack && stacks_now && python_on && py_any)
+		d->user_stack_id = python_stack_of_current(d->user_stack_id, tgid);
+	if (want_kernel_stack)
+		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
+						  : STACK_ID_MISSED_ERROR;
+
+	if (notify_new_tasks && !kthread)
+		notify_new_mappings(prev, d, tgid, tid);
+}
+
+
+/*
+ * `next` is switched in.  `next_is_current`: we run in next's own context
+ * (finish_task_switch), so its stacks are taken now; otherwise they were
+ * taken at switch-out (or by the start iterator).
+ */
+static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
+					 bool trusted, bool next_is_current, bool legacy)
+{
+	__u32 tid = TASK_READ(trusted, next, pid);
+	bool starting = !trace_start_ns;
+	struct offcpu_key key = {};
+	struct weight wt;
+	struct task_data *d;
+	__u64 start, from, to;
+	__u32 state;
+	bool kthread;
+
+	if (tid == 0)
+		return;
+	if (on_cpu_on && !next_is_current) {
+		if (trusted)
+			run_begins(next, tid, now);
+		else
+			run_begins_by_tid(next, tid, now);
+	}
+	/* Until the window starts every switch-in of a thread traced is
+	 * noted, so that the start iterator cannot take it for one blocked
+	 * since before the hook was attached. */
+	if (starting)
+		starting = wanted_thread(next, TASK_READ(trusted, next, tgid), tid,
+					  is_kthread(next, trusted));
+	d = get_data(next, tid, trusted, starting);
+	if (!d)
+		return;
+	/* Claimed here or by the end or cut iterator, never both. */
+	start = swap_start(d, starting ? START_SEEN : 0, legacy);
+	if (!block_part(d, start, now, true, &from, &to, &wt)) {
+		if (want_wakers)
+			d->waker_id = 0;
+		return;
+	}
+
+	fill_key(&key, next, tid, trusted);
+	kthread = is_kthread(next, trusted);
+	if (kthread)
+		count(CNT_KTHREAD_BLOCKS);
+	if (start == START_AT_WINDOW)
+		count(CNT_BLOCKS_AT_START);
+	state = claimed_stacks(&key, d, start);
+	if (next_is_current) {
+		if (want_user_stack)
+			key.user_stack_id =
+				kthread ? STACK_ID_NONE
+					: stack_of_current(ctx, true, legacy, trusted,
+							   USED_READ_CLOCK);
+		/* (A kernel thread's STACK_ID_NONE is left as it is.) */
+		if (!legacy && want_user_stack && python_on && py_any)
+			key.user_stack_id = python_stack_of_current(key.user_stack_id, key.tgid);
+		if (want_kernel_stack)
+			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
+	}
+	add_block_parts(&key, d, state, from, to, true, &wt);
+	if (want_wakers)
+		d->waker_id = 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, true, true, false,
+		      switch_has_prev_state ? (long)(__u32)ctx[3] : -1);
+	on_switch_in(ctx, next, now, true, false, false);
+	return 0;
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, false, true, false,
+		      switch_has_prev_state ? (long)(__u32)ctx[3] : -1);
+	on_switch_in(ctx, next, now, false, false, false);
+	return 0;
+}
+
+/*
+ * finish_task_switch(prev) runs in the context of the task switched in, so
+ * its stacks are read directly (kernel stack starting at finish_task_switch,
+ * no profiler frames) and only for blocks that pass -m/-M.
+ */
+SEC("kprobe/finish_task_switch")
+int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *curr = (struct task_struct *)bpf_get_current_task();
+
+	/* A kprobe does not see the preempt flag: a preempted task's state
+	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
+	on_switch_out(ctx, prev, false, now, false, false, false, -1);
+	on_switch_in(ctx, curr, now, false, true, false);
+	if (on_cpu_on)
+		run_switch(prev, curr, now);
+	return 0;
+}
+
+
+/*
+ * The programs for kernels without bpf_loop (before 5.17; Linux 5.10 is the
+ * oldest tested): the same hooks and iterators, built from only what 5.10
+ * has (see swap_start).  User stacks are walked with frame pointers; blocks
+ * under way at the start have kernel stacks only (as before 5.18).  The
+ * wake-up hook of --states (sched_wakeup_raw) needs no variant.
+ */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch_btf_legacy, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, false, true, true, -1);
+	on_switch_in(ctx, next, now, false, false, true);
+	return 0;
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(sched_switch_raw_legacy, bool preempt, struct task_struct *prev,
+	     struct task_struct *next)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	on_switch_out(ctx, prev, preempt, now, false, true, true, -1);
+	on_switch_in(ctx, next, now, false, false, true);
+	return 0;
+}
+
+SEC("kprobe/finish_task_switch")
+int BPF_KPROBE(finish_task_switch_legacy, struct task_struct *prev)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct task_struct *curr = (struct task_struct *)bpf_get_current_task();
+
+	on_switch_out(ctx, prev, false, now, false, false, true, -1);
+	on_switch_in(ctx, curr, now, false, true, true);
+	if (on_cpu_on)
+		run_switch_legacy(prev, curr, now);
+	return 0;
+}
+
+#endif /* __OFFCPUTIME_SWITCH_H__ */
