@@ -251,9 +251,11 @@ int python_refresh(struct bpf_iter__task *ctx)
  * (the sleepable iterator); else such blocks have no user stack.  Its last
  * call (no task) opens the window.
  */
-static __always_inline void start_task(struct task_struct *task, bool trusted, bool user_stacks,
-				       bool legacy)
+static __always_inline void start_task(struct task_struct *task, const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
+	bool user_stacks = variant & VARIANT_USER_STACKS;
+	bool legacy = variant & VARIANT_LEGACY;
 	__u64 ustack = STACK_ID_NONE, kstack = STACK_ID_NONE, now;
 	struct task_data *d, rec = {};
 	__u32 tid, tgid, state;
@@ -333,28 +335,28 @@ static __always_inline void start_task(struct task_struct *task, bool trusted, b
 SEC("iter/task")
 int start_blocked(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, true, false, false);
+	start_task(ctx->task, VARIANT_TRUSTED);
 	return 0;
 }
 
 SEC("iter/task")
 int start_blocked_by_tid(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, false, false, false);
+	start_task(ctx->task, VARIANT_BY_TID);
 	return 0;
 }
 
 SEC("iter.s/task")
 int start_blocked_user(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, true, true, false);
+	start_task(ctx->task, VARIANT_TRUSTED | VARIANT_USER_STACKS);
 	return 0;
 }
 
 SEC("iter.s/task")
 int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, false, true, false);
+	start_task(ctx->task, VARIANT_BY_TID | VARIANT_USER_STACKS);
 	return 0;
 }
 
@@ -362,9 +364,11 @@ int start_blocked_user_by_tid(struct bpf_iter__task *ctx)
  * Run once after tracing ends (trace_end_ns set, switch hooks detached):
  * count every block still in progress up to trace_end_ns.
  */
-static __always_inline void flush_task(struct task_struct *task, bool trusted, bool legacy,
-				       bool user_stacks)
+static __always_inline void flush_task(struct task_struct *task, const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
+	bool legacy = variant & VARIANT_LEGACY;
+	bool user_stacks = variant & VARIANT_USER_STACKS;
 	struct offcpu_key key = {};
 	struct weight wt;
 	struct task_data *d;
@@ -414,14 +418,14 @@ static __always_inline void flush_task(struct task_struct *task, bool trusted, b
 SEC("iter/task")
 int flush_in_progress(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, true, false, false);
+	flush_task(ctx->task, VARIANT_TRUSTED);
 	return 0;
 }
 
 SEC("iter/task")
 int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, false, false, false);
+	flush_task(ctx->task, VARIANT_BY_TID);
 	return 0;
 }
 
@@ -430,7 +434,7 @@ int flush_in_progress_by_tid(struct bpf_iter__task *ctx)
 SEC("iter.s/task")
 int flush_in_progress_user_by_tid(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, false, false, true);
+	flush_task(ctx->task, VARIANT_BY_TID | VARIANT_USER_STACKS);
 	return 0;
 }
 
@@ -443,8 +447,9 @@ int flush_in_progress_user_by_tid(struct bpf_iter__task *ctx)
  * are read before it is claimed: once claimed, the thread may run and block
  * again.
  */
-static __always_inline void cut_task(struct task_struct *task, bool trusted)
+static __always_inline void cut_task(struct task_struct *task, const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
 	struct offcpu_key key = {};
 	struct weight wt;
 	struct task_data *d, seen;
@@ -484,14 +489,14 @@ static __always_inline void cut_task(struct task_struct *task, bool trusted)
 SEC("iter/task")
 int cut_interval(struct bpf_iter__task *ctx)
 {
-	cut_task(ctx->task, true);
+	cut_task(ctx->task, VARIANT_TRUSTED);
 	return 0;
 }
 
 SEC("iter/task")
 int cut_interval_by_tid(struct bpf_iter__task *ctx)
 {
-	cut_task(ctx->task, false);
+	cut_task(ctx->task, VARIANT_BY_TID);
 	return 0;
 }
 
@@ -499,14 +504,14 @@ int cut_interval_by_tid(struct bpf_iter__task *ctx)
 SEC("iter/task")
 int start_blocked_legacy(struct bpf_iter__task *ctx)
 {
-	start_task(ctx->task, false, false, true);
+	start_task(ctx->task, VARIANT_BY_TID | VARIANT_LEGACY);
 	return 0;
 }
 
 SEC("iter/task")
 int flush_in_progress_legacy(struct bpf_iter__task *ctx)
 {
-	flush_task(ctx->task, false, true, false);
+	flush_task(ctx->task, VARIANT_BY_TID | VARIANT_LEGACY);
 	return 0;
 }
 

@@ -99,8 +99,9 @@ static __always_inline void notify_exit(struct task_struct *t, __u32 tgid, __u32
  * is first woken, so the notice comes before anything the child does.
  */
 static __always_inline void on_fork(struct task_struct *parent, struct task_struct *child,
-				    bool trusted)
+				    const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
 	__u32 ptgid = TASK_READ(trusted, parent, tgid);
 	__u32 ctgid = TASK_READ(trusted, child, tgid);
 	struct unwind_proc *p, c = {};
@@ -171,14 +172,14 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(process_fork_btf, struct task_struct *parent, struct task_struct *child)
 {
-	on_fork(parent, child, true);
+	on_fork(parent, child, HOOK_TP_BTF);
 	return 0;
 }
 
 SEC("raw_tp/sched_process_fork")
 int BPF_PROG(process_fork_raw, struct task_struct *parent, struct task_struct *child)
 {
-	on_fork(parent, child, false);
+	on_fork(parent, child, HOOK_RAW_TP);
 	return 0;
 }
 

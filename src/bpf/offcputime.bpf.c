@@ -48,6 +48,7 @@
  * switch.h, wakers.h and iter.h.
  */
 #include "settings.h"
+#include "variant.h"
 #include "maps.h"
 #include "stacks.h"
 #include "dwarf.h"

@@ -221,10 +221,12 @@ static __always_inline void run_cut(struct task_struct *t, __u32 tid, __u64 cut,
  * run with interrupts disabled, so this never runs inside one on the same
  * CPU and their per-CPU scratch is its own; the iterators use theirs.
  */
-static __always_inline void on_cpu_sample(void *ctx, bool legacy)
+static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 {
-	struct task_struct *t = legacy ? (struct task_struct *)bpf_get_current_task()
-				       : bpf_get_current_task_btf();
+	bool trusted = variant & VARIANT_TRUSTED;
+	bool legacy = variant & VARIANT_LEGACY;
+	struct task_struct *t = trusted ? bpf_get_current_task_btf()
+					: (struct task_struct *)bpf_get_current_task();
 	__u64 now = bpf_ktime_get_ns(), w = trace_start_ns, end = trace_end_ns;
 	struct offcpu_key key = {};
 	struct offcpu_val *v, init = {};
@@ -232,18 +234,18 @@ static __always_inline void on_cpu_sample(void *ctx, bool legacy)
 	bool kthread;
 	int err;
 
-	tid = TASK_READ(!legacy, t, pid);
+	tid = TASK_READ(trusted, t, pid);
 	if (tid == 0)
 		return;
-	tgid = TASK_READ(!legacy, t, tgid);
-	kthread = is_kthread(t, !legacy);
+	tgid = TASK_READ(trusted, t, tgid);
+	kthread = is_kthread(t, trusted);
 	if (!wanted_thread(t, tgid, tid, kthread))
 		return;
 	if (!w || now < w || (end && now >= end)) {
 		count(CNT_ONCPU_OUTSIDE);
 		return;
 	}
-	fill_key(&key, t, tid, !legacy);
+	fill_key(&key, t, tid, trusted);
 	key.state = OFFCPU_STATE_RUNNING;
 	key.span = 1;
 	if (interval_ns)
@@ -273,7 +275,7 @@ static __always_inline void on_cpu_sample(void *ctx, bool legacy)
 SEC("perf_event")
 int on_cpu(void *ctx)
 {
-	on_cpu_sample(ctx, false);
+	on_cpu_sample(ctx, VARIANT_TRUSTED);
 	return 0;
 }
 
@@ -281,7 +283,7 @@ int on_cpu(void *ctx)
 SEC("perf_event")
 int on_cpu_legacy(void *ctx)
 {
-	on_cpu_sample(ctx, true);
+	on_cpu_sample(ctx, VARIANT_BY_TID | VARIANT_LEGACY);
 	return 0;
 }
 

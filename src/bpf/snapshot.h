@@ -60,8 +60,9 @@ static __always_inline __u64 last_switch_out(struct task_struct *t)
 	return arrived + ran;
 }
 
-static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_stacks)
+static __always_inline void snapshot_one(struct bpf_iter__task *ctx, const __u32 variant)
 {
+	bool user_stacks = variant & VARIANT_USER_STACKS;
 	struct task_struct *task = ctx->task;
 	struct snapshot_task rec = {};
 	bool kthread;
@@ -105,7 +106,7 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, bool user_s
 SEC("iter.s/task")
 int snapshot_tasks_user(struct bpf_iter__task *ctx)
 {
-	snapshot_one(ctx, true);
+	snapshot_one(ctx, VARIANT_TRUSTED | VARIANT_USER_STACKS);
 	return 0;
 }
 
@@ -114,7 +115,7 @@ int snapshot_tasks_user(struct bpf_iter__task *ctx)
 SEC("iter/task")
 int snapshot_tasks(struct bpf_iter__task *ctx)
 {
-	snapshot_one(ctx, false);
+	snapshot_one(ctx, VARIANT_TRUSTED);
 	return 0;
 }
 

@@ -8,13 +8,15 @@
 #define __OFFCPUTIME_SWITCH_H__
 
 /*
- * `prev` is switched out.  `trusted`: prev is a BTF pointer usable with task
- * storage; `stacks_now`: prev is current, so its stacks are taken now.
+ * `prev` is switched out.  Its stacks are taken now where it is still the
+ * current task (not after the switch: see VARIANT_AFTER_SWITCH).
  */
 static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, bool preempt,
-					  __u64 now, bool trusted, bool stacks_now, bool legacy,
-					  long prev_state)
+					  __u64 now, long prev_state, const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
+	bool stacks_now = !(variant & VARIANT_AFTER_SWITCH);
+	bool legacy = variant & VARIANT_LEGACY;
 	__u32 tid = TASK_READ(trusted, prev, pid);
 	__u32 tgid = TASK_READ(trusted, prev, tgid);
 	__u32 state = preempt ? 0 : task_state(prev, trusted);
@@ -97,13 +99,16 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 
 
 /*
- * `next` is switched in.  `next_is_current`: we run in next's own context
- * (finish_task_switch), so its stacks are taken now; otherwise they were
+ * `next` is switched in.  After the switch (VARIANT_AFTER_SWITCH) we run in
+ * next's own context, so its stacks are taken now; otherwise they were
  * taken at switch-out (or by the start iterator).
  */
 static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __u64 now,
-					 bool trusted, bool next_is_current, bool legacy)
+					 const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
+	bool next_is_current = variant & VARIANT_AFTER_SWITCH;
+	bool legacy = variant & VARIANT_LEGACY;
 	__u32 tid = TASK_READ(trusted, next, pid);
 	bool starting = !trace_start_ns;
 	struct offcpu_key key = {};
@@ -167,9 +172,9 @@ int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct ta
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, true, true, false,
-		      switch_has_prev_state ? (long)(__u32)ctx[3] : -1);
-	on_switch_in(ctx, next, now, true, false, false);
+	on_switch_out(ctx, prev, preempt, now, switch_has_prev_state ? (long)(__u32)ctx[3] : -1,
+		      HOOK_TP_BTF);
+	on_switch_in(ctx, next, now, HOOK_TP_BTF);
 	return 0;
 }
 
@@ -178,9 +183,9 @@ int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct ta
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true, false,
-		      switch_has_prev_state ? (long)(__u32)ctx[3] : -1);
-	on_switch_in(ctx, next, now, false, false, false);
+	on_switch_out(ctx, prev, preempt, now, switch_has_prev_state ? (long)(__u32)ctx[3] : -1,
+		      HOOK_RAW_TP);
+	on_switch_in(ctx, next, now, HOOK_RAW_TP);
 	return 0;
 }
 
@@ -197,8 +202,8 @@ int BPF_KPROBE(finish_task_switch_kprobe, struct task_struct *prev)
 
 	/* A kprobe does not see the preempt flag: a preempted task's state
 	 * is TASK_RUNNING (0) anyway, as bcc relies on. */
-	on_switch_out(ctx, prev, false, now, false, false, false, -1);
-	on_switch_in(ctx, curr, now, false, true, false);
+	on_switch_out(ctx, prev, false, now, -1, HOOK_KPROBE);
+	on_switch_in(ctx, curr, now, HOOK_KPROBE);
 	if (on_cpu_on)
 		run_switch(prev, curr, now);
 	return 0;
@@ -218,8 +223,8 @@ int BPF_PROG(sched_switch_btf_legacy, bool preempt, struct task_struct *prev,
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true, true, -1);
-	on_switch_in(ctx, next, now, false, false, true);
+	on_switch_out(ctx, prev, preempt, now, -1, HOOK_TP_BTF_LEGACY);
+	on_switch_in(ctx, next, now, HOOK_TP_BTF_LEGACY);
 	return 0;
 }
 
@@ -229,8 +234,8 @@ int BPF_PROG(sched_switch_raw_legacy, bool preempt, struct task_struct *prev,
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	on_switch_out(ctx, prev, preempt, now, false, true, true, -1);
-	on_switch_in(ctx, next, now, false, false, true);
+	on_switch_out(ctx, prev, preempt, now, -1, HOOK_RAW_TP | VARIANT_LEGACY);
+	on_switch_in(ctx, next, now, HOOK_RAW_TP | VARIANT_LEGACY);
 	return 0;
 }
 
@@ -240,8 +245,8 @@ int BPF_KPROBE(finish_task_switch_legacy, struct task_struct *prev)
 	__u64 now = bpf_ktime_get_ns();
 	struct task_struct *curr = (struct task_struct *)bpf_get_current_task();
 
-	on_switch_out(ctx, prev, false, now, false, false, true, -1);
-	on_switch_in(ctx, curr, now, false, true, true);
+	on_switch_out(ctx, prev, false, now, -1, HOOK_KPROBE | VARIANT_LEGACY);
+	on_switch_in(ctx, curr, now, HOOK_KPROBE | VARIANT_LEGACY);
 	if (on_cpu_on)
 		run_switch_legacy(prev, curr, now);
 	return 0;

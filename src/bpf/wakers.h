@@ -10,8 +10,9 @@
  * waits for a CPU.  The tracepoint runs with p's run queue locked, after p
  * was switched out, so the block it sees is the one the wake-up ends.
  */
-static __always_inline void on_wakeup(struct task_struct *p, bool trusted)
+static __always_inline void on_wakeup(struct task_struct *p, const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
 	__u32 tid = BPF_CORE_READ(p, pid);
 	struct task_data *d;
 
@@ -27,14 +28,14 @@ static __always_inline void on_wakeup(struct task_struct *p, bool trusted)
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(sched_wakeup_btf, struct task_struct *p)
 {
-	on_wakeup(p, true);
+	on_wakeup(p, HOOK_TP_BTF);
 	return 0;
 }
 
 SEC("raw_tp/sched_wakeup")
 int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
 {
-	on_wakeup(p, false);
+	on_wakeup(p, HOOK_RAW_TP);
 	return 0;
 }
 
@@ -98,9 +99,10 @@ static __always_inline __u64 store_waker(struct waker_info *w)
  * that from the kernel stack (an interrupt entry frame) and shows the
  * interrupt, not the task, as the waker.
  */
-static __always_inline void on_waking(void *ctx, struct task_struct *p, bool trusted,
-				      bool legacy)
+static __always_inline void on_waking(void *ctx, struct task_struct *p, const __u32 variant)
 {
+	bool trusted = variant & VARIANT_TRUSTED;
+	bool legacy = variant & VARIANT_LEGACY;
 	struct task_struct *waker = trusted ? bpf_get_current_task_btf()
 					    : (struct task_struct *)bpf_get_current_task();
 	__u64 id = bpf_get_current_pid_tgid();
@@ -153,14 +155,14 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, bool tru
 SEC("tp_btf/sched_waking")
 int BPF_PROG(sched_waking_btf, struct task_struct *p)
 {
-	on_waking(ctx, p, true, false);
+	on_waking(ctx, p, HOOK_TP_BTF);
 	return 0;
 }
 
 SEC("raw_tp/sched_waking")
 int BPF_PROG(sched_waking_raw, struct task_struct *p)
 {
-	on_waking(ctx, p, false, false);
+	on_waking(ctx, p, HOOK_RAW_TP);
 	return 0;
 }
 
@@ -168,7 +170,7 @@ int BPF_PROG(sched_waking_raw, struct task_struct *p)
 SEC("raw_tp/sched_waking")
 int BPF_PROG(sched_waking_legacy, struct task_struct *p)
 {
-	on_waking(ctx, p, false, true);
+	on_waking(ctx, p, HOOK_RAW_TP | VARIANT_LEGACY);
 	return 0;
 }
 
