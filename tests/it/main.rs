@@ -6,6 +6,7 @@
 
 mod cli;
 mod containers;
+mod docs;
 mod e2e;
 mod faults;
 pub(crate) mod formats;
