@@ -2,7 +2,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -211,14 +210,14 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     });
     let mut registry = Registry::new();
     let mut started = Instant::now();
-    let mut object = MaybeUninit::uninit();
+    let mut objects = crate::tracer::Objects::default();
     let mut unwinder: Option<Unwinder> = None;
     let raised = crate::priority::raise();
     crate::hold_freed_memory(true);
     let started_tracer = prepare(config, &stop).and_then(|()| {
         started = Instant::now();
         Tracer::start(
-            &mut object,
+            &mut objects,
             &config.tracer,
             &mut StartingTables {
                 config: &config.tracer,

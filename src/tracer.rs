@@ -22,7 +22,9 @@ use crate::raw::{
 mod batch;
 mod cpuclock;
 pub mod kernel;
+mod programs;
 mod snapshot;
+use programs::{Attach, Flavour, Plan, Role};
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
 
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
@@ -324,16 +326,12 @@ pub struct Tracer<'obj> {
     /// The end of tracing on that clock, once known.
     end_ns: Option<u64>,
     stopped: bool,
-    /// The start iterator could read the user stacks of threads blocked
-    /// since before tracing started (sleepable iterator, Linux 5.18).
-    start_user_stacks: bool,
-    /// The end iterator takes the user stacks of the blocks under way
-    /// (the kprobe, with the sleepable iterator).
-    end_user_stacks: bool,
     /// `--wakers`: the wakers table is in use.
     wakers: bool,
-    /// Which programs are loaded.
-    programs: Programs,
+    /// Which programs are loaded; with it, whether the start iterator
+    /// could read the user stacks of threads blocked since before tracing
+    /// started (sleepable iterator, Linux 5.18).
+    plan: Plan,
     phases: Phases,
     /// User stacks of processes without tables yet are copied for
     /// userspace to walk (`--unwind dwarf`, not the legacy programs).
@@ -345,28 +343,6 @@ pub struct Tracer<'obj> {
     events_left: std::cell::RefCell<Vec<TaskEvent>>,
     /// Python frames are walked (see [`Tracer::python_store`]).
     python: bool,
-    /// ... and the first blocks of new CPython processes walked again
-    /// once their interpreter is known (see [`Tracer::refresh_python`]).
-    python_refresh: bool,
-}
-
-/// Whether the end iterator is the sleepable one that reads user stacks:
-/// the kprobe hook takes a block's stacks at its switch-in, so the blocks
-/// under way at the end have none until the end iterator takes them, and
-/// their user stacks can be read where the start iterator's can.
-fn end_user_stacks(hook: Hook, programs: Programs, start_user_stacks: bool) -> bool {
-    hook == Hook::FinishTaskSwitch && programs == Programs::ByTid && start_user_stacks
-}
-
-/// Which of the program's flavours is loaded: with task-local storage
-/// (`tp_btf` where the kernel has it), with the per-thread hash map
-/// (`raw_tp`, the kprobe), or the programs for kernels without `bpf_loop`
-/// (before 5.17: hash map, frame pointers, no atomic claims).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Programs {
-    TaskStorage,
-    ByTid,
-    Legacy,
 }
 
 /// How long each step of starting took.
@@ -413,6 +389,87 @@ impl std::fmt::Display for Phases {
         }
         Ok(())
     }
+}
+
+/// Sets which of the object's programs load, by the program table; with
+/// `OFFCPUTIME_VERIFIER_STATS` in the environment each of them prints the
+/// verifier's statistics (time, instructions processed, states) through
+/// libbpf's debug log (see set_libbpf_logging).
+fn choose_programs(open: &mut crate::bpf::OpenOffcputimeSkel<'_>, plan: &Plan) -> Result<()> {
+    let stats = std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some();
+    for mut prog in open.open_object_mut().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        let load = plan.loads(programs::named(&name)?);
+        prog.set_autoload(load);
+        if load && stats {
+            prog.set_log_level(4);
+        }
+    }
+    Ok(())
+}
+
+/// The most attempts at loading the program one start makes: two
+/// unwinders, three hooks, with and without user stacks at the start.
+const ATTEMPTS: usize = 12;
+
+/// Room for the BPF object of each attempt at loading the program (a
+/// failed attempt's object is dropped in place; the one that loads lives
+/// as long as the tracer).
+pub struct Objects([MaybeUninit<OpenObject>; ATTEMPTS]);
+
+impl Default for Objects {
+    fn default() -> Objects {
+        Objects(std::array::from_fn(|_| MaybeUninit::uninit()))
+    }
+}
+
+/// One way of loading the program.
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    unwind: Unwind,
+    /// The switch hook; none for `--snapshot`.
+    hook: Option<Hook>,
+    /// The start (or snapshot) iterator reads user stacks.
+    user_stacks: bool,
+}
+
+/// The attempts that failed, with why.
+type Failures = Vec<(Attempt, anyhow::Error)>;
+
+/// Tries `attempts` in order, each with an object of its own, until one
+/// loads: what it gave, and the errors of those before it (of all, if none
+/// loads).
+fn first_that_loads<'obj, T>(
+    objects: &'obj mut Objects,
+    attempts: &[Attempt],
+    mut load: impl FnMut(&'obj mut MaybeUninit<OpenObject>, &Attempt) -> Result<T>,
+) -> (Option<(T, Attempt)>, Failures) {
+    let mut errors = Vec::new();
+    let mut room: &'obj mut [MaybeUninit<OpenObject>] = &mut objects.0;
+    for a in attempts {
+        let Some((object, rest)) = std::mem::take(&mut room).split_first_mut() else {
+            errors.push((*a, anyhow!("more attempts at loading than room for them")));
+            break;
+        };
+        room = rest;
+        match load(object, a) {
+            Ok(t) => return (Some((t, *a)), errors),
+            Err(e) => errors.push((*a, e)),
+        }
+    }
+    (None, errors)
+}
+
+/// The loaded program of a table entry.
+fn program_of<'a>(
+    skel: &'a OffcputimeSkel<'_>,
+    p: &programs::Program,
+) -> Result<libbpf_rs::ProgramMut<'a>> {
+    use libbpf_rs::skel::Skel;
+    skel.object()
+        .progs_mut()
+        .find(|prog| prog.name() == std::ffi::OsStr::new(p.name))
+        .ok_or_else(|| anyhow!("the BPF object has no program {}", p.name))
 }
 
 /// Runs a task iterator program over every thread, once.
@@ -626,61 +683,34 @@ impl<'obj> Tracer<'obj> {
     ///
     /// `tables` prepares the DWARF unwind tables while the program loads,
     /// and writes them once it is loaded, before it is attached (see
-    /// [`StartTables`]).
+    /// [`StartTables`]). Each attempt at loading takes an object of its
+    /// own from `objects`.
     pub fn start(
-        object: &'obj mut MaybeUninit<OpenObject>,
+        objects: &'obj mut Objects,
         opts: &TracerOptions,
         tables: &mut dyn StartTables,
     ) -> Result<(Tracer<'obj>, Option<anyhow::Error>)> {
-        if kernel::lacks_bpf_loop() {
-            let release = kernel::release();
-            if opts.interval.is_some() {
-                bail!(
-                    "-i is not available on Linux {release}: it needs bpf_loop and atomic \
-                     claims in BPF (Linux 5.17 or newer)"
-                );
-            }
-            let why = (opts.unwind == Unwind::Dwarf).then(|| {
-                anyhow!("Linux {release} has no bpf_loop, which the DWARF walk needs: 5.17")
-            });
-            let fp = TracerOptions {
-                unwind: Unwind::FramePointers,
-                ..opts.clone()
-            };
-            return Self::start_with(object, &fp, true, tables).map(|t| (t, why));
+        let legacy = kernel::lacks_bpf_loop();
+        let release = kernel::release();
+        if legacy && opts.interval.is_some() {
+            bail!(
+                "-i is not available on Linux {release}: it needs bpf_loop and atomic \
+                 claims in BPF (Linux 5.17 or newer)"
+            );
         }
-        if opts.unwind != Unwind::Dwarf {
-            return Self::start_with(object, opts, false, tables).map(|t| (t, None));
-        }
-        let object_ptr: *mut MaybeUninit<OpenObject> = object;
-        // SAFETY: as in start_with: a failed attempt drops every borrow of
-        // the object before the next one reuses it.
-        let err = match Self::start_with(unsafe { &mut *object_ptr }, opts, false, tables) {
-            Ok(t) => return Ok((t, None)),
-            Err(e) => e,
+        // The unwinders to try, in order: DWARF, then frame pointers.
+        let unwinds: &[Unwind] = if legacy {
+            &[Unwind::FramePointers]
+        } else if opts.unwind == Unwind::Dwarf {
+            &[Unwind::Dwarf, Unwind::FramePointers]
+        } else {
+            &[Unwind::FramePointers]
         };
-        let fp = TracerOptions {
-            unwind: Unwind::FramePointers,
-            ..opts.clone()
-        };
-        match Self::start_with(unsafe { &mut *object_ptr }, &fp, false, tables) {
-            Ok(t) => Ok((t, Some(err))),
-            Err(_) => Err(err),
-        }
-    }
-
-    /// `legacy`: the programs for kernels without `bpf_loop`.
-    fn start_with(
-        object: &'obj mut MaybeUninit<OpenObject>,
-        opts: &TracerOptions,
-        legacy: bool,
-        tables: &mut dyn StartTables,
-    ) -> Result<Tracer<'obj>> {
         let kprobe_first = (opts.min_block_ns > 1000 || opts.sample_ns > 0)
             && opts.state.is_none()
             && opts.interval.is_none()
             && std::path::Path::new(KPROBE_PMU).exists();
-        let order: &[Hook] = match opts.hook {
+        let hooks: &[Hook] = match opts.hook {
             Hook::Auto if kprobe_first => &[Hook::FinishTaskSwitch, Hook::TpBtf, Hook::RawTp],
             Hook::Auto => &[Hook::TpBtf, Hook::RawTp, Hook::FinishTaskSwitch],
             Hook::SchedSwitch => &[Hook::TpBtf, Hook::RawTp],
@@ -688,42 +718,65 @@ impl<'obj> Tracer<'obj> {
             Hook::RawTp => &[Hook::RawTp],
             Hook::FinishTaskSwitch => &[Hook::FinishTaskSwitch],
         };
-        // Try each hook with a fresh object: a failed load leaves nothing
-        // behind, and the error of the first tracepoint hook tried (the
-        // first hook, if none is a tracepoint) is the one reported if none
-        // works.
-        let object_ptr: *mut MaybeUninit<OpenObject> = object;
-        let mut errors = Vec::new();
-        for &hook in order {
-            // SAFETY: each attempt that fails drops everything borrowing
-            // the object before the next one reuses it; only the
-            // successful attempt's borrow outlives the loop.
-            // The start iterator that reads user stacks needs a kernel
-            // that lets BPF read another task's memory (5.18); without
-            // it, blocks under way at the start have no user stack.
-            // The test variable: as on a kernel without it. If the attempt
-            // without it fails too, its error is the one that says what is
-            // wrong with the hook.
-            // (Never without bpf_loop: that came with 5.17.)
-            if !legacy && std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none() {
-                let object = unsafe { &mut *object_ptr };
-                if let Ok(t) = Self::try_start(object, opts, hook, true, legacy, tables) {
-                    return Ok(t);
+        // Each hook in turn, and each with a fresh object: a failed load
+        // leaves nothing behind. The start iterator that reads user stacks
+        // needs a kernel that lets BPF read another task's memory (5.18);
+        // without it, blocks under way at the start have no user stack.
+        // The test variable: as on a kernel without it. (Never without
+        // bpf_loop: that came with 5.17.)
+        let user_first =
+            !legacy && std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none();
+        let mut attempts = Vec::new();
+        for &unwind in unwinds {
+            for &hook in hooks {
+                for user_stacks in [true, false] {
+                    if user_stacks && !user_first {
+                        continue;
+                    }
+                    attempts.push(Attempt {
+                        unwind,
+                        hook: Some(hook),
+                        user_stacks,
+                    });
                 }
             }
-            let object = unsafe { &mut *object_ptr };
-            match Self::try_start(object, opts, hook, false, legacy, tables) {
-                Ok(t) => return Ok(t),
-                Err(e) => errors.push((hook, e)),
-            }
         }
-        let first_tracepoint = errors
+        let (loaded, errors) = first_that_loads(objects, &attempts, |object, a| {
+            let opts = TracerOptions {
+                unwind: a.unwind,
+                ..opts.clone()
+            };
+            let hook = a.hook.expect("tracing attempts have a hook");
+            Self::try_start(object, &opts, hook, a.user_stacks, legacy, tables)
+        });
+        // The error reported: that of the first unwinder, of the first
+        // tracepoint hook tried (the first hook, if none is a tracepoint),
+        // without user stacks at the start (if the attempt without them
+        // fails too, its error is the one that says what is wrong with
+        // the hook).
+        let mut first_round: Vec<(Attempt, anyhow::Error)> = errors
+            .into_iter()
+            .filter(|(a, _)| a.unwind == unwinds[0] && !a.user_stacks)
+            .collect();
+        let reported = first_round
             .iter()
-            .position(|(h, _)| *h != Hook::FinishTaskSwitch)
+            .position(|(a, _)| a.hook != Some(Hook::FinishTaskSwitch))
             .unwrap_or(0);
-        match errors.into_iter().nth(first_tracepoint) {
-            Some((_, e)) => Err(e),
-            None => Err(anyhow!("no hook to try")),
+        let error = (reported < first_round.len()).then(|| first_round.swap_remove(reported).1);
+        match loaded {
+            Some((tracer, a)) => {
+                let why = if legacy {
+                    (opts.unwind == Unwind::Dwarf).then(|| {
+                        anyhow!("Linux {release} has no bpf_loop, which the DWARF walk needs: 5.17")
+                    })
+                } else if a.unwind != unwinds[0] {
+                    error
+                } else {
+                    None
+                };
+                Ok((tracer, why))
+            }
+            None => Err(error.unwrap_or_else(|| anyhow!("no hook to try"))),
         }
     }
 
@@ -757,12 +810,12 @@ impl<'obj> Tracer<'obj> {
                 .stacks_at_switch_in = true;
         }
 
-        let programs = match hook {
-            _ if legacy => Programs::Legacy,
-            Hook::TpBtf => Programs::TaskStorage,
-            _ => Programs::ByTid,
+        let flavour = match hook {
+            _ if legacy => Flavour::Legacy,
+            Hook::TpBtf => Flavour::TaskStorage,
+            _ => Flavour::ByTid,
         };
-        let trusted = programs == Programs::TaskStorage;
+        let trusted = flavour == Flavour::TaskStorage;
         let modern = !legacy;
         // sched_switch passes the state the thread blocked in since 5.18,
         // the kernel that also made the user-stack start iterator load.
@@ -771,62 +824,29 @@ impl<'obj> Tracer<'obj> {
             .as_deref_mut()
             .ok_or_else(|| anyhow!("BPF object has no .rodata"))?
             .switch_has_prev_state = start_user_stacks && modern && hook != Hook::FinishTaskSwitch;
-        let p = &mut open.progs;
-        p.sched_switch_btf
-            .set_autoload(hook == Hook::TpBtf && modern);
-        p.sched_switch_raw
-            .set_autoload(hook == Hook::RawTp && modern);
-        p.finish_task_switch_kprobe
-            .set_autoload(hook == Hook::FinishTaskSwitch && modern);
-        p.sched_switch_btf_legacy
-            .set_autoload(hook == Hook::TpBtf && legacy);
-        p.sched_switch_raw_legacy
-            .set_autoload(hook == Hook::RawTp && legacy);
-        p.finish_task_switch_legacy
-            .set_autoload(hook == Hook::FinishTaskSwitch && legacy);
-        p.sched_wakeup_btf.set_autoload(opts.states && trusted);
-        p.sched_wakeup_raw.set_autoload(opts.states && !trusted);
-        p.sched_waking_btf.set_autoload(opts.wakers && trusted);
-        p.sched_waking_raw
-            .set_autoload(opts.wakers && !trusted && modern);
-        p.sched_waking_legacy.set_autoload(opts.wakers && legacy);
-        // New processes share their parent's unwind tables from the fork.
-        let forks = dwarf && modern && opts.user_stacks;
-        p.process_fork_btf.set_autoload(forks && trusted);
-        p.process_fork_raw.set_autoload(forks && !trusted);
-        let user = start_user_stacks;
-        // The kprobe has no stacks yet for the blocks under way at the end:
-        // its end iterator takes them, user stacks included where the
-        // kernel can read them (the sleepable iterator).
-        let end_user = end_user_stacks(hook, programs, user);
-        p.flush_in_progress.set_autoload(trusted);
-        p.flush_in_progress_by_tid
-            .set_autoload(programs == Programs::ByTid && !end_user);
-        p.flush_in_progress_user_by_tid.set_autoload(end_user);
-        p.flush_in_progress_legacy.set_autoload(legacy);
-        p.start_blocked.set_autoload(trusted && !user);
-        p.start_blocked_by_tid
-            .set_autoload(programs == Programs::ByTid && !user);
-        p.start_blocked_user.set_autoload(trusted && user);
-        p.start_blocked_user_by_tid
-            .set_autoload(programs == Programs::ByTid && user);
-        p.start_blocked_legacy.set_autoload(legacy);
-        // The interval iterator for -i alone, in the flavour of the hook
-        // (never with the legacy programs: refused in start).
-        let cut = opts.interval.is_some() && modern;
-        p.cut_interval.set_autoload(cut && trusted);
-        p.cut_interval_by_tid.set_autoload(cut && !trusted);
-        // The snapshot's iterators are for --snapshot alone.
-        p.snapshot_tasks.set_autoload(false);
-        p.snapshot_tasks_user.set_autoload(false);
-        // The Python frames of new CPython processes' first blocks, walked
-        // again once the interpreter is known (sleepable, task storage).
-        let refresh = opts.python && opts.user_stacks && trusted && user && modern;
-        p.python_refresh.set_autoload(refresh);
-        // --on-cpu's sampler, in the flavour of the switch hooks.
-        p.on_cpu.set_autoload(opts.on_cpu_hz.is_some() && modern);
-        p.on_cpu_legacy
-            .set_autoload(opts.on_cpu_hz.is_some() && legacy);
+        let plan = Plan {
+            flavour,
+            hook: Some(hook),
+            start_user_stacks,
+            states: opts.states,
+            wakers: opts.wakers,
+            // New processes share their parent's unwind tables from the
+            // fork.
+            forks: dwarf && modern && opts.user_stacks,
+            // -i's iterator, never with the legacy programs (refused in
+            // start).
+            cut: opts.interval.is_some() && modern,
+            // The Python frames of new CPython processes' first blocks,
+            // walked again once the interpreter is known (sleepable, task
+            // storage).
+            python_refresh: opts.python
+                && opts.user_stacks
+                && trusted
+                && start_user_stacks
+                && modern,
+            on_cpu: opts.on_cpu_hz.is_some(),
+        };
+        choose_programs(&mut open, &plan)?;
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -851,31 +871,6 @@ impl<'obj> Tracer<'obj> {
                 .context("running time map")?;
         }
 
-        if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
-            // The verifier's statistics of each program (time, instructions
-            // processed, states), printed by libbpf's debug log: see
-            // set_libbpf_logging.
-            let p = &mut open.progs;
-            for prog in [
-                &mut p.sched_switch_btf,
-                &mut p.sched_switch_raw,
-                &mut p.finish_task_switch_kprobe,
-                &mut p.start_blocked,
-                &mut p.start_blocked_by_tid,
-                &mut p.flush_in_progress,
-                &mut p.flush_in_progress_by_tid,
-                &mut p.flush_in_progress_user_by_tid,
-                &mut p.start_blocked_user,
-                &mut p.start_blocked_user_by_tid,
-                &mut p.sched_switch_btf_legacy,
-                &mut p.sched_switch_raw_legacy,
-                &mut p.finish_task_switch_legacy,
-                &mut p.start_blocked_legacy,
-                &mut p.flush_in_progress_legacy,
-            ] {
-                prog.set_log_level(4);
-            }
-        }
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
             Hook::RawTp => "raw_tp/sched_switch",
@@ -903,74 +898,41 @@ impl<'obj> Tracer<'obj> {
         // The wake-up hook first: no wake-up of a block the switch hook
         // sees may be missed.
         let mut links = Vec::new();
-        // The tp_btf program where task pointers are trusted, else raw_tp.
-        let tracepoint =
-            |btf: &libbpf_rs::ProgramMut<'_>, raw: &libbpf_rs::ProgramMut<'_>, name: &str| {
-                if trusted {
-                    btf.attach()
-                } else {
-                    raw.attach_raw_tracepoint(name)
-                }
-                .with_context(|| format!("failed to attach the {name} hook"))
-            };
-        let progs = &skel.progs;
-        if opts.states {
-            links.push(tracepoint(
-                &progs.sched_wakeup_btf,
-                &progs.sched_wakeup_raw,
-                "sched_wakeup",
-            )?);
-        }
-        if opts.wakers {
-            links.push(tracepoint(
-                &progs.sched_waking_btf,
-                if legacy {
-                    &progs.sched_waking_legacy
-                } else {
-                    &progs.sched_waking_raw
-                },
-                "sched_waking",
-            )?);
-        }
-        if forks {
-            links.push(tracepoint(
-                &progs.process_fork_btf,
-                &progs.process_fork_raw,
-                "sched_process_fork",
-            )?);
+        for (role, name) in [
+            (Role::Wakeup, "sched_wakeup"),
+            (Role::Waking, "sched_waking"),
+            (Role::Fork, "sched_process_fork"),
+        ] {
+            if let Some(p) = plan.program(role) {
+                let prog = program_of(&skel, p)?;
+                let link = match p.attach {
+                    Attach::TpBtf => prog.attach(),
+                    Attach::RawTp(tp) => prog.attach_raw_tracepoint(tp),
+                    other => bail!("{}: attached as {other:?}, not a tracepoint", p.name),
+                };
+                links.push(link.with_context(|| format!("failed to attach the {name} hook"))?);
+            }
         }
         // The hook only notes switches until the start iterator, run next,
         // has claimed the blocks under way and opened the window.
-        let (link, attached) = match hook {
-            Hook::TpBtf => (
-                if legacy {
-                    &progs.sched_switch_btf_legacy
-                } else {
-                    &progs.sched_switch_btf
-                }
-                .attach()
-                .context("failed to attach tp_btf/sched_switch")?,
+        let switch = plan
+            .program(Role::Switch)
+            .ok_or_else(|| anyhow!("no switch program for {hook:?}"))?;
+        let prog = program_of(&skel, switch)?;
+        let (link, attached) = match switch.attach {
+            Attach::TpBtf => (
+                prog.attach()
+                    .context("failed to attach tp_btf/sched_switch")?,
                 AttachedHook::TpBtf,
             ),
-            Hook::RawTp => (
-                if legacy {
-                    &progs.sched_switch_raw_legacy
-                } else {
-                    &progs.sched_switch_raw
-                }
-                .attach_raw_tracepoint("sched_switch")
-                .context("failed to attach raw_tp/sched_switch")?,
+            Attach::RawTp(tp) => (
+                prog.attach_raw_tracepoint(tp)
+                    .context("failed to attach raw_tp/sched_switch")?,
                 AttachedHook::RawTp,
             ),
-            _ => {
+            Attach::Kprobe => {
                 let symbol = kprobe_symbol.expect("resolved above");
-                let link = if legacy {
-                    &progs.finish_task_switch_legacy
-                } else {
-                    &progs.finish_task_switch_kprobe
-                }
-                .attach_kprobe(false, &symbol)
-                .with_context(|| {
+                let link = prog.attach_kprobe(false, &symbol).with_context(|| {
                     let hint = if std::path::Path::new(KPROBE_PMU).exists() {
                         ""
                     } else {
@@ -980,19 +942,16 @@ impl<'obj> Tracer<'obj> {
                 })?;
                 (link, AttachedHook::Kprobe { symbol })
             }
+            other => bail!("{}: attached as {other:?}", switch.name),
         };
         links.push(link);
         // --on-cpu: the samples begin before the window opens (and those
         // before it are left out), so that none of it goes unsampled.
         // libbpf's link closes the event's descriptor: the link owns it
         // once attached (those not attached yet are closed here).
-        let cpu_clocks = match opts.on_cpu_hz {
-            Some(hz) => {
-                let sampler = if legacy {
-                    &progs.on_cpu_legacy
-                } else {
-                    &progs.on_cpu
-                };
+        let cpu_clocks = match (opts.on_cpu_hz, plan.program(Role::OnCpu)) {
+            (Some(hz), Some(p)) => {
+                let sampler = program_of(&skel, p)?;
                 let mut attached = Vec::new();
                 for fd in cpuclock::open(hz)? {
                     use std::os::fd::AsRawFd;
@@ -1004,7 +963,7 @@ impl<'obj> Tracer<'obj> {
                 }
                 Some(cpuclock::Dither::start(attached, hz)?)
             }
-            None => None,
+            _ => None,
         };
         phases.mark("attach");
         if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS") {
@@ -1013,7 +972,7 @@ impl<'obj> Tracer<'obj> {
             eprintln!("offcputime: test: the window opens in {ms} ms");
             std::thread::sleep(Duration::from_millis(ms));
         }
-        let (started_ns, end_ns) = Self::open_window(&skel, programs, start_user_stacks)?;
+        let (started_ns, end_ns) = Self::open_window(&skel, &plan)?;
         phases.mark("start iterator");
         let started_at = Instant::now()
             .checked_sub(Duration::from_nanos(
@@ -1034,16 +993,9 @@ impl<'obj> Tracer<'obj> {
             attached_ns: started_ns,
             end_ns,
             stopped: false,
-            start_user_stacks,
-            end_user_stacks: end_user_stacks(hook, programs, start_user_stacks),
             wakers: opts.wakers,
             python: opts.python && opts.user_stacks && !legacy,
-            python_refresh: opts.python
-                && opts.user_stacks
-                && programs == Programs::TaskStorage
-                && start_user_stacks
-                && !legacy,
-            programs,
+            plan,
             phases,
             deferring: dwarf && modern,
             deferred_left: Default::default(),
@@ -1055,20 +1007,12 @@ impl<'obj> Tracer<'obj> {
     /// was attached is claimed as blocked from the window's start, then the
     /// program opens the window (and sets its end, given a duration).
     /// Returns both ends, in CLOCK_MONOTONIC ns.
-    fn open_window(
-        skel: &OffcputimeSkel<'_>,
-        programs: Programs,
-        user: bool,
-    ) -> Result<(u64, Option<u64>)> {
-        let progs = &skel.progs;
-        let prog = match (programs, user) {
-            (Programs::TaskStorage, false) => &progs.start_blocked,
-            (Programs::ByTid, false) => &progs.start_blocked_by_tid,
-            (Programs::TaskStorage, true) => &progs.start_blocked_user,
-            (Programs::ByTid, true) => &progs.start_blocked_user_by_tid,
-            (Programs::Legacy, _) => &progs.start_blocked_legacy,
-        };
-        run_iterator(prog).context("failed to run the start iterator")?;
+    fn open_window(skel: &OffcputimeSkel<'_>, plan: &Plan) -> Result<(u64, Option<u64>)> {
+        let start = plan
+            .program(Role::Start)
+            .ok_or_else(|| anyhow!("no start iterator"))?;
+        let prog = program_of(skel, start)?;
+        run_iterator(&prog).context("failed to run the start iterator")?;
         let bss = skel
             .maps
             .bss_data
@@ -1094,7 +1038,7 @@ impl<'obj> Tracer<'obj> {
 
     /// Whether blocks under way at the start have user stacks.
     pub fn start_user_stacks(&self) -> bool {
-        self.start_user_stacks
+        self.plan.start_user_stacks
     }
 
     pub fn hook(&self) -> &AttachedHook {
@@ -1308,19 +1252,17 @@ impl<'obj> Tracer<'obj> {
         }
         self.cpu_clocks = None;
         self.links.clear();
-        if self.programs == Programs::Legacy {
+        if self.plan.flavour == Flavour::Legacy {
             // Those programs claim a block without atomic instructions:
             // no hook may still be running when the end iterator starts.
             kernel::wait_for_running_hooks();
         }
-        let progs = &self.skel.progs;
-        let flush = match self.programs {
-            Programs::TaskStorage => &progs.flush_in_progress,
-            Programs::ByTid if self.end_user_stacks => &progs.flush_in_progress_user_by_tid,
-            Programs::ByTid => &progs.flush_in_progress_by_tid,
-            Programs::Legacy => &progs.flush_in_progress_legacy,
-        };
-        run_iterator(flush).context("failed to run the end iterator")
+        let end = self
+            .plan
+            .program(Role::End)
+            .ok_or_else(|| anyhow!("no end iterator"))?;
+        let flush = program_of(&self.skel, end)?;
+        run_iterator(&flush).context("failed to run the end iterator")
     }
 
     /// Reads the counts, the stacks they refer to and the loss counters.
@@ -1337,12 +1279,12 @@ impl<'obj> Tracer<'obj> {
             .cut_at
             .update(&0u32.to_ne_bytes(), &end_ns.to_ne_bytes(), MapFlags::ANY)
             .context("failed to set the end of the interval")?;
-        let cut = if self.programs == Programs::TaskStorage {
-            &self.skel.progs.cut_interval
-        } else {
-            &self.skel.progs.cut_interval_by_tid
-        };
-        run_iterator(cut).context("failed to run the interval iterator")
+        let cut = self
+            .plan
+            .program(Role::Cut)
+            .ok_or_else(|| anyhow!("no interval iterator"))?;
+        let cut = program_of(&self.skel, cut)?;
+        run_iterator(&cut).context("failed to run the interval iterator")
     }
 
     /// `-i`: takes the counts of intervals up to `last` out of the table
@@ -1612,16 +1554,12 @@ impl<'obj> Tracer<'obj> {
         }))
     }
 
-    /// Stores `frames` (innermost first) as stack `id` among those the BPF
-    /// program stored, where they are read as its own: a stack walked in
-    /// userspace (see [`crate::deferred`]). False where the table is full
-    /// (or refuses it).
     /// The blocks under way of processes `tgids` (CPython processes whose
     /// interpreter was just noted, and `done`: those no longer to be
     /// looked at), walked before their interpreter was known, are walked
     /// again with their Python frames (the `python_refresh` iterator).
     pub fn refresh_python(&self, tgids: &[u32], done: &[u32]) -> Result<()> {
-        if !self.python_refresh {
+        if !self.plan.python_refresh {
             return Ok(());
         }
         let map = &self.skel.maps.py_refresh;
@@ -1655,6 +1593,10 @@ impl<'obj> Tracer<'obj> {
             .flatten()
     }
 
+    /// Stores `frames` (innermost first) as stack `id` among those the BPF
+    /// program stored, where they are read as its own: a stack walked in
+    /// userspace (see [`crate::deferred`]). False where the table is full
+    /// (or refuses it).
     pub fn store_stack(&self, id: u64, frames: &[u64]) -> bool {
         let size = self.skel.maps.stacks.value_size() as usize;
         let mut value = vec![0u8; size];

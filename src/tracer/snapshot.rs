@@ -5,10 +5,12 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{anyhow, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
+use libbpf_rs::OpenObject;
 
 use super::{
-    comm_to_string, configure, fill_filters, load_while, read_counters, read_stack, StartTables,
+    choose_programs, comm_to_string, configure, fill_filters, first_that_loads, load_while,
+    program_of, read_counters, read_stack, Attempt, Objects, Plan, Role, StartTables,
     TracerOptions, Unwind, UnwindStore,
 };
 use crate::bpf::{types, OffcputimeSkelBuilder};
@@ -63,57 +65,55 @@ pub fn take_snapshot(
     states: u32,
     tables: &mut dyn StartTables,
 ) -> Result<(RawSnapshot, Option<anyhow::Error>)> {
-    let mut attempts = Vec::new();
+    let mut ways = Vec::new();
     let user = std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none();
     if user {
-        attempts.push((opts.unwind, true));
+        ways.push((opts.unwind, true));
         if opts.unwind == Unwind::Dwarf {
-            attempts.push((Unwind::FramePointers, true));
+            ways.push((Unwind::FramePointers, true));
         }
     }
-    attempts.push((Unwind::FramePointers, false));
-    let mut first_err = None;
-    for (unwind, user) in attempts {
-        let opts = TracerOptions {
+    ways.push((Unwind::FramePointers, false));
+    let attempts: Vec<Attempt> = ways
+        .into_iter()
+        .map(|(unwind, user_stacks)| Attempt {
             unwind,
+            hook: None,
+            user_stacks,
+        })
+        .collect();
+    let mut objects = Objects::default();
+    let (taken, errors) = first_that_loads(&mut objects, &attempts, |object, a| {
+        let opts = TracerOptions {
+            unwind: a.unwind,
             ..opts.clone()
         };
-        match try_snapshot(&opts, states, user, tables) {
-            Ok(snap) => {
-                let dropped_dwarf = first_err.filter(|_| unwind != Unwind::Dwarf);
-                return Ok((snap, dropped_dwarf));
-            }
-            Err(e) => {
-                first_err.get_or_insert(e);
-            }
-        }
+        try_snapshot(object, &opts, states, a.user_stacks, tables)
+    });
+    let first_err = errors.into_iter().next().map(|(_, e)| e);
+    match taken {
+        Some((snap, a)) => Ok((snap, first_err.filter(|_| a.unwind != Unwind::Dwarf))),
+        None => Err(first_err.unwrap_or_else(|| anyhow!("no way to load the snapshot iterator"))),
     }
-    Err(first_err.unwrap_or_else(|| anyhow!("no way to load the snapshot iterator")))
 }
 
 fn try_snapshot(
+    object: &mut MaybeUninit<OpenObject>,
     opts: &TracerOptions,
     states: u32,
     user: bool,
     tables: &mut dyn StartTables,
 ) -> Result<RawSnapshot> {
-    let mut object = MaybeUninit::uninit();
     let mut open = OffcputimeSkelBuilder::default()
-        .open(&mut object)
+        .open(object)
         .context("failed to open the BPF object")?;
     configure(&mut open, opts)?;
     if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
         rodata.snapshot_states = states;
     }
     // Only the one iterator: nothing else is attached.
-    for mut prog in open.open_object_mut().progs_mut() {
-        prog.set_autoload(false);
-    }
-    if user {
-        open.progs.snapshot_tasks_user.set_autoload(true);
-    } else {
-        open.progs.snapshot_tasks.set_autoload(true);
-    }
+    let plan = Plan::snapshot(user);
+    choose_programs(&mut open, &plan)?;
     open.maps.task_data_by_tid.set_max_entries(1)?;
     // Not used here, and not there to create before Linux 5.11.
     open.maps
@@ -145,12 +145,11 @@ fn try_snapshot(
     if user && opts.python && opts.user_stacks {
         tables.install_python(super::PythonStore::new(&skel)?);
     }
-    let prog = if user {
-        &skel.progs.snapshot_tasks_user
-    } else {
-        &skel.progs.snapshot_tasks
-    };
-    let bytes = snapshot_output(prog).context("failed to run the snapshot iterator")?;
+    let iterator = plan
+        .program(Role::Snapshot)
+        .ok_or_else(|| anyhow!("no snapshot iterator"))?;
+    let prog = program_of(&skel, iterator)?;
+    let bytes = snapshot_output(&prog).context("failed to run the snapshot iterator")?;
     let (tasks, seen_ns) = parse_tasks(&bytes)?;
     let mut ids: Vec<u64> = tasks
         .iter()
