@@ -183,96 +183,133 @@ impl OffState {
     }
 }
 
-/// Why data was lost or is incomplete, as counted in the kernel.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LossCounters {
-    pub user_stack_full: u64,
-    pub kernel_stack_full: u64,
-    pub user_stack_error: u64,
-    pub kernel_stack_error: u64,
-    pub kernel_thread_blocks: u64,
-    pub counts_full: u64,
-    pub no_task_storage: u64,
-    pub events_dropped: u64,
-    pub blocks_at_end: u64,
-    /// Blocks under way when tracing started, counted from the start.
-    pub blocks_at_start: u64,
-    /// Switches to a thread that the sched_switch tracepoint did not
-    /// report, found at its next switch-out.
-    pub unseen_switch_in: u64,
-    /// ... of which the block could not be timed (not a CFS thread).
-    pub unseen_untimed: u64,
-    /// `--unwind dwarf`: user stacks walked with frame pointers because
-    /// their process had no tables yet.
-    pub unwind_not_ready: u64,
-    /// User stacks walked with the tables.
-    pub unwind_dwarf: u64,
-    /// ... of which cut short.
-    pub unwind_truncated: u64,
-    /// Frames found through frame pointers in stacks walked with tables.
-    pub unwind_fp_frames: u64,
-    /// ... of which at an address of an object with call-frame
-    /// information that none covers: a guess where that code keeps no
-    /// frame pointers.
-    pub unwind_gap_frames: u64,
-    /// ... of which proved the same as the thread's last walk, not walked
-    /// again.
-    pub unwind_cached: u64,
-    /// `--states`: wake-ups that split a block.
-    pub wakeups: u64,
-    /// `--wakers`: wakers recorded, and lost for a full table.
-    pub wakers: u64,
-    pub wakers_full: u64,
-    /// `--states`: blocks that ended with no wake-up seen.
-    pub unwoken: u64,
-    /// `--states`, `--state`: blocks whose state was taken as a sleep
-    /// (a wake-up was under way as they began, and the hook does not pass
-    /// the state).
-    pub state_guessed: u64,
-    /// `--sample`: blocks shorter than the threshold taken (weighted),
-    /// and left out.
-    pub sampled_short: u64,
-    pub sampled_out: u64,
-    /// `--unwind dwarf`: new processes given their parent's tables at the
-    /// fork.
-    pub unwind_forked: u64,
-    /// User stacks of processes without tables of their own walked
-    /// through the tables of the files they map.
-    pub unwind_by_file: u64,
-    /// User stacks of processes without tables yet copied for userspace to
-    /// walk, and lost for want of room in the ring buffer.
-    pub unwind_deferred: u64,
-    pub unwind_defer_lost: u64,
-    /// User stacks of CPython processes given their Python frames, and
-    /// the frames.
-    pub py_stacks: u64,
-    pub py_frames: u64,
-    /// ... of threads whose own thread state was not found (native
-    /// frames only).
-    pub py_no_thread_state: u64,
-    /// Python frames that could not be read; walks cut for room.
-    pub py_unreadable: u64,
-    pub py_truncated: u64,
-    /// Notices of code objects lost for a full ring buffer (named later
-    /// from the process, if it still runs).
-    pub py_events_lost: u64,
-    /// Blocks of new CPython processes walked again with their Python
-    /// frames once the interpreter was known.
-    pub py_refreshed: u64,
-    /// `--on-cpu`: samples of traced threads taken on a CPU, and those
-    /// left out for falling outside the window.
-    pub oncpu_samples: u64,
-    pub oncpu_outside: u64,
-    /// ... runs left out: switched in unseen, by a scheduler that does not
-    /// date it.
-    pub oncpu_untimed: u64,
-    /// ... threads (in an interval, with `-i`) that ran but that no
-    /// sample caught, and their running time (shown as not sampled).
-    pub oncpu_unsampled_threads: u64,
-    pub oncpu_unsampled_ns: u64,
-    /// ... samples of a thread whose running time was not counted (left
-    /// out: they would have no time to share).
-    pub oncpu_orphan_samples: u64,
+/// Why data was lost or is incomplete, and what was done instead: the
+/// BPF program's counters (`enum offcpu_counter` in `offcputime.h`), each
+/// named here once, beside its field, and userspace's own.
+macro_rules! loss_counters {
+    (
+        kernel { $( $(#[$kdoc:meta])* $kfield:ident = $counter:ident, )* }
+        user { $( $(#[$udoc:meta])* $ufield:ident, )* }
+    ) => {
+        /// Why data was lost or is incomplete, as counted in the kernel
+        /// (and, for `--on-cpu`'s division, in userspace).
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct LossCounters {
+            $( $(#[$kdoc])* pub $kfield: u64, )*
+            $( $(#[$udoc])* pub $ufield: u64, )*
+        }
+
+        impl LossCounters {
+            /// The BPF program's counters, by the names of `enum
+            /// offcpu_counter`, in the order of the fields.
+            pub const KERNEL: &'static [(&'static str, u32)] =
+                &[ $( (stringify!($counter), crate::bpf::types::offcpu_counter::$counter.0 as u32), )* ];
+
+            /// The counters from the program's sums, indexed by `enum
+            /// offcpu_counter` (a counter past the end of `sums` is 0).
+            pub fn from_kernel(sums: &[u64]) -> LossCounters {
+                let at = |c: crate::bpf::types::offcpu_counter| sums.get(c.0 as usize).copied().unwrap_or(0);
+                LossCounters {
+                    $( $kfield: at(crate::bpf::types::offcpu_counter::$counter), )*
+                    ..LossCounters::default()
+                }
+            }
+        }
+    };
+}
+
+loss_counters! {
+    kernel {
+        user_stack_full = CNT_USTACK_FULL,
+        kernel_stack_full = CNT_KSTACK_FULL,
+        user_stack_error = CNT_USTACK_ERROR,
+        kernel_stack_error = CNT_KSTACK_ERROR,
+        kernel_thread_blocks = CNT_KTHREAD_BLOCKS,
+        counts_full = CNT_COUNTS_FULL,
+        no_task_storage = CNT_NO_TASK_STORAGE,
+        events_dropped = CNT_EVENTS_DROPPED,
+        blocks_at_end = CNT_BLOCKS_AT_END,
+        /// Blocks under way when tracing started, counted from the start.
+        blocks_at_start = CNT_BLOCKS_AT_START,
+        /// Switches to a thread that the sched_switch tracepoint did not
+        /// report, found at its next switch-out.
+        unseen_switch_in = CNT_UNSEEN_SWITCH_IN,
+        /// ... of which the block could not be timed (not a CFS thread).
+        unseen_untimed = CNT_UNSEEN_UNTIMED,
+        /// `--unwind dwarf`: user stacks walked with frame pointers because
+        /// their process had no tables yet.
+        unwind_not_ready = CNT_UNWIND_NOT_READY,
+        /// User stacks walked with the tables.
+        unwind_dwarf = CNT_UNWIND_DWARF,
+        /// ... of which cut short.
+        unwind_truncated = CNT_UNWIND_TRUNCATED,
+        /// Frames found through frame pointers in stacks walked with tables.
+        unwind_fp_frames = CNT_UNWIND_FP_FRAMES,
+        /// ... of which at an address of an object with call-frame
+        /// information that none covers: a guess where that code keeps no
+        /// frame pointers.
+        unwind_gap_frames = CNT_UNWIND_GAP_FRAMES,
+        /// ... of which proved the same as the thread's last walk, not walked
+        /// again.
+        unwind_cached = CNT_UNWIND_CACHED,
+        /// `--states`: wake-ups that split a block.
+        wakeups = CNT_WAKEUPS,
+        /// `--wakers`: wakers recorded, and lost for a full table.
+        wakers = CNT_WAKERS,
+        wakers_full = CNT_WAKERS_FULL,
+        /// `--states`: blocks that ended with no wake-up seen.
+        unwoken = CNT_UNWOKEN,
+        /// `--states`, `--state`: blocks whose state was taken as a sleep
+        /// (a wake-up was under way as they began, and the hook does not pass
+        /// the state).
+        state_guessed = CNT_STATE_GUESSED,
+        /// `--sample`: blocks shorter than the threshold taken (weighted),
+        /// and left out.
+        sampled_short = CNT_SAMPLED_SHORT,
+        sampled_out = CNT_SAMPLED_OUT,
+        /// `--unwind dwarf`: new processes given their parent's tables at the
+        /// fork.
+        unwind_forked = CNT_UNWIND_FORKED,
+        /// User stacks of processes without tables of their own walked
+        /// through the tables of the files they map.
+        unwind_by_file = CNT_UNWIND_BY_FILE,
+        /// User stacks of processes without tables yet copied for userspace to
+        /// walk, and lost for want of room in the ring buffer.
+        unwind_deferred = CNT_UNWIND_DEFERRED,
+        unwind_defer_lost = CNT_UNWIND_DEFER_LOST,
+        /// User stacks of CPython processes given their Python frames, and
+        /// the frames.
+        py_stacks = CNT_PY_STACKS,
+        py_frames = CNT_PY_FRAMES,
+        /// ... of threads whose own thread state was not found (native
+        /// frames only).
+        py_no_thread_state = CNT_PY_NO_THREAD_STATE,
+        /// Python frames that could not be read; walks cut for room.
+        py_unreadable = CNT_PY_UNREADABLE,
+        py_truncated = CNT_PY_TRUNCATED,
+        /// Notices of code objects lost for a full ring buffer (named later
+        /// from the process, if it still runs).
+        py_events_lost = CNT_PY_EVENTS_LOST,
+        /// Blocks of new CPython processes walked again with their Python
+        /// frames once the interpreter was known.
+        py_refreshed = CNT_PY_REFRESHED,
+        /// `--on-cpu`: samples of traced threads taken on a CPU, and those
+        /// left out for falling outside the window.
+        oncpu_samples = CNT_ONCPU_SAMPLES,
+        oncpu_outside = CNT_ONCPU_OUTSIDE,
+        /// ... runs left out: switched in unseen, by a scheduler that does not
+        /// date it.
+        oncpu_untimed = CNT_ONCPU_UNTIMED,
+    }
+    user {
+        /// ... threads (in an interval, with `-i`) that ran but that no
+        /// sample caught, and their running time (shown as not sampled).
+        oncpu_unsampled_threads,
+        oncpu_unsampled_ns,
+        /// ... samples of a thread whose running time was not counted (left
+        /// out: they would have no time to share).
+        oncpu_orphan_samples,
+    }
 }
 
 /// What the BPF program says of a process while tracing.
@@ -527,6 +564,27 @@ pub(crate) fn stored_words(bytes: &[u8]) -> (impl Iterator<Item = u64> + '_, usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every counter of the BPF program has its field, once: a counter
+    /// added to `enum offcpu_counter` without one fails here.
+    #[test]
+    fn every_kernel_counter_has_a_field() {
+        let max = crate::bpf::types::offcpu_counter::CNT_MAX.0 as u32;
+        let mut seen: Vec<u32> = LossCounters::KERNEL.iter().map(|(_, i)| *i).collect();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..max).collect::<Vec<u32>>(),
+            "{:?}",
+            LossCounters::KERNEL
+        );
+        // And each lands in its own field.
+        let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
+        let c = LossCounters::from_kernel(&sums);
+        assert_eq!(c.user_stack_full, 1);
+        assert_eq!(c.oncpu_untimed, u64::from(max));
+        assert_eq!(c.oncpu_unsampled_ns, 0);
+    }
 
     #[test]
     fn stacks_keep_their_frames_through_a_retain() {

@@ -474,16 +474,20 @@ fn program_of<'a>(
 
 /// Runs a task iterator program over every thread, once.
 fn run_iterator(prog: &libbpf_rs::ProgramMut<'_>) -> Result<()> {
-    iterator_output(prog).map(drop)
+    iterator_output(prog, None).map(drop)
 }
 
 /// Runs a task iterator program over every thread, once, and returns what
-/// it wrote.
-fn iterator_output(prog: &libbpf_rs::ProgramMut<'_>) -> Result<Vec<u8>> {
+/// it wrote. `settle`: how long the reading thread sleeps between creating
+/// the iterator and reading it (see `snapshot_output`).
+fn iterator_output(prog: &libbpf_rs::ProgramMut<'_>, settle: Option<Duration>) -> Result<Vec<u8>> {
     let link = prog
         .attach_iter_with_opts(libbpf_rs::IterOpts::None)
         .context("failed to attach the task iterator")?;
     let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
+    if let Some(settle) = settle {
+        std::thread::sleep(settle);
+    }
     let mut out = Vec::new();
     iter.read_to_end(&mut out)
         .context("failed to read the task iterator")?;
@@ -1663,51 +1667,7 @@ fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
             }
         }
     }
-    use types::offcpu_counter as C;
-    let at = |c: C| sums[c.0 as usize];
-    Ok(LossCounters {
-        user_stack_full: at(C::CNT_USTACK_FULL),
-        kernel_stack_full: at(C::CNT_KSTACK_FULL),
-        user_stack_error: at(C::CNT_USTACK_ERROR),
-        kernel_stack_error: at(C::CNT_KSTACK_ERROR),
-        kernel_thread_blocks: at(C::CNT_KTHREAD_BLOCKS),
-        counts_full: at(C::CNT_COUNTS_FULL),
-        no_task_storage: at(C::CNT_NO_TASK_STORAGE),
-        events_dropped: at(C::CNT_EVENTS_DROPPED),
-        blocks_at_end: at(C::CNT_BLOCKS_AT_END),
-        blocks_at_start: at(C::CNT_BLOCKS_AT_START),
-        unseen_switch_in: at(C::CNT_UNSEEN_SWITCH_IN),
-        unseen_untimed: at(C::CNT_UNSEEN_UNTIMED),
-        unwind_not_ready: at(C::CNT_UNWIND_NOT_READY),
-        unwind_dwarf: at(C::CNT_UNWIND_DWARF),
-        unwind_truncated: at(C::CNT_UNWIND_TRUNCATED),
-        unwind_fp_frames: at(C::CNT_UNWIND_FP_FRAMES),
-        unwind_gap_frames: at(C::CNT_UNWIND_GAP_FRAMES),
-        unwind_cached: at(C::CNT_UNWIND_CACHED),
-        wakeups: at(C::CNT_WAKEUPS),
-        wakers: at(C::CNT_WAKERS),
-        wakers_full: at(C::CNT_WAKERS_FULL),
-        unwoken: at(C::CNT_UNWOKEN),
-        state_guessed: at(C::CNT_STATE_GUESSED),
-        sampled_short: at(C::CNT_SAMPLED_SHORT),
-        sampled_out: at(C::CNT_SAMPLED_OUT),
-        unwind_forked: at(C::CNT_UNWIND_FORKED),
-        unwind_by_file: at(C::CNT_UNWIND_BY_FILE),
-        unwind_deferred: at(C::CNT_UNWIND_DEFERRED),
-        unwind_defer_lost: at(C::CNT_UNWIND_DEFER_LOST),
-        py_stacks: at(C::CNT_PY_STACKS),
-        py_frames: at(C::CNT_PY_FRAMES),
-        py_no_thread_state: at(C::CNT_PY_NO_THREAD_STATE),
-        py_unreadable: at(C::CNT_PY_UNREADABLE),
-        py_truncated: at(C::CNT_PY_TRUNCATED),
-        py_events_lost: at(C::CNT_PY_EVENTS_LOST),
-        py_refreshed: at(C::CNT_PY_REFRESHED),
-        oncpu_samples: at(C::CNT_ONCPU_SAMPLES),
-        oncpu_outside: at(C::CNT_ONCPU_OUTSIDE),
-        oncpu_untimed: at(C::CNT_ONCPU_UNTIMED),
-        // Userspace's, see crate::oncpu.
-        ..LossCounters::default()
-    })
+    Ok(LossCounters::from_kernel(&sums))
 }
 
 /// An mmapable BPF array map that userspace writes through short-lived

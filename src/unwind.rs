@@ -1106,15 +1106,7 @@ impl Unwinder {
         // Written a piece at a time, so that no second copy of a large
         // table is made.
         let written = rows.chunks(1 << 16).enumerate().try_for_each(|(i, chunk)| {
-            let converted: Vec<types::unwind_row> = chunk
-                .iter()
-                .map(|r| types::unwind_row {
-                    pc: r.pc,
-                    cfa_off: r.cfa_off,
-                    kind: r.kind,
-                    rbp_off: r.rbp_off,
-                })
-                .collect();
+            let converted: Vec<types::unwind_row> = chunk.iter().map(|&r| r.into()).collect();
             self.store().write_rows(start + (i << 16), &converted)
         });
         if let Err(e) = written {

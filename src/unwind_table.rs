@@ -26,15 +26,23 @@ use gimli::{
     RegisterRule, UnwindContext, UnwindOffset, UnwindSection,
 };
 
-/// How the canonical frame address (CFA) and the caller's registers are found at a pc.
-pub const KIND_NONE: u8 = 0; // no CFI covers this pc (a gap between FDEs, or past the last FDE)
-pub const KIND_CFA_RSP: u8 = 1; // CFA = rsp + cfa_off
-pub const KIND_CFA_RBP: u8 = 2; // CFA = rbp + cfa_off
-pub const KIND_END: u8 = 3; // outermost frame: the return address is undefined (DW_CFA_undefined rip), e.g. _start, clone3 child
-pub const KIND_PLT: u8 = 4; // the standard .plt/.plt.sec CFA expression: CFA = rsp + 8 + ((pc & 15) >= 11 ? 8 : 0); cfa_off = 8
-pub const KIND_UNSUPPORTED: u8 = 5; // CFI present but not expressible here (other expressions, other registers, offsets out of range)
-pub const KIND_SIGNAL: u8 = 6; // a signal trampoline (CIE augmentation 'S', glibc's __restore_rt): rsp points at the struct ucontext of the interrupted code
-pub const KIND_CLONE: u8 = 8; // the instructions after glibc's clone/clone3 syscall, outside any FDE (see clone_gaps): the child (rax 0) ends there, the parent has CFA = rsp + cfa_off
+/// How the canonical frame address (CFA) and the caller's registers are
+/// found at a pc: `enum unwind_kind` of offcputime.h, which says what each
+/// means.
+pub const KIND_NONE: u8 = kind(K::UNWIND_NONE);
+pub const KIND_CFA_RSP: u8 = kind(K::UNWIND_CFA_RSP);
+pub const KIND_CFA_RBP: u8 = kind(K::UNWIND_CFA_RBP);
+pub const KIND_END: u8 = kind(K::UNWIND_END);
+pub const KIND_PLT: u8 = kind(K::UNWIND_PLT);
+pub const KIND_UNSUPPORTED: u8 = kind(K::UNWIND_UNSUPPORTED);
+pub const KIND_SIGNAL: u8 = kind(K::UNWIND_SIGNAL);
+pub const KIND_CLONE: u8 = kind(K::UNWIND_CLONE);
+
+use crate::bpf::types::unwind_kind as K;
+
+const fn kind(k: K) -> u8 {
+    k.0 as u8
+}
 
 /// What a stored user stack holds in place of a signal trampoline's pc
 /// (`UNWIND_SIGNAL_FRAME` in offcputime.h): the frame where a signal
@@ -61,6 +69,29 @@ pub struct Row {
     /// Where the caller's rbp was saved: at CFA + 8 * rbp_off. 0 means rbp is unchanged (rule "same value"/"undefined"/not mentioned). An offset that is not a multiple of 8 or out of i8*8 range makes the row KIND_UNSUPPORTED.
     pub rbp_off: i8,
 }
+
+impl From<Row> for crate::bpf::types::unwind_row {
+    fn from(r: Row) -> crate::bpf::types::unwind_row {
+        crate::bpf::types::unwind_row {
+            pc: r.pc,
+            cfa_off: r.cfa_off,
+            kind: r.kind,
+            rbp_off: r.rbp_off,
+        }
+    }
+}
+
+// The same layout as `struct unwind_row` (its rows are copied into the
+// BPF program's table as they are).
+const _: () = {
+    use crate::bpf::types::unwind_row as C;
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<Row>() == size_of::<C>());
+    assert!(offset_of!(Row, pc) == offset_of!(C, pc));
+    assert!(offset_of!(Row, cfa_off) == offset_of!(C, cfa_off));
+    assert!(offset_of!(Row, kind) == offset_of!(C, kind));
+    assert!(offset_of!(Row, rbp_off) == offset_of!(C, rbp_off));
+};
 
 /// Rows gathered from one file at most (before merging): twice what the
 /// BPF program can search in one object (`UNWIND_MAX_OBJECT_ROWS`), so

@@ -9,8 +9,8 @@ use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::OpenObject;
 
 use super::{
-    choose_programs, comm_to_string, configure, fill_filters, first_that_loads, load_while,
-    program_of, read_counters, read_stack, Attempt, Objects, Plan, Role, StartTables,
+    choose_programs, comm_to_string, configure, fill_filters, first_that_loads, iterator_output,
+    load_while, program_of, read_counters, read_stack, Attempt, Objects, Plan, Role, StartTables,
     TracerOptions, Unwind, UnwindStore,
 };
 use crate::bpf::{types, OffcputimeSkelBuilder};
@@ -181,16 +181,7 @@ fn try_snapshot(
 /// iterator runs: its last switch-in then dates the reading on the
 /// scheduler's clock (see `self_arrival_ns`).
 fn snapshot_output(prog: &libbpf_rs::ProgramMut<'_>) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let link = prog
-        .attach_iter_with_opts(libbpf_rs::IterOpts::None)
-        .context("failed to attach the task iterator")?;
-    let mut iter = libbpf_rs::Iter::new(&link).context("failed to create the task iterator")?;
-    std::thread::sleep(std::time::Duration::from_micros(50));
-    let mut out = Vec::new();
-    iter.read_to_end(&mut out)
-        .context("failed to read the task iterator")?;
-    Ok(out)
+    iterator_output(prog, Some(std::time::Duration::from_micros(50)))
 }
 
 /// The iterator's output: one `struct snapshot_task` after the other. Also
