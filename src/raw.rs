@@ -569,7 +569,7 @@ mod tests {
     /// added to `enum offcpu_counter` without one fails here.
     #[test]
     fn every_kernel_counter_has_a_field() {
-        let max = crate::bpf::types::offcpu_counter::CNT_MAX.0 as u32;
+        let max = crate::bpf::types::offcpu_counter::CNT_MAX.0;
         let mut seen: Vec<u32> = LossCounters::KERNEL.iter().map(|(_, i)| *i).collect();
         seen.sort_unstable();
         assert_eq!(

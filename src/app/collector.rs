@@ -1,0 +1,236 @@
+//! The handler of the BPF program's news while tracing.
+
+use super::*;
+
+/// What is done with the program's news while tracing (see
+/// [`Tracer::wait`]): snapshots first, they are what names the frames of a
+/// process that exits soon; then unwind tables: at once for processes whose
+/// files all have theirs already (a new process of a known program), else
+/// as soon as the builder thread has built those of its new files.
+/// Processes that have exited give back what was kept for them (see
+/// [`Exits`]).
+pub(super) struct Collector<'t> {
+    pub(super) exits: Exits,
+    pub(super) scan: Option<crate::tracer::StackScan<'t>>,
+    pub(super) stats: StatsLine,
+    /// Raised to nice -20 while copied stacks wait for their tables: under
+    /// thousands of new threads, at the user's priority, it waited seconds
+    /// for a CPU, and the new processes' tables came that late, their
+    /// first stacks lost. (Raised all the time, it perturbs the threads
+    /// it measures.)
+    pub(super) raised: Option<crate::priority::Raised>,
+    /// Where the BPF program is told of CPython processes (None with
+    /// `--no-python`).
+    pub(super) python: Option<crate::tracer::PythonStore>,
+    /// CPython processes noted while tracing, and when: their blocks
+    /// under way are walked again with their Python frames for a while.
+    pub(super) refreshing: HashMap<u32, Instant>,
+    /// The refresh failed once (said once).
+    pub(super) refresh_failed: bool,
+    /// Processes whose mappings were read, to be looked at for an
+    /// interpreter (with their address space).
+    pub(super) python_later: Vec<(Proc, u64)>,
+    /// For tests: that waits until this file exists (as if reading the
+    /// interpreter took that long: its first blocks are then walked
+    /// before it is known).
+    pub(super) python_gate: Option<std::path::PathBuf>,
+}
+
+impl<'t> Collector<'t> {
+    /// Tells the BPF program of the CPython processes among those whose
+    /// mappings were read, once due.
+    pub(super) fn note_pythons(&mut self, registry: &mut Registry) {
+        let Some(store) = &self.python else {
+            self.python_later.clear();
+            return;
+        };
+        if self.python_gate.as_ref().is_some_and(|g| !g.exists()) {
+            return;
+        }
+        let now = Instant::now();
+        for (p, mm) in std::mem::take(&mut self.python_later) {
+            if note_python(store, registry, p, mm) {
+                self.refreshing.insert(p.tgid, now);
+            }
+        }
+    }
+
+    /// Walks again the blocks under way of the CPython processes noted
+    /// lately, walked before their interpreter was known (after their
+    /// tables are written: the walk needs them).
+    pub(super) fn refresh_python(&mut self, tracer: &Tracer<'_>) {
+        if self.refreshing.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let done: Vec<u32> = self
+            .refreshing
+            .iter()
+            .filter(|(_, &since)| now - since > PYTHON_REFRESH_FOR)
+            .map(|(&tgid, _)| tgid)
+            .collect();
+        for tgid in &done {
+            self.refreshing.remove(tgid);
+        }
+        let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
+        if let Err(e) = tracer.refresh_python(&tgids, &done) {
+            if !std::mem::replace(&mut self.refresh_failed, true) {
+                eprintln!("offcputime: {e:#}");
+            }
+        }
+    }
+
+    /// Returns whether work is under way (see [`Tracer::wait`]). `walked`
+    /// is told of each copied stack walked and stored, with its frames.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_events(
+        &mut self,
+        events: &[TaskEvent],
+        stacks: Vec<crate::raw::RawUserStack>,
+        tracer: &'t Tracer<'_>,
+        registry: &mut Registry,
+        unwinder: &mut Option<Unwinder>,
+        deferred: &mut Deferred,
+        walked: &mut dyn FnMut(u64, &[u64]),
+    ) -> bool {
+        // The address space of each process whose mappings were read now,
+        // None where they could not be (it is gone): copied stacks are
+        // walked only with tables of the mappings of their own.
+        let mut spaces = Vec::new();
+        for &ev in events {
+            match ev {
+                TaskEvent::New(p, space) => {
+                    self.stats.processes += 1;
+                    let now = registry.note_process(p.tgid, Some(p.start), false);
+                    if now {
+                        self.python_later.push((p, space.mm));
+                    }
+                    spaces.push(now.then_some(space));
+                }
+                TaskEvent::Changed(p, space) => {
+                    let now = registry.note_process(p.tgid, Some(p.start), true);
+                    if now {
+                        self.python_later.push((p, space.mm));
+                    }
+                    spaces.push(now.then_some(space));
+                }
+                TaskEvent::PyCode {
+                    proc, code, tag, ..
+                } => registry.note_python_code(proc, code, tag),
+                TaskEvent::Exited(p) => self.exits.exited(p),
+                TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
+                TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),
+            }
+        }
+        deferred.add(stacks);
+        // Tables first: the stacks copied for processes that had none are
+        // walked with them, before the processes that exited are let go.
+        let busy = match unwinder.as_mut() {
+            None => false,
+            Some(u) => {
+                let mut spaces = spaces.into_iter();
+                for ev in events {
+                    match *ev {
+                        TaskEvent::New(p, space) | TaskEvent::Changed(p, space) => {
+                            // Mappings not read now (the process is
+                            // gone, or another) give no new tables: the
+                            // copies of a process gone are given up now.
+                            if spaces.next().flatten().is_none() {
+                                use crate::deferred::ProcessTables;
+                                let gone = crate::process::start_ticks(p.tgid) != Some(p.start);
+                                if gone && u.slice(p.tgid, space).is_none() {
+                                    deferred.unwalkable(p, space);
+                                }
+                                continue;
+                            }
+                            u.note_address_space(p.tgid, space);
+                            u.note_process(registry, p.tgid);
+                        }
+                        TaskEvent::Forked {
+                            child,
+                            space,
+                            parent,
+                            map_start,
+                            map_count,
+                        } => {
+                            u.forked(
+                                parent,
+                                child.tgid,
+                                space,
+                                (map_start as usize, map_count as usize),
+                            );
+                        }
+                        TaskEvent::Exited(_) | TaskEvent::Mapped(..) | TaskEvent::PyCode { .. } => {
+                        }
+                    }
+                }
+                // Copies of processes whose tables were let go for room:
+                // they block again, and get them back.
+                for tgid in deferred.waiting_tgids() {
+                    u.wanted(registry, tgid);
+                }
+                let building = u.poll(registry);
+                if deferred.is_waiting() {
+                    deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
+                        let stored = tracer.store_stack(id, frames);
+                        if stored {
+                            walked(id, frames);
+                        }
+                        stored
+                    });
+                }
+                building
+            }
+        };
+        self.note_pythons(registry);
+        self.refresh_python(tracer);
+        self.exits.sweep(registry);
+        if self.scan.is_none() {
+            self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
+        }
+        // A slice of the pass over the counts at a time, between reads of
+        // events.
+        let scanning = match &mut self.scan {
+            None => false,
+            Some(s) => match s.step(tracer, 4096) {
+                None => true,
+                Some(stacks) => {
+                    let gone = self
+                        .scan
+                        .take()
+                        .map(|s| s.procs().clone())
+                        .unwrap_or_default();
+                    let mut by_proc: HashMap<Proc, Vec<(u64, Vec<u64>)>> = HashMap::new();
+                    for (p, id, frames) in stacks {
+                        by_proc.entry(p).or_default().push((id, frames));
+                    }
+                    for &p in &gone {
+                        registry.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
+                        deferred.forget(p);
+                        // Unless another process has its pid now, with
+                        // tables of its own.
+                        if !registry.has_pid(p.tgid) {
+                            if let Some(u) = unwinder.as_mut() {
+                                u.forget(p.tgid);
+                            }
+                            if let Some(store) = &self.python {
+                                store.remove(p.tgid);
+                            }
+                        }
+                    }
+                    self.stats.exited += gone.len();
+                    crate::give_back_freed_memory();
+                    false
+                }
+            },
+        };
+        self.stats.maybe_print(unwinder.as_ref());
+        if crate::priority::Lookout::take_raise() || deferred.is_waiting() {
+            self.raised.get_or_insert_with(crate::priority::raise);
+        } else {
+            self.raised = None;
+            crate::priority::Lookout::end_raise();
+        }
+        busy || scanning
+    }
+}

@@ -1,0 +1,510 @@
+//! What a trace says on stderr besides the profile: losses, what could
+//! not be read or walked, `-v`'s summaries and the periodic statistics line.
+
+use super::*;
+
+/// `--on-cpu`: samples left out, and with `-v` what the samples were.
+pub(super) fn report_on_cpu(profile: &Profile, config: &Config) {
+    let Some(hz) = config.tracer.on_cpu_hz else {
+        return;
+    };
+    let c = &profile.counters;
+    if c.oncpu_untimed > 0 {
+        eprintln!(
+            "offcputime: {} runs of threads outside CFS (real-time, deadline) are left out of \
+             their running time: the tracepoint did not report their switch-in, and the \
+             scheduler does not date it",
+            c.oncpu_untimed
+        );
+    }
+    if c.oncpu_orphan_samples > 0 {
+        eprintln!(
+            "offcputime: {} on-CPU samples of threads whose running time was not counted are \
+             left out",
+            c.oncpu_orphan_samples
+        );
+    }
+    if config.verbose {
+        let running: u64 = profile
+            .samples
+            .iter()
+            .filter(|s| s.state == Some(profile::OffState::Running))
+            .map(|s| s.total_ns)
+            .sum();
+        eprintln!(
+            "offcputime: on-CPU: {} samples at {hz} Hz on each CPU ({} outside the window left \
+             out); {:.3} s running in total, of which {:.3} s of {} threads (per interval, with \
+             -i) that no sample caught",
+            c.oncpu_samples,
+            c.oncpu_outside,
+            running as f64 / 1e9,
+            c.oncpu_unsampled_ns as f64 / 1e9,
+            c.oncpu_unsampled_threads,
+        );
+    }
+}
+
+/// `-v`: the processes of other pid namespaces (containers) by their pid
+/// there too, since the outputs show the host's.
+pub(super) fn report_namespaces(registry: &Registry, verbose: bool) {
+    if !verbose {
+        return;
+    }
+    let pids = registry.namespace_pids();
+    if pids.is_empty() {
+        return;
+    }
+    pub(super) const SHOWN: usize = 20;
+    let list: Vec<String> = pids
+        .iter()
+        .take(SHOWN)
+        .map(|(pid, ns)| format!("{pid} is {ns}"))
+        .collect();
+    let more = match pids.len().saturating_sub(SHOWN) {
+        0 => String::new(),
+        n => format!(", and {n} more"),
+    };
+    eprintln!(
+        "offcputime: pids in their own pid namespace: {}{more}",
+        list.join(", ")
+    );
+}
+
+/// Processes and files the profiler had no right to read, and what that
+/// cost, once each.
+pub(super) fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config: &Config) {
+    if !config.shape.mode.user() {
+        return;
+    }
+    if symbolizer.unparsable() > 0 {
+        eprintln!(
+            "offcputime: the symbols of {} files could not be parsed (malformed): their frames \
+             are named by file and offset",
+            symbolizer.unparsable()
+        );
+    }
+    if let Some(note) = registry.replaced_note() {
+        eprintln!("offcputime: {note}");
+    }
+    for note in registry.jit_notes() {
+        eprintln!("offcputime: {note}");
+    }
+    let d = registry.denied();
+    if !d.processes.is_empty() {
+        eprintln!(
+            "offcputime: the memory maps of {} processes of other users could not be read \
+             (that needs CAP_SYS_PTRACE): their user frames are [unknown]",
+            d.processes.len()
+        );
+    }
+    if let Some((first, why)) = d.files.first() {
+        eprintln!(
+            "offcputime: {} files mapped by traced processes could not be opened ({first}: \
+             {why}{}): their frames are unnamed, their stacks walked with frame pointers",
+            d.files.len(),
+            if d.files.len() > 1 {
+                ", and others"
+            } else {
+                ""
+            },
+        );
+        if config.verbose {
+            for (path, why) in &d.files[1..] {
+                eprintln!("offcputime:   {path}: {why}");
+            }
+        }
+    }
+}
+
+/// What could not be measured or shown. `missed`: the stacks that could
+/// not be shown (of every interval, with -i); `unreadable`: how many stacks
+/// of threads blocked since before the start have no user stack, and
+/// whether this kernel could read such stacks at all.
+pub(super) fn report_losses(
+    profile: &Profile,
+    missed: usize,
+    config: &Config,
+    (unreadable, could, at_switch_in): (usize, bool, bool),
+) {
+    report_unreadable(
+        config,
+        unreadable,
+        could,
+        if at_switch_in {
+            "stacks of threads blocked since before tracing started, or still blocked at its \
+             end (the kprobe hook takes a block's stacks when it ends), show no user stack: \
+             they are counted, but"
+        } else {
+            "stacks of threads blocked since before tracing started show no user stack: they \
+             are counted from the start, but"
+        },
+    );
+    report_missed(profile, missed, config, unreadable);
+}
+
+/// That `unreadable` user stacks, read from another task's context, could
+/// not be read (`lead` says whose they are), and why; `could`: whether this
+/// kernel reads them at all.
+pub(super) fn report_unreadable(config: &Config, unreadable: usize, could: bool, lead: &str) {
+    if unreadable > 0 && config.shape.mode.user() {
+        let why = if could {
+            "their process's memory map was locked for writing when tracing started (a \
+             thread in mmap, or one stuck in a page fault), and reading it could have held \
+             up the start"
+        } else {
+            "this kernel cannot read another thread's user stack from BPF (Linux 5.18 and \
+             later can)"
+        };
+        eprintln!("offcputime: {unreadable} {lead} {why}");
+    }
+}
+
+/// What was lost, and why (bcc's warning and the counters'). `missed`: the
+/// stacks that could not be shown, `unreadable` of them for a reason said
+/// already.
+pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: usize) {
+    let c = &profile.counters;
+    let missed = missed.saturating_sub(if config.shape.mode.user() {
+        unreadable
+    } else {
+        0
+    });
+    if missed > 0 {
+        let full = c.user_stack_full + c.kernel_stack_full > 0;
+        eprintln!(
+            "WARNING: {missed} stack traces could not be displayed (stack storage full: \
+             {} user and {} kernel captures; walk failed: {} user and {} kernel).{}",
+            c.user_stack_full,
+            c.kernel_stack_full,
+            c.user_stack_error,
+            c.kernel_stack_error,
+            if full {
+                " Consider increasing --stack-storage-size."
+            } else {
+                ""
+            }
+        );
+    }
+    if c.unseen_untimed > 0 {
+        eprintln!(
+            "WARNING: {} blocks were not counted: the kernel switched their thread back in \
+             without reporting it, and only for normal (CFS) threads does it say when.",
+            c.unseen_untimed
+        );
+    }
+    if c.unwoken > 0 && config.tracer.states {
+        eprintln!(
+            "WARNING: {} blocks ended without the kernel reporting their wake-up (sched_wakeup): \
+             their wait for a CPU is counted in the state they blocked in.",
+            c.unwoken
+        );
+    }
+    if c.state_guessed > 0 && (config.tracer.states || config.tracer.state.is_some()) {
+        eprintln!(
+            "WARNING: {} blocks began as another CPU was already waking their thread, and this \
+             hook does not say which state the thread blocked in: they are counted as sleeps \
+             (interruptible). The sched_switch tracepoint of Linux 5.18 and later says it.",
+            c.state_guessed
+        );
+    }
+    if c.wakers_full > 0 {
+        eprintln!(
+            "WARNING: {} wakers were not recorded because the table of wakers was full \
+             (shown as [Missed Waker]). Consider increasing --stack-storage-size.",
+            c.wakers_full
+        );
+    }
+    if c.counts_full > 0 {
+        eprintln!(
+            "WARNING: {} blocks were not counted because the table of distinct stacks was full \
+             ({} entries, one per thread and pair of stacks: twice --stack-storage-size, at \
+             least 65536). Consider increasing --stack-storage-size.",
+            c.counts_full,
+            crate::tracer::counts_capacity(config.tracer.stack_storage_size),
+        );
+    }
+    if c.no_task_storage > 0 {
+        eprintln!(
+            "WARNING: {} blocks were not timed (no per-task storage could be allocated).",
+            c.no_task_storage
+        );
+    }
+    if c.events_dropped > 0 && config.verbose {
+        eprintln!(
+            "offcputime: {} new-process notifications were dropped; \
+             frames of processes that exited early may be unnamed",
+            c.events_dropped
+        );
+    }
+}
+
+/// What DWARF unwinding did not cover, and with -v its tables' size.
+/// What became of the Python frames of CPython processes: what could not
+/// be shown is said (once each), the rest with `-v`.
+pub(super) fn report_python(
+    registry: &mut Registry,
+    profile: &Profile,
+    verbose: bool,
+    unwalked: bool,
+) {
+    if unwalked {
+        let procs: Vec<Proc> = registry
+            .processes()
+            .filter_map(|(tgid, start)| {
+                Some(Proc {
+                    tgid,
+                    start: start?,
+                })
+            })
+            .collect();
+        let found = procs
+            .into_iter()
+            .filter(|&p| registry.note_python(p).is_some())
+            .count();
+        if found > 0 {
+            eprintln!(
+                "offcputime: Python frames are not read on Linux {} (their walk needs bpf_loop: \
+                 5.17): the stacks of {found} CPython processes show the interpreter's frames",
+                crate::tracer::kernel::release()
+            );
+        }
+    }
+    for note in registry.python_notes() {
+        eprintln!(
+            "offcputime: the Python frames of {note}: its processes' stacks show the \
+             interpreter's frames only"
+        );
+    }
+    let s = registry.python_stats();
+    let c = &profile.counters;
+    if s.unmatched > 0 {
+        eprintln!(
+            "offcputime: {} user stacks of CPython processes show the interpreter's \
+             _PyEval_EvalFrameDefault frames in place of some or all of their Python frames \
+             (blocks that ended before the interpreter was known, threads whose own state was \
+             not found, or walks cut short)",
+            s.unmatched
+        );
+    }
+    if c.py_unreadable + c.py_truncated > 0 {
+        eprintln!(
+            "offcputime: {} Python frames could not be read, and {} walks of Python frames \
+             were cut short for room (--perf-max-stack-depth): shown as {} and {}",
+            c.py_unreadable,
+            c.py_truncated,
+            crate::symbolize::PYTHON_UNREADABLE,
+            crate::symbolize::PYTHON_CUT_SHORT
+        );
+    }
+    if verbose && (s.processes > 0 || c.py_stacks > 0) {
+        eprintln!(
+            "offcputime: python: {} CPython processes; {} user stacks walked with their Python \
+             frames ({} frames; {} walked again once their interpreter was known), {} of \
+             threads without a state of their own; {} code objects named ({} could not be \
+             read, {} notices lost)",
+            s.processes,
+            c.py_stacks,
+            c.py_frames,
+            c.py_refreshed,
+            c.py_no_thread_state,
+            s.codes_read,
+            s.codes_unreadable,
+            c.py_events_lost,
+        );
+    }
+}
+
+pub(super) fn report_unwinding(
+    u: &Unwinder,
+    deferred: &Deferred,
+    profile: &Profile,
+    verbose: bool,
+) {
+    let c = &profile.counters;
+    if c.unwind_not_ready > 0 {
+        eprintln!(
+            "offcputime: {} user stacks were walked with frame pointers because their process's \
+             unwind tables were not ready yet (its first blocks)",
+            c.unwind_not_ready
+        );
+    }
+    let d = deferred.stats();
+    if d.cut > 0 {
+        eprintln!(
+            "offcputime: {} user stacks taken before their process's unwind tables were ready \
+             were cut short: deeper than the {} KiB of stack copied at the block",
+            d.cut,
+            crate::deferred::COPY_BYTES_ABOVE_SP >> 10
+        );
+    }
+    let gaps = c.unwind_gap_frames + d.gap_frames as u64;
+    if gaps > 0 {
+        eprintln!(
+            "offcputime: {gaps} user frames were found through frame pointers in code that its \
+             object's call-frame information does not cover (assembly or a PLT without it, or \
+             code built without unwind tables): they are right only where that code keeps frame \
+             pointers"
+        );
+    }
+    let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished) as u64 + c.unwind_defer_lost;
+    if missed > 0 {
+        eprintln!(
+            "offcputime: {missed} user stacks taken before their process's unwind tables were \
+             ready are missed: {} of processes that exited before their mappings could be read \
+             or whose tables could not be made, {} still waiting for their tables when the \
+             trace ended, {} lost for want of room to copy or keep them (more new threads \
+             blocking at once than the profiler could take in), {} for want of room to store \
+             them (--stack-storage-size)",
+            d.unwalked,
+            d.unfinished,
+            c.unwind_defer_lost + d.dropped as u64,
+            d.unstored
+        );
+    }
+    let (missing, more) = u.not_covered();
+    if !missing.is_empty() {
+        const SHOWN: usize = 3;
+        for m in missing.iter().take(SHOWN) {
+            if m.later {
+                eprintln!(
+                    "offcputime: no DWARF unwinding for {} in process {} at first: {}; frame \
+                     pointers were used there until room was made (the tables of processes \
+                     that had not blocked for {} s let go)",
+                    m.what,
+                    m.tgid,
+                    m.why,
+                    crate::unwind::COLD.as_secs()
+                );
+            } else {
+                eprintln!(
+                    "offcputime: no DWARF unwinding for {} in process {}: {}; frame pointers are \
+                     used there",
+                    m.what, m.tgid, m.why
+                );
+            }
+        }
+        if missing.len() + more > SHOWN {
+            eprintln!(
+                "offcputime: ... and {} more objects or processes without DWARF unwinding",
+                missing.len() + more - SHOWN
+            );
+        }
+    }
+    if verbose {
+        let s = u.stats();
+        let mib = |n: usize, size: usize| (n * size) as f64 / (1 << 20) as f64;
+        let row = std::mem::size_of::<crate::bpf::types::unwind_row>();
+        let mapping = std::mem::size_of::<crate::bpf::types::unwind_mapping>();
+        eprintln!(
+            "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
+             {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
+             with them ({} cut short, {} proved unchanged since the thread's last walk), {} \
+             frames through frame pointers ({} in code its object's tables do not cover)",
+            s.objects,
+            s.objects_without_cfi,
+            s.rows,
+            s.mappings,
+            s.processes,
+            mib(s.rows, row) + mib(s.mappings, mapping),
+            mib(s.row_capacity, row) + mib(s.mapping_capacity, mapping),
+            s.build_ms,
+            c.unwind_dwarf,
+            c.unwind_truncated,
+            c.unwind_cached,
+            c.unwind_fp_frames,
+            c.unwind_gap_frames,
+        );
+        eprintln!(
+            "offcputime: unwind tables: {} new processes used their parent's from the fork \
+             ({} shared by userspace); {} user stacks of processes without tables of their own \
+             walked through those of the files they map ({} files); {} user stacks taken before \
+             their process's tables were ready copied and walked in userspace ({} walked, {} cut \
+             short, {} frames through frame pointers)",
+            c.unwind_forked,
+            s.processes_forked,
+            c.unwind_by_file,
+            s.files,
+            d.received,
+            d.walked,
+            d.cut,
+            d.fp_frames,
+        );
+        eprintln!(
+            "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \
+             for {} s ({} given them again at a later block); {} processes left without some \
+             for want of room got them later; {} tables moved to put free rows together",
+            s.processes_let_go,
+            crate::unwind::COLD.as_secs(),
+            s.processes_taken_back,
+            s.processes_given_room,
+            s.tables_moved,
+        );
+    }
+}
+
+/// With `OFFCPUTIME_STATS_INTERVAL=SECONDS` in the environment, a line on
+/// stderr every so often while tracing, for long runs and benchmarks: how
+/// many processes came and went, the unwind tables' use and the resident
+/// memory.
+pub(super) struct StatsLine {
+    pub(super) every: Option<Duration>,
+    pub(super) began: Instant,
+    pub(super) last: Instant,
+    pub(super) processes: usize,
+    pub(super) exited: usize,
+}
+
+impl StatsLine {
+    pub(super) fn from_env(began: Instant) -> StatsLine {
+        let every = std::env::var("OFFCPUTIME_STATS_INTERVAL")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64);
+        StatsLine {
+            every,
+            began,
+            last: Instant::now(),
+            processes: 0,
+            exited: 0,
+        }
+    }
+
+    pub(super) fn maybe_print(&mut self, unwinder: Option<&Unwinder>) {
+        let Some(every) = self.every else {
+            return;
+        };
+        if self.last.elapsed() < every {
+            return;
+        }
+        self.last = Instant::now();
+        let tables = unwinder.map_or(String::new(), |u| {
+            let s = u.stats();
+            format!(
+                " objects={} rows={}/{} mappings={}/{} procs={} building={}",
+                s.objects,
+                s.rows,
+                s.row_capacity,
+                s.mappings,
+                s.mapping_capacity,
+                s.processes,
+                u.building()
+            )
+        });
+        let rss = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.split_whitespace().next().map(str::to_string))
+            })
+            .unwrap_or_default();
+        let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+        eprintln!(
+            "offcputime: stats: t={:.1}s processes={} exited={}{tables} rss_kib={rss} fds={fds}",
+            self.began.elapsed().as_secs_f64(),
+            self.processes,
+            self.exited,
+        );
+    }
+}
