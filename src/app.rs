@@ -280,7 +280,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         symbolizer.warm_up_kernel();
     }
 
-    let deadline = config.duration.map(|d| tracer.attached_at() + d);
+    let deadline = config.duration.map(|d| tracer.window_started_at() + d);
     let mut deferred = Deferred::new(config.tracer.max_stack_depth as usize);
     if let Some(ms) = crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_COPY_WALK_MS") {
         // For tests: copied stacks wait this long for their walk, as if
@@ -422,8 +422,8 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // A pass under way is left: what it was for keeps its snapshot.
     drop(collector);
     // The report, raised as start-up is (see priority.rs): on a busy
-    // machine at the user's priority it waited seconds for a CPU (4.6 s
-    // under 8,000 threads of examples/stackfarm).
+    // machine at the user's priority it waits seconds for a CPU (measured
+    // under examples/stackfarm: docs/benchmarks-history.md).
     let _raised = crate::priority::raise();
     tracer.stop()?;
     let (window_start, window_end) = tracer.window_ns();

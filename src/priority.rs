@@ -3,7 +3,8 @@
 //! On a machine whose CPUs are all busy (thousands of runnable threads),
 //! a profiler at the default priority waits seconds for a CPU at every
 //! step of starting: the verifier, the unwind tables, the start iterator
-//! (44 s to attach under 8,000 threads of `examples/stackfarm`). The
+//! (tens of seconds under `examples/stackfarm`'s thousands of threads:
+//! docs/benchmarks-history.md). The
 //! threads that start tracing run at nice -20 where allowed, and go back to
 //! the priority they had once the window is open and the lookout runs:
 //! the trace itself runs at the user's priority, but for the thread that

@@ -73,3 +73,37 @@ pub fn wait_for_running_hooks() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Checks, before loading anything, what the kernel and our privileges
+/// allow, so that the user gets one clear sentence instead of a libbpf
+/// error code.
+pub fn check_environment() -> anyhow::Result<()> {
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        anyhow::bail!(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); \
+             offcputime needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+        );
+    }
+    let cap_eff = crate::process::effective_capabilities();
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let has = |cap: u32| cap_eff & (1u64 << cap) != 0;
+    // (With the privilege to load: without it every probe says no.)
+    if has(CAP_SYS_ADMIN) {
+        return check_minimum();
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| *n)
+        .collect();
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "missing privilege: {} (run as root, or grant {} to the binary)",
+            missing.join(" and "),
+            missing.join(", ").to_lowercase()
+        );
+    }
+    check_minimum()
+}

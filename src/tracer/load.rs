@@ -1,0 +1,339 @@
+//! Loading the program: the objects and attempts, the settings written
+//! before the load, which programs load, the load on a thread of its own,
+//! the task-iterator runner, and how long each step took.
+
+use super::*;
+
+/// An open skeleton handed to the thread that loads it.
+pub(super) struct SendOpen<T>(T);
+
+// SAFETY: the open skeleton is used by one thread at a time (moved to the
+// loading thread, which hands back the loaded one); libbpf objects are not
+// tied to the thread that made them.
+unsafe impl<T> Send for SendOpen<T> {}
+
+/// How long each step of starting took.
+#[derive(Debug)]
+pub struct Phases {
+    pub(super) last: Instant,
+    pub steps: Vec<(&'static str, Duration)>,
+    /// What ran side by side during the load: the BPF object's load (the
+    /// verifier, mostly) and the tables prepared meanwhile.
+    pub overlapped: Option<(Duration, Duration)>,
+}
+
+impl Default for Phases {
+    fn default() -> Phases {
+        Phases {
+            last: Instant::now(),
+            steps: Vec::new(),
+            overlapped: None,
+        }
+    }
+}
+
+impl Phases {
+    pub(super) fn mark(&mut self, what: &'static str) {
+        let now = Instant::now();
+        self.steps.push((what, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (what, d)) in self.steps.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{what} {:.1} ms", d.as_secs_f64() * 1e3)?;
+        }
+        if let Some((bpf, tables)) = self.overlapped {
+            write!(
+                f,
+                "; during the load: BPF object {:.1} ms, tables prepared {:.1} ms",
+                bpf.as_secs_f64() * 1e3,
+                tables.as_secs_f64() * 1e3
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Sets which of the object's programs load, by the program table; with
+/// `OFFCPUTIME_VERIFIER_STATS` in the environment each of them prints the
+/// verifier's statistics (time, instructions processed, states) through
+/// libbpf's debug log (see set_libbpf_logging).
+pub(super) fn choose_programs(
+    open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
+    plan: &Plan,
+) -> Result<()> {
+    let stats = std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some();
+    for mut prog in open.open_object_mut().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        let load = plan.loads(programs::named(&name)?);
+        prog.set_autoload(load);
+        if load && stats {
+            prog.set_log_level(4);
+        }
+    }
+    Ok(())
+}
+
+/// The most attempts at loading the program one start makes: two
+/// unwinders, three hooks, with and without user stacks at the start.
+pub(super) const ATTEMPTS: usize = 12;
+
+/// Room for the BPF object of each attempt at loading the program (a
+/// failed attempt's object is dropped in place; the one that loads lives
+/// as long as the tracer).
+pub struct Objects([MaybeUninit<OpenObject>; ATTEMPTS]);
+
+impl Default for Objects {
+    fn default() -> Objects {
+        Objects(std::array::from_fn(|_| MaybeUninit::uninit()))
+    }
+}
+
+/// One way of loading the program.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Attempt {
+    pub(super) unwind: Unwind,
+    /// The switch hook; none for `--snapshot`.
+    pub(super) hook: Option<Hook>,
+    /// The start (or snapshot) iterator reads user stacks.
+    pub(super) user_stacks: bool,
+}
+
+/// The attempts that failed, with why.
+pub(super) type Failures = Vec<(Attempt, anyhow::Error)>;
+
+/// Tries `attempts` in order, each with an object of its own, until one
+/// loads: what it gave, and the errors of those before it (of all, if none
+/// loads).
+pub(super) fn first_that_loads<'obj, T>(
+    objects: &'obj mut Objects,
+    attempts: &[Attempt],
+    mut load: impl FnMut(&'obj mut MaybeUninit<OpenObject>, &Attempt) -> Result<T>,
+) -> (Option<(T, Attempt)>, Failures) {
+    let mut errors = Vec::new();
+    let mut room: &'obj mut [MaybeUninit<OpenObject>] = &mut objects.0;
+    for a in attempts {
+        let Some((object, rest)) = std::mem::take(&mut room).split_first_mut() else {
+            errors.push((*a, anyhow!("more attempts at loading than room for them")));
+            break;
+        };
+        room = rest;
+        match load(object, a) {
+            Ok(t) => return (Some((t, *a)), errors),
+            Err(e) => errors.push((*a, e)),
+        }
+    }
+    (None, errors)
+}
+
+/// The loaded program of a table entry.
+pub(super) fn program_of<'a>(
+    skel: &'a OffcputimeSkel<'_>,
+    p: &programs::Program,
+) -> Result<libbpf_rs::ProgramMut<'a>> {
+    use libbpf_rs::skel::Skel;
+    skel.object()
+        .progs_mut()
+        .find(|prog| prog.name() == std::ffi::OsStr::new(p.name))
+        .ok_or_else(|| anyhow!("the BPF object has no program {}", p.name))
+}
+
+/// Runs a task iterator program over every thread, once.
+pub(super) fn run_iterator(prog: &libbpf_rs::ProgramMut<'_>) -> Result<()> {
+    iterator_output(prog, None).map(drop)
+}
+
+/// Runs a task iterator program over every thread, once, and returns what
+/// it wrote. `settle`: how long the reading thread sleeps between creating
+/// the iterator and reading it (see `snapshot_output`).
+pub(super) fn iterator_output(
+    prog: &libbpf_rs::ProgramMut<'_>,
+    settle: Option<Duration>,
+) -> Result<Vec<u8>> {
+    let link = prog
+        .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+        .context("failed to attach the task iterator")?;
+    let mut iter = Iter::new(&link).context("failed to create the task iterator")?;
+    if let Some(settle) = settle {
+        std::thread::sleep(settle);
+    }
+    let mut out = Vec::new();
+    iter.read_to_end(&mut out)
+        .context("failed to read the task iterator")?;
+    Ok(out)
+}
+
+/// Loads `open` on a thread of its own (the verifier takes about as long as
+/// the unwind tables take to prepare, and the two can use two CPUs) while
+/// `meanwhile` runs on this one. Returns the loaded program, how long its
+/// load took and how long `meanwhile` took.
+pub(super) fn load_while<'obj>(
+    open: crate::bpf::OpenOffcputimeSkel<'obj>,
+    meanwhile: impl FnOnce(),
+) -> Result<(OffcputimeSkel<'obj>, (Duration, Duration))> {
+    let open = SendOpen(open);
+    std::thread::scope(|s| {
+        let loader = std::thread::Builder::new()
+            .name("bpf-load".into())
+            .spawn_scoped(s, move || {
+                // The whole wrapper moves, not just its field.
+                let open = open;
+                let began = Instant::now();
+                SendOpen((open.0.load(), began.elapsed()))
+            });
+        let loader = match loader {
+            Ok(l) => l,
+            Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
+        };
+        let began = Instant::now();
+        crate::priority::loading(true);
+        meanwhile();
+        let prepared = began.elapsed();
+        let loaded = loader.join();
+        crate::priority::loading(false);
+        match loaded {
+            Ok(SendOpen((r, took))) => Ok((r?, (took, prepared))),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
+/// The processes, threads and cgroups of `-p`, `-t` and `--cgroup`, for
+/// the program's filters.
+pub(super) fn fill_filters(skel: &OffcputimeSkel<'_>, opts: &TracerOptions) -> Result<()> {
+    let one = [1u8];
+    for tgid in &opts.tgids {
+        skel.maps
+            .tgids
+            .update(&tgid.to_ne_bytes(), &one, MapFlags::ANY)?;
+    }
+    for tid in &opts.tids {
+        skel.maps
+            .tids
+            .update(&tid.to_ne_bytes(), &one, MapFlags::ANY)?;
+    }
+    for id in &opts.cgroups {
+        skel.maps
+            .cgroups
+            .update(&id.to_ne_bytes(), &one, MapFlags::ANY)?;
+    }
+    Ok(())
+}
+
+/// The load-time configuration of the program (its `.rodata`) and the
+/// sizes of its maps, as `opts` say: shared by the tracer and the
+/// snapshot.
+pub(super) fn configure(
+    open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
+    opts: &TracerOptions,
+) -> Result<()> {
+    {
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+        rodata.filter_by_tgid = !opts.tgids.is_empty();
+        rodata.filter_by_tid = !opts.tids.is_empty();
+        rodata.filter_by_cgroup = !opts.cgroups.is_empty();
+        rodata.user_threads_only = opts.user_threads_only;
+        rodata.kernel_threads_only = opts.kernel_threads_only;
+        rodata.filter_by_state = opts.state.is_some();
+        rodata.state_mask = opts.state.unwrap_or(0);
+        rodata.min_block_ns = opts.min_block_ns;
+        rodata.max_block_ns = opts.max_block_ns;
+        rodata.sample_ns = opts.sample_ns;
+        rodata.want_user_stack = opts.user_stacks;
+        rodata.want_kernel_stack = opts.kernel_stacks;
+        rodata.notify_new_tasks = opts.user_stacks;
+        rodata.stack_bytes = opts.max_stack_depth * 8;
+        rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+        // For measuring and testing the cache against the walk it saves.
+        rodata.ucache_on = std::env::var_os("OFFCPUTIME_NO_STACK_CACHE").is_none();
+        rodata.unwind_by_file = std::env::var_os("OFFCPUTIME_NO_FILE_TABLES").is_none();
+        rodata.python_on = opts.python && opts.user_stacks;
+        rodata.want_states = opts.states;
+        rodata.want_wakers = opts.wakers;
+        rodata.on_cpu_on = opts.on_cpu_hz.is_some();
+        if opts.wakers {
+            // Unreadable or hidden: userspace tells interrupts by
+            // their frames' names alone.
+            let entries = crate::ksyms::InterruptEntries::load().unwrap_or_default();
+            if entries.irq == (0, 0) {
+                eprintln!(
+                    "offcputime: where interrupts enter the kernel is not known (kallsyms \
+                     hides its addresses without CAP_SYSLOG, or has no x86-64 entry stubs): \
+                     a wake-up from an interrupt may be shown as the task it interrupted"
+                );
+            }
+            (rodata.irq_entry_start, rodata.irq_entry_end) = entries.irq;
+            (rodata.softirq_start, rodata.softirq_end) = entries.softirq;
+        }
+        rodata.trace_duration_ns = opts
+            .duration
+            .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+        rodata.interval_ns = opts
+            .interval
+            .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+    }
+    if opts.unwind == Unwind::Dwarf {
+        let cap = opts.unwind_capacity;
+        open.maps
+            .unwind_rows
+            .set_max_entries(cap.rows)
+            .context("unwind rows map size")?;
+        open.maps
+            .unwind_maps
+            .set_max_entries(cap.mappings)
+            .context("unwind mappings map size")?;
+        open.maps
+            .unwind_procs
+            .set_max_entries(cap.processes)
+            .context("unwind processes map size")?;
+        open.maps
+            .unwind_files
+            .set_max_entries(UNWIND_FILES)
+            .context("unwind files map size")?;
+        open.maps
+            .deferred_stacks
+            .set_max_entries(DEFERRED_RING_BYTES)
+            .context("deferred stacks ring buffer size")?;
+    }
+    let depth_bytes = opts.max_stack_depth * 8;
+    open.maps
+        .stacks
+        .set_value_size(depth_bytes)
+        .context("stacks map value size")?;
+    open.maps
+        .stacks
+        .set_max_entries(opts.stack_storage_size)
+        .context("stacks map size")?;
+    open.maps
+        .counts
+        .set_max_entries(counts_capacity(opts.stack_storage_size))
+        .context("counts map size")?;
+    // One slot per distinct waker (task and stacks), at most as many
+    // as stacks; a single one without --wakers.
+    open.maps
+        .wakers
+        .set_max_entries(if opts.wakers {
+            opts.stack_storage_size
+        } else {
+            1
+        })
+        .context("wakers map size")?;
+    open.maps
+        .tgids
+        .set_max_entries(opts.tgids.len().max(1) as u32)?;
+    open.maps
+        .tids
+        .set_max_entries(opts.tids.len().max(1) as u32)?;
+    open.maps
+        .cgroups
+        .set_max_entries(opts.cgroups.len().max(1) as u32)?;
+    Ok(())
+}

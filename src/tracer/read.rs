@@ -1,0 +1,362 @@
+//! Reading what the program counted: the counts with their stacks,
+//! wakers and loss counters, whole or an interval at a time, and the
+//! user stacks of some processes.
+
+use super::*;
+
+/// A pass over the counts for some processes' user stacks.
+pub struct StackScan<'t> {
+    procs: HashSet<Proc>,
+    keys: Box<dyn Iterator<Item = Vec<u8>> + 't>,
+    wanted: HashSet<(Proc, u64)>,
+}
+
+impl StackScan<'_> {
+    /// The processes scanned for.
+    pub fn procs(&self) -> &HashSet<Proc> {
+        &self.procs
+    }
+
+    /// Reads up to `n` more entries; once the pass is over, the stacks
+    /// found: each (process, stack id, frames) once.
+    pub fn step(&mut self, tracer: &Tracer<'_>, n: usize) -> Option<Vec<(Proc, u64, Vec<u64>)>> {
+        let mut read = 0;
+        for key_bytes in self.keys.by_ref().take(n) {
+            read += 1;
+            let mut key = types::offcpu_key::default();
+            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() {
+                continue;
+            }
+            let p = Proc {
+                tgid: key.tgid,
+                start: ticks_of_ns(key.process_start),
+            };
+            if self.procs.contains(&p) {
+                if let StackRef::Id(id) = StackRef::from_raw(key.user_stack_id) {
+                    self.wanted.insert((p, id));
+                }
+            }
+        }
+        if read == n {
+            return None;
+        }
+        // A stack that cannot be read leaves its frames unnamed, nothing
+        // else.
+        Some(
+            self.wanted
+                .drain()
+                .filter_map(|(p, id)| Some((p, id, tracer.stack(id).ok()??)))
+                .collect(),
+        )
+    }
+}
+
+/// The frames of the stored stack `id`, innermost first.
+pub(super) fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
+    Ok(skel
+        .maps
+        .stacks
+        .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
+        .map(|bytes| stack_frames(&bytes)))
+}
+
+/// One entry of the table of counts.
+pub(super) fn decode_entry(key_bytes: &[u8], val_bytes: &[u8]) -> Result<RawEntry> {
+    let mut key = types::offcpu_key::default();
+    let mut val = types::offcpu_val::default();
+    plain::copy_from_bytes(&mut key, key_bytes)
+        .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+    plain::copy_from_bytes(&mut val, val_bytes)
+        .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
+    Ok(RawEntry {
+        tgid: key.tgid,
+        start: ticks_of_ns(key.process_start),
+        pid: key.pid,
+        comm: comm_to_string(&key.comm),
+        user_stack: StackRef::from_raw(key.user_stack_id),
+        kernel_stack: StackRef::from_raw(key.kernel_stack_id),
+        state: OffState::from_raw(key.state),
+        waker: WakerRef::from_raw(key.waker_id),
+        interval: key.interval,
+        span: key.span.max(1),
+        total_ns: val.total_ns,
+        count: val.count,
+    })
+}
+
+/// A stored stack's frames: its addresses up to the first 0.
+pub(super) fn stack_frames(bytes: &[u8]) -> Vec<u64> {
+    let (words, len) = stored_words(bytes);
+    words.take(len).collect()
+}
+
+/// The BPF program's counters of lost and incomplete data.
+pub(super) fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
+    let mut sums = [0u64; types::offcpu_counter::CNT_MAX.0 as usize];
+    for (i, sum) in sums.iter_mut().enumerate() {
+        let key = (i as u32).to_ne_bytes();
+        if let Some(per_cpu) = skel.maps.counters.lookup_percpu(&key, MapFlags::ANY)? {
+            for v in per_cpu {
+                if v.len() >= 8 {
+                    *sum += u64::from_ne_bytes(v[..8].try_into().expect("8 bytes"));
+                }
+            }
+        }
+    }
+    Ok(LossCounters::from_kernel(&sums))
+}
+
+impl Tracer<'_> {
+    /// Reads the counts, the stacks they refer to and the loss counters.
+    pub fn read(&self) -> Result<RawProfile> {
+        self.read_counts(None)
+    }
+
+    /// `-i`: takes the counts of intervals up to `last` out of the table
+    /// (those of later intervals stay), with the stacks they refer to and
+    /// the loss counters so far.
+    pub fn take_intervals(&self, last: u32) -> Result<RawProfile> {
+        self.read_counts(Some(last))
+    }
+
+    pub(super) fn read_counts(&self, take_through: Option<u32>) -> Result<RawProfile> {
+        // Once the hooks are detached nothing writes the tables: the
+        // stacks are read whole, in batches, on a thread of their own while
+        // the counts are read (both are mostly the kernel copying: 100 MB
+        // of stacks at 100,000 of them). Taking intervals out while tracing
+        // goes key by key.
+        if self.stopped && take_through.is_none() {
+            let stacks = batch::Table::of(&self.skel.maps.stacks);
+            return std::thread::scope(|scope| {
+                let all = scope.spawn(move || {
+                    let mut all = Stacks::default();
+                    let outcome = batch::for_each_entry(stacks, |k, v| {
+                        let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
+                        all.insert_value(id, v);
+                    });
+                    // Where it failed, the stacks are looked up one by one.
+                    matches!(outcome, Ok(batch::Outcome::Read)).then_some(all)
+                });
+                let mut profile = RawProfile::default();
+                let wanted = self.read_entries(&mut profile, None)?;
+                let all = all
+                    .join()
+                    .map_err(|_| anyhow!("the stack reader panicked"))?;
+                self.finish_read(profile, wanted, all)
+            });
+        }
+        let mut profile = RawProfile::default();
+        let wanted = self.read_entries(&mut profile, take_through)?;
+        self.finish_read(profile, wanted, None)
+    }
+
+    /// The counts into `profile` (see [`Tracer::read_counts`]): the ids of
+    /// the stacks and wakers they name.
+    pub(super) fn read_entries(
+        &self,
+        profile: &mut RawProfile,
+        take_through: Option<u32>,
+    ) -> Result<(Vec<u64>, Vec<u64>)> {
+        let counts = &self.skel.maps.counts;
+        // In batches once nothing writes the table; key by key where the
+        // kernel has no batched lookup or it failed part way.
+        let mut batched = Vec::new();
+        let read_whole = self.stopped
+            && take_through.is_none()
+            && self
+                .read_batched(counts, |k, v| {
+                    batched.push(decode_entry(k, v)?);
+                    Ok(())
+                })
+                .unwrap_or(false);
+        if read_whole {
+            profile.entries = batched;
+        } else {
+            let keys: Vec<Vec<u8>> = counts.keys().collect();
+            for key_bytes in keys {
+                let val_bytes = match take_through {
+                    None => counts.lookup(&key_bytes, MapFlags::ANY)?,
+                    Some(last) => {
+                        let mut key = types::offcpu_key::default();
+                        plain::copy_from_bytes(&mut key, &key_bytes)
+                            .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+                        if key.interval <= last {
+                            counts.lookup_and_delete(&key_bytes)?
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(val_bytes) = val_bytes {
+                    profile.entries.push(decode_entry(&key_bytes, &val_bytes)?);
+                }
+            }
+        }
+        let mut wanted_stacks = Vec::new();
+        let mut wanted_wakers = Vec::new();
+        for e in &profile.entries {
+            for s in [e.user_stack, e.kernel_stack] {
+                if let StackRef::Id(id) = s {
+                    wanted_stacks.push(id);
+                }
+            }
+            if let Some(WakerRef::Id(id)) = e.waker {
+                wanted_wakers.push(id);
+            }
+        }
+        Ok((wanted_stacks, wanted_wakers))
+    }
+
+    /// The wakers and stacks the counts name, and the loss counters.
+    /// `all`: every stored stack, where they were read whole.
+    pub(super) fn finish_read(
+        &self,
+        mut profile: RawProfile,
+        (mut wanted_stacks, mut wanted_wakers): (Vec<u64>, Vec<u64>),
+        all: Option<Stacks>,
+    ) -> Result<RawProfile> {
+        wanted_wakers.sort_unstable();
+        wanted_wakers.dedup();
+        for id in wanted_wakers {
+            if let Some(w) = self.waker(id)? {
+                for s in [w.user_stack, w.kernel_stack] {
+                    if let StackRef::Id(id) = s {
+                        wanted_stacks.push(id);
+                    }
+                }
+                profile.wakers.insert(id, w);
+            }
+        }
+        wanted_stacks.sort_unstable();
+        wanted_stacks.dedup();
+        match all {
+            Some(mut all) => {
+                // Stacks nothing counts are let go where they are many
+                // (a stack looked up by the counts is found either way).
+                if all.len() > wanted_stacks.len() + wanted_stacks.len() / 4 {
+                    all.retain(|id| wanted_stacks.binary_search(&id).is_ok());
+                }
+                // A stack stored behind the batch as it went (by a hook
+                // still returning after the detach) is looked up alone.
+                for &id in &wanted_stacks {
+                    if !all.contains_key(&id) {
+                        if let Some(frames) = self.stack(id)? {
+                            all.insert(id, &frames);
+                        }
+                    }
+                }
+                profile.stacks = all;
+            }
+            None => {
+                profile.stacks.reserve(wanted_stacks.len());
+                for id in wanted_stacks {
+                    if let Some(frames) = self.stack(id)? {
+                        profile.stacks.insert(id, &frames);
+                    }
+                }
+            }
+        }
+        profile.counters = self.read_counters()?;
+        Ok(profile)
+    }
+
+    /// Every entry of `map` given to `f`, in batches: true if done, false
+    /// where the kernel has no batched lookup for it (nothing was given).
+    pub(super) fn read_batched<M: MapCore>(
+        &self,
+        map: &M,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        let mut failed = None;
+        let outcome = batch::for_each_entry(batch::Table::of(map), |k, v| {
+            if failed.is_none() {
+                if let Err(e) = f(k, v) {
+                    failed = Some(e);
+                }
+            }
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(outcome == batch::Outcome::Read)
+    }
+
+    /// A pass over the counts for the user stacks counted so far for the
+    /// processes in `procs`, done a slice at a time (see
+    /// [`StackScan::step`]): the table holds every thread's stacks, tens
+    /// of thousands on a busy machine, and reading it all at once would
+    /// hold up the reading of events.
+    pub fn scan_user_stacks(&self, procs: HashSet<Proc>) -> StackScan<'_> {
+        // The wakers' stacks are few (one per distinct waker): all at once.
+        let wanted = if self.wakers {
+            self.waker_user_stacks(&procs).into_iter().collect()
+        } else {
+            HashSet::new()
+        };
+        // Key by key: the batched lookup of this libbpf-rs version gave
+        // keys that matched no process under load (the soak test's
+        // exited children lost their names), where the plain walk does not.
+        let keys: Box<dyn Iterator<Item = Vec<u8>> + '_> = Box::new(self.skel.maps.counts.keys());
+        StackScan {
+            procs,
+            keys,
+            wanted,
+        }
+    }
+
+    pub(super) fn waker(&self, id: u64) -> Result<Option<RawWaker>> {
+        let Some(bytes) = self
+            .skel
+            .maps
+            .wakers
+            .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
+        else {
+            return Ok(None);
+        };
+        let mut w = types::waker_info::default();
+        plain::copy_from_bytes(&mut w, &bytes)
+            .map_err(|e| anyhow!("bad value in wakers map: {e:?}"))?;
+        Ok(Some(RawWaker {
+            tgid: w.tgid,
+            start: ticks_of_ns(w.process_start),
+            pid: w.pid,
+            comm: comm_to_string(&w.comm),
+            user_stack: StackRef::from_raw(w.user_stack_id),
+            kernel_stack: StackRef::from_raw(w.kernel_stack_id),
+        }))
+    }
+
+    /// The user stacks of the wakers of `procs` (`--wakers`): (process,
+    /// stack id).
+    pub(super) fn waker_user_stacks(&self, procs: &HashSet<Proc>) -> Vec<(Proc, u64)> {
+        let wakers = &self.skel.maps.wakers;
+        let mut out = Vec::new();
+        for key in wakers.keys() {
+            let Ok(Some(bytes)) = wakers.lookup(&key, MapFlags::ANY) else {
+                continue;
+            };
+            let mut w = types::waker_info::default();
+            if plain::copy_from_bytes(&mut w, &bytes).is_err() {
+                continue;
+            }
+            let p = Proc {
+                tgid: w.tgid,
+                start: ticks_of_ns(w.process_start),
+            };
+            if let (true, StackRef::Id(id)) =
+                (procs.contains(&p), StackRef::from_raw(w.user_stack_id))
+            {
+                out.push((p, id));
+            }
+        }
+        out
+    }
+
+    pub(super) fn stack(&self, id: u64) -> Result<Option<Vec<u64>>> {
+        read_stack(&self.skel, id)
+    }
+
+    pub(super) fn read_counters(&self) -> Result<LossCounters> {
+        read_counters(&self.skel)
+    }
+}
