@@ -579,26 +579,19 @@ fn e2e_group() {
 }
 
 /// A Node program whose main thread blocks in `wl_js_blocker` (a child
-/// process run synchronously) in a loop, for `seconds` if given, with its
-/// perf map on. Returns the child, killed on drop, and its pid once it
-/// has run a while (its functions compiled past the interpreter).
-fn start_node(
-    node: &std::path::Path,
-    dir: &std::path::Path,
-    seconds: Option<f64>,
-) -> (crate::util::KillOnDrop, u32) {
+/// process run synchronously) in a loop, with its perf map on. Returns the
+/// child, killed on drop, and its pid once it has run a while (its
+/// functions compiled past the interpreter).
+fn start_node(node: &std::path::Path, dir: &std::path::Path) -> (crate::util::KillOnDrop, u32) {
     use std::io::BufRead;
     let script = dir.join("wl.js");
-    let until = seconds.map_or("Infinity".to_string(), |s| format!("{}", s * 1000.0));
     std::fs::write(
         &script,
-        format!(
-            "const {{ execSync }} = require('child_process');\n\
-             function wl_js_blocker() {{ execSync('sleep 0.05'); }}\n\
-             function wl_js_loop(until) {{ while (Date.now() < until) {{ wl_js_blocker(); }} }}\n\
+        "const { execSync } = require('child_process');\n\
+             function wl_js_blocker() { execSync('sleep 0.05'); }\n\
+             function wl_js_loop(until) { while (Date.now() < until) { wl_js_blocker(); } }\n\
              console.log('ready ' + process.pid);\n\
-             wl_js_loop(Date.now() + {until});\n"
-        ),
+             wl_js_loop(Infinity);\n",
     )
     .unwrap();
     // In the temporary directory: V8 may write its logs beside it.
@@ -632,7 +625,7 @@ fn e2e_node_jit_frames_named_from_perf_map() {
     };
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (child, pid) = start_node(&node, dir.path(), None);
+    let (child, pid) = start_node(&node, dir.path());
     // Past the interpreter: the loop compiled (its perf map grows).
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let p = pid.to_string();
@@ -684,12 +677,34 @@ fn e2e_node_jit_frames_of_an_exited_process() {
     };
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    // Runs 3 s in all, 1.5 s of them traced, and is gone before the end.
-    let (child, pid) = start_node(&node, dir.path(), Some(3.0));
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (child, pid) = start_node(&node, dir.path());
     let p = pid.to_string();
-    let out = profile(&["-f", "-p", &p, "3"]);
+    // Traced for a second once the profiler is attached (said by its
+    // status line, however long the load took), then gone well before
+    // the end of the trace.
+    let mut tracer = crate::util::offcputime()
+        .args(["-f", "-p", &p, "4"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run offcputime");
+    let mut err = std::io::BufReader::new(tracer.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        use std::io::BufRead;
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("offcputime ended before tracing: {said}");
+        }
+        said.push_str(&line);
+        if line.starts_with("Tracing") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1000));
     drop(child);
+    let out = tracer.wait_with_output().expect("wait for offcputime");
+    assert!(out.status.success(), "offcputime failed: {said}");
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     let lines = parse_folded(&out.stdout);
     assert!(
