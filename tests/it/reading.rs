@@ -579,8 +579,8 @@ fn e2e_group() {
 }
 
 /// A Node program whose main thread blocks in `wl_js_blocker` (a child
-/// process run synchronously) in a loop, with its perf map on. Returns the
-/// child, killed on drop, and its pid once it has run a while (its
+/// process run synchronously) in a loop until a file `stop` appears in
+/// `dir`, with its perf map on. Returns the child, killed on drop, and its pid once it has run a while (its
 /// functions compiled past the interpreter).
 fn start_node(node: &std::path::Path, dir: &std::path::Path) -> (crate::util::KillOnDrop, u32) {
     use std::io::BufRead;
@@ -588,10 +588,11 @@ fn start_node(node: &std::path::Path, dir: &std::path::Path) -> (crate::util::Ki
     std::fs::write(
         &script,
         "const { execSync } = require('child_process');\n\
+             const { existsSync } = require('fs');\n\
              function wl_js_blocker() { execSync('sleep 0.05'); }\n\
-             function wl_js_loop(until) { while (Date.now() < until) { wl_js_blocker(); } }\n\
+             function wl_js_loop() { while (!existsSync('stop')) { wl_js_blocker(); } }\n\
              console.log('ready ' + process.pid);\n\
-             wl_js_loop(Infinity);\n",
+             wl_js_loop();\n",
     )
     .unwrap();
     // In the temporary directory: V8 may write its logs beside it.
@@ -702,7 +703,12 @@ fn e2e_node_jit_frames_of_an_exited_process() {
         }
     }
     std::thread::sleep(std::time::Duration::from_millis(1000));
-    drop(child);
+    // It ends on its own (killed, it would lose the perf map's last lines,
+    // which node writes through a buffer).
+    std::fs::write(dir.path().join("stop"), "").unwrap();
+    let mut child = child;
+    let ended = child.0.wait().expect("wait for node");
+    assert!(ended.success(), "node: {ended}");
     let out = tracer.wait_with_output().expect("wait for offcputime");
     assert!(out.status.success(), "offcputime failed: {said}");
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
