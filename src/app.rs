@@ -71,8 +71,8 @@ pub fn run() -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-fn set_libbpf_logging(verbose: bool) {
-    if std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some() {
+fn set_libbpf_logging(verbose: bool, verifier_stats: bool) {
+    if verifier_stats {
         // For start-up measurements: the verifier's line of statistics of
         // each program loaded.
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg: String| {
@@ -199,7 +199,7 @@ const PYTHON_REFRESH_FOR: Duration = Duration::from_secs(10);
 fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
     check_environment()?;
     check_targets(&config.tracer)?;
-    set_libbpf_logging(config.verbose);
+    set_libbpf_logging(config.verbose, config.tracer.test.verifier_stats);
     let stop = stop.clone();
     ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
         .context("failed to install the SIGINT/SIGTERM handler")
@@ -282,21 +282,21 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
 
     let deadline = config.duration.map(|d| tracer.window_started_at() + d);
     let mut deferred = Deferred::new(config.tracer.max_stack_depth as usize);
-    if let Some(ms) = crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_COPY_WALK_MS") {
+    if let Some(stall) = config.tracer.test.stall_copy_walk {
         // For tests: copied stacks wait this long for their walk, as if
         // their tables took that long (a large new program's do).
-        deferred.stall_walks(Duration::from_millis(ms));
+        deferred.stall_walks(stall);
     }
     let mut collector = Collector {
         exits: Exits::default(),
         scan: None,
-        stats: StatsLine::from_env(began),
+        stats: StatsLine::new(config.tracer.test.stats_interval, began),
         raised: None,
         python: tracer.python_store(),
         refreshing: HashMap::new(),
         refresh_failed: false,
         python_later: Vec::new(),
-        python_gate: std::env::var_os("OFFCPUTIME_TEST_PYTHON_GATE").map(Into::into),
+        python_gate: config.tracer.test.python_gate.clone(),
     };
     // Started before start-up's raise ends: under a burst of new threads
     // the loop may get no CPU from then on until the lookout raises it.
@@ -326,6 +326,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         missed: 0,
         blocks: 0,
         total_ns: 0,
+        running_ns: 0,
     });
     let mut sinks: Vec<Sink> = std::iter::once(sink).chain(more_sinks).collect();
     let kernel_first = tracer.hook().kernel_first_frame_is_ip();
@@ -386,10 +387,10 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         if stop.load(Ordering::SeqCst) || crate::raw::monotonic_ns() < cut {
             break;
         }
-        if let Some(ms) = crate::tracer::test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS") {
+        if let Some(stall) = config.tracer.test.stall_before_cut {
             // For tests: the interval's end passed, its blocks under way
             // not cut yet for this long (a loaded machine's late wake-up).
-            std::thread::sleep(Duration::from_millis(ms));
+            std::thread::sleep(stall);
         }
         tracer.cut(cut)?;
         // A switch-in that began before the cut may still be adding to
@@ -520,7 +521,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
             iv.finish_push(config.verbose);
             if iv.splitter.late.ns > 0 {
                 eprintln!(
-                    "offcputime: {:.3} ms of off-CPU time in {} intervals was counted after the \
+                    "offcputime: {:.3} ms of time in {} intervals was counted after the \
                      interval was written (switches the tracepoint did not report) and is left \
                      out",
                     iv.splitter.late.ns as f64 / 1e6,
@@ -564,7 +565,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
     report_python(&mut registry, &profile, config.verbose, python_unwalked);
     report_namespaces(&registry, config.verbose);
-    report_on_cpu(&profile, config);
+    report_on_cpu(&profile, intervals.as_ref().map(|iv| iv.running_ns), config);
     if config.verbose {
         let (stacks, blocks, total_ns) = match &intervals {
             Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
@@ -680,7 +681,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
     let taken = check_environment()
         .and_then(|()| check_targets(&config.tracer))
         .and_then(|()| {
-            set_libbpf_logging(config.verbose);
+            set_libbpf_logging(config.verbose, config.tracer.test.verifier_stats);
             let _raised = crate::priority::raise();
             crate::tracer::take_snapshot(
                 &config.tracer,
@@ -776,7 +777,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
 /// Every output's sink, opened before anything is measured: the first
 /// and the others.
 fn open_sinks(config: &Config) -> Result<(Sink, Vec<Sink>)> {
-    let sink = Sink::open(config.output.as_deref())?;
+    let sink = Sink::open(config.output.as_deref(), config.tracer.test.stall_in_write)?;
     match open_more(config, &sink) {
         Ok(more) => Ok((sink, more)),
         Err(e) => {
@@ -800,7 +801,7 @@ fn open_more(config: &Config, first: &Sink) -> Result<Vec<Sink>> {
     }
     let mut sinks = Vec::new();
     for (path, _) in &config.more_outputs {
-        match Sink::open(Some(path)) {
+        match Sink::open(Some(path), config.tracer.test.stall_in_write) {
             Ok(s) => sinks.push(s),
             Err(e) => {
                 sinks.into_iter().for_each(Sink::discard);

@@ -732,6 +732,7 @@ impl Args {
                 wakers: self.wakers,
                 python: !self.no_python,
                 on_cpu_hz: self.on_cpu_hz()?,
+                test: crate::test_env::TestEnv::from_env(),
             },
             shape: Shape {
                 mode,

@@ -37,6 +37,7 @@ pub mod raw;
 pub mod shape;
 pub mod snapshot;
 pub mod symbolize;
+pub mod test_env;
 pub mod tracer;
 pub mod unwind;
 pub mod unwind_table;

@@ -357,6 +357,13 @@ impl Profile {
             .filter(|s| s.state != Some(OffState::Running))
     }
 
+    /// `--on-cpu`: the samples of running time.
+    pub fn running(&self) -> impl Iterator<Item = &Sample> {
+        self.samples
+            .iter()
+            .filter(|s| s.state == Some(OffState::Running))
+    }
+
     /// The profile with frames reduced to their names, and the samples of
     /// a thread that then look alike merged: what the text outputs show,
     /// where two call sites in one function are one frame.

@@ -178,6 +178,8 @@ pub struct TracerOptions {
     /// `--on-cpu`: the running time too, sampled on every CPU at this rate
     /// (Hz); None: off-CPU time only.
     pub on_cpu_hz: Option<u32>,
+    /// What tests and benchmarks asked for through the environment.
+    pub test: crate::test_env::TestEnv,
 }
 
 /// The DWARF unwind tables' part in starting (see [`Tracer::start`]).
@@ -232,14 +234,6 @@ pub struct Tracer<'obj> {
     python: bool,
 }
 
-/// For tests: the milliseconds in environment variable `name`, a stall
-/// that a test asks for to hold the profiler up at one point as a loaded
-/// machine would (`OFFCPUTIME_TEST_STALL_*`). None, and so no stall, unless
-/// it is set.
-pub fn test_stall_ms(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
 fn comm_to_string(comm: &[i8]) -> String {
     let bytes: Vec<u8> = comm
         .iter()
@@ -264,7 +258,7 @@ impl<'obj> Tracer<'obj> {
         opts: &TracerOptions,
         tables: &mut dyn StartTables,
     ) -> Result<(Tracer<'obj>, Option<anyhow::Error>)> {
-        let legacy = kernel::lacks_bpf_loop();
+        let legacy = opts.test.legacy || kernel::lacks_bpf_loop();
         let release = kernel::release();
         if legacy && opts.interval.is_some() {
             bail!(
@@ -298,8 +292,7 @@ impl<'obj> Tracer<'obj> {
         // without it, blocks under way at the start have no user stack.
         // The test variable: as on a kernel without it. (Never without
         // bpf_loop: that came with 5.17.)
-        let user_first =
-            !legacy && std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none();
+        let user_first = !legacy && !opts.test.no_start_user_stacks;
         let mut attempts = Vec::new();
         for &unwind in unwinds {
             for &hook in hooks {
@@ -420,7 +413,7 @@ impl<'obj> Tracer<'obj> {
                 && modern,
             on_cpu: opts.on_cpu_hz.is_some(),
         };
-        choose_programs(&mut open, &plan)?;
+        choose_programs(&mut open, &plan, opts.test.verifier_stats)?;
         if trusted {
             // Only task-local storage is used; keep the tid map tiny.
             open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -540,11 +533,14 @@ impl<'obj> Tracer<'obj> {
             _ => None,
         };
         phases.mark("attach");
-        if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS") {
+        if let Some(stall) = opts.test.stall_before_window {
             // For tests: the hook attached and the window not open yet for
             // this long (a loaded machine's start-up), said as it begins.
-            eprintln!("offcputime: test: the window opens in {ms} ms");
-            std::thread::sleep(Duration::from_millis(ms));
+            eprintln!(
+                "offcputime: test: the window opens in {} ms",
+                stall.as_millis()
+            );
+            std::thread::sleep(stall);
         }
         let (started_ns, end_ns) = Self::open_window(&skel, &plan)?;
         phases.mark("start iterator");
@@ -553,10 +549,10 @@ impl<'obj> Tracer<'obj> {
                 monotonic_ns().saturating_sub(started_ns),
             ))
             .unwrap_or_else(Instant::now);
-        if let Some(ms) = test_stall_ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS") {
+        if let Some(stall) = opts.test.stall_after_attach {
             // For tests: the attaching thread held up as a loaded machine
             // would.
-            std::thread::sleep(Duration::from_millis(ms));
+            std::thread::sleep(stall);
         }
         Ok(Tracer {
             skel,

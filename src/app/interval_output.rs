@@ -22,6 +22,8 @@ pub(super) struct Intervals {
     /// interval.
     pub(super) blocks: u64,
     pub(super) total_ns: u64,
+    /// `--on-cpu`: the running time, in every interval.
+    pub(super) running_ns: u64,
 }
 
 impl Intervals {
@@ -55,11 +57,13 @@ impl Intervals {
         self.missed += profile.missed_stacks(config.shape.mode);
         self.blocks += profile.off_cpu().map(|s| s.count).sum::<u64>();
         self.total_ns += profile.off_cpu().map(|s| s.total_ns).sum::<u64>();
+        self.running_ns += profile.running().map(|s| s.total_ns).sum::<u64>();
         for ((path, format), sink) in config.outputs().zip(sinks.iter_mut()) {
             match path.and_then(NamePattern::new) {
                 Some(pattern) => {
                     let name = pattern.name(u64::from(i) + 1, end_unix);
-                    Sink::open(Some(&name))?.write(|out| render(&profile, config, format, out))?
+                    Sink::open(Some(&name), config.tracer.test.stall_in_write)?
+                        .write(|out| render(&profile, config, format, out))?
                 }
                 None => sink.write_part(|out| {
                     let time = config.timestamp.then(|| timestamp_line(end_unix));

@@ -4,16 +4,18 @@
 use super::*;
 
 /// `--on-cpu`: samples left out, and with `-v` what the samples were.
-pub(super) fn report_on_cpu(profile: &Profile, config: &Config) {
+/// `running_ns`: with `-i`, the running time of every interval (`profile`
+/// is the last one's).
+pub(super) fn report_on_cpu(profile: &Profile, running_ns: Option<u64>, config: &Config) {
     let Some(hz) = config.tracer.on_cpu_hz else {
         return;
     };
     let c = &profile.counters;
     if c.oncpu_untimed > 0 {
         eprintln!(
-            "offcputime: {} runs of threads outside CFS (real-time, deadline) are left out of \
-             their running time: the tracepoint did not report their switch-in, and the \
-             scheduler does not date it",
+            "offcputime: {} runs are left out of their threads' running time: the \
+             tracepoint did not report their switch-in, and the scheduler could not date it \
+             (threads outside CFS: real-time, deadline)",
             c.oncpu_untimed
         );
     }
@@ -25,12 +27,8 @@ pub(super) fn report_on_cpu(profile: &Profile, config: &Config) {
         );
     }
     if config.verbose {
-        let running: u64 = profile
-            .samples
-            .iter()
-            .filter(|s| s.state == Some(profile::OffState::Running))
-            .map(|s| s.total_ns)
-            .sum();
+        let running =
+            running_ns.unwrap_or_else(|| profile.running().map(|s| s.total_ns).sum::<u64>());
         eprintln!(
             "offcputime: on-CPU: {} samples at {hz} Hz on each CPU ({} outside the window left \
              out); {:.3} s running in total, of which {:.3} s of {} threads (per interval, with \
@@ -455,12 +453,8 @@ pub(super) struct StatsLine {
 }
 
 impl StatsLine {
-    pub(super) fn from_env(began: Instant) -> StatsLine {
-        let every = std::env::var("OFFCPUTIME_STATS_INTERVAL")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(Duration::from_secs_f64);
+    /// A line every `every` (None: never).
+    pub(super) fn new(every: Option<Duration>, began: Instant) -> StatsLine {
         StatsLine {
             every,
             began,

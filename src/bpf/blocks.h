@@ -244,14 +244,6 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
 }
 
 
-/*
- * `prev` is being switched out while its last block is still open: the
- * kernel put it on a CPU without the sched_switch tracepoint (seen on 6.18:
- * about one switch-in in a few hundred, for threads that sleep and wake
- * often; the kernel's own ftrace event is missing too).  The block ended
- * when its current run began, which CFS dates: its run time since it was
- * last picked.
- */
 static __always_inline bool is_cfs(struct task_struct *t)
 {
 	__u32 policy = BPF_CORE_READ(t, policy);
@@ -259,31 +251,74 @@ static __always_inline bool is_cfs(struct task_struct *t)
 	return policy == SCHED_NORMAL || policy == SCHED_BATCH || policy == SCHED_IDLE;
 }
 
-static __always_inline void close_unseen_block(struct task_struct *prev, struct task_data *d,
-					       __u32 tid, __u64 now, bool unseen, bool legacy)
+/*
+ * When a thread's current run on a CPU began, as CFS dates it: `now` less
+ * its run time since it was last picked (the kernel's task clock, which
+ * leaves out the time interrupts took and, read from another CPU, is behind
+ * by up to a tick).  0 where CFS cannot tell: not a CFS thread, or a run
+ * that began before `after`, which can only be an earlier run: the thread
+ * is being switched out right now.
+ */
+static __always_inline __u64 run_began(struct task_struct *t, __u64 now, __u64 after)
+{
+	__u64 ran;
+
+	if (!is_cfs(t))
+		return 0;
+	ran = BPF_CORE_READ(t, se.sum_exec_runtime) - BPF_CORE_READ(t, se.prev_sum_exec_runtime);
+	if (ran >= now || now - ran < after)
+		return 0;
+	return now - ran;
+}
+
+/*
+ * A thread whose last block is still open is on a CPU: the kernel put it
+ * there without the sched_switch tracepoint (seen on 6.18: the switches
+ * away from some threads are never reported, and the kernel's own ftrace
+ * event is missing too).  The block ended when its current run began,
+ * which CFS dates (run_began).  `at_switch`: the thread is being switched
+ * out now (its hook owns the block); otherwise an iterator found it running
+ * and claims the block only if CFS's date shows a run that began after the
+ * block did (else the thread is in the middle of being switched out, and
+ * its block is a new one).  True if the block was closed here or needs no
+ * closing; false if it is open and not this kind.
+ */
+static __always_inline bool close_unseen_block(struct task_struct *prev, struct task_data *d,
+					       __u32 tid, __u64 now, bool at_switch, bool legacy)
 {
 	struct offcpu_key key = {};
 	struct weight wt;
-	__u64 start, ran, in, from, to;
+	__u64 start, in, from, to;
 	__u32 state;
 
-	start = swap_start(d, 0, legacy);
-	if (start <= START_SEEN) {
-		if (want_wakers)
-			d->waker_id = 0;
-		return;
-	}
-	if (unseen)
+	if (at_switch) {
+		start = swap_start(d, 0, legacy);
+		if (start <= START_SEEN) {
+			if (want_wakers)
+				d->waker_id = 0;
+			return true;
+		}
 		count(CNT_UNSEEN_SWITCH_IN);
-	ran = BPF_CORE_READ(prev, se.sum_exec_runtime) -
-	      BPF_CORE_READ(prev, se.prev_sum_exec_runtime);
-	in = now - ran;
-	if (!is_cfs(prev) || ran > now || (start != START_AT_WINDOW && in < counted_from(start))) {
-		count(CNT_UNSEEN_UNTIMED);
-		return;
+		in = run_began(prev, now, start == START_AT_WINDOW ? 0 : counted_from(start));
+		if (!in) {
+			count(CNT_UNSEEN_UNTIMED);
+			return true;
+		}
+	} else {
+		start = d->start_ns;
+		if (start <= START_SEEN)
+			return true;
+		in = run_began(prev, now, start == START_AT_WINDOW ? 0 : counted_from(start));
+		if (!in)
+			return false;
+		if (legacy)
+			d->start_ns = 0;
+		else if (__sync_val_compare_and_swap(&d->start_ns, start, 0) != start)
+			return true;
+		count(CNT_UNSEEN_SWITCH_IN);
 	}
 	if (!block_part(d, start, in, true, &from, &to, &wt))
-		return;
+		return true;
 	fill_key(&key, prev, tid, false);
 	if (is_kthread(prev, false))
 		count(CNT_KTHREAD_BLOCKS);
@@ -293,6 +328,7 @@ static __always_inline void close_unseen_block(struct task_struct *prev, struct 
 	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
 		d->waker_id = 0;
+	return true;
 }
 
 #endif /* __OFFCPUTIME_BLOCKS_H__ */

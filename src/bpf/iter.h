@@ -372,7 +372,7 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 	struct offcpu_key key = {};
 	struct weight wt;
 	struct task_data *d;
-	__u64 start, from, to;
+	__u64 start, from, to, now;
 	__u32 tid, state;
 
 	if (!task || !trace_end_ns)
@@ -380,18 +380,17 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 	tid = BPF_CORE_READ(task, pid);
 	if (tid == 0)
 		return;
+	now = bpf_ktime_get_ns();
 	if (on_cpu_on)
-		run_at_end(task, tid, trusted, legacy);
+		run_at_end(task, tid, now, trusted, legacy);
 	d = get_data(task, tid, trusted, false);
 	if (!d)
 		return;
 	/* Running now, with a block still open: either switched in after the
 	 * hook was detached (the block ended then), or switched in without the
 	 * tracepoint; either way the block ended when its current run began. */
-	if (BPF_CORE_READ(task, on_cpu) && is_cfs(task)) {
-		close_unseen_block(task, d, tid, bpf_ktime_get_ns(), false, legacy);
+	if (BPF_CORE_READ(task, on_cpu) && close_unseen_block(task, d, tid, now, false, legacy))
 		return;
-	}
 	start = swap_start(d, 0, legacy);
 	if (!block_part(d, start, trace_end_ns, false, &from, &to, &wt))
 		return;
@@ -441,9 +440,11 @@ int flush_in_progress_user_by_tid(struct bpf_iter__task *ctx)
 /*
  * -i: run at each interval's end (cut_at), once the clock has passed it:
  * every block under way is counted up to that end, and from then on is
- * counted from it.  A thread on a CPU is left alone: its switch-in (under
- * way now, or done without the hook seeing it) counts the block whole,
- * split at the intervals' ends it crossed.  The block's stacks and state
+ * counted from it.  A thread on a CPU with a block open is either being
+ * switched out (the block is new: left alone) or got there without the
+ * tracepoint reporting it: that block is closed here, where CFS dates the
+ * switch-in (close_unseen_block), not at its next switch-out, which may
+ * come after this interval is written.  The block's stacks and state
  * are read before it is claimed: once claimed, the thread may run and block
  * again.
  */
@@ -453,7 +454,7 @@ static __always_inline void cut_task(struct task_struct *task, const __u32 varia
 	struct offcpu_key key = {};
 	struct weight wt;
 	struct task_data *d, seen;
-	__u64 start, cut, next, from, to, *at;
+	__u64 start, cut, next, from, to, now, *at;
 	__u32 tid, state, zero = 0;
 
 	at = bpf_map_lookup_elem(&cut_at, &zero);
@@ -463,13 +464,16 @@ static __always_inline void cut_task(struct task_struct *task, const __u32 varia
 	tid = BPF_CORE_READ(task, pid);
 	if (tid == 0)
 		return;
+	now = bpf_ktime_get_ns();
 	if (on_cpu_on)
-		run_cut(task, tid, cut, trusted);
-	if (BPF_CORE_READ(task, on_cpu))
-		return;
+		run_cut(task, tid, cut, now, trusted);
 	d = get_data(task, tid, trusted, false);
 	if (!d)
 		return;
+	if (BPF_CORE_READ(task, on_cpu)) {
+		close_unseen_block(task, d, tid, now, false, false);
+		return;
+	}
 	seen = *d;
 	start = seen.start_ns;
 	if (start <= START_SEEN || counted_from(start) >= cut)

@@ -67,6 +67,8 @@ const volatile bool on_cpu_on = false;
 
 struct run_data {
 	__u64 since;
+	/* Its last switch-out seen (see unseen_run_began). */
+	__u64 ended;
 };
 
 struct {

@@ -91,7 +91,7 @@ static __always_inline void run_ends_as(struct task_struct *t, __u32 tid, __u64 
 					bool trusted, bool legacy)
 {
 	struct run_data *r;
-	__u64 since, ran;
+	__u64 since;
 
 	/* The ids looked at here, not in the hook: its frame is near 6.1's
 	 * limit of a call chain's stack. */
@@ -103,15 +103,18 @@ static __always_inline void run_ends_as(struct task_struct *t, __u32 tid, __u64 
 		return;
 	}
 	since = swap_u64(&r->since, RUN_OFF, legacy);
-	if (since == RUN_OFF) {
-		ran = BPF_CORE_READ(t, se.sum_exec_runtime) -
-		      BPF_CORE_READ(t, se.prev_sum_exec_runtime);
-		if (!is_cfs(t) || ran >= now - RUN_AT_WINDOW) {
+	/* No switch-in seen: since the start iterator (which dates a run under
+	 * way at the window's start) or, before the window opened, since the
+	 * last switch-out. */
+	if (since == RUN_OFF || since == RUN_UNSEEN) {
+		since = run_began(t, now, r->ended);
+		if (since <= RUN_AT_WINDOW) {
 			count(CNT_ONCPU_UNTIMED);
+			r->ended = now;
 			return;
 		}
-		since = now - ran;
 	}
+	r->ended = now;
 	add_run(t, tid, since, now);
 }
 
@@ -141,6 +144,9 @@ static __always_inline void run_switch_as(struct task_struct *prev, struct task_
 		else
 			run_ends(prev, tid, now, false);
 	}
+	/* (NULL: a switch-in the tests drop, see test_drop_switch_in.) */
+	if (!curr)
+		return;
 	tid = BPF_CORE_READ(curr, pid);
 	if (tid)
 		run_begins_by_tid(curr, tid, now);
@@ -176,31 +182,72 @@ static __always_inline void run_at_start(struct task_struct *t, __u32 tid, bool 
 		__sync_val_compare_and_swap(&r->since, RUN_UNSEEN, RUN_AT_WINDOW);
 }
 
-/* The end iterator: a run under way when the hooks were detached is
- * counted up to the window's end. */
-static __always_inline void run_at_end(struct task_struct *t, __u32 tid, bool trusted,
-				       bool legacy)
+/* An iterator finds a thread on a CPU that its record says is off (or
+ * that has no record): the tracepoint did not report its switch-in (see
+ * close_unseen_block).  Its record, made if need be, and when its run
+ * began as CFS dates it; 0 if it is no such run: not on a CPU, or being
+ * switched out right now (the run CFS knows ended before the last
+ * switch-out seen, which counted it). */
+static __always_inline struct run_data *run_of_iterated(struct task_struct *t, __u32 tid,
+							__u64 now, bool trusted, __u64 *unseen)
 {
 	struct run_data *r = get_run(t, tid, trusted, false);
-	__u64 since;
+
+	*unseen = 0;
+	if (!BPF_CORE_READ(t, on_cpu))
+		return r;
+	if (!r) {
+		if (!wanted_ids(BPF_CORE_READ(t, tgid), tid, is_kthread(t, false)))
+			return 0;
+		r = get_run(t, tid, trusted, true);
+		if (!r)
+			return 0;
+	}
+	if (r->since <= RUN_OFF)
+		*unseen = run_began(t, now, r->ended);
+	return r;
+}
+
+/* The end iterator (at `now`): a run under way when the hooks were
+ * detached is counted up to the window's end. */
+static __always_inline void run_at_end(struct task_struct *t, __u32 tid, __u64 now, bool trusted,
+				       bool legacy)
+{
+	__u64 since, began, old;
+	struct run_data *r = run_of_iterated(t, tid, now, trusted, &began);
 
 	if (!r)
 		return;
+	if (began > RUN_AT_WINDOW) {
+		old = r->since;
+		if (legacy)
+			r->since = began;
+		else
+			__sync_val_compare_and_swap(&r->since, old, began);
+	}
 	since = swap_u64(&r->since, RUN_OFF, legacy);
 	if (since > RUN_OFF)
 		add_run(t, tid, since, trace_end_ns);
 }
 
-/* -i: a run under way at an interval's end `cut` is counted up to it, and
- * from it on from then. */
-static __always_inline void run_cut(struct task_struct *t, __u32 tid, __u64 cut, bool trusted)
+/* -i (at `now`): a run under way at an interval's end `cut` is counted up
+ * to it, and from it on from then. */
+static __always_inline void run_cut(struct task_struct *t, __u32 tid, __u64 cut, __u64 now,
+				    bool trusted)
 {
-	struct run_data *r = get_run(t, tid, trusted, false);
-	__u64 since, from;
+	__u64 since, from, old;
+	struct run_data *r = run_of_iterated(t, tid, now, trusted, &since);
 
 	if (!r)
 		return;
-	since = r->since;
+	if (since > RUN_AT_WINDOW) {
+		/* Dated from then on, whether or not it crossed the cut. */
+		old = r->since;
+		if (old > RUN_OFF || __sync_val_compare_and_swap(&r->since, old, since) != old)
+			return;
+	} else {
+		since = r->since;
+	}
 	if (since <= RUN_OFF)
 		return;
 	from = since == RUN_AT_WINDOW ? trace_start_ns : since;

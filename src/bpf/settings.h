@@ -48,6 +48,11 @@ const volatile __u64 softirq_end = 0;
  * the wake-up). */
 #define MAX_INTERRUPT_SCAN 48
 
+/* Tests: about one switch-in in this many of a thread traced is left
+ * unhandled, as if the tracepoint had not reported it (see
+ * close_unseen_block); 0: none. */
+const volatile __u32 test_drop_switch_in = 0;
+
 /* How long to trace (0: until userspace stops it). */
 const volatile __u64 trace_duration_ns = 0;
 /* -i: the length of an interval (0: one profile for the whole window).

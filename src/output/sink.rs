@@ -49,12 +49,15 @@ pub struct Replacement {
     /// The file being replaced: its mode and owner go to the new one.
     old: Option<std::fs::Metadata>,
     show: PathBuf,
+    /// Tests: a pause before the file is put in place (see test_stall).
+    stall: Option<std::time::Duration>,
 }
 
 impl Sink {
     /// Opens the output before tracing: a path that cannot be written
-    /// fails now, before any measurement. `None` is stdout.
-    pub fn open(path: Option<&Path>) -> Result<Sink> {
+    /// fails now, before any measurement. `None` is stdout. `stall`: for
+    /// tests (`TestEnv::stall_in_write`).
+    pub fn open(path: Option<&Path>, stall: Option<std::time::Duration>) -> Result<Sink> {
         let Some(path) = path else {
             return Ok(Sink::Stdout);
         };
@@ -79,11 +82,11 @@ impl Sink {
                     .with_context(cannot)?;
                 Ok(Sink::InPlace { file, show })
             }
-            Ok(m) => Replacement::open(&target, Some(m), show.clone())
+            Ok(m) => Replacement::open(&target, Some(m), show.clone(), stall)
                 .map(|r| Sink::Replace(Box::new(r)))
                 .with_context(cannot),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Replacement::open(&target, None, show.clone())
+                Replacement::open(&target, None, show.clone(), stall)
                     .map(|r| Sink::Replace(Box::new(r)))
                     .with_context(cannot)
             }
@@ -147,7 +150,12 @@ impl Sink {
 }
 
 impl Replacement {
-    fn open(target: &Path, old: Option<std::fs::Metadata>, show: PathBuf) -> io::Result<Self> {
+    fn open(
+        target: &Path,
+        old: Option<std::fs::Metadata>,
+        show: PathBuf,
+        stall: Option<std::time::Duration>,
+    ) -> io::Result<Self> {
         let (dir_path, name) = split(target)?;
         let dir = OpenOptions::new()
             .read(true)
@@ -173,6 +181,7 @@ impl Replacement {
             tmp_name,
             old,
             show,
+            stall,
         })
     }
 
@@ -188,7 +197,7 @@ impl Replacement {
             render(&mut out)?;
             out.flush()?;
             drop(out);
-            test_stall();
+            test_stall(self.stall);
             self.keep_mode_and_owner()?;
             self.tmp.sync_data()?;
             let named = match &self.tmp_name {
@@ -269,16 +278,16 @@ impl Replacement {
     }
 }
 
-/// With `OFFCPUTIME_TEST_STALL_IN_WRITE_MS`, the tests' way to kill the
-/// profiler while a report is written: a pause once the report is in the
+/// The tests' way to kill the profiler while a report is written
+/// (`TestEnv::stall_in_write`): a pause once the report is in the
 /// temporary file and before it is put in place.
-fn test_stall() {
-    if let Some(ms) = std::env::var("OFFCPUTIME_TEST_STALL_IN_WRITE_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        eprintln!("offcputime: test: stalling {ms} ms in the write");
-        std::thread::sleep(std::time::Duration::from_millis(ms));
+fn test_stall(stall: Option<std::time::Duration>) {
+    if let Some(stall) = stall {
+        eprintln!(
+            "offcputime: test: stalling {} ms in the write",
+            stall.as_millis()
+        );
+        std::thread::sleep(stall);
     }
 }
 

@@ -6,11 +6,8 @@ use libbpf_rs::ProgramType;
 /// Whether the kernel lacks `bpf_loop` (Linux 5.17), which the DWARF
 /// unwinder and the default programs need: the programs built for older
 /// kernels (`legacy` in the BPF program, down to 5.10) are loaded instead.
-/// `OFFCPUTIME_TEST_LEGACY` answers yes on any kernel (tests).
+/// (Tests ask for those on any kernel: `TestEnv::legacy`.)
 pub fn lacks_bpf_loop() -> bool {
-    if std::env::var_os("OFFCPUTIME_TEST_LEGACY").is_some() {
-        return true;
-    }
     // A probe that cannot run (no permission to load) answers as a kernel
     // that has it: loading then says what is wrong.
     matches!(

@@ -59,14 +59,14 @@ impl std::fmt::Display for Phases {
 }
 
 /// Sets which of the object's programs load, by the program table; with
-/// `OFFCPUTIME_VERIFIER_STATS` in the environment each of them prints the
+/// `verifier_stats` (`OFFCPUTIME_VERIFIER_STATS`) each of them prints the
 /// verifier's statistics (time, instructions processed, states) through
 /// libbpf's debug log (see set_libbpf_logging).
 pub(super) fn choose_programs(
     open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
     plan: &Plan,
+    stats: bool,
 ) -> Result<()> {
-    let stats = std::env::var_os("OFFCPUTIME_VERIFIER_STATS").is_some();
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
         let load = plan.loads(programs::named(&name)?);
@@ -253,12 +253,13 @@ pub(super) fn configure(
         rodata.stack_bytes = opts.max_stack_depth * 8;
         rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
         // For measuring and testing the cache against the walk it saves.
-        rodata.ucache_on = std::env::var_os("OFFCPUTIME_NO_STACK_CACHE").is_none();
-        rodata.unwind_by_file = std::env::var_os("OFFCPUTIME_NO_FILE_TABLES").is_none();
+        rodata.ucache_on = !opts.test.no_stack_cache;
+        rodata.unwind_by_file = !opts.test.no_file_tables;
         rodata.python_on = opts.python && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
+        rodata.test_drop_switch_in = opts.test.drop_switch_in;
         if opts.wakers {
             // Unreadable or hidden: userspace tells interrupts by
             // their frames' names alone.

@@ -66,7 +66,7 @@ pub fn take_snapshot(
     tables: &mut dyn StartTables,
 ) -> Result<(RawSnapshot, Option<anyhow::Error>)> {
     let mut ways = Vec::new();
-    let user = std::env::var_os("OFFCPUTIME_TEST_NO_START_USER_STACKS").is_none();
+    let user = !opts.test.no_start_user_stacks;
     if user {
         ways.push((opts.unwind, true));
         if opts.unwind == Unwind::Dwarf {
@@ -113,7 +113,7 @@ fn try_snapshot(
     }
     // Only the one iterator: nothing else is attached.
     let plan = Plan::snapshot(user);
-    choose_programs(&mut open, &plan)?;
+    choose_programs(&mut open, &plan, opts.test.verifier_stats)?;
     open.maps.task_data_by_tid.set_max_entries(1)?;
     // Not used here, and not there to create before Linux 5.11.
     open.maps

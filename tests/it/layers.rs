@@ -15,6 +15,7 @@ const LAYERS: &[&str] = &[
     // Shared with the BPF program, and plain data and system helpers.
     "bpf",
     "priority",
+    "test_env",
     "raw",
     "oncpu",
     "container",

@@ -30,20 +30,29 @@ impl Drop for OnCpu {
 
 const THREADS: [&str; 3] = ["oc-spinner", "oc-duty", "oc-blocked"];
 
+/// The threads of `oncpu bursts`.
+const BURSTS: [&str; 2] = ["oc-burst1", "oc-burst2"];
+
 fn start(dir: &Path) -> OnCpu {
+    start_as(dir, &[], &THREADS)
+}
+
+/// The workload with `args`, once it has named `threads`.
+fn start_as(dir: &Path, args: &[&str], threads: &[&str]) -> OnCpu {
     let exe = c_workload(
         "oncpu",
         &["-O2", "-g", "-pthread", "-fno-omit-frame-pointer"],
         dir,
     );
     let mut child = Command::new(exe)
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the oncpu workload");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let pid = lines.next().unwrap().unwrap().trim().parse().unwrap();
     let mut tids = BTreeMap::new();
-    for _ in THREADS {
+    for _ in threads {
         let line = lines.next().unwrap().unwrap();
         let f: Vec<&str> = line.split_whitespace().collect();
         tids.insert(f[1].to_string(), f[2].parse().unwrap());
@@ -134,10 +143,15 @@ fn running_and_waiting_add_up_to_the_window() {
     let perf_data = dir.path().join("perf.data");
     let cpu = CpuClock::start(w.pid, &tids);
     // perf samples the spinner over the same stretch (at 997 Hz: its
-    // share is then the surer of the two).
+    // share is then the surer of the two), its stacks walked with DWARF as
+    // ours are. (With frame pointers, perf loses the frame below libc's
+    // clock_gettime, which has none: only the samples in the spin loops'
+    // own code name their function, and the user part of the two loops
+    // differs by their code's alignment.)
     let mut perf_run = perf.as_ref().map(|perf| {
         Command::new(perf)
-            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-t"])
+            .args(["record", "-q", "-e", "cpu-clock", "-F", "997"])
+            .args(["--call-graph", "dwarf", "-t"])
             .arg(w.tids["oc-spinner"].to_string())
             .arg("-o")
             .arg(&perf_data)
@@ -360,6 +374,7 @@ fn on_cpu_on_every_hook() {
     if has_kprobes() {
         hooks.push("finish-task-switch");
     }
+    let tids: Vec<u32> = THREADS.iter().map(|t| w.tids[*t]).collect();
     for hook in &hooks {
         let (out, window) =
             profile_window(&["--on-cpu", "-f", "--hook", hook, "-p", &pid, "2"], &[]);
@@ -370,13 +385,91 @@ fn on_cpu_on_every_hook() {
         check_threads(&lines, None, window, 0.01, &format!("{hook}: "));
         let (one, three) = spinner_split(&lines);
         assert!(one > 0 && three > 0, "{hook}: spinner split {one}/{three}");
+
+        // Switch-ins the tracepoint does not report (as 6.18 leaves those
+        // from some threads): here the hook leaves one in five unhandled.
+        // The run that follows and the block before it are dated by CFS,
+        // at the thread's next switch-out or by the end iterator: every
+        // thread still adds up, and runs as long as the kernel says.
+        let cpu = CpuClock::start(w.pid, &tids);
+        let (out, window) = profile_window(
+            &["--on-cpu", "-f", "--hook", hook, "-p", &pid, "2"],
+            &[("OFFCPUTIME_TEST_DROP_SWITCH_IN", "5")],
+        );
+        let cpu = cpu.finish();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            unreported_switches(&stderr) > 10,
+            "{hook}: the dropped switch-ins were not seen: {stderr}"
+        );
+        let lines = parse_folded(&out.stdout);
+        check_threads(
+            &lines,
+            Some((&cpu, &THREADS)),
+            window,
+            0.01,
+            &format!("{hook}, switch-ins dropped: "),
+        );
     }
     // -i: each interval adds up on its own (-i needs bpf_loop: 5.17).
     if kernel_version() < (5, 17) {
         eprintln!("matrix: oncpu on {}", hooks.join(", "));
         return;
     }
-    let out = profile(&["--on-cpu", "-f", "-T", "-i", "0.5", "-p", &pid, "2"]);
+    let (intervals, _) = check_intervals(&pid, &THREADS, &[], 500, 10_000);
+    // ... and where switch-ins go unreported, each is dated when the
+    // interval it falls in ends, not at the thread's next switch-out
+    // (which may come after the interval is written): threads that run
+    // 45 ms after each 1 ms sleep, every switch-in dropped, 20 intervals.
+    // (Alone: with other threads to share the CPUs, theirs are switched
+    // out within a few milliseconds of an interval's end.)
+    drop(w);
+    let bursts = start_as(dir.path(), &["bursts"], &BURSTS);
+    let drop = [("OFFCPUTIME_TEST_DROP_SWITCH_IN", "1")];
+    let (short, stderr) = check_intervals(&bursts.pid.to_string(), &BURSTS, &drop, 100, 1_000);
+    assert!(
+        unreported_switches(&stderr) > 20,
+        "-i: the dropped switch-ins were not seen: {stderr}"
+    );
+    assert!(
+        !stderr.contains("is left out"),
+        "-i: time counted after its interval was written: {stderr}"
+    );
+    assert!(short >= 19, "{short} intervals of 0.1 s");
+    assert!(intervals >= 4, "{intervals} intervals");
+    eprintln!("matrix: oncpu on {}, -i", hooks.join(", "));
+}
+
+/// How many switches the profiler says the tracepoint did not report.
+fn unreported_switches(stderr: &str) -> u64 {
+    let Some(at) = stderr.find(" switches the tracepoint did not report") else {
+        return 0;
+    };
+    stderr[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `-i` of `ms` over 2 s, with `env`: each of `threads`' running and
+/// off-CPU time in each interval is the interval's length, within
+/// `slack_us`. The number of intervals, and stderr.
+fn check_intervals(
+    pid: &str,
+    threads: &[&str],
+    env: &[(&str, &str)],
+    ms: u64,
+    slack_us: u64,
+) -> (usize, String) {
+    let secs = format!("{}", ms as f64 / 1e3);
+    let out = offcputime()
+        .args(["-v", "--on-cpu", "-f", "-T", "-i", &secs, "-p", pid, "2"])
+        .envs(env.iter().copied())
+        .output()
+        .expect("run offcputime");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "-i {env:?}: {stderr}");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines = text.lines().map(str::to_string);
     let mut interval = Vec::new();
@@ -387,13 +480,13 @@ fn on_cpu_on_every_hook() {
         }
         let parsed = parse_folded(block.join("\n").as_bytes());
         let by = split_by_command(&parsed);
-        for comm in THREADS {
-            let (run, off) = by.get(comm).copied().unwrap_or_default();
-            // 2%: a part counted after its interval was written is left
-            // out of it (and said), as for off-CPU time.
+        for comm in threads {
+            let (run, off) = by.get(*comm).copied().unwrap_or_default();
+            // (A part counted after its interval was written is left out
+            // of it, and said, as for off-CPU time.)
             assert!(
-                ((run + off) as f64 - 500_000.0).abs() < 10_000.0,
-                "-i: {comm} {run} + {off} us in a 0.5 s interval"
+                ((run + off) as f64 - (ms * 1000) as f64).abs() < slack_us as f64,
+                "-i {env:?}: {comm} {run} + {off} us in a {ms} ms interval"
             );
         }
         block.clear();
@@ -407,8 +500,7 @@ fn on_cpu_on_every_hook() {
         }
     }
     check(&mut interval);
-    assert!(intervals >= 4, "{intervals} intervals");
-    eprintln!("matrix: oncpu on {}, -i", hooks.join(", "));
+    (intervals, stderr)
 }
 
 /// With 8,000 threads of `stackfarm` (200 processes x 40) blocking and

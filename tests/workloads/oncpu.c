@@ -9,6 +9,9 @@
  *   blocked    reads a pipe nobody writes: off the CPU throughout
  *   main       pause()
  *
+ * With the argument `bursts`, two threads instead (oc-burst1, oc-burst2)
+ * that each sleep 1 ms and then run 45 ms, over and over.
+ *
  * The spin functions are noinline and end with a volatile write, so each is
  * a frame of its own. Prints its pid on the first line of stdout, then a
  * line per thread ("tid NAME TID"), and runs until killed.
@@ -19,6 +22,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,11 +111,36 @@ static void *blocked(void *arg)
     return arg;
 }
 
-int main(void)
+/* `bursts`: 1 ms asleep, then 45 ms of CPU, over and over: on a CPU at
+ * most interval ends, each time since a switch-in. */
+NOINLINE void spin_burst(void)
+{
+    spin_for(45000000);
+    sink++;
+}
+
+static void *burst(void *arg)
+{
+    struct timespec nap = {0, 1000000};
+    announce(arg);
+    for (;;) {
+        nanosleep(&nap, NULL);
+        spin_burst();
+    }
+    return arg;
+}
+
+int main(int argc, char **argv)
 {
     pthread_t t;
     printf("%d\n", getpid());
     fflush(stdout);
+    if (argc > 1 && strcmp(argv[1], "bursts") == 0) {
+        pthread_create(&t, NULL, burst, "oc-burst1");
+        pthread_create(&t, NULL, burst, "oc-burst2");
+        for (;;)
+            pause();
+    }
     pthread_create(&t, NULL, spinner, NULL);
     pthread_create(&t, NULL, duty, NULL);
     pthread_create(&t, NULL, blocked, NULL);

@@ -1,0 +1,120 @@
+//! The environment variables that tests and benchmarks set to put the
+//! profiler in a situation on demand (a loaded machine's delays, an older
+//! kernel's programs, a switch the kernel did not report) or to measure one
+//! part without another. They are read once, at start, into [`TestEnv`],
+//! which is passed down to where each one acts: nothing below reads the
+//! environment.
+
+use std::time::Duration;
+
+/// What the environment asked for; the default is a normal run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TestEnv {
+    /// `OFFCPUTIME_TEST_LEGACY`: the programs for kernels without
+    /// `bpf_loop` (before 5.17), on any kernel.
+    pub legacy: bool,
+    /// `OFFCPUTIME_TEST_NO_START_USER_STACKS`: as on a kernel whose
+    /// iterators cannot read another task's user memory (before 5.18).
+    pub no_start_user_stacks: bool,
+    /// `OFFCPUTIME_TEST_DROP_SWITCH_IN=N`: about one switch-in in N of a
+    /// thread traced is left unhandled by the hook, as the kernel leaves
+    /// some unreported.
+    pub drop_switch_in: u32,
+    /// `OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS`: the hook attached and the
+    /// window not open yet for this long (a loaded machine's start-up).
+    pub stall_before_window: Option<Duration>,
+    /// `OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS`: the attaching thread held
+    /// up after the window opened.
+    pub stall_after_attach: Option<Duration>,
+    /// `OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS`: `-i`, an interval's end
+    /// passed and its blocks under way not cut yet for this long.
+    pub stall_before_cut: Option<Duration>,
+    /// `OFFCPUTIME_TEST_STALL_COPY_WALK_MS`: copied user stacks wait this
+    /// long for their walk (as a large new program's tables would).
+    pub stall_copy_walk: Option<Duration>,
+    /// `OFFCPUTIME_TEST_STALL_IN_WRITE_MS`: a pause once a report file is
+    /// written and before it is put in place (to kill the profiler there).
+    pub stall_in_write: Option<Duration>,
+    /// `OFFCPUTIME_TEST_PYTHON_GATE`: a file whose presence holds up the
+    /// reading of Python interpreters' states.
+    pub python_gate: Option<std::path::PathBuf>,
+    /// `OFFCPUTIME_NO_STACK_CACHE`: every user stack walked, none proved
+    /// unchanged (to measure the cache against the walk it saves).
+    pub no_stack_cache: bool,
+    /// `OFFCPUTIME_NO_FILE_TABLES`: no walks through the tables of the
+    /// files a process maps before its own are ready.
+    pub no_file_tables: bool,
+    /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of every
+    /// program loaded, on stderr.
+    pub verifier_stats: bool,
+    /// `OFFCPUTIME_STATS_INTERVAL`: seconds between the statistics lines
+    /// of `--stats`.
+    pub stats_interval: Option<Duration>,
+}
+
+impl TestEnv {
+    /// From the process's environment.
+    pub fn from_env() -> TestEnv {
+        TestEnv::from_vars(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// From `var`, which gives a variable's value (None: unset).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> TestEnv {
+        let set = |name: &str| var(name).is_some();
+        let number = |name: &str| var(name).and_then(|v| v.trim().parse::<u64>().ok());
+        let ms = |name: &str| number(name).map(Duration::from_millis);
+        TestEnv {
+            legacy: set("OFFCPUTIME_TEST_LEGACY"),
+            no_start_user_stacks: set("OFFCPUTIME_TEST_NO_START_USER_STACKS"),
+            drop_switch_in: number("OFFCPUTIME_TEST_DROP_SWITCH_IN")
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            stall_before_window: ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS"),
+            stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
+            stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),
+            stall_copy_walk: ms("OFFCPUTIME_TEST_STALL_COPY_WALK_MS"),
+            stall_in_write: ms("OFFCPUTIME_TEST_STALL_IN_WRITE_MS"),
+            python_gate: var("OFFCPUTIME_TEST_PYTHON_GATE").map(Into::into),
+            no_stack_cache: set("OFFCPUTIME_NO_STACK_CACHE"),
+            no_file_tables: set("OFFCPUTIME_NO_FILE_TABLES"),
+            verifier_stats: set("OFFCPUTIME_VERIFIER_STATS"),
+            stats_interval: var("OFFCPUTIME_STATS_INTERVAL")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(Duration::from_secs_f64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_set_is_a_normal_run() {
+        assert_eq!(TestEnv::from_vars(|_| None), TestEnv::default());
+    }
+
+    #[test]
+    fn each_variable_reaches_its_field() {
+        let env = TestEnv::from_vars(|name| {
+            Some(match name {
+                "OFFCPUTIME_TEST_DROP_SWITCH_IN" => "20".into(),
+                "OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS" => "150".into(),
+                "OFFCPUTIME_STATS_INTERVAL" => "0.5".into(),
+                "OFFCPUTIME_TEST_PYTHON_GATE" => "/tmp/gate".into(),
+                _ => String::new(),
+            })
+        });
+        assert!(env.legacy && env.no_start_user_stacks && env.no_stack_cache);
+        assert!(env.no_file_tables && env.verifier_stats);
+        assert_eq!(env.drop_switch_in, 20);
+        assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
+        assert_eq!(env.stats_interval, Some(Duration::from_millis(500)));
+        assert_eq!(
+            env.python_gate.as_deref(),
+            Some(std::path::Path::new("/tmp/gate"))
+        );
+        // A number that does not parse is no stall.
+        assert_eq!(env.stall_in_write, None);
+    }
+}
