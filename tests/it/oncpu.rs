@@ -375,6 +375,8 @@ fn on_cpu_on_every_hook() {
         hooks.push("finish-task-switch");
     }
     let tids: Vec<u32> = THREADS.iter().map(|t| w.tids[*t]).collect();
+    // The matrix's VMs run with the tests' workloads built beforehand.
+    let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
     for hook in &hooks {
         let (out, window) =
             profile_window(&["--on-cpu", "-f", "--hook", hook, "-p", &pid, "2"], &[]);
@@ -390,13 +392,15 @@ fn on_cpu_on_every_hook() {
         // from some threads): here the hook leaves one in five unhandled.
         // The run that follows and the block before it are dated by CFS,
         // at the thread's next switch-out or by the end iterator: every
-        // thread still adds up, and runs as long as the kernel says.
-        let cpu = CpuClock::start(w.pid, &tids);
+        // thread still adds up. (Against the kernel's account only on this
+        // machine, as above: in the matrix's emulated CPUs the kernel's
+        // task clock leaves out the long time interrupts take there.)
+        let cpu = (!in_vm).then(|| CpuClock::start(w.pid, &tids));
         let (out, window) = profile_window(
             &["--on-cpu", "-f", "--hook", hook, "-p", &pid, "2"],
             &[("OFFCPUTIME_TEST_DROP_SWITCH_IN", "5")],
         );
-        let cpu = cpu.finish();
+        let cpu = cpu.map(CpuClock::finish);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             unreported_switches(&stderr) > 10,
@@ -405,7 +409,7 @@ fn on_cpu_on_every_hook() {
         let lines = parse_folded(&out.stdout);
         check_threads(
             &lines,
-            Some((&cpu, &THREADS)),
+            cpu.as_ref().map(|c| (c, &THREADS[..])),
             window,
             0.01,
             &format!("{hook}, switch-ins dropped: "),

@@ -221,13 +221,13 @@ fn postgres_connection_per_transaction(hook: &str) {
     let _serial = serial();
     let pg = Cluster::start(&bin);
     pg.run("pgbench", &["-i", "-s", "1", "-q"]);
+    // pgbench starts once the profiler traces (its start-up, the
+    // verifier's, takes seconds on a busy machine): 4 s of its 6 s traced.
+    let (mut profiler, stdout, lines, stderr) = spawn_lines(&["--hook", hook, "-d", "4"], &[]);
+    wait_for_line(&lines, "offcputime: attached ");
     let mut bench = pg.command("pgbench");
     bench.args(["-C", "-c", "4", "-j", "2", "-T", "6"]);
     let bench = std::thread::spawn(move || bench.output().expect("run pgbench"));
-    std::thread::sleep(Duration::from_secs(1));
-
-    let (mut profiler, stdout, lines, stderr) = spawn_lines(&["--hook", hook, "-d", "4"], &[]);
-    wait_for_line(&lines, "offcputime: attached ");
     let mut psql = pg.command("psql");
     psql.args(["-X", "-A", "-t", "-q"])
         .stdin(Stdio::piped())
