@@ -244,7 +244,11 @@ struct py_proc {
 	/* PY_FRAMES_SHIM: the owner value of a shim frame. */
 	__u8 owner_cstack;
 	__u8 instr_is_index;
-	__u8 _pad[4];
+	/* Written by the program: until when (CLOCK_MONOTONIC >> 20, about
+	 * ms) the process is not looked at again, its interpreter having no
+	 * GIL-state key yet (a program that links libpython and has not
+	 * started it, such as perf). */
+	__u32 resting_until;
 };
 
 /*

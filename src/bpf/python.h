@@ -140,12 +140,9 @@ struct py_ctx {
 	struct task_struct *task;
 };
 
-/* Whether process `tgid` has an interpreter known.  Processes pay for the
- * lookup only once some CPython process has an entry. */
-static __always_inline bool python_process(__u32 tgid)
-{
-	return python_pid(tgid) && bpf_map_lookup_elem(&py_procs, &tgid);
-}
+/* How long (in 2^20 ns, about ms) a process whose interpreter has not
+ * started is left alone. */
+#define PY_REST 10
 
 static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
 {
@@ -365,8 +362,12 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	 * chain of calls is bounded to 512 bytes.  v[0]: the key (Py_tss_t),
 	 * v[1]: the thread pointer, v[2]: the thread state, v[3]: its
 	 * thread_id, v[4]: the frame. */
-	if (py_read(&v[0], 8, w->p.tss, task) || (__u32)v[0] != 1 || (v[0] >> 32) >= 32)
+	if (py_read(&v[0], 8, w->p.tss, task) || (__u32)v[0] != 1 || (v[0] >> 32) >= 32) {
+		/* No interpreter running in the process: not looked at again
+		 * for a while, each look costing a switch some 400 ns. */
+		p->resting_until = (__u32)(bpf_ktime_get_ns() >> 20) + PY_REST;
 		goto no_state;
+	}
 	v[1] = BPF_CORE_READ(t, thread.fsbase);
 	if (!v[1] ||
 	    py_read(&v[2], 8, v[1] + w->p.tls_specific + (v[0] >> 32) * 16 + 8, task) || !v[2])
@@ -408,6 +409,7 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	struct task_struct *task;
 	__u64 pid_tgid, exec_vm, *native, with;
 	__u32 zero = 0, idx, nr;
+	struct py_proc *p;
 	struct py_ctx c = {};
 	struct py_walk *w;
 
@@ -415,8 +417,16 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	if (!(id & STACK_ID_HASH_BIT) || !python_pid(tgid))
 		return id;
 	pid_tgid = bpf_get_current_pid_tgid();
-	if (!python_process(pid_tgid >> 32))
+	if (!python_pid(pid_tgid >> 32))
 		return id;
+	tgid = pid_tgid >> 32;
+	p = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (!p)
+		return id;
+	if ((__s32)(p->resting_until - (__u32)(bpf_ktime_get_ns() >> 20)) > 0) {
+		count(CNT_PY_NO_THREAD_STATE);
+		return id;
+	}
 	task = bpf_get_current_task_btf();
 	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);

@@ -396,7 +396,7 @@ fn bpf_entry(l: &Layout, runtime: u64) -> Option<types::py_proc> {
         co_tag: l.tag_at,
         owner_cstack: l.owner_cstack,
         instr_is_index: matches!(l.frame_kind, FrameKind::Object310) as u8,
-        _pad: [0; 4],
+        resting_until: 0,
     })
 }
 

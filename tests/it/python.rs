@@ -490,3 +490,83 @@ fn an_unknown_version_is_said_and_walked_natively() {
         sleep.frames
     );
 }
+
+/// A program that has CPython mapped and starts its interpreter late (as
+/// perf and gdb embed it: `tests/workloads/pyembed.c`). While it has none,
+/// the profiler leaves it alone for a few ms after each look (a look at
+/// every switch costs one some 400 ns); once it starts one, its Python
+/// frames are there.
+#[test]
+fn an_interpreter_started_late_is_walked() {
+    if !require_root() {
+        return;
+    }
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
+    if !lib.exists() {
+        assert!(
+            !is_ci(),
+            "{} is missing (scripts/setup --test)",
+            lib.display()
+        );
+        eprintln!("skipped: {} is missing", lib.display());
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = c_workload("pyembed", &["-O1", "-g"], dir.path());
+    let go = dir.path().join("go");
+    let mut child = Command::new(&exe)
+        .arg(lib)
+        .arg(&go)
+        .arg("1500")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start pyembed");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready", "pyembed did not start");
+    let child = KillOnDrop(child);
+    let pid = child.0.id().to_string();
+    let (mut prof, stdout, rx, stderr) = spawn_lines(&["-f", "-p", &pid, "60"], &[]);
+    wait_for_line(&rx, "Tracing");
+    // Blocks with no interpreter for half a second, then with one.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    std::fs::write(&go, "").unwrap();
+    let mut child = child;
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "pyembed: {status}");
+    unsafe { libc::kill(prof.id() as i32, libc::SIGINT) };
+    assert!(prof.wait().unwrap().success());
+    let stderr = stderr.join().unwrap();
+    let lines = parse_folded(&stdout.join().unwrap());
+    let native = sum_us_where(&lines, |l| l.has("native_wait"));
+    let python = sum_us_where(&lines, |l| l.has("embedded_wait"));
+    assert!(
+        native > 300_000,
+        "{native} us before the interpreter: {lines:?}"
+    );
+    assert!(
+        python > 1_200_000,
+        "{python} us in embedded_wait of 1.5 s (its interpreter went unseen): {stderr}"
+    );
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.has("native_wait"))
+            .all(|l| !l.has("embedded_wait")),
+        "{lines:?}"
+    );
+    // The looks at the process without an interpreter are counted.
+    let looks = stderr
+        .lines()
+        .find(|l| l.starts_with("offcputime: python:"))
+        .and_then(|l| l.split(" of threads without a state").next())
+        .and_then(|p| p.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no count of threads without a state: {stderr}"));
+    assert!(looks > 0, "{stderr}");
+}
