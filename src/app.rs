@@ -482,6 +482,11 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
         tracer.start_user_stacks(),
         tracer.hook().stacks_at_switch_in(),
     );
+    let kernel_stack_pairs = config
+        .tracer
+        .test
+        .kstack_check
+        .then(|| tracer.kernel_stack_pairs());
     drop(tracer);
     let (profile, missed, recorded) = match intervals.as_mut() {
         Some(iv) => {
@@ -559,6 +564,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     }
 
     report_losses(&profile, missed, config, unreadable);
+    report_kernel_stacks(&profile.counters, config.verbose, kernel_stack_pairs);
     report_denied(&registry, &symbolizer, config);
     if let Some(u) = &unwinder {
         report_unwinding(u, &deferred, &profile, config.verbose);

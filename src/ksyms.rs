@@ -23,6 +23,7 @@
 //! or below it, however far past that symbol's end; where several symbols
 //! share an address, the first in the file wins.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 
@@ -300,6 +301,144 @@ impl InterruptEntries {
     }
 }
 
+/// Kernel stacks in pairs: one walked whole, and the kernel's own walk of
+/// the same task (frames innermost first).
+pub type StackPairs = Vec<(Vec<u64>, Vec<u64>)>;
+
+/// Where the kernel keeps its ORC unwind tables and the text they cover,
+/// for walking the kernel stacks of tasks not running (src/bpf/kstack.h):
+/// from `/proc/kallsyms`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOrc {
+    /// `__start_orc_unwind_ip`: each entry's address, as an `s32` offset
+    /// from its own slot; `__start_orc_unwind`: the 6-byte entries.
+    pub ip_table: u64,
+    pub entry_table: u64,
+    pub entries: u32,
+    /// `_stext`..`_etext`.
+    pub text: (u64, u64),
+    /// `.sched.text` and `.spinlock.text`, which the kernel's walk of a
+    /// task not running leaves out.
+    pub sched_text: (u64, u64),
+    pub lock_text: (u64, u64),
+    /// `ret_from_fork`, `ret_from_fork_asm` (6.6 and later): where a new
+    /// task's saved frame returns to.
+    pub ret_from_fork: (u64, u64),
+    /// `return_to_handler` (function-graph tracing) and the kretprobe or
+    /// rethook trampoline: return addresses replaced by them.
+    pub ret_trampolines: (u64, u64),
+}
+
+impl KernelOrc {
+    /// From `/proc/kallsyms`; None where the kernel has no ORC tables, or
+    /// the addresses are hidden.
+    pub fn load() -> Option<KernelOrc> {
+        let file = File::open(KALLSYMS).ok()?;
+        KernelOrc::parse(BufReader::new(file)).ok().flatten()
+    }
+
+    /// From kallsyms text.
+    pub fn parse(mut input: impl BufRead) -> Result<Option<KernelOrc>> {
+        let mut found: HashMap<&'static str, u64> = HashMap::new();
+        const NAMES: [&str; 15] = [
+            "__start_orc_unwind_ip",
+            "__stop_orc_unwind_ip",
+            "__start_orc_unwind",
+            "__stop_orc_unwind",
+            "_stext",
+            "_etext",
+            "__sched_text_start",
+            "__sched_text_end",
+            "__lock_text_start",
+            "__lock_text_end",
+            "ret_from_fork",
+            "ret_from_fork_asm",
+            "return_to_handler",
+            "kretprobe_trampoline",
+            "arch_rethook_trampoline",
+        ];
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if input.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            let Some(sym) = parse_line(&line) else {
+                continue;
+            };
+            if sym.module.is_some() || sym.addr == 0 {
+                continue;
+            }
+            if let Some(name) = NAMES.iter().find(|n| **n == sym.name) {
+                found.entry(name).or_insert(sym.addr);
+            }
+        }
+        let at = |name: &str| found.get(name).copied();
+        let (Some(ip_start), Some(ip_stop), Some(entry_start), Some(entry_stop)) = (
+            at("__start_orc_unwind_ip"),
+            at("__stop_orc_unwind_ip"),
+            at("__start_orc_unwind"),
+            at("__stop_orc_unwind"),
+        ) else {
+            return Ok(None);
+        };
+        let entries = ip_stop.saturating_sub(ip_start) / 4;
+        // Both tables must say the same number of entries.
+        if entries == 0
+            || (ip_stop - ip_start) % 4 != 0
+            || entry_stop.checked_sub(entry_start) != Some(entries * 6)
+        {
+            return Ok(None);
+        }
+        let pair = |a: &str, b: &str| match (at(a), at(b)) {
+            (Some(x), Some(y)) if x < y => Some((x, y)),
+            _ => None,
+        };
+        let (Some(text), Some(sched_text), Some(lock_text), Some(fork)) = (
+            pair("_stext", "_etext"),
+            pair("__sched_text_start", "__sched_text_end"),
+            pair("__lock_text_start", "__lock_text_end"),
+            at("ret_from_fork"),
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(KernelOrc {
+            ip_table: ip_start,
+            entry_table: entry_start,
+            entries: u32::try_from(entries).unwrap_or(0),
+            text,
+            sched_text,
+            lock_text,
+            ret_from_fork: (fork, at("ret_from_fork_asm").unwrap_or(0)),
+            ret_trampolines: (
+                at("return_to_handler").unwrap_or(0),
+                at("arch_rethook_trampoline")
+                    .or(at("kretprobe_trampoline"))
+                    .unwrap_or(0),
+            ),
+        }))
+    }
+}
+
+impl KernelOrc {
+    /// Whether `ip` is a frame the kernel's walk of a task not running
+    /// leaves out (`in_sched_functions`: .sched.text and .spinlock.text).
+    pub fn left_out(&self, ip: u64) -> bool {
+        let within = |(lo, hi): (u64, u64)| lo <= ip && ip < hi;
+        within(self.sched_text) || within(self.lock_text)
+    }
+
+    /// Whether stack `whole` is `helper`, the kernel's walk of the same
+    /// task, with the frames that walk leaves out.
+    pub fn agrees(&self, whole: &[u64], helper: &[u64]) -> bool {
+        whole
+            .iter()
+            .copied()
+            .filter(|&ip| !self.left_out(ip))
+            .eq(helper.iter().copied())
+    }
+}
+
 /// The name under which `finish_task_switch` is in `/proc/kallsyms` (the
 /// compiler may have renamed it: `finish_task_switch.isra.0`), for the
 /// kprobe hook.
@@ -436,7 +575,6 @@ impl Addrs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn table(text: &[u8]) -> KernelSymbols {
         KernelSymbols::parse(text).unwrap()
@@ -743,5 +881,58 @@ ffffffff81000e10 T next
                 assert!(e.irq.0 < e.irq.1 && e.irq.1 - e.irq.0 < 1 << 16, "{e:?}");
             }
         }
+    }
+
+    const ORC_KALLSYMS: &[u8] = b"\
+ffffffff81000000 T _stext
+ffffffff81001000 t __schedule
+ffffffff81001000 T __sched_text_start
+ffffffff81002000 T __sched_text_end
+ffffffff81002000 T __lock_text_start
+ffffffff81003000 T __lock_text_end
+ffffffff81004000 T ret_from_fork
+ffffffff82000000 T _etext
+ffffffff83000000 R __start_orc_unwind_ip
+ffffffff83000010 R __stop_orc_unwind_ip
+ffffffff83000010 R __start_orc_unwind
+ffffffff83000028 R __stop_orc_unwind
+ffffffffc0000000 t ext4_read\t[ext4]
+";
+
+    #[test]
+    fn orc_tables_from_kallsyms() {
+        let orc = KernelOrc::parse(ORC_KALLSYMS).unwrap().expect("found");
+        assert_eq!(orc.ip_table, 0xffffffff83000000);
+        assert_eq!(orc.entry_table, 0xffffffff83000010);
+        assert_eq!(orc.entries, 4);
+        assert_eq!(orc.text, (0xffffffff81000000, 0xffffffff82000000));
+        assert_eq!(orc.ret_from_fork, (0xffffffff81004000, 0));
+        assert_eq!(orc.ret_trampolines, (0, 0));
+        // Tables whose sizes disagree (4 addresses, 3 entries) are not used.
+        let bad = String::from_utf8_lossy(ORC_KALLSYMS).replace(
+            "ffffffff83000028 R __stop_orc_unwind",
+            "ffffffff83000022 R __stop_orc_unwind",
+        );
+        assert_eq!(KernelOrc::parse(bad.as_bytes()).unwrap(), None);
+        // Hidden addresses (all zero): none.
+        let hidden = String::from_utf8_lossy(ORC_KALLSYMS)
+            .lines()
+            .map(|l| format!("0000000000000000{}\n", &l[16..]))
+            .collect::<String>();
+        assert_eq!(KernelOrc::parse(hidden.as_bytes()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_whole_stack_agrees_with_the_kernels_walk_without_scheduler_frames() {
+        let orc = KernelOrc::parse(ORC_KALLSYMS).unwrap().unwrap();
+        let sched = 0xffffffff81001010;
+        let lock = 0xffffffff81002010;
+        let (a, b) = (0xffffffff81500000, 0xffffffff81600000);
+        assert!(orc.left_out(sched) && orc.left_out(lock) && !orc.left_out(a));
+        assert!(orc.agrees(&[sched, sched + 8, a, lock, b], &[a, b]));
+        assert!(orc.agrees(&[a, b], &[a, b]));
+        assert!(!orc.agrees(&[sched, a], &[a, b]));
+        assert!(!orc.agrees(&[sched, b, a], &[a, b]));
+        assert!(!orc.agrees(&[sched, a, b], &[sched, a, b]));
     }
 }

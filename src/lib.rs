@@ -64,6 +64,7 @@ pub mod bpf {
     unsafe impl plain::Plain for types::waker_info {}
     unsafe impl plain::Plain for types::snapshot_task {}
     unsafe impl plain::Plain for types::py_proc {}
+    unsafe impl plain::Plain for types::korc_pair {}
     unsafe impl plain::Plain for types::py_code_event {}
 }
 

@@ -300,6 +300,15 @@ loss_counters! {
         /// ... runs left out: switched in unseen, by a scheduler that does not
         /// date it.
         oncpu_untimed = CNT_ONCPU_UNTIMED,
+        /// Kernel stacks of threads not running (blocked at the start or
+        /// the end, `--snapshot`) walked with the kernel's ORC tables, their
+        /// scheduler frames kept; of which made whole with the kernel's own
+        /// walk from a module's or BPF frame on.
+        kstack_walked = CNT_KSTACK_WALKED,
+        kstack_spliced = CNT_KSTACK_SPLICED,
+        /// ... left to the kernel's walk alone, without their scheduler
+        /// frames.
+        kstack_no_sched = CNT_KSTACK_NO_SCHED,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no

@@ -44,6 +44,13 @@ pub struct TestEnv {
     /// `OFFCPUTIME_NO_FILE_TABLES`: no walks through the tables of the
     /// files a process maps before its own are ready.
     pub no_file_tables: bool,
+    /// `OFFCPUTIME_TEST_KSTACK_CHECK`: each kernel stack of a thread not
+    /// running that is walked with the ORC tables is compared with the
+    /// kernel's own walk, and differences counted.
+    pub kstack_check: bool,
+    /// `OFFCPUTIME_TEST_NO_KSTACK_WALK`: kernel stacks of threads not
+    /// running from the kernel's helper alone, as before the ORC walk.
+    pub no_kstack_walk: bool,
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of every
     /// program loaded, on stderr.
     pub verifier_stats: bool,
@@ -76,6 +83,8 @@ impl TestEnv {
             python_gate: var("OFFCPUTIME_TEST_PYTHON_GATE").map(Into::into),
             no_stack_cache: set("OFFCPUTIME_NO_STACK_CACHE"),
             no_file_tables: set("OFFCPUTIME_NO_FILE_TABLES"),
+            kstack_check: set("OFFCPUTIME_TEST_KSTACK_CHECK"),
+            no_kstack_walk: set("OFFCPUTIME_TEST_NO_KSTACK_WALK"),
             verifier_stats: set("OFFCPUTIME_VERIFIER_STATS"),
             stats_interval: var("OFFCPUTIME_STATS_INTERVAL")
                 .and_then(|v| v.trim().parse::<f64>().ok())
@@ -107,6 +116,7 @@ mod tests {
         });
         assert!(env.legacy && env.no_start_user_stacks && env.no_stack_cache);
         assert!(env.no_file_tables && env.verifier_stats);
+        assert!(env.kstack_check && env.no_kstack_walk);
         assert_eq!(env.drop_switch_in, 20);
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
         assert_eq!(env.stats_interval, Some(Duration::from_millis(500)));

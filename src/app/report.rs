@@ -140,6 +140,55 @@ pub(super) fn report_losses(
     report_missed(profile, missed, config, unreadable);
 }
 
+/// Kernel stacks of threads not running (blocked since before the start,
+/// still blocked at the end with the kprobe hook, `--snapshot`): those left
+/// without their scheduler frames, and with `verbose` how they were walked;
+/// with `OFFCPUTIME_TEST_KSTACK_CHECK`, the whole stacks against the
+/// kernel's walks of the same threads.
+pub(super) fn report_kernel_stacks(
+    c: &crate::raw::LossCounters,
+    verbose: bool,
+    pairs: Option<Result<crate::ksyms::StackPairs>>,
+) {
+    if c.kstack_no_sched > 0 {
+        eprintln!(
+            "offcputime: {} kernel stacks of threads not running (blocked since before the \
+             start, or still blocked at the end with the kprobe hook) lack the scheduler's \
+             frames (schedule, __schedule, ...): the kernel's unwind tables (ORC) could not be \
+             used for them, and the kernel's own walk leaves those frames out",
+            c.kstack_no_sched
+        );
+    }
+    if verbose && c.kstack_walked + c.kstack_no_sched > 0 {
+        eprintln!(
+            "offcputime: kernel stacks of threads not running: {} walked with the kernel's ORC \
+             tables, of which {} finished by the kernel's own walk from a module's or BPF \
+             frame on; {} without their scheduler frames",
+            c.kstack_walked, c.kstack_spliced, c.kstack_no_sched
+        );
+    }
+    match pairs {
+        None => {}
+        Some(Err(e)) => eprintln!("offcputime: kernel stack check: {e:#}"),
+        Some(Ok(pairs)) => {
+            let Some(orc) = crate::ksyms::KernelOrc::load() else {
+                eprintln!("offcputime: kernel stack check: the ORC tables are not known");
+                return;
+            };
+            let differ: Vec<_> = pairs.iter().filter(|(w, h)| !orc.agrees(w, h)).collect();
+            eprintln!(
+                "offcputime: kernel stack check: {} stacks compared with the kernel's walk, {} \
+             differ",
+                pairs.len(),
+                differ.len()
+            );
+            for (w, h) in differ.iter().take(3) {
+                eprintln!("offcputime: kernel stack check: walked {w:x?}, the kernel's {h:x?}");
+            }
+        }
+    }
+}
+
 /// That `unreadable` user stacks, read from another task's context, could
 /// not be read (`lead` says whose they are), and why; `could`: whether this
 /// kernel reads them at all.

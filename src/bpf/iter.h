@@ -6,18 +6,6 @@
 #ifndef __OFFCPUTIME_ITER_H__
 #define __OFFCPUTIME_ITER_H__
 
-/* The kernel stack of `task`, which is not running.  The kernel leaves out
- * the scheduler's own frames (those in .sched.text). */
-static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
-{
-	__u32 zero = 0;
-	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
-
-	if (!buf)
-		return STACK_ID_MISSED_ERROR;
-	return store_task_stack(bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0), false);
-}
-
 /* The user stack of `task`, which is not running: with its process's
  * tables where it has them, else through frame pointers, as at a
  * switch-out.  Only from the sleepable start iterator. */
@@ -305,7 +293,7 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 	if (want_user_stack && !kthread)
 		ustack = user_stacks ? user_stack_of_task(task, tgid, true) : STACK_ID_NOT_READABLE;
 	if (want_kernel_stack)
-		kstack = kernel_stack_of_task(task);
+		kstack = kernel_stack_of_task(task, true);
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
 	if (want_states || want_wakers)
@@ -408,7 +396,7 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid, false)
 							: STACK_ID_NOT_READABLE;
 		if (want_kernel_stack)
-			key.kernel_stack_id = kernel_stack_of_task(task);
+			key.kernel_stack_id = kernel_stack_of_task(task, true);
 	}
 	count(CNT_BLOCKS_AT_END);
 	add_block_parts(&key, d, state, from, to, false, &wt);

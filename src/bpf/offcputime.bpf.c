@@ -62,6 +62,7 @@
 #include "oncpu.h"
 #include "switch.h"
 #include "wakers.h"
+#include "kstack.h"
 #include "iter.h"
 #include "snapshot.h"
 

@@ -600,6 +600,13 @@ enum offcpu_counter {
 	/* ... runs whose switch-in the tracepoint did not report, of a
 	 * thread that is not CFS's (no date for it): left out */
 	CNT_ONCPU_UNTIMED,
+	/* Kernel stacks of tasks not running walked with the kernel's ORC
+	 * tables (their scheduler frames kept), of which made whole with the
+	 * helper's stack from a frame the walk does not follow; those left
+	 * to the helper alone (no scheduler frames) */
+	CNT_KSTACK_WALKED,
+	CNT_KSTACK_SPLICED,
+	CNT_KSTACK_NO_SCHED,
 	CNT_MAX,
 };
 

@@ -152,6 +152,9 @@ struct thread_info {
  * set by arch_prctl(ARCH_SET_FS). */
 struct thread_struct {
 	unsigned long fsbase;
+	/* The kernel stack pointer of a task switched out: its struct
+	 * inactive_task_frame. */
+	unsigned long sp;
 };
 
 /* A kernfs node: a cgroup's directory; its id is the inode number userspace
@@ -204,6 +207,8 @@ struct task_struct {
 	unsigned int in_iowait:1;
 	struct thread_struct thread;
 	struct css_set *cgroups;
+	/* The base of its kernel stack. */
+	void *stack;
 };
 
 

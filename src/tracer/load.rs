@@ -260,6 +260,20 @@ pub(super) fn configure(
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
         rodata.test_drop_switch_in = opts.test.drop_switch_in;
+        if opts.kernel_stacks && !opts.test.no_kstack_walk {
+            if let Some(orc) = crate::ksyms::KernelOrc::load() {
+                rodata.kstack_orc = true;
+                rodata.orc_ip_table = orc.ip_table;
+                rodata.orc_entry_table = orc.entry_table;
+                rodata.orc_entries = orc.entries;
+                (rodata.core_text_start, rodata.core_text_end) = orc.text;
+                (rodata.sched_text_start, rodata.sched_text_end) = orc.sched_text;
+                (rodata.lock_text_start, rodata.lock_text_end) = orc.lock_text;
+                (rodata.ret_from_fork_at, rodata.ret_from_fork_asm_at) = orc.ret_from_fork;
+                (rodata.ret_trampoline_a, rodata.ret_trampoline_b) = orc.ret_trampolines;
+            }
+        }
+        rodata.test_kstack_check = opts.test.kstack_check;
         if opts.wakers {
             // Unreadable or hidden: userspace tells interrupts by
             // their frames' names alone.

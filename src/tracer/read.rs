@@ -352,6 +352,23 @@ impl Tracer<'_> {
         out
     }
 
+    /// `OFFCPUTIME_TEST_KSTACK_CHECK`: each pair of a kernel stack of a
+    /// thread not running, walked whole, and the kernel's walk of the same
+    /// thread (frames innermost first).
+    pub fn kernel_stack_pairs(&self) -> Result<crate::ksyms::StackPairs> {
+        let mut pairs = Vec::new();
+        for key in self.skel.maps.korc_pairs.keys() {
+            let mut pair = types::korc_pair::default();
+            plain::copy_from_bytes(&mut pair, &key)
+                .map_err(|e| anyhow!("bad key in korc_pairs: {e:?}"))?;
+            if let (Some(whole), Some(helper)) = (self.stack(pair.whole)?, self.stack(pair.helper)?)
+            {
+                pairs.push((whole, helper));
+            }
+        }
+        Ok(pairs)
+    }
+
     pub(super) fn stack(&self, id: u64) -> Result<Option<Vec<u64>>> {
         read_stack(&self.skel, id)
     }

@@ -1,0 +1,526 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * Kernel stacks of tasks that are not running, whole.
+ *
+ * bpf_get_task_stack() walks a sleeping task's stack as the kernel's
+ * stack_trace_save_tsk() does, which leaves out every frame in .sched.text
+ * and .spinlock.text: __schedule, schedule, schedule_timeout,
+ * do_nanosleep, io_schedule, __mutex_lock, ...  So a block under way at
+ * the start, one under way at the end (for the kprobe, which takes stacks
+ * at the switch-in) and a --snapshot would show shorter stacks than a
+ * switch-out does.
+ *
+ * Here the stack is walked with the kernel's own ORC tables, read in
+ * kernel memory (`__start_orc_unwind_ip`, `__start_orc_unwind`: from
+ * kallsyms), from the task's saved frame (`thread.sp`, a struct
+ * inactive_task_frame) as the kernel's unwinder starts a task that is not
+ * running.  The walk follows the core kernel's text only.  At the first
+ * frame it does not follow (a module's, a BPF program's, a trampoline's,
+ * or where the tables say something it does not handle), it stops, and the
+ * rest of the stack is the kernel's own walk from that frame on: the
+ * helper reports every frame from there that the walk would, since only
+ * scheduler and lock frames are left out, and those are in the core
+ * kernel.  Where that frame is not in the helper's stack, the helper's
+ * stack is used alone and counted (CNT_KSTACK_NO_SCHED).
+ *
+ * With test_kstack_check, each whole stack is kept beside the helper's
+ * for the same task, for userspace to compare (scheduler and lock frames
+ * left out, they must be the same).
+ */
+#ifndef __OFFCPUTIME_KSTACK_H__
+#define __OFFCPUTIME_KSTACK_H__
+
+/* Set by userspace from kallsyms; kstack_orc false where anything is
+ * missing. */
+const volatile bool kstack_orc = false;
+const volatile __u64 orc_ip_table = 0;
+const volatile __u64 orc_entry_table = 0;
+const volatile __u32 orc_entries = 0;
+const volatile __u64 core_text_start = 0;
+const volatile __u64 core_text_end = 0;
+const volatile __u64 sched_text_start = 0;
+const volatile __u64 sched_text_end = 0;
+const volatile __u64 lock_text_start = 0;
+const volatile __u64 lock_text_end = 0;
+const volatile __u64 ret_from_fork_at = 0;
+const volatile __u64 ret_from_fork_asm_at = 0;
+/* Where a return address is replaced by a trampoline (function-graph
+ * tracing, kretprobes): the walk stops there. */
+const volatile __u64 ret_trampoline_a = 0;
+const volatile __u64 ret_trampoline_b = 0;
+const volatile bool test_kstack_check = false;
+
+/* A task's kernel stack (THREAD_SIZE on x86-64 without KASAN). */
+#define KSTACK_SIZE 16384
+/* Kernel addresses start here (x86-64). */
+#define KERNEL_SPACE 0xffff800000000000ULL
+
+/* The kernel's struct orc_entry, 6 bytes: since 6.4 a 3-bit type and a
+ * signal bit; before, a 2-bit type and an end bit (the numbering of the
+ * types changed with them). */
+struct orc_entry___new {
+	short sp_offset;
+	short bp_offset;
+	unsigned int sp_reg : 4;
+	unsigned int bp_reg : 4;
+	unsigned int type : 3;
+	unsigned int signal : 1;
+} __attribute__((packed)) __attribute__((preserve_access_index));
+
+struct orc_entry___old {
+	short sp_offset;
+	short bp_offset;
+	unsigned int sp_reg : 4;
+	unsigned int bp_reg : 4;
+	unsigned int type : 2;
+	unsigned int end : 1;
+} __attribute__((packed)) __attribute__((preserve_access_index));
+
+struct inactive_task_frame___x {
+	unsigned long bp;
+	unsigned long ret_addr;
+} __attribute__((preserve_access_index));
+
+/* The registers ORC names (arch/x86/include/asm/orc_types.h). */
+#define ORC_REG_UNDEFINED 0
+#define ORC_REG_PREV_SP 1
+#define ORC_REG_BP 4
+#define ORC_REG_SP 5
+#define ORC_REG_BP_INDIRECT 8
+
+/* An entry, its type in one numbering. */
+enum korc_type { KORC_UNDEFINED, KORC_END, KORC_CALL, KORC_REGS, KORC_REGS_PARTIAL };
+
+struct korc_entry {
+	__s16 sp_offset;
+	__s16 bp_offset;
+	__u8 sp_reg;
+	__u8 bp_reg;
+	__u8 type;
+	__u8 signal;
+};
+
+enum korc_done {
+	KORC_WALKING,
+	/* The stack's end: user-mode registers, or the end of a kernel
+	 * thread's stack. */
+	KORC_COMPLETE,
+	/* Stopped at stop_ip, to be taken up by the helper's stack. */
+	KORC_SPLICE,
+};
+
+struct korc_walk {
+	__u64 ip, sp, bp, regs, prev_regs, stack_lo;
+	__u64 stop_ip;
+	__u32 nr, max;
+	/* orc_entries, read from here: a number the verifier does not know,
+	 * so that it does not follow the search through each value. */
+	__u32 entries;
+	/* korc_finish: where the helper's stack takes over. */
+	__u32 at, _pad;
+	__u8 signal, full_regs, done;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct korc_walk);
+} korc_state SEC(".maps");
+
+/* The walk's frames, then the stack made of them and the helper's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[MAX_STACK_DEPTH + 1]);
+} korc_frames SEC(".maps");
+
+/* Whether this kernel's struct orc_entry is one of the two layouts known
+ * (see korc_decode); -1 where neither. */
+static __always_inline int korc_layout(void)
+{
+	bool has_end = bpf_core_field_exists(struct orc_entry___old, end);
+	bool has_signal = bpf_core_field_exists(struct orc_entry___new, signal);
+
+	if (has_signal && !has_end)
+		return 0;
+	if (has_end && !has_signal)
+		return 1;
+	return -1;
+}
+
+/* The entry covering `ip`: the last whose address is at most `ip`.  The
+ * table of addresses holds each as an offset from its own slot. */
+static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entries)
+{
+	__u32 lo = 0, hi = entries, mid;
+	__u8 raw[16] = {};
+	__u64 at;
+	__s32 off;
+	int k;
+
+	for (k = 0; k < 26 && lo < hi; k++) {
+		mid = lo + (hi - lo) / 2;
+		at = orc_ip_table + (__u64)mid * 4;
+		if (bpf_probe_read_kernel(&off, sizeof(off), (void *)at))
+			return -1;
+		if (at + (__s64)off <= ip)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo != hi || lo == 0)
+		return -1;
+	if (bpf_probe_read_kernel(raw, 6, (void *)(orc_entry_table + (__u64)(lo - 1) * 6)))
+		return -1;
+	e->sp_offset = *(__s16 *)&raw[0];
+	e->bp_offset = *(__s16 *)&raw[2];
+	/* The layout is known at load time (CO-RE): the other branch, whose
+	 * relocations fail, is left out by the verifier. */
+	if (korc_layout() == 1) {
+		struct orc_entry___old *o = (void *)raw;
+		__u32 type = BPF_CORE_READ_BITFIELD(o, type);
+
+		e->sp_reg = BPF_CORE_READ_BITFIELD(o, sp_reg);
+		e->bp_reg = BPF_CORE_READ_BITFIELD(o, bp_reg);
+		e->signal = 0;
+		if (e->sp_reg == ORC_REG_UNDEFINED)
+			e->type = BPF_CORE_READ_BITFIELD(o, end) ? KORC_END : KORC_UNDEFINED;
+		else if (type == 0)
+			e->type = KORC_CALL;
+		else if (type == 1)
+			e->type = KORC_REGS;
+		else if (type == 2)
+			e->type = KORC_REGS_PARTIAL;
+		else
+			e->type = KORC_UNDEFINED;
+	} else {
+		struct orc_entry___new *n = (void *)raw;
+		__u32 type = BPF_CORE_READ_BITFIELD(n, type);
+
+		e->sp_reg = BPF_CORE_READ_BITFIELD(n, sp_reg);
+		e->bp_reg = BPF_CORE_READ_BITFIELD(n, bp_reg);
+		e->signal = BPF_CORE_READ_BITFIELD(n, signal);
+		e->type = type <= 4 ? type : KORC_UNDEFINED;
+	}
+	return 0;
+}
+
+static __always_inline bool korc_read(__u64 *v, __u64 addr)
+{
+	return bpf_probe_read_kernel(v, sizeof(*v), (void *)addr) == 0;
+}
+
+/*
+ * One frame: the current one kept, the caller's found.  0 to go on, 1 at
+ * the end.  A global function: checked once, not at every frame of the
+ * loop that calls it.
+ */
+__noinline int korc_step(void)
+{
+	__u32 zero = 0, idx;
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
+	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &zero);
+	struct korc_entry e = {};
+	__u64 ip, cfa, new_ip, new_sp, bp, regs;
+	bool old = korc_layout() == 1;
+
+	if (!w || !ips)
+		return 1;
+	ip = w->ip;
+	if (ip < KERNEL_SPACE) {
+		w->done = KORC_COMPLETE;
+		return 1;
+	}
+	if (ip < core_text_start || ip >= core_text_end ||
+	    (ret_trampoline_a && ip == ret_trampoline_a) ||
+	    (ret_trampoline_b && ip == ret_trampoline_b)) {
+		w->stop_ip = ip;
+		w->done = KORC_SPLICE;
+		return 1;
+	}
+	if (w->nr >= w->max) {
+		w->done = KORC_COMPLETE;
+		return 1;
+	}
+	idx = w->nr;
+	ips[idx & MAX_STACK_DEPTH] = ip;
+	w->nr = idx + 1;
+
+	if (korc_find(w->signal ? ip : ip - 1, &e, w->entries))
+		goto stop;
+	if (e.type == KORC_END) {
+		w->done = KORC_COMPLETE;
+		return 1;
+	}
+	if (e.type == KORC_UNDEFINED)
+		goto stop;
+	if (!old)
+		w->signal = e.signal;
+
+	switch (e.sp_reg) {
+	case ORC_REG_SP:
+		cfa = w->sp + e.sp_offset;
+		break;
+	case ORC_REG_BP:
+		cfa = w->bp + e.sp_offset;
+		break;
+	case ORC_REG_BP_INDIRECT:
+		if (!korc_read(&cfa, w->bp + e.sp_offset))
+			goto stop;
+		break;
+	default:
+		/* SP_INDIRECT (whose meaning changed in 6.x) and the
+		 * registers of an interrupted context: the helper's. */
+		goto stop;
+	}
+
+	regs = w->regs;
+	switch (e.type) {
+	case KORC_CALL:
+		if (!korc_read(&new_ip, cfa - 8))
+			goto stop;
+		new_sp = cfa;
+		regs = 0;
+		w->prev_regs = 0;
+		if (old)
+			w->signal = 0;
+		break;
+	case KORC_REGS:
+		if (!korc_read(&new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip)) ||
+		    !korc_read(&new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp)))
+			goto stop;
+		regs = cfa;
+		w->prev_regs = 0;
+		w->full_regs = 1;
+		if (old)
+			w->signal = 1;
+		break;
+	case KORC_REGS_PARTIAL:
+		/* The hardware's frame: ip, cs, flags, sp, ss. */
+		if (!korc_read(&new_ip, cfa) || !korc_read(&new_sp, cfa + 24))
+			goto stop;
+		if (w->full_regs)
+			w->prev_regs = w->regs;
+		regs = cfa - bpf_core_field_offset(struct pt_regs, ip);
+		w->full_regs = 0;
+		if (old)
+			w->signal = 1;
+		break;
+	default:
+		goto stop;
+	}
+
+	switch (e.bp_reg) {
+	case ORC_REG_UNDEFINED:
+		if (regs && w->full_regs) {
+			if (!korc_read(&bp, regs + bpf_core_field_offset(struct pt_regs, bp)))
+				goto stop;
+		} else if (regs && w->prev_regs) {
+			if (!korc_read(&bp,
+				       w->prev_regs + bpf_core_field_offset(struct pt_regs, bp)))
+				goto stop;
+		} else {
+			bp = w->bp;
+		}
+		break;
+	case ORC_REG_PREV_SP:
+		if (!korc_read(&bp, cfa + e.bp_offset))
+			goto stop;
+		break;
+	case ORC_REG_BP:
+		if (!korc_read(&bp, w->bp + e.bp_offset))
+			goto stop;
+		break;
+	default:
+		goto stop;
+	}
+
+	w->regs = regs;
+	w->ip = new_ip;
+	if (new_ip < KERNEL_SPACE) {
+		/* User-mode registers: the stack's end. */
+		w->done = KORC_COMPLETE;
+		return 1;
+	}
+	/* Up the task's own stack, never back: a wrong table or a stack
+	 * changed under the walk ends it. */
+	if (new_sp <= w->sp || new_sp < w->stack_lo || new_sp >= w->stack_lo + KSTACK_SIZE)
+		goto stop;
+	w->sp = new_sp;
+	w->bp = bp;
+	return 0;
+stop:
+	/* The frame kept last is where the helper's stack takes over. */
+	w->nr = idx;
+	w->stop_ip = ip;
+	w->done = KORC_SPLICE;
+	return 1;
+}
+
+/* Whether `ip` is a frame the helper leaves out of a task's stack. */
+static __always_inline bool korc_left_out(__u64 ip)
+{
+	return (ip >= sched_text_start && ip < sched_text_end) ||
+	       (ip >= lock_text_start && ip < lock_text_end);
+}
+
+/*
+ * The stack of the walk set up in korc_state, its frames in korc_frames,
+ * made whole with the helper's `len` bytes of frames in start_scratch:
+ * its length in bytes in korc_frames, or -1 where the helper's stack is
+ * to be used alone.  A global function, checked once.
+ */
+__noinline long korc_finish(long len)
+{
+	__u32 zero = 0, n, i, at;
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
+	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &zero);
+	__u64 *h = bpf_map_lookup_elem(&start_scratch, &zero);
+
+	if (!w || !ips || !h)
+		return -1;
+	n = len > 0 ? len / sizeof(__u64) : 0;
+	if (n > MAX_STACK_DEPTH)
+		n = MAX_STACK_DEPTH;
+	/* Where the helper's stack takes over: after its last frame (the
+	 * walk complete), or at stop_ip. */
+	w->at = n;
+	if (w->done == KORC_SPLICE) {
+		w->at = MAX_STACK_DEPTH + 1;
+		for (i = 0; i < MAX_STACK_DEPTH; i++) {
+			if (i >= n)
+				break;
+			if (h[i & MAX_STACK_DEPTH] == w->stop_ip) {
+				w->at = i;
+				break;
+			}
+		}
+		if (w->at > MAX_STACK_DEPTH)
+			return -1;
+	} else if (w->done != KORC_COMPLETE) {
+		return -1;
+	}
+	/* The helper's frames from w->at on, after the walk's. */
+	if (w->done == KORC_SPLICE) {
+		count(CNT_KSTACK_SPLICED);
+		for (i = 0; i < MAX_STACK_DEPTH; i++) {
+			at = w->at + i;
+			if (at >= n || w->nr >= w->max || w->nr >= MAX_STACK_DEPTH)
+				break;
+			ips[w->nr & MAX_STACK_DEPTH] = h[at & MAX_STACK_DEPTH];
+			w->nr++;
+		}
+	}
+	i = w->nr;
+	if (i > MAX_STACK_DEPTH)
+		return -1;
+	ips[i & MAX_STACK_DEPTH] = 0;
+	return i * sizeof(__u64);
+}
+
+__noinline __u64 store_korc_stack(long len)
+{
+	__u32 zero = 0;
+
+	return store_frames(bpf_map_lookup_elem(&korc_frames, &zero), len, false);
+}
+
+/* test_kstack_check: each pair of a whole stack and the helper's for the
+ * same task, for userspace to compare. */
+struct korc_pair {
+	__u64 whole;
+	__u64 helper;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct korc_pair);
+	__type(value, __u64);
+} korc_pairs SEC(".maps");
+
+/* Stores both stacks, notes the pair: the whole stack's id. */
+__noinline __u64 korc_keep_pair(long whole, long len)
+{
+	struct korc_pair pair = {};
+	__u64 one = 1;
+
+	pair.whole = store_korc_stack(whole);
+	pair.helper = store_task_stack(len, false);
+	if ((pair.whole & STACK_ID_HASH_BIT) && (pair.helper & STACK_ID_HASH_BIT))
+		bpf_map_update_elem(&korc_pairs, &pair, &one, BPF_ANY);
+	return pair.whole;
+}
+
+/*
+ * Sets up the walk of a task that is not running, from its saved frame:
+ * false where it cannot be walked here.
+ */
+static __always_inline bool korc_begin(struct task_struct *task)
+{
+	__u32 zero = 0;
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
+	__u64 frame = BPF_CORE_READ(task, thread.sp);
+	int layout = korc_layout();
+
+	if (!w || layout < 0 || !frame)
+		return false;
+	w->stack_lo = (__u64)BPF_CORE_READ(task, stack);
+	if (!korc_read(&w->bp, frame + bpf_core_field_offset(struct inactive_task_frame___x, bp)) ||
+	    !korc_read(&w->ip,
+		       frame + bpf_core_field_offset(struct inactive_task_frame___x, ret_addr)))
+		return false;
+	w->sp = frame + bpf_core_type_size(struct inactive_task_frame___x);
+	if (w->sp < w->stack_lo || w->sp >= w->stack_lo + KSTACK_SIZE)
+		return false;
+	w->signal = w->ip == ret_from_fork_at || (ret_from_fork_asm_at && w->ip == ret_from_fork_asm_at);
+	w->regs = 0;
+	w->prev_regs = 0;
+	w->full_regs = 0;
+	w->stop_ip = 0;
+	w->nr = 0;
+	w->max = clamp_stack_bytes() / sizeof(__u64);
+	w->done = KORC_WALKING;
+	w->entries = orc_entries;
+	return true;
+}
+
+/*
+ * The kernel stack of `task`, which is not running: its id in `stacks`.
+ * `walk`: the program may walk with the ORC tables (it does not run on
+ * 5.10, whose verifier takes no loop this long).
+ */
+static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, bool walk)
+{
+	__u32 zero = 0;
+	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
+	long len, whole;
+	int i;
+
+	if (!buf)
+		return STACK_ID_MISSED_ERROR;
+	len = bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0);
+	/* A task on a CPU has no saved frame (nor a stack from the helper). */
+	if (!walk || len < 0 || BPF_CORE_READ(task, on_cpu))
+		return store_task_stack(len, false);
+	if (!kstack_orc || !korc_begin(task)) {
+		count(CNT_KSTACK_NO_SCHED);
+		return store_task_stack(len, false);
+	}
+	for (i = 0; i < MAX_STACK_DEPTH; i++)
+		if (korc_step())
+			break;
+	whole = korc_finish(len);
+	if (whole < 0) {
+		count(CNT_KSTACK_NO_SCHED);
+		return store_task_stack(len, false);
+	}
+	count(CNT_KSTACK_WALKED);
+	if (test_kstack_check)
+		return korc_keep_pair(whole, len);
+	return store_korc_stack(whole);
+}
+
+#endif /* __OFFCPUTIME_KSTACK_H__ */
