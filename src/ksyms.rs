@@ -258,17 +258,9 @@ impl InterruptEntries {
         let mut irq: Vec<u64> = Vec::new();
         let mut exceptions: Vec<u64> = Vec::new();
         let (mut handle_softirqs, mut do_softirq) = (None, None);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            if input.read_until(b'\n', &mut line)? == 0 {
-                break;
-            }
-            let Some(sym) = parse_line(&line) else {
-                continue;
-            };
+        each_symbol(&mut input, |sym| {
             if sym.module.is_some() || sym.addr == 0 || !matches!(sym.kind, b't' | b'T') {
-                continue;
+                return;
             }
             text.push(sym.addr);
             match sym.name {
@@ -279,7 +271,7 @@ impl InterruptEntries {
                 "__do_softirq" => do_softirq = Some(sym.addr),
                 _ => {}
             }
-        }
+        })?;
         text.sort_unstable();
         text.dedup();
         // A function ends where the next symbol starts.
@@ -357,22 +349,13 @@ impl KernelOrc {
             "kretprobe_trampoline",
             "arch_rethook_trampoline",
         ];
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            if input.read_until(b'\n', &mut line)? == 0 {
-                break;
+        each_symbol(&mut input, |sym| {
+            if sym.module.is_none() && sym.addr != 0 {
+                if let Some(name) = NAMES.iter().find(|n| **n == sym.name) {
+                    found.entry(name).or_insert(sym.addr);
+                }
             }
-            let Some(sym) = parse_line(&line) else {
-                continue;
-            };
-            if sym.module.is_some() || sym.addr == 0 {
-                continue;
-            }
-            if let Some(name) = NAMES.iter().find(|n| **n == sym.name) {
-                found.entry(name).or_insert(sym.addr);
-            }
-        }
+        })?;
         let at = |name: &str| found.get(name).copied();
         let (Some(ip_start), Some(ip_stop), Some(entry_start), Some(entry_stop)) = (
             at("__start_orc_unwind_ip"),
@@ -486,6 +469,20 @@ struct Line<'a> {
 
 /// `ffffffff81000000 T _stext` or `ffffffffc0201000 t fuse_init\t[fuse]`,
 /// or `None` if the line is not of that form.
+/// Calls `f` with each well-formed line of kallsyms text `input`.
+fn each_symbol(input: &mut impl BufRead, mut f: impl FnMut(Line<'_>)) -> std::io::Result<()> {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        if let Some(sym) = parse_line(&line) {
+            f(sym);
+        }
+    }
+}
+
 fn parse_line(line: &[u8]) -> Option<Line<'_>> {
     let mut fields = std::str::from_utf8(line).ok()?.split_ascii_whitespace();
     let (addr, kind, name) = (fields.next()?, fields.next()?, fields.next()?);

@@ -487,12 +487,8 @@ static __always_inline bool korc_begin(struct task_struct *task)
 	return true;
 }
 
-/*
- * The kernel stack of `task`, which is not running: its id in `stacks`.
- * `walk`: the program may walk with the ORC tables (it does not run on
- * 5.10, whose verifier takes no loop this long).
- */
-static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, bool walk)
+/* The kernel stack of `task`, which is not running: its id in `stacks`. */
+static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
@@ -503,7 +499,7 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, bool
 		return STACK_ID_MISSED_ERROR;
 	len = bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0);
 	/* A task on a CPU has no saved frame (nor a stack from the helper). */
-	if (!walk || len < 0 || BPF_CORE_READ(task, on_cpu))
+	if (len < 0 || BPF_CORE_READ(task, on_cpu))
 		return store_task_stack(len, false);
 	if (!kstack_orc || !korc_begin(task)) {
 		count(CNT_KSTACK_NO_SCHED);

@@ -40,14 +40,15 @@ pub fn left_out_names() -> HashSet<String> {
         .collect()
 }
 
-/// The threads of `blocker --io`, each with its blocking function and the
-/// start of the name of a kernel frame its wait must show (a scheduler
-/// frame: in .sched.text; `io_schedule` or `io_schedule_timeout`).
-const THREADS: [(&str, &str, &str); 4] = [
-    ("wl-nanosleep", "wl_block_nanosleep", "do_nanosleep"),
-    ("wl-pipe", "wl_block_pipe_read", "schedule"),
-    ("wl-futex", "wl_block_futex_wait", "schedule"),
-    ("wl-io", "wl_block_io", "io_schedule"),
+/// The threads of `blocker --io`, each with the start of the name of a
+/// kernel frame its main wait must show (a scheduler frame: in .sched.text;
+/// `io_schedule` or `io_schedule_timeout`). The I/O thread's reads wait for
+/// a disk only outside the kernel matrix's VMs, whose files are in memory.
+const THREADS: [(&str, &str); 4] = [
+    ("wl-nanosleep", "do_nanosleep"),
+    ("wl-pipe", "schedule"),
+    ("wl-futex", "schedule"),
+    ("wl-io", "io_schedule"),
 ];
 
 fn whole_on(hook: &str) {
@@ -74,9 +75,10 @@ fn whole_on(hook: &str) {
     let compared = number_before(" stacks compared with the kernel's walk");
     let differ = number_before(" differ\n");
     eprintln!("{hook}: {walked} walked, {compared} compared, {differ} differ");
-    // The four stuck threads at the start: one walk each at least.
+    // The four stuck threads at the start: one walk each at least, three
+    // stacks (two wait on a futex alike).
     assert!(walked >= 4, "{hook}: {walked} walks: {stderr}");
-    assert!(compared >= 4, "{hook}: {compared} compared: {stderr}");
+    assert!(compared >= 3, "{hook}: {compared} compared: {stderr}");
     for (comm, sched) in [
         ("wl-stuck-sleep", "do_nanosleep"),
         ("wl-stuck-pipe", "schedule"),
@@ -100,11 +102,9 @@ fn whole_on(hook: &str) {
         !stderr.contains("lack the scheduler's frames"),
         "{hook}: {stderr}"
     );
-    for (comm, block, sched) in THREADS {
-        let mine: Vec<&Folded> = lines
-            .iter()
-            .filter(|l| l.comm() == comm && l.has(block))
-            .collect();
+    let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
+    for (comm, sched) in THREADS {
+        let mine: Vec<&Folded> = lines.iter().filter(|l| l.comm() == comm).collect();
         assert!(!mine.is_empty(), "{hook}: no stack of {comm}: {lines:?}");
         for l in &mine {
             // The innermost frames: the scheduler's, as at a switch-out
@@ -119,6 +119,9 @@ fn whole_on(hook: &str) {
         // Where it waits most (a thread may also be switched out on its way
         // back to user mode, in exit_to_user_mode_loop).
         let main = mine.iter().max_by_key(|l| l.us).unwrap();
+        if in_vm && comm == "wl-io" {
+            continue;
+        }
         assert!(
             main.frames.iter().any(|f| f.starts_with(sched)),
             "{hook}: {comm}: no {sched}: {:?}",

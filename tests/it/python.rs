@@ -64,11 +64,15 @@ struct Running {
 
 /// Starts `python` on a workload with `args`, and waits for its "ready".
 fn spawn_ready(python: &Path, args: &[&std::ffi::OsStr]) -> KillOnDrop {
-    let mut child = Command::new(python)
-        .args(args)
+    ready(Command::new(python).args(args))
+}
+
+/// Starts `command`, and waits for the "ready" it prints.
+fn ready(command: &mut Command) -> KillOnDrop {
+    let mut child = command
         .stdout(Stdio::piped())
         .spawn()
-        .expect("start the Python workload");
+        .expect("start the workload");
     let mut line = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(child.stdout.take().unwrap()),
@@ -515,28 +519,13 @@ fn an_interpreter_started_late_is_walked() {
     let dir = tempfile::tempdir().unwrap();
     let exe = c_workload("pyembed", &["-O1", "-g"], dir.path());
     let go = dir.path().join("go");
-    let mut child = Command::new(&exe)
-        .arg(lib)
-        .arg(&go)
-        .arg("1500")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start pyembed");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "ready", "pyembed did not start");
-    let child = KillOnDrop(child);
+    let mut child = ready(Command::new(&exe).arg(lib).arg(&go).arg("1500"));
     let pid = child.0.id().to_string();
     let (mut prof, stdout, rx, stderr) = spawn_lines(&["-f", "-p", &pid, "60"], &[]);
     wait_for_line(&rx, "Tracing");
     // Blocks with no interpreter for half a second, then with one.
     std::thread::sleep(std::time::Duration::from_millis(500));
     std::fs::write(&go, "").unwrap();
-    let mut child = child;
     let status = child.0.wait().unwrap();
     assert!(status.success(), "pyembed: {status}");
     unsafe { libc::kill(prof.id() as i32, libc::SIGINT) };
