@@ -309,6 +309,9 @@ loss_counters! {
         /// ... left to the kernel's walk alone, without their scheduler
         /// frames.
         kstack_no_sched = CNT_KSTACK_NO_SCHED,
+        /// ... of threads that ran while they were walked, twice: the
+        /// kernel's walk kept, without their scheduler frames.
+        kstack_moved = CNT_KSTACK_MOVED,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -591,7 +594,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.kstack_no_sched, u64::from(max));
+        assert_eq!(c.kstack_moved, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

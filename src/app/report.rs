@@ -150,21 +150,26 @@ pub(super) fn report_kernel_stacks(
     verbose: bool,
     pairs: Option<Result<crate::ksyms::StackPairs>>,
 ) {
-    if c.kstack_no_sched > 0 {
+    if c.kstack_no_sched + c.kstack_moved > 0 {
         eprintln!(
             "offcputime: {} kernel stacks of threads not running (blocked since before the \
              start, or still blocked at the end with the kprobe hook) lack the scheduler's \
-             frames (schedule, __schedule, ...): the kernel's unwind tables (ORC) could not be \
-             used for them, and the kernel's own walk leaves those frames out",
-            c.kstack_no_sched
+             frames (schedule, __schedule, ...), which the kernel's own walk leaves out: {} \
+             where the kernel's unwind tables (ORC) could not be used, {} of threads that ran \
+             while they were walked",
+            c.kstack_no_sched + c.kstack_moved,
+            c.kstack_no_sched,
+            c.kstack_moved
         );
     }
-    if verbose && c.kstack_walked + c.kstack_no_sched > 0 {
+    if verbose && c.kstack_walked + c.kstack_no_sched + c.kstack_moved > 0 {
         eprintln!(
             "offcputime: kernel stacks of threads not running: {} walked with the kernel's ORC \
              tables, of which {} finished by the kernel's own walk from a module's or BPF \
              frame on; {} without their scheduler frames",
-            c.kstack_walked, c.kstack_spliced, c.kstack_no_sched
+            c.kstack_walked,
+            c.kstack_spliced,
+            c.kstack_no_sched + c.kstack_moved
         );
     }
     match pairs {

@@ -487,36 +487,57 @@ static __always_inline bool korc_begin(struct task_struct *task)
 	return true;
 }
 
-/* The kernel stack of `task`, which is not running: its id in `stacks`. */
+/* How many times `task` has been switched out. */
+static __always_inline __u64 switches_of(struct task_struct *task)
+{
+	return BPF_CORE_READ(task, nvcsw) + BPF_CORE_READ(task, nivcsw);
+}
+
+/*
+ * The kernel stack of `task`, which is not running: its id in `stacks`.
+ * A task not running may be picked by another CPU at any time: the two
+ * walks are kept only if it has not been switched out again, nor is on a
+ * CPU, once both are done; else they are made again once, and then the
+ * helper's stack is kept alone (CNT_KSTACK_MOVED).
+ */
 static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
-	long len, whole;
-	int i;
+	__u64 switches;
+	long len = 0, whole;
+	int i, attempt;
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	len = bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0);
-	/* A task on a CPU has no saved frame (nor a stack from the helper). */
-	if (len < 0 || BPF_CORE_READ(task, on_cpu))
-		return store_task_stack(len, false);
-	if (!kstack_orc || !korc_begin(task)) {
-		count(CNT_KSTACK_NO_SCHED);
-		return store_task_stack(len, false);
+	for (attempt = 0; attempt < 2; attempt++) {
+		switches = switches_of(task);
+		len = bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0);
+		/* A task on a CPU has no saved frame (nor a stack from the
+		 * helper). */
+		if (len < 0 || BPF_CORE_READ(task, on_cpu))
+			return store_task_stack(len, false);
+		if (!kstack_orc || !korc_begin(task)) {
+			count(CNT_KSTACK_NO_SCHED);
+			return store_task_stack(len, false);
+		}
+		for (i = 0; i < MAX_STACK_DEPTH; i++)
+			if (korc_step())
+				break;
+		if (BPF_CORE_READ(task, on_cpu) || switches_of(task) != switches)
+			continue;
+		whole = korc_finish(len);
+		if (whole < 0) {
+			count(CNT_KSTACK_NO_SCHED);
+			return store_task_stack(len, false);
+		}
+		count(CNT_KSTACK_WALKED);
+		if (test_kstack_check)
+			return korc_keep_pair(whole, len);
+		return store_korc_stack(whole);
 	}
-	for (i = 0; i < MAX_STACK_DEPTH; i++)
-		if (korc_step())
-			break;
-	whole = korc_finish(len);
-	if (whole < 0) {
-		count(CNT_KSTACK_NO_SCHED);
-		return store_task_stack(len, false);
-	}
-	count(CNT_KSTACK_WALKED);
-	if (test_kstack_check)
-		return korc_keep_pair(whole, len);
-	return store_korc_stack(whole);
+	count(CNT_KSTACK_MOVED);
+	return store_task_stack(len, false);
 }
 
 #endif /* __OFFCPUTIME_KSTACK_H__ */

@@ -603,10 +603,12 @@ enum offcpu_counter {
 	/* Kernel stacks of tasks not running walked with the kernel's ORC
 	 * tables (their scheduler frames kept), of which made whole with the
 	 * helper's stack from a frame the walk does not follow; those left
-	 * to the helper alone (no scheduler frames) */
+	 * to the helper alone (no scheduler frames), and those of threads that
+	 * ran while they were walked, twice (the helper's kept) */
 	CNT_KSTACK_WALKED,
 	CNT_KSTACK_SPLICED,
 	CNT_KSTACK_NO_SCHED,
+	CNT_KSTACK_MOVED,
 	CNT_MAX,
 };
 

@@ -209,6 +209,9 @@ struct task_struct {
 	struct css_set *cgroups;
 	/* The base of its kernel stack. */
 	void *stack;
+	/* Its switches out, voluntary and not. */
+	unsigned long nvcsw;
+	unsigned long nivcsw;
 };
 
 

@@ -75,6 +75,7 @@ fn whole_on(hook: &str) {
     let compared = number_before(" stacks compared with the kernel's walk");
     let differ = number_before(" differ\n");
     eprintln!("{hook}: {walked} walked, {compared} compared, {differ} differ");
+    eprintln!("matrix: {walked} walked, {differ} of {compared} differ");
     // The four stuck threads at the start: one walk each at least, three
     // stacks (two wait on a futex alike).
     assert!(walked >= 4, "{hook}: {walked} walks: {stderr}");
@@ -98,15 +99,30 @@ fn whole_on(hook: &str) {
         assert!(l.has(sched), "{hook}: {comm}: no {sched}: {:?}", l.frames);
     }
     assert_eq!(differ, 0, "{hook}: {stderr}");
-    assert!(
-        !stderr.contains("lack the scheduler's frames"),
-        "{hook}: {stderr}"
-    );
+    // Only threads that ran while they were walked (twice) may lack them:
+    // the stuck ones do not run.
+    let lacking = if stderr.contains("lack the scheduler's frames") {
+        assert_eq!(
+            number_before(" where the kernel's unwind tables (ORC) could not be used"),
+            0,
+            "{hook}: {stderr}"
+        );
+        number_before(" of threads that ran while they were walked")
+    } else {
+        0
+    };
     let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
     for (comm, sched) in THREADS {
+        // The VMs' files are in memory: the I/O thread may not block at all.
+        if in_vm && comm == "wl-io" {
+            continue;
+        }
         let mine: Vec<&Folded> = lines.iter().filter(|l| l.comm() == comm).collect();
         assert!(!mine.is_empty(), "{hook}: no stack of {comm}: {lines:?}");
-        for l in &mine {
+        for l in mine
+            .iter()
+            .filter(|l| lacking == 0 || l.us == max_us(&mine))
+        {
             // The innermost frames: the scheduler's, as at a switch-out
             // (the kprobe's stacks are taken in finish_task_switch).
             let last = l.frames.last().unwrap();
@@ -119,9 +135,6 @@ fn whole_on(hook: &str) {
         // Where it waits most (a thread may also be switched out on its way
         // back to user mode, in exit_to_user_mode_loop).
         let main = mine.iter().max_by_key(|l| l.us).unwrap();
-        if in_vm && comm == "wl-io" {
-            continue;
-        }
         assert!(
             main.frames.iter().any(|f| f.starts_with(sched)),
             "{hook}: {comm}: no {sched}: {:?}",
@@ -143,4 +156,9 @@ fn blocked_at_the_start_whole_raw_tp() {
 #[test]
 fn blocked_at_the_start_whole_kprobe() {
     on_kprobe(&[], whole_on);
+}
+
+/// The most time of one of `lines`.
+fn max_us(lines: &[&Folded]) -> u64 {
+    lines.iter().map(|l| l.us).max().unwrap_or(0)
 }
