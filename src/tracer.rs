@@ -19,6 +19,7 @@ use crate::raw::{
     RawProfile, RawUserStack, RawWaker, StackRef, Stacks, TaskEvent, WakerRef, MAPPED_VMAS,
 };
 
+mod attach;
 mod batch;
 mod cpuclock;
 pub mod kernel;
@@ -29,6 +30,7 @@ mod read;
 mod snapshot;
 mod stores;
 
+use attach::*;
 use load::*;
 pub use load::{Objects, Phases};
 use programs::{Attach, Flavour, Plan, Role};
@@ -377,66 +379,8 @@ impl<'obj> Tracer<'obj> {
                 .stacks_at_switch_in = true;
         }
 
-        let flavour = match hook {
-            _ if legacy => Flavour::Legacy,
-            Hook::TpBtf => Flavour::TaskStorage,
-            _ => Flavour::ByTid,
-        };
-        let trusted = flavour == Flavour::TaskStorage;
         let modern = !legacy;
-        // sched_switch passes the state the thread blocked in since 5.18,
-        // the kernel that also made the user-stack start iterator load.
-        open.maps
-            .rodata_data
-            .as_deref_mut()
-            .ok_or_else(|| anyhow!("BPF object has no .rodata"))?
-            .switch_has_prev_state = start_user_stacks && modern && hook != Hook::FinishTaskSwitch;
-        let plan = Plan {
-            flavour,
-            hook: Some(hook),
-            start_user_stacks,
-            states: opts.states,
-            wakers: opts.wakers,
-            // New processes share their parent's unwind tables from the
-            // fork.
-            forks: dwarf && modern && opts.user_stacks,
-            // -i's iterator, never with the legacy programs (refused in
-            // start).
-            cut: opts.interval.is_some() && modern,
-            // The Python frames of new CPython processes' first blocks,
-            // walked again once the interpreter is known (sleepable, task
-            // storage).
-            python_refresh: opts.python
-                && opts.user_stacks
-                && trusted
-                && start_user_stacks
-                && modern,
-            on_cpu: opts.on_cpu_hz.is_some(),
-        };
-        choose_programs(&mut open, &plan, opts.test.verifier_stats)?;
-        if trusted {
-            // Only task-local storage is used; keep the tid map tiny.
-            open.maps.task_data_by_tid.set_max_entries(1)?;
-        }
-        if trusted || opts.on_cpu_hz.is_none() {
-            open.maps.run_by_tid.set_max_entries(1)?;
-        }
-        if legacy {
-            // Before 5.11 tracing programs have no task-local storage,
-            // and its map cannot even be created.
-            open.maps
-                .task_data_storage
-                .set_autocreate(false)
-                .context("task storage map")?;
-            open.maps
-                .ucache_storage
-                .set_autocreate(false)
-                .context("stack cache map")?;
-            open.maps
-                .run_storage
-                .set_autocreate(false)
-                .context("running time map")?;
-        }
+        let plan = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
 
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
@@ -462,76 +406,8 @@ impl<'obj> Tracer<'obj> {
         }
 
         phases.mark("tables");
-        // The wake-up hook first: no wake-up of a block the switch hook
-        // sees may be missed.
-        let mut links = Vec::new();
-        for (role, name) in [
-            (Role::Wakeup, "sched_wakeup"),
-            (Role::Waking, "sched_waking"),
-            (Role::Fork, "sched_process_fork"),
-        ] {
-            if let Some(p) = plan.program(role) {
-                let prog = program_of(&skel, p)?;
-                let link = match p.attach {
-                    Attach::TpBtf => prog.attach(),
-                    Attach::RawTp(tp) => prog.attach_raw_tracepoint(tp),
-                    other => bail!("{}: attached as {other:?}, not a tracepoint", p.name),
-                };
-                links.push(link.with_context(|| format!("failed to attach the {name} hook"))?);
-            }
-        }
-        // The hook only notes switches until the start iterator, run next,
-        // has claimed the blocks under way and opened the window.
-        let switch = plan
-            .program(Role::Switch)
-            .ok_or_else(|| anyhow!("no switch program for {hook:?}"))?;
-        let prog = program_of(&skel, switch)?;
-        let (link, attached) = match switch.attach {
-            Attach::TpBtf => (
-                prog.attach()
-                    .context("failed to attach tp_btf/sched_switch")?,
-                AttachedHook::TpBtf,
-            ),
-            Attach::RawTp(tp) => (
-                prog.attach_raw_tracepoint(tp)
-                    .context("failed to attach raw_tp/sched_switch")?,
-                AttachedHook::RawTp,
-            ),
-            Attach::Kprobe => {
-                let symbol = kprobe_symbol.expect("resolved above");
-                let link = prog.attach_kprobe(false, &symbol).with_context(|| {
-                    let hint = if std::path::Path::new(KPROBE_PMU).exists() {
-                        ""
-                    } else {
-                        " (this kernel has no kprobe support, CONFIG_KPROBES)"
-                    };
-                    format!("failed to attach kprobe to {symbol}{hint}")
-                })?;
-                (link, AttachedHook::Kprobe { symbol })
-            }
-            other => bail!("{}: attached as {other:?}", switch.name),
-        };
-        links.push(link);
-        // --on-cpu: the samples begin before the window opens (and those
-        // before it are left out), so that none of it goes unsampled.
-        // libbpf's link closes the event's descriptor: the link owns it
-        // once attached (those not attached yet are closed here).
-        let cpu_clocks = match (opts.on_cpu_hz, plan.program(Role::OnCpu)) {
-            (Some(hz), Some(p)) => {
-                let sampler = program_of(&skel, p)?;
-                let mut attached = Vec::new();
-                for fd in cpuclock::open(hz)? {
-                    use std::os::fd::AsRawFd;
-                    let link = sampler
-                        .attach_perf_event(fd.as_raw_fd())
-                        .context("failed to attach the on-CPU sampler to cpu-clock")?;
-                    attached.push(std::os::fd::IntoRawFd::into_raw_fd(fd));
-                    links.push(link);
-                }
-                Some(cpuclock::Dither::start(attached, hz)?)
-            }
-            _ => None,
-        };
+        let (mut links, attached) = attach_hooks(&skel, &plan, hook, kprobe_symbol)?;
+        let cpu_clocks = attach_on_cpu(&skel, opts, &plan, &mut links)?;
         phases.mark("attach");
         if let Some(stall) = opts.test.stall_before_window {
             // For tests: the hook attached and the window not open yet for
@@ -642,59 +518,7 @@ impl<'obj> Tracer<'obj> {
         let mut builder = RingBufferBuilder::new();
         builder
             .add(&self.skel.maps.events, |data: &[u8]| {
-                let mut ev = types::task_event::default();
-                if plain::copy_from_bytes(&mut ev, data).is_ok() {
-                    use types::task_event_kind as K;
-                    let p = Proc {
-                        tgid: ev.tgid,
-                        start: ticks_of_ns(ev.process_start),
-                    };
-                    let space = AddressSpace {
-                        mm: ev.mm,
-                        exec_vm: ev.exec_vm,
-                    };
-                    let event = match K(ev.kind) {
-                        K::TASK_EVENT_NEW => TaskEvent::New(p, space),
-                        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p, space),
-                        K::TASK_EVENT_MAPPED => {
-                            let mut m = types::mapped_event::default();
-                            if plain::copy_from_bytes(&mut m, data).is_err() {
-                                return 0;
-                            }
-                            let mut vmas = [MappedVma::default(); MAPPED_VMAS];
-                            let n = (m.count as usize).min(MAPPED_VMAS).min(m.vma.len());
-                            for (to, from) in vmas.iter_mut().zip(&m.vma[..n]) {
-                                *to = MappedVma {
-                                    start: from.start,
-                                    end: from.end,
-                                    offset: from.offset,
-                                    dev: from.dev,
-                                    ino: from.ino,
-                                };
-                            }
-                            TaskEvent::Mapped(p, vmas, n)
-                        }
-                        K::TASK_EVENT_PYCODE => {
-                            let mut c = types::py_code_event::default();
-                            if plain::copy_from_bytes(&mut c, data).is_err() {
-                                return 0;
-                            }
-                            TaskEvent::PyCode {
-                                proc: p,
-                                space,
-                                code: c.code,
-                                tag: c.tag,
-                            }
-                        }
-                        K::TASK_EVENT_FORKED => TaskEvent::Forked {
-                            child: p,
-                            space,
-                            parent: ev.parent,
-                            map_start: ev.map_start,
-                            map_count: ev.map_count,
-                        },
-                        _ => TaskEvent::Exited(p),
-                    };
+                if let Some(event) = task_event(data) {
                     pending.borrow_mut().push(event);
                 }
                 0

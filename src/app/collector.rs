@@ -93,6 +93,39 @@ impl<'t> Collector<'t> {
         deferred: &mut Deferred,
         walked: &mut dyn FnMut(u64, &[u64]),
     ) -> bool {
+        let spaces = self.note_events(events, registry);
+        deferred.add(stacks);
+        // Tables first: the stacks copied for processes that had none are
+        // walked with them, before the processes that exited are let go.
+        let busy = match unwinder.as_mut() {
+            None => false,
+            Some(u) => update_tables(u, events, spaces, tracer, registry, deferred, walked),
+        };
+        self.note_pythons(registry);
+        self.refresh_python(tracer);
+        self.exits.sweep(registry);
+        if self.scan.is_none() {
+            self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
+        }
+        let scanning = self.scan_step(tracer, registry, unwinder, deferred);
+        self.stats.maybe_print(unwinder.as_ref());
+        if crate::priority::Lookout::take_raise() || deferred.is_waiting() {
+            self.raised.get_or_insert_with(crate::priority::raise);
+        } else {
+            self.raised = None;
+            crate::priority::Lookout::end_raise();
+        }
+        busy || scanning
+    }
+
+    /// Notes what each event says in the registry (and the exits, and the
+    /// processes to look at for an interpreter): for each new or changed
+    /// process, its address space if its mappings were read now.
+    fn note_events(
+        &mut self,
+        events: &[TaskEvent],
+        registry: &mut Registry,
+    ) -> Vec<Option<crate::raw::AddressSpace>> {
         // The address space of each process whose mappings were read now,
         // None where they could not be (it is gone): copied stacks are
         // walked only with tables of the mappings of their own.
@@ -122,75 +155,22 @@ impl<'t> Collector<'t> {
                 TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),
             }
         }
-        deferred.add(stacks);
-        // Tables first: the stacks copied for processes that had none are
-        // walked with them, before the processes that exited are let go.
-        let busy = match unwinder.as_mut() {
-            None => false,
-            Some(u) => {
-                let mut spaces = spaces.into_iter();
-                for ev in events {
-                    match *ev {
-                        TaskEvent::New(p, space) | TaskEvent::Changed(p, space) => {
-                            // Mappings not read now (the process is
-                            // gone, or another) give no new tables: the
-                            // copies of a process gone are given up now.
-                            if spaces.next().flatten().is_none() {
-                                use crate::deferred::ProcessTables;
-                                let gone = crate::process::start_ticks(p.tgid) != Some(p.start);
-                                if gone && u.slice(p.tgid, space).is_none() {
-                                    deferred.unwalkable(p, space);
-                                }
-                                continue;
-                            }
-                            u.note_address_space(p.tgid, space);
-                            u.note_process(registry, p.tgid);
-                        }
-                        TaskEvent::Forked {
-                            child,
-                            space,
-                            parent,
-                            map_start,
-                            map_count,
-                        } => {
-                            u.forked(
-                                parent,
-                                child.tgid,
-                                space,
-                                (map_start as usize, map_count as usize),
-                            );
-                        }
-                        TaskEvent::Exited(_) | TaskEvent::Mapped(..) | TaskEvent::PyCode { .. } => {
-                        }
-                    }
-                }
-                // Copies of processes whose tables were let go for room:
-                // they block again, and get them back.
-                for tgid in deferred.waiting_tgids() {
-                    u.wanted(registry, tgid);
-                }
-                let building = u.poll(registry);
-                if deferred.is_waiting() {
-                    deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
-                        let stored = tracer.store_stack(id, frames);
-                        if stored {
-                            walked(id, frames);
-                        }
-                        stored
-                    });
-                }
-                building
-            }
-        };
-        self.note_pythons(registry);
-        self.refresh_python(tracer);
-        self.exits.sweep(registry);
-        if self.scan.is_none() {
-            self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
-        }
+        spaces
+    }
+
+    /// Takes a slice of the pass over the counts for the user stacks of
+    /// processes that exited; once done, lets those processes go: whether
+    /// the pass is under way.
+    fn scan_step(
+        &mut self,
+        tracer: &'t Tracer<'_>,
+        registry: &mut Registry,
+        unwinder: &mut Option<Unwinder>,
+        deferred: &mut Deferred,
+    ) -> bool {
         // A slice of the pass over the counts at a time, between reads of
         // events.
-        let scanning = match &mut self.scan {
+        match &mut self.scan {
             None => false,
             Some(s) => match s.step(tracer, 4096) {
                 None => true,
@@ -223,14 +203,72 @@ impl<'t> Collector<'t> {
                     false
                 }
             },
-        };
-        self.stats.maybe_print(unwinder.as_ref());
-        if crate::priority::Lookout::take_raise() || deferred.is_waiting() {
-            self.raised.get_or_insert_with(crate::priority::raise);
-        } else {
-            self.raised = None;
-            crate::priority::Lookout::end_raise();
         }
-        busy || scanning
     }
+}
+
+/// Gives the unwinder the tables of the processes the events name (the
+/// address spaces `spaces` says were read), and walks the copied stacks
+/// whose tables are ready, storing each (`walked` is told): whether
+/// tables are still being built.
+fn update_tables(
+    u: &mut Unwinder,
+    events: &[TaskEvent],
+    spaces: Vec<Option<crate::raw::AddressSpace>>,
+    tracer: &Tracer<'_>,
+    registry: &mut Registry,
+    deferred: &mut Deferred,
+    walked: &mut dyn FnMut(u64, &[u64]),
+) -> bool {
+    let mut spaces = spaces.into_iter();
+    for ev in events {
+        match *ev {
+            TaskEvent::New(p, space) | TaskEvent::Changed(p, space) => {
+                // Mappings not read now (the process is
+                // gone, or another) give no new tables: the
+                // copies of a process gone are given up now.
+                if spaces.next().flatten().is_none() {
+                    use crate::deferred::ProcessTables;
+                    let gone = crate::process::start_ticks(p.tgid) != Some(p.start);
+                    if gone && u.slice(p.tgid, space).is_none() {
+                        deferred.unwalkable(p, space);
+                    }
+                    continue;
+                }
+                u.note_address_space(p.tgid, space);
+                u.note_process(registry, p.tgid);
+            }
+            TaskEvent::Forked {
+                child,
+                space,
+                parent,
+                map_start,
+                map_count,
+            } => {
+                u.forked(
+                    parent,
+                    child.tgid,
+                    space,
+                    (map_start as usize, map_count as usize),
+                );
+            }
+            TaskEvent::Exited(_) | TaskEvent::Mapped(..) | TaskEvent::PyCode { .. } => {}
+        }
+    }
+    // Copies of processes whose tables were let go for room:
+    // they block again, and get them back.
+    for tgid in deferred.waiting_tgids() {
+        u.wanted(registry, tgid);
+    }
+    let building = u.poll(registry);
+    if deferred.is_waiting() {
+        deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
+            let stored = tracer.store_stack(id, frames);
+            if stored {
+                walked(id, frames);
+            }
+            stored
+        });
+    }
+    building
 }

@@ -413,6 +413,14 @@ pub(super) fn report_unwinding(
             d.unstored
         );
     }
+    report_not_covered(u);
+    if verbose {
+        report_unwind_stats(u, &d, c);
+    }
+}
+
+/// The objects and processes left without DWARF unwinding (the first few).
+fn report_not_covered(u: &Unwinder) {
     let (missing, more) = u.not_covered();
     if !missing.is_empty() {
         const SHOWN: usize = 3;
@@ -442,56 +450,62 @@ pub(super) fn report_unwinding(
             );
         }
     }
-    if verbose {
-        let s = u.stats();
-        let mib = |n: usize, size: usize| (n * size) as f64 / (1 << 20) as f64;
-        let row = std::mem::size_of::<crate::bpf::types::unwind_row>();
-        let mapping = std::mem::size_of::<crate::bpf::types::unwind_mapping>();
-        eprintln!(
-            "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
-             {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
-             with them ({} cut short, {} proved unchanged since the thread's last walk), {} \
-             frames through frame pointers ({} in code its object's tables do not cover)",
-            s.objects,
-            s.objects_without_cfi,
-            s.rows,
-            s.mappings,
-            s.processes,
-            mib(s.rows, row) + mib(s.mappings, mapping),
-            mib(s.row_capacity, row) + mib(s.mapping_capacity, mapping),
-            s.build_ms,
-            c.unwind_dwarf,
-            c.unwind_truncated,
-            c.unwind_cached,
-            c.unwind_fp_frames,
-            c.unwind_gap_frames,
-        );
-        eprintln!(
-            "offcputime: unwind tables: {} new processes used their parent's from the fork \
-             ({} shared by userspace); {} user stacks of processes without tables of their own \
-             walked through those of the files they map ({} files); {} user stacks taken before \
-             their process's tables were ready copied and walked in userspace ({} walked, {} cut \
-             short, {} frames through frame pointers)",
-            c.unwind_forked,
-            s.processes_forked,
-            c.unwind_by_file,
-            s.files,
-            d.received,
-            d.walked,
-            d.cut,
-            d.fp_frames,
-        );
-        eprintln!(
-            "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \
-             for {} s ({} given them again at a later block); {} processes left without some \
-             for want of room got them later; {} tables moved to put free rows together",
-            s.processes_let_go,
-            crate::unwind::COLD.as_secs(),
-            s.processes_taken_back,
-            s.processes_given_room,
-            s.tables_moved,
-        );
-    }
+}
+
+/// `-v`: the unwind tables' use, and the stacks walked with them.
+fn report_unwind_stats(
+    u: &Unwinder,
+    d: &crate::deferred::DeferredStats,
+    c: &crate::raw::LossCounters,
+) {
+    let s = u.stats();
+    let mib = |n: usize, size: usize| (n * size) as f64 / (1 << 20) as f64;
+    let row = std::mem::size_of::<crate::bpf::types::unwind_row>();
+    let mapping = std::mem::size_of::<crate::bpf::types::unwind_mapping>();
+    eprintln!(
+        "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
+         {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
+         with them ({} cut short, {} proved unchanged since the thread's last walk), {} \
+         frames through frame pointers ({} in code its object's tables do not cover)",
+        s.objects,
+        s.objects_without_cfi,
+        s.rows,
+        s.mappings,
+        s.processes,
+        mib(s.rows, row) + mib(s.mappings, mapping),
+        mib(s.row_capacity, row) + mib(s.mapping_capacity, mapping),
+        s.build_ms,
+        c.unwind_dwarf,
+        c.unwind_truncated,
+        c.unwind_cached,
+        c.unwind_fp_frames,
+        c.unwind_gap_frames,
+    );
+    eprintln!(
+        "offcputime: unwind tables: {} new processes used their parent's from the fork \
+         ({} shared by userspace); {} user stacks of processes without tables of their own \
+         walked through those of the files they map ({} files); {} user stacks taken before \
+         their process's tables were ready copied and walked in userspace ({} walked, {} cut \
+         short, {} frames through frame pointers)",
+        c.unwind_forked,
+        s.processes_forked,
+        c.unwind_by_file,
+        s.files,
+        d.received,
+        d.walked,
+        d.cut,
+        d.fp_frames,
+    );
+    eprintln!(
+        "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \
+         for {} s ({} given them again at a later block); {} processes left without some \
+         for want of room got them later; {} tables moved to put free rows together",
+        s.processes_let_go,
+        crate::unwind::COLD.as_secs(),
+        s.processes_taken_back,
+        s.processes_given_room,
+        s.tables_moved,
+    );
 }
 
 /// With `OFFCPUTIME_STATS_INTERVAL=SECONDS` in the environment, a line on

@@ -61,6 +61,18 @@ pub fn write(
         }
         id
     };
+    let mut profiles = collect_profiles(profile, shape, opts, &mut frame_id);
+    write_json(&frames, &mut profiles, w)
+}
+
+/// The profiles of `profile`'s samples, hottest first, their frames
+/// numbered by `frame_id`.
+fn collect_profiles(
+    profile: &Profile,
+    shape: Shape,
+    opts: &SpeedscopeOptions,
+    frame_id: &mut dyn FnMut(&str, Option<&str>) -> usize,
+) -> Vec<Built> {
     let file_of = |f: &Frame| match f.origin {
         Origin::Unknown => None,
         Origin::Kernel => Some(KERNEL_MAPPING.to_string()),
@@ -97,39 +109,7 @@ pub fn write(
             p.name = profile_name(s, shape, opts);
             p.named_by_main = true;
         }
-        let mut stack: Vec<usize> = Vec::new();
-        if opts.per_process || shape.per_container {
-            stack.push(frame_id(&s.comm, None));
-        }
-        // As in the folded output: the state first (`--states`).
-        if let Some(state) = s.state {
-            stack.push(frame_id(state.frame(), None));
-        }
-        for f in super::leaf_first(s, shape).iter().rev() {
-            stack.push(frame_id(f.text(), file_of(f).as_deref()));
-        }
-        // As in the folded output: `--`, then the waker's frames innermost
-        // first and its name (`--wakers`).
-        if let Some(waker) = &s.waker {
-            stack.push(frame_id(super::folded::WAKER_SEPARATOR, None));
-            let (user, kernel) = waker.parts();
-            let parts = [
-                (kernel, shape.mode.kernel(), super::folded::MISSED_KERNEL),
-                (user, shape.mode.user(), super::folded::MISSED_USER),
-            ];
-            for (part, wanted, missed) in parts {
-                match part {
-                    Part::Frames(frames) if wanted => {
-                        for f in frames.iter() {
-                            stack.push(frame_id(f.text(), file_of(f).as_deref()));
-                        }
-                    }
-                    Part::Missed if wanted => stack.push(frame_id(missed, None)),
-                    _ => {}
-                }
-            }
-            stack.push(frame_id(waker.name(), None));
-        }
+        let stack = sample_stack(s, shape, opts, frame_id, &file_of);
         let next = p.stacks.len();
         let i = *p.index.entry(stack.clone()).or_insert(next);
         if i == next {
@@ -143,7 +123,59 @@ pub fn write(
             .cmp(&a.total_ns)
             .then_with(|| a.name.cmp(&b.name))
     });
+    profiles
+}
 
+/// A sample's stack as frame numbers, root first.
+fn sample_stack(
+    s: &Sample,
+    shape: Shape,
+    opts: &SpeedscopeOptions,
+    frame_id: &mut dyn FnMut(&str, Option<&str>) -> usize,
+    file_of: &dyn Fn(&Frame) -> Option<String>,
+) -> Vec<usize> {
+    let mut stack: Vec<usize> = Vec::new();
+    if opts.per_process || shape.per_container {
+        stack.push(frame_id(&s.comm, None));
+    }
+    // As in the folded output: the state first (`--states`).
+    if let Some(state) = s.state {
+        stack.push(frame_id(state.frame(), None));
+    }
+    for f in super::leaf_first(s, shape).iter().rev() {
+        stack.push(frame_id(f.text(), file_of(f).as_deref()));
+    }
+    // As in the folded output: `--`, then the waker's frames innermost
+    // first and its name (`--wakers`).
+    if let Some(waker) = &s.waker {
+        stack.push(frame_id(super::folded::WAKER_SEPARATOR, None));
+        let (user, kernel) = waker.parts();
+        let parts = [
+            (kernel, shape.mode.kernel(), super::folded::MISSED_KERNEL),
+            (user, shape.mode.user(), super::folded::MISSED_USER),
+        ];
+        for (part, wanted, missed) in parts {
+            match part {
+                Part::Frames(frames) if wanted => {
+                    for f in frames.iter() {
+                        stack.push(frame_id(f.text(), file_of(f).as_deref()));
+                    }
+                }
+                Part::Missed if wanted => stack.push(frame_id(missed, None)),
+                _ => {}
+            }
+        }
+        stack.push(frame_id(waker.name(), None));
+    }
+    stack
+}
+
+/// The file: the shared frames, then each profile's samples and weights.
+fn write_json(
+    frames: &[(String, Option<String>)],
+    profiles: &mut [Built],
+    w: &mut dyn Write,
+) -> io::Result<()> {
     write!(
         w,
         "{{\"$schema\":{},\"shared\":{{\"frames\":[",

@@ -171,6 +171,46 @@ pub fn write(
 ) -> io::Result<()> {
     let stacks = folded::lines(profile, shape, true);
 
+    let mut kernel_colors = frame_colors(profile, shape, opts, &stacks);
+
+    let mut lines: Vec<String> = stacks
+        .into_iter()
+        .map(|(stack, us)| format!("{stack} {us}"))
+        .collect();
+    // inferno merges adjacent lines and expects them sorted.
+    lines.sort_unstable();
+
+    let mut o = flamegraph::Options::default();
+    o.title = opts.title.clone();
+    o.subtitle = opts.subtitle.clone();
+    o.count_name = opts.count_name.clone();
+    o.colors = opts.palette;
+    o.deterministic = true;
+    o.palette_map = Some(&mut kernel_colors);
+    o.image_width = opts.width;
+    o.min_width = opts.min_width;
+    o.direction = if opts.inverted {
+        Direction::Inverted
+    } else {
+        Direction::Straight
+    };
+    o.reverse_stack_order = opts.reverse;
+
+    let mut svg = Vec::new();
+    flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), &mut svg)?;
+    let svg = String::from_utf8(svg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    w.write_all(thin_separators(&svg, o.frame_height as u32).as_bytes())
+}
+
+/// The colours of frames that the palette does not choose: the states,
+/// `--on-cpu`'s hot frames, the wakers', the containers', Python's, and the
+/// kernel's where the palette has none for them.
+fn frame_colors(
+    profile: &Profile,
+    shape: Shape,
+    opts: &SvgOptions,
+    stacks: &[(String, u64)],
+) -> PaletteMap {
     let mut kernel_colors = PaletteMap::default();
     // The states of --states: one fixed colour each, whatever the palette.
     for state in [
@@ -189,7 +229,7 @@ pub fn write(
         .samples
         .iter()
         .any(|s| s.state == Some(OffState::Running));
-    for (stack, _) in &stacks {
+    for (stack, _) in stacks {
         for frame in stack.split(';') {
             let kernel = frame.ends_with(HOT_KERNEL_ANNOTATION);
             if (kernel || frame.ends_with(HOT_USER_ANNOTATION))
@@ -208,7 +248,7 @@ pub fn write(
             b: 160,
         },
     );
-    for (stack, _) in &stacks {
+    for (stack, _) in stacks {
         for frame in stack.split(';').filter(|f| f.ends_with(WAKER_ANNOTATION)) {
             if kernel_colors.get(frame).is_none() {
                 kernel_colors.insert(frame, waker_color(frame));
@@ -245,7 +285,7 @@ pub fn write(
         }
     }
     if !palette_knows_kernel(opts.palette) {
-        for (stack, _) in &stacks {
+        for (stack, _) in stacks {
             for frame in stack.split(';').filter(|f| f.ends_with(KERNEL_ANNOTATION)) {
                 if kernel_colors.get(frame).is_none() {
                     let palette = if hot_cold {
@@ -258,34 +298,7 @@ pub fn write(
             }
         }
     }
-
-    let mut lines: Vec<String> = stacks
-        .into_iter()
-        .map(|(stack, us)| format!("{stack} {us}"))
-        .collect();
-    // inferno merges adjacent lines and expects them sorted.
-    lines.sort_unstable();
-
-    let mut o = flamegraph::Options::default();
-    o.title = opts.title.clone();
-    o.subtitle = opts.subtitle.clone();
-    o.count_name = opts.count_name.clone();
-    o.colors = opts.palette;
-    o.deterministic = true;
-    o.palette_map = Some(&mut kernel_colors);
-    o.image_width = opts.width;
-    o.min_width = opts.min_width;
-    o.direction = if opts.inverted {
-        Direction::Inverted
-    } else {
-        Direction::Straight
-    };
-    o.reverse_stack_order = opts.reverse;
-
-    let mut svg = Vec::new();
-    flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), &mut svg)?;
-    let svg = String::from_utf8(svg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    w.write_all(thin_separators(&svg, o.frame_height as u32).as_bytes())
+    kernel_colors
 }
 
 /// Redraws each `-` frame (the `-d` delimiter) as a thin bar centred in

@@ -15,14 +15,22 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::maps::{
-    debug_file, open_mapped, parse_maps, process_alive, vdso_copy, MapsLine, ObjectKey,
-};
+use super::maps::{parse_maps, ObjectKey};
 use super::Proc;
-use crate::elf::{load_segments, Segment};
+use crate::elf::Segment;
+
+// The submodules reach `process::python` and `process::ObjectInfo` as
+// `super::python` and `super::ObjectInfo`, as this file does.
+use super::{python, ObjectInfo};
+
+mod frames;
+mod interpreters;
+mod objects;
+
+use frames::RetiredList;
+pub use frames::{Mappings, StackFrames};
 
 /// One executable mapping of a process.
 #[derive(Clone, Copy, Debug)]
@@ -79,15 +87,6 @@ pub struct FileIdentity {
     pub size: u64,
 }
 
-/// The kernel's encoding of a device given as `/proc/PID/maps` shows it
-/// (hexadecimal major:minor).
-fn kernel_dev(maps_dev: &str) -> Option<u64> {
-    let (major, minor) = maps_dev.split_once(':')?;
-    let major = u64::from_str_radix(major, 16).ok()?;
-    let minor = u64::from_str_radix(minor, 16).ok()?;
-    (major < 1 << 12 && minor < 1 << 20).then_some(major << 20 | minor)
-}
-
 /// An executable mapping of a process, as [`Registry::mappings`] gives
 /// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,39 +124,6 @@ pub enum UserFrame {
     PythonUnreadable,
     /// The Python frames went on beyond the walk's room.
     PythonCutShort,
-}
-
-/// The id a retired stack is kept under: the stack id mixed with its
-/// process's start time, so that the stacks of two processes that had the
-/// same pid are kept apart (a 64-bit hash either way).
-fn retired_id(id: u64, start: u64) -> u64 {
-    id ^ start.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// (stack id, tgid) -> index of its frames, for processes that exited.
-#[derive(Default)]
-struct RetiredList {
-    entries: Vec<(u64, u32, u32)>,
-    sorted: bool,
-}
-
-impl RetiredList {
-    fn push(&mut self, tgid: u32, id: u64, index: u32) {
-        self.entries.push((id, tgid, index));
-        self.sorted = false;
-    }
-
-    fn get(&mut self, tgid: u32, id: u64) -> Option<u32> {
-        if !self.sorted {
-            self.entries.sort_unstable();
-            self.sorted = true;
-        }
-        let at = self
-            .entries
-            .binary_search_by(|&(i, t, _)| (i, t).cmp(&(id, tgid)))
-            .ok()?;
-        Some(self.entries[at].2)
-    }
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -465,157 +431,6 @@ impl Registry {
         self.released
     }
 
-    /// The index of the object `line` maps, opening its file the first
-    /// time it is seen.
-    fn object_of(&mut self, tgid: u32, line: &MapsLine<'_>) -> u32 {
-        if let Some(&id) = self.object_ids.get(&line.key) {
-            // Mapped again after its descriptor was let go: the unwinder
-            // may need the file.
-            let o = &mut self.objects[id as usize];
-            if o.handle.is_none() && o.mapped.is_some() {
-                if let Ok(f) = open_mapped(tgid, line) {
-                    if !o.path_is_handle && o.segments.is_none() {
-                        o.path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
-                        o.path_is_handle = true;
-                    }
-                    o.handle = Some(f);
-                }
-            }
-            return id;
-        }
-        let name = Path::new(line.path)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .filter(|_| line.path.starts_with('/'))
-            .unwrap_or_else(|| match &line.key {
-                ObjectKey::Pseudo(n) => n.clone(),
-                ObjectKey::File { .. } => line.path.to_string(),
-            });
-        let (path, segments, handle) = match line.key {
-            ObjectKey::Pseudo(ref n) if n == "[vdso]" => match vdso_copy() {
-                Some(f) => (
-                    Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
-                    None,
-                    Some(f),
-                ),
-                None => (None, None, None),
-            },
-            ObjectKey::Pseudo(_) => (None, None, None),
-            ObjectKey::File { .. } => {
-                let (path, handle) = match open_mapped(tgid, line) {
-                    Ok(f) => (
-                        PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
-                        Some(f),
-                    ),
-                    Err(e) => {
-                        self.denied
-                            .files
-                            .push((line.path.to_string(), e.to_string()));
-                        // The path as mapped, for the names at least.
-                        (PathBuf::from(line.path), None)
-                    }
-                };
-                // A debug file's own segments need not point at its
-                // contents: addresses are worked out in the file itself.
-                let debug = debug_file(&path).and_then(|d| {
-                    let segments = match &handle {
-                        Some(f) => load_segments(f),
-                        None => load_segments(&File::open(&path).ok()?),
-                    }?;
-                    Some((d, segments))
-                });
-                match debug {
-                    Some((d, segments)) => (Some(d), Some(segments), handle),
-                    None => (Some(path), None, handle),
-                }
-            }
-        };
-        let mapped = handle.as_ref().and_then(|f| {
-            use std::os::unix::fs::MetadataExt;
-            let m = f.metadata().ok()?;
-            (line.path.starts_with('/') && !line.path.ends_with(" (deleted)"))
-                .then(|| (PathBuf::from(line.path), m.dev(), m.ino()))
-        });
-        let path_is_handle = segments.is_none() && handle.is_some();
-        let identity = match &line.key {
-            ObjectKey::File { dev, inode } => {
-                let size = handle
-                    .as_ref()
-                    .and_then(|f| f.metadata().ok())
-                    .map(|m| m.len());
-                kernel_dev(dev).zip(size).map(|(dev, size)| FileIdentity {
-                    dev,
-                    ino: *inode,
-                    size,
-                })
-            }
-            ObjectKey::Pseudo(n) if n == "[vdso]" && handle.is_some() => Some(FileIdentity {
-                dev: 0,
-                ino: 0,
-                size: 0,
-            }),
-            ObjectKey::Pseudo(_) => None,
-        };
-        let id = self.objects.len() as u32;
-        self.objects.push(Object {
-            name,
-            maps_path: line.path.to_string(),
-            path,
-            segments,
-            handle,
-            mapped,
-            path_is_handle,
-            users: 0,
-            identity,
-        });
-        self.object_ids.insert(line.key.clone(), id);
-        id
-    }
-
-    /// Reads live process `tgid`'s perf map again, if it has one and it
-    /// changed.
-    fn read_perf_map(&mut self, tgid: u32) {
-        let Some(&start) = self.starts.get(&tgid) else {
-            return;
-        };
-        let p = Proc { tgid, start };
-        match crate::jit::read(tgid, self.perf_maps.get(&p)) {
-            Ok(Some(map)) => {
-                self.perf_maps.insert(p, map);
-            }
-            Ok(None) | Err(crate::jit::Refused::Absent) => {}
-            Err(crate::jit::Refused::Unsafe(why)) => {
-                if !self.perf_maps_refused.contains(&why) {
-                    self.perf_maps_refused.push(why);
-                }
-            }
-        }
-    }
-
-    /// What the perf maps read cost: refused files, lines skipped, maps
-    /// cut at their size limit; one line each, for stderr.
-    pub fn jit_notes(&self) -> Vec<String> {
-        let mut notes: Vec<String> = self
-            .perf_maps_refused
-            .iter()
-            .map(|why| format!("a JIT perf map was not read: {why}; its frames are unnamed"))
-            .collect();
-        let bad: usize = self.perf_maps.values().map(|m| m.bad_lines).sum();
-        if bad > 0 {
-            notes.push(format!(
-                "{bad} lines of JIT perf maps did not parse and were skipped"
-            ));
-        }
-        let cut = self.perf_maps.values().filter(|m| m.truncated).count();
-        if cut > 0 {
-            notes.push(format!(
-                "{cut} JIT perf maps were larger than {} MiB: only their start was read",
-                crate::jit::MAX_BYTES >> 20
-            ));
-        }
-        notes
-    }
-
     /// What could not be read for want of privilege.
     pub fn denied(&self) -> &Denied {
         &self.denied
@@ -640,98 +455,6 @@ impl Registry {
             .unwrap_or_default();
         out.sort_unstable_by_key(|m| m.start);
         out
-    }
-
-    /// The file an object maps (the file itself, not its debug file),
-    /// open, if it could be opened.
-    pub fn object_file(&self, object: u32) -> Option<&File> {
-        self.objects.get(object as usize)?.handle.as_ref()
-    }
-
-    /// The object's path as mapped and its build id, for outputs that
-    /// name the files frames are in.
-    pub fn object_info(&self, object: u32) -> super::ObjectInfo {
-        let Some(o) = self.objects.get(object as usize) else {
-            return Default::default();
-        };
-        // The descriptor where it is held, else the path it was read
-        // from (a separate debug file has the same build id).
-        let from = match &o.handle {
-            Some(f) => Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
-            None => o.path.clone(),
-        };
-        let build_id = from
-            .and_then(|p| {
-                // The parser may panic on a malformed file: then there is
-                // no id.
-                std::panic::catch_unwind(|| blazesym::helper::read_elf_build_id(&p))
-                    .ok()?
-                    .ok()?
-            })
-            .map(|id| id.to_vec())
-            .unwrap_or_default();
-        super::ObjectInfo {
-            // A mapping without a file (JIT code) by its kind, `anon`.
-            path: if o.maps_path.is_empty() {
-                o.name.clone()
-            } else {
-                o.maps_path.clone()
-            },
-            build_id,
-        }
-    }
-
-    /// The object's file name, for messages.
-    /// How the kernel knows the file `object` maps, where it could be
-    /// opened.
-    pub fn object_identity(&self, object: u32) -> Option<FileIdentity> {
-        self.objects.get(object as usize).and_then(|o| o.identity)
-    }
-
-    pub fn object_name(&self, object: u32) -> &str {
-        self.objects
-            .get(object as usize)
-            .map_or("?", |o| o.name.as_str())
-    }
-
-    /// Process `tgid` has exited: its counted user `stacks` (stack id and
-    /// addresses, innermost first) are kept as frames of objects, and its
-    /// snapshot is let go. What is kept grows with the distinct stacks
-    /// counted, not with the processes seen: the same stack of another
-    /// process of the same program is stored once.
-    pub fn retire(&mut self, p: Proc, stacks: &[(u64, Vec<u64>)]) {
-        let tgid = p.tgid;
-        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
-            self.starts.remove(&tgid);
-            self.inherited.remove(&tgid);
-            self.processes.remove(&tgid)
-        } else {
-            self.superseded.remove(&p)
-        };
-        let Some(mappings) = mappings else {
-            return;
-        };
-        self.drop_users(&distinct_objects(&mappings));
-        for (id, addrs) in stacks {
-            self.resolve_python(p, addrs);
-            // An address outside every mapping is `[unknown]` whatever
-            // it is: kept as one, so that such stacks of different
-            // processes are kept once too.
-            let frames: std::rc::Rc<[UserFrame]> = stack_frames(&mappings, &self.py, p, addrs)
-                .into_iter()
-                .map(|f| match f {
-                    UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
-                    f => f,
-                })
-                .collect();
-            let next = self.retired_stacks.len() as u32;
-            let index = *self.retired_ids.entry(frames.clone()).or_insert(next);
-            if index == next {
-                self.retired_stacks.push(frames);
-            }
-            self.retired.push(tgid, retired_id(*id, p.start), index);
-        }
-        self.py.exited(p);
     }
 
     /// Process `child` was forked by `parent`: it maps what its parent
@@ -851,110 +574,6 @@ impl Registry {
         self.processes.contains_key(&tgid)
     }
 
-    /// The frames of user stack `id` of process `tgid` (its addresses
-    /// `addrs`, innermost first): as kept when the process exited, or
-    /// through its snapshot, taken again now if it is still running, for
-    /// libraries loaded since.
-    pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
-        let python = addrs.iter().any(|&a| super::python::is_python_word(a));
-        if python {
-            self.resolve_python(p, addrs);
-        }
-        let mappings = match self.user_stack(p, id) {
-            StackFrames::Kept(frames) => return frames.to_vec(),
-            StackFrames::Mapped(m) if !python => {
-                return addrs.iter().map(|&a| m.frame(a)).collect()
-            }
-            StackFrames::Mapped(m) => m.0.to_vec(),
-        };
-        stack_frames(&mappings, &self.py, p, addrs)
-    }
-
-    /// Reads the code objects the Python frames of `addrs` (a stack of
-    /// process `p`) name that were not read yet (their notice was lost),
-    /// while the process lives.
-    fn resolve_python(&mut self, p: Proc, addrs: &[u64]) {
-        let (_, words) = super::python::split(addrs);
-        for w in words {
-            if w.code != 0 {
-                self.py.code(p, w.code, w.tag);
-            }
-        }
-    }
-
-    /// A walk of process `p`'s Python frames met code object `code` with
-    /// `tag`: its names are read now, while the process runs.
-    pub fn note_python_code(&mut self, p: Proc, code: u64, tag: u32) {
-        self.py.code(p, code, tag);
-    }
-
-    /// The code object of a [`UserFrame::Python`].
-    pub fn python_code(&self, code: u32) -> Option<&crate::python::Code> {
-        self.py.code_at(code)
-    }
-
-    /// Whether process `p` runs a CPython interpreter whose frames are
-    /// read.
-    pub fn is_python(&self, p: Proc) -> bool {
-        self.py.has_process(p)
-    }
-
-    /// Interpreters whose frames are not read, and why: one line each.
-    pub fn python_notes(&self) -> &[String] {
-        &self.py.unsupported
-    }
-
-    pub fn python_stats(&self) -> super::python::PyStats {
-        super::python::PyStats {
-            unmatched: self.py.unmatched.get(),
-            ..self.py.stats
-        }
-    }
-
-    /// Looks for a CPython interpreter among the objects process `p`
-    /// maps (noted first): the BPF program's entry for it (its address
-    /// space left to the caller), if it has one whose layout is known.
-    pub fn note_python(&mut self, p: Proc) -> Option<crate::bpf::types::py_proc> {
-        let mappings = self.processes.get(&p.tgid)?;
-        let candidates: Vec<(u32, u64, u64)> = mappings
-            .iter()
-            .map(|m| (m.object, m.start, m.file_offset))
-            .collect();
-        for (object, start, file_offset) in candidates {
-            let o = &self.objects[object as usize];
-            let Some(py) = self.py.object(object, &o.name, o.handle.as_ref()) else {
-                continue;
-            };
-            // The lowest mapping of the object: the first found, as the
-            // maps list them by address.
-            return self.py.note_process(p, &py, start, file_offset);
-        }
-        // None (any more: an exec into another program).
-        self.py.exited(p);
-        None
-    }
-
-    /// How the frames of user stack `id` of process `p` are found (see
-    /// [`Registry::user_frames`]): kept, or an address at a time through
-    /// the process's mappings, which are the same for every stack of the
-    /// process.
-    pub fn user_stack(&mut self, p: Proc, id: u64) -> StackFrames<'_> {
-        let tgid = p.tgid;
-        if let Some(i) = self.retired.get(tgid, retired_id(id, p.start)) {
-            return StackFrames::Kept(&self.retired_stacks[i as usize]);
-        }
-        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
-            if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
-                self.refresh_process(tgid, false);
-            }
-            self.processes.get(&tgid)
-        } else {
-            // A process whose pid was taken by another.
-            self.superseded.get(&p)
-        };
-        StackFrames::Mapped(Mappings(mappings.map_or(&[][..], Vec::as_slice)))
-    }
-
     /// Where a process was found to map another file over one it had
     /// mapped before: frames of stacks taken before are named through
     /// the later file there. One line for stderr, if it happened.
@@ -971,51 +590,6 @@ impl Registry {
             self.object_name(after),
         ))
     }
-
-    /// An object, for the symbolizer.
-    pub(crate) fn object(&self, object: u32) -> &Object {
-        &self.objects[object as usize]
-    }
-
-    /// Whether any process has a perf map.
-    pub(crate) fn has_perf_maps(&self) -> bool {
-        !self.perf_maps.is_empty()
-    }
-
-    /// The perf map of process `p`, as last read while it lived.
-    pub(crate) fn perf_map(&self, p: Proc) -> Option<&crate::jit::PerfMap> {
-        self.perf_maps.get(&p)
-    }
-
-    /// The frames of addresses `addrs` of process `tgid` through its
-    /// snapshot, taken again first if the process is still running (for
-    /// libraries loaded since).
-    pub fn frames_now(&mut self, tgid: u32, addrs: &[u64]) -> Vec<UserFrame> {
-        if process_alive(tgid) {
-            self.refresh_process(tgid, false);
-        }
-        let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
-        addrs.iter().map(|&a| user_frame(mappings, a)).collect()
-    }
-}
-
-/// The frames of a user stack (see [`Registry::user_stack`]).
-pub enum StackFrames<'a> {
-    /// Kept when its process exited.
-    Kept(&'a [UserFrame]),
-    /// Through its process's mappings.
-    Mapped(Mappings<'a>),
-}
-
-/// The executable mappings of a process.
-#[derive(Clone, Copy)]
-pub struct Mappings<'a>(&'a [Mapping]);
-
-impl Mappings<'_> {
-    /// The frame of address `addr`.
-    pub fn frame(&self, addr: u64) -> UserFrame {
-        user_frame(self.0, addr)
-    }
 }
 
 /// The objects `mappings` map, each once.
@@ -1024,71 +598,6 @@ fn distinct_objects(mappings: &[Mapping]) -> Vec<u32> {
     v.sort_unstable();
     v.dedup();
     v
-}
-
-/// The frames of stack `addrs` of process `p` through its mappings: its
-/// native frames, with the runs of its Python frames in place of their
-/// evaluation calls (the code objects they name read before, see
-/// [`Registry::resolve_python`]).
-fn stack_frames(
-    mappings: &[Mapping],
-    py: &super::python::Pythons,
-    p: Proc,
-    addrs: &[u64],
-) -> Vec<UserFrame> {
-    use super::python::{merge, runs, split, RunFrame};
-    let (native, words) = split(addrs);
-    let native: Vec<UserFrame> = native.iter().map(|&a| user_frame(mappings, a)).collect();
-    let is_eval = |f: &UserFrame| match *f {
-        UserFrame::File { object, offset } => {
-            py.object_read(object).is_some_and(|o| o.is_eval(offset))
-        }
-        _ => false,
-    };
-    if words.is_empty() {
-        // A CPython process's stack with the interpreter's frames and
-        // none of its Python frames (walked before the interpreter was
-        // known, or a thread whose own state was not found).
-        if py.has_process(p) && native.iter().any(is_eval) {
-            py.unmatched.set(py.unmatched.get() + 1);
-        }
-        return native;
-    }
-    let runs: Vec<Vec<UserFrame>> = runs(&words)
-        .into_iter()
-        .map(|run| {
-            run.into_iter()
-                .map(|f| match f {
-                    RunFrame::Code(w) => match py.known_code(p, w.code, w.tag) {
-                        Some(code) if py.code_at(code).is_some() => UserFrame::Python {
-                            code,
-                            instr: w.instr,
-                        },
-                        _ => UserFrame::PythonUnreadable,
-                    },
-                    RunFrame::Unreadable => UserFrame::PythonUnreadable,
-                    RunFrame::CutShort => UserFrame::PythonCutShort,
-                })
-                .collect()
-        })
-        .collect();
-    let (frames, matched) = merge(native, is_eval, runs);
-    if !matched {
-        py.unmatched.set(py.unmatched.get() + 1);
-    }
-    frames
-}
-
-/// `addr` as a frame of the mapping that holds it.
-fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
-    match mappings.iter().find(|m| addr >= m.start && addr < m.end) {
-        Some(m) => UserFrame::File {
-            object: m.object,
-            offset: (addr - m.start).wrapping_add(m.file_offset),
-        },
-        None if addr == crate::unwind_table::SIGNAL_FRAME => UserFrame::Signal,
-        None => UserFrame::Unmapped(addr),
-    }
 }
 
 #[cfg(test)]

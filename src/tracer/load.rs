@@ -352,3 +352,73 @@ pub(super) fn configure(
         .set_max_entries(opts.cgroups.len().max(1) as u32)?;
     Ok(())
 }
+
+/// The programs and maps for `hook` (with the legacy programs, or not;
+/// `start_user_stacks`: the kernel's user-stack start iterator loads), chosen
+/// and sized in `open`.
+pub(super) fn plan_programs(
+    open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
+    opts: &TracerOptions,
+    hook: Hook,
+    start_user_stacks: bool,
+    legacy: bool,
+    dwarf: bool,
+) -> Result<Plan> {
+    let flavour = match hook {
+        _ if legacy => Flavour::Legacy,
+        Hook::TpBtf => Flavour::TaskStorage,
+        _ => Flavour::ByTid,
+    };
+    let trusted = flavour == Flavour::TaskStorage;
+    let modern = !legacy;
+    // sched_switch passes the state the thread blocked in since 5.18,
+    // the kernel that also made the user-stack start iterator load.
+    open.maps
+        .rodata_data
+        .as_deref_mut()
+        .ok_or_else(|| anyhow!("BPF object has no .rodata"))?
+        .switch_has_prev_state = start_user_stacks && modern && hook != Hook::FinishTaskSwitch;
+    let plan = Plan {
+        flavour,
+        hook: Some(hook),
+        start_user_stacks,
+        states: opts.states,
+        wakers: opts.wakers,
+        // New processes share their parent's unwind tables from the
+        // fork.
+        forks: dwarf && modern && opts.user_stacks,
+        // -i's iterator, never with the legacy programs (refused in
+        // start).
+        cut: opts.interval.is_some() && modern,
+        // The Python frames of new CPython processes' first blocks,
+        // walked again once the interpreter is known (sleepable, task
+        // storage).
+        python_refresh: opts.python && opts.user_stacks && trusted && start_user_stacks && modern,
+        on_cpu: opts.on_cpu_hz.is_some(),
+    };
+    choose_programs(open, &plan, opts.test.verifier_stats)?;
+    if trusted {
+        // Only task-local storage is used; keep the tid map tiny.
+        open.maps.task_data_by_tid.set_max_entries(1)?;
+    }
+    if trusted || opts.on_cpu_hz.is_none() {
+        open.maps.run_by_tid.set_max_entries(1)?;
+    }
+    if legacy {
+        // Before 5.11 tracing programs have no task-local storage,
+        // and its map cannot even be created.
+        open.maps
+            .task_data_storage
+            .set_autocreate(false)
+            .context("task storage map")?;
+        open.maps
+            .ucache_storage
+            .set_autocreate(false)
+            .context("stack cache map")?;
+        open.maps
+            .run_storage
+            .set_autocreate(false)
+            .context("running time map")?;
+    }
+    Ok(plan)
+}

@@ -377,3 +377,63 @@ impl Tracer<'_> {
         read_counters(&self.skel)
     }
 }
+
+/// A record of the event ring decoded; None: too short for its kind.
+pub(super) fn task_event(data: &[u8]) -> Option<TaskEvent> {
+    let mut ev = types::task_event::default();
+    if plain::copy_from_bytes(&mut ev, data).is_err() {
+        return None;
+    }
+    use types::task_event_kind as K;
+    let p = Proc {
+        tgid: ev.tgid,
+        start: ticks_of_ns(ev.process_start),
+    };
+    let space = AddressSpace {
+        mm: ev.mm,
+        exec_vm: ev.exec_vm,
+    };
+    let event = match K(ev.kind) {
+        K::TASK_EVENT_NEW => TaskEvent::New(p, space),
+        K::TASK_EVENT_CHANGED => TaskEvent::Changed(p, space),
+        K::TASK_EVENT_MAPPED => {
+            let mut m = types::mapped_event::default();
+            if plain::copy_from_bytes(&mut m, data).is_err() {
+                return None;
+            }
+            let mut vmas = [MappedVma::default(); MAPPED_VMAS];
+            let n = (m.count as usize).min(MAPPED_VMAS).min(m.vma.len());
+            for (to, from) in vmas.iter_mut().zip(&m.vma[..n]) {
+                *to = MappedVma {
+                    start: from.start,
+                    end: from.end,
+                    offset: from.offset,
+                    dev: from.dev,
+                    ino: from.ino,
+                };
+            }
+            TaskEvent::Mapped(p, vmas, n)
+        }
+        K::TASK_EVENT_PYCODE => {
+            let mut c = types::py_code_event::default();
+            if plain::copy_from_bytes(&mut c, data).is_err() {
+                return None;
+            }
+            TaskEvent::PyCode {
+                proc: p,
+                space,
+                code: c.code,
+                tag: c.tag,
+            }
+        }
+        K::TASK_EVENT_FORKED => TaskEvent::Forked {
+            child: p,
+            space,
+            parent: ev.parent,
+            map_start: ev.map_start,
+            map_count: ev.map_count,
+        },
+        _ => TaskEvent::Exited(p),
+    };
+    Some(event)
+}

@@ -1,0 +1,229 @@
+//! User stacks as frames of files: live processes' through their
+//! mappings, exited processes' stacks kept once each, CPython frames put in
+//! place of the evaluation calls.
+
+use super::{distinct_objects, Mapping, Registry, UserFrame};
+use crate::process::maps::process_alive;
+use crate::process::Proc;
+
+/// The id a retired stack is kept under: the stack id mixed with its
+/// process's start time, so that the stacks of two processes that had the
+/// same pid are kept apart (a 64-bit hash either way).
+fn retired_id(id: u64, start: u64) -> u64 {
+    id ^ start.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// (stack id, tgid) -> index of its frames, for processes that exited.
+#[derive(Default)]
+pub(super) struct RetiredList {
+    entries: Vec<(u64, u32, u32)>,
+    sorted: bool,
+}
+
+impl RetiredList {
+    fn push(&mut self, tgid: u32, id: u64, index: u32) {
+        self.entries.push((id, tgid, index));
+        self.sorted = false;
+    }
+
+    fn get(&mut self, tgid: u32, id: u64) -> Option<u32> {
+        if !self.sorted {
+            self.entries.sort_unstable();
+            self.sorted = true;
+        }
+        let at = self
+            .entries
+            .binary_search_by(|&(i, t, _)| (i, t).cmp(&(id, tgid)))
+            .ok()?;
+        Some(self.entries[at].2)
+    }
+}
+
+impl Registry {
+    /// Process `tgid` has exited: its counted user `stacks` (stack id and
+    /// addresses, innermost first) are kept as frames of objects, and its
+    /// snapshot is let go. What is kept grows with the distinct stacks
+    /// counted, not with the processes seen: the same stack of another
+    /// process of the same program is stored once.
+    pub fn retire(&mut self, p: Proc, stacks: &[(u64, Vec<u64>)]) {
+        let tgid = p.tgid;
+        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
+            self.starts.remove(&tgid);
+            self.inherited.remove(&tgid);
+            self.processes.remove(&tgid)
+        } else {
+            self.superseded.remove(&p)
+        };
+        let Some(mappings) = mappings else {
+            return;
+        };
+        self.drop_users(&distinct_objects(&mappings));
+        for (id, addrs) in stacks {
+            self.resolve_python(p, addrs);
+            // An address outside every mapping is `[unknown]` whatever
+            // it is: kept as one, so that such stacks of different
+            // processes are kept once too.
+            let frames: std::rc::Rc<[UserFrame]> = stack_frames(&mappings, &self.py, p, addrs)
+                .into_iter()
+                .map(|f| match f {
+                    UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
+                    f => f,
+                })
+                .collect();
+            let next = self.retired_stacks.len() as u32;
+            let index = *self.retired_ids.entry(frames.clone()).or_insert(next);
+            if index == next {
+                self.retired_stacks.push(frames);
+            }
+            self.retired.push(tgid, retired_id(*id, p.start), index);
+        }
+        self.py.exited(p);
+    }
+
+    /// The frames of user stack `id` of process `tgid` (its addresses
+    /// `addrs`, innermost first): as kept when the process exited, or
+    /// through its snapshot, taken again now if it is still running, for
+    /// libraries loaded since.
+    pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+        let python = addrs.iter().any(|&a| super::python::is_python_word(a));
+        if python {
+            self.resolve_python(p, addrs);
+        }
+        let mappings = match self.user_stack(p, id) {
+            StackFrames::Kept(frames) => return frames.to_vec(),
+            StackFrames::Mapped(m) if !python => {
+                return addrs.iter().map(|&a| m.frame(a)).collect()
+            }
+            StackFrames::Mapped(m) => m.0.to_vec(),
+        };
+        stack_frames(&mappings, &self.py, p, addrs)
+    }
+
+    /// Reads the code objects the Python frames of `addrs` (a stack of
+    /// process `p`) name that were not read yet (their notice was lost),
+    /// while the process lives.
+    fn resolve_python(&mut self, p: Proc, addrs: &[u64]) {
+        let (_, words) = super::python::split(addrs);
+        for w in words {
+            if w.code != 0 {
+                self.py.code(p, w.code, w.tag);
+            }
+        }
+    }
+
+    /// How the frames of user stack `id` of process `p` are found (see
+    /// [`Registry::user_frames`]): kept, or an address at a time through
+    /// the process's mappings, which are the same for every stack of the
+    /// process.
+    pub fn user_stack(&mut self, p: Proc, id: u64) -> StackFrames<'_> {
+        let tgid = p.tgid;
+        if let Some(i) = self.retired.get(tgid, retired_id(id, p.start)) {
+            return StackFrames::Kept(&self.retired_stacks[i as usize]);
+        }
+        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
+            if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
+                self.refresh_process(tgid, false);
+            }
+            self.processes.get(&tgid)
+        } else {
+            // A process whose pid was taken by another.
+            self.superseded.get(&p)
+        };
+        StackFrames::Mapped(Mappings(mappings.map_or(&[][..], Vec::as_slice)))
+    }
+
+    /// The frames of addresses `addrs` of process `tgid` through its
+    /// snapshot, taken again first if the process is still running (for
+    /// libraries loaded since).
+    pub fn frames_now(&mut self, tgid: u32, addrs: &[u64]) -> Vec<UserFrame> {
+        if process_alive(tgid) {
+            self.refresh_process(tgid, false);
+        }
+        let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
+        addrs.iter().map(|&a| user_frame(mappings, a)).collect()
+    }
+}
+
+/// The frames of a user stack (see [`Registry::user_stack`]).
+pub enum StackFrames<'a> {
+    /// Kept when its process exited.
+    Kept(&'a [UserFrame]),
+    /// Through its process's mappings.
+    Mapped(Mappings<'a>),
+}
+
+/// The executable mappings of a process.
+#[derive(Clone, Copy)]
+pub struct Mappings<'a>(&'a [Mapping]);
+
+impl Mappings<'_> {
+    /// The frame of address `addr`.
+    pub fn frame(&self, addr: u64) -> UserFrame {
+        user_frame(self.0, addr)
+    }
+}
+
+/// The frames of stack `addrs` of process `p` through its mappings: its
+/// native frames, with the runs of its Python frames in place of their
+/// evaluation calls (the code objects they name read before, see
+/// [`Registry::resolve_python`]).
+fn stack_frames(
+    mappings: &[Mapping],
+    py: &super::python::Pythons,
+    p: Proc,
+    addrs: &[u64],
+) -> Vec<UserFrame> {
+    use super::python::{merge, runs, split, RunFrame};
+    let (native, words) = split(addrs);
+    let native: Vec<UserFrame> = native.iter().map(|&a| user_frame(mappings, a)).collect();
+    let is_eval = |f: &UserFrame| match *f {
+        UserFrame::File { object, offset } => {
+            py.object_read(object).is_some_and(|o| o.is_eval(offset))
+        }
+        _ => false,
+    };
+    if words.is_empty() {
+        // A CPython process's stack with the interpreter's frames and
+        // none of its Python frames (walked before the interpreter was
+        // known, or a thread whose own state was not found).
+        if py.has_process(p) && native.iter().any(is_eval) {
+            py.unmatched.set(py.unmatched.get() + 1);
+        }
+        return native;
+    }
+    let runs: Vec<Vec<UserFrame>> = runs(&words)
+        .into_iter()
+        .map(|run| {
+            run.into_iter()
+                .map(|f| match f {
+                    RunFrame::Code(w) => match py.known_code(p, w.code, w.tag) {
+                        Some(code) if py.code_at(code).is_some() => UserFrame::Python {
+                            code,
+                            instr: w.instr,
+                        },
+                        _ => UserFrame::PythonUnreadable,
+                    },
+                    RunFrame::Unreadable => UserFrame::PythonUnreadable,
+                    RunFrame::CutShort => UserFrame::PythonCutShort,
+                })
+                .collect()
+        })
+        .collect();
+    let (frames, matched) = merge(native, is_eval, runs);
+    if !matched {
+        py.unmatched.set(py.unmatched.get() + 1);
+    }
+    frames
+}
+
+/// `addr` as a frame of the mapping that holds it.
+fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
+    match mappings.iter().find(|m| addr >= m.start && addr < m.end) {
+        Some(m) => UserFrame::File {
+            object: m.object,
+            offset: (addr - m.start).wrapping_add(m.file_offset),
+        },
+        None if addr == crate::unwind_table::SIGNAL_FRAME => UserFrame::Signal,
+        None => UserFrame::Unmapped(addr),
+    }
+}

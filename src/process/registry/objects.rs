@@ -1,0 +1,240 @@
+//! The files that processes' mappings map, each opened once and found by
+//! device and inode; what is known of them; JIT runtimes' perf maps.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::{FileIdentity, Object, Registry};
+use crate::elf::load_segments;
+use crate::process::maps::{debug_file, open_mapped, vdso_copy, MapsLine, ObjectKey};
+use crate::process::Proc;
+
+/// The kernel's encoding of a device given as `/proc/PID/maps` shows it
+/// (hexadecimal major:minor).
+fn kernel_dev(maps_dev: &str) -> Option<u64> {
+    let (major, minor) = maps_dev.split_once(':')?;
+    let major = u64::from_str_radix(major, 16).ok()?;
+    let minor = u64::from_str_radix(minor, 16).ok()?;
+    (major < 1 << 12 && minor < 1 << 20).then_some(major << 20 | minor)
+}
+
+impl Registry {
+    /// The index of the object `line` maps, opening its file the first
+    /// time it is seen.
+    pub(super) fn object_of(&mut self, tgid: u32, line: &MapsLine<'_>) -> u32 {
+        if let Some(&id) = self.object_ids.get(&line.key) {
+            // Mapped again after its descriptor was let go: the unwinder
+            // may need the file.
+            let o = &mut self.objects[id as usize];
+            if o.handle.is_none() && o.mapped.is_some() {
+                if let Ok(f) = open_mapped(tgid, line) {
+                    if !o.path_is_handle && o.segments.is_none() {
+                        o.path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+                        o.path_is_handle = true;
+                    }
+                    o.handle = Some(f);
+                }
+            }
+            return id;
+        }
+        let name = Path::new(line.path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|_| line.path.starts_with('/'))
+            .unwrap_or_else(|| match &line.key {
+                ObjectKey::Pseudo(n) => n.clone(),
+                ObjectKey::File { .. } => line.path.to_string(),
+            });
+        let (path, segments, handle) = match line.key {
+            ObjectKey::Pseudo(ref n) if n == "[vdso]" => match vdso_copy() {
+                Some(f) => (
+                    Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+                    None,
+                    Some(f),
+                ),
+                None => (None, None, None),
+            },
+            ObjectKey::Pseudo(_) => (None, None, None),
+            ObjectKey::File { .. } => {
+                let (path, handle) = match open_mapped(tgid, line) {
+                    Ok(f) => (
+                        PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+                        Some(f),
+                    ),
+                    Err(e) => {
+                        self.denied
+                            .files
+                            .push((line.path.to_string(), e.to_string()));
+                        // The path as mapped, for the names at least.
+                        (PathBuf::from(line.path), None)
+                    }
+                };
+                // A debug file's own segments need not point at its
+                // contents: addresses are worked out in the file itself.
+                let debug = debug_file(&path).and_then(|d| {
+                    let segments = match &handle {
+                        Some(f) => load_segments(f),
+                        None => load_segments(&File::open(&path).ok()?),
+                    }?;
+                    Some((d, segments))
+                });
+                match debug {
+                    Some((d, segments)) => (Some(d), Some(segments), handle),
+                    None => (Some(path), None, handle),
+                }
+            }
+        };
+        let mapped = handle.as_ref().and_then(|f| {
+            use std::os::unix::fs::MetadataExt;
+            let m = f.metadata().ok()?;
+            (line.path.starts_with('/') && !line.path.ends_with(" (deleted)"))
+                .then(|| (PathBuf::from(line.path), m.dev(), m.ino()))
+        });
+        let path_is_handle = segments.is_none() && handle.is_some();
+        let identity = match &line.key {
+            ObjectKey::File { dev, inode } => {
+                let size = handle
+                    .as_ref()
+                    .and_then(|f| f.metadata().ok())
+                    .map(|m| m.len());
+                kernel_dev(dev).zip(size).map(|(dev, size)| FileIdentity {
+                    dev,
+                    ino: *inode,
+                    size,
+                })
+            }
+            ObjectKey::Pseudo(n) if n == "[vdso]" && handle.is_some() => Some(FileIdentity {
+                dev: 0,
+                ino: 0,
+                size: 0,
+            }),
+            ObjectKey::Pseudo(_) => None,
+        };
+        let id = self.objects.len() as u32;
+        self.objects.push(Object {
+            name,
+            maps_path: line.path.to_string(),
+            path,
+            segments,
+            handle,
+            mapped,
+            path_is_handle,
+            users: 0,
+            identity,
+        });
+        self.object_ids.insert(line.key.clone(), id);
+        id
+    }
+
+    /// Reads live process `tgid`'s perf map again, if it has one and it
+    /// changed.
+    pub(super) fn read_perf_map(&mut self, tgid: u32) {
+        let Some(&start) = self.starts.get(&tgid) else {
+            return;
+        };
+        let p = Proc { tgid, start };
+        match crate::jit::read(tgid, self.perf_maps.get(&p)) {
+            Ok(Some(map)) => {
+                self.perf_maps.insert(p, map);
+            }
+            Ok(None) | Err(crate::jit::Refused::Absent) => {}
+            Err(crate::jit::Refused::Unsafe(why)) => {
+                if !self.perf_maps_refused.contains(&why) {
+                    self.perf_maps_refused.push(why);
+                }
+            }
+        }
+    }
+
+    /// What the perf maps read cost: refused files, lines skipped, maps
+    /// cut at their size limit; one line each, for stderr.
+    pub fn jit_notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .perf_maps_refused
+            .iter()
+            .map(|why| format!("a JIT perf map was not read: {why}; its frames are unnamed"))
+            .collect();
+        let bad: usize = self.perf_maps.values().map(|m| m.bad_lines).sum();
+        if bad > 0 {
+            notes.push(format!(
+                "{bad} lines of JIT perf maps did not parse and were skipped"
+            ));
+        }
+        let cut = self.perf_maps.values().filter(|m| m.truncated).count();
+        if cut > 0 {
+            notes.push(format!(
+                "{cut} JIT perf maps were larger than {} MiB: only their start was read",
+                crate::jit::MAX_BYTES >> 20
+            ));
+        }
+        notes
+    }
+
+    /// The file an object maps (the file itself, not its debug file),
+    /// open, if it could be opened.
+    pub fn object_file(&self, object: u32) -> Option<&File> {
+        self.objects.get(object as usize)?.handle.as_ref()
+    }
+
+    /// The object's path as mapped and its build id, for outputs that
+    /// name the files frames are in.
+    pub fn object_info(&self, object: u32) -> super::ObjectInfo {
+        let Some(o) = self.objects.get(object as usize) else {
+            return Default::default();
+        };
+        // The descriptor where it is held, else the path it was read
+        // from (a separate debug file has the same build id).
+        let from = match &o.handle {
+            Some(f) => Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))),
+            None => o.path.clone(),
+        };
+        let build_id = from
+            .and_then(|p| {
+                // The parser may panic on a malformed file: then there is
+                // no id.
+                std::panic::catch_unwind(|| blazesym::helper::read_elf_build_id(&p))
+                    .ok()?
+                    .ok()?
+            })
+            .map(|id| id.to_vec())
+            .unwrap_or_default();
+        super::ObjectInfo {
+            // A mapping without a file (JIT code) by its kind, `anon`.
+            path: if o.maps_path.is_empty() {
+                o.name.clone()
+            } else {
+                o.maps_path.clone()
+            },
+            build_id,
+        }
+    }
+
+    /// The object's file name, for messages.
+    /// How the kernel knows the file `object` maps, where it could be
+    /// opened.
+    pub fn object_identity(&self, object: u32) -> Option<FileIdentity> {
+        self.objects.get(object as usize).and_then(|o| o.identity)
+    }
+
+    pub fn object_name(&self, object: u32) -> &str {
+        self.objects
+            .get(object as usize)
+            .map_or("?", |o| o.name.as_str())
+    }
+
+    /// An object, for the symbolizer.
+    pub(crate) fn object(&self, object: u32) -> &Object {
+        &self.objects[object as usize]
+    }
+
+    /// Whether any process has a perf map.
+    pub(crate) fn has_perf_maps(&self) -> bool {
+        !self.perf_maps.is_empty()
+    }
+
+    /// The perf map of process `p`, as last read while it lived.
+    pub(crate) fn perf_map(&self, p: Proc) -> Option<&crate::jit::PerfMap> {
+        self.perf_maps.get(&p)
+    }
+}
