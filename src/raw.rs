@@ -312,6 +312,9 @@ loss_counters! {
         /// ... of threads that ran while they were walked, twice: the
         /// kernel's walk kept, without their scheduler frames.
         kstack_moved = CNT_KSTACK_MOVED,
+        /// ... not walked (the kprobe's end iterator that reads user
+        /// stacks): the kernel's walk, without scheduler frames.
+        kstack_not_walked = CNT_KSTACK_NOT_WALKED,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -594,7 +597,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.kstack_moved, u64::from(max));
+        assert_eq!(c.kstack_not_walked, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

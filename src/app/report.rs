@@ -150,26 +150,24 @@ pub(super) fn report_kernel_stacks(
     verbose: bool,
     pairs: Option<Result<crate::ksyms::StackPairs>>,
 ) {
-    if c.kstack_no_sched + c.kstack_moved > 0 {
+    let lacking = c.kstack_no_sched + c.kstack_moved + c.kstack_not_walked;
+    if lacking > 0 {
         eprintln!(
-            "offcputime: {} kernel stacks of threads not running (blocked since before the \
-             start, or still blocked at the end with the kprobe hook) lack the scheduler's \
+            "offcputime: {lacking} kernel stacks of threads not running (blocked since before \
+             the start, or still blocked at the end with the kprobe hook) lack the scheduler's \
              frames (schedule, __schedule, ...), which the kernel's own walk leaves out: {} \
              where the kernel's unwind tables (ORC) could not be used, {} of threads that ran \
-             while they were walked",
-            c.kstack_no_sched + c.kstack_moved,
-            c.kstack_no_sched,
-            c.kstack_moved
+             while they were walked, {} taken by the kprobe's end iterator with user stacks, \
+             which does not walk them",
+            c.kstack_no_sched, c.kstack_moved, c.kstack_not_walked
         );
     }
-    if verbose && c.kstack_walked + c.kstack_no_sched + c.kstack_moved > 0 {
+    if verbose && c.kstack_walked + lacking > 0 {
         eprintln!(
             "offcputime: kernel stacks of threads not running: {} walked with the kernel's ORC \
              tables, of which {} finished by the kernel's own walk from a module's or BPF \
-             frame on; {} without their scheduler frames",
-            c.kstack_walked,
-            c.kstack_spliced,
-            c.kstack_no_sched + c.kstack_moved
+             frame on; {lacking} without their scheduler frames",
+            c.kstack_walked, c.kstack_spliced
         );
     }
     match pairs {

@@ -293,7 +293,7 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 	if (want_user_stack && !kthread)
 		ustack = user_stacks ? user_stack_of_task(task, tgid, true) : STACK_ID_NOT_READABLE;
 	if (want_kernel_stack)
-		kstack = kernel_stack_of_task(task);
+		kstack = kernel_stack_of_task(task, true);
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
 	if (want_states || want_wakers)
@@ -396,7 +396,7 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid, false)
 							: STACK_ID_NOT_READABLE;
 		if (want_kernel_stack)
-			key.kernel_stack_id = kernel_stack_of_task(task);
+			key.kernel_stack_id = kernel_stack_of_task(task, !(variant & VARIANT_USER_STACKS));
 	}
 	count(CNT_BLOCKS_AT_END);
 	add_block_parts(&key, d, state, from, to, false, &wt);

@@ -455,26 +455,27 @@ __noinline __u64 korc_keep_pair(long whole, long len)
 }
 
 /*
- * Sets up the walk of a task that is not running, from its saved frame:
- * false where it cannot be walked here.
+ * Walks the stack of a task that is not running, from its saved frame at
+ * `frame` (thread.sp), on its kernel stack from `stack_lo`: 0, or -1 where
+ * it cannot be walked here.  A global function: checked once, not at each
+ * call in each state of the iterators that call it.
  */
-static __always_inline bool korc_begin(struct task_struct *task)
+__noinline int korc_walk(__u64 frame, __u64 stack_lo)
 {
 	__u32 zero = 0;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
-	__u64 frame = BPF_CORE_READ(task, thread.sp);
-	int layout = korc_layout();
+	int i;
 
-	if (!w || layout < 0 || !frame)
-		return false;
-	w->stack_lo = (__u64)BPF_CORE_READ(task, stack);
+	if (!w || korc_layout() < 0 || !frame)
+		return -1;
+	w->stack_lo = stack_lo;
 	if (!korc_read(&w->bp, frame + bpf_core_field_offset(struct inactive_task_frame___x, bp)) ||
 	    !korc_read(&w->ip,
 		       frame + bpf_core_field_offset(struct inactive_task_frame___x, ret_addr)))
-		return false;
+		return -1;
 	w->sp = frame + bpf_core_type_size(struct inactive_task_frame___x);
 	if (w->sp < w->stack_lo || w->sp >= w->stack_lo + KSTACK_SIZE)
-		return false;
+		return -1;
 	w->signal = w->ip == ret_from_fork_at || (ret_from_fork_asm_at && w->ip == ret_from_fork_asm_at);
 	w->regs = 0;
 	w->prev_regs = 0;
@@ -484,7 +485,10 @@ static __always_inline bool korc_begin(struct task_struct *task)
 	w->max = clamp_stack_bytes() / sizeof(__u64);
 	w->done = KORC_WALKING;
 	w->entries = orc_entries;
-	return true;
+	for (i = 0; i < MAX_STACK_DEPTH; i++)
+		if (korc_step())
+			break;
+	return 0;
 }
 
 /* How many times `task` has been switched out. */
@@ -498,18 +502,27 @@ static __always_inline __u64 switches_of(struct task_struct *task)
  * A task not running may be picked by another CPU at any time: the two
  * walks are kept only if it has not been switched out again, nor is on a
  * CPU, once both are done; else they are made again once, and then the
- * helper's stack is kept alone (CNT_KSTACK_MOVED).
+ * helper's stack is kept alone (CNT_KSTACK_MOVED).  `walk` false: the
+ * helper's alone (CNT_KSTACK_NOT_WALKED), in the kprobe's end iterator that
+ * also reads user stacks, whose chain of calls the walk would take past
+ * 6.1's 512 bytes.
  */
-static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
+static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, const bool walk)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
 	__u64 switches;
 	long len = 0, whole;
-	int i, attempt;
+	int attempt;
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
+	if (!walk) {
+		len = bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0);
+		if (len >= 0 && !BPF_CORE_READ(task, on_cpu))
+			count(CNT_KSTACK_NOT_WALKED);
+		return store_task_stack(len, false);
+	}
 	for (attempt = 0; attempt < 2; attempt++) {
 		switches = switches_of(task);
 		len = bpf_get_task_stack(task, buf, clamp_stack_bytes(), 0);
@@ -517,13 +530,11 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task)
 		 * helper). */
 		if (len < 0 || BPF_CORE_READ(task, on_cpu))
 			return store_task_stack(len, false);
-		if (!kstack_orc || !korc_begin(task)) {
+		if (!kstack_orc ||
+		    korc_walk(BPF_CORE_READ(task, thread.sp), (__u64)BPF_CORE_READ(task, stack))) {
 			count(CNT_KSTACK_NO_SCHED);
 			return store_task_stack(len, false);
 		}
-		for (i = 0; i < MAX_STACK_DEPTH; i++)
-			if (korc_step())
-				break;
 		if (BPF_CORE_READ(task, on_cpu) || switches_of(task) != switches)
 			continue;
 		whole = korc_finish(len);

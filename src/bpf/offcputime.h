@@ -609,6 +609,8 @@ enum offcpu_counter {
 	CNT_KSTACK_SPLICED,
 	CNT_KSTACK_NO_SCHED,
 	CNT_KSTACK_MOVED,
+	/* ... not walked: the kprobe's end iterator with user stacks */
+	CNT_KSTACK_NOT_WALKED,
 	CNT_MAX,
 };
 

@@ -92,7 +92,7 @@ static __always_inline void snapshot_one(struct bpf_iter__task *ctx, const __u32
 							    ? user_stack_of_task(task, rec.tgid, false)
 							    : STACK_ID_NOT_READABLE;
 			if (want_kernel_stack)
-				rec.kernel_stack_id = kernel_stack_of_task(task);
+				rec.kernel_stack_id = kernel_stack_of_task(task, true);
 		}
 	}
 	rec.seen_ns = bpf_ktime_get_ns();
