@@ -315,6 +315,12 @@ loss_counters! {
         /// ... not walked (the kprobe's end iterator that reads user
         /// stacks): the kernel's walk, without scheduler frames.
         kstack_not_walked = CNT_KSTACK_NOT_WALKED,
+        /// Kernel stacks taken at a switch-in proved the same as the
+        /// thread's last walk (not walked again).
+        kstack_proved = CNT_KSTACK_PROVED,
+        /// ... due at a switch-in the kernel did not report: lost (the
+        /// thread ran since), the block counted without them.
+        kstack_unseen = CNT_KSTACK_UNSEEN,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -597,7 +603,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.kstack_not_walked, u64::from(max));
+        assert_eq!(c.kstack_unseen, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

@@ -140,11 +140,12 @@ pub(super) fn report_losses(
     report_missed(profile, missed, config, unreadable);
 }
 
-/// Kernel stacks of threads not running (blocked since before the start,
-/// still blocked at the end with the kprobe hook, `--snapshot`): those left
-/// without their scheduler frames, and with `verbose` how they were walked;
-/// with `OFFCPUTIME_TEST_KSTACK_CHECK`, the whole stacks against the
-/// kernel's walks of the same threads.
+/// Kernel stacks walked with the kernel's ORC tables (blocks taken at their
+/// switch-in with the BTF tracepoint; threads blocked since before the
+/// start, still blocked at the end, `--snapshot`): those left without their
+/// scheduler frames or lost, and with `verbose` how they were walked; with
+/// `OFFCPUTIME_TEST_KSTACK_CHECK`, the whole stacks against the kernel's
+/// walks of the same threads.
 pub(super) fn report_kernel_stacks(
     c: &crate::raw::LossCounters,
     verbose: bool,
@@ -153,8 +154,7 @@ pub(super) fn report_kernel_stacks(
     let lacking = c.kstack_no_sched + c.kstack_moved + c.kstack_not_walked;
     if lacking > 0 {
         eprintln!(
-            "offcputime: {lacking} kernel stacks of threads not running (blocked since before \
-             the start, or still blocked at the end with the kprobe hook) lack the scheduler's \
+            "offcputime: {lacking} kernel stacks of threads not running lack the scheduler's \
              frames (schedule, __schedule, ...), which the kernel's own walk leaves out: {} \
              where the kernel's unwind tables (ORC) could not be used, {} of threads that ran \
              while they were walked, {} taken by the kprobe's end iterator with user stacks, \
@@ -162,12 +162,19 @@ pub(super) fn report_kernel_stacks(
             c.kstack_no_sched, c.kstack_moved, c.kstack_not_walked
         );
     }
-    if verbose && c.kstack_walked + lacking > 0 {
+    if c.kstack_unseen > 0 {
         eprintln!(
-            "offcputime: kernel stacks of threads not running: {} walked with the kernel's ORC \
-             tables, of which {} finished by the kernel's own walk from a module's or BPF \
-             frame on; {lacking} without their scheduler frames",
-            c.kstack_walked, c.kstack_spliced
+            "offcputime: {} blocks have no kernel stack: it is taken when the thread is \
+             switched in again, and the kernel did not report that switch",
+            c.kstack_unseen
+        );
+    }
+    if verbose && c.kstack_walked + c.kstack_proved + lacking > 0 {
+        eprintln!(
+            "offcputime: kernel stacks: {} walked with the kernel's ORC tables, of which {} \
+             finished by the kernel's own walk from a module's or BPF frame on; {} proved the \
+             same as the thread's last walk; {lacking} without their scheduler frames",
+            c.kstack_walked, c.kstack_spliced, c.kstack_proved
         );
     }
     match pairs {

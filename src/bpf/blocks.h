@@ -325,6 +325,11 @@ static __always_inline bool close_unseen_block(struct task_struct *prev, struct 
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, d, start);
+	/* Due at the switch-in not seen: the thread has run since. */
+	if (key.kernel_stack_id == STACK_ID_AT_SWITCH_IN) {
+		key.kernel_stack_id = STACK_ID_MISSED_ERROR;
+		count(CNT_KSTACK_UNSEEN);
+	}
 	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (want_wakers)
 		d->waker_id = 0;

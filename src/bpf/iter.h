@@ -398,6 +398,10 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 		if (want_kernel_stack)
 			key.kernel_stack_id = kernel_stack_of_task(task, !(variant & VARIANT_USER_STACKS));
 	}
+	/* Not switched in yet: the walk that was due then (only the hook on
+	 * BTF leaves one, see kstack_at_switch_in). */
+	if ((variant & VARIANT_TRUSTED) && key.kernel_stack_id == STACK_ID_AT_SWITCH_IN)
+		key.kernel_stack_id = kernel_stack_of_task(task, true);
 	count(CNT_BLOCKS_AT_END);
 	add_block_parts(&key, d, state, from, to, false, &wt);
 }
@@ -475,6 +479,11 @@ static __always_inline void cut_task(struct task_struct *task, const __u32 varia
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, &seen, start);
+	/* The walk due at the switch-in, which is still to come (each part
+	 * of the block is walked apart; the thread may run meanwhile, see
+	 * kernel_stack_of_task). */
+	if (trusted && key.kernel_stack_id == STACK_ID_AT_SWITCH_IN)
+		key.kernel_stack_id = kernel_stack_of_task(task, true);
 	add_block_parts(&key, &seen, state, from, to, false, &wt);
 }
 

@@ -109,6 +109,10 @@ enum korc_done {
 	KORC_SPLICE,
 };
 
+/* The frames of a walk whose entries are kept (see struct korc_kept): a
+ * power of two. */
+#define KORC_KEPT 64
+
 struct korc_walk {
 	__u64 ip, sp, bp, regs, prev_regs, stack_lo;
 	__u64 stop_ip;
@@ -117,24 +121,61 @@ struct korc_walk {
 	 * so that it does not follow the search through each value. */
 	__u32 entries;
 	/* korc_finish: where the helper's stack takes over. */
-	__u32 at, _pad;
-	__u8 signal, full_regs, done;
+	__u32 at;
+	/* The stack from the saved frame up, as read in one go at the start
+	 * (korc_window): where it starts, and its length. */
+	__u64 win_lo;
+	__u32 win_len;
+	/* The thread's last walk (struct korc_kept, copied here): its
+	 * frames, and the entry each used; `same`: every frame so far is
+	 * that walk's. */
+	__u32 kept_n;
+	__u8 signal, full_regs, done, same;
+	__u64 kept_ip[KORC_KEPT];
+	struct korc_entry kept_e[KORC_KEPT];
+	/* The entry each frame of this walk used. */
+	struct korc_entry e[KORC_KEPT];
 };
 
+/* Who walks: the iterators (and --snapshot), or the switch hook, which may
+ * run on the same CPU while an iterator is preempted in the middle of a
+ * walk; each has its own state, frames and window. */
+#define KORC_ITER 0
+#define KORC_SWITCH 1
+
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, struct korc_walk);
 } korc_state SEC(".maps");
 
 /* The walk's frames, then the stack made of them and the helper's. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, __u64[MAX_STACK_DEPTH + 1]);
 } korc_frames SEC(".maps");
+
+/* The task's stack from its saved frame up, read in one go: the walk reads
+ * its words here, not one kernel read each. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u8[KSTACK_SIZE]);
+} korc_window SEC(".maps");
+
+/* The entries found for the addresses walked through (a search of the
+ * kernel's table reads about 20 of its words): the core kernel's tables do
+ * not change.  Full, it takes no more. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct korc_entry);
+} korc_entries SEC(".maps");
 
 /* Whether this kernel's struct orc_entry is one of the two layouts known
  * (see korc_decode); -1 where neither. */
@@ -207,9 +248,41 @@ static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entri
 	return 0;
 }
 
-static __always_inline bool korc_read(__u64 *v, __u64 addr)
+/* The word at `addr`: from the window where it is in it, else read. */
+static __always_inline bool korc_read(struct korc_walk *w, __u8 *win, __u64 *v, __u64 addr)
 {
+	__u64 off = addr - w->win_lo;
+
+	if (addr >= w->win_lo && off + 8 <= w->win_len && !(off & 7)) {
+		*v = *(__u64 *)(win + (off & (KSTACK_SIZE - 8)));
+		return true;
+	}
 	return bpf_probe_read_kernel(v, sizeof(*v), (void *)addr) == 0;
+}
+
+/* The entry for `ip` (the address looked up) at frame `idx`: the thread's
+ * last walk's where that frame is the same, else from korc_entries or the
+ * kernel's table. */
+static __always_inline int korc_entry_of(struct korc_walk *w, __u32 idx, __u64 ip,
+					 struct korc_entry *e)
+{
+	struct korc_entry *known;
+	__u32 i = idx & (KORC_KEPT - 1);
+
+	if (w->same && idx < w->kept_n && idx < KORC_KEPT && w->kept_ip[i] == w->ip) {
+		*e = w->kept_e[i];
+		return 0;
+	}
+	w->same = 0;
+	known = bpf_map_lookup_elem(&korc_entries, &ip);
+	if (known) {
+		*e = *known;
+		return 0;
+	}
+	if (korc_find(ip, e, w->entries))
+		return -1;
+	bpf_map_update_elem(&korc_entries, &ip, e, BPF_NOEXIST);
+	return 0;
 }
 
 /*
@@ -217,16 +290,17 @@ static __always_inline bool korc_read(__u64 *v, __u64 addr)
  * the end.  A global function: checked once, not at every frame of the
  * loop that calls it.
  */
-__noinline int korc_step(void)
+__noinline int korc_step(__u32 k)
 {
-	__u32 zero = 0, idx;
-	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
-	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &zero);
+	__u32 idx;
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &k);
+	__u8 *win = bpf_map_lookup_elem(&korc_window, &k);
 	struct korc_entry e = {};
 	__u64 ip, cfa, new_ip, new_sp, bp, regs;
 	bool old = korc_layout() == 1;
 
-	if (!w || !ips)
+	if (!w || !ips || !win)
 		return 1;
 	ip = w->ip;
 	if (ip < KERNEL_SPACE) {
@@ -248,8 +322,9 @@ __noinline int korc_step(void)
 	ips[idx & MAX_STACK_DEPTH] = ip;
 	w->nr = idx + 1;
 
-	if (korc_find(w->signal ? ip : ip - 1, &e, w->entries))
+	if (korc_entry_of(w, idx, w->signal ? ip : ip - 1, &e))
 		goto stop;
+	w->e[idx & (KORC_KEPT - 1)] = e;
 	if (e.type == KORC_END) {
 		w->done = KORC_COMPLETE;
 		return 1;
@@ -267,7 +342,7 @@ __noinline int korc_step(void)
 		cfa = w->bp + e.sp_offset;
 		break;
 	case ORC_REG_BP_INDIRECT:
-		if (!korc_read(&cfa, w->bp + e.sp_offset))
+		if (!korc_read(w, win, &cfa, w->bp + e.sp_offset))
 			goto stop;
 		break;
 	default:
@@ -279,7 +354,7 @@ __noinline int korc_step(void)
 	regs = w->regs;
 	switch (e.type) {
 	case KORC_CALL:
-		if (!korc_read(&new_ip, cfa - 8))
+		if (!korc_read(w, win, &new_ip, cfa - 8))
 			goto stop;
 		new_sp = cfa;
 		regs = 0;
@@ -288,8 +363,8 @@ __noinline int korc_step(void)
 			w->signal = 0;
 		break;
 	case KORC_REGS:
-		if (!korc_read(&new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip)) ||
-		    !korc_read(&new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp)))
+		if (!korc_read(w, win, &new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip)) ||
+		    !korc_read(w, win, &new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp)))
 			goto stop;
 		regs = cfa;
 		w->prev_regs = 0;
@@ -299,7 +374,7 @@ __noinline int korc_step(void)
 		break;
 	case KORC_REGS_PARTIAL:
 		/* The hardware's frame: ip, cs, flags, sp, ss. */
-		if (!korc_read(&new_ip, cfa) || !korc_read(&new_sp, cfa + 24))
+		if (!korc_read(w, win, &new_ip, cfa) || !korc_read(w, win, &new_sp, cfa + 24))
 			goto stop;
 		if (w->full_regs)
 			w->prev_regs = w->regs;
@@ -315,10 +390,10 @@ __noinline int korc_step(void)
 	switch (e.bp_reg) {
 	case ORC_REG_UNDEFINED:
 		if (regs && w->full_regs) {
-			if (!korc_read(&bp, regs + bpf_core_field_offset(struct pt_regs, bp)))
+			if (!korc_read(w, win, &bp, regs + bpf_core_field_offset(struct pt_regs, bp)))
 				goto stop;
 		} else if (regs && w->prev_regs) {
-			if (!korc_read(&bp,
+			if (!korc_read(w, win, &bp,
 				       w->prev_regs + bpf_core_field_offset(struct pt_regs, bp)))
 				goto stop;
 		} else {
@@ -326,11 +401,11 @@ __noinline int korc_step(void)
 		}
 		break;
 	case ORC_REG_PREV_SP:
-		if (!korc_read(&bp, cfa + e.bp_offset))
+		if (!korc_read(w, win, &bp, cfa + e.bp_offset))
 			goto stop;
 		break;
 	case ORC_REG_BP:
-		if (!korc_read(&bp, w->bp + e.bp_offset))
+		if (!korc_read(w, win, &bp, w->bp + e.bp_offset))
 			goto stop;
 		break;
 	default:
@@ -368,16 +443,18 @@ static __always_inline bool korc_left_out(__u64 ip)
 
 /*
  * The stack of the walk set up in korc_state, its frames in korc_frames,
- * made whole with the helper's `len` bytes of frames in start_scratch:
+ * made whole with the helper's `len` bytes of frames in start_scratch
+ * (`scratch` for the switch hook's, k == KORC_SWITCH):
  * its length in bytes in korc_frames, or -1 where the helper's stack is
  * to be used alone.  A global function, checked once.
  */
-__noinline long korc_finish(long len)
+__noinline long korc_finish(long len, __u32 k)
 {
 	__u32 zero = 0, n, i, at;
-	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
-	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &zero);
-	__u64 *h = bpf_map_lookup_elem(&start_scratch, &zero);
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &k);
+	__u64 *h = bpf_map_lookup_elem(k == KORC_ITER ? (void *)&start_scratch : (void *)&scratch,
+				       &zero);
 
 	if (!w || !ips || !h)
 		return -1;
@@ -420,11 +497,9 @@ __noinline long korc_finish(long len)
 	return i * sizeof(__u64);
 }
 
-__noinline __u64 store_korc_stack(long len)
+__noinline __u64 store_korc_stack(long len, __u32 k)
 {
-	__u32 zero = 0;
-
-	return store_frames(bpf_map_lookup_elem(&korc_frames, &zero), len, false);
+	return store_frames(bpf_map_lookup_elem(&korc_frames, &k), len, false);
 }
 
 /* test_kstack_check: each pair of a whole stack and the helper's for the
@@ -441,14 +516,15 @@ struct {
 	__type(value, __u64);
 } korc_pairs SEC(".maps");
 
-/* Stores both stacks, notes the pair: the whole stack's id. */
-__noinline __u64 korc_keep_pair(long whole, long len)
+/* Stores the helper's stack (its `len` bytes in start_scratch, or
+ * `scratch` for k == KORC_SWITCH), notes the pair with the whole stack
+ * `whole`: returns `whole`. */
+__noinline __u64 korc_note_pair(__u64 whole, long len, __u32 k)
 {
-	struct korc_pair pair = {};
+	struct korc_pair pair = { .whole = whole };
 	__u64 one = 1;
 
-	pair.whole = store_korc_stack(whole);
-	pair.helper = store_task_stack(len, false);
+	pair.helper = k == KORC_ITER ? store_task_stack(len, false) : store_stack(len, false);
 	if ((pair.whole & STACK_ID_HASH_BIT) && (pair.helper & STACK_ID_HASH_BIT))
 		bpf_map_update_elem(&korc_pairs, &pair, &one, BPF_ANY);
 	return pair.whole;
@@ -456,21 +532,39 @@ __noinline __u64 korc_keep_pair(long whole, long len)
 
 /*
  * Walks the stack of a task that is not running, from its saved frame at
- * `frame` (thread.sp), on its kernel stack from `stack_lo`: 0, or -1 where
- * it cannot be walked here.  A global function: checked once, not at each
- * call in each state of the iterators that call it.
+ * `frame` (thread.sp), on its kernel stack from `stack_lo`, with the state
+ * of `k` (KORC_ITER, KORC_SWITCH): 0, or -1 where it cannot be walked
+ * here.  `kept`: the thread's last walk is in the state (kept_n, kept_ip,
+ * kept_e), else there is none.  The stack from the frame up is read in one
+ * go first.  A global function: checked once, not at each call in each
+ * state of its callers.
  */
-__noinline int korc_walk(__u64 frame, __u64 stack_lo)
+__noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 {
-	__u32 zero = 0;
-	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &zero);
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	__u8 *win = bpf_map_lookup_elem(&korc_window, &k);
+	__u64 len;
 	int i;
 
-	if (!w || korc_layout() < 0 || !frame)
+	if (!w || !win || korc_layout() < 0 || !frame)
 		return -1;
 	w->stack_lo = stack_lo;
-	if (!korc_read(&w->bp, frame + bpf_core_field_offset(struct inactive_task_frame___x, bp)) ||
-	    !korc_read(&w->ip,
+	if (frame < stack_lo || frame >= stack_lo + KSTACK_SIZE)
+		return -1;
+	if (!kept)
+		w->kept_n = 0;
+	w->same = 1;
+	/* Up to the stack's top, which holds the registers of user mode. */
+	len = stack_lo + KSTACK_SIZE - frame;
+	asm volatile("" : "+r"(len));
+	len &= 2 * KSTACK_SIZE - 1;
+	w->win_lo = frame;
+	w->win_len = 0;
+	if (len <= KSTACK_SIZE && !bpf_probe_read_kernel(win, len, (void *)frame))
+		w->win_len = len;
+	if (!korc_read(w, win, &w->bp,
+		       frame + bpf_core_field_offset(struct inactive_task_frame___x, bp)) ||
+	    !korc_read(w, win, &w->ip,
 		       frame + bpf_core_field_offset(struct inactive_task_frame___x, ret_addr)))
 		return -1;
 	w->sp = frame + bpf_core_type_size(struct inactive_task_frame___x);
@@ -486,7 +580,7 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo)
 	w->done = KORC_WALKING;
 	w->entries = orc_entries;
 	for (i = 0; i < MAX_STACK_DEPTH; i++)
-		if (korc_step())
+		if (korc_step(k))
 			break;
 	return 0;
 }
@@ -531,24 +625,121 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, cons
 		if (len < 0 || BPF_CORE_READ(task, on_cpu))
 			return store_task_stack(len, false);
 		if (!kstack_orc ||
-		    korc_walk(BPF_CORE_READ(task, thread.sp), (__u64)BPF_CORE_READ(task, stack))) {
+		    korc_walk(BPF_CORE_READ(task, thread.sp), (__u64)BPF_CORE_READ(task, stack),
+			      KORC_ITER, 0)) {
 			count(CNT_KSTACK_NO_SCHED);
 			return store_task_stack(len, false);
 		}
 		if (BPF_CORE_READ(task, on_cpu) || switches_of(task) != switches)
 			continue;
-		whole = korc_finish(len);
+		whole = korc_finish(len, KORC_ITER);
 		if (whole < 0) {
 			count(CNT_KSTACK_NO_SCHED);
 			return store_task_stack(len, false);
 		}
 		count(CNT_KSTACK_WALKED);
 		if (test_kstack_check)
-			return korc_keep_pair(whole, len);
-		return store_korc_stack(whole);
+			return korc_note_pair(store_korc_stack(whole, KORC_ITER), len, KORC_ITER);
+		return store_korc_stack(whole, KORC_ITER);
 	}
 	count(CNT_KSTACK_MOVED);
 	return store_task_stack(len, false);
+}
+
+/*
+ * At a switch, a block's kernel stack is taken when the thread is switched
+ * in again, not when it is switched out: until then it does not run, so
+ * its saved frame is the one it blocked with, and the walk from there is
+ * the one of a thread blocked at the start or in a --snapshot, the
+ * scheduler's frames included.  Only blocks that are counted (past -m/-M)
+ * are walked.  The walk reads the stack in one go and takes the entries
+ * of the thread's last walk for as long as its frames are the same
+ * (struct korc_kept): the stack's words are read again every time (their
+ * place moves, the kernel shifts each system call's stack by a random
+ * offset), the tables are not looked up again, and a stack the same as the
+ * last is not stored again.  With the tracepoint on BTF only
+ * (VARIANT_TRUSTED): the helper that takes over where the walk stops needs
+ * a task it can trust.
+ */
+struct korc_kept {
+	__u64 stack_id;
+	__u32 n, _pad;
+	__u64 ip[KORC_KEPT];
+	struct korc_entry e[KORC_KEPT];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct korc_kept);
+} korc_kept_storage SEC(".maps");
+
+/* Whether the switch hook takes kernel stacks at the switch-in (above). */
+static __always_inline bool kstack_at_switch_in(const __u32 variant)
+{
+	return kstack_orc && (variant & VARIANT_TRUSTED) &&
+	       !(variant & (VARIANT_LEGACY | VARIANT_AFTER_SWITCH));
+}
+
+/*
+ * The kernel stack of `next`, being switched in by the tracepoint on BTF
+ * (kstack_at_switch_in): it has not run since it blocked.  Its id in
+ * `stacks`.
+ */
+static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
+{
+	__u32 zero = 0, k = KORC_SWITCH, n;
+	__u64 frame = BPF_CORE_READ(next, thread.sp);
+	__u64 lo = (__u64)BPF_CORE_READ(next, stack);
+	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
+	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &k);
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	struct korc_kept *e;
+	long len = 0, whole;
+	__u64 id;
+
+	if (!buf || !ips || !w)
+		return STACK_ID_MISSED_ERROR;
+	e = bpf_task_storage_get(&korc_kept_storage, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	w->kept_n = 0;
+	if (e && e->stack_id && e->n <= KORC_KEPT) {
+		__builtin_memcpy(w->kept_ip, e->ip, sizeof(w->kept_ip));
+		__builtin_memcpy(w->kept_e, e->e, sizeof(w->kept_e));
+		w->kept_n = e->n;
+	}
+	if (korc_walk(frame, lo, KORC_SWITCH, 1)) {
+		count(CNT_KSTACK_NO_SCHED);
+		return store_stack(bpf_get_task_stack(next, buf, clamp_stack_bytes(), 0), false);
+	}
+	if (w->done != KORC_COMPLETE || test_kstack_check)
+		len = bpf_get_task_stack(next, buf, clamp_stack_bytes(), 0);
+	n = w->nr;
+	if (e && w->done == KORC_COMPLETE && w->same && n == w->kept_n && e->stack_id) {
+		/* The thread's last stack again. */
+		count(CNT_KSTACK_PROVED);
+		id = e->stack_id;
+	} else {
+		whole = korc_finish(len, KORC_SWITCH);
+		if (whole < 0) {
+			count(CNT_KSTACK_NO_SCHED);
+			return store_stack(len, false);
+		}
+		count(CNT_KSTACK_WALKED);
+		id = store_korc_stack(whole, KORC_SWITCH);
+		if (e) {
+			e->stack_id = 0;
+			if (w->done == KORC_COMPLETE && n <= KORC_KEPT && (id & STACK_ID_HASH_BIT)) {
+				__builtin_memcpy(e->ip, ips, sizeof(e->ip));
+				__builtin_memcpy(e->e, w->e, sizeof(e->e));
+				e->n = n;
+				e->stack_id = id;
+			}
+		}
+	}
+	if (test_kstack_check)
+		korc_note_pair(id, len, KORC_SWITCH);
+	return id;
 }
 
 #endif /* __OFFCPUTIME_KSTACK_H__ */

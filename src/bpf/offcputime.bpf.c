@@ -57,12 +57,12 @@
 #include "python.h"
 #include "current_stack.h"
 #include "task.h"
+#include "kstack.h"
 #include "notify.h"
 #include "blocks.h"
 #include "oncpu.h"
 #include "switch.h"
 #include "wakers.h"
-#include "kstack.h"
 #include "iter.h"
 #include "snapshot.h"
 

@@ -35,6 +35,10 @@ enum stack_id_special {
 	 * stacks sampled on the CPU (the entries of that state with stacks,
 	 * whose count is the number of samples). */
 	STACK_ID_RUN_TOTAL = 4,
+	/* Inside the kernel only, never in a key read by userspace: a block's
+	 * kernel stack still to be walked, at its switch-in (see
+	 * kernel_stack_at_switch_in). */
+	STACK_ID_AT_SWITCH_IN = 5,
 };
 
 #define STACK_ID_HASH_BIT (1ULL << 63)
@@ -611,6 +615,11 @@ enum offcpu_counter {
 	CNT_KSTACK_MOVED,
 	/* ... not walked: the kprobe's end iterator with user stacks */
 	CNT_KSTACK_NOT_WALKED,
+	/* Kernel stacks taken at the switch-in proved the same as the
+	 * thread's last walk (not walked again), and those due at a
+	 * switch-in that was not reported (lost: the thread ran since) */
+	CNT_KSTACK_PROVED,
+	CNT_KSTACK_UNSEEN,
 	CNT_MAX,
 };
 

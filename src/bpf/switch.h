@@ -89,8 +89,11 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	 * known (else see python_refresh). */
 	if (!legacy && want_user_stack && stacks_now && python_on && py_any)
 		d->user_stack_id = python_stack_of_current(d->user_stack_id, tgid);
+	/* Taken at the switch-in where it can be (kstack.h), from the frame
+	 * the thread is about to save. */
 	if (want_kernel_stack)
-		d->kernel_stack_id = stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
+		d->kernel_stack_id = kstack_at_switch_in(variant) ? STACK_ID_AT_SWITCH_IN
+				     : stacks_now ? stack_of_current(ctx, false, legacy, false, 0)
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
@@ -150,6 +153,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	if (start == START_AT_WINDOW)
 		count(CNT_BLOCKS_AT_START);
 	state = claimed_stacks(&key, d, start);
+	if (kstack_at_switch_in(variant) && key.kernel_stack_id == STACK_ID_AT_SWITCH_IN)
+		key.kernel_stack_id = kernel_stack_at_switch_in(next);
 	if (next_is_current) {
 		if (want_user_stack)
 			key.user_stack_id =

@@ -407,18 +407,29 @@ pub(super) fn plan_programs(
     if legacy {
         // Before 5.11 tracing programs have no task-local storage,
         // and its map cannot even be created.
-        open.maps
-            .task_data_storage
-            .set_autocreate(false)
-            .context("task storage map")?;
-        open.maps
-            .ucache_storage
-            .set_autocreate(false)
-            .context("stack cache map")?;
-        open.maps
-            .run_storage
-            .set_autocreate(false)
-            .context("running time map")?;
+        skip_task_storage(open)?;
     }
     Ok(plan)
+}
+
+/// Leaves the task-local storage maps out of the load: for programs that
+/// do not use them, and kernels that cannot create them (before 5.11).
+pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -> Result<()> {
+    open.maps
+        .task_data_storage
+        .set_autocreate(false)
+        .context("task storage map")?;
+    open.maps
+        .ucache_storage
+        .set_autocreate(false)
+        .context("stack cache map")?;
+    open.maps
+        .run_storage
+        .set_autocreate(false)
+        .context("running time map")?;
+    open.maps
+        .korc_kept_storage
+        .set_autocreate(false)
+        .context("kernel stack cache map")?;
+    Ok(())
 }

@@ -116,18 +116,7 @@ fn try_snapshot(
     choose_programs(&mut open, &plan, opts.test.verifier_stats)?;
     open.maps.task_data_by_tid.set_max_entries(1)?;
     // Not used here, and not there to create before Linux 5.11.
-    open.maps
-        .task_data_storage
-        .set_autocreate(false)
-        .context("task storage map")?;
-    open.maps
-        .ucache_storage
-        .set_autocreate(false)
-        .context("stack cache map")?;
-    open.maps
-        .run_storage
-        .set_autocreate(false)
-        .context("running time map")?;
+    super::load::skip_task_storage(&mut open)?;
     open.maps.run_by_tid.set_max_entries(1)?;
     let dwarf = opts.unwind == Unwind::Dwarf;
     let (skel, _) = load_while(open, || {

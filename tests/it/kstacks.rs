@@ -99,10 +99,11 @@ fn whole_on(hook: &str) {
         assert!(l.has(sched), "{hook}: {comm}: no {sched}: {:?}", l.frames);
     }
     assert_eq!(differ, 0, "{hook}: {stderr}");
-    // Only threads that ran while they were walked (twice), and on the
-    // kprobe blocks still under way at the end where its end iterator reads
-    // user stacks (5.18 on), may lack them: the stuck ones have theirs from
-    // the start.
+    // Only threads that ran while they were walked (twice), on the kprobe
+    // blocks still under way at the end where its end iterator reads user
+    // stacks (5.18 on), and blocks whose switch-in the kernel did not
+    // report (their stack is taken then) may lack them, all said on
+    // stderr: the stuck ones have theirs from the start.
     let lacking = if stderr.contains("lack the scheduler's frames") {
         assert_eq!(
             number_before(" where the kernel's unwind tables (ORC) could not be used"),
@@ -111,6 +112,10 @@ fn whole_on(hook: &str) {
         );
         number_before(" of threads that ran while they were walked")
             + number_before(" taken by the kprobe's end iterator with user stacks")
+    } else {
+        0
+    } + if stderr.contains(" blocks have no kernel stack: it is taken when") {
+        number_before(" blocks have no kernel stack: it is taken when")
     } else {
         0
     };
@@ -164,4 +169,124 @@ fn blocked_at_the_start_whole_kprobe() {
 /// The most time of one of `lines`.
 fn max_us(lines: &[&Folded]) -> u64 {
     lines.iter().map(|l| l.us).max().unwrap_or(0)
+}
+
+/// A child process killed and reaped when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// At the switches themselves: under the switches of `perf bench sched
+/// pipe`, the blocker's waits and a file-system workload (writes with
+/// fsync, directory walks), with the hook `hook` system-wide. With the
+/// tracepoint on BTF (from 5.17), each block's kernel stack is walked at
+/// its switch-in, or found the same as the thread's last; every one is
+/// compared with the kernel's own walk of the same thread: none may differ.
+fn at_switches_on(hook: &str) {
+    if !require_root() {
+        return;
+    }
+    let Some(perf) = require_tool("perf", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let file = dir.path().join("synced");
+    let pipe = Child(
+        std::process::Command::new(&perf)
+            .args(["bench", "sched", "pipe", "-l", "2000000000"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start perf bench sched pipe"),
+    );
+    let fs = Child(
+        std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "while :; do for i in 1 2 3 4; do dd if=/dev/zero of={} bs=4096 \
+                     count=16 conv=fsync 2>/dev/null; done; find /etc -xdev > /dev/null \
+                     2>&1; done",
+                    file.display()
+                ),
+            ])
+            .spawn()
+            .expect("start the file-system workload"),
+    );
+    let wl = Workload::start(&["--io", "--seconds", "60"]);
+    let (out, _) = profile_window(
+        &["--hook", hook, "-f", "3"],
+        &[("OFFCPUTIME_TEST_KSTACK_CHECK", "1")],
+    );
+    drop(wl);
+    drop(fs);
+    drop(pipe);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let number_before = |what: &str| count_before(&stderr, what);
+    let walked = number_before(" walked with the kernel's ORC");
+    let proved = number_before(" proved the same as the thread's last walk");
+    let compared = number_before(" stacks compared with the kernel's walk");
+    let differ = number_before(" differ\n");
+    eprintln!("{hook}: {walked} walked, {proved} proved, {compared} compared, {differ} differ");
+    eprintln!("matrix: {walked} walked, {proved} proved, {differ} of {compared} differ");
+    assert_eq!(differ, 0, "{hook}: {stderr}");
+    let at_switch_in = hook == "tp-btf" && !frame_pointers_only(&stderr);
+    if at_switch_in {
+        // perf's two threads block hundreds of thousands of times.
+        assert!(proved >= 10_000, "{hook}: {proved} proved: {stderr}");
+        assert!(compared >= 10, "{hook}: {compared} compared: {stderr}");
+    }
+    // perf's waits in a pipe read, with the scheduler's frames innermost.
+    let perf_lines: Vec<&Folded> = lines
+        .iter()
+        .filter(|l| l.frames.iter().any(|f| f.contains("pipe_read")))
+        .filter(|l| l.comm() == "sched-pipe" || l.comm() == "perf")
+        .collect();
+    assert!(
+        !perf_lines.is_empty(),
+        "{hook}: no pipe read of perf: {lines:?}"
+    );
+    let main = perf_lines.iter().max_by_key(|l| l.us).unwrap();
+    let last = main.frames.last().unwrap();
+    assert!(
+        last == "__schedule" || last.starts_with("finish_task_switch"),
+        "{hook}: {:?}",
+        main.frames
+    );
+    // The writes' waits for the disk (outside the VMs, whose files are in
+    // memory).
+    if std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_none() {
+        assert!(
+            lines.iter().any(|l| l.comm() == "dd"
+                && l.frames.iter().any(|f| f.contains("fsync"))
+                && l.frames.iter().any(|f| f == "__schedule")),
+            "{hook}: no wait of dd in fsync: {:?}",
+            lines
+                .iter()
+                .filter(|l| l.comm() == "dd")
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn at_switches_the_same_as_the_kernels_tp_btf() {
+    at_switches_on("tp-btf");
+}
+
+#[test]
+fn at_switches_the_same_as_the_kernels_raw_tp() {
+    at_switches_on("raw-tp");
+}
+
+#[test]
+fn at_switches_the_same_as_the_kernels_kprobe() {
+    on_kprobe(&[], at_switches_on);
 }
