@@ -171,12 +171,20 @@ fn max_us(lines: &[&Folded]) -> u64 {
     lines.iter().map(|l| l.us).max().unwrap_or(0)
 }
 
-/// A child process killed and reaped when dropped.
+/// A child process in a process group of its own, the whole group killed
+/// and the child reaped when dropped (`perf bench` forks its workers).
 struct Child(std::process::Child);
+
+impl Child {
+    fn spawn(cmd: &mut std::process::Command) -> Child {
+        use std::os::unix::process::CommandExt;
+        Child(cmd.process_group(0).spawn().expect("start a workload"))
+    }
+}
 
 impl Drop for Child {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
         let _ = self.0.wait();
     }
 }
@@ -197,28 +205,21 @@ fn at_switches_on(hook: &str) {
     let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let file = dir.path().join("synced");
-    let pipe = Child(
+    let pipe = Child::spawn(
         std::process::Command::new(&perf)
             .args(["bench", "sched", "pipe", "-l", "2000000000"])
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start perf bench sched pipe"),
+            .stderr(std::process::Stdio::null()),
     );
-    let fs = Child(
-        std::process::Command::new("sh")
-            .args([
-                "-c",
-                &format!(
-                    "while :; do for i in 1 2 3 4; do dd if=/dev/zero of={} bs=4096 \
+    let fs = Child::spawn(std::process::Command::new("sh").args([
+        "-c",
+        &format!(
+            "while :; do for i in 1 2 3 4; do dd if=/dev/zero of={} bs=4096 \
                      count=16 conv=fsync 2>/dev/null; done; find /etc -xdev > /dev/null \
                      2>&1; done",
-                    file.display()
-                ),
-            ])
-            .spawn()
-            .expect("start the file-system workload"),
-    );
+            file.display()
+        ),
+    ]));
     let wl = Workload::start(&["--io", "--seconds", "60"]);
     let (out, _) = profile_window(
         &["--hook", hook, "-f", "3"],
