@@ -111,7 +111,7 @@ enum korc_done {
 
 /* The frames of a walk whose entries are kept (see struct korc_kept): a
  * power of two. */
-#define KORC_KEPT 64
+#define KORC_KEPT 32
 
 struct korc_walk {
 	__u64 ip, sp, bp, regs, prev_regs, stack_lo;
@@ -123,7 +123,7 @@ struct korc_walk {
 	/* korc_finish: where the helper's stack takes over. */
 	__u32 at;
 	/* The stack from the saved frame up, as read in one go at the start
-	 * (korc_window): where it starts, and its length. */
+	 * (win): where it starts, and its length. */
 	__u64 win_lo;
 	__u32 win_len;
 	/* The thread's last walk (struct korc_kept, copied here): its
@@ -135,6 +135,11 @@ struct korc_walk {
 	struct korc_entry kept_e[KORC_KEPT];
 	/* The entry each frame of this walk used. */
 	struct korc_entry e[KORC_KEPT];
+	/* The walk's frames, then the stack made of them and the helper's. */
+	__u64 ips[MAX_STACK_DEPTH + 1];
+	/* The stack from the saved frame up, read in one go: the walk reads
+	 * its words here, not one kernel read each. */
+	__u8 win[KSTACK_SIZE];
 };
 
 /* Who walks: the iterators (and --snapshot), or the switch hook, which may
@@ -149,23 +154,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct korc_walk);
 } korc_state SEC(".maps");
-
-/* The walk's frames, then the stack made of them and the helper's. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, __u64[MAX_STACK_DEPTH + 1]);
-} korc_frames SEC(".maps");
-
-/* The task's stack from its saved frame up, read in one go: the walk reads
- * its words here, not one kernel read each. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, __u8[KSTACK_SIZE]);
-} korc_window SEC(".maps");
 
 /* The entries found for the addresses walked through (a search of the
  * kernel's table reads about 20 of its words): the core kernel's tables do
@@ -294,14 +282,15 @@ __noinline int korc_step(__u32 k)
 {
 	__u32 idx;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
-	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &k);
-	__u8 *win = bpf_map_lookup_elem(&korc_window, &k);
 	struct korc_entry e = {};
-	__u64 ip, cfa, new_ip, new_sp, bp, regs;
+	__u64 ip, cfa, new_ip, new_sp, bp, regs, *ips;
 	bool old = korc_layout() == 1;
+	__u8 *win;
 
-	if (!w || !ips || !win)
+	if (!w)
 		return 1;
+	ips = w->ips;
+	win = w->win;
 	ip = w->ip;
 	if (ip < KERNEL_SPACE) {
 		w->done = KORC_COMPLETE;
@@ -442,22 +431,24 @@ static __always_inline bool korc_left_out(__u64 ip)
 }
 
 /*
- * The stack of the walk set up in korc_state, its frames in korc_frames,
+ * The stack of the walk set up in korc_state, its frames in its `ips`,
  * made whole with the helper's `len` bytes of frames in start_scratch
  * (`scratch` for the switch hook's, k == KORC_SWITCH):
- * its length in bytes in korc_frames, or -1 where the helper's stack is
+ * its length in bytes in `ips`, or -1 where the helper's stack is
  * to be used alone.  A global function, checked once.
  */
 __noinline long korc_finish(long len, __u32 k)
 {
 	__u32 zero = 0, n, i, at;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
-	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &k);
 	__u64 *h = bpf_map_lookup_elem(k == KORC_ITER ? (void *)&start_scratch : (void *)&scratch,
 				       &zero);
 
-	if (!w || !ips || !h)
+	__u64 *ips;
+
+	if (!w || !h)
 		return -1;
+	ips = w->ips;
 	n = len > 0 ? len / sizeof(__u64) : 0;
 	if (n > MAX_STACK_DEPTH)
 		n = MAX_STACK_DEPTH;
@@ -499,7 +490,9 @@ __noinline long korc_finish(long len, __u32 k)
 
 __noinline __u64 store_korc_stack(long len, __u32 k)
 {
-	return store_frames(bpf_map_lookup_elem(&korc_frames, &k), len, false);
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+
+	return store_frames(w ? (struct frames *)w->ips : NULL, len, false);
 }
 
 /* test_kstack_check: each pair of a whole stack and the helper's for the
@@ -542,12 +535,13 @@ __noinline __u64 korc_note_pair(__u64 whole, long len, __u32 k)
 __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 {
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
-	__u8 *win = bpf_map_lookup_elem(&korc_window, &k);
 	__u64 len;
+	__u8 *win;
 	int i;
 
-	if (!w || !win || korc_layout() < 0 || !frame)
+	if (!w || korc_layout() < 0 || !frame)
 		return -1;
+	win = w->win;
 	w->stack_lo = stack_lo;
 	if (frame < stack_lo || frame >= stack_lo + KSTACK_SIZE)
 		return -1;
@@ -693,13 +687,12 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 	__u64 frame = BPF_CORE_READ(next, thread.sp);
 	__u64 lo = (__u64)BPF_CORE_READ(next, stack);
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
-	__u64 *ips = bpf_map_lookup_elem(&korc_frames, &k);
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	struct korc_kept *e;
 	long len = 0, whole;
 	__u64 id;
 
-	if (!buf || !ips || !w)
+	if (!buf || !w)
 		return STACK_ID_MISSED_ERROR;
 	e = bpf_task_storage_get(&korc_kept_storage, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	w->kept_n = 0;
@@ -730,7 +723,7 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 		if (e) {
 			e->stack_id = 0;
 			if (w->done == KORC_COMPLETE && n <= KORC_KEPT && (id & STACK_ID_HASH_BIT)) {
-				__builtin_memcpy(e->ip, ips, sizeof(e->ip));
+				__builtin_memcpy(e->ip, w->ips, sizeof(e->ip));
 				__builtin_memcpy(e->e, w->e, sizeof(e->e));
 				e->n = n;
 				e->stack_id = id;
