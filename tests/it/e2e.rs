@@ -1545,7 +1545,20 @@ fn missing_capabilities_are_named() {
         use std::os::unix::fs::PermissionsExt;
         let wl = Workload::start(&["--seconds", "30"]);
         let (err, main) = run(&wl);
-        assert!(!err.contains("could not"), "{err}");
+        // Nothing that could not be read. (Blocks whose switch-in the
+        // kernel did not report have no kernel stack, which is said on a
+        // line of its own and counted in the warning of stacks missed.)
+        let unseen = if err.contains(" blocks have no kernel stack") {
+            count_before(&err, " blocks have no kernel stack")
+        } else {
+            0
+        };
+        for l in err.lines().filter(|l| l.contains("could not")) {
+            assert!(
+                unseen > 0 && l.starts_with("WARNING: ") && l.contains("stack traces could not"),
+                "{err}"
+            );
+        }
         in_order(
             &main,
             &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"],

@@ -240,8 +240,9 @@ fn at_switches_on(hook: &str) {
     assert_eq!(differ, 0, "{hook}: {stderr}");
     let at_switch_in = hook == "tp-btf" && !frame_pointers_only(&stderr);
     if at_switch_in {
-        // perf's two threads block hundreds of thousands of times.
-        assert!(proved >= 10_000, "{hook}: {proved} proved: {stderr}");
+        // perf's two threads block hundreds of thousands of times (a few
+        // thousand in the emulated VMs).
+        assert!(proved >= 1_000, "{hook}: {proved} proved: {stderr}");
         assert!(compared >= 10, "{hook}: {compared} compared: {stderr}");
     }
     // perf's waits in a pipe read, with the scheduler's frames innermost.
