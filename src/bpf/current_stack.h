@@ -163,6 +163,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 		if (pr) {
 			pr->n = 0;
+			pr->top = 0;
 			pr->pc = s->st.pc;
 			pr->sp = s->st.sp;
 			pr->bp = s->st.bp;
@@ -235,6 +236,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 		if (pr) {
 			pr->n = 0;
+			pr->top = 0;
 			pr->pc = u.pc;
 			pr->sp = u.sp;
 			pr->bp = u.bp;

@@ -132,6 +132,8 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 	k &= UCACHE_SLOTS - 1;
 	pr->off[k] = addr - pr->sp;
 	pr->val[k] = val;
+	if (addr - pr->sp + 8 > pr->top)
+		pr->top = addr - pr->sp + 8;
 }
 
 /* Reads the user memory of the current task, or of `task` from the copy

@@ -31,6 +31,10 @@ struct task_data {
 	__u32 start_state;
 	/* --wakers: who woke the open block (a waker id; 0: nobody yet). */
 	__u64 waker_id;
+	/* Until when (2^20 ns) its Python frames are not looked for: see
+	 * python_stack_at_switch_out. */
+	__u32 py_rest_until;
+	__u32 _pad;
 };
 
 struct {
@@ -202,7 +206,8 @@ struct ucache {
 	__u8 bp_used;
 	__u8 truncated;
 	__u16 gap_frames;
-	__u8 _pad[4];
+	/* Past the highest slot: sp + top is where the slots end. */
+	__u32 top;
 	/* Slot k: at sp + off[k], the walk read val[k]. */
 	__u32 off[UCACHE_SLOTS];
 	__u64 val[UCACHE_SLOTS];
@@ -223,9 +228,10 @@ struct {
 	__type(value, struct ucache);
 } ucache_scratch SEC(".maps");
 
-/* Checking the slots: the stack is read a window at a time (frames are
- * small, so one read usually covers several), not 8 bytes at a time. */
-#define UCACHE_WINDOW 1024
+/* Checking the slots: the stack is read a window at a time, from a slot up
+ * to the end of the highest (so one read usually covers them all), not 8
+ * bytes at a time. */
+#define UCACHE_WINDOW 4096
 struct ucache_window {
 	/* The stack memory read last: from base, len bytes. */
 	__u64 base;

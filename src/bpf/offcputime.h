@@ -251,7 +251,7 @@ struct py_proc {
 	/* Written by the program: until when (CLOCK_MONOTONIC >> 20, about
 	 * ms) the process is not looked at again, its interpreter having no
 	 * GIL-state key yet (a program that links libpython and has not
-	 * started it, such as perf). */
+	 * started it, such as perf); 0: none (never a time). */
 	__u32 resting_until;
 };
 

@@ -113,6 +113,10 @@ struct py_walk {
 	__u8 _pad[3];
 	/* The native frames' words: the Python frames' begin there. */
 	__u32 base;
+	/* python_stack_of_current: until when (2^20 ns) the process it
+	 * looked at is left alone (PY_REST), 0 where it is not. */
+	__u32 rest_until;
+	__u32 _pad2;
 	__u8 buf[PY_READ_MAX + 8];
 	__u8 tag[24];
 };
@@ -143,6 +147,20 @@ struct py_ctx {
 /* How long (in 2^20 ns, about ms) a process whose interpreter has not
  * started is left alone. */
 #define PY_REST 10
+
+/* Whether a time of rest `until` (2^20 ns, wrapping; 0: none) is still to
+ * come at `now` (ns).  0 is never a time of rest (py_rest_from), so that a
+ * record just made is not taken for one resting by a clock past 2^31. */
+static __always_inline bool py_resting(__u32 until, __u64 now)
+{
+	return until && (__s32)(until - (__u32)(now >> 20)) > 0;
+}
+
+/* The end of a rest that begins at `now` (ns). */
+static __always_inline __u32 py_rest_from(__u64 now)
+{
+	return ((__u32)(now >> 20) + PY_REST) | 1;
+}
 
 static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
 {
@@ -365,7 +383,7 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	if (py_read(&v[0], 8, w->p.tss, task) || (__u32)v[0] != 1 || (v[0] >> 32) >= 32) {
 		/* No interpreter running in the process: not looked at again
 		 * for a while, each look costing a switch some 400 ns. */
-		p->resting_until = (__u32)(bpf_ktime_get_ns() >> 20) + PY_REST;
+		p->resting_until = py_rest_from(bpf_ktime_get_ns());
 		goto no_state;
 	}
 	v[1] = BPF_CORE_READ(t, thread.fsbase);
@@ -413,6 +431,10 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	struct py_ctx c = {};
 	struct py_walk *w;
 
+	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
+	if (!w)
+		return id;
+	w->rest_until = 0;
 	/* Its pid's bit first: a load, where other processes stop. */
 	if (!(id & STACK_ID_HASH_BIT) || !python_pid(tgid))
 		return id;
@@ -423,15 +445,15 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	p = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!p)
 		return id;
-	if ((__s32)(p->resting_until - (__u32)(bpf_ktime_get_ns() >> 20)) > 0) {
+	if (py_resting(p->resting_until, bpf_ktime_get_ns())) {
 		count(CNT_PY_NO_THREAD_STATE);
+		w->rest_until = p->resting_until;
 		return id;
 	}
 	task = bpf_get_current_task_btf();
-	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
 	native = bpf_map_lookup_elem(&stacks, &id);
-	if (!w || !c.ips || !native)
+	if (!c.ips || !native)
 		return id;
 	c.w = w;
 	__builtin_memcpy(c.ips, native, MAX_STACK_DEPTH * sizeof(__u64));
@@ -439,8 +461,11 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 		if (!c.ips[nr])
 			break;
 	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
-		      NULL))
+		      NULL)) {
+		if (py_resting(p->resting_until, bpf_ktime_get_ns()))
+			w->rest_until = p->resting_until;
 		return id;
+	}
 	if (nr >= MAX_STACK_DEPTH - 1) {
 		/* No room left by the native frames. */
 		count(CNT_PY_TRUNCATED);
@@ -461,6 +486,34 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	/* Where it cannot be stored, the native stack stays. */
 	with = store_stack(w->nr * sizeof(__u64), true);
 	return (with & STACK_ID_HASH_BIT) ? with : id;
+}
+
+/*
+ * The user stack `id` of the current thread `d`, of process `tgid`, being
+ * switched out at `now`: with its Python frames (python_stack_of_current).
+ * A thread whose process was found without an interpreter running is left
+ * alone as long as the process is (PY_REST), without a lookup of the
+ * process: the switches of a program that links libpython without starting
+ * it pay a load.
+ */
+static __always_inline __u64 python_stack_at_switch_out(struct task_data *d, __u64 id,
+							__u32 tgid, __u64 now)
+{
+	struct py_walk *w;
+	__u32 zero = 0;
+
+	if (!python_pid(tgid))
+		return id;
+	if (py_resting(d->py_rest_until, now)) {
+		if (id & STACK_ID_HASH_BIT)
+			count(CNT_PY_NO_THREAD_STATE);
+		return id;
+	}
+	id = python_stack_of_current(id, tgid);
+	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
+	if (w)
+		d->py_rest_until = w->rest_until;
+	return id;
 }
 
 /* Whether stored stack `id` has Python frames. */

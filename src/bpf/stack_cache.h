@@ -19,7 +19,7 @@ static long ucache_check_step(__u32 i, void *arg)
 	struct ucache_check *v = arg;
 	struct ucache *e = v->e;
 	__u32 zero = 0, k = i;
-	__u64 addr, off, val;
+	__u64 addr, off, val, len;
 	struct ucache_window *w = bpf_map_lookup_elem(&ucache_window, &zero);
 
 	if (!w || !e)
@@ -36,14 +36,23 @@ static long ucache_check_step(__u32 i, void *arg)
 	addr = e->sp + e->off[k];
 	off = addr - w->base;
 	if (i == 0 || addr < w->base || off + 8 > w->len) {
-		/* The stack from this slot up, in one read (frames are small:
-		 * it usually holds the next ones too); where that would cross
-		 * into memory that cannot be read, the slot alone. */
+		/* The stack from this slot up to the end of the highest, in
+		 * one read (up to UCACHE_WINDOW bytes: the slots of a walk
+		 * usually lie in less); where that would cross into memory
+		 * that cannot be read, the slot alone. */
+		len = e->sp + e->top - addr;
+		if (e->sp + e->top < addr + 8 || len > UCACHE_WINDOW)
+			len = UCACHE_WINDOW;
+		/* The bound, for the verifier. */
+		asm volatile("" : "+r"(len));
+		len &= 2 * UCACHE_WINDOW - 1;
+		if (len < 8 || len > UCACHE_WINDOW)
+			return 1;
 		w->base = addr;
 		w->len = 0;
 		off = 0;
-		if (!bpf_probe_read_user(w->bytes, UCACHE_WINDOW, (void *)addr))
-			w->len = UCACHE_WINDOW;
+		if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
+			w->len = len;
 		else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
 			w->len = 8;
 		else
@@ -81,6 +90,7 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	__builtin_memcpy(e->off, pr->off, sizeof(e->off));
 	__builtin_memcpy(e->val, pr->val, sizeof(e->val));
 	e->n = pr->n;
+	e->top = pr->top;
 	e->mm = mm;
 	e->gen = gen;
 	e->pc = pr->pc;
