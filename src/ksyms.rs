@@ -300,7 +300,7 @@ pub type StackPairs = Vec<(Vec<u64>, Vec<u64>)>;
 /// Where the kernel keeps its ORC unwind tables and the text they cover,
 /// for walking the kernel stacks of tasks not running (src/bpf/kstack.h):
 /// from `/proc/kallsyms`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelOrc {
     /// `__start_orc_unwind_ip`: each entry's address, as an `s32` offset
     /// from its own slot; `__start_orc_unwind`: the 6-byte entries.
@@ -319,19 +319,54 @@ pub struct KernelOrc {
     /// `return_to_handler` (function-graph tracing) and the kretprobe or
     /// rethook trampoline: return addresses replaced by them.
     pub ret_trampolines: (u64, u64),
+    /// The modules loaded now, whose own tables the walk reads: where
+    /// each one's text begins and its `struct module` (`__this_module`),
+    /// by text address ascending (see [`KernelOrc::with_modules`]).
+    pub modules: Vec<(u64, u64)>,
+    /// `__this_module` of each module kallsyms lists, by name.
+    this_module: HashMap<String, u64>,
 }
+
+/// `/proc/modules`: the modules loaded and where their text begins.
+const PROC_MODULES: &str = "/proc/modules";
 
 impl KernelOrc {
     /// From `/proc/kallsyms`; None where the kernel has no ORC tables, or
     /// the addresses are hidden.
     pub fn load() -> Option<KernelOrc> {
         let file = File::open(KALLSYMS).ok()?;
-        KernelOrc::parse(BufReader::new(file)).ok().flatten()
+        let orc = KernelOrc::parse(BufReader::new(file)).ok().flatten()?;
+        // A kernel without modules has no /proc/modules.
+        let modules = std::fs::read(PROC_MODULES).unwrap_or_default();
+        Some(orc.with_modules(&String::from_utf8_lossy(&modules)))
+    }
+
+    /// With the modules of `proc_modules` (`/proc/modules` text: `NAME
+    /// SIZE REFS DEPS STATE ADDRESS`) that are live, have their text's
+    /// address shown and a `__this_module` in kallsyms.  The BPF program
+    /// reads each one's struct module again at each look, and uses it only
+    /// while it still says this text and that it is live.
+    pub fn with_modules(mut self, proc_modules: &str) -> KernelOrc {
+        let mut modules: Vec<(u64, u64)> = proc_modules
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_ascii_whitespace().collect();
+                let (name, state, addr) = (f.first()?, f.get(4)?, f.get(5)?);
+                let text = u64::from_str_radix(addr.strip_prefix("0x")?, 16).ok()?;
+                let at = *self.this_module.get(*name)?;
+                (*state == "Live" && text != 0 && at != 0).then_some((text, at))
+            })
+            .collect();
+        modules.sort_unstable();
+        modules.dedup_by_key(|m| m.0);
+        self.modules = modules;
+        self
     }
 
     /// From kallsyms text.
     pub fn parse(mut input: impl BufRead) -> Result<Option<KernelOrc>> {
         let mut found: HashMap<&'static str, u64> = HashMap::new();
+        let mut this_module = HashMap::new();
         const NAMES: [&str; 15] = [
             "__start_orc_unwind_ip",
             "__stop_orc_unwind_ip",
@@ -349,12 +384,16 @@ impl KernelOrc {
             "kretprobe_trampoline",
             "arch_rethook_trampoline",
         ];
-        each_symbol(&mut input, |sym| {
-            if sym.module.is_none() && sym.addr != 0 {
+        each_symbol(&mut input, |sym| match sym.module {
+            None if sym.addr != 0 => {
                 if let Some(name) = NAMES.iter().find(|n| **n == sym.name) {
                     found.entry(name).or_insert(sym.addr);
                 }
             }
+            Some(module) if sym.addr != 0 && sym.name == "__this_module" => {
+                this_module.insert(module.to_string(), sym.addr);
+            }
+            _ => {}
         })?;
         let at = |name: &str| found.get(name).copied();
         let (Some(ip_start), Some(ip_stop), Some(entry_start), Some(entry_stop)) = (
@@ -399,6 +438,8 @@ impl KernelOrc {
                     .or(at("kretprobe_trampoline"))
                     .unwrap_or(0),
             ),
+            modules: Vec::new(),
+            this_module,
         }))
     }
 }
@@ -894,6 +935,9 @@ ffffffff83000010 R __stop_orc_unwind_ip
 ffffffff83000010 R __start_orc_unwind
 ffffffff83000028 R __stop_orc_unwind
 ffffffffc0000000 t ext4_read\t[ext4]
+ffffffffc0010000 d __this_module\t[ext4]
+ffffffffc0110000 d __this_module\t[tun]
+ffffffffc0210000 d __this_module\t[gone]
 ";
 
     #[test]
@@ -917,6 +961,33 @@ ffffffffc0000000 t ext4_read\t[ext4]
             .map(|l| format!("0000000000000000{}\n", &l[16..]))
             .collect::<String>();
         assert_eq!(KernelOrc::parse(hidden.as_bytes()).unwrap(), None);
+    }
+
+    #[test]
+    fn modules_whose_tables_the_walk_reads() {
+        let orc = KernelOrc::parse(ORC_KALLSYMS).unwrap().expect("found");
+        let orc = orc.with_modules(
+            "tun 65536 0 - Live 0xffffffffc0100000\n\
+             ext4 1024000 1 - Live 0xffffffffc0000000\n\
+             gone 4096 0 - Unloading 0xffffffffc0200000\n\
+             hidden 4096 0 - Live 0x0000000000000000\n\
+             nosym 4096 0 - Live 0xffffffffc0300000\n\
+             bad line\n",
+        );
+        // Live, shown, and named in kallsyms; by text address.
+        assert_eq!(
+            orc.modules,
+            [
+                (0xffffffffc0000000, 0xffffffffc0010000),
+                (0xffffffffc0100000, 0xffffffffc0110000)
+            ]
+        );
+        // A kernel without modules.
+        let none = KernelOrc::parse(ORC_KALLSYMS)
+            .unwrap()
+            .unwrap()
+            .with_modules("");
+        assert!(none.modules.is_empty());
     }
 
     #[test]

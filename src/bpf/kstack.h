@@ -14,9 +14,11 @@
  * kernel memory (`__start_orc_unwind_ip`, `__start_orc_unwind`: from
  * kallsyms), from the task's saved frame (`thread.sp`, a struct
  * inactive_task_frame) as the kernel's unwinder starts a task that is not
- * running.  The walk follows the core kernel's text only.  At the first
- * frame it does not follow (a module's, a BPF program's, a trampoline's,
- * or where the tables say something it does not handle), it stops, and the
+ * running.  The walk follows the core kernel's text, and that of the
+ * modules loaded at the start with their own tables (struct module's
+ * arch.orc_unwind_ip, see korc_module_search).  At the first frame it does
+ * not follow (a module loaded since, a BPF program's, a trampoline's, or
+ * where the tables say something it does not handle), it stops, and the
  * rest of the stack is the kernel's own walk from that frame on: the
  * helper reports every frame from there that the walk would, since only
  * scheduler and lock frames are left out, and those are in the core
@@ -50,6 +52,14 @@ const volatile __u64 ret_trampoline_a = 0;
 const volatile __u64 ret_trampoline_b = 0;
 const volatile bool test_kstack_check = false;
 
+/* The modules loaded at the start (from /proc/modules and kallsyms), by
+ * the address of their text, ascending: where their text begins, and
+ * their struct module (`__this_module`). */
+#define KORC_MODULES 256
+const volatile __u32 korc_modules = 0;
+const volatile __u64 korc_module_text[KORC_MODULES] = {};
+const volatile __u64 korc_module_at[KORC_MODULES] = {};
+
 /* A task's kernel stack (THREAD_SIZE on x86-64 without KASAN). */
 #define KSTACK_SIZE 16384
 /* Kernel addresses start here (x86-64). */
@@ -75,6 +85,39 @@ struct orc_entry___old {
 	unsigned int type : 2;
 	unsigned int end : 1;
 } __attribute__((packed)) __attribute__((preserve_access_index));
+
+/* struct module: its text (6.4 on: mem[MOD_TEXT]; before: core_layout),
+ * whether it is live, and its own ORC tables. */
+struct module_memory___x {
+	void *base;
+	unsigned int size;
+} __attribute__((preserve_access_index));
+
+struct module_layout___x {
+	void *base;
+	unsigned int size;
+	unsigned int text_size;
+} __attribute__((preserve_access_index));
+
+struct mod_arch_specific___x {
+	unsigned int num_orcs;
+	int *orc_unwind_ip;
+	void *orc_unwind;
+} __attribute__((preserve_access_index));
+
+enum module_state___x { MODULE_STATE_LIVE___x = 0 };
+
+struct module___new {
+	enum module_state___x state;
+	struct module_memory___x mem[1];
+	struct mod_arch_specific___x arch;
+} __attribute__((preserve_access_index));
+
+struct module___old {
+	enum module_state___x state;
+	struct module_layout___x core_layout;
+	struct mod_arch_specific___x arch;
+} __attribute__((preserve_access_index));
 
 struct inactive_task_frame___x {
 	unsigned long bp;
@@ -137,6 +180,15 @@ struct korc_walk {
 	struct korc_entry e[KORC_KEPT];
 	/* The walk's frames, then the stack made of them and the helper's. */
 	__u64 ips[MAX_STACK_DEPTH + 1];
+	/* korc_module_search: the entry found, and what it read of the
+	 * module (here, not on the stack: the iterators' chain of calls to
+	 * korc_step is at 6.1's bound of 512 bytes). */
+	struct korc_entry found;
+	/* The frame `found` is for (0: none). */
+	__u64 found_for;
+	__u64 mod_text, mod_ip_table, mod_entry_table;
+	__u32 mod_size, mod_n;
+	__s32 mod_state;
 	/* The stack from the saved frame up, read in one go: the walk reads
 	 * its words here, not one kernel read each. */
 	__u8 win[KSTACK_SIZE];
@@ -179,9 +231,12 @@ static __always_inline int korc_layout(void)
 	return -1;
 }
 
-/* The entry covering `ip`: the last whose address is at most `ip`.  The
- * table of addresses holds each as an offset from its own slot. */
-static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entries)
+/* The entry covering `ip` in a table of `entries` (addresses at
+ * `ip_table`, entries at `entry_table`): the last whose address is at most
+ * `ip`.  The table of addresses holds each as an offset from its own
+ * slot. */
+static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entries,
+				     __u64 ip_table, __u64 entry_table)
 {
 	__u32 lo = 0, hi = entries, mid;
 	__u8 raw[16] = {};
@@ -191,7 +246,7 @@ static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entri
 
 	for (k = 0; k < 26 && lo < hi; k++) {
 		mid = lo + (hi - lo) / 2;
-		at = orc_ip_table + (__u64)mid * 4;
+		at = ip_table + (__u64)mid * 4;
 		if (bpf_probe_read_kernel(&off, sizeof(off), (void *)at))
 			return -1;
 		if (at + (__s64)off <= ip)
@@ -201,7 +256,7 @@ static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entri
 	}
 	if (lo != hi || lo == 0)
 		return -1;
-	if (bpf_probe_read_kernel(raw, 6, (void *)(orc_entry_table + (__u64)(lo - 1) * 6)))
+	if (bpf_probe_read_kernel(raw, 6, (void *)(entry_table + (__u64)(lo - 1) * 6)))
 		return -1;
 	e->sp_offset = *(__s16 *)&raw[0];
 	e->bp_offset = *(__s16 *)&raw[2];
@@ -267,15 +322,77 @@ static __always_inline int korc_entry_of(struct korc_walk *w, __u32 idx, __u64 i
 		*e = *known;
 		return 0;
 	}
-	if (korc_find(ip, e, w->entries))
+	if (korc_find(ip, e, w->entries, orc_ip_table, orc_entry_table))
 		return -1;
 	bpf_map_update_elem(&korc_entries, &ip, e, BPF_NOEXIST);
 	return 0;
 }
 
 /*
+ * The entry for `ip` (the address looked up) in the tables of the module
+ * loaded at the start whose text holds it, into the `found` of state `k`:
+ * 0, or -1 where no such module is live with the text it had at the start
+ * (unloaded since: its struct module is read again at each look, and must
+ * still say the same text and that it is live).  A global function called
+ * by korc_walk, between two steps, not by korc_step: one more call in the
+ * chain would pass 6.1's bound of 512 bytes of stack for the iterators.
+ */
+__noinline int korc_module_search(__u64 ip, __u32 k)
+{
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	__u32 lo = 0, hi = korc_modules, mid, i;
+	int j;
+
+	/* (A kernel without ORC tables has no such fields: their reads are
+	 * left out.) */
+	if (!w || hi > KORC_MODULES ||
+	    !bpf_core_field_exists(struct mod_arch_specific___x, num_orcs))
+		return -1;
+	for (j = 0; j < 10 && lo < hi; j++) {
+		mid = lo + (hi - lo) / 2;
+		if (korc_module_text[mid & (KORC_MODULES - 1)] <= ip)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo != hi || lo == 0)
+		return -1;
+	i = (lo - 1) & (KORC_MODULES - 1);
+	w->mod_text = 0;
+	if (bpf_core_field_exists(struct module___new, mem)) {
+		struct module___new *m = (void *)korc_module_at[i];
+
+		if (BPF_CORE_READ_INTO(&w->mod_state, m, state) ||
+		    BPF_CORE_READ_INTO(&w->mod_text, m, mem[0].base) ||
+		    BPF_CORE_READ_INTO(&w->mod_size, m, mem[0].size) ||
+		    BPF_CORE_READ_INTO(&w->mod_n, m, arch.num_orcs) ||
+		    BPF_CORE_READ_INTO(&w->mod_ip_table, m, arch.orc_unwind_ip) ||
+		    BPF_CORE_READ_INTO(&w->mod_entry_table, m, arch.orc_unwind))
+			return -1;
+	} else {
+		struct module___old *m = (void *)korc_module_at[i];
+
+		if (BPF_CORE_READ_INTO(&w->mod_state, m, state) ||
+		    BPF_CORE_READ_INTO(&w->mod_text, m, core_layout.base) ||
+		    BPF_CORE_READ_INTO(&w->mod_size, m, core_layout.text_size) ||
+		    BPF_CORE_READ_INTO(&w->mod_n, m, arch.num_orcs) ||
+		    BPF_CORE_READ_INTO(&w->mod_ip_table, m, arch.orc_unwind_ip) ||
+		    BPF_CORE_READ_INTO(&w->mod_entry_table, m, arch.orc_unwind))
+			return -1;
+	}
+	if (w->mod_state != MODULE_STATE_LIVE___x || w->mod_text != korc_module_text[i] ||
+	    ip >= w->mod_text + w->mod_size || !w->mod_n || !w->mod_ip_table ||
+	    !w->mod_entry_table)
+		return -1;
+	return korc_find(ip, &w->found, w->mod_n, w->mod_ip_table, w->mod_entry_table);
+}
+
+/* korc_step: the frame is a module's, whose entry korc_walk is to find. */
+#define KORC_NEEDS_MODULE 2
+
+/*
  * One frame: the current one kept, the caller's found.  0 to go on, 1 at
- * the end.  A global function: checked once, not at every frame of the
+ * the end, KORC_NEEDS_MODULE for a module's frame not yet looked up.  A global function: checked once, not at every frame of the
  * loop that calls it.
  */
 __noinline int korc_step(__u32 k)
@@ -284,7 +401,7 @@ __noinline int korc_step(__u32 k)
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	struct korc_entry e = {};
 	__u64 ip, cfa, new_ip, new_sp, bp, regs, *ips;
-	bool old = korc_layout() == 1;
+	bool old = korc_layout() == 1, in_module;
 	__u8 *win;
 
 	if (!w)
@@ -296,13 +413,25 @@ __noinline int korc_step(__u32 k)
 		w->done = KORC_COMPLETE;
 		return 1;
 	}
-	if (ip < core_text_start || ip >= core_text_end ||
-	    (ret_trampoline_a && ip == ret_trampoline_a) ||
+	if ((ret_trampoline_a && ip == ret_trampoline_a) ||
 	    (ret_trampoline_b && ip == ret_trampoline_b)) {
 		w->stop_ip = ip;
 		w->done = KORC_SPLICE;
 		return 1;
 	}
+	/* A module's frame: its own tables, looked up each time (a module
+	 * may go and another come at its place).  Neither the thread's last
+	 * walk nor korc_entries is used from there on. */
+	in_module = ip < core_text_start || ip >= core_text_end;
+	if (in_module && !korc_modules) {
+		w->stop_ip = ip;
+		w->done = KORC_SPLICE;
+		return 1;
+	}
+	/* Its entry is found by korc_walk (korc_module_search), which then
+	 * steps again. */
+	if (in_module && w->found_for != ip)
+		return KORC_NEEDS_MODULE;
 	if (w->nr >= w->max) {
 		w->done = KORC_COMPLETE;
 		return 1;
@@ -311,8 +440,13 @@ __noinline int korc_step(__u32 k)
 	ips[idx & MAX_STACK_DEPTH] = ip;
 	w->nr = idx + 1;
 
-	if (korc_entry_of(w, idx, w->signal ? ip : ip - 1, &e))
+	if (in_module) {
+		w->same = 0;
+		w->found_for = 0;
+		e = w->found;
+	} else if (korc_entry_of(w, idx, w->signal ? ip : ip - 1, &e)) {
 		goto stop;
+	}
 	w->e[idx & (KORC_KEPT - 1)] = e;
 	if (e.type == KORC_END) {
 		w->done = KORC_COMPLETE;
@@ -537,7 +671,7 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	__u64 len;
 	__u8 *win;
-	int i;
+	int i, step;
 
 	if (!w || korc_layout() < 0 || !frame)
 		return -1;
@@ -573,9 +707,22 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 	w->max = clamp_stack_bytes() / sizeof(__u64);
 	w->done = KORC_WALKING;
 	w->entries = orc_entries;
-	for (i = 0; i < MAX_STACK_DEPTH; i++)
-		if (korc_step(k))
+	w->found_for = 0;
+	for (i = 0; i < MAX_STACK_DEPTH; i++) {
+		step = korc_step(k);
+		if (step == KORC_NEEDS_MODULE) {
+			if (korc_module_search(w->signal ? w->ip : w->ip - 1, k)) {
+				/* Not a module it knows: the helper's from here. */
+				w->stop_ip = w->ip;
+				w->done = KORC_SPLICE;
+				break;
+			}
+			w->found_for = w->ip;
+			step = korc_step(k);
+		}
+		if (step)
 			break;
+	}
 	return 0;
 }
 
@@ -684,7 +831,9 @@ static __always_inline bool kstack_at_switch_in(const __u32 variant)
 static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 {
 	__u32 zero = 0, k = KORC_SWITCH, n;
-	__u64 frame = BPF_CORE_READ(next, thread.sp);
+	/* Loaded directly: the tracepoint's task is trusted (its stack, a
+	 * pointer, would not be a number to the verifier). */
+	__u64 frame = next->thread.sp;
 	__u64 lo = (__u64)BPF_CORE_READ(next, stack);
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);

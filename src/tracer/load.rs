@@ -271,6 +271,14 @@ pub(super) fn configure(
                 (rodata.lock_text_start, rodata.lock_text_end) = orc.lock_text;
                 (rodata.ret_from_fork_at, rodata.ret_from_fork_asm_at) = orc.ret_from_fork;
                 (rodata.ret_trampoline_a, rodata.ret_trampoline_b) = orc.ret_trampolines;
+                // As many as the program has room for, the lowest: a
+                // frame in any other is taken up by the kernel's walk.
+                let room = rodata.korc_module_text.len();
+                for (i, &(text, at)) in orc.modules.iter().take(room).enumerate() {
+                    rodata.korc_module_text[i] = text;
+                    rodata.korc_module_at[i] = at;
+                    rodata.korc_modules = i as u32 + 1;
+                }
             }
         }
         rodata.test_kstack_check = opts.test.kstack_check;

@@ -292,3 +292,85 @@ fn at_switches_the_same_as_the_kernels_raw_tp() {
 fn at_switches_the_same_as_the_kernels_kprobe() {
     on_kprobe(&[], at_switches_on);
 }
+
+/// The flags `tests/workloads/tunread.c` is built with (and by
+/// scripts/vmtest for the kernel matrix).
+const TUNREAD_FLAGS: &[&str] = &["-O2", "-g", "-pthread", "-fomit-frame-pointer"];
+
+/// Threads waiting in the tun driver's read, a module in Debian's kernels
+/// (built in on some, this machine's among them): one for good (walked at
+/// the start) and one woken every few milliseconds by a signal (walked at
+/// its switch-ins). Their stacks must hold the driver's frames and end in
+/// the scheduler's, and agree with the kernel's own walk; where tun is a
+/// module, each walk must have gone through it with the module's own ORC
+/// tables, none finished by the kernel's walk from the module's frame on.
+fn through_a_module_on(hook: &str) {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let module = std::path::Path::new("/sys/module/tun/initstate").exists();
+    // The matrix's kernels have it as a module: the case this is for.
+    let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
+    assert!(module || !in_vm, "tun is not a loaded module in the VM");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("tunread", TUNREAD_FLAGS, dir.path());
+    let mut tun = Child::spawn(
+        std::process::Command::new(&exe)
+            .arg("60")
+            .stdout(std::process::Stdio::piped()),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(tun.0.stdout.take().expect("its output")),
+        &mut ready,
+    )
+    .expect("read tunread's output");
+    assert_eq!(ready, "ready\n", "tunread did not start (no /dev/net/tun?)");
+    let pid = tun.0.id().to_string();
+    let (out, _) = profile_window(
+        &["--hook", hook, "-f", "-p", &pid, "2"],
+        &[("OFFCPUTIME_TEST_KSTACK_CHECK", "1")],
+    );
+    drop(tun);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let number_before = |what: &str| count_before(&stderr, what);
+    let walked = number_before(" walked with the kernel's ORC");
+    let spliced = number_before(" finished by the kernel's own walk from a module's");
+    let compared = number_before(" stacks compared with the kernel's walk");
+    let differ = number_before(" differ\n");
+    eprintln!("{hook}: tun module {module}: {walked} walked, {spliced} finished by the kernel's walk, {differ} of {compared} differ");
+    eprintln!("matrix: {walked} walked, {spliced} spliced, {differ} of {compared} differ");
+    assert_eq!(differ, 0, "{hook}: {stderr}");
+    assert!(compared >= 2, "{hook}: {compared} compared: {stderr}");
+    if module {
+        assert_eq!(
+            spliced, 0,
+            "{hook}: walks not through the module's tables: {stderr}"
+        );
+    }
+    for comm in ["wl-tun-stuck", "wl-tun-read"] {
+        let main = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| panic!("{hook}: no stack of {comm}: {lines:?}"));
+        assert!(
+            main.frames.iter().any(|f| f.starts_with("tun_")),
+            "{hook}: {comm}: no frame of the tun driver: {:?}",
+            main.frames
+        );
+        assert_eq!(
+            main.frames.last().unwrap(),
+            "__schedule",
+            "{hook}: {comm}: {:?}",
+            main.frames
+        );
+    }
+}
+
+#[test]
+fn through_a_module_tp_btf() {
+    through_a_module_on("tp-btf");
+}
