@@ -37,6 +37,26 @@ pub(super) struct Collector<'t> {
 }
 
 impl<'t> Collector<'t> {
+    /// A handler with nothing kept yet: `stats` prints the statistics
+    /// line, `python` is where CPython processes are told of.
+    pub(super) fn new(
+        config: &Config,
+        stats: StatsLine,
+        python: Option<crate::tracer::PythonStore>,
+    ) -> Collector<'t> {
+        Collector {
+            exits: Exits::default(),
+            scan: None,
+            stats,
+            raised: None,
+            python,
+            refreshing: HashMap::new(),
+            refresh_failed: false,
+            python_later: Vec::new(),
+            python_gate: config.tracer.test.python_gate.clone(),
+        }
+    }
+
     /// Tells the BPF program of the CPython processes among those whose
     /// mappings were read, once due.
     pub(super) fn note_pythons(&mut self, registry: &mut Registry) {

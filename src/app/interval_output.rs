@@ -27,6 +27,31 @@ pub(super) struct Intervals {
 }
 
 impl Intervals {
+    /// `-i`'s intervals, from the start of `tracer`'s window (None without
+    /// `-i`); `--push`'s sender is started.
+    pub(super) fn start(config: &Config, tracer: &Tracer<'_>) -> Result<Option<Intervals>> {
+        let pusher = match &config.push {
+            Some(o) => Some(crate::push::Pusher::start(o.clone())?),
+            None => None,
+        };
+        Ok(config.interval.map(|len| Intervals {
+            pusher,
+            schedule: crate::intervals::Schedule {
+                start_ns: tracer.window_ns().0,
+                len_ns: len.as_nanos().try_into().unwrap_or(u64::MAX),
+            },
+            current: 0,
+            taken: 0,
+            held: Default::default(),
+            splitter: Default::default(),
+            recorded: false,
+            missed: 0,
+            blocks: 0,
+            total_ns: 0,
+            running_ns: 0,
+        }))
+    }
+
     /// Writes the current interval from what was taken from the table
     /// (`raw`: its entries and earlier ones), up to its end or `end`, and
     /// goes on to the next. Returns the interval's profile.
@@ -116,6 +141,58 @@ impl Intervals {
         Ok(())
     }
 
+    /// The end of the trace: the intervals not written yet, from what was
+    /// read at the end (`raw`), the last up to the window's end
+    /// (`window_end`): more than one when the trace ended while an interval
+    /// was being written. Returns the last one's profile.
+    pub(super) fn write_rest(
+        &mut self,
+        raw: crate::raw::RawProfile,
+        window_end: u64,
+        kernel_first: bool,
+        (registry, symbolizer): (&mut Registry, &Symbolizer),
+        config: &Config,
+        sinks: &mut [Sink],
+    ) -> Result<Profile> {
+        let last = self.schedule.last_before(window_end).max(self.current);
+        let base = crate::raw::RawProfile {
+            entries: Vec::new(),
+            ..raw.clone()
+        };
+        let mut raw = Some(raw);
+        let mut written = Err(anyhow::anyhow!("no interval was written"));
+        while self.current <= last {
+            let end = (self.current == last).then_some(window_end);
+            let taken = raw.take().unwrap_or_else(|| base.clone());
+            written = self.write(
+                taken,
+                end,
+                kernel_first,
+                (&mut *registry, symbolizer),
+                config,
+                &mut *sinks,
+            );
+            if written.is_err() {
+                break;
+            }
+        }
+        written
+    }
+
+    /// Time counted in an interval after it was written is left out: how
+    /// much, and in how many intervals.
+    pub(super) fn report_late(&self) {
+        if self.splitter.late.ns > 0 {
+            eprintln!(
+                "offcputime: {:.3} ms of time in {} intervals was counted after the \
+                 interval was written (switches the tracepoint did not report) and is left \
+                 out",
+                self.splitter.late.ns as f64 / 1e6,
+                self.splitter.late.intervals
+            );
+        }
+    }
+
     /// `--push`: what is queued is sent, within a few seconds; what could
     /// not be sent is said.
     pub(super) fn finish_push(&mut self, verbose: bool) {
@@ -143,20 +220,4 @@ impl Intervals {
             );
         }
     }
-}
-
-/// `-i`, after the last interval: a file that got every interval is put in
-/// place; one opened for a name pattern (to check it could be written)
-/// is dropped, each interval having had a file of its own.
-pub(super) fn finish_interval_sinks(config: &Config, sinks: Vec<Sink>) -> Result<()> {
-    let mut sinks = sinks.into_iter();
-    for ((path, _), sink) in config.outputs().zip(sinks.by_ref()) {
-        if path.and_then(crate::intervals::NamePattern::new).is_some() {
-            sink.discard();
-        } else if let Err(e) = sink.finish() {
-            sinks.for_each(Sink::discard);
-            return Err(e);
-        }
-    }
-    Ok(())
 }

@@ -513,6 +513,84 @@ fn report_unwind_stats(
     );
 }
 
+/// `-v`: the counters of what was lost or left out, and what `--state`,
+/// `--sample`, `-i`'s held intervals (`held`) and `--wakers` did.
+pub(super) fn report_counters(
+    profile: &Profile,
+    config: &Config,
+    held: Option<crate::intervals::HeldStats>,
+) {
+    let c = &profile.counters;
+    eprintln!(
+        "offcputime: stack captures lost: storage full {} user / {} kernel, walk failed \
+         {} user / {} kernel (no stack is dropped for a hash collision: stacks are keyed by a 64-bit hash of \
+         their frames); {} blocks of kernel threads (no user stack); {} blocks untimed \
+         (no task storage); {} new-process notifications dropped; {} switches the \
+         tracepoint did not report (blocks closed where the kernel dates the switch)",
+        c.user_stack_full,
+        c.kernel_stack_full,
+        c.user_stack_error,
+        c.kernel_stack_error,
+        c.kernel_thread_blocks,
+        c.no_task_storage,
+        c.events_dropped,
+        c.unseen_switch_in,
+    );
+    if config.tracer.states {
+        let mut by_state: std::collections::BTreeMap<_, u64> = Default::default();
+        for s in &profile.samples {
+            if let Some(st) = s.state {
+                *by_state.entry(st).or_default() += s.total_ns;
+            }
+        }
+        let parts: Vec<String> = by_state
+            .iter()
+            .map(|(st, ns)| format!("{} {:.3} s", st.frame(), *ns as f64 / 1e9))
+            .collect();
+        eprintln!(
+            "offcputime: by state: {}; {} wake-ups split a block, {} blocks ended with none seen",
+            parts.join(", "),
+            c.wakeups,
+            c.unwoken
+        );
+    }
+    if config.tracer.sample_ns > 0 {
+        eprintln!(
+            "offcputime: sampled below {} us: {} short blocks taken (each weighted up to \
+             it), {} left out; times and block counts are estimates",
+            config.tracer.sample_ns / 1000,
+            c.sampled_short,
+            c.sampled_out
+        );
+    }
+    if let Some(h) = held {
+        eprintln!(
+            "offcputime: {} intervals waited for the stacks copied for them to be walked \
+             before they were written ({} stacks: {} walked, {} given up, {} still waiting \
+             at the {} s bound)",
+            h.intervals,
+            h.stacks,
+            h.walked,
+            h.given_up,
+            h.late,
+            crate::intervals::Held::WAIT.as_secs()
+        );
+    }
+    if config.tracer.wakers {
+        eprintln!(
+            "offcputime: {} wakers recorded ({} distinct), {} lost for a full table",
+            c.wakers,
+            profile
+                .samples
+                .iter()
+                .filter_map(|s| s.waker.as_ref())
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            c.wakers_full
+        );
+    }
+}
+
 /// With `OFFCPUTIME_STATS_INTERVAL=SECONDS` in the environment, a line on
 /// stderr every so often while tracing, for long runs and benchmarks: how
 /// many processes came and went, the unwind tables' use and the resident

@@ -1,0 +1,499 @@
+//! A trace from start to end: start-up and its fallback, the event loop
+//! with `-i`'s intervals, the end (stop, read, build, write) and what is
+//! said on stderr after the profile.
+
+use super::*;
+
+/// A trace under way: the outputs opened, and what the BPF program's news
+/// are read into. The program itself (its [`Tracer`]) is held apart, by
+/// [`trace`]: the event loop's handler borrows it while the session is
+/// changed.
+pub(super) struct Session<'a> {
+    /// What is traced, and how it is written.
+    config: &'a Config,
+    /// Opened before anything else, and discarded if the trace fails.
+    outputs: Outputs,
+    /// Set by SIGINT/SIGTERM, or when an interval could not be written.
+    stop: Arc<AtomicBool>,
+    /// Names the frames.
+    symbolizer: Symbolizer,
+    /// The processes traced, their mappings and what names their frames.
+    registry: Registry,
+    /// Gives the BPF program the unwind tables of the processes traced
+    /// (None where user stacks are walked with frame pointers).
+    unwinder: Option<Unwinder>,
+    /// The user stacks copied for userspace to walk.
+    deferred: Deferred,
+    /// `OFFCPUTIME_STATS_INTERVAL`'s line, its clock started at start-up;
+    /// taken by the event loop.
+    stats: Option<StatsLine>,
+    /// Raises the event loop's priority when copied stacks are lost (see
+    /// priority.rs): from start-up to the end of the report.
+    _lookout: Option<crate::priority::Lookout>,
+    /// `-i`: the intervals written so far.
+    intervals: Option<Intervals>,
+    /// `--duration`: when tracing ends.
+    deadline: Option<Instant>,
+    /// The hook's first kernel frame is the exact instruction pointer,
+    /// not a return address (see [`crate::tracer::AttachedHook`]).
+    kernel_first: bool,
+    /// Python frames asked for (not --no-python) where the kernel cannot
+    /// walk them: said at the end, if a CPython process was traced.
+    python_unwalked: bool,
+}
+
+/// What the end of a trace found besides the counts.
+pub(super) struct End {
+    /// The window traced, in CLOCK_MONOTONIC nanoseconds.
+    window: (u64, u64),
+    /// When tracing ended: `-v` measures the report from there.
+    ended: Instant,
+    /// The process's CPU time when tracing ended (ms).
+    ended_cpu: f64,
+    /// How long stopping and reading took (ms).
+    read_ms: f64,
+    /// Stacks of threads blocked since before the start without a user
+    /// stack, whether this kernel reads them, and whether the hook takes
+    /// stacks at the switch-in (see [`report_losses`]).
+    unreadable: (usize, bool, bool),
+    /// `OFFCPUTIME_TEST_KSTACK_CHECK`: the kernel stacks walked, with the
+    /// kernel's own walks of the same threads.
+    kernel_stack_pairs: Option<Result<crate::ksyms::StackPairs>>,
+}
+
+/// The profile written: the whole trace's, or with `-i` the last
+/// interval's.
+pub(super) struct Written {
+    /// Its off-CPU and on-CPU samples and counters.
+    profile: Profile,
+    /// Stacks that could not be shown (of every interval, with `-i`).
+    missed: usize,
+    /// Some off-CPU time was recorded.
+    recorded: bool,
+    /// When the profile was built, in ms after the end (without `-i`).
+    built_ms: Option<f64>,
+}
+
+impl<'a> Session<'a> {
+    /// Start-up: the outputs opened first (a path that cannot be written
+    /// fails before any measurement), then the BPF program loaded and
+    /// attached, with the unwind tables of the processes traced; what was
+    /// attached is said. Returns the session and the program.
+    pub(super) fn start<'o>(
+        config: &'a Config,
+        began: Instant,
+        objects: &'o mut crate::tracer::Objects,
+    ) -> Result<(Session<'a>, Tracer<'o>)> {
+        let outputs = Outputs::open(config)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut symbolizer = symbolizer_for(config);
+        let mut registry = Registry::new();
+        let mut unwinder: Option<Unwinder> = None;
+        let raised = crate::priority::raise();
+        crate::hold_freed_memory(true);
+        let (tracer, started) = start_tracer(config, &stop, objects, &mut registry, &mut unwinder)?;
+        let tracer = fall_back(tracer, &mut unwinder);
+        announce(config, &tracer, began, started);
+        crate::hold_freed_memory(false);
+        crate::give_back_freed_memory();
+        if config.shape.mode.kernel() {
+            symbolizer.warm_up_kernel();
+        }
+
+        let deadline = config.duration.map(|d| tracer.window_started_at() + d);
+        let mut deferred = Deferred::new(config.tracer.max_stack_depth as usize);
+        if let Some(stall) = config.tracer.test.stall_copy_walk {
+            // For tests: copied stacks wait this long for their walk, as if
+            // their tables took that long (a large new program's do).
+            deferred.stall_walks(stall);
+        }
+        let stats = StatsLine::new(config.tracer.test.stats_interval, began);
+        // Started before start-up's raise ends: under a burst of new threads
+        // the loop may get no CPU from then on until the lookout raises it.
+        let lookout = tracer
+            .copies_lost_counter()
+            .map(crate::priority::Lookout::start);
+        drop(raised);
+
+        if config.interval.is_some() {
+            symbolizer.keep_user_names();
+        }
+        let intervals = Intervals::start(config, &tracer)?;
+        let session = Session {
+            config,
+            outputs,
+            stop,
+            symbolizer,
+            registry,
+            unwinder,
+            deferred,
+            stats: Some(stats),
+            _lookout: lookout,
+            intervals,
+            deadline,
+            kernel_first: tracer.hook().kernel_first_frame_is_ip(),
+            python_unwalked: config.tracer.python
+                && config.tracer.user_stacks
+                && tracer.python_store().is_none(),
+        };
+        Ok((session, tracer))
+    }
+
+    /// The event loop: the program's news handled until tracing ends (at
+    /// `--duration`, a signal, the window's end); with `-i`, each interval
+    /// cut as it ends, and written once its copied stacks are walked.
+    pub(super) fn run(&mut self, tracer: &Tracer<'_>) -> Result<()> {
+        let stats = self.stats.take().expect("the event loop runs once");
+        let mut collector = Collector::new(self.config, stats, tracer.python_store());
+        loop {
+            // With -i, the end of the current interval, unless the window
+            // ends first.
+            let cut = self
+                .intervals
+                .as_ref()
+                .map(|i| i.schedule.end_of(i.taken))
+                .filter(|&b| tracer.end_ns().is_none_or(|end| b < end));
+            let until = match (self.deadline, cut.map(instant_of_monotonic)) {
+                (Some(d), Some(c)) => Some(d.min(c)),
+                (d, c) => d.or(c),
+            };
+            self.wait(tracer, &mut collector, until)?;
+            let Some(cut) = cut else {
+                break;
+            };
+            if self.stop.load(Ordering::SeqCst) || crate::raw::monotonic_ns() < cut {
+                break;
+            }
+            self.cut(tracer, cut)?;
+        }
+        // A pass under way is left: what it was for keeps its snapshot.
+        drop(collector);
+        Ok(())
+    }
+
+    /// Waits for the program's news until `until` (or the end) and hands
+    /// it to `collector`; with `-i`, the intervals held are written as the
+    /// copies of stacks they count are walked. A failed write stops the
+    /// trace, and is returned.
+    fn wait<'t>(
+        &mut self,
+        tracer: &'t Tracer<'_>,
+        collector: &mut Collector<'t>,
+        until: Option<Instant>,
+    ) -> Result<()> {
+        let Session {
+            config,
+            outputs,
+            stop,
+            symbolizer,
+            registry,
+            unwinder,
+            deferred,
+            intervals,
+            kernel_first,
+            ..
+        } = self;
+        let stop = &**stop;
+        let mut failed = None;
+        tracer.wait(until, stop, |events, stacks| {
+            let busy = collector.on_events(
+                events,
+                stacks,
+                tracer,
+                registry,
+                unwinder,
+                deferred,
+                &mut |id, frames| {
+                    if let Some(iv) = intervals.as_mut() {
+                        iv.held.walked(id, frames);
+                    }
+                },
+            );
+            // Intervals taken while copies they count waited: written
+            // once those are walked (just now, as a rule).
+            if let (Some(iv), None) = (intervals.as_mut(), failed.as_ref()) {
+                let written = iv.write_held(
+                    deferred,
+                    *kernel_first,
+                    (&mut *registry, &*symbolizer),
+                    config,
+                    outputs.parts(),
+                );
+                if let Err(e) = written {
+                    failed = Some(e);
+                    stop.store(true, Ordering::SeqCst);
+                }
+            }
+            busy
+        })?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// `-i`: the interval that ends at `cut` (CLOCK_MONOTONIC) is cut and
+    /// taken from the table, to be written once the copies of stacks it
+    /// counts are walked.
+    fn cut(&mut self, tracer: &Tracer<'_>, cut: u64) -> Result<()> {
+        let Some(iv) = self.intervals.as_mut() else {
+            return Ok(());
+        };
+        if let Some(stall) = self.config.tracer.test.stall_before_cut {
+            // For tests: the interval's end passed, its blocks under way
+            // not cut yet for this long (a loaded machine's late wake-up).
+            std::thread::sleep(stall);
+        }
+        tracer.cut(cut)?;
+        // A switch-in that began before the cut may still be adding to
+        // the interval on another CPU: a program runs for microseconds.
+        std::thread::sleep(Duration::from_millis(2));
+        let taken = tracer.take_intervals(iv.taken);
+        iv.taken += 1;
+        let raw = taken?;
+        // The copies of stacks its blocks were counted under were put on
+        // the ring buffer before they were counted: all of them are read
+        // now, and it is written once they are walked.
+        match tracer.take_deferred() {
+            Ok(stacks) => self.deferred.add(stacks),
+            Err(e) => eprintln!("offcputime: {e:#}"),
+        }
+        iv.held.push(raw, Instant::now());
+        iv.write_held(
+            &self.deferred,
+            self.kernel_first,
+            (&mut self.registry, &self.symbolizer),
+            self.config,
+            self.outputs.parts(),
+        )
+    }
+
+    /// The end of tracing: the program stopped, every copied stack walked
+    /// or given up, the intervals held written, and the counts read (with
+    /// `-i`, those of the intervals not taken yet). The program is let go.
+    pub(super) fn end(&mut self, mut tracer: Tracer<'_>) -> Result<(crate::raw::RawProfile, End)> {
+        tracer.stop()?;
+        let window = tracer.window_ns();
+        let ended = Instant::now();
+        let ended_cpu = process_cpu_ms();
+        let intervals = &mut self.intervals;
+        walk_deferred(
+            &tracer,
+            &mut self.deferred,
+            &mut self.registry,
+            self.unwinder.as_mut(),
+            &mut |id, frames| {
+                if let Some(iv) = intervals.as_mut() {
+                    iv.held.walked(id, frames);
+                }
+            },
+        );
+        if let Some(iv) = self.intervals.as_mut() {
+            // Every copy is walked or given up by now.
+            iv.write_held(
+                &self.deferred,
+                self.kernel_first,
+                (&mut self.registry, &self.symbolizer),
+                self.config,
+                self.outputs.parts(),
+            )?;
+        }
+        let mut raw = match self.intervals {
+            Some(_) => tracer.take_intervals(u32::MAX),
+            None => tracer.read(),
+        }?;
+        Deferred::complete(&mut raw);
+        let read_ms = ended.elapsed().as_secs_f64() * 1e3;
+        let unreadable = raw
+            .entries
+            .iter()
+            .filter(|e| e.user_stack == StackRef::NotReadable)
+            .count();
+        let end = End {
+            window,
+            ended,
+            ended_cpu,
+            read_ms,
+            unreadable: (
+                unreadable,
+                tracer.start_user_stacks(),
+                tracer.hook().stacks_at_switch_in(),
+            ),
+            kernel_stack_pairs: (self.config.tracer.test.kstack_check)
+                .then(|| tracer.kernel_stack_pairs()),
+        };
+        Ok((raw, end))
+    }
+
+    /// The profile built from what was read at the end (`raw`) and written
+    /// to every output, each file put in place; with `-i`, the intervals
+    /// not written yet, the last up to the window's end. Says when nothing
+    /// was recorded.
+    pub(super) fn write(&mut self, raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
+        let config = self.config;
+        let written = if let Some(iv) = self.intervals.as_mut() {
+            let profile = iv.write_rest(
+                raw,
+                end.window.1,
+                self.kernel_first,
+                (&mut self.registry, &self.symbolizer),
+                config,
+                self.outputs.parts(),
+            )?;
+            self.outputs.finish_parts(config)?;
+            iv.finish_push(config.verbose);
+            iv.report_late();
+            Written {
+                profile,
+                missed: iv.missed,
+                recorded: iv.recorded,
+                built_ms: None,
+            }
+        } else {
+            self.write_whole(raw, end)?
+        };
+        if !written.recorded {
+            eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
+        }
+        Ok(written)
+    }
+
+    /// Without `-i`: the whole trace's profile, written to every output.
+    fn write_whole(&mut self, mut raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
+        let config = self.config;
+        crate::oncpu::divide(&mut raw, config.shape.mode.user());
+        let mut profile = profile::build(
+            &raw,
+            &mut self.registry,
+            &self.symbolizer,
+            self.kernel_first,
+        );
+        // What was read is let go before the output is made: at 100,000
+        // stacks its frames are tens of megabytes.
+        drop(raw);
+        let built_ms = Some(end.ended.elapsed().as_secs_f64() * 1e3);
+        profile.window = Some(profile::Window::from_monotonic(end.window.0, end.window.1));
+        if let Some(filter) = &config.filter {
+            filter_profile(filter, &mut profile, config);
+        }
+        self.outputs
+            .write(config, |format, out| render(&profile, config, format, out))?;
+        Ok(Written {
+            missed: profile.missed_stacks(config.shape.mode),
+            recorded: !profile.samples.is_empty(),
+            profile,
+            built_ms,
+        })
+    }
+
+    /// What is said on stderr after the profile: what was lost or could
+    /// not be read, named or walked, and with `-v` the summaries.
+    pub(super) fn report(&mut self, written: &Written, mut end: End) {
+        let (config, profile) = (self.config, &written.profile);
+        report_losses(profile, written.missed, config, end.unreadable);
+        report_kernel_stacks(
+            &profile.counters,
+            config.verbose,
+            end.kernel_stack_pairs.take(),
+        );
+        report_denied(&self.registry, &self.symbolizer, config);
+        if let Some(u) = &self.unwinder {
+            report_unwinding(u, &self.deferred, profile, config.verbose);
+        }
+        report_python(
+            &mut self.registry,
+            profile,
+            config.verbose,
+            self.python_unwalked,
+        );
+        report_namespaces(&self.registry, config.verbose);
+        report_on_cpu(
+            profile,
+            self.intervals.as_ref().map(|iv| iv.running_ns),
+            config,
+        );
+        if config.verbose {
+            self.report_summary(written, &end);
+        }
+    }
+
+    /// `-v`: what was traced, how long the report took, and the counters.
+    fn report_summary(&self, written: &Written, end: &End) {
+        let profile = &written.profile;
+        let (window_start, window_end) = end.window;
+        let (stacks, blocks, total_ns) = match &self.intervals {
+            Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
+            None => (
+                format!("{} stacks", profile.samples.len()),
+                profile.off_cpu().map(|s| s.count).sum::<u64>(),
+                profile.off_cpu().map(|s| s.total_ns).sum::<u64>(),
+            ),
+        };
+        let read_ms = end.read_ms;
+        eprintln!(
+            "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {blocks} blocks, \
+             {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
+             progress at the end counted up to it; report in {:.1} ms (read {read_ms:.1} ms{}; \
+             {:.1} ms of CPU)",
+            (window_end - window_start) as f64 / 1e9,
+            window_start as f64 / 1e9,
+            window_end as f64 / 1e9,
+            total_ns as f64 / 1e9,
+            profile.counters.blocks_at_start,
+            profile.counters.blocks_at_end,
+            end.ended.elapsed().as_secs_f64() * 1e3,
+            written.built_ms.map_or(String::new(), |b| format!(", symbolized and merged {:.1} ms", b - read_ms)),
+            process_cpu_ms() - end.ended_cpu,
+        );
+        report_counters(
+            profile,
+            self.config,
+            self.intervals.as_ref().map(|iv| iv.held.stats()),
+        );
+    }
+}
+
+/// Checks privileges and targets, installs the signal handler, and loads
+/// and attaches the BPF program, writing the unwind tables of the
+/// processes traced (see [`StartingTables`]); with why DWARF unwinding
+/// could not be set up, if it could not, and when the load began (after
+/// the checks: `-v` measures the load from there).
+fn start_tracer<'o>(
+    config: &Config,
+    stop: &Arc<AtomicBool>,
+    objects: &'o mut crate::tracer::Objects,
+    registry: &mut Registry,
+    unwinder: &mut Option<Unwinder>,
+) -> Result<((Tracer<'o>, Option<anyhow::Error>), Instant)> {
+    prepare(config, stop)?;
+    let started = Instant::now();
+    let tracer = Tracer::start(
+        objects,
+        &config.tracer,
+        &mut StartingTables::new(config, registry, unwinder),
+    )?;
+    Ok((tracer, started))
+}
+
+/// Says what was attached (with `-v`, how long it took: `began` is when
+/// the program started, `started` when the load began), what is traced,
+/// and that `--sample` saves little where stacks are walked at every
+/// switch-out.
+fn announce(config: &Config, tracer: &Tracer<'_>, began: Instant, started: Instant) {
+    if config.verbose {
+        eprintln!(
+            "offcputime: attached {} {:.1} ms after start (load and attach {:.1} ms: {})",
+            tracer.hook(),
+            began.elapsed().as_secs_f64() * 1e3,
+            started.elapsed().as_secs_f64() * 1e3,
+            tracer.phases(),
+        );
+    }
+    eprintln!("{}", config.status_line());
+    if config.tracer.sample_ns > 0 && !tracer.hook().stacks_at_switch_in() {
+        eprintln!(
+            "offcputime: --sample on {}: the stacks are walked at every switch-out, before a \
+             block's length is known, so sampling saves little here (the finish_task_switch \
+             kprobe, where the kernel has kprobes and no --state or -i is asked, walks only the \
+             blocks taken)",
+            tracer.hook()
+        );
+    }
+}
