@@ -10,9 +10,11 @@ pub use crate::raw::OffState;
 
 mod from_raw;
 mod merge;
+mod sources;
 
 pub use from_raw::build;
 use merge::samples_by_name;
+pub use sources::{FrameSource, MappedFrames, NameSource, Names, UserStack};
 
 /// The user or the kernel part of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use crate::process::registry::StackFrames;
-use crate::process::Proc;
-use crate::process::Registry;
+use crate::process::{ObjectInfo, Proc};
 use crate::raw::{RawProfile, StackRef, WakerRef};
-use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
+use crate::symbolize::{AddrKind, Named, UserFrame};
 
 use super::merge::{frame_word, Merger};
+use super::sources::{FrameSource, MappedFrames, NameSource, Names, UserStack};
 use super::{profiler_frames, Frame, FrameInfo, Origin, Part, Profile, Waker, NOT_SAMPLED};
 
 /// The user stacks of a profile as numbers of their distinct frames, all
@@ -76,6 +75,7 @@ impl Known {
     }
 }
 
+/// The addresses of stack `r`, where it is stored.
 fn part_addrs(r: StackRef, stacks: &crate::raw::Stacks) -> Option<&[u64]> {
     match r {
         StackRef::Id(id) => stacks.get(&id),
@@ -83,6 +83,8 @@ fn part_addrs(r: StackRef, stacks: &crate::raw::Stacks) -> Option<&[u64]> {
     }
 }
 
+/// Each address of a kernel stack with its kind: the first an
+/// instruction pointer where `first_is_ip`, the others return addresses.
 fn kinds(frames: &[u64], first_is_ip: bool) -> impl Iterator<Item = (u64, AddrKind)> + '_ {
     frames.iter().enumerate().map(move |(i, &a)| {
         (
@@ -121,14 +123,76 @@ impl UserKinds {
     }
 }
 
-/// Symbolizes and merges what the kernel recorded.
-pub fn build(
+/// Symbolizes and merges what the kernel recorded: user frames from
+/// `source`, names from `names`.
+pub fn build<F: FrameSource, N: NameSource<F>>(
     raw: &RawProfile,
-    reg: &mut Registry,
-    sym: &Symbolizer,
+    source: &mut F,
+    names: &N,
     kernel_first_is_ip: bool,
 ) -> Profile {
-    // Kernel frames, all at once.
+    let knames = names.kernel_names(&kernel_addrs(raw, kernel_first_is_ip));
+    let (stacks, distinct) = number_user_stacks(raw, source);
+    let unames = names.user_names(source, &distinct);
+    let (objects, object_index) = object_table(source, &distinct);
+    let users = UserFrames::new(distinct, unames, object_index, names.addresses(), source);
+
+    let mut merger = Merger::with_capacity(raw.entries.len());
+    let user_parts = UserParts::new(source, names, &users).make(raw, &stacks, &mut merger);
+    let mut parts = Parts {
+        raw,
+        of: stacks.of,
+        user_parts,
+        knames,
+        addresses: users.addresses,
+        kernel_parts: ahash::AHashMap::new(),
+        waker_at: waker_places(raw),
+        wakers: ahash::AHashMap::new(),
+    };
+    add_entries(raw, source, &mut parts, &mut merger, kernel_first_is_ip);
+    let samples = merger.samples();
+    Profile {
+        samples,
+        counters: raw.counters.clone(),
+        objects,
+        window: None,
+    }
+}
+
+/// Adds each entry of `raw` to the merger, with its parts and waker, and
+/// its process's container.
+fn add_entries<'a, F: FrameSource>(
+    raw: &'a RawProfile,
+    source: &mut F,
+    parts: &mut Parts,
+    merger: &mut Merger<'a>,
+    kernel_first_is_ip: bool,
+) {
+    for (i, e) in raw.entries.iter().enumerate() {
+        let user = parts.user(merger, i, e.user_stack);
+        let kernel = parts.kernel(merger, e.kernel_stack, kernel_first_is_ip);
+        let waker = e.waker.map(|w| parts.waker(merger, w));
+        let container = merger.container(
+            source
+                .container(Proc {
+                    tgid: e.tgid,
+                    start: e.start,
+                })
+                .as_ref(),
+        );
+        merger.add(
+            (
+                e.tgid, e.pid, &e.comm, user, kernel, e.state, waker, container,
+            ),
+            e.total_ns,
+            e.count,
+        );
+    }
+}
+
+/// The kernel addresses of a profile to name, all at once: each entry's
+/// kernel stack once, then the wakers'.
+fn kernel_addrs(raw: &RawProfile, kernel_first_is_ip: bool) -> Vec<(u64, AddrKind)> {
     let mut kaddrs = Vec::new();
     let mut kernel_ids = ahash::AHashSet::new();
     for e in &raw.entries {
@@ -146,311 +210,458 @@ pub fn build(
             kaddrs.extend(kinds(f, false));
         }
     }
-    let knames = sym.kernel(&kaddrs);
+    kaddrs
+}
 
-    // User frames: each stack as frames of objects (through the snapshot
-    // of its process, or as kept when the process exited), then all named
-    // object by object. A stack holds its frames by number: each distinct
-    // (frame, kind) is looked up once here, and named and placed once.
+/// The distinct user frames of a profile, each numbered once, in the
+/// order first met.
+#[derive(Default)]
+struct Distinct {
+    /// The frames, by number.
+    list: Vec<(UserFrame, AddrKind)>,
+    numbers: ahash::AHashMap<(UserFrame, AddrKind), u32>,
+}
+
+impl Distinct {
+    /// The number of frame `fk`: the next, the first time.
+    fn number(&mut self, fk: (UserFrame, AddrKind)) -> u32 {
+        *self.numbers.entry(fk).or_insert_with(|| {
+            self.list.push(fk);
+            (self.list.len() - 1) as u32
+        })
+    }
+}
+
+/// Each user stack an entry or a waker has, with where it is had (entry
+/// `i` at `i`, the `j`th waker after the entries), in the order the
+/// stacks are stored: where its frames are, its process and its id.
+fn user_stack_order(raw: &RawProfile) -> Vec<((usize, usize), Proc, u64, usize)> {
+    let mut order: Vec<((usize, usize), Proc, u64, usize)> = raw
+        .entries
+        .iter()
+        .map(|e| (e.tgid, e.start, e.user_stack))
+        .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)))
+        .enumerate()
+        .filter_map(|(at, (tgid, start, r))| match r {
+            StackRef::Id(id) => Some((raw.stacks.span(&id)?, Proc { tgid, start }, id, at)),
+            _ => None,
+        })
+        .collect();
+    order.sort_unstable();
+    order
+}
+
+/// User frames: each stack as frames of objects (through the snapshot of
+/// its process, or as kept when the process exited). A stack holds its
+/// frames by number: each distinct (frame, kind) is looked up once here,
+/// and named and placed once.
+fn number_user_stacks<F: FrameSource>(
+    raw: &RawProfile,
+    source: &mut F,
+) -> (UserStacks, Vec<(UserFrame, AddrKind)>) {
     let mut user_stacks = UserStacks {
         list: Vec::new(),
         numbers: Vec::new(),
         of: vec![UserStacks::NONE; raw.entries.len() + raw.wakers.len()],
     };
-    let mut distinct: Vec<(UserFrame, AddrKind)> = Vec::new();
-    {
-        let mut numbers: ahash::AHashMap<(UserFrame, AddrKind), u32> = ahash::AHashMap::new();
-        let mut number = |fk: (UserFrame, AddrKind)| {
-            *numbers.entry(fk).or_insert_with(|| {
-                distinct.push(fk);
-                (distinct.len() - 1) as u32
-            })
-        };
-        // The number of each address of a process, found once: a
-        // process's stacks have a few thousand addresses between them,
-        // and 100,000 stacks of 45 frames millions.
-        let mut by_address: ahash::AHashMap<Proc, Known> = ahash::AHashMap::new();
-        // Each stack of each process once, in the order the stacks are
-        // stored: tens of megabytes of frames read front to back rather
-        // than in the order of the counts.
-        // Each user stack an entry or a waker has, with where it is had:
-        // entry `i` at `i`, the `j`th waker after the entries.
-        let mut order: Vec<((usize, usize), Proc, u64, usize)> = raw
-            .entries
-            .iter()
-            .map(|e| (e.tgid, e.start, e.user_stack))
-            .chain(raw.wakers.values().map(|w| (w.tgid, w.start, w.user_stack)))
-            .enumerate()
-            .filter_map(|(at, (tgid, start, r))| match r {
-                StackRef::Id(id) => Some((raw.stacks.span(&id)?, Proc { tgid, start }, id, at)),
-                _ => None,
-            })
-            .collect();
-        order.sort_unstable();
-        let mut last = None;
-        for (span, proc, id, had) in order {
-            if last == Some((proc, id)) {
-                user_stacks.of[had] = (user_stacks.list.len() - 1) as u32;
-                continue;
-            }
-            last = Some((proc, id));
-            user_stacks.of[had] = user_stacks.list.len() as u32;
-            let addrs = raw.stacks.at(span);
-            let at = user_stacks.numbers.len();
-            if addrs.iter().any(|&a| crate::process::is_python_word(a)) {
-                // Python frames in place of the interpreter's: frames
-                // made stack by stack.
-                let frames = reg.user_frames(proc, id, addrs);
-                let mut kinds = UserKinds::new();
-                user_stacks.numbers.extend(
-                    frames
-                        .iter()
-                        .map(|&f| number((f, kinds.next(f == UserFrame::Signal)))),
-                );
-            } else {
-                match reg.user_stack(proc, id) {
-                    StackFrames::Kept(frames) => {
-                        let mut kinds = UserKinds::new();
-                        user_stacks.numbers.extend(
-                            frames
-                                .iter()
-                                .map(|&f| number((f, kinds.next(f == UserFrame::Signal)))),
-                        )
-                    }
-                    StackFrames::Mapped(mappings) => {
-                        let known = by_address.entry(proc).or_insert_with(Known::new);
-                        let mut kinds = UserKinds::new();
-                        user_stacks.numbers.extend(addrs.iter().map(|&a| {
-                            let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
-                            known.number(a, k, || number((mappings.frame(a), k)))
-                        }));
-                    }
+    let mut distinct = Distinct::default();
+    // The number of each address of a process, found once: a process's
+    // stacks have a few thousand addresses between them, and 100,000
+    // stacks of 45 frames millions.
+    let mut by_address: ahash::AHashMap<Proc, Known> = ahash::AHashMap::new();
+    // Each stack of each process once, in the order the stacks are
+    // stored: tens of megabytes of frames read front to back rather than
+    // in the order of the counts.
+    let mut last = None;
+    for (span, proc, id, had) in user_stack_order(raw) {
+        if last == Some((proc, id)) {
+            user_stacks.of[had] = (user_stacks.list.len() - 1) as u32;
+            continue;
+        }
+        last = Some((proc, id));
+        user_stacks.of[had] = user_stacks.list.len() as u32;
+        let addrs = raw.stacks.at(span);
+        let at = user_stacks.numbers.len();
+        let numbers = &mut user_stacks.numbers;
+        if addrs.iter().any(|&a| crate::process::is_python_word(a)) {
+            // Python frames in place of the interpreter's: frames made
+            // stack by stack.
+            let frames = source.python_frames(proc, id, addrs);
+            number_frames(&frames, &mut distinct, numbers);
+        } else {
+            match source.user_stack(proc, id) {
+                UserStack::Kept(frames) => number_frames(frames, &mut distinct, numbers),
+                UserStack::Mapped(mappings) => {
+                    let known = by_address.entry(proc).or_insert_with(Known::new);
+                    let mut kinds = UserKinds::new();
+                    numbers.extend(addrs.iter().map(|&a| {
+                        let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
+                        known.number(a, k, || distinct.number((mappings.frame(a), k)))
+                    }));
                 }
             }
-            let len = user_stacks.numbers.len() - at;
-            user_stacks.list.push((proc, id, at, len));
         }
+        let len = user_stacks.numbers.len() - at;
+        user_stacks.list.push((proc, id, at, len));
     }
-    let unames = sym.user_names(reg, &distinct);
+    (user_stacks, distinct.list)
+}
 
-    // The files user frames are in, each once, numbered as the profile
-    // lists them.
+/// Appends to `numbers` the numbers of the frames of one stack, `frames`.
+fn number_frames(frames: &[UserFrame], distinct: &mut Distinct, numbers: &mut Vec<u32>) {
+    let mut kinds = UserKinds::new();
+    numbers.extend(
+        frames
+            .iter()
+            .map(|&f| distinct.number((f, kinds.next(f == UserFrame::Signal)))),
+    );
+}
+
+/// The files user frames are in, each once, numbered as the profile lists
+/// them; and the number of each object in that list.
+fn object_table<F: FrameSource>(
+    source: &F,
+    distinct: &[(UserFrame, AddrKind)],
+) -> (Vec<ObjectInfo>, ahash::AHashMap<u32, u32>) {
     let mut objects = Vec::new();
     let mut object_index: ahash::AHashMap<u32, u32> = ahash::AHashMap::new();
-    for &(f, _) in &distinct {
+    for &(f, _) in distinct {
         if let UserFrame::File { object, .. } = f {
             object_index.entry(object).or_insert_with(|| {
-                objects.push(reg.object_info(object));
+                objects.push(source.object_info(object));
                 (objects.len() - 1) as u32
             });
         }
     }
-    // Where a user frame is: the offset in its file, or its address; a
-    // signal frame is nowhere (a frame known by its name only).
-    let place = |f: UserFrame| match f {
-        UserFrame::File { object, offset } => (offset, Origin::Object(object_index[&object]), None),
-        UserFrame::Unmapped(a) => (a, Origin::Unknown, None),
-        UserFrame::Python { code, instr } => match reg.python_code(code) {
-            Some(c) => (
-                c.line(instr).map_or(0, u64::from),
-                Origin::Python,
-                Some(Arc::<str>::from(c.filename.as_str())),
-            ),
-            None => (0, Origin::Unknown, None),
-        },
-        UserFrame::Signal | UserFrame::PythonUnreadable | UserFrame::PythonCutShort => {
-            (0, Origin::Unknown, None)
-        }
-    };
-    // The frames of one address: functions inlined there, innermost
-    // first, then the function itself.
-    // `at`: the address as `--addresses` shows it (a user frame's in its
-    // process, where `addr` is the offset in its file); None for a frame
-    // that has none (a signal frame).
-    let addresses = sym.options().addresses;
-    let frames_at =
-        |names: Vec<Named>, addr: u64, at: Option<u64>, origin: Origin, file: Option<Arc<str>>| {
-            let last = names.len().saturating_sub(1);
-            names.into_iter().enumerate().map(move |(i, n)| {
-                let shown = if let (true, Some(at)) = (addresses, at) {
-                    Some(format!("{at:#x}:{}", n.text()).into_boxed_str())
-                } else {
-                    n.shown.map(String::into_boxed_str)
-                };
-                Frame::new(FrameInfo {
-                    name: n.name,
-                    addr,
-                    origin,
-                    inlined: i < last,
-                    shown,
-                    file: file.clone(),
-                })
-            })
-        };
-    let unknown = || {
-        vec![Named {
-            name: "[unknown]".into(),
-            shown: None,
-        }]
-    };
+    (objects, object_index)
+}
 
-    let mut merger = Merger::with_capacity(raw.entries.len());
-    // Each distinct part is made and numbered once, and shared (an `Arc`)
-    // by every sample that has it: 100,000 samples of 30 frames each were
-    // most of the report's time and memory when each had frames of its
-    // own.
-    let user_names =
-        |f: UserFrame, k: AddrKind| unames.get(&(f, k)).cloned().unwrap_or_else(unknown);
-    // The frames of each distinct user address, made once: the same in
-    // every stack and process that has it, except where `--addresses`
-    // shows the address in the process, or a perf map names JIT code.
-    // All in one vector: the frames of distinct user address `n` are
-    // `placed[spans[n]]`, and `words` their [`frame_word`]s.
-    let mut placed: Vec<Frame> = Vec::new();
-    let mut placed_words: Vec<u64> = Vec::new();
-    let mut spans: Vec<(usize, usize)> = Vec::new();
-    if !addresses {
-        spans.reserve(distinct.len());
-        for &(f, k) in &distinct {
-            let (addr, origin, file) = place(f);
-            let at = placed.len();
-            placed.extend(frames_at(user_names(f, k), addr, None, origin, file));
-            spans.push((at, placed.len() - at));
-        }
-        placed_words.extend(placed.iter().map(|f| frame_word(f)));
-    }
-    // Each user part made and numbered (see [`Merger::part`]; the part
-    // itself is the merger's), in the order its frames were numbered.
-    let mut user_parts: Vec<u32> = Vec::with_capacity(user_stacks.list.len());
-    // The frames of the part being made, moved into it.
-    let mut scratch: Vec<Frame> = Vec::new();
-    let mut scratch_words: Vec<u64> = Vec::new();
-    let jit_anywhere = reg.has_perf_maps();
-    for &(proc, id, at, len) in &user_stacks.list {
-        let numbers = &user_stacks.numbers[at..at + len];
-        let jit = jit_anywhere && reg.perf_map(proc).is_some();
-        let n = if !jit && !addresses {
-            // Frames made before, and what each adds to the part's hash.
-            for &n in numbers {
-                let (at, len) = spans[n as usize];
-                scratch.extend_from_slice(&placed[at..at + len]);
-                scratch_words.extend_from_slice(&placed_words[at..at + len]);
-            }
-            let part = Part::Frames(scratch.drain(..).collect());
-            let n = merger.part_words(part, &scratch_words);
-            scratch_words.clear();
-            n
-        } else {
-            let addrs = raw.stacks.get(&id).unwrap_or(&[]);
-            for (i, &n) in numbers.iter().enumerate() {
-                let (f, k) = distinct[n as usize];
-                let at = addrs.get(i).copied().unwrap_or(0);
-                let shown_at = (f != UserFrame::Signal).then_some(at);
-                // JIT code: named by its runtime's perf map.
-                let jitted = jit.then(|| sym.jit_name(reg, proc, f, at, k)).flatten();
-                match jitted {
-                    None if !addresses => {
-                        let (at, len) = spans[n as usize];
-                        scratch.extend_from_slice(&placed[at..at + len]);
-                    }
-                    _ => {
-                        let (addr, origin, file) = place(f);
-                        let names = jitted.map_or_else(|| user_names(f, k), |n| vec![n]);
-                        scratch.extend(frames_at(names, addr, shown_at, origin, file));
-                    }
-                }
-            }
-            merger.part(Part::Frames(scratch.drain(..).collect()))
-        };
-        user_parts.push(n);
-    }
-    let UserStacks { of, .. } = user_stacks;
-    // The user part of what is had at `had` (see [`UserStacks::of`]).
-    let user_part = |merger: &mut Merger, had: usize, r: StackRef| match r {
-        StackRef::Id(_) => match of.get(had).copied().unwrap_or(UserStacks::NONE) {
-            // A stack the counts name but that was not stored.
-            UserStacks::NONE => merger.part(Part::Missed),
-            n => user_parts[n as usize],
-        },
-        _ => frameless(merger, r),
-    };
-    // Where each waker's user stack is had.
-    let waker_at: ahash::AHashMap<u64, usize> = raw
-        .wakers
+/// Where each waker's user stack is had (see [`UserStacks::of`]).
+fn waker_places(raw: &RawProfile) -> ahash::AHashMap<u64, usize> {
+    raw.wakers
         .keys()
         .enumerate()
         .map(|(j, &id)| (id, raw.entries.len() + j))
-        .collect();
-    let mut kernel_parts: ahash::AHashMap<(u64, bool), u32> = ahash::AHashMap::new();
-    let mut kernel_part = |merger: &mut Merger, r: StackRef, first_is_ip: bool| match r {
-        StackRef::Id(id) => *kernel_parts.entry((id, first_is_ip)).or_insert_with(|| {
-            let part = match raw.stacks.get(&id) {
-                None => Part::Missed,
-                Some(frames) => {
-                    // An address can be several frames: functions
-                    // inlined there, innermost first.
-                    let mut named: Vec<Frame> = kinds(frames, first_is_ip)
-                        .flat_map(|k| {
-                            let names = knames.get(&k).cloned().unwrap_or_else(unknown);
-                            frames_at(names, k.0, Some(k.0), Origin::Kernel, None)
-                        })
-                        .collect();
-                    let ours = profiler_frames(named.iter().map(|f| f.text()));
-                    named.drain(..ours);
-                    Part::Frames(named.into())
-                }
-            };
-            merger.part(part)
-        }),
-        _ => frameless(merger, r),
-    };
+        .collect()
+}
 
-    let mut wakers: ahash::AHashMap<u64, u32> = ahash::AHashMap::new();
-    for (i, e) in raw.entries.iter().enumerate() {
-        let user = user_part(&mut merger, i, e.user_stack);
-        let kernel = kernel_part(&mut merger, e.kernel_stack, kernel_first_is_ip);
-        let waker = e.waker.map(|w| match w {
-            WakerRef::Preempted => merger.waker(Waker::Preempted),
-            WakerRef::NotWoken => merger.waker(Waker::NotWoken),
-            WakerRef::Unseen => merger.waker(Waker::Unseen),
-            WakerRef::MissedFull => merger.waker(Waker::Missed),
-            WakerRef::Id(id) => match raw.wakers.get(&id) {
-                None => merger.waker(Waker::Missed),
-                Some(w) => match wakers.get(&id) {
-                    Some(&n) => n,
-                    None => {
-                        let at = waker_at.get(&id).copied().unwrap_or(usize::MAX);
-                        let user = user_part(&mut merger, at, w.user_stack);
-                        let kernel = kernel_part(&mut merger, w.kernel_stack, false);
-                        let (user, kernel) = (merger.part_of(user), merger.part_of(kernel));
-                        let n = merger.waker(Waker::classify(w.comm.clone(), w.pid, user, kernel));
-                        wakers.insert(id, n);
-                        n
-                    }
-                },
-            },
-        });
-        let container = merger.container(
-            reg.container(Proc {
-                tgid: e.tgid,
-                start: e.start,
-            })
-            .as_ref(),
-        );
-        merger.add(
-            (
-                e.tgid, e.pid, &e.comm, user, kernel, e.state, waker, container,
-            ),
-            e.total_ns,
-            e.count,
-        );
+/// The frames of one address: functions inlined there (`names`),
+/// innermost first, then the function itself. `at`: the address as
+/// `--addresses` (`addresses`) shows it (a user frame's in its process,
+/// where `addr` is the offset in its file); None for a frame that has
+/// none (a signal frame).
+fn frames_at(
+    addresses: bool,
+    names: Vec<Named>,
+    addr: u64,
+    at: Option<u64>,
+    origin: Origin,
+    file: Option<Arc<str>>,
+) -> impl Iterator<Item = Frame> {
+    let last = names.len().saturating_sub(1);
+    names.into_iter().enumerate().map(move |(i, n)| {
+        let shown = if let (true, Some(at)) = (addresses, at) {
+            Some(format!("{at:#x}:{}", n.text()).into_boxed_str())
+        } else {
+            n.shown.map(String::into_boxed_str)
+        };
+        Frame::new(FrameInfo {
+            name: n.name,
+            addr,
+            origin,
+            inlined: i < last,
+            shown,
+            file: file.clone(),
+        })
+    })
+}
+
+/// The names of an address no name was found for.
+fn unknown() -> Vec<Named> {
+    vec![Named {
+        name: "[unknown]".into(),
+        shown: None,
+    }]
+}
+
+/// Where a user frame is: the offset in its file, or its address, and
+/// its origin; a Python frame's line and source file; a signal frame is
+/// nowhere (a frame known by its name only).
+type Place = (u64, Origin, Option<Arc<str>>);
+
+/// The profile's distinct user frames, named, and where each is.
+struct UserFrames {
+    /// The frames, by number (see [`UserStacks::numbers`]).
+    distinct: Vec<(UserFrame, AddrKind)>,
+    /// The names of each, as the name source gave them.
+    names: Names<(UserFrame, AddrKind)>,
+    /// The place of each in [`Profile::objects`], by object.
+    object_index: ahash::AHashMap<u32, u32>,
+    /// Frames show their address first (`--addresses`).
+    addresses: bool,
+    /// The frames of each distinct user address, made once: the same in
+    /// every stack and process that has it, except where `--addresses`
+    /// shows the address in the process, or a perf map names JIT code
+    /// (then none are made here). All in one vector: the frames of
+    /// distinct user address `n` are `placed[spans[n]]`, and
+    /// `placed_words` their [`frame_word`]s.
+    placed: Vec<Frame>,
+    placed_words: Vec<u64>,
+    spans: Vec<(usize, usize)>,
+}
+
+impl UserFrames {
+    /// The distinct frames `distinct` with their `names`, their frames
+    /// made where they are the same in every stack.
+    fn new<F: FrameSource>(
+        distinct: Vec<(UserFrame, AddrKind)>,
+        names: Names<(UserFrame, AddrKind)>,
+        object_index: ahash::AHashMap<u32, u32>,
+        addresses: bool,
+        source: &F,
+    ) -> UserFrames {
+        let mut users = UserFrames {
+            distinct,
+            names,
+            object_index,
+            addresses,
+            placed: Vec::new(),
+            placed_words: Vec::new(),
+            spans: Vec::new(),
+        };
+        if !addresses {
+            users.spans.reserve(users.distinct.len());
+            for &(f, k) in &users.distinct {
+                let (addr, origin, file) = users.place(source, f);
+                let at = users.placed.len();
+                let named = frames_at(false, users.names_of(f, k), addr, None, origin, file);
+                users.placed.extend(named);
+                users.spans.push((at, users.placed.len() - at));
+            }
+            let words = users.placed.iter().map(|f| frame_word(f));
+            users.placed_words.extend(words);
+        }
+        users
     }
-    let samples = merger.samples();
-    Profile {
-        samples,
-        counters: raw.counters.clone(),
-        objects,
-        window: None,
+
+    /// Where user frame `f` is (see [`Place`]).
+    fn place<F: FrameSource>(&self, source: &F, f: UserFrame) -> Place {
+        match f {
+            UserFrame::File { object, offset } => {
+                (offset, Origin::Object(self.object_index[&object]), None)
+            }
+            UserFrame::Unmapped(a) => (a, Origin::Unknown, None),
+            UserFrame::Python { code, instr } => match source.python_place(code, instr) {
+                Some((line, file)) => (line, Origin::Python, Some(Arc::<str>::from(file))),
+                None => (0, Origin::Unknown, None),
+            },
+            UserFrame::Signal | UserFrame::PythonUnreadable | UserFrame::PythonCutShort => {
+                (0, Origin::Unknown, None)
+            }
+        }
+    }
+
+    /// The names of user frame `f` of kind `k`.
+    fn names_of(&self, f: UserFrame, k: AddrKind) -> Vec<Named> {
+        self.names.get(&(f, k)).cloned().unwrap_or_else(unknown)
+    }
+
+    /// The frames made before for distinct frame number `n`, and their
+    /// words.
+    fn placed(&self, n: u32) -> (&[Frame], &[u64]) {
+        let (at, len) = self.spans[n as usize];
+        (&self.placed[at..at + len], &self.placed_words[at..at + len])
+    }
+}
+
+/// Makes and numbers each user part (see [`Merger::part`]; the part
+/// itself is the merger's). Each distinct part is made and numbered once,
+/// and shared (an `Arc`) by every sample that has it: 100,000 samples of
+/// 30 frames each were most of the report's time and memory when each had
+/// frames of its own.
+struct UserParts<'a, F, N> {
+    /// Where user frames come from: which processes have perf maps.
+    source: &'a F,
+    /// Where names come from: JIT names.
+    names: &'a N,
+    /// The distinct user frames, named.
+    users: &'a UserFrames,
+    /// The frames of the part being made, moved into it, and what each
+    /// adds to its hash.
+    scratch: Vec<Frame>,
+    scratch_words: Vec<u64>,
+}
+
+impl<'a, F: FrameSource, N: NameSource<F>> UserParts<'a, F, N> {
+    /// Parts of `users`, frames from `source`, names from `names`.
+    fn new(source: &'a F, names: &'a N, users: &'a UserFrames) -> Self {
+        UserParts {
+            source,
+            names,
+            users,
+            scratch: Vec::new(),
+            scratch_words: Vec::new(),
+        }
+    }
+
+    /// The number of the part of each stack of `stacks`, in the order its
+    /// frames were numbered.
+    fn make(mut self, raw: &RawProfile, stacks: &UserStacks, merger: &mut Merger) -> Vec<u32> {
+        let mut user_parts: Vec<u32> = Vec::with_capacity(stacks.list.len());
+        let jit_anywhere = self.source.has_perf_maps();
+        for &(proc, id, at, len) in &stacks.list {
+            let numbers = &stacks.numbers[at..at + len];
+            let jit = jit_anywhere && self.source.has_perf_map(proc);
+            let n = if !jit && !self.users.addresses {
+                self.of_placed(numbers, merger)
+            } else {
+                let addrs = raw.stacks.get(&id).unwrap_or(&[]);
+                self.of_addresses(proc, numbers, addrs, jit, merger)
+            };
+            user_parts.push(n);
+        }
+        user_parts
+    }
+
+    /// The part of frames `numbers`, all made before.
+    fn of_placed(&mut self, numbers: &[u32], merger: &mut Merger) -> u32 {
+        for &n in numbers {
+            let (frames, words) = self.users.placed(n);
+            self.scratch.extend_from_slice(frames);
+            self.scratch_words.extend_from_slice(words);
+        }
+        let part = Part::Frames(self.scratch.drain(..).collect());
+        let n = merger.part_words(part, &self.scratch_words);
+        self.scratch_words.clear();
+        n
+    }
+
+    /// The part of frames `numbers` at addresses `addrs` of process
+    /// `proc`, made here where they depend on the process: with
+    /// `--addresses` their addresses in it, and with `jit` the names its
+    /// perf map gives JIT code.
+    fn of_addresses(
+        &mut self,
+        proc: Proc,
+        numbers: &[u32],
+        addrs: &[u64],
+        jit: bool,
+        merger: &mut Merger,
+    ) -> u32 {
+        let users = self.users;
+        for (i, &n) in numbers.iter().enumerate() {
+            let (f, k) = users.distinct[n as usize];
+            let at = addrs.get(i).copied().unwrap_or(0);
+            let shown_at = (f != UserFrame::Signal).then_some(at);
+            // JIT code: named by its runtime's perf map.
+            let jitted = jit
+                .then(|| self.names.jit_name(self.source, proc, f, at, k))
+                .flatten();
+            match jitted {
+                None if !users.addresses => {
+                    let (frames, _) = users.placed(n);
+                    self.scratch.extend_from_slice(frames);
+                }
+                _ => {
+                    let (addr, origin, file) = users.place(self.source, f);
+                    let names = jitted.map_or_else(|| users.names_of(f, k), |n| vec![n]);
+                    let frames = frames_at(users.addresses, names, addr, shown_at, origin, file);
+                    self.scratch.extend(frames);
+                }
+            }
+        }
+        merger.part(Part::Frames(self.scratch.drain(..).collect()))
+    }
+}
+
+/// The parts of the profile's samples and wakers, each numbered once by
+/// the merger.
+struct Parts<'a> {
+    /// What the kernel recorded: the kernel stacks and the wakers.
+    raw: &'a RawProfile,
+    /// The user stack of each entry and waker (see [`UserStacks::of`]).
+    of: Vec<u32>,
+    /// The part of each user stack, by its place in [`UserStacks::list`].
+    user_parts: Vec<u32>,
+    /// The names of the kernel addresses.
+    knames: Names<(u64, AddrKind)>,
+    /// Frames show their address first (`--addresses`).
+    addresses: bool,
+    /// The part of each kernel stack, by id and whether its first frame
+    /// is an instruction pointer.
+    kernel_parts: ahash::AHashMap<(u64, bool), u32>,
+    /// Where each waker's user stack is had.
+    waker_at: ahash::AHashMap<u64, usize>,
+    /// The number of each waker task, by its id.
+    wakers: ahash::AHashMap<u64, u32>,
+}
+
+impl Parts<'_> {
+    /// The user part of what is had at `had` (see [`UserStacks::of`]),
+    /// whose user stack is `r`.
+    fn user(&self, merger: &mut Merger, had: usize, r: StackRef) -> u32 {
+        match r {
+            StackRef::Id(_) => match self.of.get(had).copied().unwrap_or(UserStacks::NONE) {
+                // A stack the counts name but that was not stored.
+                UserStacks::NONE => merger.part(Part::Missed),
+                n => self.user_parts[n as usize],
+            },
+            _ => frameless(merger, r),
+        }
+    }
+
+    /// The kernel part of stack `r`.
+    fn kernel(&mut self, merger: &mut Merger, r: StackRef, first_is_ip: bool) -> u32 {
+        let StackRef::Id(id) = r else {
+            return frameless(merger, r);
+        };
+        if let Some(&n) = self.kernel_parts.get(&(id, first_is_ip)) {
+            return n;
+        }
+        let part = match self.raw.stacks.get(&id) {
+            None => Part::Missed,
+            Some(frames) => {
+                // An address can be several frames: functions inlined
+                // there, innermost first.
+                let mut named: Vec<Frame> = kinds(frames, first_is_ip)
+                    .flat_map(|k| {
+                        let names = self.knames.get(&k).cloned().unwrap_or_else(unknown);
+                        frames_at(self.addresses, names, k.0, Some(k.0), Origin::Kernel, None)
+                    })
+                    .collect();
+                let ours = profiler_frames(named.iter().map(|f| f.text()));
+                named.drain(..ours);
+                Part::Frames(named.into())
+            }
+        };
+        let n = merger.part(part);
+        self.kernel_parts.insert((id, first_is_ip), n);
+        n
+    }
+
+    /// The number of waker `w`: a task's classified by its stacks, made
+    /// once.
+    fn waker(&mut self, merger: &mut Merger, w: WakerRef) -> u32 {
+        let id = match w {
+            WakerRef::Preempted => return merger.waker(Waker::Preempted),
+            WakerRef::NotWoken => return merger.waker(Waker::NotWoken),
+            WakerRef::Unseen => return merger.waker(Waker::Unseen),
+            WakerRef::MissedFull => return merger.waker(Waker::Missed),
+            WakerRef::Id(id) => id,
+        };
+        let Some(w) = self.raw.wakers.get(&id) else {
+            return merger.waker(Waker::Missed);
+        };
+        if let Some(&n) = self.wakers.get(&id) {
+            return n;
+        }
+        let at = self.waker_at.get(&id).copied().unwrap_or(usize::MAX);
+        let user = self.user(merger, at, w.user_stack);
+        let kernel = self.kernel(merger, w.kernel_stack, false);
+        let (user, kernel) = (merger.part_of(user), merger.part_of(kernel));
+        let n = merger.waker(Waker::classify(w.comm.clone(), w.pid, user, kernel));
+        self.wakers.insert(id, n);
+        n
     }
 }
 
@@ -482,3 +693,6 @@ mod tests {
         assert_eq!(got, [Ip, Return, Return, Ip, Return]);
     }
 }
+
+#[cfg(test)]
+mod fakes;

@@ -1,0 +1,170 @@
+//! What [`super::build`] needs of the rest of the program: where user
+//! frames come from ([`FrameSource`], the processes' mappings, what was
+//! kept of those that exited) and where names come from ([`NameSource`],
+//! the kernel's and the files' symbols), as two traits, so that the
+//! builder can be run on made-up frames and names.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::process::registry::{Mappings, StackFrames};
+use crate::process::{ObjectInfo, Proc, Registry};
+use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
+
+use super::Container;
+
+/// Names of frames by address (kernel) or by frame (user), each address
+/// possibly several frames: functions inlined there, innermost first.
+pub type Names<K> = HashMap<K, Vec<Named>>;
+
+/// How the frames of one user stack are found (see
+/// [`FrameSource::user_stack`]).
+pub enum UserStack<'a, M> {
+    /// Kept when its process exited.
+    Kept(&'a [UserFrame]),
+    /// An address at a time, through its process's mappings, which are
+    /// the same for every stack of the process.
+    Mapped(M),
+}
+
+/// The frame of an address through one process's mappings.
+pub trait MappedFrames {
+    /// The frame of address `addr`.
+    fn frame(&self, addr: u64) -> UserFrame;
+}
+
+/// Where the user frames of a profile, and what is known of their files,
+/// come from.
+pub trait FrameSource {
+    /// A process's mappings, as [`UserStack::Mapped`] holds them.
+    type Mappings<'a>: MappedFrames
+    where
+        Self: 'a;
+
+    /// The frames of user stack `id` of process `p` (its addresses
+    /// `addrs`, innermost first, some of them Python frames): its native
+    /// frames with its Python frames in place of the interpreter's.
+    fn python_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame>;
+
+    /// How the frames of user stack `id` of process `p` are found.
+    fn user_stack(&mut self, p: Proc, id: u64) -> UserStack<'_, Self::Mappings<'_>>;
+
+    /// The path and build id of object `object`.
+    fn object_info(&self, object: u32) -> ObjectInfo;
+
+    /// Where Python frame `instr` of code object `code` is: its line (0
+    /// where unknown) and its source file; None for a code object that
+    /// is not known.
+    fn python_place(&self, code: u32, instr: u32) -> Option<(u64, &str)>;
+
+    /// Whether any process has a perf map (JIT code named by its runtime).
+    fn has_perf_maps(&self) -> bool;
+
+    /// Whether process `p` has a perf map.
+    fn has_perf_map(&self, p: Proc) -> bool;
+
+    /// The cgroup and container of process `p`, where they can be read.
+    fn container(&mut self, p: Proc) -> Option<Arc<Container>>;
+}
+
+/// Where the names of frames come from, for the frames of a
+/// [`FrameSource`] `F`.
+pub trait NameSource<F: ?Sized> {
+    /// Names of kernel addresses.
+    fn kernel_names(&self, addrs: &[(u64, AddrKind)]) -> Names<(u64, AddrKind)>;
+
+    /// Names of user frames of `from`.
+    fn user_names(
+        &self,
+        from: &F,
+        frames: &[(UserFrame, AddrKind)],
+    ) -> Names<(UserFrame, AddrKind)>;
+
+    /// The name of JIT-compiled code at `addr` (frame `frame`) in
+    /// process `p`, from its runtime's perf map; None where it has none.
+    fn jit_name(
+        &self,
+        from: &F,
+        p: Proc,
+        frame: UserFrame,
+        addr: u64,
+        kind: AddrKind,
+    ) -> Option<Named>;
+
+    /// Whether frames show their address first (`--addresses`).
+    fn addresses(&self) -> bool;
+}
+
+/// A process's frames through its snapshot's mappings.
+impl MappedFrames for Mappings<'_> {
+    fn frame(&self, addr: u64) -> UserFrame {
+        Mappings::frame(self, addr)
+    }
+}
+
+/// The frames of the processes the registry follows.
+impl FrameSource for Registry {
+    type Mappings<'a> = Mappings<'a>;
+
+    fn python_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+        self.user_frames(p, id, addrs)
+    }
+
+    fn user_stack(&mut self, p: Proc, id: u64) -> UserStack<'_, Mappings<'_>> {
+        match Registry::user_stack(self, p, id) {
+            StackFrames::Kept(frames) => UserStack::Kept(frames),
+            StackFrames::Mapped(mappings) => UserStack::Mapped(mappings),
+        }
+    }
+
+    fn object_info(&self, object: u32) -> ObjectInfo {
+        Registry::object_info(self, object)
+    }
+
+    fn python_place(&self, code: u32, instr: u32) -> Option<(u64, &str)> {
+        let c = self.python_code(code)?;
+        Some((c.line(instr).map_or(0, u64::from), c.filename.as_str()))
+    }
+
+    fn has_perf_maps(&self) -> bool {
+        Registry::has_perf_maps(self)
+    }
+
+    fn has_perf_map(&self, p: Proc) -> bool {
+        self.perf_map(p).is_some()
+    }
+
+    fn container(&mut self, p: Proc) -> Option<Arc<Container>> {
+        Registry::container(self, p)
+    }
+}
+
+/// Names from kallsyms, the files' symbols and the runtimes' perf maps.
+impl NameSource<Registry> for Symbolizer {
+    fn kernel_names(&self, addrs: &[(u64, AddrKind)]) -> Names<(u64, AddrKind)> {
+        self.kernel(addrs)
+    }
+
+    fn user_names(
+        &self,
+        from: &Registry,
+        frames: &[(UserFrame, AddrKind)],
+    ) -> Names<(UserFrame, AddrKind)> {
+        Symbolizer::user_names(self, from, frames)
+    }
+
+    fn jit_name(
+        &self,
+        from: &Registry,
+        p: Proc,
+        frame: UserFrame,
+        addr: u64,
+        kind: AddrKind,
+    ) -> Option<Named> {
+        Symbolizer::jit_name(self, from, p, frame, addr, kind)
+    }
+
+    fn addresses(&self) -> bool {
+        self.options().addresses
+    }
+}
