@@ -224,6 +224,31 @@ pub(super) fn fill_filters(skel: &OffcputimeSkel<'_>, opts: &TracerOptions) -> R
     Ok(())
 }
 
+/// Where the kernel's ORC tables are (kallsyms), and the modules whose
+/// own tables the kernel stack walk reads: the walk is on where they are
+/// found (see src/bpf/kstack.h).
+fn set_kernel_orc(rodata: &mut crate::bpf::types::rodata) {
+    if let Some(orc) = crate::ksyms::KernelOrc::load() {
+        rodata.kstack_orc = true;
+        rodata.orc_ip_table = orc.ip_table;
+        rodata.orc_entry_table = orc.entry_table;
+        rodata.orc_entries = orc.entries;
+        (rodata.core_text_start, rodata.core_text_end) = orc.text;
+        (rodata.sched_text_start, rodata.sched_text_end) = orc.sched_text;
+        (rodata.lock_text_start, rodata.lock_text_end) = orc.lock_text;
+        (rodata.ret_from_fork_at, rodata.ret_from_fork_asm_at) = orc.ret_from_fork;
+        (rodata.ret_trampoline_a, rodata.ret_trampoline_b) = orc.ret_trampolines;
+        // As many as the program has room for, the lowest: a
+        // frame in any other is taken up by the kernel's walk.
+        let room = rodata.korc_module_text.len();
+        for (i, &(text, at)) in orc.modules.iter().take(room).enumerate() {
+            rodata.korc_module_text[i] = text;
+            rodata.korc_module_at[i] = at;
+            rodata.korc_modules = i as u32 + 1;
+        }
+    }
+}
+
 /// The load-time configuration of the program (its `.rodata`) and the
 /// sizes of its maps, as `opts` say: shared by the tracer and the
 /// snapshot.
@@ -261,25 +286,7 @@ pub(super) fn configure(
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
         rodata.test_drop_switch_in = opts.test.drop_switch_in;
         if opts.kernel_stacks && !opts.test.no_kstack_walk {
-            if let Some(orc) = crate::ksyms::KernelOrc::load() {
-                rodata.kstack_orc = true;
-                rodata.orc_ip_table = orc.ip_table;
-                rodata.orc_entry_table = orc.entry_table;
-                rodata.orc_entries = orc.entries;
-                (rodata.core_text_start, rodata.core_text_end) = orc.text;
-                (rodata.sched_text_start, rodata.sched_text_end) = orc.sched_text;
-                (rodata.lock_text_start, rodata.lock_text_end) = orc.lock_text;
-                (rodata.ret_from_fork_at, rodata.ret_from_fork_asm_at) = orc.ret_from_fork;
-                (rodata.ret_trampoline_a, rodata.ret_trampoline_b) = orc.ret_trampolines;
-                // As many as the program has room for, the lowest: a
-                // frame in any other is taken up by the kernel's walk.
-                let room = rodata.korc_module_text.len();
-                for (i, &(text, at)) in orc.modules.iter().take(room).enumerate() {
-                    rodata.korc_module_text[i] = text;
-                    rodata.korc_module_at[i] = at;
-                    rodata.korc_modules = i as u32 + 1;
-                }
-            }
+            set_kernel_orc(rodata);
         }
         rodata.test_kstack_check = opts.test.kstack_check;
         if opts.wakers {

@@ -190,60 +190,7 @@ fn reads_code_objects_of_live_interpreters() {
         let code_type = interp.code_type + bias;
         let mem = ProcMem::open(pid).unwrap();
 
-        for want in said["codes"].as_array().unwrap() {
-            let addr = want["addr"].as_u64().unwrap();
-            let code = read_code(&mem, addr, code_type, l)
-                .unwrap_or_else(|e| panic!("{what}: {want}: {e}"));
-            assert_eq!(code.name, want["name"].as_str().unwrap(), "{what}");
-            assert_eq!(code.qualname, want["qualname"].as_str().unwrap(), "{what}");
-            assert_eq!(code.filename, want["filename"].as_str().unwrap(), "{what}");
-            assert_eq!(
-                i64::from(code.firstlineno),
-                want["firstlineno"].as_i64().unwrap()
-            );
-            let table = unhex(want["linetable"].as_str().unwrap());
-            let first = code.firstlineno;
-            let lines = match l.co_code_start {
-                None => LineTable::pep626(table, first),
-                Some(s) => LineTable::locations(table, first, u32::from(s)),
-            };
-            assert_eq!(code.lines, lines, "{what}");
-            // The tag: of the words Python gives, and of the bytes
-            // read again.
-            let ids: Vec<u64> = want["words"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|w| w.as_u64().unwrap())
-                .collect();
-            let mut words = [0u8; 24];
-            for (i, id) in ids.iter().enumerate() {
-                words[8 * i..8 * i + 8].copy_from_slice(&id.to_le_bytes());
-            }
-            assert_eq!(code.tag, tag(&words), "{what}: {}", code.qualname);
-            let mut again = [0u8; 24];
-            mem.read(addr + u64::from(l.tag_at), &mut again).unwrap();
-            assert_eq!(again, words);
-        }
-        let names: Vec<&str> = said["codes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["filename"].as_str().unwrap())
-            .collect();
-        assert!(names.contains(&"f\u{ef}l\u{e9}_\u{3a9}_\u{20000}.py"));
-        // Not a code object: the type object itself; a str.
-        let not = read_code(&mem, code_type, code_type, l).unwrap_err();
-        assert!(matches!(not, Unreadable::NotCode), "{not}");
-        let s = said["codes"][0]["words"][0].as_u64().unwrap();
-        assert!(matches!(
-            read_code(&mem, s, code_type, l),
-            Err(Unreadable::NotCode)
-        ));
-        assert!(matches!(
-            read_code(&mem, 8, code_type, l),
-            Err(Unreadable::Memory(_))
-        ));
+        check_code_objects(&what, &said, &mem, code_type, l);
 
         // The thread state and its frames, once the thread sleeps.
         let runtime = interp.runtime + bias;
@@ -254,86 +201,187 @@ fn reads_code_objects_of_live_interpreters() {
             1,
             "{what}: _is_initialized"
         );
-        let stack = said["stack"].as_array().unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let frames = loop {
-            let (ts, frames) = walk(&mem, runtime, l);
-            if let Some(at) = l.ts_native_thread_id {
-                assert_eq!(read_u64(&mem, ts + u64::from(at)), u64::from(pid), "{what}");
-            }
-            let py_frames: Vec<&Frame> = frames
-                .iter()
-                .filter(|f| !(l.frame_kind == FrameKind::Interp312 && f.entry == l.owner_cstack))
-                .collect();
-            let top = py_frames.first().map(|f| {
-                read_code(&mem, f.code, code_type, l)
-                    .ok()
-                    .and_then(|c| c.line(f.instr))
-            });
-            if top == Some(Some(want_lines[0])) {
-                break frames;
-            }
-            assert!(std::time::Instant::now() < deadline, "{what}: {frames:?}");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        let mut py_frames = Vec::new();
-        for (i, f) in frames.iter().enumerate() {
-            match l.frame_kind {
-                FrameKind::Interp312 if f.entry == l.owner_cstack => {
-                    // A shim: after the module's frame, the last.
-                    assert_eq!(i, 3, "{what}: {frames:?}");
-                    continue;
-                }
-                FrameKind::Interp312 => assert_eq!(f.entry, 0, "{what}: owned by the thread"),
-                FrameKind::Interp311 => {
-                    assert_eq!(f.entry, u8::from(i == 2), "{what}: is_entry of {i}")
-                }
-                FrameKind::Object310 => {}
-            }
-            py_frames.push(f);
-        }
-        assert_eq!(py_frames.len(), 3, "{what}: {frames:?}");
-        let shims = frames.len() - py_frames.len();
-        assert_eq!(
-            shims,
-            usize::from(l.frame_kind == FrameKind::Interp312),
-            "{what}"
+        let frames = frames_once_asleep(&what, &mem, runtime, l, pid, code_type, want_lines[0]);
+        check_frames(
+            &what,
+            &frames,
+            &said["stack"],
+            &mem,
+            code_type,
+            l,
+            &want_lines,
         );
-        for (i, f) in py_frames.iter().enumerate() {
-            let want = &stack[i];
-            assert_eq!(f.code, want["addr"].as_u64().unwrap(), "{what}: frame {i}");
-            let code = read_code(&mem, f.code, code_type, l).unwrap();
-            assert_eq!(code.name, want["name"].as_str().unwrap());
-            assert_eq!(code.line(f.instr), Some(want_lines[i]), "{what}: frame {i}");
-            // Which instruction the frame is at: the call, or one of
-            // its inline caches.
-            let unit = match l.co_code_start {
-                None => u64::from(f.instr) * 2,
-                Some(s) => u64::from(f.instr - u32::from(s)),
-            };
-            let (at, op) = want["instructions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| (i[0].as_u64().unwrap(), i[1].as_str().unwrap()))
-                .take_while(|(at, _)| *at <= unit)
-                .last()
-                .unwrap();
-            assert!(op.starts_with("CALL"), "{what}: frame {i} at {unit}: {op}");
-            eprintln!(
-                "{what}: frame {i} ({}) at byte {unit}: {op} at {at}, +{} code units",
-                code.name,
-                (unit - at) / 2
-            );
-            match l.frame_kind {
-                // At the call itself.
-                FrameKind::Object310 => assert_eq!(unit, at),
-                _ if l.version == (3, 13) => assert_eq!(unit, at),
-                // In a C call (the newest frame) at the call; having
-                // called a Python function, at its last cache entry.
-                _ if i == 0 => assert_eq!(unit, at, "{what}"),
-                _ => assert!(unit > at, "{what}: frame {i}"),
+    }
+}
+
+/// The code objects the program listed (`said["codes"]`), read through
+/// `mem`: names, file, first line, line table and tag as it says; and
+/// what is not a code object is not taken for one.
+fn check_code_objects(
+    what: &str,
+    said: &serde_json::Value,
+    mem: &ProcMem,
+    code_type: u64,
+    l: &Layout,
+) {
+    for want in said["codes"].as_array().unwrap() {
+        let addr = want["addr"].as_u64().unwrap();
+        let code =
+            read_code(mem, addr, code_type, l).unwrap_or_else(|e| panic!("{what}: {want}: {e}"));
+        assert_eq!(code.name, want["name"].as_str().unwrap(), "{what}");
+        assert_eq!(code.qualname, want["qualname"].as_str().unwrap(), "{what}");
+        assert_eq!(code.filename, want["filename"].as_str().unwrap(), "{what}");
+        assert_eq!(
+            i64::from(code.firstlineno),
+            want["firstlineno"].as_i64().unwrap()
+        );
+        let table = unhex(want["linetable"].as_str().unwrap());
+        let first = code.firstlineno;
+        let lines = match l.co_code_start {
+            None => LineTable::pep626(table, first),
+            Some(s) => LineTable::locations(table, first, u32::from(s)),
+        };
+        assert_eq!(code.lines, lines, "{what}");
+        // The tag: of the words Python gives, and of the bytes
+        // read again.
+        let ids: Vec<u64> = want["words"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_u64().unwrap())
+            .collect();
+        let mut words = [0u8; 24];
+        for (i, id) in ids.iter().enumerate() {
+            words[8 * i..8 * i + 8].copy_from_slice(&id.to_le_bytes());
+        }
+        assert_eq!(code.tag, tag(&words), "{what}: {}", code.qualname);
+        let mut again = [0u8; 24];
+        mem.read(addr + u64::from(l.tag_at), &mut again).unwrap();
+        assert_eq!(again, words);
+    }
+    let names: Vec<&str> = said["codes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["filename"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"f\u{ef}l\u{e9}_\u{3a9}_\u{20000}.py"));
+    // Not a code object: the type object itself; a str.
+    let not = read_code(mem, code_type, code_type, l).unwrap_err();
+    assert!(matches!(not, Unreadable::NotCode), "{not}");
+    let s = said["codes"][0]["words"][0].as_u64().unwrap();
+    assert!(matches!(
+        read_code(mem, s, code_type, l),
+        Err(Unreadable::NotCode)
+    ));
+    assert!(matches!(
+        read_code(mem, 8, code_type, l),
+        Err(Unreadable::Memory(_))
+    ));
+}
+
+/// The frames of the interpreter's thread, walked from `runtime`, once the
+/// newest is at line `blocked` (its sleep): at most 20 s.
+fn frames_once_asleep(
+    what: &str,
+    mem: &ProcMem,
+    runtime: u64,
+    l: &Layout,
+    pid: u32,
+    code_type: u64,
+    blocked: u32,
+) -> Vec<Frame> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (ts, frames) = walk(mem, runtime, l);
+        if let Some(at) = l.ts_native_thread_id {
+            assert_eq!(read_u64(mem, ts + u64::from(at)), u64::from(pid), "{what}");
+        }
+        let py_frames: Vec<&Frame> = frames
+            .iter()
+            .filter(|f| !(l.frame_kind == FrameKind::Interp312 && f.entry == l.owner_cstack))
+            .collect();
+        let top = py_frames.first().map(|f| {
+            read_code(mem, f.code, code_type, l)
+                .ok()
+                .and_then(|c| c.line(f.instr))
+        });
+        if top == Some(Some(blocked)) {
+            return frames;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {frames:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The frames walked are the three the program's stack says (`stack`),
+/// each at its call's line and instruction, with the shims 3.12 adds.
+fn check_frames(
+    what: &str,
+    frames: &[Frame],
+    stack: &serde_json::Value,
+    mem: &ProcMem,
+    code_type: u64,
+    l: &Layout,
+    want_lines: &[u32],
+) {
+    let mut py_frames = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        match l.frame_kind {
+            FrameKind::Interp312 if f.entry == l.owner_cstack => {
+                // A shim: after the module's frame, the last.
+                assert_eq!(i, 3, "{what}: {frames:?}");
+                continue;
             }
+            FrameKind::Interp312 => assert_eq!(f.entry, 0, "{what}: owned by the thread"),
+            FrameKind::Interp311 => {
+                assert_eq!(f.entry, u8::from(i == 2), "{what}: is_entry of {i}")
+            }
+            FrameKind::Object310 => {}
+        }
+        py_frames.push(f);
+    }
+    assert_eq!(py_frames.len(), 3, "{what}: {frames:?}");
+    let shims = frames.len() - py_frames.len();
+    assert_eq!(
+        shims,
+        usize::from(l.frame_kind == FrameKind::Interp312),
+        "{what}"
+    );
+    for (i, f) in py_frames.iter().enumerate() {
+        let want = &stack[i];
+        assert_eq!(f.code, want["addr"].as_u64().unwrap(), "{what}: frame {i}");
+        let code = read_code(mem, f.code, code_type, l).unwrap();
+        assert_eq!(code.name, want["name"].as_str().unwrap());
+        assert_eq!(code.line(f.instr), Some(want_lines[i]), "{what}: frame {i}");
+        // Which instruction the frame is at: the call, or one of
+        // its inline caches.
+        let unit = match l.co_code_start {
+            None => u64::from(f.instr) * 2,
+            Some(s) => u64::from(f.instr - u32::from(s)),
+        };
+        let (at, op) = want["instructions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| (i[0].as_u64().unwrap(), i[1].as_str().unwrap()))
+            .take_while(|(at, _)| *at <= unit)
+            .last()
+            .unwrap();
+        assert!(op.starts_with("CALL"), "{what}: frame {i} at {unit}: {op}");
+        eprintln!(
+            "{what}: frame {i} ({}) at byte {unit}: {op} at {at}, +{} code units",
+            code.name,
+            (unit - at) / 2
+        );
+        match l.frame_kind {
+            // At the call itself.
+            FrameKind::Object310 => assert_eq!(unit, at),
+            _ if l.version == (3, 13) => assert_eq!(unit, at),
+            // In a C call (the newest frame) at the call; having
+            // called a Python function, at its last cache entry.
+            _ if i == 0 => assert_eq!(unit, at, "{what}"),
+            _ => assert!(unit > at, "{what}: frame {i}"),
         }
     }
 }
