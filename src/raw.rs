@@ -449,8 +449,8 @@ impl RawUserStack {
 }
 
 /// Frames of stored stacks by id, innermost first, all in one buffer: a
-/// vector each was 100,000 allocations (and as many frees) at 100,000
-/// stacks.
+/// vector each was an allocation (and a free) per stack (see
+/// BENCHMARKS.md, report time).
 #[derive(Clone, Debug, Default)]
 pub struct Stacks {
     /// Where each stack's frames are in `frames`: start and length.

@@ -365,8 +365,9 @@ impl<'a> Session<'a> {
             &self.symbolizer,
             self.kernel_first,
         );
-        // What was read is let go before the output is made: at 100,000
-        // stacks its frames are tens of megabytes.
+        // What was read is let go before the output is made: its frames
+        // grow with the stacks, and would be held beside the output's
+        // (see BENCHMARKS.md, peak RSS).
         drop(raw);
         let built_ms = Some(end.ended.elapsed().as_secs_f64() * 1e3);
         profile.window = Some(profile::Window::from_monotonic(end.window.0, end.window.1));

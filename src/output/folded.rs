@@ -75,12 +75,12 @@ impl Run {
 }
 
 /// The folded text of each part that samples share, made once (a profile
-/// of 100,000 stacks has a few thousand kernel parts, each in many
-/// samples). Keyed by the address of the part's frames, which the profile
-/// keeps. A part of one sample only (most user parts there) is written
-/// straight into its line.
+/// of many stacks has far fewer kernel parts, each in many samples).
+/// Keyed by the address of the part's frames, which the profile keeps. A
+/// part of one sample only (most user parts there) is written straight
+/// into its line.
 #[derive(Default)]
-struct Texts {
+struct PartTexts {
     runs: ahash::AHashMap<(usize, Run), Option<String>>,
     /// How many samples have each part, where more than one.
     shared: ahash::AHashMap<usize, u32>,
@@ -94,10 +94,9 @@ fn part_key(f: &Arc<[Frame]>) -> usize {
 }
 
 /// The text of each frame as a folded line has it ([`clean`]), found
-/// once: a profile of 100,000 stacks has millions of frames, and a few
-/// thousand distinct ones (frames are shared, see [`Frame`]). Each found
-/// by the frame's address, in a table of the last ones found before a
-/// hash map.
+/// once: a large profile has many times more frames than distinct ones
+/// (frames are shared, see [`Frame`]). Each found by the frame's address,
+/// in a table of the last ones found before a hash map.
 struct Names {
     text: String,
     recent: Box<[(usize, usize, usize)]>,
@@ -166,7 +165,7 @@ fn append_frames(names: &mut Names, text: &mut String, f: &[Frame], run: Run, su
     }
 }
 
-impl Texts {
+impl PartTexts {
     /// Appends the frames of `part` to `line` as `run` writes them.
     fn push(&mut self, line: &mut String, part: &Part, run: Run, annotate: bool) {
         let suffix = if annotate { run.annotation() } else { "" };
@@ -203,7 +202,7 @@ impl Texts {
         }
     }
 
-    /// Notes which parts the samples share (see [`Texts`]).
+    /// Notes which parts the samples share (see [`PartTexts`]).
     fn count(&mut self, samples: &[Sample]) {
         let mut seen: ahash::AHashMap<usize, u32> = ahash::AHashMap::with_capacity(samples.len());
         let mut note = |p: &Part| {
@@ -305,9 +304,9 @@ pub fn lines(profile: &Profile, shape: Shape, annotate: bool) -> Vec<(String, u6
         .collect()
 }
 
-/// The distinct folded stacks of a profile, their text in one buffer:
-/// 100,000 stacks of 45 frames are 56 MB of text, which a string each
-/// allocated, grew and freed line by line.
+/// The distinct folded stacks of a profile, their text in one buffer: a
+/// string each was an allocation, growth and free per line, over text as
+/// long as all the stacks' frames (see BENCHMARKS.md, report time).
 struct Folded {
     /// Every distinct line, one after the other, without separators.
     text: String,
@@ -318,8 +317,8 @@ struct Folded {
 
 impl Folded {
     fn of(profile: &Profile, shape: Shape, annotate: bool) -> Folded {
-        let mut texts = Texts::default();
-        texts.count(&profile.samples);
+        let mut part_texts = PartTexts::default();
+        part_texts.count(&profile.samples);
         let mut text = String::new();
         // (start, end, total ns) of each distinct line, found by the hash
         // of its text: `heads` has the last line with each hash, `next`
@@ -332,7 +331,7 @@ impl Folded {
         const END: u32 = u32::MAX;
         for s in &profile.samples {
             let start = text.len();
-            texts.line(&mut text, s, shape, annotate);
+            part_texts.line(&mut text, s, shape, annotate);
             let line = &text[start..];
             let hash = hasher.hash_one(line);
             let head = heads.get(&hash).copied().unwrap_or(END);

@@ -18,10 +18,11 @@ struct UserStacks {
     /// are: start and length.
     list: Vec<(Proc, u64, usize, usize)>,
     numbers: Vec<u32>,
-    /// The user stack of each entry, then of each waker (in the order of
-    /// `RawProfile::wakers`), by its place in `list`; [`UserStacks::NONE`]
-    /// for none stored.
-    of: Vec<u32>,
+    /// The user stack of each holder, by the holder's index (each entry,
+    /// then each waker in the order of `RawProfile::wakers`; see
+    /// [`user_stack_order`]), as its place in `list`;
+    /// [`UserStacks::NONE`] for none stored.
+    stack_of_holder: Vec<u32>,
 }
 
 impl UserStacks {
@@ -32,21 +33,21 @@ impl UserStacks {
 /// the last found in each of a few hundred slots, before a hash map. The
 /// slots are made only for a process with many return addresses: a trace
 /// of many small processes does not pay 8 KiB each.
-struct Known {
+struct AddressNumbers {
     recent: Box<[(u64, u32)]>,
     ips: ahash::AHashMap<u64, u32>,
     returns: ahash::AHashMap<u64, u32>,
 }
 
-impl Known {
+impl AddressNumbers {
     const SLOTS: usize = 512;
     /// Return addresses a process has before it gets the slots.
     const SLOTS_FROM: usize = 256;
     /// A slot that holds nothing: no frame has this number.
     const EMPTY: u32 = u32::MAX;
 
-    fn new() -> Known {
-        Known {
+    fn new() -> AddressNumbers {
+        AddressNumbers {
             recent: Box::default(),
             ips: ahash::AHashMap::new(),
             returns: ahash::AHashMap::new(),
@@ -139,9 +140,9 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
 
     let mut merger = Merger::with_capacity(raw.entries.len());
     let user_parts = UserParts::new(source, names, &users).make(raw, &stacks, &mut merger);
-    let mut parts = Parts {
+    let mut parts = SampleParts {
         raw,
-        of: stacks.of,
+        stack_of_holder: stacks.stack_of_holder,
         user_parts,
         knames,
         addresses: users.addresses,
@@ -164,7 +165,7 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
 fn add_entries<'a, F: FrameSource>(
     raw: &'a RawProfile,
     source: &mut F,
-    parts: &mut Parts,
+    parts: &mut SampleParts,
     merger: &mut Merger<'a>,
     kernel_first_is_ip: bool,
 ) {
@@ -232,9 +233,10 @@ impl Distinct {
     }
 }
 
-/// Each user stack an entry or a waker has, with where it is had (entry
-/// `i` at `i`, the `j`th waker after the entries), in the order the
-/// stacks are stored: where its frames are, its process and its id.
+/// Each user stack an entry or a waker (its holder) has, with the
+/// holder's index (entry `i` at `i`, the `j`th waker after the entries),
+/// in the order the stacks are stored: where its frames are, its process
+/// and its id.
 fn user_stack_order(raw: &RawProfile) -> Vec<((usize, usize), Proc, u64, usize)> {
     let mut order: Vec<((usize, usize), Proc, u64, usize)> = raw
         .entries
@@ -262,24 +264,25 @@ fn number_user_stacks<F: FrameSource>(
     let mut user_stacks = UserStacks {
         list: Vec::new(),
         numbers: Vec::new(),
-        of: vec![UserStacks::NONE; raw.entries.len() + raw.wakers.len()],
+        stack_of_holder: vec![UserStacks::NONE; raw.entries.len() + raw.wakers.len()],
     };
     let mut distinct = Distinct::default();
     // The number of each address of a process, found once: a process's
-    // stacks have a few thousand addresses between them, and 100,000
-    // stacks of 45 frames millions.
-    let mut by_address: ahash::AHashMap<Proc, Known> = ahash::AHashMap::new();
+    // stacks share most of their addresses, and many stacks have many
+    // times more frames than distinct addresses (see BENCHMARKS.md, report
+    // time).
+    let mut by_process: ahash::AHashMap<Proc, AddressNumbers> = ahash::AHashMap::new();
     // Each stack of each process once, in the order the stacks are
     // stored: tens of megabytes of frames read front to back rather than
     // in the order of the counts.
     let mut last = None;
-    for (span, proc, id, had) in user_stack_order(raw) {
+    for (span, proc, id, holder) in user_stack_order(raw) {
         if last == Some((proc, id)) {
-            user_stacks.of[had] = (user_stacks.list.len() - 1) as u32;
+            user_stacks.stack_of_holder[holder] = (user_stacks.list.len() - 1) as u32;
             continue;
         }
         last = Some((proc, id));
-        user_stacks.of[had] = user_stacks.list.len() as u32;
+        user_stacks.stack_of_holder[holder] = user_stacks.list.len() as u32;
         let addrs = raw.stacks.at(span);
         let at = user_stacks.numbers.len();
         let numbers = &mut user_stacks.numbers;
@@ -292,11 +295,11 @@ fn number_user_stacks<F: FrameSource>(
             match source.user_stack(proc, id) {
                 UserStack::Kept(frames) => number_frames(frames, &mut distinct, numbers),
                 UserStack::Mapped(mappings) => {
-                    let known = by_address.entry(proc).or_insert_with(Known::new);
+                    let addr_numbers = by_process.entry(proc).or_insert_with(AddressNumbers::new);
                     let mut kinds = UserKinds::new();
                     numbers.extend(addrs.iter().map(|&a| {
                         let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
-                        known.number(a, k, || distinct.number((mappings.frame(a), k)))
+                        addr_numbers.number(a, k, || distinct.number((mappings.frame(a), k)))
                     }));
                 }
             }
@@ -336,7 +339,7 @@ fn object_table<F: FrameSource>(
     (objects, object_index)
 }
 
-/// Where each waker's user stack is had (see [`UserStacks::of`]).
+/// The holder index of each waker (see [`UserStacks::stack_of_holder`]).
 fn waker_places(raw: &RawProfile) -> ahash::AHashMap<u64, usize> {
     raw.wakers
         .keys()
@@ -476,9 +479,9 @@ impl UserFrames {
 
 /// Makes and numbers each user part (see [`Merger::part`]; the part
 /// itself is the merger's). Each distinct part is made and numbered once,
-/// and shared (an `Arc`) by every sample that has it: 100,000 samples of
-/// 30 frames each were most of the report's time and memory when each had
-/// frames of its own.
+/// and shared (an `Arc`) by every sample that has it: when each sample
+/// had frames of its own, they were most of the report's time and memory
+/// with many samples (see BENCHMARKS.md, report time).
 struct UserParts<'a, F, N> {
     /// Where user frames come from: which processes have perf maps.
     source: &'a F,
@@ -576,11 +579,12 @@ impl<'a, F: FrameSource, N: NameSource<F>> UserParts<'a, F, N> {
 
 /// The parts of the profile's samples and wakers, each numbered once by
 /// the merger.
-struct Parts<'a> {
+struct SampleParts<'a> {
     /// What the kernel recorded: the kernel stacks and the wakers.
     raw: &'a RawProfile,
-    /// The user stack of each entry and waker (see [`UserStacks::of`]).
-    of: Vec<u32>,
+    /// The user stack of each entry and waker, by holder index (see
+    /// [`UserStacks::stack_of_holder`]).
+    stack_of_holder: Vec<u32>,
     /// The part of each user stack, by its place in [`UserStacks::list`].
     user_parts: Vec<u32>,
     /// The names of the kernel addresses.
@@ -590,30 +594,35 @@ struct Parts<'a> {
     /// The part of each kernel stack, by id and whether its first frame
     /// is an instruction pointer.
     kernel_parts: ahash::AHashMap<(u64, bool), u32>,
-    /// Where each waker's user stack is had.
+    /// The holder index of each waker.
     waker_at: ahash::AHashMap<u64, usize>,
     /// The number of each waker task, by its id.
     wakers: ahash::AHashMap<u64, u32>,
 }
 
-impl Parts<'_> {
-    /// The user part of what is had at `had` (see [`UserStacks::of`]),
-    /// whose user stack is `r`.
-    fn user(&self, merger: &mut Merger, had: usize, r: StackRef) -> u32 {
+impl SampleParts<'_> {
+    /// The user part of the entry or waker at holder index `holder` (see
+    /// [`UserStacks::stack_of_holder`]), whose user stack is `r`.
+    fn user(&self, merger: &mut Merger, holder: usize, r: StackRef) -> u32 {
         match r {
-            StackRef::Id(_) => match self.of.get(had).copied().unwrap_or(UserStacks::NONE) {
+            StackRef::Id(_) => match self
+                .stack_of_holder
+                .get(holder)
+                .copied()
+                .unwrap_or(UserStacks::NONE)
+            {
                 // A stack the counts name but that was not stored.
                 UserStacks::NONE => merger.part(Part::Missed),
                 n => self.user_parts[n as usize],
             },
-            _ => frameless(merger, r),
+            _ => unstored_part(merger, r),
         }
     }
 
     /// The kernel part of stack `r`.
     fn kernel(&mut self, merger: &mut Merger, r: StackRef, first_is_ip: bool) -> u32 {
         let StackRef::Id(id) = r else {
-            return frameless(merger, r);
+            return unstored_part(merger, r);
         };
         if let Some(&n) = self.kernel_parts.get(&(id, first_is_ip)) {
             return n;
@@ -665,9 +674,9 @@ impl Parts<'_> {
     }
 }
 
-/// The number of the part a reference without frames stands for: none by
-/// nature or request, or lost.
-fn frameless(merger: &mut Merger, r: StackRef) -> u32 {
+/// The number of the part a reference to no stored stack stands for: none
+/// by nature or request, not sampled, or lost.
+fn unstored_part(merger: &mut Merger, r: StackRef) -> u32 {
     merger.part(match r {
         StackRef::None => Part::Absent,
         StackRef::NotSampled => Part::Frames(Arc::new([Frame::named(NOT_SAMPLED)])),

@@ -67,7 +67,7 @@ pub(super) fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> 
 /// compared by number: each distinct part is hashed once, not once per
 /// sample.
 pub(super) struct Merger<'a> {
-    parts: Parts,
+    parts: NumberedParts,
     wakers: ahash::AHashMap<WakerKey, u32>,
     waker_list: Vec<Waker>,
     /// By address: equal containers are one `Arc` (the registry's).
@@ -95,7 +95,7 @@ impl<'a> Merger<'a> {
     /// Room for about `samples` samples.
     pub(super) fn with_capacity(samples: usize) -> Merger<'a> {
         Merger {
-            parts: Parts::with_capacity(samples),
+            parts: NumberedParts::with_capacity(samples),
             wakers: ahash::AHashMap::new(),
             waker_list: Vec::new(),
             containers: ahash::AHashMap::new(),
@@ -168,8 +168,9 @@ impl<'a> Merger<'a> {
             ..
         } = self;
         // Sorted as [`sort_samples`] sorts, by number where numbers are
-        // equal: sorting the samples themselves moved 100,000 of them a
-        // few hundred bytes at a time.
+        // equal: sorting the samples themselves moved every one of them, a
+        // few hundred bytes at a time, many times over (see BENCHMARKS.md,
+        // report time).
         let part = |a: u32, b: u32| {
             if a == b {
                 std::cmp::Ordering::Equal
@@ -198,8 +199,8 @@ impl<'a> Merger<'a> {
         });
         // The last sample to have a part takes the merger's copy of it
         // rather than a clone: most parts are in one sample, and a clone
-        // and the copy's drop each read the part's count, 100,000 reads
-        // from all over memory.
+        // and the copy's drop each read the part's count, a read from all
+        // over memory for every sample (see BENCHMARKS.md, report time).
         let mut uses = vec![0u32; parts.list.len()];
         for ((_, _, _, u, k, _, _, _), _) in &sums {
             uses[*u as usize] += 1;
@@ -237,7 +238,7 @@ impl<'a> Merger<'a> {
 /// Parts numbered by content: equal parts get one number. Each part is
 /// hashed once, when it is numbered; the table holds hashes, so growing
 /// it does not hash the parts again.
-struct Parts {
+struct NumberedParts {
     hasher: ahash::RandomState,
     /// The last part numbered with each hash; `next` chains the others.
     heads: ahash::AHashMap<u64, u32>,
@@ -245,11 +246,11 @@ struct Parts {
     list: Vec<Part>,
 }
 
-impl Parts {
+impl NumberedParts {
     const END: u32 = u32::MAX;
 
-    fn with_capacity(n: usize) -> Parts {
-        Parts {
+    fn with_capacity(n: usize) -> NumberedParts {
+        NumberedParts {
             hasher: ahash::RandomState::new(),
             heads: ahash::AHashMap::with_capacity(n),
             next: Vec::with_capacity(n),
@@ -310,8 +311,9 @@ impl Parts {
     }
 }
 
-/// What a frame adds to the hash of a part (see [`Parts::hash`]): its
-/// address, origin, the length of its name and whether it is inlined.
+/// What a frame adds to the hash of a part (see
+/// [`NumberedParts::hash`]): its address, origin, the length of its name
+/// and whether it is inlined.
 pub(super) fn frame_word(f: &FrameInfo) -> u64 {
     let origin = match f.origin {
         Origin::Unknown => 0,

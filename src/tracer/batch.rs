@@ -1,8 +1,9 @@
 //! Reading a whole hash map in a few system calls.
 //!
 //! The report reads the table of counts and the stacks it refers to once
-//! the hooks are detached: 100,000 entries each, one `get_next_key` and one
-//! lookup per entry was a sixth of the report's time. `BPF_MAP_LOOKUP_BATCH`
+//! the hooks are detached: with many entries, one `get_next_key` and one
+//! lookup per entry was a large share of the report's time (see
+//! BENCHMARKS.md, report time). `BPF_MAP_LOOKUP_BATCH`
 //! (5.6) copies thousands of entries a call. Only for maps nothing writes
 //! any more: a batch walks the buckets in order, and an entry added behind
 //! it while it runs is not seen (why the scans during tracing go key by

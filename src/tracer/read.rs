@@ -122,8 +122,9 @@ impl Tracer<'_> {
     pub(super) fn read_counts(&self, take_through: Option<u32>) -> Result<RawProfile> {
         // Once the hooks are detached nothing writes the tables: the
         // stacks are read whole, in batches, on a thread of their own while
-        // the counts are read (both are mostly the kernel copying: 100 MB
-        // of stacks at 100,000 of them). Taking intervals out while tracing
+        // the counts are read (both are mostly the kernel copying, and the
+        // stacks run to many megabytes with many of them: see
+        // BENCHMARKS.md, report time). Taking intervals out while tracing
         // goes key by key.
         if self.stopped && take_through.is_none() {
             let stacks = batch::Table::of(&self.skel.maps.stacks);
