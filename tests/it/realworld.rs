@@ -451,6 +451,26 @@ fn a_stackfarm_started_with_the_trace() {
         whole_us as f64 * 100.0 / farm_us.max(1) as f64,
         threads.len()
     );
+    // The farm's lines not under their whole stack (but for those missed,
+    // counted above), the longest first: printed before anything else is
+    // checked, so that a log cut short still shows them.
+    let mut partial: Vec<&Folded> = lines
+        .iter()
+        .filter(|l| {
+            depth(l).is_some()
+                && !whole(l)
+                && l.frames.get(1).is_none_or(|f| f != "[Missed User Stack]")
+        })
+        .collect();
+    partial.sort_by_key(|l| std::cmp::Reverse(l.us));
+    eprintln!(
+        "stackfarm: {} us in {} lines not under their whole stack (not missed)",
+        partial.iter().map(|l| l.us).sum::<u64>(),
+        partial.len()
+    );
+    for l in partial.iter().take(12) {
+        eprintln!("stackfarm: partial {} {}", l.frames.join(";"), l.us);
+    }
     for l in stderr.lines().filter(|l| {
         l.contains("unwind") || l.contains("missed") || l.contains("stats") || l.contains("dropped")
     }) {

@@ -272,6 +272,9 @@ impl Drop for Workload {
     }
 }
 
+/// How long a test waits for the profiler to say it attached.
+pub const ATTACH_TIMEOUT_S: u64 = 240;
+
 /// Runs the profiler to completion; panics with its stderr on failure.
 pub fn profile(args: &[&str]) -> Output {
     let out = offcputime().args(args).output().expect("run offcputime");
@@ -360,7 +363,9 @@ pub fn profile_during_with(
         std::io::Read::read_to_end(&mut stdout, &mut all).expect("read stdout");
         all
     });
-    let attached = rx.recv_timeout(Duration::from_secs(60));
+    // Loading takes seconds here, and over a minute in an emulated VM of
+    // the kernel matrix on a loaded machine (67 s seen).
+    let attached = rx.recv_timeout(Duration::from_secs(ATTACH_TIMEOUT_S));
     if attached.is_ok() {
         during(child.id());
     }
@@ -989,7 +994,7 @@ pub fn spawn_lines(args: &[&str], env: &[(&str, &str)]) -> Lines {
 /// read (CLOCK_MONOTONIC ns).
 pub fn wait_for_line(lines: &std::sync::mpsc::Receiver<(u64, String)>, what: &str) -> u64 {
     loop {
-        match lines.recv_timeout(Duration::from_secs(60)) {
+        match lines.recv_timeout(Duration::from_secs(ATTACH_TIMEOUT_S)) {
             Ok((at, line)) if line.contains(what) => return at,
             Ok(_) => {}
             Err(e) => panic!("no line with {what:?} from offcputime: {e}"),

@@ -33,7 +33,8 @@ fn kernel_matrix() {
     eprintln!("{table}");
     assert!(
         out.status.success(),
-        "kernel matrix failed:\n{table}\n{}",
+        // The table last: what a truncated log keeps.
+        "{}\nkernel matrix failed:\n{table}",
         String::from_utf8_lossy(&out.stderr)
     );
     // Every kernel of the matrix was booted and reported, and every cell
