@@ -318,6 +318,20 @@ impl<'obj> Tracer<'obj> {
             let hook = a.hook.expect("tracing attempts have a hook");
             Self::try_start(object, &opts, hook, a.user_stacks, legacy, tables)
         });
+        // Where tp_btf was tried and raw_tp taken after it: said, for on a
+        // kernel with BTF tp_btf should load (its failure is worth a
+        // report), and raw_tp costs more per switch.
+        if let Some((_, a)) = &loaded {
+            if a.hook == Some(Hook::RawTp) {
+                if let Some((_, e)) = errors.iter().find(|(t, _)| t.hook == Some(Hook::TpBtf)) {
+                    eprintln!(
+                        "offcputime: the tp_btf hook could not be loaded ({e:#}); tracing on \
+                         raw_tp/sched_switch instead (a per-thread hash map instead of task \
+                         storage: more cost per switch)"
+                    );
+                }
+            }
+        }
         // The error reported: that of the first unwinder, of the first
         // tracepoint hook tried (the first hook, if none is a tracepoint),
         // without user stacks at the start (if the attempt without them
