@@ -28,7 +28,7 @@
 //! | `--killable`        | `wl-vfork`             | `wl_block_vfork`: a vfork-style clone whose child (`wl-vfork-child`) sleeps 100 ms; the parent waits in `TASK_KILLABLE` |
 //! | `--pinned-spinners` | `wl-pin-a`, `wl-pin-b` | busy loops, both pinned to CPU 0: each is preempted for the other about half the time |
 //! | `--io`              | `wl-io`                | `wl_block_io`: 4 KiB `O_DIRECT` reads of its own executable, one after the other: I/O waits (D, `in_iowait`) |
-//! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns>` and waits 60 s in `poll` in `wl_block_tail` |
+//! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns> <its schedstat run + wait ns>` and waits 60 s in `poll` in `wl_block_tail` |
 //! | `--brief MS`        | `wl-brief`             | started by the main thread on SIGUSR2; 1 ms sleeps (`wl_block_brief`) for MS ms, then prints `brief <tid> <first ns> <last ns> <cpu ns> <spawned ns>` (CLOCK_MONOTONIC at its first and last instruction, its CPU time, and when the main thread started creating it) and exits |
 //!
 //! `blocker wakers` is another process, whose sleepers are woken by known
@@ -385,6 +385,15 @@ pub extern "C" fn wl_tail_thread() {
         }
         wl_block_tail_wait();
     }
+    // Its time on a CPU and waiting for one so far, by the kernel's
+    // accounting: what it adds from here to the block (printing, a
+    // preemption) is what the block's start may lie after the time printed.
+    let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let ran: u64 = schedstat
+        .split_whitespace()
+        .take(2)
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum();
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -392,7 +401,7 @@ pub extern "C" fn wl_tail_thread() {
     // SAFETY: `ts` is a valid timespec to write to.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     let line = format!(
-        "tail {}\n",
+        "tail {} {ran}\n",
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     );
     let _ = std::io::stdout().lock().write_all(line.as_bytes());
