@@ -665,6 +665,10 @@ impl<'obj> Tracer<'obj> {
             // no hook may still be running when the end iterator starts.
             kernel::wait_for_running_hooks();
         }
+        if let Some(kstacks) = self.plan.program(Role::EndKernelStacks) {
+            let kstacks = program_of(&self.skel, kstacks)?;
+            run_iterator(&kstacks).context("failed to run the end iterator of kernel stacks")?;
+        }
         let end = self
             .plan
             .program(Role::End)

@@ -157,8 +157,8 @@ pub(super) fn report_kernel_stacks(
             "offcputime: {lacking} kernel stacks of threads not running lack the scheduler's \
              frames (schedule, __schedule, ...), which the kernel's own walk leaves out: {} \
              where the kernel's unwind tables (ORC) could not be used, {} of threads that ran \
-             while they were walked, {} taken by the kprobe's end iterator with user stacks, \
-             which does not walk them",
+             while they were walked, {} of threads that ran between the kprobe's two end \
+             iterators (the kernel stacks' and the user stacks')",
             c.kstack_no_sched, c.kstack_moved, c.kstack_not_walked
         );
     }

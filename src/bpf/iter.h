@@ -395,8 +395,14 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 		if (want_user_stack && !is_kthread(task, false))
 			key.user_stack_id = user_stacks ? user_stack_of_task(task, key.tgid, false)
 							: STACK_ID_NOT_READABLE;
-		if (want_kernel_stack)
-			key.kernel_stack_id = kernel_stack_of_task(task, !(variant & VARIANT_USER_STACKS));
+		if (want_kernel_stack && !user_stacks)
+			key.kernel_stack_id = kernel_stack_of_task(task, true);
+		else if (want_kernel_stack && d->end_kstack_id &&
+			 d->end_kstack_switches == switches_of(task) &&
+			 !BPF_CORE_READ(task, on_cpu))
+			key.kernel_stack_id = d->end_kstack_id;
+		else if (want_kernel_stack)
+			key.kernel_stack_id = kernel_stack_of_task(task, false);
 	}
 	/* Not switched in yet: the walk that was due then (only the hook on
 	 * BTF leaves one, see kstack_at_switch_in). */
@@ -404,6 +410,40 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 		key.kernel_stack_id = kernel_stack_of_task(task, true);
 	count(CNT_BLOCKS_AT_END);
 	add_block_parts(&key, d, state, from, to, false, &wt);
+}
+
+/*
+ * The kprobe's end iterator that reads user stacks cannot walk kernel
+ * stacks too (their chains of calls together would pass 6.1's 512 bytes of
+ * stack): this one, run just before it (the hooks detached), walks the
+ * kernel stack of every block under way that has none yet, and keeps it
+ * with the thread's count of switches, by which that iterator knows
+ * whether the thread has run since (then it takes the kernel's walk alone,
+ * counted).
+ */
+SEC("iter/task")
+int end_kernel_stacks_by_tid(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct task_data *d;
+	__u64 start;
+	__u32 tid;
+
+	if (!task || !trace_end_ns || !want_kernel_stack || !stacks_at_switch_in)
+		return 0;
+	tid = BPF_CORE_READ(task, pid);
+	if (tid == 0)
+		return 0;
+	d = get_data(task, tid, false, false);
+	if (!d)
+		return 0;
+	d->end_kstack_id = 0;
+	start = d->start_ns;
+	if (start <= START_SEEN || began_before_window(start) || BPF_CORE_READ(task, on_cpu))
+		return 0;
+	d->end_kstack_switches = switches_of(task);
+	d->end_kstack_id = kernel_stack_of_task(task, true);
+	return 0;
 }
 
 SEC("iter/task")

@@ -739,8 +739,9 @@ static __always_inline __u64 switches_of(struct task_struct *task)
  * CPU, once both are done; else they are made again once, and then the
  * helper's stack is kept alone (CNT_KSTACK_MOVED).  `walk` false: the
  * helper's alone (CNT_KSTACK_NOT_WALKED), in the kprobe's end iterator that
- * also reads user stacks, whose chain of calls the walk would take past
- * 6.1's 512 bytes.
+ * also reads user stacks (whose chain of calls the walk would take past
+ * 6.1's 512 bytes), for a thread that ran since end_kernel_stacks_by_tid
+ * walked it.
  */
 static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, const bool walk)
 {

@@ -35,6 +35,11 @@ struct task_data {
 	 * python_stack_at_switch_out. */
 	__u32 py_rest_until;
 	__u32 _pad;
+	/* The kprobe's end: the kernel stack of the open block, walked by
+	 * end_kernel_stacks_by_tid (0: none), and the thread's count of
+	 * switches then (see that iterator). */
+	__u64 end_kstack_id;
+	__u64 end_kstack_switches;
 };
 
 struct {

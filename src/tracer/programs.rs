@@ -34,6 +34,10 @@ pub enum Role {
     Start,
     /// The end iterator: blocks under way when tracing ends.
     End,
+    /// Run just before the kprobe's end iterator that reads user stacks:
+    /// the kernel stacks of the blocks it takes (see
+    /// [`Plan::end_user_stacks`]).
+    EndKernelStacks,
     /// `-i`: blocks under way at an interval's end.
     Cut,
     /// `--snapshot`'s iterator.
@@ -121,6 +125,7 @@ pub const PROGRAMS: &[Program] = &[
     program("flush_in_progress_by_tid", Role::End, &[ByTid], None, false, Attach::Iterator),
     program("flush_in_progress_user_by_tid", Role::End, &[ByTid], None, true, Attach::Iterator),
     program("flush_in_progress_legacy", Role::End, &[Legacy], None, false, Attach::Iterator),
+    program("end_kernel_stacks_by_tid", Role::EndKernelStacks, &[ByTid], None, false, Attach::Iterator),
     program("cut_interval", Role::Cut, &[TaskStorage], None, false, Attach::Iterator),
     program("cut_interval_by_tid", Role::Cut, &[ByTid], None, false, Attach::Iterator),
     program("snapshot_tasks", Role::Snapshot, &[TaskStorage, ByTid, Legacy], None, false, Attach::Iterator),
@@ -184,6 +189,7 @@ impl Plan {
         let tracing = self.hook.is_some();
         match role {
             Role::Switch | Role::Start | Role::End => tracing,
+            Role::EndKernelStacks => tracing && self.end_user_stacks(),
             Role::Wakeup => tracing && self.states,
             Role::Waking => tracing && self.wakers,
             Role::Fork => tracing && self.forks,
@@ -224,13 +230,14 @@ mod tests {
     use super::*;
 
     const HOOKS: [Hook; 3] = [Hook::TpBtf, Hook::RawTp, Hook::FinishTaskSwitch];
-    const ROLES: [Role; 10] = [
+    const ROLES: [Role; 11] = [
         Role::Switch,
         Role::Wakeup,
         Role::Waking,
         Role::Fork,
         Role::Start,
         Role::End,
+        Role::EndKernelStacks,
         Role::Cut,
         Role::Snapshot,
         Role::PythonRefresh,
@@ -320,6 +327,7 @@ mod tests {
                     "flush_in_progress_by_tid" => by_tid && !end_user,
                     "flush_in_progress_user_by_tid" => end_user,
                     "flush_in_progress_legacy" => legacy,
+                    "end_kernel_stacks_by_tid" => end_user,
                     "start_blocked" => trusted && !user,
                     "start_blocked_by_tid" => by_tid && !user,
                     "start_blocked_user" => trusted && user,

@@ -75,7 +75,6 @@ fn whole_on(hook: &str) {
     let compared = number_before(" stacks compared with the kernel's walk");
     let differ = number_before(" differ\n");
     eprintln!("{hook}: {walked} walked, {compared} compared, {differ} differ");
-    eprintln!("matrix: {walked} walked, {differ} of {compared} differ");
     // The four stuck threads at the start: one walk each at least, three
     // stacks (two wait on a futex alike).
     assert!(walked >= 4, "{hook}: {walked} walks: {stderr}");
@@ -100,9 +99,9 @@ fn whole_on(hook: &str) {
     }
     assert_eq!(differ, 0, "{hook}: {stderr}");
     // Only threads that ran while they were walked (twice), on the kprobe
-    // blocks still under way at the end where its end iterator reads user
-    // stacks (5.18 on), and blocks whose switch-in the kernel did not
-    // report (their stack is taken then) may lack them, all said on
+    // threads that ran between its two end iterators (5.18 on, where the
+    // second reads user stacks), and blocks whose switch-in the kernel did
+    // not report (their stack is taken then) may lack them, all said on
     // stderr: the stuck ones have theirs from the start.
     let lacking = if stderr.contains("lack the scheduler's frames") {
         assert_eq!(
@@ -111,7 +110,7 @@ fn whole_on(hook: &str) {
             "{hook}: {stderr}"
         );
         number_before(" of threads that ran while they were walked")
-            + number_before(" taken by the kprobe's end iterator with user stacks")
+            + number_before(" of threads that ran between the kprobe's two end iterators")
     } else {
         0
     } + if stderr.contains(" blocks have no kernel stack: it is taken when") {
@@ -119,6 +118,7 @@ fn whole_on(hook: &str) {
     } else {
         0
     };
+    eprintln!("matrix: {walked} walked, {differ} of {compared} differ, {lacking} lacking");
     let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
     for (comm, sched) in THREADS {
         // The VMs' files are in memory: the I/O thread may not block at all.
