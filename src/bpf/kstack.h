@@ -387,6 +387,95 @@ __noinline int korc_module_search(__u64 ip, __u32 k)
 	return korc_find(ip, &w->found, w->mod_n, w->mod_ip_table, w->mod_entry_table);
 }
 
+/* The frame's CFA, from its ORC entry `e`: false where the walk cannot
+ * find it (SP_INDIRECT, whose meaning changed in 6.x, and the registers of
+ * an interrupted context are left to the helper). */
+static __always_inline bool korc_cfa(struct korc_walk *w, __u8 *win, struct korc_entry *e,
+				     __u64 *cfa)
+{
+	switch (e->sp_reg) {
+	case ORC_REG_SP:
+		*cfa = w->sp + e->sp_offset;
+		return true;
+	case ORC_REG_BP:
+		*cfa = w->bp + e->sp_offset;
+		return true;
+	case ORC_REG_BP_INDIRECT:
+		return korc_read(w, win, cfa, w->bp + e->sp_offset);
+	default:
+		return false;
+	}
+}
+
+/* The caller's ip and sp, from the frame's CFA, by the kind of frame: a
+ * call, a full register frame (an exception's, a system call's) or the
+ * hardware's partial one (an interrupt's); `regs` becomes where the
+ * registers of an interrupted context are, or 0.  `old`: the entries
+ * before 6.4's signal bit. */
+static __always_inline bool korc_caller(struct korc_walk *w, __u8 *win, struct korc_entry *e,
+					__u64 cfa, bool old, __u64 *new_ip, __u64 *new_sp,
+					__u64 *regs)
+{
+	switch (e->type) {
+	case KORC_CALL:
+		if (!korc_read(w, win, new_ip, cfa - 8))
+			return false;
+		*new_sp = cfa;
+		*regs = 0;
+		w->prev_regs = 0;
+		if (old)
+			w->signal = 0;
+		return true;
+	case KORC_REGS:
+		if (!korc_read(w, win, new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip)) ||
+		    !korc_read(w, win, new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp)))
+			return false;
+		*regs = cfa;
+		w->prev_regs = 0;
+		w->full_regs = 1;
+		if (old)
+			w->signal = 1;
+		return true;
+	case KORC_REGS_PARTIAL:
+		/* The hardware's frame: ip, cs, flags, sp, ss. */
+		if (!korc_read(w, win, new_ip, cfa) || !korc_read(w, win, new_sp, cfa + 24))
+			return false;
+		if (w->full_regs)
+			w->prev_regs = w->regs;
+		*regs = cfa - bpf_core_field_offset(struct pt_regs, ip);
+		w->full_regs = 0;
+		if (old)
+			w->signal = 1;
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The caller's frame pointer: kept, saved in the frame, or in the
+ * registers of an interrupted context (`regs`, or the full frame seen
+ * before a partial one). */
+static __always_inline bool korc_caller_bp(struct korc_walk *w, __u8 *win, struct korc_entry *e,
+					   __u64 cfa, __u64 regs, __u64 *bp)
+{
+	switch (e->bp_reg) {
+	case ORC_REG_UNDEFINED:
+		if (regs && w->full_regs)
+			return korc_read(w, win, bp, regs + bpf_core_field_offset(struct pt_regs, bp));
+		if (regs && w->prev_regs)
+			return korc_read(w, win, bp,
+					 w->prev_regs + bpf_core_field_offset(struct pt_regs, bp));
+		*bp = w->bp;
+		return true;
+	case ORC_REG_PREV_SP:
+		return korc_read(w, win, bp, cfa + e->bp_offset);
+	case ORC_REG_BP:
+		return korc_read(w, win, bp, w->bp + e->bp_offset);
+	default:
+		return false;
+	}
+}
+
 /* korc_step: the frame is a module's, whose entry korc_walk is to find. */
 #define KORC_NEEDS_MODULE 2
 
@@ -457,83 +546,10 @@ __noinline int korc_step(__u32 k)
 	if (!old)
 		w->signal = e.signal;
 
-	switch (e.sp_reg) {
-	case ORC_REG_SP:
-		cfa = w->sp + e.sp_offset;
-		break;
-	case ORC_REG_BP:
-		cfa = w->bp + e.sp_offset;
-		break;
-	case ORC_REG_BP_INDIRECT:
-		if (!korc_read(w, win, &cfa, w->bp + e.sp_offset))
-			goto stop;
-		break;
-	default:
-		/* SP_INDIRECT (whose meaning changed in 6.x) and the
-		 * registers of an interrupted context: the helper's. */
+	if (!korc_cfa(w, win, &e, &cfa) ||
+	    !korc_caller(w, win, &e, cfa, old, &new_ip, &new_sp, &regs) ||
+	    !korc_caller_bp(w, win, &e, cfa, regs, &bp))
 		goto stop;
-	}
-
-	regs = w->regs;
-	switch (e.type) {
-	case KORC_CALL:
-		if (!korc_read(w, win, &new_ip, cfa - 8))
-			goto stop;
-		new_sp = cfa;
-		regs = 0;
-		w->prev_regs = 0;
-		if (old)
-			w->signal = 0;
-		break;
-	case KORC_REGS:
-		if (!korc_read(w, win, &new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip)) ||
-		    !korc_read(w, win, &new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp)))
-			goto stop;
-		regs = cfa;
-		w->prev_regs = 0;
-		w->full_regs = 1;
-		if (old)
-			w->signal = 1;
-		break;
-	case KORC_REGS_PARTIAL:
-		/* The hardware's frame: ip, cs, flags, sp, ss. */
-		if (!korc_read(w, win, &new_ip, cfa) || !korc_read(w, win, &new_sp, cfa + 24))
-			goto stop;
-		if (w->full_regs)
-			w->prev_regs = w->regs;
-		regs = cfa - bpf_core_field_offset(struct pt_regs, ip);
-		w->full_regs = 0;
-		if (old)
-			w->signal = 1;
-		break;
-	default:
-		goto stop;
-	}
-
-	switch (e.bp_reg) {
-	case ORC_REG_UNDEFINED:
-		if (regs && w->full_regs) {
-			if (!korc_read(w, win, &bp, regs + bpf_core_field_offset(struct pt_regs, bp)))
-				goto stop;
-		} else if (regs && w->prev_regs) {
-			if (!korc_read(w, win, &bp,
-				       w->prev_regs + bpf_core_field_offset(struct pt_regs, bp)))
-				goto stop;
-		} else {
-			bp = w->bp;
-		}
-		break;
-	case ORC_REG_PREV_SP:
-		if (!korc_read(w, win, &bp, cfa + e.bp_offset))
-			goto stop;
-		break;
-	case ORC_REG_BP:
-		if (!korc_read(w, win, &bp, w->bp + e.bp_offset))
-			goto stop;
-		break;
-	default:
-		goto stop;
-	}
 
 	w->regs = regs;
 	w->ip = new_ip;
