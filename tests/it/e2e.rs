@@ -1663,7 +1663,7 @@ fn missing_capabilities_are_named() {
     }
 }
 
-/// A pid reused while tracing (forced with `ns_last_pid`, by perl): the
+/// A pid reused while tracing (forced with clone3's `set_tid`, by perl): the
 /// later process's stacks are named and walked from its own program, never the
 /// earlier one's, and the earlier one's stacks keep their names after it
 /// exited.
@@ -1677,12 +1677,16 @@ fn reused_pid_gets_its_own_names() {
 }
 
 fn reused_pid_gets_its_own_names_once() -> bool {
-    let mut a = Workload::start(&["--seconds", "2"]);
+    // The first process ends 1.5 s into the window (killed: on a loaded
+    // machine the profiler's load can outlast a workload of fixed length).
+    let mut a = Workload::start(&["--seconds", "600"]);
     let pid = a.pid;
-    let mut reused: Option<KillOnDrop> = None;
+    let mut reused: Option<AtPid> = None;
     let (out, _, _) = profile_during(&["-f", "-p", &pid.to_string(), "6"], |_| {
+        std::thread::sleep(Duration::from_millis(1500));
+        a.child.kill().expect("kill the first process");
         a.child.wait().expect("wait for the first process");
-        reused = take_pid(pid);
+        reused = take_pid(pid, Duration::from_millis(1500));
     });
     if reused.is_none() {
         return false;
@@ -1725,7 +1729,7 @@ fn reused_pid_gets_its_own_names_once() -> bool {
     true
 }
 
-/// A pid reused late in the window (forced with `ns_last_pid`, by perl),
+/// A pid reused late in the window (forced with clone3's `set_tid`, by perl),
 /// less than a second before its end: the earlier process has exited but
 /// is not let go yet (its stacks not kept apart, see `Exits::GRACE`), so
 /// the report names its stacks through the snapshot of its mappings kept
@@ -1743,14 +1747,14 @@ fn a_pid_reused_late_in_the_window_names_each_process_its_own_way() {
 fn a_pid_reused_late_in_the_window_once() -> bool {
     let mut a = Workload::start(&["--seconds", "600"]);
     let pid = a.pid;
-    let mut reused: Option<KillOnDrop> = None;
+    let mut reused: Option<AtPid> = None;
     let mut killed = 0;
     let (out, _, attached) = profile_during(&["-f", "-p", &pid.to_string(), "4"], |_| {
         std::thread::sleep(Duration::from_millis(3300));
         killed = monotonic_ns();
         a.child.kill().expect("kill the first process");
         a.child.wait().expect("wait for the first process");
-        reused = take_pid(pid);
+        reused = take_pid(pid, Duration::from_millis(300));
     });
     if reused.is_none() {
         return false;
@@ -1799,34 +1803,99 @@ fn a_pid_reused_late_in_the_window_once() -> bool {
     true
 }
 
-/// A process (a perl loop that sleeps) started at pid `pid`, just freed,
-/// through `ns_last_pid`. None if another process took the pid first: on a
-/// busy machine (the other tests start processes all the time) one can
-/// fork between the write and ours, and it may hold the pid for long.
-fn take_pid(pid: u32) -> Option<KillOnDrop> {
-    for _ in 0..200 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-            .expect("write ns_last_pid");
-        let b = KillOnDrop(
-            std::process::Command::new("perl")
-                .args(["-e", "select(undef, undef, undef, 0.05) while 1"])
-                .spawn()
-                .expect("start perl"),
-        );
-        if b.0.id() == pid {
-            return Some(b);
-        }
-        drop(b);
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return None;
+/// A process started at a pid of our choosing: killed and reaped when
+/// dropped.
+struct AtPid(libc::pid_t);
+
+impl Drop for AtPid {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) and waitpid(2) of our own child.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
         }
     }
-    None
+}
+
+/// `struct clone_args` of clone3(2), up to `set_tid_size` (Linux 5.5).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+}
+
+/// A process (a perl loop that sleeps) started at pid `pid`, just freed:
+/// clone3(2) with `set_tid` asks for that very pid (root may), so no
+/// other fork can take it in between. Where another process holds it
+/// now (the other tests start processes all the time), tried again every
+/// 2 ms until `within` has passed; None then.
+fn take_pid(pid: u32, within: Duration) -> Option<AtPid> {
+    let perl = std::ffi::CString::new(
+        ["/usr/bin/perl", "/bin/perl"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("perl installed"),
+    )
+    .unwrap();
+    let args = [
+        c"perl".as_ptr(),
+        c"-e".as_ptr(),
+        c"select(undef, undef, undef, 0.05) while 1".as_ptr(),
+        std::ptr::null(),
+    ];
+    let wanted: [libc::pid_t; 1] = [pid as libc::pid_t];
+    let deadline = Instant::now() + within;
+    loop {
+        let clone = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            set_tid: wanted.as_ptr() as u64,
+            set_tid_size: 1,
+            ..Default::default()
+        };
+        // SAFETY: clone3 without CLONE_VM: the child has a copy of this
+        // thread alone, and only calls execv (a system call) and _exit.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &clone as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if r == 0 {
+            // SAFETY: the arguments were made before the clone.
+            unsafe {
+                libc::execv(perl.as_ptr(), args.as_ptr());
+                libc::_exit(127);
+            }
+        }
+        if r > 0 {
+            return Some(AtPid(r as libc::pid_t));
+        }
+        let err = std::io::Error::last_os_error();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::EEXIST),
+            "clone3 at pid {pid}: {err}"
+        );
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Runs `attempt` (a trace in which a pid is reused) until the pid could
-/// be taken, at most three times: whether another process forks first is
-/// the machine's doing, not the profiler's.
+/// be taken, at most three times: whether another process holds it just
+/// then is the machine's doing, not the profiler's.
 fn with_a_reused_pid(attempt: impl Fn() -> bool) {
     for n in 1..=3 {
         if attempt() {
