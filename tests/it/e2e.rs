@@ -1033,26 +1033,21 @@ fn sigterm_and_sigint_print_the_profile() {
     let _g = serial();
     let wl = Workload::start(&["--seconds", "30"]);
     for sig in [libc::SIGTERM, libc::SIGINT] {
-        let child = offcputime()
-            .args(["-v", "-f", "-t", &wl.tid("wl-nanosleep").to_string()])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start");
-        std::thread::sleep(Duration::from_millis(2500));
+        let tid = wl.tid("wl-nanosleep").to_string();
+        let (mut child, stdout, lines, stderr) = spawn_lines(&["-f", "-t", &tid], &[]);
+        // 1.5 s after it says it attached (its load takes longer on a
+        // loaded machine, over 2 s seen).
+        wait_for_line(&lines, "offcputime: attached ");
+        std::thread::sleep(Duration::from_millis(1500));
         // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
-        let out = child.wait_with_output().expect("wait");
-        assert!(
-            out.status.success(),
-            "signal {sig}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines = parse_folded(&out.stdout);
+        let status = child.wait().expect("wait");
+        let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+        assert!(status.success(), "signal {sig}: {stderr}");
+        let lines = parse_folded(&stdout);
         let total = sum_us(&lines, "wl-nanosleep");
-        // Traced from the window's start (once loaded: some time after
-        // spawn, longer in a debug build) to the signal: the whole window.
-        let (_, from, to) = verbose_window(&String::from_utf8_lossy(&out.stderr));
+        // Traced from the window's start to the signal: the whole window.
+        let (_, from, to) = verbose_window(&stderr);
         let window_us = (to - from) as f64 / 1e3;
         assert!(
             window_us > 500_000.0 && window_us < 2_600_000.0,
