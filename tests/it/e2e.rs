@@ -344,21 +344,13 @@ fn blocked_time_and_frames(hook: &str) {
     // itself before the clock and here while it still blocks); never
     // more. (Within 0.5% of the window: 4.5 ms more was seen once in an
     // emulated VM, whose clocks are uneven.)
-    let ran_since = std::fs::read_to_string(format!(
+    let (ran, waited, _) = schedstat(&format!(
         "/proc/{}/task/{}/schedstat",
         wl.pid,
         wl.tid("wl-tail")
     ))
-    .ok()
-    .map(|s| {
-        s.split_whitespace()
-            .take(2)
-            .filter_map(|n| n.parse::<u64>().ok())
-            .sum::<u64>()
-    })
-    .expect("wl-tail's schedstat")
-    .saturating_sub(ran_then) as f64
-        / 1e3;
+    .expect("wl-tail's schedstat");
+    let ran_since = (ran + waited).saturating_sub(ran_then) as f64 / 1e3;
     eprintln!("wl-tail: ran or waited for a CPU {ran_since:.0} us before its block");
     assert!(
         tail < remaining + 5000.0 && tail > remaining - ran_since - 0.005 * window_us,

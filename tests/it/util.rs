@@ -677,6 +677,14 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// A thread's `/proc/PID/task/TID/schedstat` at `path`: ns on a CPU, ns
+/// waiting for one, times switched in.
+pub fn schedstat(path: &str) -> Option<(u64, u64, u64)> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
+    Some((f.next()??, f.next()??, f.next()??))
+}
+
 pub struct CpuSamples {
     samples: Vec<Sample>,
 }
@@ -702,10 +710,8 @@ impl CpuClock {
                 let ran = paths
                     .iter()
                     .map(|p| {
-                        let s = std::fs::read_to_string(p)
-                            .unwrap_or_else(|e| panic!("{p}: {e} (the thread is gone)"));
-                        let mut f = s.split_whitespace().map(|x| x.parse().unwrap());
-                        (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
+                        schedstat(p)
+                            .unwrap_or_else(|| panic!("{p}: unreadable (the thread is gone)"))
                     })
                     .collect();
                 samples.push((now, ran, stolen_ticks()));
