@@ -232,8 +232,8 @@ fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
 /// program started, for the start-up time that `-v` shows.
 pub fn trace(config: &Config, began: Instant) -> Result<()> {
     let mut objects = crate::tracer::Objects::default();
-    let (mut session, tracer) = Session::start(config, began, &mut objects)?;
-    session.run(&tracer)?;
+    let (mut session, mut tracer) = Session::start(config, began, &mut objects)?;
+    session.run(&mut tracer)?;
     // The report, raised as start-up is (see priority.rs): on a busy
     // machine at the user's priority it waits seconds for a CPU (measured
     // under examples/stackfarm: docs/benchmarks-history.md).

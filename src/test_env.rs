@@ -32,6 +32,10 @@ pub struct TestEnv {
     /// `OFFCPUTIME_TEST_STALL_COPY_WALK_MS`: copied user stacks wait this
     /// long for their walk (as a large new program's tables would).
     pub stall_copy_walk: Option<Duration>,
+    /// `OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS`: from this long after the
+    /// window opened, the event loop reads none of the program's news
+    /// until the trace stops (as where it gets no CPU for that long).
+    pub stall_news_after: Option<Duration>,
     /// `OFFCPUTIME_TEST_STALL_IN_WRITE_MS`: a pause once a report file is
     /// written and before it is put in place (to kill the profiler there).
     pub stall_in_write: Option<Duration>,
@@ -79,6 +83,7 @@ impl TestEnv {
             stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
             stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),
             stall_copy_walk: ms("OFFCPUTIME_TEST_STALL_COPY_WALK_MS"),
+            stall_news_after: ms("OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS"),
             stall_in_write: ms("OFFCPUTIME_TEST_STALL_IN_WRITE_MS"),
             python_gate: var("OFFCPUTIME_TEST_PYTHON_GATE").map(Into::into),
             no_stack_cache: set("OFFCPUTIME_NO_STACK_CACHE"),
@@ -109,6 +114,7 @@ mod tests {
             Some(match name {
                 "OFFCPUTIME_TEST_DROP_SWITCH_IN" => "20".into(),
                 "OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS" => "150".into(),
+                "OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS" => "1000".into(),
                 "OFFCPUTIME_STATS_INTERVAL" => "0.5".into(),
                 "OFFCPUTIME_TEST_PYTHON_GATE" => "/tmp/gate".into(),
                 _ => String::new(),
@@ -119,6 +125,7 @@ mod tests {
         assert!(env.kstack_check && env.no_kstack_walk);
         assert_eq!(env.drop_switch_in, 20);
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
+        assert_eq!(env.stall_news_after, Some(Duration::from_secs(1)));
         assert_eq!(env.stats_interval, Some(Duration::from_millis(500)));
         assert_eq!(
             env.python_gate.as_deref(),

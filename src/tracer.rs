@@ -529,29 +529,7 @@ impl<'obj> Tracer<'obj> {
     ) -> Result<()> {
         let pending = std::cell::RefCell::new(self.events_left.take());
         let stacks = std::cell::RefCell::new(Vec::<RawUserStack>::new());
-        let mut builder = RingBufferBuilder::new();
-        builder
-            .add(&self.skel.maps.events, |data: &[u8]| {
-                if let Some(event) = task_event(data) {
-                    pending.borrow_mut().push(event);
-                }
-                0
-            })
-            .context("failed to set up the event ring buffer")?;
-        // After the events: a round takes them first.
-        if self.deferring {
-            builder
-                .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
-                    if let Some(s) = RawUserStack::parse(data) {
-                        stacks.borrow_mut().push(s);
-                    }
-                    0
-                })
-                .context("failed to set up the stack ring buffer")?;
-        }
-        let ringbuf = builder
-            .build()
-            .context("failed to set up the event ring buffer")?;
+        let ringbuf = self.news_rings(&pending, &stacks)?;
         let (mut busy, mut more) = (false, !pending.borrow().is_empty());
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -595,6 +573,54 @@ impl<'obj> Tracer<'obj> {
         }
         self.deferred_left.borrow_mut().extend(stacks.take());
         self.events_left.borrow_mut().extend(pending.take());
+        Ok(())
+    }
+
+    /// The rings of the program's news: events go to `pending`, copied
+    /// stacks to `stacks` (a round takes the events first).
+    fn news_rings<'a>(
+        &'a self,
+        pending: &'a std::cell::RefCell<Vec<TaskEvent>>,
+        stacks: &'a std::cell::RefCell<Vec<RawUserStack>>,
+    ) -> Result<libbpf_rs::RingBuffer<'a>> {
+        let mut builder = RingBufferBuilder::new();
+        builder
+            .add(&self.skel.maps.events, |data: &[u8]| {
+                if let Some(event) = task_event(data) {
+                    pending.borrow_mut().push(event);
+                }
+                0
+            })
+            .context("failed to set up the event ring buffer")?;
+        if self.deferring {
+            builder
+                .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
+                    if let Some(s) = RawUserStack::parse(data) {
+                        stacks.borrow_mut().push(s);
+                    }
+                    0
+                })
+                .context("failed to set up the stack ring buffer")?;
+        }
+        builder
+            .build()
+            .context("failed to set up the event ring buffer")
+    }
+
+    /// Once the trace is stopped: the news no wait passed on (held over
+    /// from the last, and left in the rings) handed to `on_events` in one
+    /// round, so that the processes it tells of get their tables before
+    /// the end walks the stacks copied for them.
+    pub fn drain(
+        &self,
+        on_events: impl FnOnce(&[TaskEvent], Vec<RawUserStack>) -> bool,
+    ) -> Result<()> {
+        let pending = std::cell::RefCell::new(self.events_left.take());
+        let stacks = std::cell::RefCell::new(self.deferred_left.take());
+        self.news_rings(&pending, &stacks)?
+            .consume()
+            .context("failed to read the event ring buffer")?;
+        on_events(&pending.take(), stacks.take());
         Ok(())
     }
 

@@ -56,6 +56,10 @@ const RETRY: Duration = Duration::from_secs(1);
 /// rest are only counted.
 const NOT_COVERED_KEPT: usize = 64;
 
+/// How many earlier sizes of executable mappings of a process's address
+/// space are kept (see [`Unwinder::note_address_space`]).
+const EARLIER_SPACES: usize = 16;
+
 /// Where the tables go: the BPF program's maps ([`crate::tracer::UnwindStore`]),
 /// or a fake in tests.
 pub trait TableStore {
@@ -165,6 +169,11 @@ struct ProcessEntry {
     /// (zero: unknown): copied stacks are walked only with tables of
     /// theirs.
     space: AddressSpace,
+    /// The sizes of executable mappings (`exec_vm`) that events said of
+    /// `space`'s address space before `space`'s own (see
+    /// [`Unwinder::note_address_space`]): its mappings were read after
+    /// them, so its tables cover the stacks copied under them too.
+    earlier: Vec<u64>,
     /// Objects it maps that had no room for their rows when it was
     /// installed: it is installed again once they have.
     lacking: Vec<u32>,
@@ -241,6 +250,9 @@ pub struct Unwinder {
     /// The address space each process had when its mappings were last
     /// noted (see [`Unwinder::note_address_space`]).
     address_spaces: HashMap<u32, AddressSpace>,
+    /// For each, the sizes of executable mappings events said of the same
+    /// address space before (the last [`EARLIER_SPACES`]).
+    earlier_spaces: HashMap<u32, Vec<u64>>,
     /// Processes that use each slice of mappings (by its start): a forked
     /// process shares its parent's until it has its own.
     slice_users: HashMap<usize, u32>,
@@ -291,6 +303,7 @@ impl Unwinder {
             processes: HashMap::new(),
             slice_users: HashMap::new(),
             address_spaces: HashMap::new(),
+            earlier_spaces: HashMap::new(),
             quarantine: VecDeque::new(),
             moved_from: VecDeque::new(),
             not_covered: Vec::new(),
@@ -308,9 +321,33 @@ impl Unwinder {
     }
 
     /// The mappings of `tgid` about to be noted are those of address space
-    /// `space` (as the BPF program's event said).
+    /// `space` (as the BPF program's event said), read after the event.
+    /// Where an earlier event said the same address space with other
+    /// executable mappings (the dynamic loader's work in a new image, a
+    /// `dlopen`), the tables made from this reading cover the stacks
+    /// copied under those too: the code mapped then is still mapped where
+    /// it was (a process's stacks copied while it mapped fewer pages are
+    /// walked with them, rather than waiting for tables of mappings that
+    /// were never read as they were).
     pub fn note_address_space(&mut self, tgid: u32, space: AddressSpace) {
-        self.address_spaces.insert(tgid, space);
+        let earlier = self.earlier_spaces.entry(tgid).or_default();
+        match self.address_spaces.insert(tgid, space) {
+            Some(old) if old.mm == space.mm && old.exec_vm != space.exec_vm => {
+                earlier.retain(|&e| e != old.exec_vm && e != space.exec_vm);
+                if earlier.len() == EARLIER_SPACES {
+                    earlier.remove(0);
+                }
+                earlier.push(old.exec_vm);
+            }
+            Some(old) if old.mm == space.mm => {}
+            _ => earlier.clear(),
+        }
+    }
+
+    /// The sizes of executable mappings said of `tgid`'s address space
+    /// before its last (see [`Unwinder::note_address_space`]).
+    fn earlier_spaces(&self, tgid: u32) -> Vec<u64> {
+        self.earlier_spaces.get(&tgid).cloned().unwrap_or_default()
     }
 
     /// Gives the BPF program the tables of `tgid`'s mappings as `procs`
@@ -337,12 +374,14 @@ impl Unwinder {
                     || self.objects.get(o).is_some_and(|e| e.table.is_some())
             })
         });
+        let earlier = self.earlier_spaces(tgid);
         if let Some(p) = self.processes.get_mut(&tgid).filter(|_| !room_since) {
             if p.mappings == mappings {
                 // The same mappings (a fork's, or those of the same image
                 // again): the tables hold for this address space too.
                 if p.space != space {
                     p.space = space;
+                    p.earlier = earlier;
                     if let (Some((start, len)), Some(store)) = (p.slice, self.store.as_deref_mut())
                     {
                         // Not a failure if it cannot be said: the BPF
@@ -451,6 +490,7 @@ impl Unwinder {
                 slice: p.slice,
                 objects: p.objects.clone(),
                 space,
+                earlier: Vec::new(),
                 lacking: p.lacking.clone(),
             },
             _ => {
@@ -469,6 +509,7 @@ impl Unwinder {
         }
         *self.slice_users.entry(slice.0).or_insert(1) += 1;
         self.address_spaces.insert(child, space);
+        self.earlier_spaces.remove(&child);
         self.processes.insert(child, entry);
         self.stats.processes_forked += 1;
         self.update_stats();
@@ -484,6 +525,7 @@ impl Unwinder {
         self.retry_at.remove(&tgid);
         self.let_go.remove(&tgid);
         self.address_spaces.remove(&tgid);
+        self.earlier_spaces.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
             if p.slice.is_some() {
                 self.store().remove_process(tgid);
@@ -583,7 +625,11 @@ impl crate::deferred::ProcessTables for Unwinder {
     fn slice(&self, tgid: u32, space: AddressSpace) -> Option<(usize, usize)> {
         self.processes
             .get(&tgid)
-            .filter(|p| p.space == space && space.mm != 0)
+            .filter(|p| {
+                space.mm != 0
+                    && (p.space == space
+                        || (p.space.mm == space.mm && p.earlier.contains(&space.exec_vm)))
+            })
             .and_then(|p| p.slice)
     }
 

@@ -57,6 +57,23 @@ impl<'t> Collector<'t> {
         }
     }
 
+    /// The handler without the pass under way over the counts of the
+    /// processes that exited (what it was for keeps its snapshot): it
+    /// borrows the tracer no longer, which can then be stopped.
+    pub(super) fn without_scan<'u>(self) -> Collector<'u> {
+        Collector {
+            exits: self.exits,
+            scan: None,
+            stats: self.stats,
+            raised: self.raised,
+            python: self.python,
+            refreshing: self.refreshing,
+            refresh_failed: self.refresh_failed,
+            python_later: self.python_later,
+            python_gate: self.python_gate,
+        }
+    }
+
     /// Tells the BPF program of the CPython processes among those whose
     /// mappings were read, once due.
     pub(super) fn note_pythons(&mut self, registry: &mut Registry) {
@@ -245,11 +262,13 @@ fn update_tables(
         match *ev {
             TaskEvent::New(p, space) | TaskEvent::Changed(p, space) => {
                 // Mappings not read now (the process is
-                // gone, or another) give no new tables: the
-                // copies of a process gone are given up now.
+                // gone or exiting, or another) give no new
+                // tables: the copies of a process gone are
+                // given up now.
                 if spaces.next().flatten().is_none() {
                     use crate::deferred::ProcessTables;
-                    let gone = crate::process::start_ticks(p.tgid) != Some(p.start);
+                    let gone = crate::process::start_ticks(p.tgid) != Some(p.start)
+                        || crate::process::address_space_gone(p.tgid);
                     if gone && u.slice(p.tgid, space).is_none() {
                         deferred.unwalkable(p, space);
                     }

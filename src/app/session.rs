@@ -34,6 +34,9 @@ pub(super) struct Session<'a> {
     intervals: Option<Intervals>,
     /// `--duration`: when tracing ends.
     deadline: Option<Instant>,
+    /// When the event loop stopped the trace, and the process's CPU time
+    /// then (ms): `-v` measures the report from there.
+    stopped: Option<(Instant, f64)>,
     /// The hook's first kernel frame is the exact instruction pointer,
     /// not a return address (see [`crate::tracer::AttachedHook`]).
     kernel_first: bool,
@@ -131,6 +134,7 @@ impl<'a> Session<'a> {
             _lookout: lookout,
             intervals,
             deadline,
+            stopped: None,
             kernel_first: tracer.hook().kernel_first_frame_is_ip(),
             python_unwalked: config.tracer.python
                 && config.tracer.user_stacks
@@ -142,7 +146,7 @@ impl<'a> Session<'a> {
     /// The event loop: the program's news handled until tracing ends (at
     /// `--duration`, a signal, the window's end); with `-i`, each interval
     /// cut as it ends, and written once its copied stacks are walked.
-    pub(super) fn run(&mut self, tracer: &Tracer<'_>) -> Result<()> {
+    pub(super) fn run(&mut self, tracer: &mut Tracer<'_>) -> Result<()> {
         let stats = self.stats.take().expect("the event loop runs once");
         let mut collector = Collector::new(self.config, stats, tracer.python_store());
         loop {
@@ -157,7 +161,7 @@ impl<'a> Session<'a> {
                 (Some(d), Some(c)) => Some(d.min(c)),
                 (d, c) => d.or(c),
             };
-            self.wait(tracer, &mut collector, until)?;
+            self.wait(tracer, &mut collector, Some(until))?;
             let Some(cut) = cut else {
                 break;
             };
@@ -166,20 +170,26 @@ impl<'a> Session<'a> {
             }
             self.cut(tracer, cut)?;
         }
-        // A pass under way is left: what it was for keeps its snapshot.
-        drop(collector);
-        Ok(())
+        // The trace stops here: the news of its last moments (a process
+        // whose stack was copied as the trace ended, or by the end
+        // iterator, and its mappings) is handled before the end walks the
+        // copies.
+        let mut collector = collector.without_scan();
+        self.stopped = Some((Instant::now(), process_cpu_ms()));
+        tracer.stop()?;
+        self.wait(tracer, &mut collector, None)
     }
 
     /// Waits for the program's news until `until` (or the end) and hands
     /// it to `collector`; with `-i`, the intervals held are written as the
     /// copies of stacks they count are walked. A failed write stops the
-    /// trace, and is returned.
+    /// trace, and is returned. `None`: the trace is stopped, and the news
+    /// left is handled in one round.
     fn wait<'t>(
         &mut self,
         tracer: &'t Tracer<'_>,
         collector: &mut Collector<'t>,
-        until: Option<Instant>,
+        until: Option<Option<Instant>>,
     ) -> Result<()> {
         let Session {
             config,
@@ -194,8 +204,18 @@ impl<'a> Session<'a> {
             ..
         } = self;
         let stop = &**stop;
+        // For tests: no news read from a time on, until the trace stops.
+        let mut until = until;
+        let mut stalled_until = None;
+        if let (Some(to), Some(after)) = (until, config.tracer.test.stall_news_after) {
+            let from = tracer.window_started_at() + after;
+            if to.is_none_or(|to| to > from) {
+                stalled_until = Some(to);
+                until = Some(Some(from));
+            }
+        }
         let mut failed = None;
-        tracer.wait(until, stop, |events, stacks| {
+        let handle = |events: &[crate::raw::TaskEvent], stacks| {
             let busy = collector.on_events(
                 events,
                 stacks,
@@ -225,7 +245,16 @@ impl<'a> Session<'a> {
                 }
             }
             busy
-        })?;
+        };
+        match until {
+            Some(until) => tracer.wait(until, stop, handle)?,
+            None => tracer.drain(handle)?,
+        }
+        if let Some(to) = stalled_until {
+            while !stop.load(Ordering::SeqCst) && to.is_none_or(|to| Instant::now() < to) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         failed.map_or(Ok(()), Err)
     }
 
@@ -269,10 +298,10 @@ impl<'a> Session<'a> {
     /// or given up, the intervals held written, and the counts read (with
     /// `-i`, those of the intervals not taken yet). The program is let go.
     pub(super) fn end(&mut self, mut tracer: Tracer<'_>) -> Result<(crate::raw::RawProfile, End)> {
+        let (ended, ended_cpu) =
+            (self.stopped).unwrap_or_else(|| (Instant::now(), process_cpu_ms()));
         tracer.stop()?;
         let window = tracer.window_ns();
-        let ended = Instant::now();
-        let ended_cpu = process_cpu_ms();
         let intervals = &mut self.intervals;
         walk_deferred(
             &tracer,

@@ -45,6 +45,15 @@ pub fn start_ticks(tgid: u32) -> Option<u64> {
     parse_start(&stat)
 }
 
+/// Whether the address space of process `tgid` is gone: it is exiting
+/// (a zombie's mappings read empty), or it has exited.
+pub fn address_space_gone(tgid: u32) -> bool {
+    match std::fs::read(format!("/proc/{tgid}/maps")) {
+        Ok(maps) => maps.is_empty(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// Field 22 of a `/proc/PID/stat` line. The command (field 2) is in
 /// parentheses and may hold spaces and parentheses itself: the fields
 /// after it are counted from the last `)`.

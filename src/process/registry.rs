@@ -300,6 +300,9 @@ impl Registry {
             self.processes.entry(tgid).or_default();
             return false;
         };
+        // A snapshot with nothing in it (the mappings could not be read)
+        // is read again.
+        let held = self.processes.get(&tgid).is_some_and(|m| !m.is_empty());
         match self.starts.get(&tgid) {
             // Another process has this pid now: the snapshot is the old
             // one's, kept apart for the stacks counted for it.
@@ -309,8 +312,7 @@ impl Registry {
                 }
                 self.starts.remove(&tgid);
             }
-            Some(_) if !changed => return true,
-            None if !changed && self.processes.contains_key(&tgid) => return true,
+            Some(_) | None if !changed && held => return true,
             _ => {}
         }
         // The event may be older than the process now at this pid.
@@ -652,5 +654,29 @@ mod tests {
             note.starts_with("1 executable mappings") && note.contains("liba.so by libb.so"),
             "{note}"
         );
+    }
+
+    #[test]
+    fn mappings_not_read_are_never_said_to_be() {
+        // A zombie: its maps read empty.
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start = crate::process::start_ticks(pid).unwrap();
+        while !std::fs::read(format!("/proc/{pid}/maps")).is_ok_and(|m| m.is_empty()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(crate::process::address_space_gone(pid));
+        let mut reg = Registry::new();
+        // Asked twice (two threads' news): not read either time.
+        assert!(!reg.note_process(pid, Some(start), false));
+        assert!(!reg.note_process(pid, Some(start), false));
+        let mut child = child;
+        child.wait().unwrap();
+        assert!(crate::process::address_space_gone(pid));
+        // A process with mappings: read, and held.
+        let me = std::process::id();
+        assert!(!crate::process::address_space_gone(me));
+        assert!(reg.note_process(me, None, false));
+        assert!(reg.note_process(me, None, false));
     }
 }

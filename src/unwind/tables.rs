@@ -268,6 +268,7 @@ impl Unwinder {
             self.release(old);
         }
         let space = self.address_spaces.get(&tgid).copied().unwrap_or_default();
+        let earlier = self.earlier_spaces(tgid);
         self.processes.insert(
             tgid,
             ProcessEntry {
@@ -275,6 +276,7 @@ impl Unwinder {
                 slice,
                 objects,
                 space,
+                earlier,
                 lacking,
             },
         );

@@ -614,3 +614,44 @@ fn new_mappings_replace_the_old_slice() {
     assert_eq!(u.stats().mappings, 2);
     assert_eq!(u.mappings.free.values().sum::<usize>(), 2);
 }
+
+#[test]
+fn tables_cover_the_copies_of_the_spaces_said_before_their_reading() {
+    use crate::deferred::ProcessTables;
+    let mut procs = FakeProcesses::new();
+    let mut u = Unwinder::new(FakeStore {
+        rows: 1 << 20,
+        mappings: 8,
+        procs: Default::default(),
+        files: Default::default(),
+        used: Default::default(),
+        data: Default::default(),
+    });
+    let space = |mm, exec_vm| AddressSpace { mm, exec_vm };
+    // A new image said twice as the loader maps more (the events read
+    // together), then its mappings read once: the tables cover both.
+    u.note_address_space(7, space(0x1000, 41));
+    u.note_address_space(7, space(0x1000, 383));
+    cover(&mut u, &procs, 7);
+    assert!(u.slice(7, space(0x1000, 383)).is_some());
+    assert!(u.slice(7, space(0x1000, 41)).is_some());
+    // Not another address space, nor sizes never said.
+    assert!(u.slice(7, space(0x2000, 41)).is_none());
+    assert!(u.slice(7, space(0x1000, 500)).is_none());
+    // A size said after the reading is not covered by it: until its own
+    // mappings are read, the tables are still those of 383 and before.
+    u.note_address_space(7, space(0x1000, 500));
+    assert!(u.slice(7, space(0x1000, 500)).is_none());
+    procs.with_libc = vec![7];
+    cover(&mut u, &procs, 7);
+    for exec_vm in [41, 383, 500] {
+        assert!(u.slice(7, space(0x1000, exec_vm)).is_some(), "{exec_vm}");
+    }
+    // An exec: a new address space, none of the old one's sizes.
+    u.note_address_space(7, space(0x3000, 41));
+    procs.with_libc = vec![];
+    cover(&mut u, &procs, 7);
+    assert!(u.slice(7, space(0x3000, 41)).is_some());
+    assert!(u.slice(7, space(0x1000, 41)).is_none());
+    assert!(u.slice(7, space(0x1000, 383)).is_none());
+}

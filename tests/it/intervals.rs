@@ -321,10 +321,14 @@ fn a_block_ended_before_its_cut_is_split_once() {
 /// the tables of a large new program take that long), so that at every
 /// cut of 0.5 s intervals the copies of the children of the last 300 ms
 /// still wait. Each interval is written once they are walked: in every
-/// interval, at least 99% of the children's sleep is under their whole
-/// stack, and `-v` says that every cut's interval waited for copies, that
-/// they were walked, and that no interval was written with copies still
-/// waiting.
+/// interval after the first, at least 99% of the children's sleep is under
+/// their whole stack, and `-v` says that every cut's interval waited for
+/// copies, that they were walked, and that no interval was written with
+/// copies still waiting. The first interval also holds the sleeps under
+/// way at the start of children forked while the profiler loaded: a child
+/// that exits before the first events are read is gone before its
+/// mappings can be, and its stack, copied by the start iterator, is
+/// missed (and said to be); everything else is under the whole stack.
 #[test]
 fn intervals_wait_for_the_copied_stacks_they_count() {
     if !require_root() {
@@ -354,10 +358,8 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let intervals = split_intervals(&out.stdout);
     assert_eq!(intervals.len(), 6, "3 s in 0.5 s intervals\n{stderr}");
-    // Blocks whose stacks were taken as they began (not those under way
-    // at the start, which the start iterator walks with the tables made
-    // before it: its kernel stack, the kernel's view of a sleeping task,
-    // leaves out do_nanosleep).
+    // The children's sleeps (their kernel stacks are whole, those under
+    // way at the start too).
     let sleeps = |l: &Folded| l.comm() == "ivforker" && l.has("do_nanosleep");
     // The parent sleeps straight from main.
     let parent = |l: &Folded| {
@@ -385,11 +387,21 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
             children as f64 > 2.0 * len_us,
             "interval {k}: only {children} us of the children's sleep in {len_us:.0} us\n{stderr}"
         );
-        if whole * 100 < children * 99 {
+        // Stacks of children gone before their mappings were read are
+        // missed only in the first interval, and said to be: at most a
+        // 500 ms sleep each.
+        let accounted = if k == 0 { whole + missed } else { whole };
+        let gone = if missed == 0 {
+            0
+        } else {
+            count_before(&stderr, "of processes that exited before their mappings")
+        };
+        if accounted * 100 < children * 99 || (k == 0 && missed > gone * 500_000) {
             let mine: Vec<&Folded> = lines.iter().filter(|l| sleeps(l)).collect();
             panic!(
                 "interval {k}: {whole} of {children} us of the children's sleep under their \
-                 whole stack ({missed} us missed): {mine:#?}\n{stderr}"
+                 whole stack ({missed} us missed, {gone} copies of processes gone said): \
+                 {mine:#?}\n{stderr}"
             );
         }
     }
@@ -407,6 +419,18 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
         "{held} intervals waited for {walked} copies walked:\n{stderr}"
     );
     assert_eq!(count_before(line, "still waiting at the"), 0, "{stderr}");
+    // Every copy got tables, those taken while a new image was still
+    // being loaded too (its tables are read once it is loaded).
+    if stderr.contains("still waiting for their tables when the trace ended") {
+        assert_eq!(
+            count_before(
+                &stderr,
+                "still waiting for their tables when the trace ended"
+            ),
+            0,
+            "{stderr}"
+        );
+    }
     let copied = count_before(
         &stderr,
         "user stacks taken before their process's tables were ready copied",

@@ -164,6 +164,86 @@ fn first_blocks_of_new_images_are_not_guessed() {
     );
 }
 
+/// The news of a trace's last moments: children that exec a new image
+/// (forked every 20 ms, each sleeping 3 s under its own functions), their
+/// stacks copied for userspace (the walk through the files' tables turned
+/// off, `OFFCPUTIME_NO_FILE_TABLES`), while the event loop reads no news
+/// for the last second of the trace (`OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS`,
+/// as where it gets no CPU). The news left when the trace stops (the
+/// children's mappings, their copies) is read then: the children born in
+/// that second, all alive at the end, are under their whole stack, and no
+/// copy is left waiting for tables at the end.
+#[test]
+fn the_last_news_is_read_before_the_end() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // A name of its own: the trace is of the whole system.
+    let exe = dir.path().join("lastnews");
+    std::fs::rename(build_forker(dir.path()), &exe).expect("rename the workload");
+    let _forker = KillOnDrop(
+        Command::new(&exe)
+            .args(["30", "exec", "3000"])
+            .spawn()
+            .expect("start forker"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (out, _) = profile_window(
+        &["-f", "2"],
+        &[
+            ("OFFCPUTIME_NO_FILE_TABLES", "1"),
+            ("OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS", "1000"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let parent = |l: &Folded| in_order(l, &["main", "nanosleep"]) && !l.has("forker_child");
+    let child =
+        |l: &Folded| l.comm() == "lastnews" && l.has("__x64_sys_clock_nanosleep") && !parent(l);
+    let slept = sum_us_where(&lines, child);
+    let whole = sum_us_where(&lines, |l| {
+        child(l)
+            && in_order(
+                l,
+                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
+            )
+    });
+    eprintln!("children: {whole} of {slept} us of their sleep under their whole stack");
+    // About 150 children asleep at any time, for 2 s.
+    assert!(
+        slept > 100_000_000,
+        "{slept} us of the children's sleep:\n{stderr}"
+    );
+    assert!(
+        whole * 100 >= slept * 99,
+        "{whole} of {slept} us of the children's sleep under their whole stack:\n{}\n{stderr}",
+        lines
+            .iter()
+            .filter(|l| child(l) && !l.has("forker_child_sleep"))
+            .map(|l| format!("{} {}", l.frames.join(";"), l.us))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The copies made in the stalled second were walked at the end.
+    let copied = count_before(
+        &stderr,
+        "user stacks taken before their process's tables were ready copied",
+    );
+    assert!(copied >= 40, "{copied} stacks copied:\n{stderr}");
+    if stderr.contains("still waiting for their tables when the trace ended") {
+        assert_eq!(
+            count_before(
+                &stderr,
+                "still waiting for their tables when the trace ended"
+            ),
+            0,
+            "{stderr}"
+        );
+    }
+}
+
 /// `posix_spawn`: the parent waits for its child (a vfork) inside glibc's
 /// clone3, just after the syscall, where no FDE covers the code, and the
 /// child starts there on a stack of its own. The forker's `spawn` mode
