@@ -421,16 +421,7 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
     assert_eq!(count_before(line, "still waiting at the"), 0, "{stderr}");
     // Every copy got tables, those taken while a new image was still
     // being loaded too (its tables are read once it is loaded).
-    if stderr.contains("still waiting for their tables when the trace ended") {
-        assert_eq!(
-            count_before(
-                &stderr,
-                "still waiting for their tables when the trace ended"
-            ),
-            0,
-            "{stderr}"
-        );
-    }
+    assert_no_copy_left_waiting(&stderr);
     let copied = count_before(
         &stderr,
         "user stacks taken before their process's tables were ready copied",

@@ -22,6 +22,21 @@ pub(crate) fn in_order(l: &Folded, frames: &[&str]) -> bool {
     at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1])
 }
 
+/// How much of the forker's children's sleep (the lines `child` picks)
+/// there is, and how much of it is under their whole stack: down to
+/// `main` through `forker_child` and `forker_child_sleep`.
+pub(crate) fn children_sleep(lines: &[Folded], child: impl Fn(&Folded) -> bool) -> (u64, u64) {
+    let slept = sum_us_where(lines, &child);
+    let whole = sum_us_where(lines, |l| {
+        child(l)
+            && in_order(
+                l,
+                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
+            )
+    });
+    (slept, whole)
+}
+
 /// Children forked 50 times a second, each sleeping 20 ms at once in its
 /// own function: at least 99% of the children's sleep is under their whole
 /// stack (down to `main` through `forker_child`), none walked with frame
@@ -69,14 +84,7 @@ fn forked_children_walk_with_their_parents_tables(hook: &str) {
         l.pos("main")
             .is_some_and(|i| l.frames.get(i + 1).is_some_and(|f| f == "nanosleep"))
     };
-    let children = sum_us_where(&lines, |l| sleeps(l) && !parent(l));
-    let whole = sum_us_where(&lines, |l| {
-        sleeps(l)
-            && in_order(
-                l,
-                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
-            )
-    });
+    let (children, whole) = children_sleep(&lines, |l| sleeps(l) && !parent(l));
     eprintln!("forked children: {whole} of {children} us under their whole stack");
     assert!(
         children > 1_000_000,
@@ -132,14 +140,7 @@ fn first_blocks_of_new_images_are_not_guessed() {
     let child = |l: &Folded| {
         matches!(l.comm(), "exe" | "forker") && l.has("__x64_sys_clock_nanosleep") && !parent(l)
     };
-    let slept = sum_us_where(&lines, child);
-    let whole = sum_us_where(&lines, |l| {
-        child(l)
-            && in_order(
-                l,
-                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
-            )
-    });
+    let (slept, whole) = children_sleep(&lines, child);
     eprintln!(
         "exec'd children: {whole} of {slept} us of their sleep under their whole stack; {by_file} \
          stacks walked through their files' tables, {copied} copied"
@@ -202,14 +203,7 @@ fn the_last_news_is_read_before_the_end() {
     let parent = |l: &Folded| in_order(l, &["main", "nanosleep"]) && !l.has("forker_child");
     let child =
         |l: &Folded| l.comm() == "lastnews" && l.has("__x64_sys_clock_nanosleep") && !parent(l);
-    let slept = sum_us_where(&lines, child);
-    let whole = sum_us_where(&lines, |l| {
-        child(l)
-            && in_order(
-                l,
-                &["main", "forker_child", "forker_child_sleep", "nanosleep"],
-            )
-    });
+    let (slept, whole) = children_sleep(&lines, child);
     eprintln!("children: {whole} of {slept} us of their sleep under their whole stack");
     // About 150 children asleep at any time, for 2 s.
     assert!(
@@ -232,16 +226,7 @@ fn the_last_news_is_read_before_the_end() {
         "user stacks taken before their process's tables were ready copied",
     );
     assert!(copied >= 40, "{copied} stacks copied:\n{stderr}");
-    if stderr.contains("still waiting for their tables when the trace ended") {
-        assert_eq!(
-            count_before(
-                &stderr,
-                "still waiting for their tables when the trace ended"
-            ),
-            0,
-            "{stderr}"
-        );
-    }
+    assert_no_copy_left_waiting(&stderr);
 }
 
 /// `posix_spawn`: the parent waits for its child (a vfork) inside glibc's

@@ -478,6 +478,15 @@ pub fn count_before(stderr: &str, what: &str) -> u64 {
         .unwrap_or_else(|_| panic!("no count before {what:?} in:\n{stderr}"))
 }
 
+/// `-v`'s `stderr` says of no copied user stack that it was still waiting
+/// for its process's tables when the trace ended.
+pub fn assert_no_copy_left_waiting(stderr: &str) {
+    let what = "still waiting for their tables when the trace ended";
+    if stderr.contains(what) {
+        assert_eq!(count_before(stderr, what), 0, "{stderr}");
+    }
+}
+
 /// Total of the lines that satisfy `keep`.
 pub fn sum_us_where(lines: &[Folded], keep: impl Fn(&Folded) -> bool) -> u64 {
     lines.iter().filter(|l| keep(l)).map(|l| l.us).sum()
