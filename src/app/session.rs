@@ -175,8 +175,8 @@ impl<'a> Session<'a> {
         // iterator, and its mappings) is handled before the end walks the
         // copies.
         let mut collector = collector.without_scan();
-        self.stopped = Some((Instant::now(), process_cpu_ms()));
         tracer.stop()?;
+        self.stopped = Some((Instant::now(), process_cpu_ms()));
         self.wait(tracer, &mut collector, None)
     }
 
