@@ -13,6 +13,9 @@ pub struct TestEnv {
     /// `OFFCPUTIME_TEST_LEGACY`: the programs for kernels without
     /// `bpf_loop` (before 5.17), on any kernel.
     pub legacy: bool,
+    /// `OFFCPUTIME_TEST_FAIL_TP_BTF`: the tp_btf hook's load fails, as on a
+    /// kernel whose BTF it cannot use.
+    pub fail_tp_btf: bool,
     /// `OFFCPUTIME_TEST_NO_START_USER_STACKS`: as on a kernel whose
     /// iterators cannot read another task's user memory (before 5.18).
     pub no_start_user_stacks: bool,
@@ -76,6 +79,7 @@ impl TestEnv {
         let ms = |name: &str| number(name).map(Duration::from_millis);
         TestEnv {
             legacy: set("OFFCPUTIME_TEST_LEGACY"),
+            fail_tp_btf: set("OFFCPUTIME_TEST_FAIL_TP_BTF"),
             no_start_user_stacks: set("OFFCPUTIME_TEST_NO_START_USER_STACKS"),
             drop_switch_in: number("OFFCPUTIME_TEST_DROP_SWITCH_IN")
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
@@ -121,6 +125,7 @@ mod tests {
             })
         });
         assert!(env.legacy && env.no_start_user_stacks && env.no_stack_cache);
+        assert!(env.fail_tp_btf);
         assert!(env.no_file_tables && env.verifier_stats);
         assert!(env.kstack_check && env.no_kstack_walk);
         assert_eq!(env.drop_switch_in, 20);

@@ -316,6 +316,9 @@ impl<'obj> Tracer<'obj> {
                 ..opts.clone()
             };
             let hook = a.hook.expect("tracing attempts have a hook");
+            if hook == Hook::TpBtf && opts.test.fail_tp_btf {
+                return Err(anyhow!("refused for a test (OFFCPUTIME_TEST_FAIL_TP_BTF)"));
+            }
             Self::try_start(object, &opts, hook, a.user_stacks, legacy, tables)
         });
         // Where tp_btf was tried and raw_tp taken after it: said, for on a

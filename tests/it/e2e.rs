@@ -69,6 +69,40 @@ fn blocked_time_and_frames_kprobe() {
 /// and the same stacks but for the scheduler frames on top (`__schedule`
 /// from the tracepoint, `finish_task_switch` from the kprobe). Runs where
 /// the kernel has kprobes (the VMs of the kernel matrix).
+/// A tp_btf hook that fails to load (`OFFCPUTIME_TEST_FAIL_TP_BTF`, as on a
+/// kernel whose BTF it cannot use): the profiler says so once, with the
+/// error, and traces on raw_tp, the workload's sleep all there.
+#[test]
+fn a_tp_btf_that_fails_is_said_and_raw_tp_traces() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    let pid = wl.pid.to_string();
+    let (out, _) = profile_window(
+        &["-f", "-p", &pid, "1"],
+        &[("OFFCPUTIME_TEST_FAIL_TP_BTF", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = stderr
+        .lines()
+        .filter(|l| l.contains("the tp_btf hook could not be loaded"))
+        .collect::<Vec<_>>();
+    assert!(
+        said.len() == 1 && said[0].contains("OFFCPUTIME_TEST_FAIL_TP_BTF"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("attached raw_tp/sched_switch"), "{stderr}");
+    let slept = sum_us(&parse_folded(&out.stdout), "wl-nanosleep");
+    assert!(slept > 900_000, "wl-nanosleep {slept} us of 1 s:\n{stderr}");
+    // Without the failure: tp_btf, and nothing said.
+    let (out, _) = profile_window(&["-f", "-p", &pid, "1"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("attached tp_btf/sched_switch"), "{stderr}");
+    assert!(!stderr.contains("could not be loaded"), "{stderr}");
+}
+
 #[test]
 fn kprobe_and_tracepoint_agree() {
     if !require_root() {
