@@ -490,7 +490,7 @@ fn check_intervals(
             // of it, and said, as for off-CPU time.)
             assert!(
                 ((run + off) as f64 - (ms * 1000) as f64).abs() < slack_us as f64,
-                "-i {env:?}: {comm} {run} + {off} us in a {ms} ms interval"
+                "-i {env:?}: {comm} {run} + {off} us in a {ms} ms interval\n{stderr}"
             );
         }
         block.clear();
