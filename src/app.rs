@@ -453,7 +453,10 @@ fn walk_deferred(
             });
         }
     }
-    deferred.give_up();
+    deferred.give_up(&|p| {
+        crate::process::start_ticks(p.tgid) != Some(p.start)
+            || crate::process::address_space_gone(p.tgid)
+    });
 }
 
 /// `--push`: how long the end waits for what is queued to be sent.

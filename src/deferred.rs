@@ -499,9 +499,18 @@ impl Deferred {
         }
     }
 
-    /// Gives up on every copy still waiting (the end of the trace).
-    pub fn give_up(&mut self) {
-        self.stats.unfinished += self.waiting.values().map(Vec::len).sum::<usize>();
+    /// Gives up on every copy still waiting (the end of the trace): those
+    /// of processes `gone` (exited, or exiting, before their mappings could
+    /// be read: their exits not handled yet) are counted as such, the
+    /// others as still waiting for their tables.
+    pub fn give_up(&mut self, gone: &dyn Fn(Proc) -> bool) {
+        for s in self.waiting.values().flatten() {
+            if gone(s.proc) {
+                self.stats.unwalked += 1;
+            } else {
+                self.stats.unfinished += 1;
+            }
+        }
         self.waiting.clear();
         self.waiting_bytes = 0;
         self.hopeless.clear();
@@ -736,8 +745,9 @@ mod tests {
         assert_eq!(d.waiting_ids(), HashSet::from([3]));
         assert!(d.hopeless.is_empty());
         // The end of the trace: what still waits is counted apart.
-        d.give_up();
-        assert_eq!((d.stats().unwalked, d.stats().unfinished), (3, 1));
+        d.add(vec![copy(5, 9, 1, 1)]);
+        d.give_up(&|p| p.tgid == 9);
+        assert_eq!((d.stats().unwalked, d.stats().unfinished), (4, 1));
         assert!(d.waiting_ids().is_empty());
     }
 

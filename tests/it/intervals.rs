@@ -419,12 +419,22 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
         "{held} intervals waited for {walked} copies walked:\n{stderr}"
     );
     assert_eq!(count_before(line, "still waiting at the"), 0, "{stderr}");
-    // Every copy got tables, those taken while a new image was still
-    // being loaded too (its tables are read once it is loaded).
-    assert_no_copy_left_waiting(&stderr);
     let copied = count_before(
         &stderr,
         "user stacks taken before their process's tables were ready copied",
     );
     assert!(copied > 100, "{copied} stacks copied:\n{stderr}");
+    // The copies got tables, those taken while a new image was still being
+    // loaded too (its tables are read once it is loaded): at most 2% of
+    // them still waiting for tables at the end (a process whose tables a
+    // loaded machine had not made in the end's 5 s); with the copies of
+    // the loader's early address spaces left waiting, about 5% are.
+    let what = "still waiting for their tables when the trace ended";
+    if stderr.contains(what) {
+        let waiting = count_before(&stderr, what);
+        assert!(
+            waiting * 50 <= copied,
+            "{waiting} of {copied} copies left waiting:\n{stderr}"
+        );
+    }
 }
