@@ -136,10 +136,13 @@ fn kprobe_and_tracepoint_agree() {
     // The stacks that hold time, without the scheduler frames on top. The
     // spinning thread is left out: how often it is preempted for over
     // 1 ms depends on the load both profilers add.
-    let stacks = |lines: &[Folded]| {
+    // A stack near the 5% mark in one trace may fall just under it in the
+    // other (an emulated VM's timing varies from run to run), so a stack
+    // that holds 5% in one must be in the other with any time at all.
+    let stacks = |lines: &[Folded], share: f64| {
         let mut set: Vec<Vec<String>> = lines
             .iter()
-            .filter(|l| l.comm() != "wl-spin" && l.us as f64 > 0.05 * window_us)
+            .filter(|l| l.comm() != "wl-spin" && l.us as f64 > share * window_us)
             .map(|l| {
                 let mut f = l.frames.clone();
                 while f.last().is_some_and(|n| {
@@ -154,20 +157,20 @@ fn kprobe_and_tracepoint_agree() {
         set.dedup();
         set
     };
-    let (a, b) = (stacks(&tp), stacks(&kp));
+    let (a, b) = (stacks(&tp, 0.05), stacks(&kp, 0.05));
+    let (all_a, all_b) = (stacks(&tp, 0.0), stacks(&kp, 0.0));
     let only = |x: &[Vec<String>], y: &[Vec<String>]| {
         x.iter()
             .filter(|s| !y.contains(s))
             .map(|s| s.join(";"))
             .collect::<Vec<_>>()
     };
+    let (only_a, only_b) = (only(&a, &all_b), only(&b, &all_a));
     assert!(
-        a == b,
-        "stacks differ: only from tp_btf {:#?}, only from the kprobe {:#?}",
-        only(&a, &b),
-        only(&b, &a)
+        !a.is_empty() && only_a.is_empty() && only_b.is_empty(),
+        "stacks differ: only from tp_btf {only_a:#?}, only from the kprobe {only_b:#?}"
     );
-    eprintln!("matrix: agree, the same {} stacks", a.len());
+    eprintln!("matrix: agree, the same {} stacks", a.len().max(b.len()));
 }
 
 /// `--hook auto` takes the first hook that attaches, in the documented

@@ -107,8 +107,13 @@ fn sampled(hook: &str) {
         "{blocks} blocks estimated, {switches:.0} switches by the kernel ({:.1}% off, {hook})",
         count_err * 100.0
     );
+    // Both sides of the sampling at work. How many short blocks there are
+    // depends on how long a 1 ms sleep takes: some 2,800 in 3 s on the
+    // host, under 150 in an emulated VM, where many of the sleeps last
+    // over 5 ms and are counted exactly. The estimate's accuracy is
+    // checked above against the kernel's accounting.
     assert!(
-        taken > 100.0 && left_out > 100.0,
+        taken >= 20.0 && left_out >= 20.0,
         "the 1 ms sleeps were not sampled: {taken} taken, {left_out} left out\n{stderr}"
     );
     let saved = if let (Some(walked), "finish-task-switch") = (walked, hook) {
