@@ -77,6 +77,15 @@ pub(super) struct Written {
     built_ms: Option<f64>,
 }
 
+/// How long [`Session::wait`] handles the program's news.
+#[derive(Clone, Copy)]
+enum News {
+    /// Until this time, or until tracing ends (`None`: no time of its own).
+    Until(Option<Instant>),
+    /// The trace is stopped: the news left, in one round.
+    Left,
+}
+
 impl<'a> Session<'a> {
     /// Start-up: the outputs opened first (a path that cannot be written
     /// fails before any measurement), then the BPF program loaded and
@@ -161,7 +170,7 @@ impl<'a> Session<'a> {
                 (Some(d), Some(c)) => Some(d.min(c)),
                 (d, c) => d.or(c),
             };
-            self.wait(tracer, &mut collector, Some(until))?;
+            self.wait(tracer, &mut collector, News::Until(until))?;
             let Some(cut) = cut else {
                 break;
             };
@@ -177,19 +186,18 @@ impl<'a> Session<'a> {
         let mut collector = collector.without_scan();
         tracer.stop()?;
         self.stopped = Some((Instant::now(), process_cpu_ms()));
-        self.wait(tracer, &mut collector, None)
+        self.wait(tracer, &mut collector, News::Left)
     }
 
-    /// Waits for the program's news until `until` (or the end) and hands
-    /// it to `collector`; with `-i`, the intervals held are written as the
+    /// Waits for the program's news as `news` says and hands it to
+    /// `collector`; with `-i`, the intervals held are written as the
     /// copies of stacks they count are walked. A failed write stops the
-    /// trace, and is returned. `None`: the trace is stopped, and the news
-    /// left is handled in one round.
+    /// trace, and is returned.
     fn wait<'t>(
         &mut self,
         tracer: &'t Tracer<'_>,
         collector: &mut Collector<'t>,
-        until: Option<Option<Instant>>,
+        news: News,
     ) -> Result<()> {
         let Session {
             config,
@@ -205,13 +213,13 @@ impl<'a> Session<'a> {
         } = self;
         let stop = &**stop;
         // For tests: no news read from a time on, until the trace stops.
-        let mut until = until;
+        let mut news = news;
         let mut stalled_until = None;
-        if let (Some(to), Some(after)) = (until, config.tracer.test.stall_news_after) {
+        if let (News::Until(to), Some(after)) = (news, config.tracer.test.stall_news_after) {
             let from = tracer.window_started_at() + after;
             if to.is_none_or(|to| to > from) {
                 stalled_until = Some(to);
-                until = Some(Some(from));
+                news = News::Until(Some(from));
             }
         }
         let mut failed = None;
@@ -246,9 +254,9 @@ impl<'a> Session<'a> {
             }
             busy
         };
-        match until {
-            Some(until) => tracer.wait(until, stop, handle)?,
-            None => tracer.drain(handle)?,
+        match news {
+            News::Until(until) => tracer.wait(until, stop, handle)?,
+            News::Left => tracer.drain(handle)?,
         }
         if let Some(to) = stalled_until {
             while !stop.load(Ordering::SeqCst) && to.is_none_or(|to| Instant::now() < to) {
