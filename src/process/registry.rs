@@ -38,7 +38,7 @@ struct Mapping {
     start: u64,
     end: u64,
     file_offset: u64,
-    /// Index into `Registry::objects`.
+    /// Index into the catalogue of files (`Files::objects`).
     object: u32,
 }
 
@@ -138,8 +138,27 @@ pub struct Denied {
     pub files: Vec<(String, String)>,
 }
 
-/// Every process seen, and the files they map.
+/// Every process seen, and the files they map: five things kept apart.
 pub struct Registry {
+    /// Each live process's executable mappings, as last read.
+    snapshots: Snapshots,
+    /// The files mapped, each opened once.
+    files: Files,
+    /// The user stacks of processes that have exited.
+    retired: Retired,
+    /// JIT runtimes' perf maps.
+    jit: JitMaps,
+    /// What could not be read or was found changed, for stderr.
+    notes: Notes,
+    /// CPython interpreters, processes and code objects.
+    py: super::python::Pythons,
+    /// Where each process runs: its container and pid namespace.
+    places: Places,
+}
+
+/// Mapping snapshots of the processes seen.
+#[derive(Default)]
+struct Snapshots {
     /// Executable mappings by process, as last seen, while it lives.
     processes: HashMap<u32, Vec<Mapping>>,
     /// When each process in `processes` started, where known: its pid may
@@ -148,38 +167,59 @@ pub struct Registry {
     /// Snapshots of processes whose pid another process took before they
     /// were let go.
     superseded: HashMap<Proc, Vec<Mapping>>,
-    /// The user stacks counted for processes that have exited (see
-    /// [`Registry::retire`]), by (tgid, stack id): an index into
-    /// `retired_stacks`, where stacks alike in every process of a program
-    /// are kept once. A list (16 bytes an entry, sorted when first looked
-    /// up), not a hash map: it is what grows with every process that
-    /// exits.
-    retired: RetiredList,
-    retired_stacks: Vec<std::rc::Rc<[UserFrame]>>,
-    retired_ids: HashMap<std::rc::Rc<[UserFrame]>, u32>,
     /// Live processes whose snapshot was taken again for the report.
     refreshed: HashSet<u32>,
+    /// Forked processes whose snapshot is still their parent's (see
+    /// [`Registry::forked`]): read again at their first notice.
+    inherited: HashSet<u32>,
+}
+
+/// The catalogue of the files mapped.
+#[derive(Default)]
+struct Files {
     objects: Vec<Object>,
     /// `objects` indices by (device, inode), or by name for mappings
     /// without a file.
     object_ids: HashMap<ObjectKey, u32>,
-    /// What could not be read for want of privilege, for the one line
-    /// that says so at the end.
-    denied: Denied,
     /// Descriptors let go (see [`Registry::release`]).
     released: usize,
-    /// JIT runtimes' perf maps (`/tmp/perf-PID.map`), as last read while
-    /// their process lived.
-    perf_maps: HashMap<Proc, crate::jit::PerfMap>,
+}
+
+/// The user stacks counted for processes that have exited (see
+/// [`Registry::retire`]).
+#[derive(Default)]
+struct Retired {
+    /// By (tgid, stack id): an index into `stacks`, where stacks alike in
+    /// every process of a program are kept once. A list (16 bytes an
+    /// entry, sorted when first looked up), not a hash map: it is what
+    /// grows with every process that exits.
+    list: RetiredList,
+    stacks: Vec<std::rc::Rc<[UserFrame]>>,
+    ids: HashMap<std::rc::Rc<[UserFrame]>, u32>,
+}
+
+/// JIT runtimes' perf maps (`/tmp/perf-PID.map`), as last read while
+/// their process lived.
+#[derive(Default)]
+struct JitMaps {
+    maps: HashMap<Proc, crate::jit::PerfMap>,
     /// Perf maps refused (a link, another user's file), once each.
-    perf_maps_refused: Vec<String>,
+    refused: Vec<String>,
+}
+
+/// What could not be read, or was found changed: for the lines that say so
+/// at the end.
+#[derive(Default)]
+struct Notes {
+    /// What could not be read for want of privilege.
+    denied: Denied,
     /// Mappings found replaced by another file at an overlapping address.
     replaced: Replaced,
-    /// Forked processes whose snapshot is still their parent's (see
-    /// [`Registry::forked`]): read again at their first notice.
-    inherited: HashSet<u32>,
-    /// CPython interpreters, processes and code objects.
-    py: super::python::Pythons,
+}
+
+/// Where each process runs.
+#[derive(Default)]
+struct Places {
     /// The cgroup and container of each process, read when it is first
     /// noted (at its first block) and again when its mappings change (an
     /// exec: a process moved into a cgroup before it execs, as
@@ -209,25 +249,13 @@ impl Default for Registry {
 impl Registry {
     pub fn new() -> Registry {
         Registry {
-            processes: HashMap::new(),
-            starts: HashMap::new(),
-            superseded: HashMap::new(),
-            retired: RetiredList::default(),
-            retired_stacks: Vec::new(),
-            retired_ids: HashMap::new(),
-            refreshed: HashSet::new(),
-            objects: Vec::new(),
-            object_ids: HashMap::new(),
-            denied: Denied::default(),
-            released: 0,
-            perf_maps: HashMap::new(),
-            perf_maps_refused: Vec::new(),
-            replaced: Replaced::default(),
-            inherited: HashSet::new(),
+            snapshots: Snapshots::default(),
+            files: Files::default(),
+            retired: Retired::default(),
+            jit: JitMaps::default(),
+            notes: Notes::default(),
             py: Default::default(),
-            containers: HashMap::new(),
-            container_set: HashSet::new(),
-            namespace_pids: HashMap::new(),
+            places: Places::default(),
         }
     }
 
@@ -235,20 +263,21 @@ impl Registry {
     /// block, or (a process never noted, as with `-K`, where no process's
     /// mappings are read) now, if it is still the process at that pid.
     pub fn container(&mut self, p: Proc) -> Option<std::sync::Arc<crate::container::Container>> {
-        if let Some(c) = self.containers.get(&p) {
+        if let Some(c) = self.places.containers.get(&p) {
             return Some(c.clone());
         }
         if crate::process::start_ticks(p.tgid) != Some(p.start) {
             return None;
         }
         self.note_place(p, false);
-        self.containers.get(&p).cloned()
+        self.places.containers.get(&p).cloned()
     }
 
     /// The processes whose pid in their own pid namespace differs from
     /// their pid: (pid, pid in the namespace), in pid order.
     pub fn namespace_pids(&self) -> Vec<(u32, u32)> {
         let mut v: Vec<(u32, u32)> = self
+            .places
             .namespace_pids
             .iter()
             .map(|(p, &n)| (p.tgid, n))
@@ -261,22 +290,22 @@ impl Registry {
     /// Reads where a process just noted is: its cgroup (it may move later;
     /// it is counted where it was first seen) and its namespace pid.
     fn note_place(&mut self, p: Proc, again: bool) {
-        if !again && self.containers.contains_key(&p) {
+        if !again && self.places.containers.contains_key(&p) {
             return;
         }
         if let Some(c) = crate::container::of_process(p.tgid) {
-            let c = match self.container_set.get(&c) {
+            let c = match self.places.container_set.get(&c) {
                 Some(known) => known.clone(),
                 None => {
                     let c = std::sync::Arc::new(c);
-                    self.container_set.insert(c.clone());
+                    self.places.container_set.insert(c.clone());
                     c
                 }
             };
-            self.containers.insert(p, c);
+            self.places.containers.insert(p, c);
         }
         if let Some(n) = crate::container::namespace_pid(p.tgid) {
-            self.namespace_pids.insert(p, n);
+            self.places.namespace_pids.insert(p, n);
         }
     }
 
@@ -291,26 +320,32 @@ impl Registry {
         if tgid == 0 {
             return false;
         }
-        let inherited = self.inherited.remove(&tgid);
+        let inherited = self.snapshots.inherited.remove(&tgid);
         let changed = inherited || changed;
         let now = crate::process::start_ticks(tgid);
         let start = start.or(now);
         let Some(start) = start else {
             // Gone: keep what we had.
-            self.processes.entry(tgid).or_default();
+            self.snapshots.processes.entry(tgid).or_default();
             return false;
         };
         // A snapshot with nothing in it (the mappings could not be read)
         // is read again.
-        let held = self.processes.get(&tgid).is_some_and(|m| !m.is_empty());
-        match self.starts.get(&tgid) {
+        let held = self
+            .snapshots
+            .processes
+            .get(&tgid)
+            .is_some_and(|m| !m.is_empty());
+        match self.snapshots.starts.get(&tgid) {
             // Another process has this pid now: the snapshot is the old
             // one's, kept apart for the stacks counted for it.
             Some(&old) if old != start => {
-                if let Some(m) = self.processes.remove(&tgid) {
-                    self.superseded.insert(Proc { tgid, start: old }, m);
+                if let Some(m) = self.snapshots.processes.remove(&tgid) {
+                    self.snapshots
+                        .superseded
+                        .insert(Proc { tgid, start: old }, m);
                 }
-                self.starts.remove(&tgid);
+                self.snapshots.starts.remove(&tgid);
             }
             Some(_) | None if !changed && held => return true,
             _ => {}
@@ -319,7 +354,7 @@ impl Registry {
         if now != Some(start) {
             return false;
         }
-        self.starts.insert(tgid, start);
+        self.snapshots.starts.insert(tgid, start);
         self.note_place(Proc { tgid, start }, changed);
         self.refresh_process(tgid, inherited)
     }
@@ -338,10 +373,10 @@ impl Registry {
                 if e.kind() == std::io::ErrorKind::PermissionDenied
                     && !crate::process::has_capability(crate::process::CAP_SYS_PTRACE)
                 {
-                    self.denied.processes.insert(tgid);
+                    self.notes.denied.processes.insert(tgid);
                 }
                 // Gone already: keep what we had.
-                self.processes.entry(tgid).or_default();
+                self.snapshots.processes.entry(tgid).or_default();
                 return false;
             }
         };
@@ -360,7 +395,7 @@ impl Registry {
         // What was seen before stays where nothing new overlaps it: a
         // library unloaded since, the image before an exec(), everything
         // of a zombie (whose maps are empty) still names earlier stacks.
-        if let Some(old) = self.processes.get(&tgid) {
+        if let Some(old) = self.snapshots.processes.get(&tgid) {
             // Another file where one was mapped: the stacks taken before
             // are named through the later one where they overlap.
             for n in mappings.iter().filter(|_| !inherited) {
@@ -368,8 +403,9 @@ impl Registry {
                     .iter()
                     .find(|o| n.start < o.end && o.start < n.end && o.object != n.object)
                 {
-                    self.replaced.count += 1;
-                    self.replaced
+                    self.notes.replaced.count += 1;
+                    self.notes
+                        .replaced
                         .example
                         .get_or_insert((tgid, o.object, n.object));
                 }
@@ -383,10 +419,10 @@ impl Registry {
         }
         mappings.shrink_to_fit();
         self.read_perf_map(tgid);
-        let old = self.processes.insert(tgid, mappings);
-        let new = distinct_objects(&self.processes[&tgid]);
+        let old = self.snapshots.processes.insert(tgid, mappings);
+        let new = distinct_objects(&self.snapshots.processes[&tgid]);
         for &o in &new {
-            self.objects[o as usize].users += 1;
+            self.files.objects[o as usize].users += 1;
         }
         if let Some(old) = old {
             self.drop_users(&distinct_objects(&old));
@@ -398,7 +434,7 @@ impl Registry {
     /// any more let go of their descriptors.
     fn drop_users(&mut self, objects: &[u32]) {
         for &o in objects {
-            let obj = &mut self.objects[o as usize];
+            let obj = &mut self.files.objects[o as usize];
             obj.users = obj.users.saturating_sub(1);
             if obj.users == 0 {
                 self.release(o);
@@ -413,7 +449,7 @@ impl Registry {
     /// namespace, keeps its descriptor: it is the only way to its names.
     fn release(&mut self, id: u32) {
         use std::os::unix::fs::MetadataExt;
-        let o = &mut self.objects[id as usize];
+        let o = &mut self.files.objects[id as usize];
         let (Some(_), Some((path, dev, ino))) = (&o.handle, &o.mapped) else {
             return;
         };
@@ -425,23 +461,24 @@ impl Registry {
             o.path_is_handle = false;
         }
         o.handle = None;
-        self.released += 1;
+        self.files.released += 1;
     }
 
     /// How many descriptors of files no live process maps were let go.
     pub fn released(&self) -> usize {
-        self.released
+        self.files.released
     }
 
     /// What could not be read for want of privilege.
     pub fn denied(&self) -> &Denied {
-        &self.denied
+        &self.notes.denied
     }
 
     /// The executable mappings of `tgid` as last snapshotted, sorted by
     /// start address.
     pub fn mappings(&self, tgid: u32) -> Vec<ExecMapping> {
         let mut out: Vec<ExecMapping> = self
+            .snapshots
             .processes
             .get(&tgid)
             .map(|ms| {
@@ -466,37 +503,44 @@ impl Registry {
     pub fn forked(&mut self, parent: u32, child: Proc) {
         // The child is where its parent is until it moves (read again at
         // its first notice).
-        let parent_proc = self.starts.get(&parent).map(|&start| Proc {
+        let parent_proc = self.snapshots.starts.get(&parent).map(|&start| Proc {
             tgid: parent,
             start,
         });
-        if let Some(c) = parent_proc.and_then(|p| self.containers.get(&p).cloned()) {
-            self.containers.entry(child).or_insert(c);
+        if let Some(c) = parent_proc.and_then(|p| self.places.containers.get(&p).cloned()) {
+            self.places.containers.entry(child).or_insert(c);
         }
-        let Some(mappings) = self.processes.get(&parent).filter(|m| !m.is_empty()) else {
+        let Some(mappings) = self
+            .snapshots
+            .processes
+            .get(&parent)
+            .filter(|m| !m.is_empty())
+        else {
             return;
         };
         let mappings = mappings.clone();
         let tgid = child.tgid;
         // What is kept for an earlier process at this pid stays apart, for
         // the stacks counted for it.
-        if let Some(old) = self.starts.remove(&tgid) {
-            if let Some(m) = self.processes.remove(&tgid) {
+        if let Some(old) = self.snapshots.starts.remove(&tgid) {
+            if let Some(m) = self.snapshots.processes.remove(&tgid) {
                 if old != child.start {
-                    self.superseded.insert(Proc { tgid, start: old }, m);
+                    self.snapshots
+                        .superseded
+                        .insert(Proc { tgid, start: old }, m);
                 } else {
                     self.drop_users(&distinct_objects(&m));
                 }
             }
-        } else if let Some(m) = self.processes.remove(&tgid) {
+        } else if let Some(m) = self.snapshots.processes.remove(&tgid) {
             self.drop_users(&distinct_objects(&m));
         }
         for &o in &distinct_objects(&mappings) {
-            self.objects[o as usize].users += 1;
+            self.files.objects[o as usize].users += 1;
         }
-        self.starts.insert(tgid, child.start);
-        self.processes.insert(tgid, mappings);
-        self.inherited.insert(tgid);
+        self.snapshots.starts.insert(tgid, child.start);
+        self.snapshots.processes.insert(tgid, mappings);
+        self.snapshots.inherited.insert(tgid);
         self.py.forked(parent, child);
     }
 
@@ -507,10 +551,16 @@ impl Registry {
     /// read. The snapshot is read again at the process's next notice, as a
     /// forked child's is.
     pub fn note_mapped(&mut self, p: Proc, vmas: &[crate::raw::MappedVma]) {
-        if self.starts.get(&p.tgid).is_some_and(|&s| s != p.start) {
+        if self
+            .snapshots
+            .starts
+            .get(&p.tgid)
+            .is_some_and(|&s| s != p.start)
+        {
             return;
         }
         let had = self
+            .snapshots
             .processes
             .get(&p.tgid)
             .map(|m| distinct_objects(m))
@@ -525,11 +575,12 @@ impl Registry {
                     inode: v.ino,
                 }
             };
-            let Some(&object) = self.object_ids.get(&key) else {
+            let Some(&object) = self.files.object_ids.get(&key) else {
                 continue;
             };
             let overlaps = |m: &Mapping| v.start < m.end && m.start < v.end;
             let known = self
+                .snapshots
                 .processes
                 .get(&p.tgid)
                 .is_some_and(|m| m.iter().any(overlaps));
@@ -548,46 +599,56 @@ impl Registry {
         }
         for o in distinct_objects(&add) {
             if had.binary_search(&o).is_err() {
-                self.objects[o as usize].users += 1;
+                self.files.objects[o as usize].users += 1;
             }
         }
-        self.starts.entry(p.tgid).or_insert(p.start);
-        self.processes.entry(p.tgid).or_default().extend(add);
-        self.inherited.insert(p.tgid);
+        self.snapshots.starts.entry(p.tgid).or_insert(p.start);
+        self.snapshots
+            .processes
+            .entry(p.tgid)
+            .or_default()
+            .extend(add);
+        self.snapshots.inherited.insert(p.tgid);
     }
 
     /// The processes with a snapshot (not retired), with their start
     /// time where known.
     pub fn processes(&self) -> impl Iterator<Item = (u32, Option<u64>)> + '_ {
-        self.processes
+        self.snapshots
+            .processes
             .keys()
-            .map(|&t| (t, self.starts.get(&t).copied()))
-            .chain(self.superseded.keys().map(|p| (p.tgid, Some(p.start))))
+            .map(|&t| (t, self.snapshots.starts.get(&t).copied()))
+            .chain(
+                self.snapshots
+                    .superseded
+                    .keys()
+                    .map(|p| (p.tgid, Some(p.start))),
+            )
     }
 
     /// When the process at pid `tgid` that has a snapshot started, where
     /// known.
     pub fn start_of(&self, tgid: u32) -> Option<u64> {
-        self.starts.get(&tgid).copied()
+        self.snapshots.starts.get(&tgid).copied()
     }
 
     /// Whether some process at pid `tgid` still has a snapshot.
     pub fn has_pid(&self, tgid: u32) -> bool {
-        self.processes.contains_key(&tgid)
+        self.snapshots.processes.contains_key(&tgid)
     }
 
     /// Where a process was found to map another file over one it had
     /// mapped before: frames of stacks taken before are named through
     /// the later file there. One line for stderr, if it happened.
     pub fn replaced_note(&self) -> Option<String> {
-        let (tgid, before, after) = self.replaced.example?;
+        let (tgid, before, after) = self.notes.replaced.example?;
         Some(format!(
             "{} executable mappings were replaced by another file at the same addresses while \
              tracing (an exec, or a library closed and another loaded in its place; first: \
              {} by {} in process {tgid}): user frames of stacks taken before a replacement \
              are named, and with DWARF may have been walked, through the later file, and can \
              be wrong there",
-            self.replaced.count,
+            self.notes.replaced.count,
             self.object_name(before),
             self.object_name(after),
         ))

@@ -47,12 +47,17 @@ impl Registry {
     /// process of the same program is stored once.
     pub fn retire(&mut self, p: Proc, stacks: &[(u64, Vec<u64>)]) {
         let tgid = p.tgid;
-        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
-            self.starts.remove(&tgid);
-            self.inherited.remove(&tgid);
-            self.processes.remove(&tgid)
+        let mappings = if self
+            .snapshots
+            .starts
+            .get(&tgid)
+            .is_none_or(|&s| s == p.start)
+        {
+            self.snapshots.starts.remove(&tgid);
+            self.snapshots.inherited.remove(&tgid);
+            self.snapshots.processes.remove(&tgid)
         } else {
-            self.superseded.remove(&p)
+            self.snapshots.superseded.remove(&p)
         };
         let Some(mappings) = mappings else {
             return;
@@ -70,12 +75,14 @@ impl Registry {
                     f => f,
                 })
                 .collect();
-            let next = self.retired_stacks.len() as u32;
-            let index = *self.retired_ids.entry(frames.clone()).or_insert(next);
+            let next = self.retired.stacks.len() as u32;
+            let index = *self.retired.ids.entry(frames.clone()).or_insert(next);
             if index == next {
-                self.retired_stacks.push(frames);
+                self.retired.stacks.push(frames);
             }
-            self.retired.push(tgid, retired_id(*id, p.start), index);
+            self.retired
+                .list
+                .push(tgid, retired_id(*id, p.start), index);
         }
         self.py.exited(p);
     }
@@ -117,17 +124,24 @@ impl Registry {
     /// process.
     pub fn user_stack(&mut self, p: Proc, id: u64) -> StackFrames<'_> {
         let tgid = p.tgid;
-        if let Some(i) = self.retired.get(tgid, retired_id(id, p.start)) {
-            return StackFrames::Kept(&self.retired_stacks[i as usize]);
+        if let Some(i) = self.retired.list.get(tgid, retired_id(id, p.start)) {
+            return StackFrames::Kept(&self.retired.stacks[i as usize]);
         }
-        let mappings = if self.starts.get(&tgid).is_none_or(|&s| s == p.start) {
-            if self.refreshed.insert(tgid) && crate::process::start_ticks(tgid) == Some(p.start) {
+        let mappings = if self
+            .snapshots
+            .starts
+            .get(&tgid)
+            .is_none_or(|&s| s == p.start)
+        {
+            if self.snapshots.refreshed.insert(tgid)
+                && crate::process::start_ticks(tgid) == Some(p.start)
+            {
                 self.refresh_process(tgid, false);
             }
-            self.processes.get(&tgid)
+            self.snapshots.processes.get(&tgid)
         } else {
             // A process whose pid was taken by another.
-            self.superseded.get(&p)
+            self.snapshots.superseded.get(&p)
         };
         StackFrames::Mapped(Mappings(mappings.map_or(&[][..], Vec::as_slice)))
     }
@@ -139,7 +153,11 @@ impl Registry {
         if process_alive(tgid) {
             self.refresh_process(tgid, false);
         }
-        let mappings = self.processes.get(&tgid).map_or(&[][..], Vec::as_slice);
+        let mappings = self
+            .snapshots
+            .processes
+            .get(&tgid)
+            .map_or(&[][..], Vec::as_slice);
         addrs.iter().map(|&a| user_frame(mappings, a)).collect()
     }
 }

@@ -38,13 +38,13 @@ impl Registry {
     /// maps (noted first): the BPF program's entry for it (its address
     /// space left to the caller), if it has one whose layout is known.
     pub fn note_python(&mut self, p: Proc) -> Option<crate::bpf::types::py_proc> {
-        let mappings = self.processes.get(&p.tgid)?;
+        let mappings = self.snapshots.processes.get(&p.tgid)?;
         let candidates: Vec<(u32, u64, u64)> = mappings
             .iter()
             .map(|m| (m.object, m.start, m.file_offset))
             .collect();
         for (object, start, file_offset) in candidates {
-            let o = &self.objects[object as usize];
+            let o = &self.files.objects[object as usize];
             let Some(py) = self.py.object(object, &o.name, o.handle.as_ref()) else {
                 continue;
             };

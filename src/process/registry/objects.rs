@@ -23,10 +23,10 @@ impl Registry {
     /// The index of the object `line` maps, opening its file the first
     /// time it is seen.
     pub(super) fn object_of(&mut self, tgid: u32, line: &MapsLine<'_>) -> u32 {
-        if let Some(&id) = self.object_ids.get(&line.key) {
+        if let Some(&id) = self.files.object_ids.get(&line.key) {
             // Mapped again after its descriptor was let go: the unwinder
             // may need the file.
-            let o = &mut self.objects[id as usize];
+            let o = &mut self.files.objects[id as usize];
             if o.handle.is_none() && o.mapped.is_some() {
                 if let Ok(f) = open_mapped(tgid, line) {
                     if !o.path_is_handle && o.segments.is_none() {
@@ -63,7 +63,8 @@ impl Registry {
                         Some(f),
                     ),
                     Err(e) => {
-                        self.denied
+                        self.notes
+                            .denied
                             .files
                             .push((line.path.to_string(), e.to_string()));
                         // The path as mapped, for the names at least.
@@ -111,8 +112,8 @@ impl Registry {
             }),
             ObjectKey::Pseudo(_) => None,
         };
-        let id = self.objects.len() as u32;
-        self.objects.push(Object {
+        let id = self.files.objects.len() as u32;
+        self.files.objects.push(Object {
             name,
             maps_path: line.path.to_string(),
             path,
@@ -123,25 +124,25 @@ impl Registry {
             users: 0,
             identity,
         });
-        self.object_ids.insert(line.key.clone(), id);
+        self.files.object_ids.insert(line.key.clone(), id);
         id
     }
 
     /// Reads live process `tgid`'s perf map again, if it has one and it
     /// changed.
     pub(super) fn read_perf_map(&mut self, tgid: u32) {
-        let Some(&start) = self.starts.get(&tgid) else {
+        let Some(&start) = self.snapshots.starts.get(&tgid) else {
             return;
         };
         let p = Proc { tgid, start };
-        match crate::jit::read(tgid, self.perf_maps.get(&p)) {
+        match crate::jit::read(tgid, self.jit.maps.get(&p)) {
             Ok(Some(map)) => {
-                self.perf_maps.insert(p, map);
+                self.jit.maps.insert(p, map);
             }
             Ok(None) | Err(crate::jit::Refused::Absent) => {}
             Err(crate::jit::Refused::Unsafe(why)) => {
-                if !self.perf_maps_refused.contains(&why) {
-                    self.perf_maps_refused.push(why);
+                if !self.jit.refused.contains(&why) {
+                    self.jit.refused.push(why);
                 }
             }
         }
@@ -151,17 +152,18 @@ impl Registry {
     /// cut at their size limit; one line each, for stderr.
     pub fn jit_notes(&self) -> Vec<String> {
         let mut notes: Vec<String> = self
-            .perf_maps_refused
+            .jit
+            .refused
             .iter()
             .map(|why| format!("a JIT perf map was not read: {why}; its frames are unnamed"))
             .collect();
-        let bad: usize = self.perf_maps.values().map(|m| m.bad_lines).sum();
+        let bad: usize = self.jit.maps.values().map(|m| m.bad_lines).sum();
         if bad > 0 {
             notes.push(format!(
                 "{bad} lines of JIT perf maps did not parse and were skipped"
             ));
         }
-        let cut = self.perf_maps.values().filter(|m| m.truncated).count();
+        let cut = self.jit.maps.values().filter(|m| m.truncated).count();
         if cut > 0 {
             notes.push(format!(
                 "{cut} JIT perf maps were larger than {} MiB: only their start was read",
@@ -174,13 +176,13 @@ impl Registry {
     /// The file an object maps (the file itself, not its debug file),
     /// open, if it could be opened.
     pub fn object_file(&self, object: u32) -> Option<&File> {
-        self.objects.get(object as usize)?.handle.as_ref()
+        self.files.objects.get(object as usize)?.handle.as_ref()
     }
 
     /// The object's path as mapped and its build id, for outputs that
     /// name the files frames are in.
     pub fn object_info(&self, object: u32) -> super::ObjectInfo {
-        let Some(o) = self.objects.get(object as usize) else {
+        let Some(o) = self.files.objects.get(object as usize) else {
             return Default::default();
         };
         // The descriptor where it is held, else the path it was read
@@ -214,27 +216,31 @@ impl Registry {
     /// How the kernel knows the file `object` maps, where it could be
     /// opened.
     pub fn object_identity(&self, object: u32) -> Option<FileIdentity> {
-        self.objects.get(object as usize).and_then(|o| o.identity)
+        self.files
+            .objects
+            .get(object as usize)
+            .and_then(|o| o.identity)
     }
 
     pub fn object_name(&self, object: u32) -> &str {
-        self.objects
+        self.files
+            .objects
             .get(object as usize)
             .map_or("?", |o| o.name.as_str())
     }
 
     /// An object, for the symbolizer.
     pub(crate) fn object(&self, object: u32) -> &Object {
-        &self.objects[object as usize]
+        &self.files.objects[object as usize]
     }
 
     /// Whether any process has a perf map.
     pub(crate) fn has_perf_maps(&self) -> bool {
-        !self.perf_maps.is_empty()
+        !self.jit.maps.is_empty()
     }
 
     /// The perf map of process `p`, as last read while it lived.
     pub(crate) fn perf_map(&self, p: Proc) -> Option<&crate::jit::PerfMap> {
-        self.perf_maps.get(&p)
+        self.jit.maps.get(&p)
     }
 }
