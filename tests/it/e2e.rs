@@ -114,8 +114,9 @@ fn kprobe_and_tracepoint_agree() {
     }
     let _g = serial();
     // Two traces one after the other, each with its report: in an emulated
-    // VM (the kernel matrix) that can take most of a minute.
-    let wl = Workload::start(&["--seconds", "120"]);
+    // VM (the kernel matrix) that can take over two minutes. The workload
+    // is killed when the test ends.
+    let wl = Workload::start(&["--seconds", "600"]);
     let pid = wl.pid.to_string();
     // One after the other: each within 2% of the kernel's accounting.
     let comms = ["wl-nanosleep", "wl-pipe", "wl-futex"];
