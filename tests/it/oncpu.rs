@@ -546,6 +546,7 @@ fn no_thread_above_the_window_under_load() {
         .expect("a [running] frame");
     let mut threads = 0;
     let mut farm_running = 0.0;
+    let mut farm_threads = 0;
     for p in doc["profiles"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let weights = p["weights"].as_array().unwrap();
@@ -564,6 +565,7 @@ fn no_thread_above_the_window_under_load() {
             .sum();
         if name.starts_with("farm-") {
             farm_running += ran;
+            farm_threads += 1;
         }
         for (comm, tid) in &w.tids {
             if name == format!("{comm} ({tid})") {
@@ -576,7 +578,10 @@ fn no_thread_above_the_window_under_load() {
         }
     }
     assert_eq!(threads, THREADS.len(), "the workload's threads");
-    assert!(farm_running > 0.0, "the farm's threads ran");
+    assert!(
+        farm_running > 0.0,
+        "the farm's threads ran: none of its {farm_threads} threads has running time\n{stderr}"
+    );
     // The next test is not to run beside 8,000 exiting threads.
     drop(_farm);
     for _ in 0..100 {
