@@ -7,10 +7,12 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 fn skeleton(src: &str, name: &str) {
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"))
-        .join(format!("{name}.skel.rs"));
+    let dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
+    let out = dir.join(format!("{name}.skel.rs"));
     SkeletonBuilder::new()
         .source(src)
+        // Kept for the tests that read the object itself (its frames).
+        .obj(dir.join(format!("{name}.bpf.o")))
         .clang_args(["-Isrc/bpf", "-Wall", "-Wno-unused-function"])
         .build_and_generate(&out)
         .unwrap_or_else(|e| panic!("building {src} failed (is clang installed?): {e:#}"));

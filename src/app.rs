@@ -75,23 +75,7 @@ pub fn run() -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-fn set_libbpf_logging(verbose: bool, verifier_stats: bool) {
-    if verifier_stats {
-        // For start-up measurements: the verifier's line of statistics of
-        // each program loaded.
-        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg: String| {
-            for line in msg.lines() {
-                if line.starts_with("prog '") && line.contains("BEGIN PROG LOAD LOG")
-                    || line.starts_with("verification time")
-                    || line.starts_with("processed ")
-                    || line.starts_with("stack depth ")
-                {
-                    eprintln!("libbpf: {line}");
-                }
-            }
-        })));
-        return;
-    }
+fn set_libbpf_logging(verbose: bool) {
     if verbose {
         libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, |_, msg: String| {
             eprint!("libbpf: {msg}")
@@ -222,7 +206,7 @@ const PYTHON_REFRESH_FOR: Duration = Duration::from_secs(10);
 fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {
     check_environment()?;
     check_targets(&config.tracer)?;
-    set_libbpf_logging(config.verbose, config.tracer.test.verifier_stats);
+    set_libbpf_logging(config.verbose);
     let stop = stop.clone();
     ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
         .context("failed to install the SIGINT/SIGTERM handler")
@@ -316,7 +300,7 @@ fn take_snapshot(
 ) -> Result<crate::tracer::RawSnapshot> {
     check_environment()?;
     check_targets(&config.tracer)?;
-    set_libbpf_logging(config.verbose, config.tracer.test.verifier_stats);
+    set_libbpf_logging(config.verbose);
     let raised = crate::priority::raise();
     let taken = crate::tracer::take_snapshot(
         &config.tracer,

@@ -13,8 +13,8 @@ pub struct TestEnv {
     /// `OFFCPUTIME_TEST_LEGACY`: the programs for kernels without
     /// `bpf_loop` (before 5.17), on any kernel.
     pub legacy: bool,
-    /// `OFFCPUTIME_TEST_FAIL_TP_BTF`: the tp_btf hook's load fails, as on a
-    /// kernel whose BTF it cannot use.
+    /// `OFFCPUTIME_TEST_FAIL_TP_BTF`: the verifier refuses the tp_btf
+    /// hook's program, as on a kernel whose BTF it cannot use.
     pub fail_tp_btf: bool,
     /// `OFFCPUTIME_TEST_NO_START_USER_STACKS`: as on a kernel whose
     /// iterators cannot read another task's user memory (before 5.18).

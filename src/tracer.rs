@@ -28,6 +28,8 @@ mod load;
 mod programs;
 mod read;
 mod snapshot;
+#[cfg(test)]
+mod stack_depth;
 mod stores;
 
 use attach::*;
@@ -316,9 +318,6 @@ impl<'obj> Tracer<'obj> {
                 ..opts.clone()
             };
             let hook = a.hook.expect("tracing attempts have a hook");
-            if hook == Hook::TpBtf && opts.test.fail_tp_btf {
-                return Err(anyhow!("refused for a test (OFFCPUTIME_TEST_FAIL_TP_BTF)"));
-            }
             Self::try_start(object, &opts, hook, a.user_stacks, legacy, tables)
         });
         // Where tp_btf was tried and raw_tp taken after it: said, for on a
@@ -388,23 +387,25 @@ impl<'obj> Tracer<'obj> {
 
         configure(&mut open, opts)?;
         let dwarf = opts.unwind == Unwind::Dwarf;
-        if hook == Hook::FinishTaskSwitch {
-            open.maps
+        {
+            let rodata = open
+                .maps
                 .rodata_data
                 .as_deref_mut()
-                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?
-                .stacks_at_switch_in = true;
+                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+            rodata.stacks_at_switch_in = hook == Hook::FinishTaskSwitch;
+            rodata.test_refuse_tp_btf = hook == Hook::TpBtf && opts.test.fail_tp_btf;
         }
 
         let modern = !legacy;
-        let plan = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
+        let (plan, logs) = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
 
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
-        let (skel, overlapped) = load_while(open, || {
+        let (skel, overlapped) = load_while(open, &logs, opts.test.verifier_stats, || {
             if dwarf {
                 tables.prepare(opts.unwind_capacity);
             }

@@ -283,8 +283,9 @@ static __always_inline __u64 run_began(struct task_struct *t, __u64 now, __u64 a
  * its block is a new one).  True if the block was closed here or needs no
  * closing; false if it is open and not this kind.
  */
-static __always_inline bool close_unseen_block(struct task_struct *prev, struct task_data *d,
-					       __u32 tid, __u64 now, bool at_switch, bool legacy)
+static __always_inline bool close_unseen_block_here(struct task_struct *prev,
+						    struct task_data *d, __u32 tid, __u64 now,
+						    bool at_switch, bool legacy)
 {
 	struct offcpu_key key = {};
 	struct weight wt;
@@ -334,6 +335,28 @@ static __always_inline bool close_unseen_block(struct task_struct *prev, struct 
 	if (want_wakers)
 		d->waker_id = 0;
 	return true;
+}
+
+/* The same in a frame of its own, for the programs with bpf_loop: the
+ * block's key and weight then stay out of the switch hook's frame, at the
+ * bottom of the chain of frames the DWARF walk stacks on (hook,
+ * user_stack_of_current, the walk's bpf_loop callback, unwind_rule, the
+ * binary search's callback), which the verifier bounds to 512 bytes in all
+ * before private stacks (6.13): with -i the hook's frame put it over on
+ * 6.1 and 6.12.  Not for the legacy programs: Linux 5.10 refuses an
+ * atomic compare-and-exchange even in code it never reaches. */
+static __noinline bool close_unseen_block_apart(struct task_struct *prev, struct task_data *d,
+						__u32 tid, __u64 now, bool at_switch)
+{
+	return close_unseen_block_here(prev, d, tid, now, at_switch, false);
+}
+
+static __always_inline bool close_unseen_block(struct task_struct *prev, struct task_data *d,
+					       __u32 tid, __u64 now, bool at_switch, bool legacy)
+{
+	if (legacy)
+		return close_unseen_block_here(prev, d, tid, now, at_switch, true);
+	return close_unseen_block_apart(prev, d, tid, now, at_switch);
 }
 
 #endif /* __OFFCPUTIME_BLOCKS_H__ */

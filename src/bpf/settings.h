@@ -52,6 +52,9 @@ const volatile __u64 softirq_end = 0;
  * unhandled, as if the tracepoint had not reported it (see
  * close_unseen_block); 0: none. */
 const volatile __u32 test_drop_switch_in = 0;
+/* Tests: the tp_btf hook's programs do what the verifier refuses, as on
+ * a kernel whose BTF they cannot use. */
+const volatile bool test_refuse_tp_btf = false;
 
 /* How long to trace (0: until userspace stops it). */
 const volatile __u64 trace_duration_ns = 0;

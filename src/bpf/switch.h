@@ -187,6 +187,14 @@ static __always_inline bool switch_in_dropped(struct task_struct *next)
 	return test_drop_switch_in && test_drops_switch_in(next);
 }
 
+/* Tests (test_refuse_tp_btf): a read through a number, which the verifier
+ * refuses. */
+#define TEST_REFUSE_TP_BTF(now)                                                \
+	do {                                                                   \
+		if (test_refuse_tp_btf)                                        \
+			return *(volatile int *)(long)(now);                   \
+	} while (0)
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
@@ -196,6 +204,7 @@ int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct ta
 		      HOOK_TP_BTF);
 	if (!switch_in_dropped(next))
 		on_switch_in(ctx, next, now, HOOK_TP_BTF);
+	TEST_REFUSE_TP_BTF(now);
 	return 0;
 }
 
@@ -251,6 +260,7 @@ int BPF_PROG(sched_switch_btf_legacy, bool preempt, struct task_struct *prev,
 	on_switch_out(ctx, prev, preempt, now, -1, HOOK_TP_BTF_LEGACY);
 	if (!switch_in_dropped(next))
 		on_switch_in(ctx, next, now, HOOK_TP_BTF_LEGACY);
+	TEST_REFUSE_TP_BTF(now);
 	return 0;
 }
 

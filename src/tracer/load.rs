@@ -58,24 +58,108 @@ impl std::fmt::Display for Phases {
     }
 }
 
-/// Sets which of the object's programs load, by the program table; with
-/// `verifier_stats` (`OFFCPUTIME_VERIFIER_STATS`) each of them prints the
-/// verifier's statistics (time, instructions processed, states) through
-/// libbpf's debug log (see set_libbpf_logging).
+/// Sets which of the object's programs load, by the program table, and
+/// gives each a verifier log of its own (see `VerifierLogs`).
 pub(super) fn choose_programs(
     open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
     plan: &Plan,
-    stats: bool,
-) -> Result<()> {
+) -> Result<VerifierLogs> {
+    let mut logs = VerifierLogs(Vec::new());
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
         let load = plan.loads(programs::named(&name)?);
         prog.set_autoload(load);
-        if load && stats {
-            prog.set_log_level(4);
+        if load {
+            logs.give(&mut prog, name)?;
         }
     }
-    Ok(())
+    Ok(logs)
+}
+
+/// The verifier's log of each program that loads, in a buffer of our own,
+/// at level 4: its statistics and, when it refuses a program, its reason,
+/// never the instructions. Left to itself libbpf loads a refused program
+/// again with every instruction logged, and once more with a log twice as
+/// large each time it does not fit, up to 2 GiB: for a program of half a
+/// million verified instructions, minutes on a slow machine (ten under
+/// emulation) for a load that has failed already, before the next hook is
+/// tried. With a buffer of the caller's it loads each program once.
+pub(super) struct VerifierLogs(Vec<(String, Box<[u8]>)>);
+
+/// Room for a program's log: statistics and error lines, a few hundred
+/// bytes (a log that does not fit would fail the load with ENOSPC).
+const VERIFIER_LOG_BYTES: usize = 256 << 10;
+
+/// The verifier's level of statistics alone (BPF_LOG_STATS).
+const BPF_LOG_STATS: u32 = 4;
+
+impl VerifierLogs {
+    fn give(&mut self, prog: &mut libbpf_rs::OpenProgramMut<'_>, name: String) -> Result<()> {
+        use libbpf_rs::AsRawLibbpf;
+        let mut buf = vec![0u8; VERIFIER_LOG_BYTES].into_boxed_slice();
+        prog.set_log_level(BPF_LOG_STATS);
+        // SAFETY: the program is open and not loaded; the buffer is a heap
+        // allocation that lives, unmoved, in `self` until the load has
+        // returned (`VerifierLogs` is kept by the caller of the load and
+        // read after it), and libbpf writes at most its length.
+        let rc = unsafe {
+            libbpf_rs::libbpf_sys::bpf_program__set_log_buf(
+                prog.as_libbpf_object().as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len() as libbpf_rs::libbpf_sys::size_t,
+            )
+        };
+        if rc != 0 {
+            bail!("could not give program {name} a verifier log ({rc})");
+        }
+        self.0.push((name, buf));
+        Ok(())
+    }
+
+    /// The lines each program's log holds, by program, for those the
+    /// verifier has seen (programs load in order and the load stops at
+    /// the first refused).
+    fn lines(&self) -> impl Iterator<Item = (&str, Vec<String>)> {
+        self.0.iter().filter_map(|(name, buf)| {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            let text = String::from_utf8_lossy(&buf[..end]);
+            let lines: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            (!lines.is_empty()).then_some((name.as_str(), lines))
+        })
+    }
+
+    /// Each program's statistics on one line (`OFFCPUTIME_VERIFIER_STATS`).
+    pub(super) fn print_statistics(&self) {
+        for (name, lines) in self.lines() {
+            let stats: Vec<&str> = lines
+                .iter()
+                .map(String::as_str)
+                .filter(|l| is_statistics(l))
+                .collect();
+            eprintln!("offcputime: verifier: {name}: {}", stats.join("; "));
+        }
+    }
+
+    /// Why the load failed, as the verifier said it: the last program it
+    /// saw and the last line of its log that is not a statistic (at this
+    /// level the lines before it are notes, such as the global functions
+    /// it takes as valid).
+    pub(super) fn refusal(&self) -> Option<String> {
+        let (name, lines) = self.lines().last()?;
+        let said = lines.iter().rev().find(|l| !is_statistics(l))?;
+        Some(format!("the verifier refused {name}: {said}"))
+    }
+}
+
+fn is_statistics(line: &str) -> bool {
+    line.starts_with("verification time")
+        || line.starts_with("processed ")
+        || line.starts_with("stack depth")
 }
 
 /// The most attempts at loading the program one start makes: two
@@ -173,6 +257,8 @@ pub(super) fn iterator_output(
 /// load took and how long `meanwhile` took.
 pub(super) fn load_while<'obj>(
     open: crate::bpf::OpenOffcputimeSkel<'obj>,
+    logs: &VerifierLogs,
+    stats: bool,
     meanwhile: impl FnOnce(),
 ) -> Result<(OffcputimeSkel<'obj>, (Duration, Duration))> {
     let open = SendOpen(open);
@@ -195,9 +281,19 @@ pub(super) fn load_while<'obj>(
         let prepared = began.elapsed();
         let loaded = loader.join();
         crate::priority::loading(false);
-        match loaded {
-            Ok(SendOpen((r, took))) => Ok((r?, (took, prepared))),
+        let (loaded, took) = match loaded {
+            Ok(SendOpen(l)) => l,
             Err(p) => std::panic::resume_unwind(p),
+        };
+        if stats {
+            logs.print_statistics();
+        }
+        match loaded {
+            Ok(skel) => Ok((skel, (took, prepared))),
+            Err(e) => Err(match logs.refusal() {
+                Some(why) => anyhow!(e).context(why),
+                None => anyhow!(e),
+            }),
         }
     })
 }
@@ -370,7 +466,7 @@ pub(super) fn configure(
 
 /// The programs and maps for `hook` (with the legacy programs, or not;
 /// `start_user_stacks`: the kernel's user-stack start iterator loads), chosen
-/// and sized in `open`.
+/// and sized in `open`, and the verifier logs of the programs chosen.
 pub(super) fn plan_programs(
     open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
     opts: &TracerOptions,
@@ -378,7 +474,7 @@ pub(super) fn plan_programs(
     start_user_stacks: bool,
     legacy: bool,
     dwarf: bool,
-) -> Result<Plan> {
+) -> Result<(Plan, VerifierLogs)> {
     let flavour = match hook {
         _ if legacy => Flavour::Legacy,
         Hook::TpBtf => Flavour::TaskStorage,
@@ -411,7 +507,7 @@ pub(super) fn plan_programs(
         python_refresh: opts.python && opts.user_stacks && trusted && start_user_stacks && modern,
         on_cpu: opts.on_cpu_hz.is_some(),
     };
-    choose_programs(open, &plan, opts.test.verifier_stats)?;
+    let logs = choose_programs(open, &plan)?;
     if trusted {
         // Only task-local storage is used; keep the tid map tiny.
         open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -424,7 +520,7 @@ pub(super) fn plan_programs(
         // and its map cannot even be created.
         skip_task_storage(open)?;
     }
-    Ok(plan)
+    Ok((plan, logs))
 }
 
 /// Leaves the task-local storage maps out of the load: for programs that

@@ -113,13 +113,13 @@ fn try_snapshot(
     }
     // Only the one iterator: nothing else is attached.
     let plan = Plan::snapshot(user);
-    choose_programs(&mut open, &plan, opts.test.verifier_stats)?;
+    let logs = choose_programs(&mut open, &plan)?;
     open.maps.task_data_by_tid.set_max_entries(1)?;
     // Not used here, and not there to create before Linux 5.11.
     super::load::skip_task_storage(&mut open)?;
     open.maps.run_by_tid.set_max_entries(1)?;
     let dwarf = opts.unwind == Unwind::Dwarf;
-    let (skel, _) = load_while(open, || {
+    let (skel, _) = load_while(open, &logs, opts.test.verifier_stats, || {
         if dwarf {
             tables.prepare(opts.unwind_capacity);
         }
