@@ -45,6 +45,13 @@ pub fn start_ticks(tgid: u32) -> Option<u64> {
     parse_start(&stat)
 }
 
+/// The parent of process `tgid` (field 4 of `/proc/PID/stat`).
+pub fn parent_pid(tgid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(4 - 3)?.parse().ok()
+}
+
 /// Whether the address space of process `tgid` is gone: it is exiting
 /// (a zombie's mappings read empty), or it has exited.
 pub fn address_space_gone(tgid: u32) -> bool {

@@ -30,7 +30,7 @@ mod interpreters;
 mod objects;
 
 use frames::RetiredList;
-pub use frames::{Mappings, StackFrames};
+pub use frames::{before_exec, Mappings, StackFrames};
 
 /// One executable mapping of a process.
 #[derive(Clone, Copy, Debug)]
@@ -172,6 +172,11 @@ struct Snapshots {
     /// Forked processes whose snapshot is still their parent's (see
     /// [`Registry::forked`]): read again at their first notice.
     inherited: HashSet<u32>,
+    /// Each process's parent, as the fork said or, failing that, as /proc
+    /// said when the process was first noted: a stack taken between a
+    /// vfork (posix_spawn) and the exec that followed is in the parent's
+    /// address space (see [`Registry::user_stack`]).
+    parents: HashMap<Proc, Proc>,
 }
 
 /// The catalogue of the files mapped.
@@ -355,8 +360,41 @@ impl Registry {
             return false;
         }
         self.snapshots.starts.insert(tgid, start);
+        self.note_parent(Proc { tgid, start });
         self.note_place(Proc { tgid, start }, changed);
         self.refresh_process(tgid, inherited)
+    }
+
+    /// Notes the parent of `p` from /proc where the fork did not say it:
+    /// a parent the registry knows, still at its pid.
+    fn note_parent(&mut self, p: Proc) {
+        if self.snapshots.parents.contains_key(&p) {
+            return;
+        }
+        let Some(parent) = crate::process::parent_pid(p.tgid) else {
+            return;
+        };
+        if let Some(&start) = self.snapshots.starts.get(&parent) {
+            if start <= p.start {
+                self.snapshots.parents.insert(
+                    p,
+                    Proc {
+                        tgid: parent,
+                        start,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The mappings of process `p` as last seen: its snapshot, or the one
+    /// kept apart when another process took its pid.
+    fn mappings_of(&self, p: Proc) -> Option<&Vec<Mapping>> {
+        if self.snapshots.starts.get(&p.tgid) == Some(&p.start) {
+            self.snapshots.processes.get(&p.tgid)
+        } else {
+            self.snapshots.superseded.get(&p)
+        }
     }
 
     /// `inherited`: the snapshot held is the parent's (see
@@ -507,6 +545,9 @@ impl Registry {
             tgid: parent,
             start,
         });
+        if let Some(pp) = parent_proc {
+            self.snapshots.parents.insert(child, pp);
+        }
         if let Some(c) = parent_proc.and_then(|p| self.places.containers.get(&p).cloned()) {
             self.places.containers.entry(child).or_insert(c);
         }

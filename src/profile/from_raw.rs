@@ -271,7 +271,7 @@ fn number_user_stacks<F: FrameSource>(
     // stacks share most of their addresses, and many stacks have many
     // times more frames than distinct addresses (see BENCHMARKS.md, report
     // time).
-    let mut by_process: ahash::AHashMap<Proc, AddressNumbers> = ahash::AHashMap::new();
+    let mut by_process: ahash::AHashMap<(Proc, bool), AddressNumbers> = ahash::AHashMap::new();
     // Each stack of each process once, in the order the stacks are
     // stored: tens of megabytes of frames read front to back rather than
     // in the order of the counts.
@@ -295,11 +295,22 @@ fn number_user_stacks<F: FrameSource>(
             match source.user_stack(proc, id) {
                 UserStack::Kept(frames) => number_frames(frames, &mut distinct, numbers),
                 UserStack::Mapped(mappings) => {
-                    let addr_numbers = by_process.entry(proc).or_insert_with(AddressNumbers::new);
+                    // A stack taken before an exec, in the parent's
+                    // address space, is numbered apart.
+                    let parents = mappings.before_exec(addrs);
+                    let addr_numbers = by_process
+                        .entry((proc, parents))
+                        .or_insert_with(AddressNumbers::new);
                     let mut kinds = UserKinds::new();
                     numbers.extend(addrs.iter().map(|&a| {
                         let k = kinds.next(a == crate::unwind_table::SIGNAL_FRAME);
-                        addr_numbers.number(a, k, || distinct.number((mappings.frame(a), k)))
+                        addr_numbers.number(a, k, || {
+                            let f = match parents {
+                                true => mappings.parent_frame(a).unwrap_or(UserFrame::Unmapped(a)),
+                                false => mappings.frame(a),
+                            };
+                            distinct.number((f, k))
+                        })
                     }));
                 }
             }

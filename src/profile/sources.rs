@@ -31,6 +31,18 @@ pub enum UserStack<'a, M> {
 pub trait MappedFrames {
     /// The frame of address `addr`.
     fn frame(&self, addr: u64) -> UserFrame;
+
+    /// Whether stack `addrs` was taken in the parent's address space
+    /// (between a vfork and an exec; see
+    /// [`crate::process::registry::before_exec`]).
+    fn before_exec(&self, _addrs: &[u64]) -> bool {
+        false
+    }
+
+    /// The frame of address `addr` in the parent's address space.
+    fn parent_frame(&self, _addr: u64) -> Option<UserFrame> {
+        None
+    }
 }
 
 /// Where the user frames of a profile, and what is known of their files,
@@ -99,6 +111,14 @@ pub trait NameSource<F: ?Sized> {
 impl MappedFrames for Mappings<'_> {
     fn frame(&self, addr: u64) -> UserFrame {
         Mappings::frame(self, addr)
+    }
+
+    fn before_exec(&self, addrs: &[u64]) -> bool {
+        crate::process::registry::before_exec(self, addrs)
+    }
+
+    fn parent_frame(&self, addr: u64) -> Option<UserFrame> {
+        Mappings::parent_frame(self, addr)
     }
 }
 

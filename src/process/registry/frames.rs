@@ -63,12 +63,37 @@ impl Registry {
             return;
         };
         self.drop_users(&distinct_objects(&mappings));
+        // The parent's mappings, read only for a stack none of whose
+        // addresses the process's own map (see `before_exec`).
+        let parent_proc = self.snapshots.parents.remove(&p);
+        let mut parent: Option<Vec<Mapping>> = None;
         for (id, addrs) in stacks {
             self.resolve_python(p, addrs);
+            let unmapped = addrs
+                .iter()
+                .find(|&&a| a != crate::unwind_table::SIGNAL_FRAME)
+                .is_some_and(|&a| matches!(user_frame(&mappings, a), UserFrame::Unmapped(_)));
+            if unmapped && parent.is_none() {
+                parent = Some(
+                    parent_proc
+                        .and_then(|pp| self.mappings_of(pp))
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            let m = Mappings {
+                own: &mappings,
+                parent: parent.as_deref().unwrap_or(&[]),
+            };
+            let mappings: &[Mapping] = if before_exec(&m, addrs) {
+                m.parent
+            } else {
+                &mappings
+            };
             // An address outside every mapping is `[unknown]` whatever
             // it is: kept as one, so that such stacks of different
             // processes are kept once too.
-            let frames: std::rc::Rc<[UserFrame]> = stack_frames(&mappings, &self.py, p, addrs)
+            let frames: std::rc::Rc<[UserFrame]> = stack_frames(mappings, &self.py, p, addrs)
                 .into_iter()
                 .map(|f| match f {
                     UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
@@ -99,9 +124,12 @@ impl Registry {
         let mappings = match self.user_stack(p, id) {
             StackFrames::Kept(frames) => return frames.to_vec(),
             StackFrames::Mapped(m) if !python => {
-                return addrs.iter().map(|&a| m.frame(a)).collect()
+                if before_exec(&m, addrs) {
+                    return addrs.iter().filter_map(|&a| m.parent_frame(a)).collect();
+                }
+                return addrs.iter().map(|&a| m.frame(a)).collect();
             }
-            StackFrames::Mapped(m) => m.0.to_vec(),
+            StackFrames::Mapped(m) => m.own.to_vec(),
         };
         stack_frames(&mappings, &self.py, p, addrs)
     }
@@ -143,7 +171,15 @@ impl Registry {
             // A process whose pid was taken by another.
             self.snapshots.superseded.get(&p)
         };
-        StackFrames::Mapped(Mappings(mappings.map_or(&[][..], Vec::as_slice)))
+        let parent = self
+            .snapshots
+            .parents
+            .get(&p)
+            .and_then(|&pp| self.mappings_of(pp));
+        StackFrames::Mapped(Mappings {
+            own: mappings.map_or(&[][..], Vec::as_slice),
+            parent: parent.map_or(&[][..], Vec::as_slice),
+        })
     }
 
     /// The frames of addresses `addrs` of process `tgid` through its
@@ -170,15 +206,44 @@ pub enum StackFrames<'a> {
     Mapped(Mappings<'a>),
 }
 
-/// The executable mappings of a process.
+/// The executable mappings of a process, and its parent's.
 #[derive(Clone, Copy)]
-pub struct Mappings<'a>(&'a [Mapping]);
+pub struct Mappings<'a> {
+    own: &'a [Mapping],
+    parent: &'a [Mapping],
+}
 
 impl Mappings<'_> {
     /// The frame of address `addr`.
     pub fn frame(&self, addr: u64) -> UserFrame {
-        user_frame(self.0, addr)
+        user_frame(self.own, addr)
     }
+
+    /// The frame of address `addr` in the parent's address space, if it
+    /// maps it.
+    pub fn parent_frame(&self, addr: u64) -> Option<UserFrame> {
+        match user_frame(self.parent, addr) {
+            UserFrame::Unmapped(_) => None,
+            f => Some(f),
+        }
+    }
+}
+
+/// Whether user stack `addrs` was taken in the parent's address space:
+/// between a vfork (posix_spawn's clone) and the exec after it the child
+/// runs in its parent's, and a stack it blocked in then (preempted, or
+/// reading the new executable) has none of its addresses in the child's
+/// own mappings, read after the exec, and all of them in its parent's.
+/// The first address decides for nearly every stack, in one lookup.
+pub fn before_exec(m: &Mappings<'_>, addrs: &[u64]) -> bool {
+    let first = addrs
+        .iter()
+        .find(|&&a| a != crate::unwind_table::SIGNAL_FRAME);
+    first.is_some_and(|&a| matches!(m.frame(a), UserFrame::Unmapped(_)))
+        && !m.parent.is_empty()
+        && addrs
+            .iter()
+            .all(|&a| matches!(m.frame(a), UserFrame::Unmapped(_)) && m.parent_frame(a).is_some())
 }
 
 /// The frames of stack `addrs` of process `p` through its mappings: its
@@ -243,5 +308,73 @@ fn user_frame(mappings: &[Mapping], addr: u64) -> UserFrame {
         },
         None if addr == crate::unwind_table::SIGNAL_FRAME => UserFrame::Signal,
         None => UserFrame::Unmapped(addr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, end: u64, object: u32) -> Mapping {
+        Mapping {
+            start,
+            end,
+            file_offset: 0,
+            object,
+        }
+    }
+
+    /// A worker's own mappings, read after its exec, and its parent's:
+    /// the same files at other addresses.
+    fn spaces() -> (Vec<Mapping>, Vec<Mapping>) {
+        let own = vec![
+            mapping(0x5600_0000, 0x5601_0000, 1),
+            mapping(0x7f10_0000, 0x7f20_0000, 2),
+        ];
+        let parent = vec![
+            mapping(0x5500_0000, 0x5501_0000, 1),
+            mapping(0x7e10_0000, 0x7e20_0000, 2),
+        ];
+        (own, parent)
+    }
+
+    #[test]
+    fn a_stack_from_between_vfork_and_exec_is_named_in_the_parents_space() {
+        let (own, parent) = spaces();
+        let m = Mappings {
+            own: &own,
+            parent: &parent,
+        };
+        // Blocked in posix_spawn's child, in the parent's libc, called
+        // from the parent's executable.
+        let before = [0x7e10_0040, 0x5500_0100];
+        assert!(before_exec(&m, &before));
+        assert_eq!(
+            before.map(|a| m.parent_frame(a)),
+            [
+                Some(UserFrame::File {
+                    object: 2,
+                    offset: 0x40
+                }),
+                Some(UserFrame::File {
+                    object: 1,
+                    offset: 0x100
+                })
+            ]
+        );
+        // After the exec: its own.
+        assert!(!before_exec(&m, &[0x7f10_0040, 0x5600_0100]));
+        // An address of neither: not the parent's stack either (named
+        // [unknown] as before, not guessed).
+        assert!(!before_exec(&m, &[0x7e10_0040, 0x1234]));
+        // Its own first address decides, whatever follows.
+        assert!(!before_exec(&m, &[0x7f10_0040, 0x5500_0100]));
+        // No parent known.
+        let orphan = Mappings {
+            own: &own,
+            parent: &[],
+        };
+        assert!(!before_exec(&orphan, &before));
+        assert!(!before_exec(&m, &[]));
     }
 }
