@@ -149,9 +149,15 @@ impl VerifierLogs {
     /// saw and the last line of its log that is not a statistic (at this
     /// level the lines before it are notes, such as the global functions
     /// it takes as valid).
+    /// None where that log holds only statistics and notes: then the
+    /// load failed elsewhere (before the verifier saw the program, or
+    /// outside it), and the last log is another program's, which loaded.
     pub(super) fn refusal(&self) -> Option<String> {
         let (name, lines) = self.lines().last()?;
-        let said = lines.iter().rev().find(|l| !is_statistics(l))?;
+        let said = lines
+            .iter()
+            .rev()
+            .find(|l| !is_statistics(l) && !l.ends_with("is global and assumed valid."))?;
         Some(format!("the verifier refused {name}: {said}"))
     }
 }
