@@ -14,7 +14,7 @@
 //! created while starting (the unwind table builder) inherit the raised
 //! priority and drop it the next time they call [`settle`].
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 /// The nice value to go back to.
 static NORMAL: AtomicI32 = AtomicI32::new(0);
@@ -90,9 +90,27 @@ pub fn raise() -> Raised {
 /// Set by the lookout when it raised the event loop.
 static LOOKED_OUT: AtomicBool = AtomicBool::new(false);
 
+/// Rounds of news the event loop took (see [`Lookout::news_taken`]).
+static NEWS_TAKEN: AtomicU64 = AtomicU64::new(0);
+/// Set while the lookout finds news waiting that the loop is late with.
+static NEWS_LATE: AtomicBool = AtomicBool::new(false);
+
+/// How long news may wait unread, the loop taking none, before the
+/// lookout raises it: a loop at the user's priority takes its news within
+/// milliseconds where it gets a CPU at all; on a machine whose CPUs are
+/// all busy it waited seconds, and the new processes of that news were
+/// gone before their mappings could be read (their stacks all
+/// `[unknown]`).
+const NEWS_LATE_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The lookout's news probes: whether news waits unread now.
+pub type NewsWaiting = Box<dyn FnMut() -> bool + Send>;
+
 /// A thread that raises the event loop (thread `loop_tid`) as soon as the
 /// BPF program finds no room to copy stacks for it (`copies`, a count that
-/// grows with those lost, read every 10 ms): a burst of new processes
+/// grows with those lost, read every 10 ms), or its news (`news`: new
+/// processes, whose mappings are read while they exist) has waited unread
+/// for [`NEWS_LATE_AFTER`] with the loop taking none: a burst of new processes
 /// (thousands of threads at once) otherwise keeps the loop, at the user's
 /// priority, from a CPU for seconds before it can learn of them and raise
 /// itself. Raised means the real-time class where allowed (`SCHED_FIFO`
@@ -110,13 +128,17 @@ pub struct Lookout {
 }
 
 impl Lookout {
-    pub fn start(copies: Box<dyn FnMut() -> u64 + Send>) -> Lookout {
+    pub fn start(
+        copies: Option<Box<dyn FnMut() -> u64 + Send>>,
+        news: Option<NewsWaiting>,
+    ) -> Lookout {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         // SAFETY: gettid has no preconditions.
         let loop_tid = unsafe { libc::gettid() };
         let thread = {
             let stop = stop.clone();
-            let mut copies = copies;
+            let mut copies = copies.unwrap_or_else(|| Box::new(|| 0));
+            let mut news = news;
             std::thread::Builder::new()
                 .name("lookout".into())
                 .spawn(move || {
@@ -127,10 +149,15 @@ impl Lookout {
                         return;
                     }
                     let mut last = copies();
+                    let mut late = LateNews::default();
                     while !stop.load(Ordering::Acquire) {
                         std::thread::sleep(std::time::Duration::from_millis(10));
                         let now = copies();
-                        if now != last && !LOOKED_OUT.swap(true, Ordering::AcqRel) {
+                        let news_late = news.as_mut().is_some_and(|waiting| {
+                            late.check(waiting(), NEWS_TAKEN.load(Ordering::Acquire))
+                        });
+                        NEWS_LATE.store(news_late, Ordering::Release);
+                        if (now != last || news_late) && !LOOKED_OUT.swap(true, Ordering::AcqRel) {
                             // The table builders too: the copies wait for
                             // the tables they build. They stay raised.
                             let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
@@ -168,6 +195,38 @@ impl Lookout {
     /// [`raise`], until nothing waits).
     pub fn take_raise() -> bool {
         LOOKED_OUT.swap(false, Ordering::AcqRel)
+    }
+
+    /// For the event loop: it took a round of news.
+    pub fn news_taken() {
+        NEWS_TAKEN.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// For the event loop: the lookout finds it late with its news (it
+    /// holds its raise until it is not).
+    pub fn news_late() -> bool {
+        NEWS_LATE.load(Ordering::Acquire)
+    }
+}
+
+/// Since when news has waited with the loop taking none.
+#[derive(Default)]
+struct LateNews {
+    since: Option<(std::time::Instant, u64)>,
+}
+
+impl LateNews {
+    /// Whether news is late: it waits now (`waiting`), and has waited
+    /// since [`NEWS_LATE_AFTER`] ago while the loop took no round
+    /// (`taken`, the count of rounds taken).
+    fn check(&mut self, waiting: bool, taken: u64) -> bool {
+        match self.since {
+            Some((at, t)) if waiting && t == taken => at.elapsed() >= NEWS_LATE_AFTER,
+            _ => {
+                self.since = waiting.then(|| (std::time::Instant::now(), taken));
+                false
+            }
+        }
     }
 }
 
@@ -244,5 +303,29 @@ pub fn loading(on: bool) {
         for &tid in &h.1 {
             set_nice(tid, -20);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// News is late only once it has waited [`NEWS_LATE_AFTER`] with the
+    /// loop taking no round meanwhile; a round taken, or nothing waiting,
+    /// starts the wait over.
+    #[test]
+    fn news_is_late_after_a_wait_without_a_round() {
+        let mut late = LateNews::default();
+        assert!(!late.check(true, 0));
+        assert!(!late.check(true, 0));
+        std::thread::sleep(NEWS_LATE_AFTER);
+        assert!(late.check(true, 0));
+        // A round taken: waiting again from now.
+        assert!(!late.check(true, 1));
+        std::thread::sleep(NEWS_LATE_AFTER);
+        assert!(late.check(true, 1));
+        // Nothing waiting: not late, and the next wait starts over.
+        assert!(!late.check(false, 1));
+        assert!(!late.check(true, 1));
     }
 }

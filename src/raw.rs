@@ -330,6 +330,12 @@ loss_counters! {
         /// ... samples of a thread whose running time was not counted (left
         /// out: they would have no time to share).
         oncpu_orphan_samples,
+        /// User stacks (distinct per process) none of whose addresses is in
+        /// a file their process maps (as read; no perf map names them),
+        /// all their frames `[unknown]`, and the off-CPU time of their
+        /// blocks.
+        user_unmapped_stacks,
+        user_unmapped_ns,
     }
 }
 

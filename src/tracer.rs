@@ -573,6 +573,7 @@ impl<'obj> Tracer<'obj> {
             if deadline.is_some_and(|d| Instant::now() >= d) || stop.load(Ordering::Relaxed) {
                 break;
             }
+            crate::priority::Lookout::news_taken();
             busy = on_events(&pending.take(), stacks.take());
         }
         self.deferred_left.borrow_mut().extend(stacks.take());
@@ -624,6 +625,7 @@ impl<'obj> Tracer<'obj> {
         self.news_rings(&pending, &stacks)?
             .consume()
             .context("failed to read the event ring buffer")?;
+        crate::priority::Lookout::news_taken();
         on_events(&pending.take(), stacks.take());
         Ok(())
     }
@@ -740,6 +742,24 @@ impl<'obj> Tracer<'obj> {
                 .flatten()
                 .filter_map(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
                 .sum()
+        }))
+    }
+
+    /// Whether the program's news (its ring of task events) has records
+    /// unread, readable from another thread (see
+    /// [`crate::priority::Lookout`]).
+    pub fn news_waiting(&self) -> Option<crate::priority::NewsWaiting> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let ring = libbpf_rs::MapHandle::try_from(&self.skel.maps.events).ok()?;
+        Some(Box::new(move || {
+            let mut fd = libc::pollfd {
+                fd: ring.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, of a descriptor this closure owns; no
+            // wait. A ring buffer is readable while records wait in it.
+            unsafe { libc::poll(&mut fd, 1, 0) > 0 && fd.revents & libc::POLLIN != 0 }
         }))
     }
 

@@ -146,7 +146,10 @@ impl<'t> Collector<'t> {
         }
         let scanning = self.scan_step(tracer, registry, unwinder, deferred);
         self.stats.maybe_print(unwinder.as_ref());
-        if crate::priority::Lookout::take_raise() || deferred.is_waiting() {
+        if crate::priority::Lookout::take_raise()
+            || deferred.is_waiting()
+            || crate::priority::Lookout::news_late()
+        {
             self.raised.get_or_insert_with(crate::priority::raise);
         } else {
             self.raised = None;

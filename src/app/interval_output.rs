@@ -24,6 +24,9 @@ pub(super) struct Intervals {
     pub(super) total_ns: u64,
     /// `--on-cpu`: the running time, in every interval.
     pub(super) running_ns: u64,
+    /// User stacks all `[unknown]`, and their time, in every interval
+    /// (see [`crate::raw::LossCounters::user_unmapped_stacks`]).
+    pub(super) unmapped: (u64, u64),
 }
 
 impl Intervals {
@@ -49,6 +52,7 @@ impl Intervals {
             blocks: 0,
             total_ns: 0,
             running_ns: 0,
+            unmapped: (0, 0),
         }))
     }
 
@@ -83,6 +87,8 @@ impl Intervals {
         self.blocks += profile.off_cpu().map(|s| s.count).sum::<u64>();
         self.total_ns += profile.off_cpu().map(|s| s.total_ns).sum::<u64>();
         self.running_ns += profile.running().map(|s| s.total_ns).sum::<u64>();
+        self.unmapped.0 += profile.counters.user_unmapped_stacks;
+        self.unmapped.1 += profile.counters.user_unmapped_ns;
         for ((path, format), sink) in config.outputs().zip(sinks.iter_mut()) {
             match path.and_then(NamePattern::new) {
                 Some(pattern) => {

@@ -242,6 +242,15 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
             }
         );
     }
+    if c.user_unmapped_stacks > 0 && config.shape.mode.user() {
+        eprintln!(
+            "WARNING: {} user stacks ({:.3} s off-CPU) are all [unknown]: none of their \
+             addresses is in a file their process maps, as read from /proc/PID/maps (again at \
+             the end while it ran), and no perf map names them.",
+            c.user_unmapped_stacks,
+            c.user_unmapped_ns as f64 / 1e9
+        );
+    }
     if c.unseen_untimed > 0 {
         eprintln!(
             "WARNING: {} blocks were not counted: the kernel switched their thread back in \

@@ -27,9 +27,10 @@ pub(super) struct Session<'a> {
     /// `OFFCPUTIME_STATS_INTERVAL`'s line, its clock started at start-up;
     /// taken by the event loop.
     stats: Option<StatsLine>,
-    /// Raises the event loop's priority when copied stacks are lost (see
-    /// priority.rs): from start-up to the end of the report.
-    _lookout: Option<crate::priority::Lookout>,
+    /// Raises the event loop's priority when copied stacks are lost or its
+    /// news is late (see priority.rs): from start-up until the news is
+    /// drained at the trace's end.
+    lookout: Option<crate::priority::Lookout>,
     /// `-i`: the intervals written so far.
     intervals: Option<Intervals>,
     /// `--duration`: when tracing ends.
@@ -122,9 +123,10 @@ impl<'a> Session<'a> {
         let stats = StatsLine::new(config.tracer.test.stats_interval, began);
         // Started before start-up's raise ends: under a burst of new threads
         // the loop may get no CPU from then on until the lookout raises it.
-        let lookout = tracer
-            .copies_lost_counter()
-            .map(crate::priority::Lookout::start);
+        let lookout = Some(crate::priority::Lookout::start(
+            tracer.copies_lost_counter(),
+            tracer.news_waiting(),
+        ));
         drop(raised);
 
         if config.interval.is_some() {
@@ -140,7 +142,7 @@ impl<'a> Session<'a> {
             unwinder,
             deferred,
             stats: Some(stats),
-            _lookout: lookout,
+            lookout,
             intervals,
             deadline,
             stopped: None,
@@ -186,7 +188,11 @@ impl<'a> Session<'a> {
         let mut collector = collector.without_scan();
         tracer.stop()?;
         self.stopped = Some((Instant::now(), process_cpu_ms()));
-        self.wait(tracer, &mut collector, News::Left)
+        let drained = self.wait(tracer, &mut collector, News::Left);
+        // Nothing is late once the news is drained: the report runs at the
+        // user's priority.
+        self.lookout = None;
+        drained
     }
 
     /// Waits for the program's news as `news` says and hands it to
@@ -366,7 +372,7 @@ impl<'a> Session<'a> {
     pub(super) fn write(&mut self, raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
         let config = self.config;
         let written = if let Some(iv) = self.intervals.as_mut() {
-            let profile = iv.write_rest(
+            let mut profile = iv.write_rest(
                 raw,
                 end.window.1,
                 self.kernel_first,
@@ -377,6 +383,11 @@ impl<'a> Session<'a> {
             self.outputs.finish_parts(config)?;
             iv.finish_push(config.verbose);
             iv.report_late();
+            // What every interval had, not the last one's alone.
+            (
+                profile.counters.user_unmapped_stacks,
+                profile.counters.user_unmapped_ns,
+            ) = iv.unmapped;
             Written {
                 profile,
                 missed: iv.missed,

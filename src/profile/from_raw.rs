@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::process::{ObjectInfo, Proc};
-use crate::raw::{RawProfile, StackRef, WakerRef};
+use crate::raw::{LossCounters, RawProfile, StackRef, WakerRef};
 use crate::symbolize::{AddrKind, Named, UserFrame};
 
 use super::merge::{frame_word, Merger};
@@ -23,6 +23,10 @@ struct UserStacks {
     /// [`user_stack_order`]), as its place in `list`;
     /// [`UserStacks::NONE`] for none stored.
     stack_of_holder: Vec<u32>,
+    /// By place in `list`: the stack's process had mappings read and no
+    /// perf map, yet none of its addresses is in a file it maps (all its
+    /// frames `[unknown]`, see [`LossCounters::user_unmapped_stacks`]).
+    unmapped: Vec<bool>,
 }
 
 impl UserStacks {
@@ -134,6 +138,8 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
 ) -> Profile {
     let knames = names.kernel_names(&kernel_addrs(raw, kernel_first_is_ip));
     let (stacks, distinct) = number_user_stacks(raw, source);
+    let mut counters = raw.counters.clone();
+    count_unmapped(raw, &stacks, &mut counters);
     let unames = names.user_names(source, &distinct);
     let (objects, object_index) = object_table(source, &distinct);
     let users = UserFrames::new(distinct, unames, object_index, names.addresses(), source);
@@ -154,9 +160,23 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
     let samples = merger.samples();
     Profile {
         samples,
-        counters: raw.counters.clone(),
+        counters,
         objects,
         window: None,
+    }
+}
+
+/// Counts the user stacks of `raw`'s entries none of whose addresses is in
+/// a mapping of their process that was read, and the entries' time.
+fn count_unmapped(raw: &RawProfile, stacks: &UserStacks, counters: &mut LossCounters) {
+    let mut seen = ahash::AHashSet::new();
+    for (e, &n) in raw.entries.iter().zip(&stacks.stack_of_holder) {
+        if n != UserStacks::NONE && stacks.unmapped[n as usize] {
+            counters.user_unmapped_ns += e.total_ns;
+            if seen.insert(n) {
+                counters.user_unmapped_stacks += 1;
+            }
+        }
     }
 }
 
@@ -265,6 +285,7 @@ fn number_user_stacks<F: FrameSource>(
         list: Vec::new(),
         numbers: Vec::new(),
         stack_of_holder: vec![UserStacks::NONE; raw.entries.len() + raw.wakers.len()],
+        unmapped: Vec::new(),
     };
     let mut distinct = Distinct::default();
     // The number of each address of a process, found once: a process's
@@ -286,6 +307,8 @@ fn number_user_stacks<F: FrameSource>(
         let addrs = raw.stacks.at(span);
         let at = user_stacks.numbers.len();
         let numbers = &mut user_stacks.numbers;
+        // (JIT code is named by its perf map, if any.)
+        let mut read = !source.has_perf_map(proc);
         if addrs.iter().any(|&a| crate::process::is_python_word(a)) {
             // Python frames in place of the interpreter's: frames made
             // stack by stack.
@@ -295,6 +318,7 @@ fn number_user_stacks<F: FrameSource>(
             match source.user_stack(proc, id) {
                 UserStack::Kept(frames) => number_frames(frames, &mut distinct, numbers),
                 UserStack::Mapped(mappings) => {
+                    read &= mappings.any_read();
                     // A stack taken before an exec, in the parent's
                     // address space, is numbered apart.
                     let parents = mappings.before_exec(addrs);
@@ -317,6 +341,13 @@ fn number_user_stacks<F: FrameSource>(
         }
         let len = user_stacks.numbers.len() - at;
         user_stacks.list.push((proc, id, at, len));
+        let numbers = &user_stacks.numbers[at..];
+        user_stacks.unmapped.push(
+            read && !numbers.is_empty()
+                && numbers
+                    .iter()
+                    .all(|&n| matches!(distinct.list[n as usize].0, UserFrame::Unmapped(_))),
+        );
     }
     (user_stacks, distinct.list)
 }

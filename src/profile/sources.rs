@@ -43,6 +43,13 @@ pub trait MappedFrames {
     fn parent_frame(&self, _addr: u64) -> Option<UserFrame> {
         None
     }
+
+    /// Whether any mapping of the process was read: without, its frames
+    /// are `[unknown]` for a reason said apart (no right to read it, or it
+    /// exited before it could be).
+    fn any_read(&self) -> bool {
+        true
+    }
 }
 
 /// Where the user frames of a profile, and what is known of their files,
@@ -119,6 +126,10 @@ impl MappedFrames for Mappings<'_> {
 
     fn parent_frame(&self, addr: u64) -> Option<UserFrame> {
         Mappings::parent_frame(self, addr)
+    }
+
+    fn any_read(&self) -> bool {
+        Mappings::any_read(self)
     }
 }
 

@@ -214,6 +214,11 @@ pub struct Mappings<'a> {
 }
 
 impl Mappings<'_> {
+    /// Whether any of the process's own mappings was read.
+    pub fn any_read(&self) -> bool {
+        !self.own.is_empty()
+    }
+
     /// The frame of address `addr`.
     pub fn frame(&self, addr: u64) -> UserFrame {
         user_frame(self.own, addr)

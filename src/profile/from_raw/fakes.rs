@@ -61,6 +61,10 @@ impl MappedFrames for FakeMappings<'_> {
             None => UserFrame::Unmapped(addr),
         }
     }
+
+    fn any_read(&self) -> bool {
+        self.frames.maps.contains_key(&self.tgid)
+    }
 }
 
 /// The made-up processes' frames, kept stacks first.
@@ -751,4 +755,27 @@ fn python_frames_at_their_lines() {
         ]
     );
     assert!(source.lookups.borrow().is_empty());
+}
+
+/// A stack none of whose addresses is in a file its process maps is
+/// counted, with its blocks' time, once per process; not where the
+/// process's mappings were never read (said apart), and not where one
+/// address is in a file.
+#[test]
+fn stacks_outside_every_file_are_counted() {
+    let (mut source, names) = program();
+    source.maps.insert(20, source.maps[&10].clone());
+    let raw = raw(
+        vec![
+            entry(10, 10, StackRef::Id(USER), StackRef::None, 5),
+            entry(10, 11, StackRef::Id(USER), StackRef::None, 7),
+            entry(20, 20, StackRef::Id(USER), StackRef::None, 11),
+            entry(20, 21, StackRef::Id(USER + 1), StackRef::None, 13),
+            entry(30, 30, StackRef::Id(USER), StackRef::None, 17),
+        ],
+        &[(USER, &[0x9000, 0x9100]), (USER + 1, &[0x9000, 0x1010])],
+    );
+    let profile = build(&raw, &mut source, &names, false);
+    assert_eq!(profile.counters.user_unmapped_stacks, 2);
+    assert_eq!(profile.counters.user_unmapped_ns, 5 + 7 + 11);
 }
