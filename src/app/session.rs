@@ -190,8 +190,10 @@ impl<'a> Session<'a> {
         self.stopped = Some((Instant::now(), process_cpu_ms()));
         let drained = self.wait(tracer, &mut collector, News::Left);
         // Nothing is late once the news is drained: the report runs at the
-        // user's priority.
+        // user's priority, the loop out of the real-time class (the
+        // collector, dropped with this call, gives back its nice value).
         self.lookout = None;
+        crate::priority::Lookout::end_raise();
         drained
     }
 
