@@ -210,24 +210,32 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 exec_vm, mm = address_space(task, &exec_vm);
 	struct unwind_proc *p = tables_of(bpf_get_current_pid_tgid() >> 32, mm, exec_vm);
-	struct unwind_state u = {};
 	struct ucache *e = NULL, *pr = NULL;
+	struct unwind_state *u;
+	struct file_scratch *s;
 	__u32 zero = 0;
 	__u64 id, gen;
 
 	if (!p)
 		return USTACK_NO_TABLES;
+	/* The walk's state is where its step (unwind_step_of_current())
+	 * finds it. */
+	s = bpf_map_lookup_elem(&file_scratch, &zero);
+	if (!s)
+		return USTACK_NO_TABLES;
+	u = &s->st;
+	__builtin_memset(u, 0, sizeof(*u));
 	/* A block: the process uses its tables (see struct unwind_proc). */
 	if (now == USED_READ_CLOCK)
 		now = bpf_ktime_get_ns();
 	if (now && now - p->used > USED_GRAIN_NS)
 		p->used = now;
-	if (read_user_regs(task, &u))
+	if (read_user_regs(task, u))
 		return USTACK_NO_REGS;
 	gen = p->gen;
 	if (ucache_on && cache) {
 		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (e && ucache_holds(e, &u, mm, gen)) {
+		if (e && ucache_holds(e, u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);
 			COUNT_WALK(e);
@@ -237,15 +245,15 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		if (pr) {
 			pr->n = 0;
 			pr->top = 0;
-			pr->pc = u.pc;
-			pr->sp = u.sp;
-			pr->bp = u.bp;
+			pr->pc = u->pc;
+			pr->sp = u->sp;
+			pr->bp = u->bp;
 		}
 	}
-	walk_with_tables(&u, p, false);
-	id = store_stack(u.nr * sizeof(__u64), true);
+	walk_with_tables(u, p, NULL);
+	id = store_stack(u->nr * sizeof(__u64), true);
 	if (e)
-		ucache_keep(e, pr, &u, mm, gen, id);
+		ucache_keep(e, pr, u, mm, gen, id);
 	return id;
 }
 

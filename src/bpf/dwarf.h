@@ -44,8 +44,6 @@ struct unwind_state {
 	/* The frame being walked through frame pointers is in a gap of its
 	 * object's tables (RULE_GAP). */
 	bool in_gap;
-	/* The task whose stack it is, when it is not the current one. */
-	struct task_struct *task;
 };
 
 struct file_scratch {
@@ -68,6 +66,9 @@ struct file_scratch {
 	__u64 mm;
 	__u32 needs_tables;
 	__u32 _pad2;
+	/* The last address of the maple tree's slot walked into last
+	 * (maple_level()). */
+	__u64 maple_max;
 };
 
 /* Mapping notices sent per process (struct mapped_event): two, for its
@@ -303,6 +304,66 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
 #define MAPLE_DEPTH 8
 #define VM_EXEC 0x4
 
+/* What maple_level() answers where a node cannot be read or is of a
+ * type not known here: not a kernel address, so the walk ends there. */
+#define MAPLE_FAIL 2
+
+/*
+ * One level of the walk of a maple tree (see vma_of()): the node `entry`
+ * is read into the scratch of this walk and the entry of the slot that
+ * holds `addr` is returned (0: a gap), MAPLE_FAIL where the node cannot
+ * be read or its type is not known.  The last address the slot covers is
+ * kept in the scratch's maple_max.  A global function, so that the
+ * verifier checks a level once, not again for every state of every level
+ * above it (this walk was half of the switch hook's verification).
+ */
+__noinline __u64 maple_level(__u64 entry, __u64 addr, bool start_iter)
+{
+	struct file_scratch *s = file_scratch_of(start_iter);
+	__u64 max, piv, last;
+	__u32 type, npiv, slots, end, off, k;
+
+	if (!s)
+		return MAPLE_FAIL;
+	max = s->maple_max;
+	type = (entry >> 3) & 15;
+	if (bpf_probe_read_kernel(s->node, sizeof(s->node), (void *)(entry & ~255ULL)))
+		return MAPLE_FAIL;
+	if (type == MAPLE_ARANGE_64) {
+		npiv = 9;
+		slots = 10;
+		end = ((__u8 *)s->node)[240];
+	} else if (type == MAPLE_LEAF_64 || type == MAPLE_RANGE_64) {
+		npiv = 15;
+		slots = 16;
+		last = s->node[15];
+		if (!last)
+			end = ((__u8 *)s->node)[248];
+		else if (last == max)
+			end = 14;
+		else
+			end = 15;
+	} else {
+		return MAPLE_FAIL;
+	}
+	if (end > npiv)
+		end = npiv;
+	/* The first pivot at or above addr, else the last slot: from the
+	 * end down, so that the loop unrolls into plain compares (the
+	 * verifier of 6.1 loses the bounds of a pointer walked through a
+	 * loop that breaks early). */
+	off = end;
+#pragma clang loop unroll(full)
+	for (k = 15; k > 0; k--) {
+		piv = s->node[k & (MAPLE_NODE_WORDS - 1)];
+		if (k - 1 < end && piv >= addr)
+			off = k - 1;
+	}
+	if (off < end)
+		s->maple_max = s->node[(1 + off) & (MAPLE_NODE_WORDS - 1)];
+	return s->node[(slots + off) & (MAPLE_NODE_WORDS - 1)];
+}
+
 /*
  * The mapping of address space `mm` that holds `addr`: a lookup in its
  * maple tree as the kernel's own (mtree_lookup_walk()), with plain reads:
@@ -311,63 +372,30 @@ __noinline __u64 unwind_rule(__u64 addr, __u32 start, __u32 count)
  * nothing is found or the check fails, 1 where the tree has a gap at
  * `addr` (no mapping).
  */
-static __always_inline __u64 vma_of(__u64 mm, __u64 addr, struct file_scratch *s)
+static __always_inline __u64 vma_of(__u64 mm, __u64 addr, struct file_scratch *s,
+				    bool start_iter)
 {
 	struct mm_struct *m = (struct mm_struct *)mm;
 	struct vm_area_struct *vma;
 	__u64 entry = (__u64)BPF_CORE_READ(m, mm_mt.ma_root);
-	__u64 max = ~0ULL, piv, last;
-	__u32 type, npiv, slots, end, off, k;
+	bool leaf = false;
 	int level;
 
-	for (level = 0; level < MAPLE_DEPTH; level++) {
+	s->maple_max = ~0ULL;
+	for (level = 0; level < MAPLE_DEPTH && !leaf; level++) {
 		/* The root is an internal entry (tagged 2); the nodes below
 		 * are tagged 4 (MAPLE_ENODE_NULL). */
 		if (entry < (1ULL << 63) || (level == 0 && (entry & 3) != 2))
 			return 0;
-		type = (entry >> 3) & 15;
-		if (bpf_probe_read_kernel(s->node, sizeof(s->node), (void *)(entry & ~255ULL)))
-			return 0;
-		if (type == MAPLE_ARANGE_64) {
-			npiv = 9;
-			slots = 10;
-			end = ((__u8 *)s->node)[240];
-		} else if (type == MAPLE_LEAF_64 || type == MAPLE_RANGE_64) {
-			npiv = 15;
-			slots = 16;
-			last = s->node[15];
-			if (!last)
-				end = ((__u8 *)s->node)[248];
-			else if (last == max)
-				end = 14;
-			else
-				end = 15;
-		} else {
-			return 0;
-		}
-		if (end > npiv)
-			end = npiv;
-		/* The first pivot at or above addr, else the last slot: from
-		 * the end down, so that the loop unrolls into plain compares
-		 * (the verifier of 6.1 loses the bounds of a pointer walked
-		 * through a loop that breaks early). */
-		off = end;
-#pragma clang loop unroll(full)
-		for (k = 15; k > 0; k--) {
-			piv = s->node[k & (MAPLE_NODE_WORDS - 1)];
-			if (k - 1 < end && piv >= addr)
-				off = k - 1;
-		}
-		if (off < end)
-			max = s->node[(1 + off) & (MAPLE_NODE_WORDS - 1)];
-		entry = s->node[(slots + off) & (MAPLE_NODE_WORDS - 1)];
-		if (type == MAPLE_LEAF_64)
-			break;
+		leaf = ((entry >> 3) & 15) == MAPLE_LEAF_64;
+		entry = maple_level(entry, addr, start_iter);
 	}
-	if (level == MAPLE_DEPTH)
+	if (!leaf)
 		return 0;
 	if (!entry)
 		return 1;
+	if (entry < (1ULL << 63))
+		return 0;
 	vma = (struct vm_area_struct *)entry;
 	if (BPF_CORE_READ(vma, vm_mm) != m || BPF_CORE_READ(vma, vm_start) > addr ||
 	    BPF_CORE_READ(vma, vm_end) <= addr)
@@ -413,7 +441,7 @@ __noinline __u32 file_memo(__u64 addr, __u64 mm, __u64 walk, bool start_iter)
 		    addr < s->memo[i].end)
 			return i;
 	}
-	entry = vma_of(mm, addr, s);
+	entry = vma_of(mm, addr, s, start_iter);
 	if (!entry)
 		return FILE_MEMO_UNKNOWN;
 	if (entry == 1)
@@ -518,7 +546,7 @@ static __always_inline __u64 file_rule(__u64 addr, struct file_scratch *files, b
  */
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
 				       struct stack_copy *c, struct ucache *pr,
-				       struct file_scratch *files)
+				       struct file_scratch *files, struct task_struct *task)
 {
 	__u64 cfa, ra, frame[2], rule, ra_at, bp_at = 0, bp_val = 0;
 	__u32 idx;
@@ -565,8 +593,8 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			 * are below the starting sp or far above it. */
 			bp_at = u->sp + UCONTEXT_RBP;
 			ra_at = u->sp + UCONTEXT_RIP;
-			if (read_user(&bp_val, sizeof(bp_val), (void *)bp_at, u->task, c) ||
-			    read_user(frame, sizeof(frame), (void *)(u->sp + UCONTEXT_RSP), u->task, c)) {
+			if (read_user(&bp_val, sizeof(bp_val), (void *)bp_at, task, c) ||
+			    read_user(frame, sizeof(frame), (void *)(u->sp + UCONTEXT_RSP), task, c)) {
 				u->truncated = true;
 				u->unprovable = true;
 				return 1;
@@ -613,7 +641,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 			return 1;
 		}
 		rbp_off = RULE_RBP_OFF(rule);
-		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), u->task, c)) {
+		if (read_user(&ra, sizeof(ra), (void *)(cfa - 8), task, c)) {
 			u->truncated = true;
 			u->unprovable = true;
 			return 1;
@@ -621,7 +649,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		ra_at = cfa - 8;
 		if (rbp_off) {
 			bp_at = cfa + rbp_off * 8;
-			if (read_user(&u->bp, sizeof(u->bp), (void *)bp_at, u->task, c)) {
+			if (read_user(&u->bp, sizeof(u->bp), (void *)bp_at, task, c)) {
 				u->truncated = true;
 				u->unprovable = true;
 				return 1;
@@ -642,7 +670,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		/* In the state, not a register: it would be kept on the
 		 * stack across the read (see unwind_state). */
 		u->in_gap = !!(rule & RULE_GAP);
-		if (read_user(frame, sizeof(frame), (void *)u->bp, u->task, c)) {
+		if (read_user(frame, sizeof(frame), (void *)u->bp, task, c)) {
 			u->unprovable = true;
 			return 1;
 		}
@@ -669,50 +697,85 @@ noted:
 	return 0;
 }
 
-static long unwind_step_current(__u32 i, void *arg)
-{
-	__u32 zero = 0;
-	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
-	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
-
-	return ips ? unwind_step(i, arg, ips, NULL, pr, NULL) : 1;
-}
-
-/* The callback of a walk through files: its state is in file_scratch. */
-static long unwind_step_files(__u32 i, void *arg)
+/*
+ * A frame of the walk of the current task's user stack, whose state is in
+ * file_scratch (`st`): through its process's tables, or through the
+ * tables of the files it maps (`files`).  A global function, so that the
+ * verifier checks the step once, on its own, not again for each state
+ * its bpf_loop callback is entered with.
+ */
+__noinline long unwind_step_of_current(__u32 i, bool files)
 {
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
-
 	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
 
-	return ips && s ? unwind_step(i, &s->st, ips, NULL, pr, s) : 1;
+	if (!ips || !s)
+		return 1;
+	return unwind_step(i, &s->st, ips, NULL, pr, files ? s : NULL, NULL);
 }
 
-static long unwind_step_task(__u32 i, void *arg)
+/* The callbacks of those walks (a callback's answer must be known to be
+ * 0 or 1). */
+static long unwind_step_current(__u32 i, void *arg)
 {
-	__u32 zero = 0;
-	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
-	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
-
-	return ips && c ? unwind_step(i, arg, ips, c, NULL, NULL) : 1;
+	return unwind_step_of_current(i, false) ? 1 : 0;
 }
 
-static long unwind_step_task_files(__u32 i, void *arg)
+static long unwind_step_files(__u32 i, void *arg)
+{
+	return unwind_step_of_current(i, true) ? 1 : 0;
+}
+
+/* The bpf_loop context of a walk of another task's stack: the task, a
+ * pointer the verifier trusts, on the stack, which the steps do not
+ * write.  The walk's state is in start_file_scratch (remote_state()):
+ * kept on the caller's stack, each step's writes to it made the verifier
+ * check the callback again for each state they left (a third of the
+ * start iterator's verification). */
+struct task_walk {
+	struct task_struct *task;
+};
+
+static __always_inline long unwind_step_remote(__u32 i, struct task_walk *t, bool files)
 {
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&start_scratch, &zero);
 	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
 	struct file_scratch *s = file_scratch_of(true);
 
-	return ips && c && s ? unwind_step(i, arg, ips, c, NULL, s) : 1;
+	if (!ips || !c || !s)
+		return 1;
+	return unwind_step(i, &s->st, ips, c, NULL, files ? s : NULL, t->task);
 }
 
-/* Copies the stack of the task being walked from its stack pointer: as
- * much of STACK_COPY_BYTES as can be read (at least the rest of its page,
- * which holds the stack pointer). */
-static __always_inline void copy_stack(struct unwind_state *u)
+static long unwind_step_task(__u32 i, void *arg)
+{
+	return unwind_step_remote(i, arg, false);
+}
+
+static long unwind_step_task_files(__u32 i, void *arg)
+{
+	return unwind_step_remote(i, arg, true);
+}
+
+/* The state of a walk of another task's stack, zeroed, where its steps
+ * find it (see struct task_walk); NULL where the map cannot be had. */
+static __always_inline struct unwind_state *remote_state(void)
+{
+	struct file_scratch *s = file_scratch_of(true);
+
+	if (!s)
+		return NULL;
+	__builtin_memset(&s->st, 0, sizeof(s->st));
+	return &s->st;
+}
+
+/* Copies the stack of `task` from u's stack pointer: as much of
+ * STACK_COPY_BYTES as can be read (at least the rest of its page, which
+ * holds the stack pointer). */
+static __always_inline void copy_stack(struct unwind_state *u, struct task_struct *task)
 {
 	__u32 zero = 0, n;
 	struct stack_copy *c = bpf_map_lookup_elem(&start_stack, &zero);
@@ -721,33 +784,37 @@ static __always_inline void copy_stack(struct unwind_state *u)
 		return;
 	c->base = u->sp;
 	c->len = 0;
-	if (!bpf_copy_from_user_task(c->bytes, STACK_COPY_BYTES, (void *)u->sp, u->task, 0)) {
+	if (!bpf_copy_from_user_task(c->bytes, STACK_COPY_BYTES, (void *)u->sp, task, 0)) {
 		c->len = STACK_COPY_BYTES;
 		return;
 	}
 	n = 4096 - (u->sp & 4095);
 	if (n > STACK_COPY_BYTES)
 		return;
-	if (!bpf_copy_from_user_task(c->bytes, n, (void *)u->sp, u->task, 0))
+	if (!bpf_copy_from_user_task(c->bytes, n, (void *)u->sp, task, 0))
 		c->len = n;
 }
 
 /*
  * Walks the stack from u's registers into `scratch` (`start_scratch` for
- * another task), through the tables of u's mappings if it has any, else
- * through frame pointers.  Returns the number of frames.
+ * another task, `task`; NULL: the current one), through the tables of u's
+ * mappings if it has any, else through frame pointers.  u is where the
+ * steps find it: the current task's in file_scratch, another's from
+ * remote_state().  Returns the number of frames.
  */
-static __always_inline __u32 walk_user(struct unwind_state *u, bool remote)
+static __always_inline __u32 walk_user(struct unwind_state *u, struct task_struct *task)
 {
+	struct task_walk t = { .task = task };
+	bool remote = task != NULL;
 	__u64 *ips;
 	__u32 zero = 0, idx;
 
 	u->max = clamp_stack_bytes() / sizeof(__u64);
 	if (remote) {
-		copy_stack(u);
-		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, u, 0);
+		copy_stack(u, task);
+		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, &t, 0);
 	} else
-		bpf_loop(MAX_STACK_DEPTH, unwind_step_current, u, 0);
+		bpf_loop(MAX_STACK_DEPTH, unwind_step_current, NULL, 0);
 	/* Frames end at a zero, as bpf_get_stack() leaves them: the buffer
 	 * still holds deeper stacks walked before. */
 	if (u->nr < MAX_STACK_DEPTH) {
@@ -824,15 +891,16 @@ static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm, __u64
 	return NULL;
 }
 
-/* Walks from u's registers with the tables `p`, and counts the walk. */
+/* Walks from u's registers with the tables `p`, and counts the walk (see
+ * walk_user()). */
 static __always_inline void walk_with_tables(struct unwind_state *u, struct unwind_proc *p,
-					     bool remote)
+					     struct task_struct *task)
 {
 	u->map_start = p->map_start;
 	u->map_count = p->map_count;
 	if (u->map_count > UNWIND_MAX_PROC_MAPPINGS)
 		u->map_count = UNWIND_MAX_PROC_MAPPINGS;
-	walk_user(u, remote);
+	walk_user(u, task);
 	count(CNT_UNWIND_DWARF);
 	COUNT_WALK(u);
 }
@@ -846,20 +914,19 @@ static __always_inline void walk_with_tables(struct unwind_state *u, struct unwi
  */
 static __always_inline long unwind_task(struct task_struct *task, __u32 tgid)
 {
-	struct unwind_state u = {};
+	struct unwind_state *u = remote_state();
 	__u64 exec_vm, mm = address_space(task, &exec_vm);
 	struct unwind_proc *p = tables_of(tgid, mm, exec_vm);
 
-	if (read_user_regs(task, &u))
+	if (!u || read_user_regs(task, u))
 		return -1;
-	u.task = task;
 	if (p) {
-		walk_with_tables(&u, p, true);
+		walk_with_tables(u, p, task);
 	} else {
 		count(CNT_UNWIND_NOT_READY);
-		walk_user(&u, true);
+		walk_user(u, task);
 	}
-	return u.nr * sizeof(__u64);
+	return u->nr * sizeof(__u64);
 }
 
 #endif /* __OFFCPUTIME_DWARF_H__ */

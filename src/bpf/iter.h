@@ -17,39 +17,40 @@
  */
 static __always_inline long unwind_task_by_files(struct task_struct *task, __u32 tgid)
 {
-	struct unwind_state u = {};
+	struct task_walk t = { .task = task };
 	struct file_scratch *s = file_scratch_of(true);
 	__u64 exec_vm, mm = address_space(task, &exec_vm);
+	struct unwind_state *u;
 	__u64 *ips;
 	__u32 zero = 0, idx;
 
 	if (!unwind_by_file || !bpf_core_field_exists(((struct mm_struct *)0)->mm_mt) || !s || !mm)
 		return -2;
-	if (read_user_regs(task, &u))
+	u = remote_state();
+	if (!u || read_user_regs(task, u))
 		return -1;
-	u.task = task;
-	u.max = clamp_stack_bytes() / sizeof(__u64);
+	u->max = clamp_stack_bytes() / sizeof(__u64);
 	s->mm = mm;
 	s->needs_tables = 0;
 	s->used = 0;
 	s->walk++;
-	copy_stack(&u);
-	bpf_loop(MAX_STACK_DEPTH, unwind_step_task_files, &u, 0);
+	copy_stack(u, task);
+	bpf_loop(MAX_STACK_DEPTH, unwind_step_task_files, &t, 0);
 	s = file_scratch_of(true);
 	ips = bpf_map_lookup_elem(&start_scratch, &zero);
 	if (!s || !ips || s->needs_tables)
 		return -2;
-	idx = u.nr;
+	idx = s->st.nr;
 	if (idx < MAX_STACK_DEPTH) {
 		asm volatile("" : "+r"(idx));
 		ips[idx & MAX_STACK_DEPTH] = 0;
 	}
 	count(CNT_UNWIND_DWARF);
 	count(CNT_UNWIND_BY_FILE);
-	COUNT_WALK(&u);
+	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, (__u64)tgid << 32 | BPF_CORE_READ(task, pid),
 		    BPF_CORE_READ(task, group_leader, start_boottime), true);
-	return u.nr * sizeof(__u64);
+	return s->st.nr * sizeof(__u64);
 }
 
 /* Whether the process of `task` has tables for its address space now. */
@@ -124,7 +125,7 @@ static __always_inline __u64 defer_task_stack(struct task_struct *task, __u32 tg
 
 static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 tgid, bool defer)
 {
-	struct unwind_state u = {};
+	struct unwind_state *u;
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&start_scratch, &zero);
 	long len = -1;
@@ -148,10 +149,10 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		if (len == -2)
 			len = unwind_task(task, tgid);
 	} else {
-		if (read_user_regs(task, &u))
+		u = remote_state();
+		if (!u || read_user_regs(task, u))
 			return STACK_ID_MISSED_ERROR;
-		u.task = task;
-		len = walk_user(&u, true) * sizeof(__u64);
+		len = walk_user(u, task) * sizeof(__u64);
 	}
 	if (len < 0)
 		return STACK_ID_MISSED_ERROR;
@@ -202,12 +203,11 @@ int python_refresh(struct bpf_iter__task *ctx)
 	     (RWSEM_WRITER_LOCKED | RWSEM_FLAG_WAITERS)))
 		return 0;
 	if (!unwind_dwarf) {
-		struct unwind_state u = {};
+		struct unwind_state *u = remote_state();
 
-		if (read_user_regs(task, &u))
+		if (!u || read_user_regs(task, u))
 			return 0;
-		u.task = task;
-		len = walk_user(&u, true) * sizeof(__u64);
+		len = walk_user(u, task) * sizeof(__u64);
 	} else if (tables_ready(task, tgid)) {
 		len = unwind_task(task, tgid);
 	} else {
