@@ -7,7 +7,9 @@
 #ifndef __OFFCPUTIME_DWARF_H__
 #define __OFFCPUTIME_DWARF_H__
 
-/* State of a DWARF unwind of the current task's user stack. */
+/* State of a DWARF unwind of a user stack: in a map, where the walk's
+ * steps find it (`st` of file_scratch for the current task, of
+ * start_file_scratch for another, see remote_state()). */
 struct unwind_state {
 	/* Registers of the frame being unwound. */
 	__u64 pc;
