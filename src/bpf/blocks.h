@@ -239,7 +239,7 @@ static __always_inline void fill_key(struct offcpu_key *key, struct task_struct 
 {
 	key->tgid = TASK_READ(trusted, t, tgid);
 	key->pid = tid;
-	key->process_start = process_start(t);
+	key->process_start = task_process_start(t, trusted);
 	BPF_CORE_READ_STR_INTO(&key->comm, t, comm);
 }
 

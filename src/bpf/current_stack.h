@@ -131,8 +131,9 @@ __noinline __u64 user_stack_by_files(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct ucache *e = NULL, *pr = NULL;
+	struct ucache_ways *set;
 	struct file_scratch *s;
-	__u32 zero = 0, idx;
+	__u32 zero = 0, idx, way = 0;
 	__u64 *ips, *files_gen, exec_vm, mm, gen, id;
 
 	if (!unwind_by_file || !bpf_core_field_exists(((struct mm_struct *)0)->mm_mt))
@@ -141,7 +142,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	files_gen = bpf_map_lookup_elem(&unwind_files_gen, &zero);
 	if (!s || !files_gen)
 		return USTACK_NO_TABLES;
-	mm = address_space(task, &exec_vm);
+	mm = task_address_space(task, &exec_vm, true);
 	if (!mm)
 		return USTACK_NO_TABLES;
 	__builtin_memset(&s->st, 0, sizeof(s->st));
@@ -152,8 +153,13 @@ __noinline __u64 user_stack_by_files(bool cache)
 	 * mappings of the address space. */
 	gen = 1ULL << 63 | (*files_gen & 0x7fffffff) << 32 | (exec_vm & 0xffffffff);
 	if (ucache_on && cache) {
-		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (e && ucache_holds(e, &s->st, mm, gen)) {
+		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (set) {
+			way = ucache_way(set, &s->st);
+			e = &set->way[way & 1];
+			set->last = way & 1;
+		}
+		if (e && !(way & UCACHE_NEW_WAY) && ucache_holds(e, way, &s->st, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_BY_FILE);
 			count(CNT_UNWIND_CACHED);
@@ -187,7 +193,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	count(CNT_UNWIND_BY_FILE);
 	COUNT_WALK(&s->st);
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
-		    BPF_CORE_READ(task, group_leader, start_boottime), false);
+		    task_process_start(task, true), false);
 	id = store_stack(s->st.nr * sizeof(__u64), true);
 	if (e)
 		ucache_keep(e, pr, &s->st, mm, gen, id);
@@ -204,18 +210,27 @@ __noinline __u64 user_stack_by_files(bool cache)
  * (a constant: the kprobe hook's frame, which holds its own time, is at
  * 6.1's limit of the stack of a call chain); 0: no mark (wakers). */
 #define USED_READ_CLOCK 1
+/* `mm` of user_stack_of_current(): the address space is read there (no
+ * address space is at 1). */
+#define SPACE_UNREAD 1
 
-__noinline __u64 user_stack_of_current(bool cache, __u64 now)
+/* `mm`, `exec_vm`: the current task's address space and the size of its
+ * executable mappings, as its caller read them (task_address_space()), or
+ * SPACE_UNREAD. */
+__noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 exec_vm)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 exec_vm, mm = address_space(task, &exec_vm);
-	struct unwind_proc *p = tables_of(bpf_get_current_pid_tgid() >> 32, mm, exec_vm);
 	struct ucache *e = NULL, *pr = NULL;
+	struct unwind_proc *p;
+	struct ucache_ways *set;
 	struct unwind_state *u;
 	struct file_scratch *s;
-	__u32 zero = 0;
+	__u32 zero = 0, way = 0;
 	__u64 id, gen;
 
+	if (mm == SPACE_UNREAD)
+		mm = task_address_space(task, &exec_vm, true);
+	p = tables_of(bpf_get_current_pid_tgid() >> 32, mm, exec_vm);
 	if (!p)
 		return USTACK_NO_TABLES;
 	/* The walk's state is where its step (unwind_step_of_current())
@@ -234,8 +249,13 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 		return USTACK_NO_REGS;
 	gen = p->gen;
 	if (ucache_on && cache) {
-		e = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (e && ucache_holds(e, u, mm, gen)) {
+		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (set) {
+			way = ucache_way(set, u);
+			e = &set->way[way & 1];
+			set->last = way & 1;
+		}
+		if (e && !(way & UCACHE_NEW_WAY) && ucache_holds(e, way, u, mm, gen)) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);
 			COUNT_WALK(e);
@@ -258,9 +278,10 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now)
 }
 
 /* The user or kernel stack of the current task.  `legacy`: a program for
- * kernels without bpf_loop, which walks with frame pointers only. */
-static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache,
-					      __u64 now)
+ * kernels without bpf_loop, which walks with frame pointers only.  `mm`,
+ * `exec_vm`: see user_stack_of_current(). */
+static __always_inline __u64 stack_of_current_in(void *ctx, bool user, bool legacy, bool cache,
+						 __u64 now, __u64 mm, __u64 exec_vm)
 {
 	__u32 zero = 0;
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
@@ -270,7 +291,7 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
 	if (user && unwind_dwarf && !legacy) {
-		id = user_stack_of_current(cache, now);
+		id = user_stack_of_current(cache, now, mm, exec_vm);
 		if (id == USTACK_NO_TABLES) {
 			id = user_stack_by_files(cache);
 			if (id == USTACK_NO_TABLES)
@@ -283,6 +304,12 @@ static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy,
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	return store_stack(len, user);
+}
+
+static __always_inline __u64 stack_of_current(void *ctx, bool user, bool legacy, bool cache,
+					      __u64 now)
+{
+	return stack_of_current_in(ctx, user, legacy, cache, now, SPACE_UNREAD, 0);
 }
 
 #endif /* __OFFCPUTIME_CURRENT_STACK_H__ */

@@ -865,13 +865,30 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 }
 
 /* The address space of `task` and the size of its executable mappings
- * (0, 0 for a task without one). */
-static __always_inline __u64 address_space(struct task_struct *task, __u64 *exec_vm)
+ * (0, 0 for a task without one).  `trusted`: `task` is a pointer the
+ * verifier lets a program load through (see TASK_READ): the size is
+ * loaded, not read with a helper's call (some 40 ns a switch).  The
+ * address space itself is read: loaded, it would be a pointer to the
+ * verifier, not a number to compare and keep. */
+static __always_inline __u64 task_address_space(struct task_struct *task, __u64 *exec_vm,
+						bool trusted)
 {
 	struct mm_struct *mm = BPF_CORE_READ(task, mm);
 
-	*exec_vm = mm ? BPF_CORE_READ(mm, exec_vm) : 0;
+	*exec_vm = !mm ? 0 : trusted ? task->mm->exec_vm : BPF_CORE_READ(mm, exec_vm);
 	return (__u64)mm;
+}
+
+/* When the process of `t` started (see process_start()). */
+static __always_inline __u64 task_process_start(struct task_struct *t, bool trusted)
+{
+	return trusted ? t->group_leader->start_boottime
+		       : BPF_CORE_READ(t, group_leader, start_boottime);
+}
+
+static __always_inline __u64 address_space(struct task_struct *task, __u64 *exec_vm)
+{
+	return task_address_space(task, exec_vm, false);
 }
 
 /* The unwind tables of process `tgid` if they are ready for its address

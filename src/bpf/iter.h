@@ -317,7 +317,7 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 		return;
 	}
 	if (notify_new_tasks && !kthread)
-		notify_new_mappings(task, d, tgid, tid);
+		notify_new_mappings(task, d, tgid, tid, false);
 }
 
 SEC("iter/task")

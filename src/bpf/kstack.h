@@ -156,6 +156,51 @@ enum korc_done {
  * power of two. */
 #define KORC_KEPT 32
 
+/*
+ * The proof of a walk (see struct korc_kept): every word it read, where it
+ * found it and what it held.  The kernel moves the stack of each system
+ * call down by a random offset (below do_syscall_64's frame), and its frame
+ * pointers point where they will, so a place is kept as it was found: an
+ * offset from a base, the saved frame or a word read before (a frame
+ * pointer, saved registers' sp), each a `sym` (KORC_SYM).  Checked again
+ * from a new saved frame, the places follow the words read; the walk is the
+ * same where each return address holds what it held (bit i of `need`),
+ * every place is in the window, and the sps it went up by (`sp`, `m` of
+ * them) are still in order on the stack.  A power of two, at most 32 (the
+ * bits of `need`).
+ */
+#define KORC_PROOF 32
+struct korc_proof {
+	__u32 n, m;
+	__u32 need;
+	/* Words that held a user-mode ip, where the walk ended: what
+	 * matters is only that they still do. */
+	__u32 user;
+	__u32 at[KORC_PROOF];
+	__u64 val[KORC_PROOF];
+	__u32 sp[KORC_PROOF];
+};
+
+/* A place or a value in a proof: an offset (24 bits, signed) from the
+ * saved frame, or from the word read at index `base` (the top 8 bits) of
+ * the proof; KORC_UNKNOWN: neither (the walk cannot be proved). */
+#define KORC_FRAME 0xff
+/* korc_proof_holds()'s words and frame: KORC_FRAME's slot past the words'. */
+#define KORC_VALS 64
+#define KORC_UNKNOWN 0xfe
+#define KORC_SYM(base, off) (((__u32)(base) << 24) | ((__u32)(off) & 0xffffff))
+#define KORC_SYM_BASE(sym) ((sym) >> 24)
+#define KORC_SYM_OFF(sym) ((__s32)((sym) << 8) >> 8)
+
+static __always_inline __u32 korc_sym_add(__u32 sym, __s64 d)
+{
+	__s64 off = KORC_SYM_OFF(sym) + d;
+
+	if (off < -0x800000 || off > 0x7fffff)
+		return KORC_SYM(KORC_UNKNOWN, 0);
+	return KORC_SYM(KORC_SYM_BASE(sym), off);
+}
+
 struct korc_walk {
 	__u64 ip, sp, bp, regs, prev_regs, stack_lo;
 	__u64 stop_ip;
@@ -174,6 +219,13 @@ struct korc_walk {
 	 * that walk's. */
 	__u32 kept_n;
 	__u8 signal, full_regs, done, same;
+	/* Whether the walk can be proved again (struct korc_proof), and
+	 * what its sp, bp, regs and prev_regs are in its proof (KORC_SYM). */
+	__u8 provable;
+	__u32 sp_sym, bp_sym, regs_sym, prev_regs_sym;
+	struct korc_proof proof;
+	/* korc_proof_holds(): the words read again, and the frame. */
+	__u64 proof_val[KORC_VALS];
 	__u64 kept_ip[KORC_KEPT];
 	struct korc_entry kept_e[KORC_KEPT];
 	/* The entry each frame of this walk used. */
@@ -291,15 +343,40 @@ static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entri
 	return 0;
 }
 
-/* The word at `addr`: from the window where it is in it, else read. */
-static __always_inline bool korc_read(struct korc_walk *w, __u8 *win, __u64 *v, __u64 addr)
+/* Notes a word the walk read, at `addr`, found at `sym`, in its proof
+ * (`need`: a return address); its own sym, to find places from. */
+static __always_inline __u32 korc_note(struct korc_walk *w, __u32 sym, __u64 v, bool need)
+{
+	__u32 i = w->proof.n;
+
+	if (i >= KORC_PROOF || KORC_SYM_BASE(sym) == KORC_UNKNOWN) {
+		w->provable = 0;
+		return KORC_SYM(KORC_UNKNOWN, 0);
+	}
+	i &= KORC_PROOF - 1;
+	w->proof.at[i] = sym;
+	w->proof.val[i] = v;
+	if (need)
+		w->proof.need |= 1U << i;
+	w->proof.n = i + 1;
+	return KORC_SYM(i, 0);
+}
+
+/* The word at `addr`: from the window where it is in it, else read (and
+ * the walk cannot be proved again).  `*sym`: the place (see struct
+ * korc_proof), then the word's own. */
+static __always_inline bool korc_read(struct korc_walk *w, __u8 *win, __u64 *v, __u64 addr,
+				      __u32 *sym, bool need)
 {
 	__u64 off = addr - w->win_lo;
 
 	if (addr >= w->win_lo && off + 8 <= w->win_len && !(off & 7)) {
 		*v = *(__u64 *)(win + (off & (KSTACK_SIZE - 8)));
+		*sym = korc_note(w, *sym, *v, need);
 		return true;
 	}
+	w->provable = 0;
+	*sym = KORC_SYM(KORC_UNKNOWN, 0);
 	return bpf_probe_read_kernel(v, sizeof(*v), (void *)addr) == 0;
 }
 
@@ -391,46 +468,63 @@ __noinline int korc_module_search(__u64 ip, __u32 k)
  * find it (SP_INDIRECT, whose meaning changed in 6.x, and the registers of
  * an interrupted context are left to the helper). */
 static __always_inline bool korc_cfa(struct korc_walk *w, __u8 *win, struct korc_entry *e,
-				     __u64 *cfa)
+				     __u64 *cfa, __u32 *sym)
 {
 	switch (e->sp_reg) {
 	case ORC_REG_SP:
 		*cfa = w->sp + e->sp_offset;
+		*sym = korc_sym_add(w->sp_sym, e->sp_offset);
 		return true;
 	case ORC_REG_BP:
 		*cfa = w->bp + e->sp_offset;
+		*sym = korc_sym_add(w->bp_sym, e->sp_offset);
 		return true;
 	case ORC_REG_BP_INDIRECT:
-		return korc_read(w, win, cfa, w->bp + e->sp_offset);
+		*sym = korc_sym_add(w->bp_sym, e->sp_offset);
+		return korc_read(w, win, cfa, w->bp + e->sp_offset, sym, false);
 	default:
 		return false;
 	}
 }
 
-/* The caller's ip and sp, from the frame's CFA, by the kind of frame: a
- * call, a full register frame (an exception's, a system call's) or the
- * hardware's partial one (an interrupt's); `regs` becomes where the
- * registers of an interrupted context are, or 0.  `old`: the entries
- * before 6.4's signal bit. */
+/* The caller's ip and sp, from the frame's CFA (`sym` in the proof), by
+ * the kind of frame: a call, a full register frame (an exception's, a
+ * system call's) or the hardware's partial one (an interrupt's); `regs`
+ * becomes where the registers of an interrupted context are, or 0.  `old`:
+ * the entries before 6.4's signal bit.  The syms of sp and regs in
+ * `sp_sym`, `regs_sym`. */
 static __always_inline bool korc_caller(struct korc_walk *w, __u8 *win, struct korc_entry *e,
-					__u64 cfa, bool old, __u64 *new_ip, __u64 *new_sp,
-					__u64 *regs)
+					__u64 cfa, __u32 sym, bool old, __u64 *new_ip,
+					__u64 *new_sp, __u64 *regs, __u32 *sp_sym, __u32 *regs_sym,
+					__u32 *ip_sym_out)
 {
+	__u32 ip_sym = 0;
+
+	*ip_sym_out = KORC_SYM(KORC_UNKNOWN, 0);
 	switch (e->type) {
 	case KORC_CALL:
-		if (!korc_read(w, win, new_ip, cfa - 8))
+		ip_sym = korc_sym_add(sym, -8);
+		if (!korc_read(w, win, new_ip, cfa - 8, &ip_sym, true))
 			return false;
+		*ip_sym_out = ip_sym;
 		*new_sp = cfa;
+		*sp_sym = sym;
 		*regs = 0;
 		w->prev_regs = 0;
 		if (old)
 			w->signal = 0;
 		return true;
 	case KORC_REGS:
-		if (!korc_read(w, win, new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip)) ||
-		    !korc_read(w, win, new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp)))
+		ip_sym = korc_sym_add(sym, bpf_core_field_offset(struct pt_regs, ip));
+		*sp_sym = korc_sym_add(sym, bpf_core_field_offset(struct pt_regs, sp));
+		if (!korc_read(w, win, new_ip, cfa + bpf_core_field_offset(struct pt_regs, ip),
+			       &ip_sym, true) ||
+		    !korc_read(w, win, new_sp, cfa + bpf_core_field_offset(struct pt_regs, sp),
+			       sp_sym, false))
 			return false;
+		*ip_sym_out = ip_sym;
 		*regs = cfa;
+		*regs_sym = sym;
 		w->prev_regs = 0;
 		w->full_regs = 1;
 		if (old)
@@ -438,11 +532,18 @@ static __always_inline bool korc_caller(struct korc_walk *w, __u8 *win, struct k
 		return true;
 	case KORC_REGS_PARTIAL:
 		/* The hardware's frame: ip, cs, flags, sp, ss. */
-		if (!korc_read(w, win, new_ip, cfa) || !korc_read(w, win, new_sp, cfa + 24))
+		ip_sym = sym;
+		*sp_sym = korc_sym_add(sym, 24);
+		if (!korc_read(w, win, new_ip, cfa, &ip_sym, true) ||
+		    !korc_read(w, win, new_sp, cfa + 24, sp_sym, false))
 			return false;
-		if (w->full_regs)
+		*ip_sym_out = ip_sym;
+		if (w->full_regs) {
 			w->prev_regs = w->regs;
+			w->prev_regs_sym = w->regs_sym;
+		}
 		*regs = cfa - bpf_core_field_offset(struct pt_regs, ip);
+		*regs_sym = korc_sym_add(sym, -(__s64)bpf_core_field_offset(struct pt_regs, ip));
 		w->full_regs = 0;
 		if (old)
 			w->signal = 1;
@@ -454,25 +555,62 @@ static __always_inline bool korc_caller(struct korc_walk *w, __u8 *win, struct k
 
 /* The caller's frame pointer: kept, saved in the frame, or in the
  * registers of an interrupted context (`regs`, or the full frame seen
- * before a partial one). */
+ * before a partial one); its sym in `bp_sym`.  `sym`, `regs_sym`: the syms
+ * of the CFA and of regs. */
 static __always_inline bool korc_caller_bp(struct korc_walk *w, __u8 *win, struct korc_entry *e,
-					   __u64 cfa, __u64 regs, __u64 *bp)
+					   __u64 cfa, __u32 sym, __u64 regs, __u32 regs_sym,
+					   __u64 *bp, __u32 *bp_sym)
 {
 	switch (e->bp_reg) {
 	case ORC_REG_UNDEFINED:
-		if (regs && w->full_regs)
-			return korc_read(w, win, bp, regs + bpf_core_field_offset(struct pt_regs, bp));
-		if (regs && w->prev_regs)
+		if (regs && w->full_regs) {
+			*bp_sym = korc_sym_add(regs_sym, bpf_core_field_offset(struct pt_regs, bp));
+			return korc_read(w, win, bp, regs + bpf_core_field_offset(struct pt_regs, bp),
+					 bp_sym, false);
+		}
+		if (regs && w->prev_regs) {
+			*bp_sym = korc_sym_add(w->prev_regs_sym,
+					       bpf_core_field_offset(struct pt_regs, bp));
 			return korc_read(w, win, bp,
-					 w->prev_regs + bpf_core_field_offset(struct pt_regs, bp));
+					 w->prev_regs + bpf_core_field_offset(struct pt_regs, bp),
+					 bp_sym, false);
+		}
 		*bp = w->bp;
+		*bp_sym = w->bp_sym;
 		return true;
 	case ORC_REG_PREV_SP:
-		return korc_read(w, win, bp, cfa + e->bp_offset);
+		*bp_sym = korc_sym_add(sym, e->bp_offset);
+		return korc_read(w, win, bp, cfa + e->bp_offset, bp_sym, false);
 	case ORC_REG_BP:
-		return korc_read(w, win, bp, w->bp + e->bp_offset);
+		*bp_sym = korc_sym_add(w->bp_sym, e->bp_offset);
+		return korc_read(w, win, bp, w->bp + e->bp_offset, bp_sym, false);
 	default:
 		return false;
+	}
+}
+
+/* Notes the sp the walk went up to (`sym`) in its proof. */
+static __always_inline void korc_note_sp(struct korc_walk *w, __u32 sym)
+{
+	__u32 j = w->proof.m;
+
+	if (j >= KORC_PROOF || KORC_SYM_BASE(sym) == KORC_UNKNOWN) {
+		w->provable = 0;
+		return;
+	}
+	w->proof.sp[j & (KORC_PROOF - 1)] = sym;
+	w->proof.m = j + 1;
+}
+
+/* The word read at `sym` (its own) is a user-mode ip (see struct
+ * korc_proof). */
+static __always_inline void korc_user_ip(struct korc_walk *w, __u32 sym)
+{
+	__u32 i = KORC_SYM_BASE(sym);
+
+	if (i < KORC_PROOF) {
+		w->proof.need &= ~(1U << i);
+		w->proof.user |= 1U << i;
 	}
 }
 
@@ -491,6 +629,7 @@ __noinline int korc_step(__u32 k)
 	struct korc_entry e = {};
 	__u64 ip, cfa, new_ip, new_sp, bp, regs, *ips;
 	bool old = korc_layout() == 1, in_module;
+	__u32 sym, sp_sym = 0, regs_sym = 0, bp_sym = 0, ip_sym;
 	__u8 *win;
 
 	if (!w)
@@ -532,6 +671,8 @@ __noinline int korc_step(__u32 k)
 	if (in_module) {
 		w->same = 0;
 		w->found_for = 0;
+		/* A module may go: its entries are not kept. */
+		w->provable = 0;
 		e = w->found;
 	} else if (korc_entry_of(w, idx, w->signal ? ip : ip - 1, &e)) {
 		goto stop;
@@ -546,14 +687,19 @@ __noinline int korc_step(__u32 k)
 	if (!old)
 		w->signal = e.signal;
 
-	if (!korc_cfa(w, win, &e, &cfa) ||
-	    !korc_caller(w, win, &e, cfa, old, &new_ip, &new_sp, &regs) ||
-	    !korc_caller_bp(w, win, &e, cfa, regs, &bp))
+	if (!korc_cfa(w, win, &e, &cfa, &sym) ||
+	    !korc_caller(w, win, &e, cfa, sym, old, &new_ip, &new_sp, &regs, &sp_sym, &regs_sym,
+			 &ip_sym) ||
+	    !korc_caller_bp(w, win, &e, cfa, sym, regs, regs_sym, &bp, &bp_sym))
 		goto stop;
 
 	w->regs = regs;
+	w->regs_sym = regs_sym;
 	w->ip = new_ip;
 	if (new_ip < KERNEL_SPACE) {
+		/* What matters of the word read last is only that it is
+		 * not the kernel's. */
+		korc_user_ip(w, ip_sym);
 		/* User-mode registers: the stack's end. */
 		w->done = KORC_COMPLETE;
 		return 1;
@@ -562,8 +708,11 @@ __noinline int korc_step(__u32 k)
 	 * changed under the walk ends it. */
 	if (new_sp <= w->sp || new_sp < w->stack_lo || new_sp >= w->stack_lo + KSTACK_SIZE)
 		goto stop;
+	korc_note_sp(w, sp_sym);
 	w->sp = new_sp;
+	w->sp_sym = sp_sym;
 	w->bp = bp;
+	w->bp_sym = bp_sym;
 	return 0;
 stop:
 	/* The frame kept last is where the helper's stack takes over. */
@@ -677,41 +826,71 @@ __noinline __u64 korc_note_pair(__u64 whole, long len, __u32 k)
  * Walks the stack of a task that is not running, from its saved frame at
  * `frame` (thread.sp), on its kernel stack from `stack_lo`, with the state
  * of `k` (KORC_ITER, KORC_SWITCH): 0, or -1 where it cannot be walked
- * here.  `kept`: the thread's last walk is in the state (kept_n, kept_ip,
- * kept_e), else there is none.  The stack from the frame up is read in one
- * go first.  A global function: checked once, not at each call in each
+ * here.  `kept` (KORC_WALK_*): the thread's last walk is in the state
+ * (kept_n, kept_ip, kept_e), else there is none; the stack from the frame
+ * up is read in one go first, where the caller has not.  A global function: checked once, not at each call in each
  * state of its callers.
  */
-__noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
+/* Reads the stack from the saved frame `frame` up into the window of `w`
+ * (a stack from `stack_lo`): -1 where the frame is not on it. */
+static __always_inline int korc_window(struct korc_walk *w, __u64 frame, __u64 stack_lo)
 {
-	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	__u64 len;
-	__u8 *win;
-	int i, step;
 
-	if (!w || korc_layout() < 0 || !frame)
-		return -1;
-	win = w->win;
 	w->stack_lo = stack_lo;
-	if (frame < stack_lo || frame >= stack_lo + KSTACK_SIZE)
+	w->win_lo = frame;
+	w->win_len = 0;
+	if (!frame || frame < stack_lo || frame >= stack_lo + KSTACK_SIZE)
 		return -1;
-	if (!kept)
-		w->kept_n = 0;
-	w->same = 1;
 	/* Up to the stack's top, which holds the registers of user mode. */
 	len = stack_lo + KSTACK_SIZE - frame;
 	asm volatile("" : "+r"(len));
 	len &= 2 * KSTACK_SIZE - 1;
-	w->win_lo = frame;
-	w->win_len = 0;
-	if (len <= KSTACK_SIZE && !bpf_probe_read_kernel(win, len, (void *)frame))
+	if (len <= KSTACK_SIZE && !bpf_probe_read_kernel(w->win, len, (void *)frame))
 		w->win_len = len;
+	return 0;
+}
+
+/* korc_walk's `kept`: the thread's last walk is in the state; the window
+ * is read already (korc_window()). */
+#define KORC_WALK_KEPT 1
+#define KORC_WALK_WINDOW 2
+
+__noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
+{
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	__u8 *win;
+	int i, step;
+	__u32 sym;
+
+	if (!w || korc_layout() < 0 || !frame)
+		return -1;
+	win = w->win;
+	if (!(kept & KORC_WALK_KEPT))
+		w->kept_n = 0;
+	w->same = 1;
+	if (!(kept & KORC_WALK_WINDOW) || w->win_lo != frame || w->stack_lo != stack_lo) {
+		if (korc_window(w, frame, stack_lo))
+			return -1;
+	}
+	w->proof.n = 0;
+	w->proof.m = 0;
+	w->proof.need = 0;
+	w->proof.user = 0;
+	w->provable = 1;
+	w->bp_sym = KORC_SYM(KORC_FRAME, bpf_core_field_offset(struct inactive_task_frame___x, bp));
 	if (!korc_read(w, win, &w->bp,
-		       frame + bpf_core_field_offset(struct inactive_task_frame___x, bp)) ||
-	    !korc_read(w, win, &w->ip,
-		       frame + bpf_core_field_offset(struct inactive_task_frame___x, ret_addr)))
+		       frame + bpf_core_field_offset(struct inactive_task_frame___x, bp), &w->bp_sym,
+		       false))
+		return -1;
+	sym = KORC_SYM(KORC_FRAME, bpf_core_field_offset(struct inactive_task_frame___x, ret_addr));
+	if (!korc_read(w, win, &w->ip,
+		       frame + bpf_core_field_offset(struct inactive_task_frame___x, ret_addr), &sym,
+		       true))
 		return -1;
 	w->sp = frame + bpf_core_type_size(struct inactive_task_frame___x);
+	w->sp_sym = KORC_SYM(KORC_FRAME, bpf_core_type_size(struct inactive_task_frame___x));
+	korc_note_sp(w, w->sp_sym);
 	if (w->sp < w->stack_lo || w->sp >= w->stack_lo + KSTACK_SIZE)
 		return -1;
 	w->signal = w->ip == ret_from_fork_at || (ret_from_fork_asm_at && w->ip == ret_from_fork_asm_at);
@@ -815,15 +994,29 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, cons
  * (struct korc_kept): the stack's words are read again every time (their
  * place moves, the kernel shifts each system call's stack by a random
  * offset), the tables are not looked up again, and a stack the same as the
- * last is not stored again.  With the tracepoint on BTF only
+ * last is not stored again.  Before that, the proofs of the thread's last
+ * walks (struct korc_proof) are checked: where one holds, its stack is
+ * taken without a walk.  A thread keeps KORC_WAYS of them: one that blocks
+ * in two places in turn (a read that waits, a write preempted on its way
+ * back to user mode) is proved at both.  With the tracepoint on BTF only
  * (VARIANT_TRUSTED): the helper that takes over where the walk stops needs
  * a task it can trust.
  */
+#define KORC_WAYS 2
+struct korc_way {
+	/* 0: none kept. */
+	__u64 stack_id;
+	struct korc_proof proof;
+};
+
 struct korc_kept {
 	__u64 stack_id;
-	__u32 n, _pad;
+	__u32 n;
+	/* The way proved or kept last. */
+	__u32 last;
 	__u64 ip[KORC_KEPT];
 	struct korc_entry e[KORC_KEPT];
+	struct korc_way way[KORC_WAYS];
 };
 
 struct {
@@ -840,10 +1033,80 @@ static __always_inline bool kstack_at_switch_in(const __u32 variant)
 	       !(variant & (VARIANT_LEGACY | VARIANT_AFTER_SWITCH));
 }
 
+/* Keeps the proof of the walk in `w`, complete, of the stack stored as
+ * `id`, in the thread's `e`, over the way proved or kept less recently;
+ * none where it read a word outside its window or went through a
+ * module. */
+static __always_inline void korc_keep_proof(struct korc_walk *w, struct korc_kept *e, __u64 id)
+{
+	__u32 i = (e->last ^ 1) & (KORC_WAYS - 1);
+
+	if (!w->provable || w->done != KORC_COMPLETE || !(id & STACK_ID_HASH_BIT))
+		return;
+	e->way[i].stack_id = id;
+	__builtin_memcpy(&e->way[i].proof, &w->proof, sizeof(e->way[i].proof));
+	e->last = i;
+}
+
+/*
+ * Whether the walk proved by `pr` holds for the stack read into the window
+ * of `w` from the saved frame `frame`: each word it read, at its place
+ * found again from the frame and the words before it, is in the window;
+ * each return address holds what it held, each user-mode ip still is one;
+ * the sps it went up by are still in order on the stack.  The walk from
+ * there is then the same: its entries are those of the same addresses.
+ * The window is the switch hook's.  A global function: checked once.
+ */
+__noinline int korc_proof_holds(struct korc_proof *pr, __u64 frame)
+{
+	__u32 i, n, m, sym, k = KORC_SWITCH;
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	__u64 at, v, off, len, sp, last = 0, *val;
+
+	if (!w || !pr)
+		return false;
+	n = pr->n;
+	m = pr->m;
+	len = w->win_len;
+	if (!n || n > KORC_PROOF || !m || m > KORC_PROOF || len < 8 || w->win_lo != frame)
+		return false;
+	/* The places' bases: the words read again, and the frame (whose
+	 * sym's base, KORC_FRAME, is the last slot). */
+	val = w->proof_val;
+	val[KORC_FRAME & (KORC_VALS - 1)] = frame;
+	for (i = 0; i < KORC_PROOF; i++) {
+		if (i >= n)
+			break;
+		sym = pr->at[i];
+		at = val[KORC_SYM_BASE(sym) & (KORC_VALS - 1)] + KORC_SYM_OFF(sym);
+		off = at - frame;
+		if (off > len - 8 || (off & 7))
+			return false;
+		v = *(__u64 *)(w->win + (off & (KSTACK_SIZE - 8)));
+		val[i] = v;
+		if ((pr->need >> i) & 1 && v != pr->val[i])
+			return false;
+		if ((pr->user >> i) & 1 && v >= KERNEL_SPACE)
+			return false;
+	}
+	for (i = 0; i < KORC_PROOF; i++) {
+		if (i >= m)
+			return true;
+		sym = pr->sp[i];
+		sp = val[KORC_SYM_BASE(sym) & (KORC_VALS - 1)] + KORC_SYM_OFF(sym);
+		if (sp <= last || sp < w->stack_lo || sp >= w->stack_lo + KSTACK_SIZE)
+			return false;
+		last = sp;
+	}
+	return true;
+}
+
 /*
  * The kernel stack of `next`, being switched in by the tracepoint on BTF
  * (kstack_at_switch_in): it has not run since it blocked.  Its id in
- * `stacks`.
+ * `stacks`.  Proved the same as one of its last without a walk where it
+ * can be (korc_proof_holds()), else walked with the entries of its last
+ * walk.
  */
 static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 {
@@ -861,13 +1124,31 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 	if (!buf || !w)
 		return STACK_ID_MISSED_ERROR;
 	e = bpf_task_storage_get(&korc_kept_storage, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (korc_window(w, frame, lo) == 0 && e) {
+		id = 0;
+		if (e->way[0].stack_id && korc_proof_holds(&e->way[0].proof, frame)) {
+			id = e->way[0].stack_id;
+			e->last = 0;
+		} else if (e->way[1].stack_id && korc_proof_holds(&e->way[1].proof, frame)) {
+			id = e->way[1].stack_id;
+			e->last = 1;
+		}
+		if (id) {
+			count(CNT_KSTACK_PROVED);
+			if (test_kstack_check)
+				korc_note_pair(id,
+					       bpf_get_task_stack(next, buf, clamp_stack_bytes(), 0),
+					       KORC_SWITCH);
+			return id;
+		}
+	}
 	w->kept_n = 0;
 	if (e && e->stack_id && e->n <= KORC_KEPT) {
 		__builtin_memcpy(w->kept_ip, e->ip, sizeof(w->kept_ip));
 		__builtin_memcpy(w->kept_e, e->e, sizeof(w->kept_e));
 		w->kept_n = e->n;
 	}
-	if (korc_walk(frame, lo, KORC_SWITCH, 1)) {
+	if (korc_walk(frame, lo, KORC_SWITCH, KORC_WALK_KEPT | KORC_WALK_WINDOW)) {
 		count(CNT_KSTACK_NO_SCHED);
 		return store_stack(bpf_get_task_stack(next, buf, clamp_stack_bytes(), 0), false);
 	}
@@ -878,6 +1159,7 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 		/* The thread's last stack again. */
 		count(CNT_KSTACK_PROVED);
 		id = e->stack_id;
+		korc_keep_proof(w, e, id);
 	} else {
 		whole = korc_finish(len, KORC_SWITCH);
 		if (whole < 0) {
@@ -893,6 +1175,7 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 				__builtin_memcpy(e->e, w->e, sizeof(e->e));
 				e->n = n;
 				e->stack_id = id;
+				korc_keep_proof(w, e, id);
 			}
 		}
 	}

@@ -186,8 +186,8 @@ struct {
  * from, its process's unwind tables and the stack memory it reads: walked
  * again from the same registers, with the same tables, over the same
  * memory, it gives the same frames.  So each thread keeps what its last
- * walk started from and every 8-byte slot it read (where, and what was
- * there).  At its next block, if the registers are the same, the tables
+ * walks started from and every 8-byte slot they read (where, and what was
+ * there).  At its next block, if the registers are those of a walk kept, the tables
  * are (their generation, see struct unwind_proc), and every one of those
  * slots still holds what it held, the stack is the one stored then: it is
  * not walked again, and no frame is guessed.  Where the proof cannot be
@@ -195,7 +195,9 @@ struct {
  * could not be stored) the thread keeps nothing and is walked each time.
  * The initial frame pointer is part of the proof only where the walk used
  * it before restoring it from the stack (code without frame pointers
- * keeps anything in that register).
+ * keeps anything in that register).  A thread keeps UCACHE_WAYS walks:
+ * one that blocks in two places in turn (a read that waits, a write
+ * preempted on its way back to user mode) is proved at both.
  */
 #define UCACHE_SLOTS 64
 struct ucache {
@@ -218,11 +220,21 @@ struct ucache {
 	__u64 val[UCACHE_SLOTS];
 };
 
+/* A thread's kept walks: one per starting pc and sp; a new one replaces
+ * the one proved or kept less recently. */
+#define UCACHE_WAYS 2
+struct ucache_ways {
+	struct ucache way[UCACHE_WAYS];
+	/* The way proved or kept last. */
+	__u32 last;
+	__u32 _pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, struct ucache);
+	__type(value, struct ucache_ways);
 } ucache_storage SEC(".maps");
 
 /* The slots of the walk under way on this CPU, kept once it succeeds. */
@@ -238,9 +250,7 @@ struct {
  * bytes at a time. */
 #define UCACHE_WINDOW 4096
 struct ucache_window {
-	/* The stack memory read last: from base, len bytes. */
-	__u64 base;
-	__u64 len;
+	/* The stack memory read last (ucache_slots_hold). */
 	__u8 bytes[UCACHE_WINDOW + 8];
 };
 

@@ -29,22 +29,22 @@ static __always_inline bool send_event(struct task_struct *t, __u32 tgid, __u32 
  * Tells userspace to snapshot the mappings of `t`'s process, the first time
  * the thread blocks and again once its address space or the size of its
  * executable mappings has changed (exec, the dynamic loader, dlopen).
+ * `mm`, `exec_vm`: its address space and the size of its executable
+ * mappings (task_address_space()).
  */
-static __always_inline void notify_new_mappings(struct task_struct *t, struct task_data *d,
-						__u32 tgid, __u32 tid)
+static __always_inline void notify_new_space(struct task_struct *t, struct task_data *d,
+					     __u32 tgid, __u32 tid, bool trusted, __u64 mm,
+					     __u64 exec_vm)
 {
-	struct mm_struct *mm = BPF_CORE_READ(t, mm);
-	__u64 exec_vm;
-
 	/* No address space: the task is exiting (exit_mm() has run), and
 	 * there is nothing new to snapshot. */
 	if (!mm)
 		return;
-	exec_vm = BPF_CORE_READ(mm, exec_vm);
-	if (d->notified_mm == (__u64)mm && d->notified_exec_vm == exec_vm)
+	if (d->notified_mm == mm && d->notified_exec_vm == exec_vm)
 		return;
 	/* Only past the check above: every switch-out gets there. */
-	struct notified *p, now = { .start = process_start(t), .mm = (__u64)mm, .exec_vm = exec_vm };
+	struct notified *p, now = { .start = task_process_start(t, trusted), .mm = mm,
+				    .exec_vm = exec_vm };
 	__u32 kind = TASK_EVENT_NEW;
 
 	/* Another thread of the process may have told it already. */
@@ -64,6 +64,15 @@ static __always_inline void notify_new_mappings(struct task_struct *t, struct ta
 	bpf_map_update_elem(&notified_procs, &tgid, &now, BPF_ANY);
 	d->notified_mm = now.mm;
 	d->notified_exec_vm = now.exec_vm;
+}
+
+/* The same, reading the address space of `t` (`mm`, `exec_vm` above). */
+static __always_inline void notify_new_mappings(struct task_struct *t, struct task_data *d,
+						__u32 tgid, __u32 tid, bool trusted)
+{
+	__u64 exec_vm, mm = task_address_space(t, &exec_vm, trusted);
+
+	notify_new_space(t, d, tgid, tid, trusted, mm, exec_vm);
 }
 
 /*

@@ -480,7 +480,8 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	for (nr = 0; nr < MAX_STACK_DEPTH; nr++)
 		if (!c.ips[nr])
 			break;
-	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, address_space(task, &exec_vm),
+	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid,
+		      task_address_space(task, &exec_vm, true),
 		      NULL)) {
 		if (py_resting(p->resting_until, bpf_ktime_get_ns()))
 			w->rest_until = p->resting_until;

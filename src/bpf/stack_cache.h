@@ -6,75 +6,78 @@
 #ifndef __OFFCPUTIME_STACK_CACHE_H__
 #define __OFFCPUTIME_STACK_CACHE_H__
 
-/* Checking a kept walk's slots (struct ucache), one per bpf_loop call:
- * more per call (unrolled) multiply the paths the verifier follows. */
-struct ucache_check {
-	struct ucache *e;
-	/* Every slot checked, and each held what it held. */
-	bool holds;
-};
-
-static long ucache_check_step(__u32 i, void *arg)
+/* Whether every slot of the current thread's kept walk in way `way` still
+ * holds what it held.  The stack is read a window at a time, from a slot
+ * up to the end of the highest (up to UCACHE_WINDOW bytes: the slots of a
+ * walk usually lie in less); where that would cross into memory that
+ * cannot be read, the slot alone.  A bounded loop, a few instructions a
+ * slot (a bpf_loop callback per slot cost a call and a lookup each), in a
+ * global function: checked by the verifier once. */
+__noinline int ucache_slots_hold(__u32 way)
 {
-	struct ucache_check *v = arg;
-	struct ucache *e = v->e;
-	__u32 zero = 0, k = i;
-	__u64 addr, off, val, len;
-	struct ucache_window *w = bpf_map_lookup_elem(&ucache_window, &zero);
+	struct ucache_ways *set;
+	struct ucache_window *w;
+	__u64 addr, off, len, base = 0, have = 0;
+	__u32 zero = 0, k;
+	struct ucache *e;
 
-	if (!w || !e)
-		return 1;
-	/* `i`, not a count kept in `v`: the verifier would follow a count
-	 * from its known start through every value. */
-	if (k >= e->n || k >= UCACHE_SLOTS) {
-		v->holds = k >= e->n;
-		return 1;
+	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
+	w = bpf_map_lookup_elem(&ucache_window, &zero);
+	if (!set || !w)
+		return false;
+	e = &set->way[way & 1];
+	for (k = 0; k < UCACHE_SLOTS; k++) {
+		if (k >= e->n)
+			return true;
+		addr = e->sp + e->off[k];
+		off = addr - base;
+		if (k == 0 || addr < base || off + 8 > have) {
+			len = e->sp + e->top - addr;
+			if (e->sp + e->top < addr + 8 || len > UCACHE_WINDOW)
+				len = UCACHE_WINDOW;
+			/* The bound, for the verifier. */
+			asm volatile("" : "+r"(len));
+			len &= 2 * UCACHE_WINDOW - 1;
+			if (len < 8 || len > UCACHE_WINDOW)
+				return false;
+			if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
+				have = len;
+			else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
+				have = 8;
+			else
+				return false;
+			base = addr;
+			off = 0;
+		}
+		if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k])
+			return false;
 	}
-	/* The compiler forgets the bound above (see unwind_step). */
-	asm volatile("" : "+r"(k));
-	k &= UCACHE_SLOTS - 1;
-	addr = e->sp + e->off[k];
-	off = addr - w->base;
-	if (i == 0 || addr < w->base || off + 8 > w->len) {
-		/* The stack from this slot up to the end of the highest, in
-		 * one read (up to UCACHE_WINDOW bytes: the slots of a walk
-		 * usually lie in less); where that would cross into memory
-		 * that cannot be read, the slot alone. */
-		len = e->sp + e->top - addr;
-		if (e->sp + e->top < addr + 8 || len > UCACHE_WINDOW)
-			len = UCACHE_WINDOW;
-		/* The bound, for the verifier. */
-		asm volatile("" : "+r"(len));
-		len &= 2 * UCACHE_WINDOW - 1;
-		if (len < 8 || len > UCACHE_WINDOW)
-			return 1;
-		w->base = addr;
-		w->len = 0;
-		off = 0;
-		if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
-			w->len = len;
-		else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
-			w->len = 8;
-		else
-			return 1;
-	}
-	val = *(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1)));
-	return val == e->val[k] ? 0 : 1;
+	return true;
 }
 
-/* Whether the current thread's kept walk `e` holds for the registers in
- * `u`, the address space `mm` and the tables of generation `gen`: the
- * proof of struct ucache. */
-static __always_inline bool ucache_holds(struct ucache *e, struct unwind_state *u,
+/* Whether the current thread's kept walk `e`, its way `way`, holds for the
+ * registers in `u`, the address space `mm` and the tables of generation
+ * `gen`: the proof of struct ucache. */
+static __always_inline bool ucache_holds(struct ucache *e, __u32 way, struct unwind_state *u,
 					 __u64 mm, __u64 gen)
 {
-	struct ucache_check v = { .e = e };
-
 	if (!e->stack_id || e->mm != mm || e->gen != gen || e->pc != u->pc ||
 	    e->sp != u->sp || (e->bp_used && e->bp != u->bp))
 		return false;
-	bpf_loop(UCACHE_SLOTS + 1, ucache_check_step, &v, 0);
-	return v.holds;
+	return ucache_slots_hold(way);
+}
+
+/* The way of `set` kept from the registers in `u` (its index), else the
+ * one to keep a new walk in, UCACHE_NEW_WAY added: the one proved or kept
+ * less recently. */
+#define UCACHE_NEW_WAY 0x100
+static __always_inline __u32 ucache_way(struct ucache_ways *set, struct unwind_state *u)
+{
+	if (set->way[0].stack_id && set->way[0].pc == u->pc && set->way[0].sp == u->sp)
+		return 0;
+	if (set->way[1].stack_id && set->way[1].pc == u->pc && set->way[1].sp == u->sp)
+		return 1;
+	return UCACHE_NEW_WAY | ((set->last ^ 1) & 1);
 }
 
 /* Keeps the walk in `u` (its slots in `pr`), whose frames were stored as

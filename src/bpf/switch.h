@@ -21,6 +21,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	__u32 tgid = TASK_READ(trusted, prev, tgid);
 	__u32 state = preempt ? 0 : task_state(prev, trusted);
 	bool kthread = is_kthread(prev, trusted);
+	__u64 mm = 0, exec_vm = 0;
 	struct task_data *d;
 
 	bool state_guessed = false;
@@ -67,7 +68,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	if (state_guessed && (want_states || filter_by_state))
 		count(CNT_STATE_GUESSED);
 
-	d = get_data(prev, tid, trusted, true);
+	if (!d)
+		d = get_data(prev, tid, trusted, true);
 	if (!d) {
 		count(CNT_NO_TASK_STORAGE);
 		return;
@@ -80,15 +82,19 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	d->start_ns = now;
 	d->user_stack_id = STACK_ID_NONE;
 	d->kernel_stack_id = STACK_ID_NONE;
+	/* Read once for the walk and the notice below. */
+	if (!kthread && (want_user_stack || notify_new_tasks))
+		mm = task_address_space(prev, &exec_vm, trusted);
 	/* Without stacks_now the stacks are taken at switch-in; a block still
 	 * in progress when tracing ends has none. */
 	if (want_user_stack && !kthread)
-		d->user_stack_id = stacks_now ? stack_of_current(ctx, true, legacy, trusted, now)
+		d->user_stack_id = stacks_now ? stack_of_current_in(ctx, true, legacy, trusted, now,
+								    mm, exec_vm)
 					      : STACK_ID_MISSED_ERROR;
 	/* With its Python frames, where its process has an interpreter
 	 * known (else see python_refresh). */
 	if (!legacy && want_user_stack && stacks_now && python_on && py_any)
-		d->user_stack_id = python_stack_of_current(d->user_stack_id, tgid);
+		d->user_stack_id = python_stack_at_switch_out(d, d->user_stack_id, tgid, now);
 	/* Taken at the switch-in where it can be (kstack.h), from the frame
 	 * the thread is about to save. */
 	if (want_kernel_stack)
@@ -97,7 +103,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 						  : STACK_ID_MISSED_ERROR;
 
 	if (notify_new_tasks && !kthread)
-		notify_new_mappings(prev, d, tgid, tid);
+		notify_new_space(prev, d, tgid, tid, trusted, mm, exec_vm);
 }
 
 

@@ -132,7 +132,7 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
 /* When `t`'s process started: with its pid, who it is. */
 static __always_inline __u64 process_start(struct task_struct *t)
 {
-	return BPF_CORE_READ(t, group_leader, start_boottime);
+	return task_process_start(t, false);
 }
 
 #endif /* __OFFCPUTIME_TASK_H__ */

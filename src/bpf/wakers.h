@@ -148,7 +148,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	if (notify_new_tasks && !kthread && w.pid) {
 		wd = get_data(waker, w.pid, trusted, true);
 		if (wd)
-			notify_new_mappings(waker, wd, w.tgid, w.pid);
+			notify_new_mappings(waker, wd, w.tgid, w.pid, false);
 	}
 }
 
