@@ -249,8 +249,8 @@ loss_counters! {
         /// information that none covers: a guess where that code keeps no
         /// frame pointers.
         unwind_gap_frames = CNT_UNWIND_GAP_FRAMES,
-        /// ... of which proved the same as the thread's last walk, not walked
-        /// again.
+        /// ... of which proved the same as one of the thread's last walks,
+        /// not walked again.
         unwind_cached = CNT_UNWIND_CACHED,
         /// `--states`: wake-ups that split a block.
         wakeups = CNT_WAKEUPS,
@@ -315,8 +315,8 @@ loss_counters! {
         /// ... not walked (the kprobe's end iterator that reads user
         /// stacks): the kernel's walk, without scheduler frames.
         kstack_not_walked = CNT_KSTACK_NOT_WALKED,
-        /// Kernel stacks taken at a switch-in proved the same as the
-        /// thread's last walk (not walked again).
+        /// Kernel stacks taken at a switch-in proved the same as one of the
+        /// thread's last walks (not walked again, or not stored again).
         kstack_proved = CNT_KSTACK_PROVED,
         /// ... due at a switch-in the kernel did not report: lost (the
         /// thread ran since), the block counted without them.

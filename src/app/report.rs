@@ -173,7 +173,7 @@ pub(super) fn report_kernel_stacks(
         eprintln!(
             "offcputime: kernel stacks: {} walked with the kernel's ORC tables, of which {} \
              finished by the kernel's own walk from a module's or BPF frame on; {} proved the \
-             same as the thread's last walk; {lacking} without their scheduler frames",
+             same as one of the thread's last walks; {lacking} without their scheduler frames",
             c.kstack_walked, c.kstack_spliced, c.kstack_proved
         );
     }
@@ -479,7 +479,7 @@ fn report_unwind_stats(
     eprintln!(
         "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
          {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
-         with them ({} cut short, {} proved unchanged since the thread's last walk), {} \
+         with them ({} cut short, {} proved unchanged since one of the thread's last walks), {} \
          frames through frame pointers ({} in code its object's tables do not cover)",
         s.objects,
         s.objects_without_cfi,

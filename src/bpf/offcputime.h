@@ -556,8 +556,8 @@ enum offcpu_counter {
 	 * blocked in (kprobe, kernels before 5.18): taken as a sleep */
 	CNT_STATE_GUESSED,
 	/* --unwind dwarf: user stacks walked with tables (CNT_UNWIND_DWARF)
-	 * that were proved the same as the thread's last walk and not walked
-	 * again (struct ucache) */
+	 * that were proved the same as one of the thread's last walks and not
+	 * walked again (struct ucache) */
 	CNT_UNWIND_CACHED,
 	/* --sample: blocks shorter than the threshold taken (each weighted
 	 * up to the threshold), and left out */
@@ -615,8 +615,9 @@ enum offcpu_counter {
 	CNT_KSTACK_MOVED,
 	/* ... not walked: the kprobe's end iterator with user stacks */
 	CNT_KSTACK_NOT_WALKED,
-	/* Kernel stacks taken at the switch-in proved the same as the
-	 * thread's last walk (not walked again), and those due at a
+	/* Kernel stacks taken at the switch-in proved the same as one of the
+	 * thread's last walks (struct korc_proof; or walked again and found
+	 * the same as its last: not stored again), and those due at a
 	 * switch-in that was not reported (lost: the thread ran since) */
 	CNT_KSTACK_PROVED,
 	CNT_KSTACK_UNSEEN,

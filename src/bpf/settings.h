@@ -29,7 +29,7 @@ const volatile bool stacks_at_switch_in = false;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
-/* ... and keep each thread's last walk, with its proof (struct ucache). */
+/* ... and keep each thread's last walks, with their proofs (struct ucache). */
 const volatile bool ucache_on = false;
 /* ... and walk processes without tables of their own through the tables of
  * the files they map (struct unwind_file), where the kernel keeps

@@ -232,7 +232,7 @@ fn at_switches_on(hook: &str) {
     let lines = parse_folded(&out.stdout);
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
-    let proved = number_before(" proved the same as the thread's last walk");
+    let proved = number_before(" proved the same as one of the thread's last walks");
     let compared = number_before(" stacks compared with the kernel's walk");
     let differ = number_before(" differ\n");
     eprintln!("{hook}: {walked} walked, {proved} proved, {compared} compared, {differ} differ");

@@ -183,7 +183,7 @@ fn main_stacks(lines: &[Folded], thread: &str) -> Vec<String> {
 }
 
 /// From `-v`: "... stacks walked with them (N cut short, N proved
-/// unchanged since the thread's last walk) ...".
+/// unchanged since one of the thread's last walks) ...".
 fn proved_unchanged(stderr: &str) -> u64 {
     let at = stderr
         .find(" proved unchanged")
