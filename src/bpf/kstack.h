@@ -872,6 +872,8 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 	if (!(kept & KORC_WALK_WINDOW) || w->win_lo != frame || w->stack_lo != stack_lo) {
 		if (korc_window(w, frame, stack_lo))
 			return -1;
+	} else if (frame < stack_lo || frame >= stack_lo + KSTACK_SIZE) {
+		return -1;
 	}
 	w->proof.n = 0;
 	w->proof.m = 0;
