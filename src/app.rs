@@ -182,7 +182,7 @@ fn note_python(
     p: Proc,
     mm: u64,
 ) -> bool {
-    let Some(mut entry) = registry.note_python(p) else {
+    let Some(crate::runtime::ProcEntry::Python(mut entry)) = registry.note_runtime(p) else {
         // No interpreter (any more: an exec into another program).
         store.remove(p.tgid);
         return false;

@@ -40,9 +40,10 @@ pub enum Origin {
     /// A file, by index into [`Profile::objects`]: the address is an
     /// offset into the file, the same in every process that maps it.
     Object(u32),
-    /// A Python function: the "address" is the line it was at (0 where
-    /// unknown), its source file is [`FrameInfo::file`].
-    Python,
+    /// A function of a language runtime (see [`crate::runtime`]): the
+    /// "address" is the line it was at (0 where unknown), its source file
+    /// is [`FrameInfo::file`].
+    Runtime(crate::runtime::Kind),
 }
 
 /// One frame of a stack: the function's name as the outputs show it, and
@@ -71,7 +72,7 @@ pub struct FrameInfo {
     /// first, `0x7f3a5c1147e2:read`. pprof, which has addresses and files
     /// of its own, keeps the bare name.
     pub shown: Option<Box<str>>,
-    /// A Python frame's source file (pprof and speedscope carry it).
+    /// A runtime frame's source file (pprof and speedscope carry it).
     pub file: Option<Arc<str>>,
 }
 

@@ -21,6 +21,7 @@ use crate::elf::Segment;
 use crate::ksyms::KernelSymbols;
 pub use crate::process::registry::{ExecMapping, Registry, UserFrame};
 use crate::process::Proc;
+use crate::runtime::{Frame as RuntimeFrame, Kind};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized};
 
@@ -82,13 +83,6 @@ pub(crate) struct Resolved {
 /// The name of the frame where a signal handler was called
 /// ([`UserFrame::Signal`]), as gdb's `<signal handler called>`.
 pub const SIGNAL_FRAME_NAME: &str = "[signal handler called]";
-
-/// A Python frame that could not be read, or whose code object was gone
-/// when it was to be named.
-pub const PYTHON_UNREADABLE: &str = "[python frame unreadable]";
-
-/// Where the Python frames went on beyond the walk's room.
-pub const PYTHON_CUT_SHORT: &str = "[python frames cut short]";
 
 /// Names of user frames, by frame.
 type UserNames = HashMap<(UserFrame, AddrKind), Vec<Named>>;
@@ -354,14 +348,14 @@ impl Symbolizer {
                         reg.object(object).name
                     ))],
                     (_, UserFrame::Signal) => vec![Named::plain(SIGNAL_FRAME_NAME.to_string())],
-                    (_, UserFrame::Python { code, instr }) => {
-                        vec![self.python_name(reg, code, instr)]
+                    (_, UserFrame::Runtime(kind, RuntimeFrame::Code { code, at })) => {
+                        vec![self.runtime_name(reg, kind, code, at)]
                     }
-                    (_, UserFrame::PythonUnreadable) => {
-                        vec![Named::plain(PYTHON_UNREADABLE.to_string())]
+                    (_, UserFrame::Runtime(kind, RuntimeFrame::Unreadable)) => {
+                        vec![Named::plain(kind.spec().unreadable.to_string())]
                     }
-                    (_, UserFrame::PythonCutShort) => {
-                        vec![Named::plain(PYTHON_CUT_SHORT.to_string())]
+                    (_, UserFrame::Runtime(kind, RuntimeFrame::CutShort)) => {
+                        vec![Named::plain(kind.spec().cut_short.to_string())]
                     }
                     _ => vec![Named::plain("[unknown]".to_string())],
                 };
@@ -370,27 +364,28 @@ impl Symbolizer {
             .collect()
     }
 
-    /// A Python frame's name: the function's qualified name, with `-s`
-    /// its file (`Worker.handle [server.py]`), with `--lines` the file
-    /// and the line it was at (`Worker.handle (app/server.py:42)`).
-    fn python_name(&self, reg: &Registry, code: u32, instr: u32) -> Named {
-        let Some(c) = reg.python_code(code) else {
-            return Named::plain(PYTHON_UNREADABLE.to_string());
+    /// A runtime frame's name: the function's name as its runtime prints
+    /// it, with `-s` its file (`Worker.handle [server.py]`), with
+    /// `--lines` the file and the line it was at (`Worker.handle
+    /// (app/server.py:42)`).
+    fn runtime_name(&self, reg: &Registry, kind: Kind, code: u32, at: u32) -> Named {
+        let Some(c) = reg.runtime_name(kind, code, at) else {
+            return Named::plain(kind.spec().unreadable.to_string());
         };
         let location = if self.opts.lines {
-            match c.line(instr) {
-                Some(line) => format!(" ({}:{line})", c.filename),
-                None => format!(" ({})", c.filename),
+            match c.line {
+                Some(line) => format!(" ({}:{line})", c.file),
+                None => format!(" ({})", c.file),
             }
         } else {
             String::new()
         };
         let shown = self.opts.offsets.then(|| {
-            let file = c.filename.rsplit('/').next().unwrap_or(&c.filename);
-            format!("{} [{file}]{location}", c.qualname)
+            let file = c.file.rsplit('/').next().unwrap_or(c.file);
+            format!("{} [{file}]{location}", c.name)
         });
         Named {
-            name: format!("{}{location}", c.qualname).into(),
+            name: format!("{}{location}", c.name).into(),
             shown,
         }
     }

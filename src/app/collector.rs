@@ -189,7 +189,7 @@ impl<'t> Collector<'t> {
                 }
                 TaskEvent::PyCode {
                     proc, code, tag, ..
-                } => registry.note_python_code(proc, code, tag),
+                } => registry.note_runtime_code(crate::runtime::Kind::Python, proc, code, tag),
                 TaskEvent::Exited(p) => self.exits.exited(p),
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
                 TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),

@@ -325,7 +325,12 @@ pub(super) fn report_python(
             .collect();
         let found = procs
             .into_iter()
-            .filter(|&p| registry.note_python(p).is_some())
+            .filter(|&p| {
+                matches!(
+                    registry.note_runtime(p),
+                    Some(crate::runtime::ProcEntry::Python(_))
+                )
+            })
             .count();
         if found > 0 {
             eprintln!(
@@ -335,48 +340,10 @@ pub(super) fn report_python(
             );
         }
     }
-    for note in registry.python_notes() {
-        eprintln!(
-            "offcputime: the Python frames of {note}: its processes' stacks show the \
-             interpreter's frames only"
-        );
-    }
-    let s = registry.python_stats();
-    let c = &profile.counters;
-    if s.unmatched > 0 {
-        eprintln!(
-            "offcputime: {} user stacks of CPython processes show the interpreter's \
-             _PyEval_EvalFrameDefault frames in place of some or all of their Python frames \
-             (blocks that ended before the interpreter was known, threads whose own state was \
-             not found, or walks cut short)",
-            s.unmatched
-        );
-    }
-    if c.py_unreadable + c.py_truncated > 0 {
-        eprintln!(
-            "offcputime: {} Python frames could not be read, and {} walks of Python frames \
-             were cut short for room (--perf-max-stack-depth): shown as {} and {}",
-            c.py_unreadable,
-            c.py_truncated,
-            crate::symbolize::PYTHON_UNREADABLE,
-            crate::symbolize::PYTHON_CUT_SHORT
-        );
-    }
-    if verbose && (s.processes > 0 || c.py_stacks > 0) {
-        eprintln!(
-            "offcputime: python: {} CPython processes; {} user stacks walked with their Python \
-             frames ({} frames; {} walked again once their interpreter was known), {} of \
-             threads without a state of their own; {} code objects named ({} could not be \
-             read, {} notices lost)",
-            s.processes,
-            c.py_stacks,
-            c.py_frames,
-            c.py_refreshed,
-            c.py_no_thread_state,
-            s.codes_read,
-            s.codes_unreadable,
-            c.py_events_lost,
-        );
+    for r in registry.runtimes() {
+        for line in r.report(&profile.counters, verbose) {
+            eprintln!("offcputime: {line}");
+        }
     }
 }
 

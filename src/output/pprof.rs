@@ -250,7 +250,7 @@ impl Builder {
     /// The mapping of an origin, created the first time; 0 for none.
     fn mapping(&mut self, profile: &Profile, origin: Origin, addr: u64) -> u64 {
         let (name, build_id) = match origin {
-            Origin::Unknown | Origin::Python => return 0,
+            Origin::Unknown | Origin::Runtime(_) => return 0,
             Origin::Kernel => (KERNEL_MAPPING, &[][..]),
             Origin::Object(i) => match profile.objects.get(i as usize) {
                 Some(o) => (o.path.as_str(), o.build_id.as_slice()),
@@ -330,8 +330,8 @@ impl Builder {
             .iter()
             .map(|f| pb::Line {
                 function_id: self.function(&f.name, f.file.as_ref()),
-                // A Python frame's line.
-                line: if f.origin == Origin::Python {
+                // A runtime frame's line.
+                line: if matches!(f.origin, Origin::Runtime(_)) {
                     f.addr as i64
                 } else {
                     0
@@ -343,7 +343,7 @@ impl Builder {
         self.out.location.push(pb::Location {
             id,
             mapping_id,
-            address: if outer.origin == Origin::Python {
+            address: if matches!(outer.origin, Origin::Runtime(_)) {
                 0
             } else {
                 outer.addr

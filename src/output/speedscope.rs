@@ -77,7 +77,7 @@ fn collect_profiles(
         Origin::Unknown => None,
         Origin::Kernel => Some(KERNEL_MAPPING.to_string()),
         Origin::Object(i) => profile.objects.get(i as usize).map(|o| o.path.clone()),
-        Origin::Python => f.file.as_deref().map(str::to_string),
+        Origin::Runtime(_) => f.file.as_deref().map(str::to_string),
     };
 
     let mut profiles: Vec<Built> = Vec::new();

@@ -150,10 +150,12 @@ fn shaded(name: &str, r: (u8, f32), g: (u8, f32), b: (u8, f32)) -> Color {
     }
 }
 
-/// The colour of a Python function's frame: violet shades, apart from the
-/// native frames' blue and orange.
-fn python_color(name: &str) -> Color {
-    shaded(name, (150, 50.0), (110, 45.0), (205, 45.0))
+/// The colour of a runtime's function's frame: its runtime's family (see
+/// [`crate::runtime::Spec::colour`]), apart from the native frames' blue
+/// and orange.
+fn runtime_color(kind: crate::runtime::Kind, name: &str) -> Color {
+    let [r, g, b] = kind.spec().colour;
+    shaded(name, r, g, b)
 }
 
 fn palette_knows_kernel(p: Palette) -> bool {
@@ -271,14 +273,17 @@ fn frame_colors(
             }
         }
     }
-    // Python functions (in place of the interpreter's frames): violet
-    // shades, apart from the native frames.
+    // Runtimes' functions (Python's in place of the interpreter's
+    // frames): each runtime's shades, apart from the native frames.
     for sample in &profile.samples {
         if let Part::Frames(frames) = &sample.user {
-            for f in frames.iter().filter(|f| f.origin == Origin::Python) {
+            for f in frames.iter() {
+                let Origin::Runtime(kind) = f.origin else {
+                    continue;
+                };
                 let text = folded::clean(f.text());
                 if kernel_colors.get(&text).is_none() {
-                    let color = python_color(&text);
+                    let color = runtime_color(kind, &text);
                     kernel_colors.insert(text, color);
                 }
             }

@@ -5,10 +5,8 @@
 //! read from `/proc` by [`maps`]), and the profiler's own capabilities.
 
 pub mod maps;
-pub(crate) mod python;
 pub mod registry;
 
-pub use python::is_python_word;
 pub use registry::Registry;
 
 pub use crate::raw::{ticks_of_ns, Proc};

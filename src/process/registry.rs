@@ -21,13 +21,14 @@ use super::maps::{parse_maps, ObjectKey};
 use super::Proc;
 use crate::elf::Segment;
 
-// The submodules reach `process::python` and `process::ObjectInfo` as
-// `super::python` and `super::ObjectInfo`, as this file does.
-use super::{python, ObjectInfo};
+// The submodules reach `process::ObjectInfo` as `super::ObjectInfo`, as
+// this file does.
+use super::ObjectInfo;
+pub use crate::runtime::Kind;
 
 mod frames;
-mod interpreters;
 mod objects;
+mod runtimes;
 
 use frames::RetiredList;
 pub use frames::{before_exec, Mappings, StackFrames};
@@ -112,18 +113,9 @@ pub enum UserFrame {
     /// the DWARF unwinder leaves it in a stack. The frame after it is the
     /// interrupted code's pc, not a return address.
     Signal,
-    /// A Python function: its code object (by its index in the
-    /// registry, see [`Registry::python_code`]) and the instruction it
-    /// was at (see [`crate::python::Code::line`]).
-    Python {
-        code: u32,
-        instr: u32,
-    },
-    /// A Python frame that could not be read, or whose code object was
-    /// gone (or another in its place) when it was to be named.
-    PythonUnreadable,
-    /// The Python frames went on beyond the walk's room.
-    PythonCutShort,
+    /// A frame of a language runtime (see [`crate::runtime`]), named by
+    /// [`Registry::runtime_name`].
+    Runtime(Kind, crate::runtime::Frame),
 }
 
 /// Processes and files the profiler was not allowed to read.
@@ -150,8 +142,8 @@ pub struct Registry {
     jit: JitMaps,
     /// What could not be read or was found changed, for stderr.
     notes: Notes,
-    /// CPython interpreters, processes and code objects.
-    py: super::python::Pythons,
+    /// Language runtimes: their objects, processes and code.
+    runtimes: crate::runtime::Runtimes,
     /// Where each process runs: its container and pid namespace.
     places: Places,
 }
@@ -259,7 +251,7 @@ impl Registry {
             retired: Retired::default(),
             jit: JitMaps::default(),
             notes: Notes::default(),
-            py: Default::default(),
+            runtimes: Default::default(),
             places: Places::default(),
         }
     }
@@ -582,7 +574,9 @@ impl Registry {
         self.snapshots.starts.insert(tgid, child.start);
         self.snapshots.processes.insert(tgid, mappings);
         self.snapshots.inherited.insert(tgid);
-        self.py.forked(parent, child);
+        for r in self.runtimes.iter_mut() {
+            r.forked(parent, child);
+        }
     }
 
     /// A stack of process `p` was walked through the files it maps before

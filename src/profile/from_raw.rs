@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::process::{ObjectInfo, Proc};
 use crate::raw::{LossCounters, RawProfile, StackRef, WakerRef};
+use crate::runtime::Frame as RuntimeFrame;
 use crate::symbolize::{AddrKind, Named, UserFrame};
 
 use super::merge::{frame_word, Merger};
@@ -309,10 +310,10 @@ fn number_user_stacks<F: FrameSource>(
         let numbers = &mut user_stacks.numbers;
         // (JIT code is named by its perf map, if any.)
         let mut read = !source.has_perf_map(proc);
-        if addrs.iter().any(|&a| crate::process::is_python_word(a)) {
-            // Python frames in place of the interpreter's: frames made
-            // stack by stack.
-            let frames = source.python_frames(proc, id, addrs);
+        if source.has_runtime_frames(addrs) {
+            // A runtime's frames in their places (Python's in place of the
+            // interpreter's): frames made stack by stack.
+            let frames = source.runtime_frames(proc, id, addrs);
             number_frames(&frames, &mut distinct, numbers);
         } else {
             match source.user_stack(proc, id) {
@@ -496,13 +497,15 @@ impl UserFrames {
                 (offset, Origin::Object(self.object_index[&object]), None)
             }
             UserFrame::Unmapped(a) => (a, Origin::Unknown, None),
-            UserFrame::Python { code, instr } => match source.python_place(code, instr) {
-                Some((line, file)) => (line, Origin::Python, Some(Arc::<str>::from(file))),
-                None => (0, Origin::Unknown, None),
-            },
-            UserFrame::Signal | UserFrame::PythonUnreadable | UserFrame::PythonCutShort => {
-                (0, Origin::Unknown, None)
+            UserFrame::Runtime(kind, RuntimeFrame::Code { code, at }) => {
+                match source.runtime_place(kind, code, at) {
+                    Some((line, file)) => {
+                        (line, Origin::Runtime(kind), Some(Arc::<str>::from(file)))
+                    }
+                    None => (0, Origin::Unknown, None),
+                }
             }
+            UserFrame::Signal | UserFrame::Runtime(..) => (0, Origin::Unknown, None),
         }
     }
 

@@ -318,7 +318,7 @@ pub(super) fn frame_word(f: &FrameInfo) -> u64 {
     let origin = match f.origin {
         Origin::Unknown => 0,
         Origin::Kernel => 1,
-        Origin::Python => 2,
+        Origin::Runtime(k) => 2 | (k as u64) << 40,
         Origin::Object(i) => 3 + u64::from(i),
     };
     f.addr.wrapping_mul(0x9e37_79b9_7f4a_7c15)

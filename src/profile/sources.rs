@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::process::registry::{Mappings, StackFrames};
 use crate::process::{ObjectInfo, Proc, Registry};
+use crate::runtime::Kind;
 use crate::symbolize::{AddrKind, Named, Symbolizer, UserFrame};
 
 use super::Container;
@@ -60,10 +61,14 @@ pub trait FrameSource {
     where
         Self: 'a;
 
+    /// Whether stack `addrs` has frames of a language runtime (see
+    /// [`crate::runtime`]).
+    fn has_runtime_frames(&self, addrs: &[u64]) -> bool;
+
     /// The frames of user stack `id` of process `p` (its addresses
-    /// `addrs`, innermost first, some of them Python frames): its native
-    /// frames with its Python frames in place of the interpreter's.
-    fn python_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame>;
+    /// `addrs`, innermost first, some of them a runtime's frames): its
+    /// native frames with its runtime's frames in their places.
+    fn runtime_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame>;
 
     /// How the frames of user stack `id` of process `p` are found.
     fn user_stack(&mut self, p: Proc, id: u64) -> UserStack<'_, Self::Mappings<'_>>;
@@ -71,10 +76,10 @@ pub trait FrameSource {
     /// The path and build id of object `object`.
     fn object_info(&self, object: u32) -> ObjectInfo;
 
-    /// Where Python frame `instr` of code object `code` is: its line (0
-    /// where unknown) and its source file; None for a code object that
-    /// is not known.
-    fn python_place(&self, code: u32, instr: u32) -> Option<(u64, &str)>;
+    /// Where the frame of runtime `kind` at `at` of code `code` is: its
+    /// line (0 where unknown) and its source file; None for code that is
+    /// not known.
+    fn runtime_place(&self, kind: Kind, code: u32, at: u32) -> Option<(u64, &str)>;
 
     /// Whether any process has a perf map (JIT code named by its runtime).
     fn has_perf_maps(&self) -> bool;
@@ -137,7 +142,11 @@ impl MappedFrames for Mappings<'_> {
 impl FrameSource for Registry {
     type Mappings<'a> = Mappings<'a>;
 
-    fn python_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
+    fn has_runtime_frames(&self, addrs: &[u64]) -> bool {
+        Registry::has_runtime_frames(self, addrs)
+    }
+
+    fn runtime_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
         self.user_frames(p, id, addrs)
     }
 
@@ -152,9 +161,9 @@ impl FrameSource for Registry {
         Registry::object_info(self, object)
     }
 
-    fn python_place(&self, code: u32, instr: u32) -> Option<(u64, &str)> {
-        let c = self.python_code(code)?;
-        Some((c.line(instr).map_or(0, u64::from), c.filename.as_str()))
+    fn runtime_place(&self, kind: Kind, code: u32, at: u32) -> Option<(u64, &str)> {
+        let n = self.runtime_name(kind, code, at)?;
+        Some((n.line.map_or(0, u64::from), n.file))
     }
 
     fn has_perf_maps(&self) -> bool {

@@ -24,7 +24,7 @@ const LAYERS: &[&str] = &[
     "ksyms",
     "unwind_table",
     "jit",
-    "python",
+    "runtime",
     // Processes, names, the unwinder that feeds the BPF program.
     "process",
     "symbolize",

@@ -68,7 +68,7 @@ impl Registry {
         let parent_proc = self.snapshots.parents.remove(&p);
         let mut parent: Option<Vec<Mapping>> = None;
         for (id, addrs) in stacks {
-            self.resolve_python(p, addrs);
+            self.resolve_runtime(p, addrs);
             let unmapped = addrs
                 .iter()
                 .find(|&&a| a != crate::unwind_table::SIGNAL_FRAME)
@@ -93,7 +93,7 @@ impl Registry {
             // An address outside every mapping is `[unknown]` whatever
             // it is: kept as one, so that such stacks of different
             // processes are kept once too.
-            let frames: std::rc::Rc<[UserFrame]> = stack_frames(mappings, &self.py, p, addrs)
+            let frames: std::rc::Rc<[UserFrame]> = stack_frames(mappings, &self.runtimes, p, addrs)
                 .into_iter()
                 .map(|f| match f {
                     UserFrame::Unmapped(_) => UserFrame::Unmapped(0),
@@ -109,7 +109,9 @@ impl Registry {
                 .list
                 .push(tgid, retired_id(*id, p.start), index);
         }
-        self.py.exited(p);
+        for r in self.runtimes.iter_mut() {
+            r.exited(p);
+        }
     }
 
     /// The frames of user stack `id` of process `tgid` (its addresses
@@ -117,13 +119,13 @@ impl Registry {
     /// through its snapshot, taken again now if it is still running, for
     /// libraries loaded since.
     pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
-        let python = addrs.iter().any(|&a| super::python::is_python_word(a));
-        if python {
-            self.resolve_python(p, addrs);
+        let runtime = self.runtimes.of_stack(addrs).is_some();
+        if runtime {
+            self.resolve_runtime(p, addrs);
         }
         let mappings = match self.user_stack(p, id) {
             StackFrames::Kept(frames) => return frames.to_vec(),
-            StackFrames::Mapped(m) if !python => {
+            StackFrames::Mapped(m) if !runtime => {
                 if before_exec(&m, addrs) {
                     return addrs.iter().filter_map(|&a| m.parent_frame(a)).collect();
                 }
@@ -131,18 +133,15 @@ impl Registry {
             }
             StackFrames::Mapped(m) => m.own.to_vec(),
         };
-        stack_frames(&mappings, &self.py, p, addrs)
+        stack_frames(&mappings, &self.runtimes, p, addrs)
     }
 
-    /// Reads the code objects the Python frames of `addrs` (a stack of
-    /// process `p`) name that were not read yet (their notice was lost),
-    /// while the process lives.
-    fn resolve_python(&mut self, p: Proc, addrs: &[u64]) {
-        let (_, words) = super::python::split(addrs);
-        for w in words {
-            if w.code != 0 {
-                self.py.code(p, w.code, w.tag);
-            }
+    /// Reads what the runtime frames of `addrs` (a stack of process `p`)
+    /// name that was not read yet (their notice was lost), while the
+    /// process lives.
+    fn resolve_runtime(&mut self, p: Proc, addrs: &[u64]) {
+        if let Some(kind) = self.runtimes.of_stack(addrs) {
+            self.runtimes.get_mut(kind).resolve(p, addrs);
         }
     }
 
@@ -252,56 +251,35 @@ pub fn before_exec(m: &Mappings<'_>, addrs: &[u64]) -> bool {
 }
 
 /// The frames of stack `addrs` of process `p` through its mappings: its
-/// native frames, with the runs of its Python frames in place of their
-/// evaluation calls (the code objects they name read before, see
-/// [`Registry::resolve_python`]).
+/// native frames, with the frames of its runtime (if it has one) in their
+/// places (what they name read before, see [`Registry::resolve_runtime`]).
 fn stack_frames(
     mappings: &[Mapping],
-    py: &super::python::Pythons,
+    runtimes: &crate::runtime::Runtimes,
     p: Proc,
     addrs: &[u64],
 ) -> Vec<UserFrame> {
-    use super::python::{merge, runs, split, RunFrame};
-    let (native, words) = split(addrs);
-    let native: Vec<UserFrame> = native.iter().map(|&a| user_frame(mappings, a)).collect();
-    let is_eval = |f: &UserFrame| match *f {
-        UserFrame::File { object, offset } => {
-            py.object_read(object).is_some_and(|o| o.is_eval(offset))
-        }
-        _ => false,
-    };
-    if words.is_empty() {
-        // A CPython process's stack with the interpreter's frames and
-        // none of its Python frames (walked before the interpreter was
-        // known, or a thread whose own state was not found).
-        if py.has_process(p) && native.iter().any(is_eval) {
-            py.unmatched.set(py.unmatched.get() + 1);
-        }
+    use crate::runtime::Placed;
+    let native: Vec<UserFrame> = addrs.iter().map(|&a| user_frame(mappings, a)).collect();
+    let Some(kind) = runtimes.of_stack(addrs).or_else(|| runtimes.of_process(p)) else {
         return native;
-    }
-    let runs: Vec<Vec<UserFrame>> = runs(&words)
-        .into_iter()
-        .map(|run| {
-            run.into_iter()
-                .map(|f| match f {
-                    RunFrame::Code(w) => match py.known_code(p, w.code, w.tag) {
-                        Some(code) if py.code_at(code).is_some() => UserFrame::Python {
-                            code,
-                            instr: w.instr,
-                        },
-                        _ => UserFrame::PythonUnreadable,
-                    },
-                    RunFrame::Unreadable => UserFrame::PythonUnreadable,
-                    RunFrame::CutShort => UserFrame::PythonCutShort,
-                })
-                .collect()
+    };
+    let at: Vec<crate::runtime::NativeAt> = native
+        .iter()
+        .map(|f| match *f {
+            UserFrame::File { object, offset } => Some((object, offset)),
+            _ => None,
         })
         .collect();
-    let (frames, matched) = merge(native, is_eval, runs);
-    if !matched {
-        py.unmatched.set(py.unmatched.get() + 1);
-    }
-    frames
+    runtimes
+        .get(kind)
+        .place(p, addrs, &at)
+        .into_iter()
+        .map(|f| match f {
+            Placed::Native(i) => native[i],
+            Placed::Runtime(f) => UserFrame::Runtime(kind, f),
+        })
+        .collect()
 }
 
 /// `addr` as a frame of the mapping that holds it.

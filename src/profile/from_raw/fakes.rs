@@ -7,7 +7,10 @@ use std::collections::{HashMap, HashSet};
 
 use super::*;
 use crate::raw::{RawEntry, RawWaker};
-use crate::symbolize::{PYTHON_UNREADABLE, SIGNAL_FRAME_NAME};
+use crate::runtime::{Frame as RuntimeFrame, Kind};
+use crate::symbolize::SIGNAL_FRAME_NAME;
+
+const PYTHON_UNREADABLE: &str = "[python frame unreadable]";
 use crate::unwind_table::SIGNAL_FRAME;
 
 /// The start time of every made-up process.
@@ -71,7 +74,13 @@ impl MappedFrames for FakeMappings<'_> {
 impl FrameSource for FakeFrames {
     type Mappings<'a> = FakeMappings<'a>;
 
-    fn python_frames(&mut self, _: Proc, id: u64, _: &[u64]) -> Vec<UserFrame> {
+    fn has_runtime_frames(&self, addrs: &[u64]) -> bool {
+        addrs
+            .iter()
+            .any(|&a| crate::runtime::python::is_python_word(a))
+    }
+
+    fn runtime_frames(&mut self, _: Proc, id: u64, _: &[u64]) -> Vec<UserFrame> {
         self.python[&id].clone()
     }
 
@@ -93,7 +102,7 @@ impl FrameSource for FakeFrames {
         }
     }
 
-    fn python_place(&self, code: u32, _: u32) -> Option<(u64, &str)> {
+    fn runtime_place(&self, _: Kind, code: u32, _: u32) -> Option<(u64, &str)> {
         let (line, file) = self.codes.get(&code)?;
         Some((*line, file))
     }
@@ -163,8 +172,12 @@ impl NameSource<FakeFrames> for FakeNames {
                     .collect(),
             ),
             UserFrame::Signal => Some(vec![named(SIGNAL_FRAME_NAME, AddrKind::Return)]),
-            UserFrame::Python { code, .. } => Some(vec![named(&format!("py{code}"), k)]),
-            UserFrame::PythonUnreadable => Some(vec![named(PYTHON_UNREADABLE, AddrKind::Return)]),
+            UserFrame::Runtime(_, RuntimeFrame::Code { code, .. }) => {
+                Some(vec![named(&format!("py{code}"), k)])
+            }
+            UserFrame::Runtime(kind, RuntimeFrame::Unreadable) => {
+                Some(vec![named(kind.spec().unreadable, AddrKind::Return)])
+            }
             _ => None,
         };
         frames
@@ -720,7 +733,7 @@ fn wakers_classified() {
 fn python_frames_at_their_lines() {
     let (mut source, names) = program();
     let word = 0x5059 << 48;
-    assert!(crate::process::is_python_word(word));
+    assert!(crate::runtime::python::is_python_word(word));
     source.python.insert(
         USER,
         vec![
@@ -728,9 +741,9 @@ fn python_frames_at_their_lines() {
                 object: 1,
                 offset: 0x10,
             },
-            UserFrame::Python { code: 3, instr: 8 },
-            UserFrame::Python { code: 4, instr: 0 },
-            UserFrame::PythonUnreadable,
+            UserFrame::Runtime(Kind::Python, RuntimeFrame::Code { code: 3, at: 8 }),
+            UserFrame::Runtime(Kind::Python, RuntimeFrame::Code { code: 4, at: 0 }),
+            UserFrame::Runtime(Kind::Python, RuntimeFrame::Unreadable),
         ],
     );
     source.codes.insert(3, (42, "app.py".to_string()));
@@ -749,7 +762,7 @@ fn python_frames_at_their_lines() {
         got,
         [
             (0x10, Origin::Object(0), None),
-            (42, Origin::Python, Some("app.py")),
+            (42, Origin::Runtime(Kind::Python), Some("app.py")),
             (0, Origin::Unknown, None),
             (0, Origin::Unknown, None),
         ]

@@ -4,6 +4,7 @@
 
 use super::*;
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 

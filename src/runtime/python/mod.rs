@@ -15,14 +15,17 @@
 
 pub mod layout;
 pub mod linetable;
+mod procs;
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 use anyhow::{bail, Context, Result};
 
 pub use layout::{check_debug_offsets, layout, FrameKind, Layout};
 pub use linetable::LineTable;
+pub use procs::{is_python_word, Pythons};
+
+pub use crate::runtime::{Memory, ProcMem};
 
 use crate::elf::{read_at_vaddr, Elf, SymbolTable};
 
@@ -206,41 +209,6 @@ fn version_in_name(name: &str) -> Named {
         version: Some((major, minor)),
         free_threaded: flags.contains('t'),
         debug: flags.contains('d'),
-    }
-}
-
-/// Memory of the process whose frames are named.
-pub trait Memory {
-    /// Fills `buf` from `addr`; a short read is an error.
-    fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()>;
-}
-
-/// A process's memory through `/proc/PID/mem`, opened once.
-pub struct ProcMem {
-    file: File,
-}
-
-impl ProcMem {
-    pub fn open(pid: u32) -> std::io::Result<ProcMem> {
-        Ok(ProcMem {
-            file: File::open(format!("/proc/{pid}/mem"))?,
-        })
-    }
-}
-
-impl Memory for ProcMem {
-    fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let n = self.file.read_at(buf, addr)?;
-        if n != buf.len() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("{n} of {} bytes at {addr:#x}", buf.len()),
-            ));
-        }
-        Ok(())
     }
 }
 

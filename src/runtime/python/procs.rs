@@ -15,10 +15,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Arc;
 
-use super::Proc;
+use super::{Code, FrameKind, Interpreter, Layout, ProcMem};
 use crate::bpf::types;
 use crate::elf::Segment;
-use crate::python::{self, Code, FrameKind, Interpreter, Layout};
+use crate::raw::{LossCounters, Proc};
+use crate::runtime::{Frame, FrameName, Kind, NativeAt, Placed, ProcEntry, Runtime};
 
 /// Bits 63..48 of a Python frame's first word (`PY_FRAME_MARK`).
 const FRAME_MARK: u64 = 0x5059;
@@ -36,15 +37,15 @@ pub fn is_python_word(word: u64) -> bool {
 
 /// A Python frame as the walk wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PyWord {
-    pub code: u64,
-    pub tag: u32,
-    pub instr: u32,
-    pub flags: u8,
+struct PyWord {
+    code: u64,
+    tag: u32,
+    instr: u32,
+    flags: u8,
 }
 
 /// A stored stack's native frames, and its Python frames.
-pub(crate) fn split(words: &[u64]) -> (&[u64], Vec<PyWord>) {
+fn split(words: &[u64]) -> (&[u64], Vec<PyWord>) {
     let native = words
         .iter()
         .position(|&w| is_python_word(w))
@@ -64,7 +65,7 @@ pub(crate) fn split(words: &[u64]) -> (&[u64], Vec<PyWord>) {
 
 /// One frame of a run, before it is numbered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RunFrame {
+enum RunFrame {
     Code(PyWord),
     /// The frame could not be read.
     Unreadable,
@@ -74,7 +75,7 @@ pub(crate) enum RunFrame {
 
 /// The walk's frames cut into evaluation calls' runs, innermost first
 /// (an empty run: a call that runs no frame).
-pub(crate) fn runs(words: &[PyWord]) -> Vec<Vec<RunFrame>> {
+fn runs(words: &[PyWord]) -> Vec<Vec<RunFrame>> {
     let mut runs = Vec::new();
     let mut run = Vec::new();
     for w in words {
@@ -112,11 +113,7 @@ pub(crate) fn runs(words: &[PyWord]) -> Vec<Vec<RunFrame>> {
 /// whose run is empty keeps its native frame. Runs left over (the native
 /// walk was cut short) go outermost. Returns whether runs and calls
 /// matched one for one.
-pub(crate) fn merge<T>(
-    native: Vec<T>,
-    is_eval: impl Fn(&T) -> bool,
-    runs: Vec<Vec<T>>,
-) -> (Vec<T>, bool) {
+fn merge<T>(native: Vec<T>, is_eval: impl Fn(&T) -> bool, runs: Vec<Vec<T>>) -> (Vec<T>, bool) {
     let mut runs = runs.into_iter();
     let mut out = Vec::with_capacity(native.len() + 8);
     let mut calls = 0;
@@ -149,8 +146,8 @@ pub(crate) fn merge<T>(
 
 /// An object that is a CPython interpreter (the executable, or
 /// `libpython3.X.so`).
-pub(crate) struct PyObject {
-    pub interp: Interpreter,
+struct PyObject {
+    interp: Interpreter,
     segments: Vec<Segment>,
     /// `_PyEval_EvalFrameDefault` (and its cold part) as file offsets.
     eval: Vec<(u64, u64)>,
@@ -159,7 +156,7 @@ pub(crate) struct PyObject {
 impl PyObject {
     /// Whether file offset `offset` (a return address or a pc) is in an
     /// evaluation call.
-    pub fn is_eval(&self, offset: u64) -> bool {
+    fn is_eval(&self, offset: u64) -> bool {
         self.eval
             .iter()
             .any(|&(start, end)| offset >= start && offset <= end)
@@ -167,13 +164,13 @@ impl PyObject {
 }
 
 /// The interpreter of a CPython process, where its process has it.
-pub(crate) struct PyProcess {
-    pub version: (u8, u8, u8),
-    pub layout: &'static Layout,
+struct PyProcess {
+    version: (u8, u8, u8),
+    layout: &'static Layout,
     /// Addresses in the process.
-    pub runtime: u64,
-    pub code_type: u64,
-    mem: Option<python::ProcMem>,
+    runtime: u64,
+    code_type: u64,
+    mem: Option<ProcMem>,
 }
 
 /// The name of an object's file as a CPython interpreter's would be:
@@ -182,48 +179,42 @@ fn may_be_python(name: &str) -> bool {
     name.starts_with("libpython") || name.starts_with("python")
 }
 
-/// What the registry knows of CPython.
+/// What the profiler knows of CPython.
 #[derive(Default)]
-pub(crate) struct Pythons {
+pub struct Pythons {
     /// Objects read, by the registry's object id: None for those that are
     /// not interpreters (or could not be read).
     objects: HashMap<u32, Option<Arc<PyObject>>>,
     procs: HashMap<Proc, PyProcess>,
-    /// The code objects Python frames name, by [`UserFrame::Python`]'s
-    /// index: None where the object could not be read (gone, or another
-    /// in its place).
-    ///
-    /// [`UserFrame::Python`]: super::registry::UserFrame::Python
+    /// The code objects Python frames name, by [`Frame::Code`]'s index:
+    /// None where the object could not be read (gone, or another in its
+    /// place).
     codes: Vec<Option<Arc<Code>>>,
     code_ids: HashMap<(Proc, u64, u32), u32>,
     /// Interpreters whose frames are not read, once each: why.
-    pub unsupported: Vec<String>,
-    pub stats: PyStats,
+    unsupported: Vec<String>,
+    stats: PyStats,
     /// Stacks whose runs and evaluation calls did not match one for one.
-    pub unmatched: std::cell::Cell<usize>,
+    unmatched: std::cell::Cell<usize>,
 }
 
 /// What naming Python frames came to, for `-v`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct PyStats {
+struct PyStats {
     pub processes: usize,
     pub codes_read: usize,
     pub codes_unreadable: usize,
-    /// Stacks whose Python frames and the interpreter's evaluation calls
-    /// did not match one for one (an evaluation call left in place of
-    /// its frames, or frames without a call).
-    pub unmatched: usize,
 }
 
 impl Pythons {
     /// Object `id` (its file `file`, named `name`): an interpreter?
-    pub fn object(&mut self, id: u32, name: &str, file: Option<&File>) -> Option<Arc<PyObject>> {
+    fn read_object(&mut self, id: u32, name: &str, file: Option<&File>) -> Option<Arc<PyObject>> {
         if let Some(o) = self.objects.get(&id) {
             return o.clone();
         }
         let found = file
             .filter(|_| may_be_python(name))
-            .and_then(|f| Some((f, python::inspect(f, name).ok()??)))
+            .and_then(|f| Some((f, super::inspect(f, name).ok()??)))
             .and_then(|(f, interp)| {
                 if let Some(why) = interp.unsupported.clone() {
                     let note = format!(
@@ -258,10 +249,10 @@ impl Pythons {
         found
     }
 
-    /// Notes the interpreter of process `p`, mapped by object `object` at
+    /// Notes the interpreter of process `p`, mapped by object `obj` at
     /// `start` from file offset `file_offset`: the entry for the BPF
     /// program's `py_procs` (its address space left to the caller).
-    pub fn note_process(
+    fn note_interpreter(
         &mut self,
         p: Proc,
         obj: &PyObject,
@@ -292,9 +283,7 @@ impl Pythons {
         Some(entry)
     }
 
-    /// Process `child` was forked by `parent`: the same interpreter at the
-    /// same addresses.
-    pub fn forked(&mut self, parent: u32, child: Proc) {
+    fn copy_to_child(&mut self, parent: u32, child: Proc) {
         let Some((_, pp)) = self.procs.iter().find(|(p, _)| p.tgid == parent) else {
             return;
         };
@@ -308,29 +297,19 @@ impl Pythons {
         self.procs.insert(child, copy);
     }
 
-    /// Process `p` is gone: its memory can no longer be read (the names
-    /// read stay).
-    pub fn exited(&mut self, p: Proc) {
-        self.procs.remove(&p);
-    }
-
-    pub fn has_process(&self, p: Proc) -> bool {
-        self.procs.contains_key(&p)
-    }
-
     /// The index of code object `code` (with `tag`) of process `p`, read
     /// from the process the first time (None: never met, and the process
     /// is gone).
-    pub fn code(&mut self, p: Proc, code: u64, tag: u32) -> Option<u32> {
+    fn code(&mut self, p: Proc, code: u64, tag: u32) -> Option<u32> {
         if let Some(&i) = self.code_ids.get(&(p, code, tag)) {
             return Some(i);
         }
         let proc = self.procs.get_mut(&p)?;
         if proc.mem.is_none() {
-            proc.mem = python::ProcMem::open(p.tgid).ok();
+            proc.mem = ProcMem::open(p.tgid).ok();
         }
         let read = proc.mem.as_ref().and_then(|mem| {
-            python::read_code(mem, code, proc.code_type, proc.layout)
+            super::read_code(mem, code, proc.code_type, proc.layout)
                 .ok()
                 .filter(|c| c.tag == tag)
         });
@@ -345,18 +324,175 @@ impl Pythons {
     }
 
     /// The code object of index `i` (see [`Pythons::code`]).
-    pub fn code_at(&self, i: u32) -> Option<&Code> {
+    fn code_at(&self, i: u32) -> Option<&Code> {
         self.codes.get(i as usize)?.as_deref()
     }
 
     /// The index of a code object met before (see [`Pythons::code`]).
-    pub fn known_code(&self, p: Proc, code: u64, tag: u32) -> Option<u32> {
+    fn known_code(&self, p: Proc, code: u64, tag: u32) -> Option<u32> {
         self.code_ids.get(&(p, code, tag)).copied()
     }
 
     /// The object of id `id`, if it is an interpreter read before.
-    pub fn object_read(&self, id: u32) -> Option<&PyObject> {
+    fn object_read(&self, id: u32) -> Option<&PyObject> {
         self.objects.get(&id)?.as_deref()
+    }
+}
+
+impl Runtime for Pythons {
+    fn kind(&self) -> Kind {
+        Kind::Python
+    }
+
+    fn object(&mut self, id: u32, name: &str, file: Option<&File>) -> bool {
+        self.read_object(id, name, file).is_some()
+    }
+
+    fn note_process(
+        &mut self,
+        p: Proc,
+        object: u32,
+        start: u64,
+        file_offset: u64,
+    ) -> Option<ProcEntry> {
+        let obj = self.objects.get(&object)?.clone()?;
+        self.note_interpreter(p, &obj, start, file_offset)
+            .map(ProcEntry::Python)
+    }
+
+    fn forked(&mut self, parent: u32, child: Proc) {
+        self.copy_to_child(parent, child);
+    }
+
+    fn exited(&mut self, p: Proc) {
+        self.procs.remove(&p);
+    }
+
+    fn has_process(&self, p: Proc) -> bool {
+        self.procs.contains_key(&p)
+    }
+
+    fn owns(&self, word: u64) -> bool {
+        is_python_word(word)
+    }
+
+    fn note_code(&mut self, p: Proc, code: u64, tag: u32) {
+        self.code(p, code, tag);
+    }
+
+    fn resolve(&mut self, p: Proc, addrs: &[u64]) {
+        let (_, words) = split(addrs);
+        for w in words {
+            if w.code != 0 {
+                self.code(p, w.code, w.tag);
+            }
+        }
+    }
+
+    /// The stack's native frames, with the runs of its Python frames in
+    /// place of their evaluation calls (the code objects they name read
+    /// before, see [`Runtime::resolve`]).
+    fn place(&self, p: Proc, addrs: &[u64], native: &[NativeAt]) -> Vec<Placed> {
+        let (native_words, words) = split(addrs);
+        let frames: Vec<Placed> = (0..native_words.len().min(native.len()))
+            .map(Placed::Native)
+            .collect();
+        let is_eval = |f: &Placed| match *f {
+            Placed::Native(i) => native[i].is_some_and(|(object, offset)| {
+                self.object_read(object).is_some_and(|o| o.is_eval(offset))
+            }),
+            Placed::Runtime(_) => false,
+        };
+        if words.is_empty() {
+            // A CPython process's stack with the interpreter's frames and
+            // none of its Python frames (walked before the interpreter was
+            // known, or a thread whose own state was not found).
+            if self.has_process(p) && frames.iter().any(is_eval) {
+                self.unmatched.set(self.unmatched.get() + 1);
+            }
+            return frames;
+        }
+        let runs: Vec<Vec<Placed>> = runs(&words)
+            .into_iter()
+            .map(|run| {
+                run.into_iter()
+                    .map(|f| {
+                        Placed::Runtime(match f {
+                            RunFrame::Code(w) => match self.known_code(p, w.code, w.tag) {
+                                Some(code) if self.code_at(code).is_some() => {
+                                    Frame::Code { code, at: w.instr }
+                                }
+                                _ => Frame::Unreadable,
+                            },
+                            RunFrame::Unreadable => Frame::Unreadable,
+                            RunFrame::CutShort => Frame::CutShort,
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let (frames, matched) = merge(frames, is_eval, runs);
+        if !matched {
+            self.unmatched.set(self.unmatched.get() + 1);
+        }
+        frames
+    }
+
+    fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>> {
+        let c = self.code_at(code)?;
+        Some(FrameName {
+            name: &c.qualname,
+            file: &c.filename,
+            line: c.line(at),
+        })
+    }
+
+    fn report(&self, c: &LossCounters, verbose: bool) -> Vec<String> {
+        let spec = Kind::Python.spec();
+        let s = &self.stats;
+        let mut lines: Vec<String> = self
+            .unsupported
+            .iter()
+            .map(|note| {
+                format!(
+                    "the Python frames of {note}: its processes' stacks show the \
+                     interpreter's frames only"
+                )
+            })
+            .collect();
+        let unmatched = self.unmatched.get();
+        if unmatched > 0 {
+            lines.push(format!(
+                "{unmatched} user stacks of CPython processes show the interpreter's \
+                 _PyEval_EvalFrameDefault frames in place of some or all of their Python frames \
+                 (blocks that ended before the interpreter was known, threads whose own state was \
+                 not found, or walks cut short)"
+            ));
+        }
+        if c.py_unreadable + c.py_truncated > 0 {
+            lines.push(format!(
+                "{} Python frames could not be read, and {} walks of Python frames \
+                 were cut short for room (--perf-max-stack-depth): shown as {} and {}",
+                c.py_unreadable, c.py_truncated, spec.unreadable, spec.cut_short
+            ));
+        }
+        if verbose && (s.processes > 0 || c.py_stacks > 0) {
+            lines.push(format!(
+                "python: {} CPython processes; {} user stacks walked with their Python \
+                 frames ({} frames; {} walked again once their interpreter was known), {} of \
+                 threads without a state of their own; {} code objects named ({} could not be \
+                 read, {} notices lost)",
+                s.processes,
+                c.py_stacks,
+                c.py_frames,
+                c.py_refreshed,
+                c.py_no_thread_state,
+                s.codes_read,
+                s.codes_unreadable,
+                c.py_events_lost,
+            ));
+        }
+        lines
     }
 }
 

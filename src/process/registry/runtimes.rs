@@ -1,0 +1,64 @@
+//! The language runtimes of processes, as the registry keeps them (see
+//! [`crate::runtime`]): which objects hold a runtime, the BPF program's
+//! entry for each process that maps one, the code their frames name.
+
+use super::Registry;
+use crate::process::Proc;
+use crate::runtime::{FrameName, Kind, ProcEntry, Runtime};
+
+impl Registry {
+    /// A walk of process `p`'s frames of runtime `kind` met code `code`
+    /// with `tag`: what it names is read now, while the process runs.
+    pub fn note_runtime_code(&mut self, kind: Kind, p: Proc, code: u64, tag: u32) {
+        self.runtimes.get_mut(kind).note_code(p, code, tag);
+    }
+
+    /// The name of a [`UserFrame::Runtime`] frame's code.
+    ///
+    /// [`UserFrame::Runtime`]: super::UserFrame::Runtime
+    pub fn runtime_name(&self, kind: Kind, code: u32, at: u32) -> Option<FrameName<'_>> {
+        self.runtimes.get(kind).name(code, at)
+    }
+
+    /// Whether stack `addrs` has frames of a runtime.
+    pub fn has_runtime_frames(&self, addrs: &[u64]) -> bool {
+        self.runtimes.of_stack(addrs).is_some()
+    }
+
+    /// The runtime process `p` runs, if its frames are read.
+    pub fn runtime_of(&self, p: Proc) -> Option<Kind> {
+        self.runtimes.of_process(p)
+    }
+
+    /// Every runtime, for what it says at the end.
+    pub fn runtimes(&self) -> impl Iterator<Item = &dyn Runtime> {
+        self.runtimes.iter()
+    }
+
+    /// Looks for a runtime among the objects process `p` maps (noted
+    /// first): the BPF program's entry for it (its address space left to
+    /// the caller), if it has one whose frames can be read.
+    pub fn note_runtime(&mut self, p: Proc) -> Option<ProcEntry> {
+        let mappings = self.snapshots.processes.get(&p.tgid)?;
+        let candidates: Vec<(u32, u64, u64)> = mappings
+            .iter()
+            .map(|m| (m.object, m.start, m.file_offset))
+            .collect();
+        for (object, start, file_offset) in candidates {
+            let o = &self.files.objects[object as usize];
+            let (name, handle) = (&o.name, o.handle.as_ref());
+            for r in self.runtimes.iter_mut() {
+                if r.object(object, name, handle) {
+                    // The lowest mapping of the object: the first found,
+                    // as the maps list them by address.
+                    return r.note_process(p, object, start, file_offset);
+                }
+            }
+        }
+        // None (any more: an exec into another program).
+        for r in self.runtimes.iter_mut() {
+            r.exited(p);
+        }
+        None
+    }
+}

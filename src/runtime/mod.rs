@@ -1,0 +1,244 @@
+//! Language runtimes whose frames take their place among a stack's native
+//! frames: one interface ([`Runtime`]), one entry each in [`RUNTIMES`],
+//! and each runtime a folder of its own ([`python`]).
+//!
+//! A runtime is told of every mapped object (is it one of its own?) and of
+//! every process that maps one (the BPF program's entry for it, see
+//! [`ProcEntry`]); it reads what its frames name from the process's
+//! memory ([`Memory`]) while the process runs, puts its frames among the
+//! native ones of each stack it finds them in ([`Runtime::place`]), names
+//! them ([`Runtime::name`]) and says what it could not do
+//! ([`Runtime::report`]). The rest of the profiler sees a runtime's frames
+//! as [`Frame`]s tagged with their [`Kind`]: the profile, the merge and the
+//! outputs treat every runtime alike, its name and colours from
+//! [`Spec`].
+
+pub mod python;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use crate::raw::{LossCounters, Proc};
+
+/// Which runtime a frame is of: the tag the profile, the merge and the
+/// outputs carry (an index into [`RUNTIMES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Python,
+}
+
+/// What the rest of the profiler needs to know of a runtime: its names,
+/// the words of its frames that could not be named, its flame-graph
+/// colours, and how to make its state.
+pub struct Spec {
+    pub kind: Kind,
+    /// Lower case, as in flags and file names: `python`.
+    pub name: &'static str,
+    /// As users know it: `Python`.
+    pub label: &'static str,
+    /// A frame that could not be read, or whose code was gone (or other
+    /// code in its place) when it was to be named.
+    pub unreadable: &'static str,
+    /// Frames beyond the walk's room.
+    pub cut_short: &'static str,
+    /// The flame graph's colour family of its frames: red, green and blue
+    /// each a base plus up to a range, by the name's shade (Python's
+    /// violet, apart from the native frames' blue and orange).
+    pub colour: [(u8, f32); 3],
+    /// The runtime's state for one trace.
+    pub new: fn() -> Box<dyn Runtime>,
+}
+
+/// The runtimes, in [`Kind`]'s order.
+pub const RUNTIMES: &[Spec] = &[Spec {
+    kind: Kind::Python,
+    name: "python",
+    label: "Python",
+    unreadable: "[python frame unreadable]",
+    cut_short: "[python frames cut short]",
+    colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
+    new: || Box::<python::Pythons>::default(),
+}];
+
+impl Kind {
+    pub fn spec(self) -> &'static Spec {
+        &RUNTIMES[self as usize]
+    }
+}
+
+/// A runtime's frame in a stack, as the registry keeps it (independent of
+/// where anything was mapped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frame {
+    /// A function: its code (by the index the runtime gave it, see
+    /// [`Runtime::name`]) and where in it the frame was.
+    Code { code: u32, at: u32 },
+    /// A frame that could not be read, or whose code was gone (or other
+    /// code in its place) when it was to be named.
+    Unreadable,
+    /// The runtime's frames went on beyond the walk's room.
+    CutShort,
+}
+
+/// One frame of a stack as a runtime places them (see [`Runtime::place`]):
+/// the native frame of the stack's word at that index, or a frame of the
+/// runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placed {
+    Native(usize),
+    Runtime(Frame),
+}
+
+/// A runtime's function as the outputs name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameName<'a> {
+    /// As the runtime itself prints it (`Worker.handle`).
+    pub name: &'a str,
+    /// Its source file, as the runtime knows it.
+    pub file: &'a str,
+    /// The line the frame was at, where known.
+    pub line: Option<u32>,
+}
+
+/// What the BPF program is told of a process of a runtime: where the
+/// runtime keeps its threads' frames.
+#[derive(Clone, Copy)]
+pub enum ProcEntry {
+    Python(crate::bpf::types::py_proc),
+}
+
+/// A native frame of a stack, as a runtime sees it: the object (by the
+/// registry's id) and the file offset, where its address is in a mapping.
+pub type NativeAt = Option<(u32, u64)>;
+
+/// What every runtime does for the registry.
+pub trait Runtime {
+    fn kind(&self) -> Kind;
+
+    /// Whether object `id` of the registry (its file `file`, named
+    /// `name`, the last component of its path) holds this runtime. Each
+    /// object is asked once; the answer is kept.
+    fn object(&mut self, id: u32, name: &str, file: Option<&File>) -> bool;
+
+    /// Process `p` maps object `object` (one of this runtime's) at `start`
+    /// from file offset `file_offset`, its lowest mapping: the BPF
+    /// program's entry for it, if the runtime's frames can be read there.
+    fn note_process(
+        &mut self,
+        p: Proc,
+        object: u32,
+        start: u64,
+        file_offset: u64,
+    ) -> Option<ProcEntry>;
+
+    /// Process `child` was forked by `parent`: the same runtime at the
+    /// same addresses.
+    fn forked(&mut self, parent: u32, child: Proc);
+
+    /// Process `p` is gone, or runs another program: its memory can no
+    /// longer be read (what was named stays).
+    fn exited(&mut self, p: Proc);
+
+    /// Whether process `p` runs this runtime and its frames are read.
+    fn has_process(&self, p: Proc) -> bool;
+
+    /// Whether stack word `word` is one of this runtime's frames.
+    fn owns(&self, word: u64) -> bool;
+
+    /// The BPF program's walk met code `code` (with `tag`) in process `p`:
+    /// read what it names now, while the process runs.
+    fn note_code(&mut self, p: Proc, code: u64, tag: u32);
+
+    /// Reads what the runtime frames of stack `addrs` of process `p` name
+    /// that was not read yet (its notice was lost), while the process
+    /// lives.
+    fn resolve(&mut self, p: Proc, addrs: &[u64]);
+
+    /// The frames of stack `addrs` of process `p`, innermost first: its
+    /// native frames (`native`, one per word of `addrs`, None for a word
+    /// in no mapping or not an address) and the runtime's, each in its
+    /// place.
+    fn place(&self, p: Proc, addrs: &[u64], native: &[NativeAt]) -> Vec<Placed>;
+
+    /// The name of code `code` (see [`Frame::Code`]) at `at`.
+    fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>>;
+
+    /// What to say on stderr at the end: what could not be shown (always),
+    /// with `verbose` what was done. `counters` are the BPF program's.
+    fn report(&self, counters: &LossCounters, verbose: bool) -> Vec<String>;
+}
+
+/// The state of every runtime for one trace, in [`RUNTIMES`]' order.
+pub struct Runtimes(Vec<Box<dyn Runtime>>);
+
+impl Default for Runtimes {
+    fn default() -> Runtimes {
+        Runtimes(RUNTIMES.iter().map(|s| (s.new)()).collect())
+    }
+}
+
+impl Runtimes {
+    pub fn get(&self, kind: Kind) -> &dyn Runtime {
+        self.0[kind as usize].as_ref()
+    }
+
+    pub fn get_mut(&mut self, kind: Kind) -> &mut dyn Runtime {
+        self.0[kind as usize].as_mut()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &dyn Runtime> {
+        self.0.iter().map(|r| r.as_ref())
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut (dyn Runtime + 'static)> {
+        self.0.iter_mut().map(|r| r.as_mut())
+    }
+
+    /// The runtime whose frames stack `addrs` has, if any.
+    pub fn of_stack(&self, addrs: &[u64]) -> Option<Kind> {
+        self.0
+            .iter()
+            .find(|r| addrs.iter().any(|&a| r.owns(a)))
+            .map(|r| r.kind())
+    }
+
+    /// The runtime process `p` runs, if its frames are read.
+    pub fn of_process(&self, p: Proc) -> Option<Kind> {
+        self.0.iter().find(|r| r.has_process(p)).map(|r| r.kind())
+    }
+}
+
+/// Memory of a process whose frames are named.
+pub trait Memory {
+    /// Fills `buf` from `addr`; a short read is an error.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()>;
+}
+
+/// A process's memory through `/proc/PID/mem`, opened once.
+pub struct ProcMem {
+    file: File,
+}
+
+impl ProcMem {
+    pub fn open(pid: u32) -> std::io::Result<ProcMem> {
+        Ok(ProcMem {
+            file: File::open(format!("/proc/{pid}/mem"))?,
+        })
+    }
+}
+
+impl Memory for ProcMem {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let n = self.file.read_at(buf, addr)?;
+        if n != buf.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{n} of {} bytes at {addr:#x}", buf.len()),
+            ));
+        }
+        Ok(())
+    }
+}
