@@ -156,7 +156,7 @@ impl crate::tracer::StartTables for StartingTables<'_> {
         u.finish(registry, Duration::from_secs(10));
     }
 
-    fn install_python(&mut self, store: crate::tracer::PythonStore) {
+    fn install_runtimes(&mut self, store: crate::tracer::RuntimeStore) {
         if self.unwinder.is_none() {
             // No tables: the processes are noted here.
             self.noted = processes_to_trace(self.config, self.cgroups);
@@ -167,28 +167,27 @@ impl crate::tracer::StartTables for StartingTables<'_> {
         for &tgid in &self.noted {
             if let Some(start) = self.registry.start_of(tgid) {
                 // The address space is claimed by the first walk.
-                note_python(&store, self.registry, Proc { tgid, start }, 0);
+                note_runtime(&store, self.registry, Proc { tgid, start }, 0);
             }
         }
     }
 }
 
-/// Tells the BPF program where the interpreter of process `p` (its
-/// mappings just read) keeps its threads' frames, if it is a CPython
-/// process whose interpreter's layout is known.
-fn note_python(
-    store: &crate::tracer::PythonStore,
+/// Tells the BPF program where the runtime of process `p` (its mappings
+/// just read) keeps its threads' frames, if it runs a runtime whose frames
+/// can be read (see [`crate::runtime`]).
+fn note_runtime(
+    store: &crate::tracer::RuntimeStore,
     registry: &mut Registry,
     p: Proc,
     mm: u64,
 ) -> bool {
-    let Some(crate::runtime::ProcEntry::Python(mut entry)) = registry.note_runtime(p) else {
-        // No interpreter (any more: an exec into another program).
+    let Some(entry) = registry.note_runtime(p) else {
+        // No runtime (any more: an exec into another program).
         store.remove(p.tgid);
         return false;
     };
-    entry.mm = mm;
-    match store.set(p.tgid, &entry) {
+    match store.set(p.tgid, mm, &entry) {
         Ok(()) => true,
         Err(e) => {
             eprintln!("offcputime: {e:#}");
@@ -197,10 +196,10 @@ fn note_python(
     }
 }
 
-/// How long the blocks of a CPython process noted while tracing are
-/// looked at again for their Python frames (see
-/// [`Tracer::refresh_python`]): its tables may take a moment.
-const PYTHON_REFRESH_FOR: Duration = Duration::from_secs(10);
+/// How long the blocks of a runtime's process noted while tracing are
+/// looked at again for their runtime's frames (see
+/// [`Tracer::refresh_runtimes`]): its tables may take a moment.
+const RUNTIME_REFRESH_FOR: Duration = Duration::from_secs(10);
 
 /// Checks privileges and targets, and installs the signal handler.
 fn prepare(config: &Config, stop: &Arc<AtomicBool>) -> Result<()> {

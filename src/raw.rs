@@ -339,6 +339,14 @@ loss_counters! {
     }
 }
 
+/// Which language runtime a frame is of (see `crate::runtime`, where
+/// each has its entry): the tag its frames carry from the BPF program's
+/// news to the outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RuntimeKind {
+    Python,
+}
+
 /// What the BPF program says of a process while tracing.
 // Events are few and short-lived (a round's worth): kept Copy and flat.
 #[allow(clippy::large_enum_variant)]
@@ -356,9 +364,11 @@ pub enum TaskEvent {
     Mapped(Proc, [MappedVma; MAPPED_VMAS], usize),
     /// It was forked by `parent` and shares its parent's unwind tables:
     /// the slice of mappings from `map_start`, `map_count` long.
-    /// A walk of its Python frames met code object `code` (with `tag`,
-    /// see `struct py_code_event`), in its address space `space`.
-    PyCode {
+    /// A walk of its frames of runtime `kind` met code `code` (with
+    /// `tag`; Python's: a code object, see `struct py_code_event`), in
+    /// its address space `space`.
+    RuntimeCode {
+        kind: RuntimeKind,
         proc: Proc,
         space: AddressSpace,
         code: u64,

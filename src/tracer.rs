@@ -39,7 +39,7 @@ use programs::{Attach, Flavour, Plan, Role};
 pub use read::StackScan;
 use read::*;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
-pub use stores::{PythonStore, UnwindStore};
+pub use stores::{RuntimeStore, UnwindStore};
 
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
 pub const MAX_STACK_DEPTH: u32 = 127;
@@ -186,6 +186,14 @@ pub struct TracerOptions {
     pub test: crate::test_env::TestEnv,
 }
 
+impl TracerOptions {
+    /// Whether any language runtime's frames are read (see
+    /// [`crate::runtime`]): only in user stacks.
+    pub fn runtimes(&self) -> bool {
+        self.python && self.user_stacks
+    }
+}
+
 /// The DWARF unwind tables' part in starting (see [`Tracer::start`]).
 pub trait StartTables {
     /// Runs while the BPF program loads on another thread (the verifier
@@ -198,9 +206,10 @@ pub trait StartTables {
     /// first block on (again, if a hook loads but fails to attach and the
     /// next is tried: the last call's store is the one used).
     fn install(&mut self, store: UnwindStore);
-    /// Where to tell the program of CPython processes, once loaded and
-    /// before the hook is attached (`--no-python`: never called).
-    fn install_python(&mut self, store: PythonStore);
+    /// Where to tell the program of the processes of language runtimes,
+    /// once loaded and before the hook is attached (no runtime's frames
+    /// read, as with `--no-python`: never called).
+    fn install_runtimes(&mut self, store: RuntimeStore);
 }
 
 /// A loaded and attached profiler.
@@ -234,8 +243,8 @@ pub struct Tracer<'obj> {
     /// News read by a wait that ended before passing them on: the next
     /// wait passes them first.
     events_left: std::cell::RefCell<Vec<TaskEvent>>,
-    /// Python frames are walked (see [`Tracer::python_store`]).
-    python: bool,
+    /// Runtimes' frames are walked (see [`Tracer::runtime_store`]).
+    runtimes: bool,
 }
 
 fn comm_to_string(comm: &[i8]) -> String {
@@ -419,8 +428,8 @@ impl<'obj> Tracer<'obj> {
         if dwarf {
             tables.install(UnwindStore::new(&skel)?);
         }
-        if opts.python && opts.user_stacks && !legacy {
-            tables.install_python(PythonStore::new(&skel)?);
+        if opts.runtimes() && !legacy {
+            tables.install_runtimes(RuntimeStore::new(&skel)?);
         }
 
         phases.mark("tables");
@@ -458,7 +467,7 @@ impl<'obj> Tracer<'obj> {
             end_ns,
             stopped: false,
             wakers: opts.wakers,
-            python: opts.python && opts.user_stacks && !legacy,
+            runtimes: opts.runtimes() && !legacy,
             plan,
             phases,
             deferring: dwarf && modern,
@@ -763,15 +772,15 @@ impl<'obj> Tracer<'obj> {
         }))
     }
 
-    /// The blocks under way of processes `tgids` (CPython processes whose
-    /// interpreter was just noted, and `done`: those no longer to be
-    /// looked at), walked before their interpreter was known, are walked
-    /// again with their Python frames (the `python_refresh` iterator).
-    pub fn refresh_python(&self, tgids: &[u32], done: &[u32]) -> Result<()> {
-        if !self.plan.python_refresh {
+    /// The blocks under way of processes `tgids` (processes whose runtime
+    /// was just noted, and `done`: those no longer to be looked at),
+    /// walked before their runtime was known, are walked again with their
+    /// runtime's frames (the `runtime_refresh` iterator).
+    pub fn refresh_runtimes(&self, tgids: &[u32], done: &[u32]) -> Result<()> {
+        if !self.plan.runtime_refresh {
             return Ok(());
         }
-        let map = &self.skel.maps.py_refresh;
+        let map = &self.skel.maps.rt_refresh;
         for tgid in done {
             let _ = map.delete(&tgid.to_ne_bytes());
         }
@@ -790,15 +799,15 @@ impl<'obj> Tracer<'obj> {
         if listed == 0 {
             return Ok(());
         }
-        run_iterator(&self.skel.progs.python_refresh)
-            .context("failed to run the Python frames iterator")
+        run_iterator(&self.skel.progs.runtime_refresh)
+            .context("failed to run the runtimes' frames iterator")
     }
 
-    /// Where userspace tells the program of CPython processes, if their
-    /// Python frames are walked.
-    pub fn python_store(&self) -> Option<PythonStore> {
-        self.python
-            .then(|| PythonStore::new(&self.skel).ok())
+    /// Where userspace tells the program of the processes of runtimes, if
+    /// their frames are walked.
+    pub fn runtime_store(&self) -> Option<RuntimeStore> {
+        self.runtimes
+            .then(|| RuntimeStore::new(&self.skel).ok())
             .flatten()
     }
 

@@ -19,41 +19,43 @@ pub(super) struct Collector<'t> {
     /// first stacks lost. (Raised all the time, it perturbs the threads
     /// it measures.)
     pub(super) raised: Option<crate::priority::Raised>,
-    /// Where the BPF program is told of CPython processes (None with
+    /// Where the BPF program is told of the processes of language
+    /// runtimes (None where no runtime's frames are read, as with
     /// `--no-python`).
-    pub(super) python: Option<crate::tracer::PythonStore>,
-    /// CPython processes noted while tracing, and when: their blocks
-    /// under way are walked again with their Python frames for a while.
+    pub(super) runtimes: Option<crate::tracer::RuntimeStore>,
+    /// Runtimes' processes noted while tracing, and when: their blocks
+    /// under way are walked again with their runtime's frames for a
+    /// while.
     pub(super) refreshing: HashMap<u32, Instant>,
     /// The refresh failed once (said once).
     pub(super) refresh_failed: bool,
-    /// Processes whose mappings were read, to be looked at for an
-    /// interpreter (with their address space).
-    pub(super) python_later: Vec<(Proc, u64)>,
+    /// Processes whose mappings were read, to be looked at for a runtime
+    /// (with their address space).
+    pub(super) runtime_later: Vec<(Proc, u64)>,
     /// For tests: that waits until this file exists (as if reading the
-    /// interpreter took that long: its first blocks are then walked
-    /// before it is known).
-    pub(super) python_gate: Option<std::path::PathBuf>,
+    /// runtime took that long: its first blocks are then walked before it
+    /// is known).
+    pub(super) runtime_gate: Option<std::path::PathBuf>,
 }
 
 impl<'t> Collector<'t> {
     /// A handler with nothing kept yet: `stats` prints the statistics
-    /// line, `python` is where CPython processes are told of.
+    /// line, `runtimes` is where the processes of runtimes are told of.
     pub(super) fn new(
         config: &Config,
         stats: StatsLine,
-        python: Option<crate::tracer::PythonStore>,
+        runtimes: Option<crate::tracer::RuntimeStore>,
     ) -> Collector<'t> {
         Collector {
             exits: Exits::default(),
             scan: None,
             stats,
             raised: None,
-            python,
+            runtimes,
             refreshing: HashMap::new(),
             refresh_failed: false,
-            python_later: Vec::new(),
-            python_gate: config.tracer.test.python_gate.clone(),
+            runtime_later: Vec::new(),
+            runtime_gate: config.tracer.test.python_gate.clone(),
         }
     }
 
@@ -66,36 +68,36 @@ impl<'t> Collector<'t> {
             scan: None,
             stats: self.stats,
             raised: self.raised,
-            python: self.python,
+            runtimes: self.runtimes,
             refreshing: self.refreshing,
             refresh_failed: self.refresh_failed,
-            python_later: self.python_later,
-            python_gate: self.python_gate,
+            runtime_later: self.runtime_later,
+            runtime_gate: self.runtime_gate,
         }
     }
 
-    /// Tells the BPF program of the CPython processes among those whose
+    /// Tells the BPF program of the runtimes' processes among those whose
     /// mappings were read, once due.
-    pub(super) fn note_pythons(&mut self, registry: &mut Registry) {
-        let Some(store) = &self.python else {
-            self.python_later.clear();
+    pub(super) fn note_runtimes(&mut self, registry: &mut Registry) {
+        let Some(store) = &self.runtimes else {
+            self.runtime_later.clear();
             return;
         };
-        if self.python_gate.as_ref().is_some_and(|g| !g.exists()) {
+        if self.runtime_gate.as_ref().is_some_and(|g| !g.exists()) {
             return;
         }
         let now = Instant::now();
-        for (p, mm) in std::mem::take(&mut self.python_later) {
-            if note_python(store, registry, p, mm) {
+        for (p, mm) in std::mem::take(&mut self.runtime_later) {
+            if note_runtime(store, registry, p, mm) {
                 self.refreshing.insert(p.tgid, now);
             }
         }
     }
 
-    /// Walks again the blocks under way of the CPython processes noted
-    /// lately, walked before their interpreter was known (after their
-    /// tables are written: the walk needs them).
-    pub(super) fn refresh_python(&mut self, tracer: &Tracer<'_>) {
+    /// Walks again the blocks under way of the runtimes' processes noted
+    /// lately, walked before their runtime was known (after their tables
+    /// are written: the walk needs them).
+    pub(super) fn refresh_runtimes(&mut self, tracer: &Tracer<'_>) {
         if self.refreshing.is_empty() {
             return;
         }
@@ -103,14 +105,14 @@ impl<'t> Collector<'t> {
         let done: Vec<u32> = self
             .refreshing
             .iter()
-            .filter(|(_, &since)| now - since > PYTHON_REFRESH_FOR)
+            .filter(|(_, &since)| now - since > RUNTIME_REFRESH_FOR)
             .map(|(&tgid, _)| tgid)
             .collect();
         for tgid in &done {
             self.refreshing.remove(tgid);
         }
         let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
-        if let Err(e) = tracer.refresh_python(&tgids, &done) {
+        if let Err(e) = tracer.refresh_runtimes(&tgids, &done) {
             if !std::mem::replace(&mut self.refresh_failed, true) {
                 eprintln!("offcputime: {e:#}");
             }
@@ -138,8 +140,8 @@ impl<'t> Collector<'t> {
             None => false,
             Some(u) => update_tables(u, events, spaces, tracer, registry, deferred, walked),
         };
-        self.note_pythons(registry);
-        self.refresh_python(tracer);
+        self.note_runtimes(registry);
+        self.refresh_runtimes(tracer);
         self.exits.sweep(registry);
         if self.scan.is_none() {
             self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
@@ -176,20 +178,24 @@ impl<'t> Collector<'t> {
                     self.stats.processes += 1;
                     let now = registry.note_process(p.tgid, Some(p.start), false);
                     if now {
-                        self.python_later.push((p, space.mm));
+                        self.runtime_later.push((p, space.mm));
                     }
                     spaces.push(now.then_some(space));
                 }
                 TaskEvent::Changed(p, space) => {
                     let now = registry.note_process(p.tgid, Some(p.start), true);
                     if now {
-                        self.python_later.push((p, space.mm));
+                        self.runtime_later.push((p, space.mm));
                     }
                     spaces.push(now.then_some(space));
                 }
-                TaskEvent::PyCode {
-                    proc, code, tag, ..
-                } => registry.note_runtime_code(crate::runtime::Kind::Python, proc, code, tag),
+                TaskEvent::RuntimeCode {
+                    kind,
+                    proc,
+                    code,
+                    tag,
+                    ..
+                } => registry.note_runtime_code(kind, proc, code, tag),
                 TaskEvent::Exited(p) => self.exits.exited(p),
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
                 TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),
@@ -233,7 +239,7 @@ impl<'t> Collector<'t> {
                             if let Some(u) = unwinder.as_mut() {
                                 u.forget(p.tgid);
                             }
-                            if let Some(store) = &self.python {
+                            if let Some(store) = &self.runtimes {
                                 store.remove(p.tgid);
                             }
                         }
@@ -294,7 +300,7 @@ fn update_tables(
                     (map_start as usize, map_count as usize),
                 );
             }
-            TaskEvent::Exited(_) | TaskEvent::Mapped(..) | TaskEvent::PyCode { .. } => {}
+            TaskEvent::Exited(_) | TaskEvent::Mapped(..) | TaskEvent::RuntimeCode { .. } => {}
         }
     }
     // Copies of processes whose tables were let go for room:

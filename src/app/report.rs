@@ -305,9 +305,10 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
 }
 
 /// What DWARF unwinding did not cover, and with -v its tables' size.
-/// What became of the Python frames of CPython processes: what could not
-/// be shown is said (once each), the rest with `-v`.
-pub(super) fn report_python(
+/// What became of the frames of the runtimes' processes (Python's of
+/// CPython processes): what could not be shown is said (once each), the
+/// rest with `-v`.
+pub(super) fn report_runtimes(
     registry: &mut Registry,
     profile: &Profile,
     verbose: bool,
@@ -323,20 +324,21 @@ pub(super) fn report_python(
                 })
             })
             .collect();
-        let found = procs
-            .into_iter()
-            .filter(|&p| {
-                matches!(
-                    registry.note_runtime(p),
-                    Some(crate::runtime::ProcEntry::Python(_))
-                )
-            })
-            .count();
-        if found > 0 {
+        let mut found = std::collections::BTreeMap::new();
+        for p in procs {
+            if let Some(entry) = registry.note_runtime(p) {
+                *found.entry(entry.kind()).or_insert(0usize) += 1;
+            }
+        }
+        for (kind, n) in found {
+            let spec = kind.spec();
             eprintln!(
-                "offcputime: Python frames are not read on Linux {} (their walk needs bpf_loop: \
-                 5.17): the stacks of {found} CPython processes show the interpreter's frames",
-                crate::tracer::kernel::release()
+                "offcputime: {} frames are not read on Linux {} (their walk needs bpf_loop: \
+                 5.17): the stacks of {n} {} processes show the {}'s frames",
+                spec.label,
+                crate::tracer::kernel::release(),
+                spec.processes,
+                spec.native,
             );
         }
     }

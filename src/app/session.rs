@@ -41,9 +41,9 @@ pub(super) struct Session<'a> {
     /// The hook's first kernel frame is the exact instruction pointer,
     /// not a return address (see [`crate::tracer::AttachedHook`]).
     kernel_first: bool,
-    /// Python frames asked for (not --no-python) where the kernel cannot
-    /// walk them: said at the end, if a CPython process was traced.
-    python_unwalked: bool,
+    /// Runtimes' frames asked for (not --no-python) where the kernel
+    /// cannot walk them: said at the end, if such a process was traced.
+    runtimes_unwalked: bool,
 }
 
 /// What the end of a trace found besides the counts.
@@ -147,9 +147,7 @@ impl<'a> Session<'a> {
             deadline,
             stopped: None,
             kernel_first: tracer.hook().kernel_first_frame_is_ip(),
-            python_unwalked: config.tracer.python
-                && config.tracer.user_stacks
-                && tracer.python_store().is_none(),
+            runtimes_unwalked: config.tracer.runtimes() && tracer.runtime_store().is_none(),
         };
         Ok((session, tracer))
     }
@@ -159,7 +157,7 @@ impl<'a> Session<'a> {
     /// cut as it ends, and written once its copied stacks are walked.
     pub(super) fn run(&mut self, tracer: &mut Tracer<'_>) -> Result<()> {
         let stats = self.stats.take().expect("the event loop runs once");
-        let mut collector = Collector::new(self.config, stats, tracer.python_store());
+        let mut collector = Collector::new(self.config, stats, tracer.runtime_store());
         loop {
             // With -i, the end of the current interval, unless the window
             // ends first.
@@ -448,11 +446,11 @@ impl<'a> Session<'a> {
         if let Some(u) = &self.unwinder {
             report_unwinding(u, &self.deferred, profile, config.verbose);
         }
-        report_python(
+        report_runtimes(
             &mut self.registry,
             profile,
             config.verbose,
-            self.python_unwalked,
+            self.runtimes_unwalked,
         );
         report_namespaces(&self.registry, config.verbose);
         report_on_cpu(

@@ -157,23 +157,24 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 	if (len < 0)
 		return STACK_ID_MISSED_ERROR;
 	if (len > 0)
-		len = python_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
+		len = runtime_frames_of_task(task, tgid, len / sizeof(__u64)) * sizeof(__u64);
 	return store_task_stack(len, true);
 }
 
 /*
- * The Python frames of a new CPython process's first blocks: its stacks
- * are walked at its threads' switch-outs before userspace has heard of it,
- * let alone read where its interpreter is.  Once it has, it lists the
- * process in py_refresh and runs this over every task: a thread of it
- * still in a block whose user stack was walked without its Python frames
- * has not run since, so its stack is as it was; it is walked again, now
- * with them, and the block takes that stack.  Only with the process's
+ * The runtime's frames of a new process's first blocks (a CPython
+ * process's Python frames): its stacks are walked at its threads'
+ * switch-outs before userspace has heard of it, let alone read where its
+ * runtime is.  Once it has, it lists the process in rt_refresh and runs
+ * this over every task: a thread of it still in a block whose user stack
+ * was walked without its runtime's frames has not run since, so its stack
+ * is as it was; it is walked again, now with them, and the block takes
+ * that stack.  Only with the process's
  * tables or its files' (no frame-pointer guess replaces a stack); where
  * they are not ready yet, the next run tries again.
  */
 SEC("iter.s/task")
-int python_refresh(struct bpf_iter__task *ctx)
+int runtime_refresh(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
 	struct task_data *d;
@@ -181,19 +182,19 @@ int python_refresh(struct bpf_iter__task *ctx)
 	__u32 tgid, nr, more;
 	long len;
 
-	if (!task || !python_on)
+	if (!task || !runtimes_on)
 		return 0;
 	tgid = task->tgid;
-	if (!bpf_map_lookup_elem(&py_refresh, &tgid))
+	if (!bpf_map_lookup_elem(&rt_refresh, &tgid))
 		return 0;
 	d = bpf_task_storage_get(&task_data_storage, task, 0, 0);
 	if (!d || task->on_cpu)
 		return 0;
 	start = d->start_ns;
 	block = d->block_ns;
-	/* Its stack has Python frames already. */
+	/* Its stack has its runtime's frames already. */
 	id = d->user_stack_id;
-	if ((id & STACK_ID_HASH_BIT) && has_python_frames(id))
+	if ((id & STACK_ID_HASH_BIT) && has_runtime_frames(id))
 		return 0;
 	/* A block of its own switch-out (not one claimed at the start). */
 	if (start <= START_AT_WINDOW || (start & START_CUT_AT_WINDOW))
@@ -216,8 +217,8 @@ int python_refresh(struct bpf_iter__task *ctx)
 	if (len <= 0)
 		return 0;
 	nr = len / sizeof(__u64);
-	more = python_frames_of_task(task, tgid, nr);
-	/* No Python frames found (yet): tried again at the next run. */
+	more = runtime_frames_of_task(task, tgid, nr);
+	/* No runtime frames found (yet): tried again at the next run. */
 	if (more == nr)
 		return 0;
 	id = store_task_stack(more * sizeof(__u64), true);

@@ -163,15 +163,12 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 	if (python_on) {
 		struct py_proc *pp = bpf_map_lookup_elem(&py_procs, &ptgid);
 
-		__u32 word = ctgid >> 6;
-		__u64 *bits = bpf_map_lookup_elem(&py_pids, &word);
-
-		if (pp && (pp->mm == pmm || !pp->mm) && bits) {
+		if (pp && (pp->mm == pmm || !pp->mm)) {
 			struct py_proc cp = *pp;
 
 			cp.mm = cmm;
 			if (!bpf_map_update_elem(&py_procs, &ctgid, &cp, BPF_ANY))
-				__sync_fetch_and_or(bits, 1ULL << (ctgid & 63));
+				runtime_pid_set(ctgid);
 		}
 	}
 	bpf_ringbuf_submit(e, 0);

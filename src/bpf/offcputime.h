@@ -594,7 +594,7 @@ enum offcpu_counter {
 	CNT_PY_EVENTS_LOST,
 	/* ... blocks whose user stack was walked before userspace knew of
 	 * the interpreter, walked again with their Python frames while they
-	 * were still under way (python_refresh) */
+	 * were still under way (runtime_refresh) */
 	CNT_PY_REFRESHED,
 	/* --on-cpu: samples taken on a CPU of a thread traced, and those
 	 * that fell outside the window (between the attach and its start,

@@ -299,8 +299,8 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 		key.interval = (now - w) / interval_ns;
 	if (want_user_stack && !kthread) {
 		key.user_stack_id = stack_of_current(ctx, true, legacy, false, now);
-		if (!legacy && python_on && py_any)
-			key.user_stack_id = python_stack_of_current(key.user_stack_id, tgid);
+		if (!legacy && runtimes_present())
+			key.user_stack_id = runtime_stack_of_current(key.user_stack_id, tgid);
 	}
 	if (want_kernel_stack)
 		key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);

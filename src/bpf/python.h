@@ -37,45 +37,12 @@ struct {
 	__type(value, struct py_proc);
 } py_procs SEC(".maps");
 
-/* Set by userspace once it has written an entry in py_procs: until then
- * no stack pays for a lookup.  A global of a section of its own, which
- * userspace writes whole (no other variable shares it); read with a load,
- * not a helper call. */
-volatile __u32 py_any SEC(".data.python") = 0;
-
-/* The processes with an entry in py_procs, a bit each by pid (pid_max is
- * at most 2^22): the hooks test a bit, a load, before anything else, so
- * that the switches of other processes pay next to nothing while CPython
- * processes run on the machine. */
-#define PY_PID_WORDS (1 << 16)
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, PY_PID_WORDS);
-	__type(key, __u32);
-	__type(value, __u64);
-} py_pids SEC(".maps");
-
-/* Whether process `tgid` may have an entry in py_procs (its bit is set). */
+/* Whether process `tgid` may have an entry in py_procs (its bit is set:
+ * see runtime.h). */
 static __always_inline bool python_pid(__u32 tgid)
 {
-	__u32 word = tgid >> 6;
-	__u64 *bits;
-
-	if (!python_on || !py_any || word >= PY_PID_WORDS)
-		return false;
-	bits = bpf_map_lookup_elem(&py_pids, &word);
-	return bits && (*bits & (1ULL << (tgid & 63)));
+	return python_on && runtime_pid(tgid);
 }
-
-/* The processes whose interpreter userspace has just noted: their threads
- * blocked since before, walked without their Python frames, are walked
- * again by python_refresh. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u32);
-	__type(value, __u32);
-} py_refresh SEC(".maps");
 
 /* The code objects whose notices this CPU sent lately, by a hash of the
  * process, address and tag: a notice each the first time, and again only
@@ -169,7 +136,7 @@ static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
 }
 
 /* The 24 bytes from a code object's co_filename, as userspace hashes them
- * (src/python). */
+ * (src/runtime/python). */
 static __always_inline __u32 py_tag(struct py_walk *w)
 {
 	__u64 h = 0xcbf29ce484222325ULL;

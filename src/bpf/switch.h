@@ -91,10 +91,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		d->user_stack_id = stacks_now ? stack_of_current_in(ctx, true, legacy, trusted, now,
 								    mm, exec_vm)
 					      : STACK_ID_MISSED_ERROR;
-	/* With its Python frames, where its process has an interpreter
-	 * known (else see python_refresh). */
-	if (!legacy && want_user_stack && stacks_now && python_on && py_any)
-		d->user_stack_id = python_stack_at_switch_out(d, d->user_stack_id, tgid, now);
+	/* With its runtime's frames, where its process has a runtime known
+	 * (else see runtime_refresh). */
+	if (!legacy && want_user_stack && stacks_now && runtimes_present())
+		d->user_stack_id = runtime_stack_at_switch_out(d, d->user_stack_id, tgid, now);
 	/* Taken at the switch-in where it can be (kstack.h), from the frame
 	 * the thread is about to save. */
 	if (want_kernel_stack)
@@ -168,8 +168,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 					: stack_of_current(ctx, true, legacy, trusted,
 							   USED_READ_CLOCK);
 		/* (A kernel thread's STACK_ID_NONE is left as it is.) */
-		if (!legacy && want_user_stack && python_on && py_any)
-			key.user_stack_id = python_stack_of_current(key.user_stack_id, key.tgid);
+		if (!legacy && want_user_stack && runtimes_present())
+			key.user_stack_id = runtime_stack_of_current(key.user_stack_id, key.tgid);
 		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}

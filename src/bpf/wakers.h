@@ -139,8 +139,8 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
 	if (want_user_stack && !kthread && w.pid)
 		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0);
-	if (!legacy && want_user_stack && python_on && py_any)
-		w.user_stack_id = python_stack_of_current(w.user_stack_id, w.tgid);
+	if (!legacy && want_user_stack && runtimes_present())
+		w.user_stack_id = runtime_stack_of_current(w.user_stack_id, w.tgid);
 	d->waker_id = store_waker(&w);
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings

@@ -22,10 +22,7 @@ use crate::raw::{LossCounters, Proc};
 
 /// Which runtime a frame is of: the tag the profile, the merge and the
 /// outputs carry (an index into [`RUNTIMES`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    Python,
-}
+pub use crate::raw::RuntimeKind as Kind;
 
 /// What the rest of the profiler needs to know of a runtime: its names,
 /// the words of its frames that could not be named, its flame-graph
@@ -36,6 +33,10 @@ pub struct Spec {
     pub name: &'static str,
     /// As users know it: `Python`.
     pub label: &'static str,
+    /// Its processes, as users know them: `CPython`.
+    pub processes: &'static str,
+    /// What runs its frames, as native frames show it: `interpreter`.
+    pub native: &'static str,
     /// A frame that could not be read, or whose code was gone (or other
     /// code in its place) when it was to be named.
     pub unreadable: &'static str,
@@ -54,6 +55,8 @@ pub const RUNTIMES: &[Spec] = &[Spec {
     kind: Kind::Python,
     name: "python",
     label: "Python",
+    processes: "CPython",
+    native: "interpreter",
     unreadable: "[python frame unreadable]",
     cut_short: "[python frames cut short]",
     colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
@@ -105,6 +108,14 @@ pub struct FrameName<'a> {
 #[derive(Clone, Copy)]
 pub enum ProcEntry {
     Python(crate::bpf::types::py_proc),
+}
+
+impl ProcEntry {
+    pub fn kind(&self) -> Kind {
+        match self {
+            ProcEntry::Python(_) => Kind::Python,
+        }
+    }
 }
 
 /// A native frame of a stack, as a runtime sees it: the object (by the

@@ -382,6 +382,7 @@ pub(super) fn configure(
         // For measuring and testing the cache against the walk it saves.
         rodata.ucache_on = !opts.test.no_stack_cache;
         rodata.unwind_by_file = !opts.test.no_file_tables;
+        rodata.runtimes_on = opts.runtimes();
         rodata.python_on = opts.python && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
@@ -507,10 +508,10 @@ pub(super) fn plan_programs(
         // -i's iterator, never with the legacy programs (refused in
         // start).
         cut: opts.interval.is_some() && modern,
-        // The Python frames of new CPython processes' first blocks,
-        // walked again once the interpreter is known (sleepable, task
-        // storage).
-        python_refresh: opts.python && opts.user_stacks && trusted && start_user_stacks && modern,
+        // The runtimes' frames of new processes' first blocks (a CPython
+        // process's Python frames), walked again once the runtime is
+        // known (sleepable, task storage).
+        runtime_refresh: opts.runtimes() && trusted && start_user_stacks && modern,
         on_cpu: opts.on_cpu_hz.is_some(),
     };
     let logs = choose_programs(open, &plan)?;

@@ -42,9 +42,9 @@ pub enum Role {
     Cut,
     /// `--snapshot`'s iterator.
     Snapshot,
-    /// The Python frames of new CPython processes' first blocks, walked
-    /// again once their interpreter is known.
-    PythonRefresh,
+    /// The runtimes' frames of new processes' first blocks (Python's of
+    /// new CPython processes), walked again once their runtime is known.
+    RuntimeRefresh,
     /// `--on-cpu`'s sampler, on a cpu-clock perf event.
     OnCpu,
 }
@@ -130,7 +130,7 @@ pub const PROGRAMS: &[Program] = &[
     program("cut_interval_by_tid", Role::Cut, &[ByTid], None, false, Attach::Iterator),
     program("snapshot_tasks", Role::Snapshot, &[TaskStorage, ByTid, Legacy], None, false, Attach::Iterator),
     program("snapshot_tasks_user", Role::Snapshot, &[TaskStorage, ByTid, Legacy], None, true, Attach::Iterator),
-    program("python_refresh", Role::PythonRefresh, &[TaskStorage], None, true, Attach::Iterator),
+    program("runtime_refresh", Role::RuntimeRefresh, &[TaskStorage], None, true, Attach::Iterator),
     program("on_cpu", Role::OnCpu, &[TaskStorage, ByTid], None, false, Attach::PerfEvent),
     program("on_cpu_legacy", Role::OnCpu, &[Legacy], None, false, Attach::PerfEvent),
 ];
@@ -156,7 +156,7 @@ pub struct Plan {
     pub wakers: bool,
     pub forks: bool,
     pub cut: bool,
-    pub python_refresh: bool,
+    pub runtime_refresh: bool,
     pub on_cpu: bool,
 }
 
@@ -171,7 +171,7 @@ impl Plan {
             wakers: false,
             forks: false,
             cut: false,
-            python_refresh: false,
+            runtime_refresh: false,
             on_cpu: false,
         }
     }
@@ -194,7 +194,7 @@ impl Plan {
             Role::Waking => tracing && self.wakers,
             Role::Fork => tracing && self.forks,
             Role::Cut => tracing && self.cut,
-            Role::PythonRefresh => tracing && self.python_refresh,
+            Role::RuntimeRefresh => tracing && self.runtime_refresh,
             Role::OnCpu => tracing && self.on_cpu,
             Role::Snapshot => !tracing,
         }
@@ -240,7 +240,7 @@ mod tests {
         Role::EndKernelStacks,
         Role::Cut,
         Role::Snapshot,
-        Role::PythonRefresh,
+        Role::RuntimeRefresh,
         Role::OnCpu,
     ];
 
@@ -270,7 +270,7 @@ mod tests {
                         wakers: bit(2),
                         forks: bit(3) && !legacy,
                         cut: bit(4) && !legacy,
-                        python_refresh: refresh,
+                        runtime_refresh: refresh,
                         on_cpu: bit(6),
                     });
                 }
@@ -336,7 +336,7 @@ mod tests {
                     "cut_interval" => plan.cut && trusted,
                     "cut_interval_by_tid" => plan.cut && !trusted,
                     "snapshot_tasks" | "snapshot_tasks_user" => false,
-                    "python_refresh" => plan.python_refresh,
+                    "runtime_refresh" => plan.runtime_refresh,
                     "on_cpu" => plan.on_cpu && modern,
                     "on_cpu_legacy" => plan.on_cpu && legacy,
                     other => panic!("no rule for {other}"),

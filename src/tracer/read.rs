@@ -420,7 +420,8 @@ pub(super) fn task_event(data: &[u8]) -> Option<TaskEvent> {
             if plain::copy_from_bytes(&mut c, data).is_err() {
                 return None;
             }
-            TaskEvent::PyCode {
+            TaskEvent::RuntimeCode {
+                kind: crate::raw::RuntimeKind::Python,
                 proc: p,
                 space,
                 code: c.code,

@@ -129,10 +129,10 @@ fn try_snapshot(
     if dwarf {
         tables.install(UnwindStore::new(&skel)?);
     }
-    // The sleepable iterator reads the tasks' memory: their Python frames
-    // too.
-    if user && opts.python && opts.user_stacks {
-        tables.install_python(super::PythonStore::new(&skel)?);
+    // The sleepable iterator reads the tasks' memory: their runtimes'
+    // frames too.
+    if user && opts.runtimes() {
+        tables.install_runtimes(super::RuntimeStore::new(&skel)?);
     }
     let iterator = plan
         .program(Role::Snapshot)

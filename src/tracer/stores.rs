@@ -1,47 +1,56 @@
 //! What userspace writes into the program's maps while tracing: the
-//! DWARF unwind tables and the CPython processes.
+//! DWARF unwind tables and the processes of language runtimes.
 
 use super::*;
+use crate::runtime::ProcEntry;
 
-/// The program's table of CPython processes (`py_procs`, see `struct
-/// py_proc`).
-pub struct PythonStore {
-    pub(super) procs: libbpf_rs::MapHandle,
-    /// A bit per pid of the processes in `procs` (see `py_pids`).
+/// Where userspace tells the program of the processes of language runtimes
+/// (see `runtime.h`): each runtime's map of its processes' entries
+/// (`py_procs`, see `struct py_proc`), and the bit of each such process.
+pub struct RuntimeStore {
+    pub(super) python: libbpf_rs::MapHandle,
+    /// A bit per pid of the processes in the runtimes' maps (see
+    /// `rt_pids`).
     pub(super) pids: libbpf_rs::MapHandle,
-    /// Whether any entry was written (`py_any`, alone in its section:
+    /// Whether any entry was written (`rt_any`, alone in its section:
     /// until then no process pays for a lookup).
     pub(super) any: libbpf_rs::MapHandle,
     pub(super) any_set: std::cell::Cell<bool>,
 }
 
-impl PythonStore {
-    pub(super) fn new(skel: &OffcputimeSkel<'_>) -> Result<PythonStore> {
-        Ok(PythonStore {
-            procs: libbpf_rs::MapHandle::try_from(&skel.maps.py_procs)
-                .context("failed to open the Python processes map")?,
-            pids: libbpf_rs::MapHandle::try_from(&skel.maps.py_pids)
-                .context("failed to open the Python processes map")?,
-            any: libbpf_rs::MapHandle::try_from(&skel.maps.data_python)
-                .context("failed to open the Python processes map")?,
+impl RuntimeStore {
+    pub(super) fn new(skel: &OffcputimeSkel<'_>) -> Result<RuntimeStore> {
+        let open = |m: &libbpf_rs::Map| {
+            libbpf_rs::MapHandle::try_from(m).context("failed to open the runtimes' process maps")
+        };
+        Ok(RuntimeStore {
+            python: open(&skel.maps.py_procs)?,
+            pids: open(&skel.maps.rt_pids)?,
+            any: open(&skel.maps.data_runtimes)?,
             any_set: std::cell::Cell::new(false),
         })
     }
 
-    /// Tells the program where the interpreter of process `tgid` keeps
-    /// its threads' frames.
-    pub fn set(&self, tgid: u32, entry: &types::py_proc) -> Result<()> {
-        // SAFETY: py_proc is plain old data.
-        let value = unsafe { plain::as_bytes(entry) };
-        self.procs
-            .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
-            .with_context(|| format!("failed to note the interpreter of process {tgid}"))?;
-        self.set_pid(tgid, true)
-            .with_context(|| format!("failed to note the interpreter of process {tgid}"))?;
+    /// Tells the program where the runtime of process `tgid`, in address
+    /// space `mm` (0: claimed by the first walk), keeps its threads'
+    /// frames.
+    pub fn set(&self, tgid: u32, mm: u64, entry: &ProcEntry) -> Result<()> {
+        let noted = || format!("failed to note the runtime of process {tgid}");
+        match *entry {
+            ProcEntry::Python(mut e) => {
+                e.mm = mm;
+                // SAFETY: py_proc is plain old data.
+                let value = unsafe { plain::as_bytes(&e) };
+                self.python
+                    .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
+                    .with_context(noted)?;
+            }
+        }
+        self.set_pid(tgid, true).with_context(noted)?;
         if !self.any_set.get() {
             self.any
                 .update(&0u32.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
-                .context("failed to note the first Python process")?;
+                .context("failed to note the first process of a runtime")?;
             self.any_set.set(true);
         }
         Ok(())
@@ -50,13 +59,13 @@ impl PythonStore {
     /// Process `tgid` has exited, or runs another program now.
     pub fn remove(&self, tgid: u32) {
         let _ = self.set_pid(tgid, false);
-        let _ = self.procs.delete(&tgid.to_ne_bytes());
+        let _ = self.python.delete(&tgid.to_ne_bytes());
     }
 
     /// Sets or clears the bit of pid `tgid` (pid_max is at most 2^22:
     /// every pid has one). A fork setting a bit of the same word meanwhile
     /// could be undone: that child's stacks would then have the
-    /// interpreter's frames, and be counted and said as such.
+    /// runtime's native frames, and be counted and said as such.
     pub(super) fn set_pid(&self, tgid: u32, on: bool) -> Result<()> {
         let word = tgid >> 6;
         let Some(old) = self.pids.lookup(&word.to_ne_bytes(), MapFlags::ANY)? else {

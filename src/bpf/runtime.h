@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * What every language runtime's walker shares (its walker in a header of
+ * its own, python.h; the hooks reach them only through runtimes.h): which
+ * processes run a runtime whose frames are read, a bit per pid, and the
+ * processes whose blocks under way are walked again once userspace has
+ * noted their runtime (runtime_refresh, iter.h).  A process runs one
+ * runtime at most; each runtime keeps its processes' entries in a map of
+ * its own, keyed by the process (py_procs).
+ */
+#ifndef __OFFCPUTIME_RUNTIME_H__
+#define __OFFCPUTIME_RUNTIME_H__
+
+/* Set at load: whether any runtime's frames are read (--no-python leaves
+ * Python's off). */
+const volatile bool runtimes_on = false;
+
+/* Set by userspace once it has written a process's entry for any runtime:
+ * until then no stack pays for a lookup.  A global of a section of its
+ * own, which userspace writes whole (no other variable shares it); read
+ * with a load, not a helper call. */
+volatile __u32 rt_any SEC(".data.runtimes") = 0;
+
+/* The processes with an entry in a runtime's map, a bit each by pid
+ * (pid_max is at most 2^22): the hooks test a bit, a load, before
+ * anything else, so that the switches of other processes pay next to
+ * nothing while runtimes' processes run on the machine. */
+#define RT_PID_WORDS (1 << 16)
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RT_PID_WORDS);
+	__type(key, __u32);
+	__type(value, __u64);
+} rt_pids SEC(".maps");
+
+/* Whether process `tgid` may have an entry in a runtime's map (its bit is
+ * set). */
+static __always_inline bool runtime_pid(__u32 tgid)
+{
+	__u32 word = tgid >> 6;
+	__u64 *bits;
+
+	if (!runtimes_on || !rt_any || word >= RT_PID_WORDS)
+		return false;
+	bits = bpf_map_lookup_elem(&rt_pids, &word);
+	return bits && (*bits & (1ULL << (tgid & 63)));
+}
+
+/* Sets the bit of pid `tgid` (a forked child's, its entry copied). */
+static __always_inline bool runtime_pid_set(__u32 tgid)
+{
+	__u32 word = tgid >> 6;
+	__u64 *bits = bpf_map_lookup_elem(&rt_pids, &word);
+
+	if (!bits)
+		return false;
+	__sync_fetch_and_or(bits, 1ULL << (tgid & 63));
+	return true;
+}
+
+/* The processes whose runtime userspace has just noted: their threads
+ * blocked since before, walked without their runtime's frames, are walked
+ * again by runtime_refresh. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u32);
+} rt_refresh SEC(".maps");
+
+#endif /* __OFFCPUTIME_RUNTIME_H__ */
