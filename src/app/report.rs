@@ -327,7 +327,7 @@ pub(super) fn report_runtimes(
         let mut found = std::collections::BTreeMap::new();
         for p in procs {
             if let Some(entry) = registry.note_runtime(p) {
-                *found.entry(entry.kind()).or_insert(0usize) += 1;
+                *found.entry(entry.kind).or_insert(0usize) += 1;
             }
         }
         for (kind, n) in found {

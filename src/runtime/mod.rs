@@ -33,6 +33,9 @@ pub struct Spec {
     pub name: &'static str,
     /// As users know it: `Python`.
     pub label: &'static str,
+    /// The BPF program's map of its processes' entries (see
+    /// [`ProcEntry`]), by process.
+    pub procs_map: &'static str,
     /// Its processes, as users know them: `CPython`.
     pub processes: &'static str,
     /// What runs its frames, as native frames show it: `interpreter`.
@@ -55,6 +58,7 @@ pub const RUNTIMES: &[Spec] = &[Spec {
     kind: Kind::Python,
     name: "python",
     label: "Python",
+    procs_map: "py_procs",
     processes: "CPython",
     native: "interpreter",
     unreadable: "[python frame unreadable]",
@@ -104,17 +108,25 @@ pub struct FrameName<'a> {
 }
 
 /// What the BPF program is told of a process of a runtime: where the
-/// runtime keeps its threads' frames.
-#[derive(Clone, Copy)]
-pub enum ProcEntry {
-    Python(crate::bpf::types::py_proc),
+/// runtime keeps its threads' frames. `value` is the entry of the
+/// runtime's map of processes ([`Spec::procs_map`]), as the BPF program
+/// reads it; every runtime's entry begins with the address space it is for
+/// (a `__u64`, `mm`), which the tracer fills in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub kind: Kind,
+    pub value: Vec<u8>,
 }
 
 impl ProcEntry {
-    pub fn kind(&self) -> Kind {
-        match self {
-            ProcEntry::Python(_) => Kind::Python,
+    /// The entry with the address space it is for: `mm` (0: claimed by
+    /// the first walk).
+    pub fn for_space(&self, mm: u64) -> Vec<u8> {
+        let mut value = self.value.clone();
+        if let Some(head) = value.get_mut(..8) {
+            head.copy_from_slice(&mm.to_ne_bytes());
         }
+        value
     }
 }
 
@@ -251,5 +263,35 @@ impl Memory for ProcMem {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each runtime's entry is at its kind's index, and its state says
+    /// it is of that kind.
+    #[test]
+    fn the_table_is_in_kind_order() {
+        for (i, spec) in RUNTIMES.iter().enumerate() {
+            assert_eq!(spec.kind as usize, i, "{}", spec.name);
+            assert_eq!((spec.new)().kind(), spec.kind);
+            assert_eq!(Runtimes::default().get(spec.kind).kind(), spec.kind);
+        }
+    }
+
+    /// The address space goes in the entry's first word, as every
+    /// runtime's entry begins (Python's `struct py_proc`).
+    #[test]
+    fn an_entry_begins_with_its_address_space() {
+        assert_eq!(std::mem::offset_of!(crate::bpf::types::py_proc, mm), 0);
+        let e = ProcEntry {
+            kind: Kind::Python,
+            value: vec![0xff; 24],
+        };
+        let v = e.for_space(0x1122_3344_5566_7788);
+        assert_eq!(v[..8], 0x1122_3344_5566_7788u64.to_ne_bytes());
+        assert_eq!(v[8..], [0xff; 16]);
     }
 }

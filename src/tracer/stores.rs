@@ -5,10 +5,12 @@ use super::*;
 use crate::runtime::ProcEntry;
 
 /// Where userspace tells the program of the processes of language runtimes
-/// (see `runtime.h`): each runtime's map of its processes' entries
-/// (`py_procs`, see `struct py_proc`), and the bit of each such process.
+/// (see `runtime.h`): each runtime's map of its processes' entries (its
+/// [`crate::runtime::Spec::procs_map`]), and the bit of each such process.
 pub struct RuntimeStore {
-    pub(super) python: libbpf_rs::MapHandle,
+    /// The runtimes' maps of processes, in [`crate::runtime::RUNTIMES`]'
+    /// order.
+    pub(super) procs: Vec<libbpf_rs::MapHandle>,
     /// A bit per pid of the processes in the runtimes' maps (see
     /// `rt_pids`).
     pub(super) pids: libbpf_rs::MapHandle,
@@ -20,11 +22,23 @@ pub struct RuntimeStore {
 
 impl RuntimeStore {
     pub(super) fn new(skel: &OffcputimeSkel<'_>) -> Result<RuntimeStore> {
+        use libbpf_rs::skel::Skel;
         let open = |m: &libbpf_rs::Map| {
             libbpf_rs::MapHandle::try_from(m).context("failed to open the runtimes' process maps")
         };
+        let procs = crate::runtime::RUNTIMES
+            .iter()
+            .map(|spec| {
+                let map = skel
+                    .object()
+                    .maps()
+                    .find(|m| m.name() == spec.procs_map)
+                    .with_context(|| format!("no map {} in the BPF object", spec.procs_map))?;
+                open(&map)
+            })
+            .collect::<Result<_>>()?;
         Ok(RuntimeStore {
-            python: open(&skel.maps.py_procs)?,
+            procs,
             pids: open(&skel.maps.rt_pids)?,
             any: open(&skel.maps.data_runtimes)?,
             any_set: std::cell::Cell::new(false),
@@ -36,16 +50,9 @@ impl RuntimeStore {
     /// frames.
     pub fn set(&self, tgid: u32, mm: u64, entry: &ProcEntry) -> Result<()> {
         let noted = || format!("failed to note the runtime of process {tgid}");
-        match *entry {
-            ProcEntry::Python(mut e) => {
-                e.mm = mm;
-                // SAFETY: py_proc is plain old data.
-                let value = unsafe { plain::as_bytes(&e) };
-                self.python
-                    .update(&tgid.to_ne_bytes(), value, MapFlags::ANY)
-                    .with_context(noted)?;
-            }
-        }
+        self.procs[entry.kind as usize]
+            .update(&tgid.to_ne_bytes(), &entry.for_space(mm), MapFlags::ANY)
+            .with_context(noted)?;
         self.set_pid(tgid, true).with_context(noted)?;
         if !self.any_set.get() {
             self.any
@@ -59,7 +66,9 @@ impl RuntimeStore {
     /// Process `tgid` has exited, or runs another program now.
     pub fn remove(&self, tgid: u32) {
         let _ = self.set_pid(tgid, false);
-        let _ = self.python.delete(&tgid.to_ne_bytes());
+        for map in &self.procs {
+            let _ = map.delete(&tgid.to_ne_bytes());
+        }
     }
 
     /// Sets or clears the bit of pid `tgid` (pid_max is at most 2^22:

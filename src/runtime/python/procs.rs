@@ -356,8 +356,12 @@ impl Runtime for Pythons {
         file_offset: u64,
     ) -> Option<ProcEntry> {
         let obj = self.objects.get(&object)?.clone()?;
-        self.note_interpreter(p, &obj, start, file_offset)
-            .map(ProcEntry::Python)
+        let entry = self.note_interpreter(p, &obj, start, file_offset)?;
+        Some(ProcEntry {
+            kind: Kind::Python,
+            // SAFETY: py_proc is plain old data.
+            value: unsafe { plain::as_bytes(&entry) }.to_vec(),
+        })
     }
 
     fn forked(&mut self, parent: u32, child: Proc) {
