@@ -345,6 +345,7 @@ loss_counters! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RuntimeKind {
     Python,
+    Java,
 }
 
 /// What the BPF program says of a process while tracing.

@@ -342,6 +342,7 @@ pub(super) fn report_runtimes(
             );
         }
     }
+    registry.settle_runtimes();
     for r in registry.runtimes() {
         for line in r.report(&profile.counters, verbose) {
             eprintln!("offcputime: {line}");

@@ -13,6 +13,7 @@
 //! outputs treat every runtime alike, its name and colours from
 //! [`Spec`].
 
+pub mod java;
 pub mod python;
 
 use std::fs::File;
@@ -34,8 +35,9 @@ pub struct Spec {
     /// As users know it: `Python`.
     pub label: &'static str,
     /// The BPF program's map of its processes' entries (see
-    /// [`ProcEntry`]), by process.
-    pub procs_map: &'static str,
+    /// [`ProcEntry`]), by process; None for a runtime whose frames the
+    /// BPF program does not walk.
+    pub procs_map: Option<&'static str>,
     /// Its processes, as users know them: `CPython`.
     pub processes: &'static str,
     /// What runs its frames, as native frames show it: `interpreter`.
@@ -54,18 +56,33 @@ pub struct Spec {
 }
 
 /// The runtimes, in [`Kind`]'s order.
-pub const RUNTIMES: &[Spec] = &[Spec {
-    kind: Kind::Python,
-    name: "python",
-    label: "Python",
-    procs_map: "py_procs",
-    processes: "CPython",
-    native: "interpreter",
-    unreadable: "[python frame unreadable]",
-    cut_short: "[python frames cut short]",
-    colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
-    new: || Box::<python::Pythons>::default(),
-}];
+pub const RUNTIMES: &[Spec] = &[
+    Spec {
+        kind: Kind::Python,
+        name: "python",
+        label: "Python",
+        procs_map: Some("py_procs"),
+        processes: "CPython",
+        native: "interpreter",
+        unreadable: "[python frame unreadable]",
+        cut_short: "[python frames cut short]",
+        colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
+        new: || Box::<python::Pythons>::default(),
+    },
+    Spec {
+        kind: Kind::Java,
+        name: "java",
+        label: "Java",
+        unreadable: "[java frame unreadable]",
+        cut_short: "[java frames cut short]",
+        // Green, as flamegraph.pl's java palette has Java methods.
+        colour: [(50, 60.0), (170, 60.0), (50, 60.0)],
+        procs_map: None,
+        processes: "JVM",
+        native: "JVM",
+        new: || Box::<java::Jvms>::default(),
+    },
+];
 
 impl Kind {
     pub fn spec(self) -> &'static Spec {
@@ -165,6 +182,12 @@ pub trait Runtime {
     /// Whether process `p` runs this runtime and its frames are read.
     fn has_process(&self, p: Proc) -> bool;
 
+    /// Whether process `p` was found to run this runtime, its frames read
+    /// or not.
+    fn seen(&self, p: Proc) -> bool {
+        self.has_process(p)
+    }
+
     /// Whether stack word `word` is one of this runtime's frames.
     fn owns(&self, word: u64) -> bool;
 
@@ -185,6 +208,10 @@ pub trait Runtime {
 
     /// The name of code `code` (see [`Frame::Code`]) at `at`.
     fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>>;
+
+    /// Last work before the end (what could not be done while tracing:
+    /// a runtime that was starting then).
+    fn settle(&mut self) {}
 
     /// What to say on stderr at the end: what could not be shown (always),
     /// with `verbose` what was done. `counters` are the BPF program's.

@@ -9,8 +9,8 @@ use crate::runtime::ProcEntry;
 /// [`crate::runtime::Spec::procs_map`]), and the bit of each such process.
 pub struct RuntimeStore {
     /// The runtimes' maps of processes, in [`crate::runtime::RUNTIMES`]'
-    /// order.
-    pub(super) procs: Vec<libbpf_rs::MapHandle>,
+    /// order (None for a runtime the BPF program does not walk).
+    pub(super) procs: Vec<Option<libbpf_rs::MapHandle>>,
     /// A bit per pid of the processes in the runtimes' maps (see
     /// `rt_pids`).
     pub(super) pids: libbpf_rs::MapHandle,
@@ -29,12 +29,15 @@ impl RuntimeStore {
         let procs = crate::runtime::RUNTIMES
             .iter()
             .map(|spec| {
+                let Some(name) = spec.procs_map else {
+                    return Ok(None);
+                };
                 let map = skel
                     .object()
                     .maps()
-                    .find(|m| m.name() == spec.procs_map)
-                    .with_context(|| format!("no map {} in the BPF object", spec.procs_map))?;
-                open(&map)
+                    .find(|m| m.name() == name)
+                    .with_context(|| format!("no map {name} in the BPF object"))?;
+                open(&map).map(Some)
             })
             .collect::<Result<_>>()?;
         Ok(RuntimeStore {
@@ -50,8 +53,10 @@ impl RuntimeStore {
     /// frames.
     pub fn set(&self, tgid: u32, mm: u64, entry: &ProcEntry) -> Result<()> {
         let noted = || format!("failed to note the runtime of process {tgid}");
-        self.procs[entry.kind as usize]
-            .update(&tgid.to_ne_bytes(), &entry.for_space(mm), MapFlags::ANY)
+        let Some(map) = &self.procs[entry.kind as usize] else {
+            bail!("no map of {} processes", entry.kind.spec().label);
+        };
+        map.update(&tgid.to_ne_bytes(), &entry.for_space(mm), MapFlags::ANY)
             .with_context(noted)?;
         self.set_pid(tgid, true).with_context(noted)?;
         if !self.any_set.get() {
@@ -66,7 +71,7 @@ impl RuntimeStore {
     /// Process `tgid` has exited, or runs another program now.
     pub fn remove(&self, tgid: u32) {
         let _ = self.set_pid(tgid, false);
-        for map in &self.procs {
+        for map in self.procs.iter().flatten() {
             let _ = map.delete(&tgid.to_ne_bytes());
         }
     }

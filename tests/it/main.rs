@@ -12,6 +12,7 @@ mod faults;
 pub(crate) mod formats;
 mod golden;
 mod intervals;
+mod java;
 mod kstacks;
 mod layers;
 mod newprocs;

@@ -30,6 +30,13 @@ impl Registry {
         self.runtimes.of_process(p)
     }
 
+    /// Each runtime's last work before the end (see [`Runtime::settle`]).
+    pub fn settle_runtimes(&mut self) {
+        for r in self.runtimes.iter_mut() {
+            r.settle();
+        }
+    }
+
     /// Every runtime, for what it says at the end.
     pub fn runtimes(&self) -> impl Iterator<Item = &dyn Runtime> {
         self.runtimes.iter()

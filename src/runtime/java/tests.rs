@@ -1,0 +1,484 @@
+//! Unit tests of the HotSpot support: the structure tables read from made-up
+//! memory (whole, not set up yet, hostile) and from the JVMs installed
+//! (Debian's JDK 17, and the JDK 11, 21 and 25 runtimes `scripts/setup
+//! --test` unpacks).
+
+use super::vmstructs::{read, Unreadable, SYMBOLS};
+use super::*;
+use crate::runtime::Memory;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Memory in regions: a read is whole within one, or fails.
+#[derive(Clone, Default)]
+struct Fake(BTreeMap<u64, Vec<u8>>);
+
+impl Memory for Fake {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let fail = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "unmapped");
+        let (&start, bytes) = self.0.range(..=addr).next_back().ok_or_else(fail)?;
+        let off = (addr - start) as usize;
+        let end = off.checked_add(buf.len()).ok_or_else(fail)?;
+        buf.copy_from_slice(bytes.get(off..end).ok_or_else(fail)?);
+        Ok(())
+    }
+}
+
+const SYMS: u64 = 0x1000;
+const STRINGS: u64 = 0x8_0000;
+
+/// A process's memory with HotSpot's four tables, laid out as JDK 17 lays
+/// them out (its entries' offsets and strides): `fields` (type, field,
+/// static, offset or address), `types` (name, size), the constants.
+struct Tables {
+    mem: Fake,
+    strings: Vec<u8>,
+}
+
+impl Tables {
+    fn string(&mut self, s: &str) -> u64 {
+        let at = STRINGS + self.strings.len() as u64;
+        self.strings.extend_from_slice(s.as_bytes());
+        self.strings.push(0);
+        at
+    }
+
+    fn build(
+        fields: &[(&str, &str, bool, u64)],
+        types: &[(&str, u64)],
+        ints: &[(&str, i32)],
+        longs: &[(&str, u64)],
+    ) -> Fake {
+        let mut t = Tables {
+            mem: Fake::default(),
+            strings: Vec::new(),
+        };
+        let mut syms = [0u64; 24];
+        // Fields: typeName 0, fieldName 8, typeString 16, isStatic 24,
+        // offset 32, address 40; 48 bytes.
+        let mut table = Vec::new();
+        for &(ty, field, is_static, value) in fields {
+            let mut e = [0u8; 48];
+            e[0..8].copy_from_slice(&t.string(ty).to_le_bytes());
+            e[8..16].copy_from_slice(&t.string(field).to_le_bytes());
+            e[16..24].copy_from_slice(&t.string("int").to_le_bytes());
+            e[24..28].copy_from_slice(&u32::from(is_static).to_le_bytes());
+            let at = if is_static { 40 } else { 32 };
+            e[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            table.extend_from_slice(&e);
+        }
+        table.extend_from_slice(&[0u8; 48]);
+        t.mem.0.insert(0x10_0000, table);
+        syms[..8].copy_from_slice(&[0x10_0000, 48, 0, 8, 16, 24, 32, 40]);
+        // Types: typeName 0, superclassName 8, isOopType 16,
+        // isIntegerType 20, isUnsigned 24, size 32; 40 bytes.
+        let mut table = Vec::new();
+        for &(ty, size) in types {
+            let mut e = [0u8; 40];
+            e[0..8].copy_from_slice(&t.string(ty).to_le_bytes());
+            e[32..40].copy_from_slice(&size.to_le_bytes());
+            table.extend_from_slice(&e);
+        }
+        table.extend_from_slice(&[0u8; 40]);
+        t.mem.0.insert(0x20_0000, table);
+        syms[8..16].copy_from_slice(&[0x20_0000, 40, 0, 8, 16, 20, 24, 32]);
+        // Constants: name 0, value 8; 16 bytes.
+        let mut table = Vec::new();
+        for &(name, v) in ints {
+            table.extend_from_slice(&t.string(name).to_le_bytes());
+            table.extend_from_slice(&(v as u32 as u64).to_le_bytes());
+        }
+        table.extend_from_slice(&[0u8; 16]);
+        t.mem.0.insert(0x30_0000, table);
+        syms[16..20].copy_from_slice(&[0x30_0000, 16, 0, 8]);
+        let mut table = Vec::new();
+        for &(name, v) in longs {
+            table.extend_from_slice(&t.string(name).to_le_bytes());
+            table.extend_from_slice(&v.to_le_bytes());
+        }
+        table.extend_from_slice(&[0u8; 16]);
+        t.mem.0.insert(0x40_0000, table);
+        syms[20..24].copy_from_slice(&[0x40_0000, 16, 0, 8]);
+        // The symbols: each a variable of its own, the value above.
+        let mut vars = Vec::new();
+        for v in syms {
+            vars.extend_from_slice(&v.to_le_bytes());
+        }
+        t.mem.0.insert(SYMS, vars);
+        let strings = std::mem::take(&mut t.strings);
+        t.mem.0.insert(STRINGS, strings);
+        t.mem
+    }
+}
+
+fn symbols() -> vmstructs::Symbols {
+    std::array::from_fn(|i| SYMS + 8 * i as u64)
+}
+
+fn sample() -> Fake {
+    Tables::build(
+        &[
+            ("Method", "_constMethod", false, 8),
+            ("CodeCache", "_heaps", true, 0x7f00_1234),
+            ("Klass", "_name", false, 16),
+        ],
+        &[("Method", 88), ("Klass", 200)],
+        &[("frame::interpreter_frame_method_offset", -3)],
+        &[("markWord::klass_shift", 32)],
+    )
+}
+
+#[test]
+fn reads_the_four_tables() {
+    let s = read(&sample(), &symbols()).unwrap();
+    assert_eq!(s.offset("Method", "_constMethod"), Some(8));
+    assert_eq!(s.offset("Klass", "_name"), Some(16));
+    // A static field has an address, no offset.
+    assert_eq!(s.address("CodeCache", "_heaps"), Some(0x7f00_1234));
+    assert_eq!(s.offset("CodeCache", "_heaps"), None);
+    assert_eq!(s.address("Method", "_constMethod"), None);
+    assert_eq!(s.field("Method", "_nope"), None);
+    assert_eq!(s.size("Method"), Some(88));
+    assert_eq!(s.size("Klass"), Some(200));
+    assert_eq!(s.int("frame::interpreter_frame_method_offset"), Some(-3));
+    assert_eq!(s.long("markWord::klass_shift"), Some(32));
+    assert_eq!(s.counts(), (3, 2, 1, 1));
+}
+
+/// Before libjvm's initializers run, its entry layouts are zero: not set
+/// up yet, to be read again, not a malformed table.
+#[test]
+fn tables_not_set_up_yet_are_said_so() {
+    let mut mem = sample();
+    let vars = mem.0.get_mut(&SYMS).unwrap();
+    for i in [1usize, 9, 17, 21] {
+        vars[i * 8..i * 8 + 8].fill(0);
+    }
+    assert!(matches!(read(&mem, &symbols()), Err(Unreadable::NotReady)));
+}
+
+/// Entry layouts no JVM has (a stride past the bound, a field past its
+/// entry), a table without its end, a name without its NUL: refused.
+#[test]
+fn malformed_tables_are_refused() {
+    let set = |i: usize, v: u64| {
+        let mut mem = sample();
+        let vars = mem.0.get_mut(&SYMS).unwrap();
+        vars[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        read(&mem, &symbols())
+    };
+    assert!(matches!(set(1, 4096), Err(Unreadable::Malformed(_))));
+    assert!(matches!(set(6, 44), Err(Unreadable::Malformed(_))));
+    // The fields' table with its last entry (the end) cut off: the read
+    // past it fails.
+    let mut mem = sample();
+    let t = mem.0.get_mut(&0x10_0000).unwrap();
+    t.truncate(t.len() - 48);
+    assert!(read(&mem, &symbols()).is_err());
+    // Strings without their NUL.
+    let mut mem = sample();
+    let s = mem.0.get_mut(&STRINGS).unwrap();
+    for b in s.iter_mut() {
+        if *b == 0 {
+            *b = b'x';
+        }
+    }
+    s.extend(std::iter::repeat_n(b'y', 1000));
+    assert!(matches!(
+        read(&mem, &symbols()),
+        Err(Unreadable::Malformed(_))
+    ));
+}
+
+/// Random bytes of the tables, their strings and their layouts changed:
+/// every read ends, with tables or an error, never a panic.
+#[test]
+fn hostile_tables_never_panic() {
+    let base = sample();
+    let mut rng = crate::hostile::Rng(0x9e37_79b9_7f4a_7c15);
+    let keys: Vec<u64> = base.0.keys().copied().collect();
+    let mut read_ok = 0;
+    for _ in 0..3000 {
+        let mut mem = base.clone();
+        for _ in 0..1 + rng.next() % 4 {
+            let key = keys[(rng.next() % keys.len() as u64) as usize];
+            let region = mem.0.get_mut(&key).unwrap();
+            let at = (rng.next() % region.len() as u64) as usize;
+            region[at] = match rng.next() % 4 {
+                0 => 0,
+                1 => 0xff,
+                _ => rng.next() as u8,
+            };
+        }
+        if read(&mem, &symbols()).is_ok() {
+            read_ok += 1;
+        }
+    }
+    // Most changes hit bytes no reader looks at (padding, values).
+    assert!(read_ok > 0);
+}
+
+/// The sample's tables with the JVM's release (a static `char *`).
+fn with_release(release: &str) -> Fake {
+    let mut mem = Tables::build(
+        &[
+            ("Method", "_constMethod", false, 8),
+            ("Abstract_VM_Version", "_s_vm_release", true, 0x50_0000),
+        ],
+        &[("Method", 88)],
+        &[],
+        &[],
+    );
+    mem.0.insert(0x50_0000, 0x60_0000u64.to_le_bytes().to_vec());
+    let mut s = release.as_bytes().to_vec();
+    s.push(0);
+    mem.0.insert(0x60_0000, s);
+    mem
+}
+
+static MEMORY: std::sync::Mutex<Option<Fake>> = std::sync::Mutex::new(None);
+
+fn open_fake(_: u32) -> std::io::Result<Box<dyn Memory>> {
+    Ok(Box::new(MEMORY.lock().unwrap().clone().unwrap()))
+}
+
+/// A JVM noted while it starts (libjvm's initializers not run yet): seen
+/// and said, its tables read at the end, and its release said then.
+#[test]
+fn a_jvm_starting_is_read_again_at_the_end() {
+    let mut starting = with_release("17.0.99+1");
+    let vars = starting.0.get_mut(&SYMS).unwrap();
+    for i in [1usize, 9, 17, 21] {
+        vars[i * 8..i * 8 + 8].fill(0);
+    }
+    *MEMORY.lock().unwrap() = Some(starting);
+    let mut jvms = Jvms::with_memory(open_fake);
+    let segments = vec![Segment {
+        offset: 0,
+        vaddr: 0,
+        filesz: 1 << 30,
+    }];
+    jvms.objects.insert(
+        7,
+        Some(Arc::new(Libjvm {
+            symbols: symbols(),
+            segments,
+        })),
+    );
+    let p = Proc { tgid: 1, start: 1 };
+    assert!(jvms.note_process(p, 7, 0, 0).is_none());
+    assert!(jvms.seen(p) && !jvms.has_process(p));
+    let report = |jvms: &Jvms| jvms.report(&LossCounters::default(), true).join("\n");
+    let said = report(&jvms);
+    assert!(
+        said.contains("the Java frames of 1 JVM process are not walked"),
+        "{said}"
+    );
+    *MEMORY.lock().unwrap() = Some(with_release("17.0.99+1"));
+    jvms.settle();
+    let said = report(&jvms);
+    assert!(
+        said.contains("the Java frames of 1 JVM process (HotSpot 17.0.99+1) are not walked"),
+        "{said}"
+    );
+    assert!(
+        said.contains("java: HotSpot 17.0.99+1: structure tables of 2 fields, 1 types"),
+        "{said}"
+    );
+    assert_eq!(jvms.jvm(p).and_then(Jvm::major), Some(17));
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The JVMs installed: Debian's JDK 17, and the runtimes of 11, 21 and 25
+/// under /opt/offcputime-test/jdk (scripts/setup --test). A missing one
+/// fails under CI=true.
+fn jdks() -> Vec<(u32, PathBuf)> {
+    let mut found = Vec::new();
+    let candidates = [
+        (11, PathBuf::from("/opt/offcputime-test/jdk/11/bin/java")),
+        (
+            17,
+            PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/java"),
+        ),
+        (21, PathBuf::from("/opt/offcputime-test/jdk/21/bin/java")),
+        (25, PathBuf::from("/opt/offcputime-test/jdk/25/bin/java")),
+    ];
+    for (major, java) in candidates {
+        if java.exists() {
+            found.push((major, java));
+        } else {
+            assert!(!ci(), "{} is needed (CI=true)", java.display());
+            eprintln!("skipped: {} not found", java.display());
+        }
+    }
+    found
+}
+
+/// JavaBlockers compiled into a directory of its own (Debian's javac, for
+/// release 11, so that every JVM runs it).
+fn compiled_workload() -> Option<tempfile::TempDir> {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/JavaBlockers.java");
+    let javac = Path::new("/usr/lib/jvm/java-17-openjdk-amd64/bin/javac");
+    if !javac.exists() {
+        assert!(!ci(), "{} is needed (CI=true)", javac.display());
+        eprintln!("skipped: no javac");
+        return None;
+    }
+    let ok = Command::new(javac)
+        .args(["--release", "11", "-d"])
+        .arg(dir.path())
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "javac failed");
+    Some(dir)
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts JavaBlockers under `java` and waits for its threads to block.
+fn start(java: &Path, classes: &Path) -> KillOnDrop {
+    let mut child = KillOnDrop(
+        Command::new(java)
+            .arg("-cp")
+            .arg(classes)
+            .arg("JavaBlockers")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = BufReader::new(child.0.stdout.take().unwrap());
+    for line in out.lines() {
+        if line.unwrap().starts_with("READY") {
+            return child;
+        }
+    }
+    panic!("{} JavaBlockers ended before READY", java.display());
+}
+
+/// Where libjvm.so is mapped in process `pid`: its path and lowest
+/// mapping's start and file offset.
+fn libjvm_of(pid: u32) -> (PathBuf, u64, u64) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for line in maps.lines() {
+        let t: Vec<&str> = line.split_whitespace().collect();
+        if t.len() >= 6 && t[5].ends_with("/libjvm.so") {
+            let start = u64::from_str_radix(t[0].split('-').next().unwrap(), 16).unwrap();
+            return (
+                PathBuf::from(t[5]),
+                start,
+                u64::from_str_radix(t[2], 16).unwrap(),
+            );
+        }
+    }
+    panic!("no libjvm.so in {pid}:\n{maps}");
+}
+
+/// Each JVM's tables, read from the running process as the profiler
+/// reads them: its release is the one installed, and the fields and
+/// sizes a walk of its frames needs are there.
+#[test]
+fn reads_the_tables_of_live_jvms() {
+    let jdks = jdks();
+    let Some(classes) = compiled_workload() else {
+        return;
+    };
+    let running: Vec<(u32, KillOnDrop)> = jdks
+        .iter()
+        .map(|(major, java)| (*major, start(java, classes.path())))
+        .collect();
+    for (major, child) in &running {
+        let pid = child.0.id();
+        let (path, start, offset) = libjvm_of(pid);
+        let file = File::open(&path).unwrap();
+        let lib = inspect(&file, "libjvm.so").unwrap().unwrap().unwrap();
+        let bias = crate::elf::load_bias(&lib.segments, start, offset).unwrap();
+        let mem = ProcMem::open(pid).unwrap();
+        let jvm = Jvm::read(&mem, &lib.symbols.map(|s| s + bias))
+            .unwrap_or_else(|e| panic!("JDK {major}: {e}"));
+        assert_eq!(jvm.major(), Some(*major), "release {}", jvm.release);
+        let s = &jvm.structs;
+        let (fields, types, ints, longs) = s.counts();
+        eprintln!(
+            "JDK {major} ({}): {fields} fields, {types} types, {ints} int and {longs} long constants",
+            jvm.release
+        );
+        assert!(fields > 500 && types > 300 && ints > 50, "JDK {major}");
+        for (ty, field) in [
+            ("Method", "_constMethod"),
+            ("ConstMethod", "_constants"),
+            ("ConstantPool", "_pool_holder"),
+            ("Klass", "_name"),
+            ("Symbol", "_length"),
+            ("CodeBlob", "_name"),
+            ("JavaThread", "_anchor"),
+        ] {
+            let offset = s.offset(ty, field);
+            let size = s.size(ty);
+            assert!(
+                offset.is_some() && size.is_some() && offset < size,
+                "JDK {major}: {ty}::{field} at {offset:?} of {size:?}"
+            );
+        }
+        // Known values, the same on every release: a Method's vtable
+        // pointer, then its ConstMethod; a Klass's name after its layout
+        // helper, id and super check offset.
+        assert_eq!(s.offset("Method", "_constMethod"), Some(8), "JDK {major}");
+        assert_eq!(s.offset("Klass", "_name"), Some(24), "JDK {major}");
+        assert_eq!(
+            s.offset("Symbol", "_length"),
+            Some(if *major == 11 { 0 } else { 4 })
+        );
+        assert_eq!(s.size("Symbol"), Some(8), "JDK {major}");
+        assert!(
+            s.address("CodeCache", "_heaps").is_some_and(|a| a != 0),
+            "JDK {major}: no CodeCache::_heaps"
+        );
+        for ty in ["Method", "ConstMethod", "nmethod", "JavaThread"] {
+            assert!(
+                s.size(ty).is_some_and(|n| n > 0),
+                "JDK {major}: no size of {ty}"
+            );
+        }
+    }
+}
+
+/// What is not a HotSpot libjvm is told apart: another name is not looked
+/// at, a libjvm.so without the tables is one without them.
+#[test]
+fn inspect_tells_hotspot_apart() {
+    let me = File::open("/proc/self/exe").unwrap();
+    assert!(inspect(&me, "offcputime").unwrap().is_none());
+    assert!(matches!(inspect(&me, "libjvm.so").unwrap(), Some(None)));
+    for (major, java) in jdks() {
+        let lib = java
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("lib/server/libjvm.so");
+        let file = File::open(&lib).unwrap();
+        let found = inspect(&file, "libjvm.so").unwrap();
+        assert!(
+            matches!(found, Some(Some(_))),
+            "JDK {major}: {} not HotSpot's",
+            lib.display()
+        );
+        assert_eq!(SYMBOLS.len(), 24);
+    }
+}

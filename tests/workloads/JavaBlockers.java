@@ -1,0 +1,187 @@
+// Java threads blocked in known ways, each in methods of its own, that
+// print the JVM's own view of their stacks (Thread.getAllStackTraces())
+// once every one of them is blocked: the judge of the Java frames in the
+// profiler's stacks (tests/it/java.rs).
+//
+//     java -cp DIR JavaBlockers [JNI_LIBRARY]
+//
+// Threads (their names longer than the kernel's 15 characters):
+//   blockers-sleeper-thread    Thread.sleep
+//   blockers-queue-taker       LinkedBlockingQueue.take on an empty queue
+//   blockers-monitor-holder    holds a monitor, sleeping
+//   blockers-monitor-waiter    a contended synchronized block
+//   blockers-object-waiter     Object.wait
+//   blockers-socket-reader     a socket read with nothing to read
+//   blockers-hot-compiled      a wait under a hot method with an inlined
+//                              callee (compiled by C2 after a warm-up)
+//   blockers-jni-caller        a native method that blocks (with the
+//                              JNI library's path as the argument)
+//
+// Output, once all are blocked: for each thread, `THREAD name`, then one
+// `FRAME class.method file:line` per frame, innermost first, then `END`;
+// last `READY pid`. The threads then stay blocked until the process is
+// killed.
+import java.io.InputStream;
+import java.net.InetAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+public class JavaBlockers {
+    static final CountDownLatch started = new CountDownLatch(8);
+    static final Object monitor = new Object();
+    static final Object waitObject = new Object();
+    static final LinkedBlockingQueue<Integer> queue = new LinkedBlockingQueue<>();
+    static final LinkedBlockingQueue<Integer> hotQueue = new LinkedBlockingQueue<>();
+
+    static native void nativeBlock();
+
+    // Thread.sleep, two calls down.
+    static void sleeperOuter() throws InterruptedException {
+        sleeperInner();
+    }
+
+    static void sleeperInner() throws InterruptedException {
+        started.countDown();
+        Thread.sleep(1_000_000_000L);
+    }
+
+    static void takeFromQueue() throws InterruptedException {
+        started.countDown();
+        queue.take();
+    }
+
+    static void holdMonitor() throws InterruptedException {
+        synchronized (monitor) {
+            started.countDown();
+            Thread.sleep(1_000_000_000L);
+        }
+    }
+
+    static void enterMonitor() {
+        started.countDown();
+        synchronized (monitor) {
+            System.out.println("unreachable");
+        }
+    }
+
+    static void waitOnObject() throws InterruptedException {
+        synchronized (waitObject) {
+            started.countDown();
+            waitObject.wait();
+        }
+    }
+
+    static void readSocket(Socket s) throws Exception {
+        InputStream in = s.getInputStream();
+        started.countDown();
+        in.read();
+    }
+
+    // The hot method and its callee: compiled (C2) during the warm-up,
+    // where the queue always has an element, so that the poll that
+    // finally waits is reached from compiled code, the callee inlined.
+    static int hotLoop(int i) throws InterruptedException {
+        return inlinedCallee(i) + 1;
+    }
+
+    static int inlinedCallee(int i) throws InterruptedException {
+        Integer v = hotQueue.poll(1_000_000_000L, TimeUnit.SECONDS);
+        return v == null ? i : v + i;
+    }
+
+    static void runHot() throws InterruptedException {
+        long sum = 0;
+        for (int i = 0; i < 300_000; i++) {
+            hotQueue.offer(i);
+            sum += hotLoop(i);
+        }
+        if (sum == 42) {
+            System.out.println("unlikely");
+        }
+        started.countDown();
+        hotLoop(-1);
+    }
+
+    static void callNative() {
+        started.countDown();
+        nativeBlock();
+    }
+
+    interface Body {
+        void run() throws Exception;
+    }
+
+    static Thread start(String name, Body body) {
+        Thread t = new Thread(() -> {
+            try {
+                body.run();
+            } catch (Exception e) {
+                throw new RuntimeException(e);
+            }
+        }, name);
+        t.setDaemon(true);
+        t.start();
+        return t;
+    }
+
+    public static void main(String[] args) throws Exception {
+        if (args.length > 0) {
+            System.load(args[0]);
+        }
+        ServerSocket server = new ServerSocket(0, 1, InetAddress.getLoopbackAddress());
+        Socket client = new Socket(InetAddress.getLoopbackAddress(), server.getLocalPort());
+        Socket accepted = server.accept();
+        List<Thread> threads = new ArrayList<>();
+        threads.add(start("blockers-sleeper-thread", JavaBlockers::sleeperOuter));
+        threads.add(start("blockers-queue-taker", JavaBlockers::takeFromQueue));
+        threads.add(start("blockers-monitor-holder", JavaBlockers::holdMonitor));
+        // The holder first, so that the waiter finds the monitor taken.
+        while (threads.get(2).getState() != Thread.State.TIMED_WAITING) {
+            Thread.sleep(1);
+        }
+        threads.add(start("blockers-monitor-waiter", JavaBlockers::enterMonitor));
+        threads.add(start("blockers-object-waiter", JavaBlockers::waitOnObject));
+        threads.add(start("blockers-socket-reader", () -> readSocket(accepted)));
+        threads.add(start("blockers-hot-compiled", JavaBlockers::runHot));
+        if (args.length > 0) {
+            threads.add(start("blockers-jni-caller", JavaBlockers::callNative));
+        } else {
+            started.countDown();
+        }
+        started.await();
+        // Each thread reached its block (the socket reader and the JNI
+        // caller are RUNNABLE to the JVM while they wait in the kernel).
+        for (Thread t : threads) {
+            while (t.getState() == Thread.State.RUNNABLE
+                    && !t.getName().equals("blockers-socket-reader")
+                    && !t.getName().equals("blockers-jni-caller")) {
+                Thread.sleep(1);
+            }
+        }
+        Thread.sleep(200);
+        StringBuilder out = new StringBuilder();
+        for (Map.Entry<Thread, StackTraceElement[]> e : Thread.getAllStackTraces().entrySet()) {
+            if (!threads.contains(e.getKey())) {
+                continue;
+            }
+            out.append("THREAD ").append(e.getKey().getName()).append('\n');
+            for (StackTraceElement f : e.getValue()) {
+                out.append("FRAME ").append(f.getClassName()).append('.').append(f.getMethodName())
+                        .append(' ').append(f.getFileName()).append(':').append(f.getLineNumber())
+                        .append('\n');
+            }
+            out.append("END\n");
+        }
+        out.append("READY ").append(ProcessHandle.current().pid()).append('\n');
+        System.out.print(out);
+        System.out.flush();
+        client.getOutputStream().flush();
+        Thread.sleep(Long.MAX_VALUE);
+    }
+}
