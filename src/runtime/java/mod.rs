@@ -1,12 +1,14 @@
 //! HotSpot JVMs: which mapped objects are a HotSpot `libjvm.so` (it exports
-//! its structure tables, [`vmstructs`]), and each JVM process's tables and
-//! release, read from the process.
+//! its structure tables, [`vmstructs`]), each JVM process's tables and
+//! release, read from the process, and through them its compiled code and
+//! methods ([`code`]).
 //!
 //! Java frames are not walked yet: a JVM's stacks keep their native
 //! frames, and the Java code's frames are its code's addresses. That is
 //! said once at the end, with the JVMs' releases; a `libjvm.so` that is
 //! not HotSpot's (no structure tables: OpenJ9) is said too.
 
+pub mod code;
 pub mod vmstructs;
 
 use std::collections::{BTreeSet, HashMap};

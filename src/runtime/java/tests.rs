@@ -455,7 +455,79 @@ fn reads_the_tables_of_live_jvms() {
                 "JDK {major}: no size of {ty}"
             );
         }
+        compiled_methods_as_the_jvm_lists_them(*major, pid, &jvm, &mem);
     }
+}
+
+/// Every method the JVM lists as compiled (`jcmd PID Compiler.codelist`:
+/// compile id, level, state, `Class.name(signature)`, then the blob and
+/// its code's range): the blob found at its code's first and middle
+/// address, its kind, code and compile id, and its method named as the
+/// JVM names it.
+fn compiled_methods_as_the_jvm_lists_them(major: u32, pid: u32, jvm: &Jvm, mem: &ProcMem) {
+    let l = code::Layout::of(&jvm.structs).unwrap_or_else(|e| panic!("JDK {major}: {e}"));
+    let heaps = code::heaps(mem, &l).unwrap();
+    assert!(!heaps.is_empty(), "JDK {major}: no code heaps");
+    let jcmd = match major {
+        17 => PathBuf::from("/usr/lib/jvm/java-17-openjdk-amd64/bin/jcmd"),
+        _ => PathBuf::from(format!("/opt/offcputime-test/jdk/{major}/bin/jcmd")),
+    };
+    let out = Command::new(&jcmd)
+        .arg(pid.to_string())
+        .arg("Compiler.codelist")
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for line in list.lines() {
+        // `4 0 0 java.lang.Object.hashCode()I [0x7f.., 0x7f.. - 0x7f..]`
+        let Some((head, range)) = line.split_once(" [") else {
+            continue;
+        };
+        let f: Vec<&str> = head.splitn(4, ' ').collect();
+        let r: Vec<&str> = range
+            .trim_end_matches(']')
+            .split([',', '-', ' '])
+            .filter(|x| !x.is_empty())
+            .collect();
+        if f.len() != 4 || r.len() != 3 {
+            continue;
+        }
+        let (id, name): (u32, &str) = (f[0].parse().unwrap(), f[3]);
+        let (addr, begin, end) = (hex(r[0]), hex(r[1]), hex(r[2]));
+        let at = code::blob_at(mem, &l, &heaps, begin).unwrap();
+        let mid = code::blob_at(mem, &l, &heaps, begin + (end - begin) / 2).unwrap();
+        let blob = code::blob(mem, &l, addr).unwrap();
+        let (method, compile_id) = code::nmethod(mem, &l, addr).unwrap();
+        let m = code::method_name(mem, &l, method).unwrap();
+        let named = format!("{}.{}{}", m.class, m.name, m.signature);
+        checked += 1;
+        if at != Some(addr)
+            || mid != Some(addr)
+            || !blob.name.ends_with("nmethod")
+            || blob.code_begin != begin
+            || compile_id != id
+            || named != name
+        {
+            wrong.push(format!(
+                "{line}\n  found {at:x?} {mid:x?} {} {:#x} {compile_id} {named}",
+                blob.name, blob.code_begin
+            ));
+        }
+    }
+    eprintln!("JDK {major}: {checked} compiled methods checked");
+    assert!(
+        checked >= 20,
+        "JDK {major}: {checked} methods listed:\n{list}"
+    );
+    assert!(
+        wrong.is_empty(),
+        "JDK {major}: {} of {checked} compiled methods read otherwise:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }
 
 /// What is not a HotSpot libjvm is told apart: another name is not looked
@@ -480,5 +552,92 @@ fn inspect_tells_hotspot_apart() {
             lib.display()
         );
         assert_eq!(SYMBOLS.len(), 24);
+    }
+}
+
+/// Memory that holds noise everywhere (each byte a hash of its address
+/// and a seed), or nothing past `limit`.
+struct Noise {
+    seed: u64,
+    limit: u64,
+}
+
+impl Memory for Noise {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        if addr.saturating_add(buf.len() as u64) > self.limit {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "unmapped",
+            ));
+        }
+        for (i, b) in buf.iter_mut().enumerate() {
+            let mut x = (addr + i as u64) ^ self.seed;
+            x = x.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            x ^= x >> 29;
+            // Mostly small bytes and zeros, so that lengths, hops and
+            // names end now and then.
+            *b = match x % 5 {
+                0 => 0,
+                1 => (x >> 8) as u8 & 3,
+                _ => (x >> 16) as u8,
+            };
+        }
+        Ok(())
+    }
+}
+
+/// The code cache's and the methods' readers, led by noise through
+/// another process's memory: every read ends, never a panic.
+#[test]
+fn code_readers_survive_noise() {
+    let fields: Vec<(&str, &str, bool, u64)> = vec![
+        ("CodeCache", "_heaps", true, 0x1000),
+        ("GrowableArrayBase", "_len", false, 0),
+        ("GrowableArray<int>", "_data", false, 8),
+        ("CodeHeap", "_memory", false, 8),
+        ("CodeHeap", "_segmap", false, 120),
+        ("CodeHeap", "_log2_segment_size", false, 256),
+        ("VirtualSpace", "_low_boundary", false, 0),
+        ("VirtualSpace", "_high_boundary", false, 8),
+        ("HeapBlock::Header", "_used", false, 8),
+        ("CodeBlob", "_name", false, 96),
+        ("CodeBlob", "_code_begin", false, 32),
+        ("CompiledMethod", "_method", false, 112),
+        ("nmethod", "_compile_id", false, 304),
+        ("Method", "_constMethod", false, 8),
+        ("ConstMethod", "_constants", false, 8),
+        ("ConstMethod", "_name_index", false, 34),
+        ("ConstMethod", "_signature_index", false, 36),
+        ("ConstantPool", "_pool_holder", false, 24),
+        ("Klass", "_name", false, 24),
+        ("Symbol", "_length", false, 4),
+    ];
+    let tables = Tables::build(
+        &fields,
+        &[("HeapBlock", 16), ("ConstantPool", 72)],
+        &[],
+        &[],
+    );
+    let s = read(&tables, &symbols()).unwrap();
+    let l = code::Layout::of(&s).unwrap();
+    let mut rng = crate::hostile::Rng(0x2545_f491_4f6c_dd1d);
+    for _ in 0..2000 {
+        let mem = Noise {
+            seed: rng.next(),
+            limit: if rng.next() % 2 == 0 {
+                u64::MAX
+            } else {
+                1 << 20
+            },
+        };
+        let heaps = code::heaps(&mem, &l).unwrap_or_default();
+        let pc = rng.next() % (1 << 21);
+        let _ = code::blob_at(&mem, &l, &heaps, pc);
+        let addr = rng.next() % (1 << 21);
+        let _ = code::blob(&mem, &l, addr);
+        let _ = code::nmethod(&mem, &l, addr);
+        let _ = code::method_name(&mem, &l, addr);
+        let made_up = [code::Heap::for_test(0, 1 << 20, 1 << 19, 7)];
+        let _ = code::blob_at(&mem, &l, &made_up, pc);
     }
 }
