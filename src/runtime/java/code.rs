@@ -15,35 +15,38 @@ use crate::runtime::Memory;
 #[derive(Clone, Debug)]
 pub struct Layout {
     /// `CodeCache::_heaps`: the address of the `GrowableArray<CodeHeap*>*`.
-    heaps: u64,
-    array_len: u64,
-    array_data: u64,
-    heap_memory: u64,
-    heap_segmap: u64,
-    heap_log2_segment: u64,
-    space_low: u64,
-    space_high: u64,
-    heap_block_size: u64,
-    block_used: u64,
-    blob_name: u64,
+    pub(super) heaps: u64,
+    pub(super) array_len: u64,
+    pub(super) array_data: u64,
+    pub(super) heap_memory: u64,
+    pub(super) heap_segmap: u64,
+    pub(super) heap_log2_segment: u64,
+    pub(super) space_low: u64,
+    pub(super) space_high: u64,
+    pub(super) heap_block_size: u64,
+    pub(super) block_used: u64,
+    pub(super) blob_name: u64,
     /// `_code_begin` (a pointer, up to JDK 22) or `_code_offset` (an int
     /// from the blob, 23 on).
-    code_begin: CodeBegin,
-    nmethod_method: u64,
-    nmethod_compile_id: u64,
-    method_const: u64,
-    const_constants: u64,
-    const_name_index: u64,
-    const_signature_index: u64,
-    pool_holder: u64,
-    pool_size: u64,
-    klass_name: u64,
-    symbol_length: u64,
-    symbol_body: u64,
+    pub(super) code_begin: CodeBegin,
+    pub(super) nmethod_method: u64,
+    pub(super) nmethod_compile_id: u64,
+    pub(super) method_const: u64,
+    pub(super) const_constants: u64,
+    pub(super) const_name_index: u64,
+    pub(super) const_signature_index: u64,
+    pub(super) pool_holder: u64,
+    pub(super) pool_size: u64,
+    pub(super) klass_name: u64,
+    pub(super) symbol_length: u64,
+    pub(super) symbol_body: u64,
+    /// JDK 11's anonymous classes (lambdas' among them): the offset of
+    /// `InstanceKlass::_misc_flags` and the flag.
+    pub(super) anonymous: Option<(u64, u16)>,
 }
 
 #[derive(Clone, Copy, Debug)]
-enum CodeBegin {
+pub(super) enum CodeBegin {
     Pointer(u64),
     Offset(u64),
 }
@@ -104,6 +107,10 @@ impl Layout {
             klass_name: member(s, &[("Klass", "_name")])?,
             symbol_length,
             symbol_body,
+            anonymous: s
+                .offset("InstanceKlass", "_misc_flags")
+                .zip(s.int("InstanceKlass::_misc_is_anonymous"))
+                .map(|(o, f)| (o, f as u16)),
         })
     }
 }
@@ -116,19 +123,19 @@ const MAX_HOPS: usize = 1 << 14;
 /// A symbol's length, at most (a class or method name).
 pub const MAX_SYMBOL: usize = 4096;
 
-fn u64_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u64> {
+pub(super) fn u64_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u64> {
     let mut b = [0u8; 8];
     mem.read(addr, &mut b)?;
     Ok(u64::from_le_bytes(b))
 }
 
-fn u32_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u32> {
+pub(super) fn u32_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u32> {
     let mut b = [0u8; 4];
     mem.read(addr, &mut b)?;
     Ok(u32::from_le_bytes(b))
 }
 
-fn u16_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u16> {
+pub(super) fn u16_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u16> {
     let mut b = [0u8; 2];
     mem.read(addr, &mut b)?;
     Ok(u16::from_le_bytes(b))
@@ -185,7 +192,7 @@ pub fn heaps(mem: &dyn Memory, l: &Layout) -> std::io::Result<Vec<Heap>> {
     Ok(heaps)
 }
 
-fn bad(why: String) -> std::io::Error {
+pub(super) fn bad(why: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, why)
 }
 
@@ -304,7 +311,18 @@ pub fn method_name(mem: &dyn Memory, l: &Layout, method: u64) -> std::io::Result
     let cm = u64_at(mem, method.wrapping_add(l.method_const))?;
     let cp = u64_at(mem, cm.wrapping_add(l.const_constants))?;
     let holder = u64_at(mem, cp.wrapping_add(l.pool_holder))?;
-    let class = symbol(mem, l, u64_at(mem, holder.wrapping_add(l.klass_name))?)?.replace('/', ".");
+    let mut class =
+        symbol(mem, l, u64_at(mem, holder.wrapping_add(l.klass_name))?)?.replace('/', ".");
+    // As the JVM names classes: a hidden class (JDK 15 on) with a slash
+    // before its address, which its symbol has after a plus; an anonymous
+    // one (JDK 11) with its address after a slash.
+    if let Some(at) = class.rfind("+0x") {
+        class.replace_range(at..at + 1, "/");
+    } else if let Some((flags, anonymous)) = l.anonymous {
+        if u16_at(mem, holder.wrapping_add(flags))? & anonymous != 0 {
+            class.push_str(&format!("/{holder:#018x}"));
+        }
+    }
     let slot = |index: u16| -> std::io::Result<String> {
         // A slot of the constant pool: a Symbol* (its low bit a tag).
         let at = cp

@@ -1,7 +1,7 @@
 //! HotSpot JVMs: which mapped objects are a HotSpot `libjvm.so` (it exports
 //! its structure tables, [`vmstructs`]), each JVM process's tables and
 //! release, read from the process, and through them its compiled code and
-//! methods ([`code`]).
+//! methods ([`code`]) and a blocked thread's Java frames ([`walk`]).
 //!
 //! Java frames are not walked yet: a JVM's stacks keep their native
 //! frames, and the Java code's frames are its code's addresses. That is
@@ -10,6 +10,7 @@
 
 pub mod code;
 pub mod vmstructs;
+pub mod walk;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;

@@ -350,8 +350,14 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Starts JavaBlockers under `java` and waits for its threads to block.
-fn start(java: &Path, classes: &Path) -> KillOnDrop {
+/// What the workload printed of its threads: each thread's name and its
+/// frames, innermost first, as `(class.method, line)` (the line where the
+/// JVM has one).
+type Reported = Vec<(String, Vec<(String, Option<u32>)>)>;
+
+/// Starts JavaBlockers under `java` and waits for its threads to block:
+/// the JVM, and what it reported of its threads.
+fn start(java: &Path, classes: &Path) -> (KillOnDrop, Reported) {
     let mut child = KillOnDrop(
         Command::new(java)
             .arg("-cp")
@@ -363,9 +369,22 @@ fn start(java: &Path, classes: &Path) -> KillOnDrop {
             .unwrap(),
     );
     let out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut reported: Reported = Vec::new();
     for line in out.lines() {
-        if line.unwrap().starts_with("READY") {
-            return child;
+        let line = line.unwrap();
+        if line.starts_with("READY") {
+            return (child, reported);
+        }
+        if let Some(name) = line.strip_prefix("THREAD ") {
+            reported.push((name.to_string(), Vec::new()));
+        } else if let Some(frame) = line.strip_prefix("FRAME ") {
+            let (method, place) = frame.split_once(' ').unwrap();
+            let line = place.rsplit_once(':').and_then(|(_, n)| n.parse().ok());
+            reported
+                .last_mut()
+                .unwrap()
+                .1
+                .push((method.to_string(), line));
         }
     }
     panic!("{} JavaBlockers ended before READY", java.display());
@@ -398,11 +417,11 @@ fn reads_the_tables_of_live_jvms() {
     let Some(classes) = compiled_workload() else {
         return;
     };
-    let running: Vec<(u32, KillOnDrop)> = jdks
+    let running: Vec<(u32, (KillOnDrop, Reported))> = jdks
         .iter()
         .map(|(major, java)| (*major, start(java, classes.path())))
         .collect();
-    for (major, child) in &running {
+    for (major, (child, reported)) in &running {
         let pid = child.0.id();
         let (path, start, offset) = libjvm_of(pid);
         let file = File::open(&path).unwrap();
@@ -456,7 +475,68 @@ fn reads_the_tables_of_live_jvms() {
             );
         }
         compiled_methods_as_the_jvm_lists_them(*major, pid, &jvm, &mem);
+        threads_walk_as_the_jvm_reports_them(*major, pid, &jvm, &mem, reported);
     }
+}
+
+/// Each blocked thread of the workload, walked from its frame anchor:
+/// its Java frames, named and at their lines, are those the JVM reported
+/// (`Thread.getAllStackTraces()`), in order.
+fn threads_walk_as_the_jvm_reports_them(
+    major: u32,
+    pid: u32,
+    jvm: &Jvm,
+    mem: &ProcMem,
+    reported: &Reported,
+) {
+    let l =
+        walk::WalkLayout::of(&jvm.structs, major).unwrap_or_else(|e| panic!("JDK {major}: {e}"));
+    let heaps = code::heaps(mem, &l.code).unwrap();
+    let threads = walk::threads(mem, &l).unwrap();
+    let mut compared = 0;
+    let mut report = String::new();
+    for (name, frames) in reported {
+        let comm: String = name.chars().take(15).collect();
+        let mut tried = Vec::new();
+        let mut matched = false;
+        for &(jt, tid) in &threads {
+            let c =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+            if c.trim_end() != comm {
+                continue;
+            }
+            let walked = walk::walk(mem, &l, &heaps, jt).unwrap();
+            let named: Vec<(String, Option<u32>)> = walked
+                .iter()
+                .map(|f| {
+                    let m = code::method_name(mem, &l.code, f.method).unwrap();
+                    if m.class == "JavaBlockers" {
+                        let file = walk::source_file(mem, &l.code, &jvm.structs, f.method).unwrap();
+                        assert_eq!(file.as_deref(), Some("JavaBlockers.java"), "JDK {major}");
+                    }
+                    (
+                        format!("{}.{}", m.class, m.name),
+                        walk::line(mem, &l, f.method, f.bci).unwrap(),
+                    )
+                })
+                .collect();
+            let same = named.len() == frames.len()
+                && named.iter().zip(frames).all(|((n, ln), (want, want_ln))| {
+                    n == want && (want_ln.is_none() || ln == want_ln)
+                });
+            matched |= same;
+            tried.push(format!("{named:?}"));
+        }
+        compared += 1;
+        if !matched {
+            report.push_str(&format!(
+                "{name}: the JVM says {frames:?}\n  walked: {}\n",
+                tried.join("\n  or ")
+            ));
+        }
+    }
+    assert!(compared >= 7, "JDK {major}: {compared} threads");
+    assert!(report.is_empty(), "JDK {major}:\n{report}");
 }
 
 /// Every method the JVM lists as compiled (`jcmd PID Compiler.codelist`:
@@ -611,15 +691,40 @@ fn code_readers_survive_noise() {
         ("ConstantPool", "_pool_holder", false, 24),
         ("Klass", "_name", false, 24),
         ("Symbol", "_length", false, 4),
+        ("ThreadsSMRSupport", "_java_thread_list", true, 0x2000),
+        ("ThreadsList", "_length", false, 4),
+        ("ThreadsList", "_threads", false, 16),
+        ("JavaThread", "_osthread", false, 560),
+        ("OSThread", "_thread_id", false, 208),
+        ("JavaThread", "_anchor", false, 656),
+        ("JavaFrameAnchor", "_last_Java_sp", false, 0),
+        ("JavaFrameAnchor", "_last_Java_pc", false, 8),
+        ("JavaFrameAnchor", "_last_Java_fp", false, 16),
+        ("CodeBlob", "_frame_size", false, 28),
+        ("nmethod", "_scopes_pcs_offset", false, 268),
+        ("nmethod", "_dependencies_offset", false, 272),
+        ("CompiledMethod", "_scopes_data_begin", false, 120),
+        ("nmethod", "_metadata_offset", false, 260),
+        ("PcDesc", "_pc_offset", false, 0),
+        ("PcDesc", "_scope_decode_offset", false, 4),
+        ("ConstMethod", "_flags", false, 28),
+        ("ConstMethod", "_code_size", false, 32),
+        ("ConstantPool", "_source_file_name_index", false, 54),
     ];
     let tables = Tables::build(
         &fields,
-        &[("HeapBlock", 16), ("ConstantPool", 72)],
-        &[],
+        &[
+            ("HeapBlock", 16),
+            ("ConstantPool", 72),
+            ("PcDesc", 16),
+            ("ConstMethod", 48),
+        ],
+        &[("ConstMethod::_has_linenumber_table", 1)],
         &[],
     );
     let s = read(&tables, &symbols()).unwrap();
     let l = code::Layout::of(&s).unwrap();
+    let w = walk::WalkLayout::of(&s, 21).unwrap();
     let mut rng = crate::hostile::Rng(0x2545_f491_4f6c_dd1d);
     for _ in 0..2000 {
         let mem = Noise {
@@ -639,5 +744,10 @@ fn code_readers_survive_noise() {
         let _ = code::method_name(&mem, &l, addr);
         let made_up = [code::Heap::for_test(0, 1 << 20, 1 << 19, 7)];
         let _ = code::blob_at(&mem, &l, &made_up, pc);
+        let _ = walk::threads(&mem, &w);
+        let _ = walk::walk(&mem, &w, &made_up, addr);
+        let _ = walk::walk(&mem, &w, &heaps, addr);
+        let _ = walk::line(&mem, &w, addr, (rng.next() % 1000) as i32);
+        let _ = walk::source_file(&mem, &l, &s, addr);
     }
 }

@@ -1,0 +1,506 @@
+//! A blocked Java thread's Java frames, walked from the JVM's memory: the
+//! thread's frame anchor (where its Java code last called out: the stack
+//! pointer, and the pc and frame pointer where the JVM keeps them), then
+//! frame by frame through the code cache: an interpreted frame's method and
+//! bytecode index from its slots below the frame pointer, a compiled
+//! frame's size from its code blob (no frame pointer needed), its inlined
+//! methods from its debug information at the return address; and each
+//! method's line at its bytecode index from its line table.
+//!
+//! The reference for the frames a walk must find, and the decoding every
+//! walk shares: debug information and line tables (compressed with
+//! HotSpot's UNSIGNED5 coding), names. Every read is of another process's
+//! memory, every loop bounded.
+
+use super::code::{self, u16_at, u32_at, u64_at, Heap, Layout};
+use super::vmstructs::VmStructs;
+use crate::runtime::Memory;
+
+/// Frames walked, at most.
+pub const MAX_FRAMES: usize = 256;
+/// Methods inlined at one pc, at most.
+const MAX_INLINED: usize = 64;
+/// A compiled method's scopes read, at most.
+const MAX_STREAM: usize = 1 << 20;
+/// PcDescs of one compiled method, at most.
+const MAX_PCS: u64 = 1 << 16;
+
+/// The interpreter's frame slots below the frame pointer (x86-64, words):
+/// the method and the bytecode pointer (not in the JVM's tables; the same
+/// from JDK 9 on), and the sender's stack pointer (in the tables as
+/// `frame::interpreter_frame_sender_sp_offset`).
+const INTERP_METHOD: u64 = 3;
+const INTERP_BCP: u64 = 8;
+
+/// What a walk reads beyond the code cache's fields.
+#[derive(Clone, Debug)]
+pub struct WalkLayout {
+    pub code: Layout,
+    /// HotSpot's UNSIGNED5 coding leaves byte 0 out from JDK 20 on.
+    excluded_byte: u8,
+    thread_list: ThreadList,
+    thread_osthread: u64,
+    osthread_tid: u64,
+    thread_anchor: u64,
+    anchor_sp: u64,
+    anchor_pc: u64,
+    anchor_fp: u64,
+    blob_frame_size: u64,
+    pcs: DebugInfo,
+    pc_desc_size: u64,
+    pc_offset: u64,
+    pc_scope: u64,
+    const_method_size: u64,
+    const_flags: (u64, bool),
+    const_code_size: u64,
+    has_line_table: u32,
+    interp_sender_sp: i64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ThreadList {
+    /// `ThreadsSMRSupport::_java_thread_list` (JDK 17 on): the list's
+    /// address, its length's and its array's offsets.
+    Smr(u64, u64, u64),
+    /// `Threads::_thread_list` and `JavaThread::_next` (JDK 11).
+    Linked(u64, u64),
+}
+
+/// Where a compiled method keeps its PcDescs, scopes and metadata.
+#[derive(Clone, Copy, Debug)]
+enum DebugInfo {
+    /// Up to JDK 22: PcDescs from the blob's `_scopes_pcs_offset` to
+    /// `_dependencies_offset`, scopes at `_scopes_data_begin`, metadata at
+    /// the blob's `_metadata_offset`.
+    InBlob {
+        pcs: u64,
+        pcs_end: u64,
+        scopes_begin: u64,
+        metadata: u64,
+    },
+    /// JDK 23 on: PcDescs and scopes in the immutable data; metadata in
+    /// the mutable data, after the relocations (25).
+    Immutable {
+        data: u64,
+        pcs: u64,
+        scopes: u64,
+        mutable: u64,
+        relocation_size: u64,
+    },
+}
+
+fn member(s: &VmStructs, names: &[(&str, &str)]) -> Result<u64, String> {
+    names
+        .iter()
+        .find_map(|(t, f)| s.offset(t, f))
+        .ok_or_else(|| format!("no {}::{} in its tables", names[0].0, names[0].1))
+}
+
+impl WalkLayout {
+    /// The layout of the JVM of tables `s` and major version `major`.
+    pub fn of(s: &VmStructs, major: u32) -> Result<WalkLayout, String> {
+        let thread_list = match s.address("ThreadsSMRSupport", "_java_thread_list") {
+            Some(list) => ThreadList::Smr(
+                list,
+                member(s, &[("ThreadsList", "_length")])?,
+                member(s, &[("ThreadsList", "_threads")])?,
+            ),
+            None => ThreadList::Linked(
+                s.address("Threads", "_thread_list")
+                    .ok_or("no thread list in its tables")?,
+                member(s, &[("JavaThread", "_next")])?,
+            ),
+        };
+        let pcs = if s.offset("nmethod", "_immutable_data").is_some() {
+            DebugInfo::Immutable {
+                data: member(s, &[("nmethod", "_immutable_data")])?,
+                pcs: member(s, &[("nmethod", "_scopes_pcs_offset")])?,
+                scopes: member(s, &[("nmethod", "_scopes_data_offset")])?,
+                mutable: member(s, &[("CodeBlob", "_mutable_data")])?,
+                relocation_size: member(s, &[("CodeBlob", "_relocation_size")])?,
+            }
+        } else {
+            DebugInfo::InBlob {
+                pcs: member(s, &[("nmethod", "_scopes_pcs_offset")])?,
+                pcs_end: member(s, &[("nmethod", "_dependencies_offset")])?,
+                scopes_begin: member(s, &[("CompiledMethod", "_scopes_data_begin")])?,
+                metadata: member(s, &[("nmethod", "_metadata_offset")])?,
+            }
+        };
+        let const_flags = match s.offset("ConstMethod", "_flags._flags") {
+            Some(o) => (o, true),
+            None => (member(s, &[("ConstMethod", "_flags")])?, false),
+        };
+        let has_line_table = s
+            .int("ConstMethodFlags::_misc_has_linenumber_table")
+            .or_else(|| s.int("ConstMethod::_has_linenumber_table"))
+            .ok_or("no line-table flag in its tables")? as u32;
+        Ok(WalkLayout {
+            code: Layout::of(s)?,
+            excluded_byte: u8::from(major >= 20),
+            thread_list,
+            thread_osthread: member(s, &[("JavaThread", "_osthread"), ("Thread", "_osthread")])?,
+            osthread_tid: member(s, &[("OSThread", "_thread_id")])?,
+            thread_anchor: member(s, &[("JavaThread", "_anchor")])?,
+            anchor_sp: member(s, &[("JavaFrameAnchor", "_last_Java_sp")])?,
+            anchor_pc: member(s, &[("JavaFrameAnchor", "_last_Java_pc")])?,
+            anchor_fp: member(s, &[("JavaFrameAnchor", "_last_Java_fp")])?,
+            blob_frame_size: member(s, &[("CodeBlob", "_frame_size")])?,
+            pcs,
+            pc_desc_size: s.size("PcDesc").ok_or("no size of PcDesc")?,
+            pc_offset: member(s, &[("PcDesc", "_pc_offset")])?,
+            pc_scope: member(s, &[("PcDesc", "_scope_decode_offset")])?,
+            const_method_size: s.size("ConstMethod").ok_or("no size of ConstMethod")?,
+            const_flags,
+            const_code_size: member(s, &[("ConstMethod", "_code_size")])?,
+            has_line_table,
+            interp_sender_sp: i64::from(
+                s.int("frame::interpreter_frame_sender_sp_offset")
+                    .unwrap_or(-1),
+            ),
+        })
+    }
+}
+
+/// The JVM's threads: each `JavaThread*` and its thread's id (the
+/// kernel's tid).
+pub fn threads(mem: &dyn Memory, l: &WalkLayout) -> std::io::Result<Vec<(u64, u32)>> {
+    let mut out = Vec::new();
+    let mut add = |t: u64| -> std::io::Result<()> {
+        let os = u64_at(mem, t.wrapping_add(l.thread_osthread))?;
+        if os != 0 {
+            out.push((t, u32_at(mem, os.wrapping_add(l.osthread_tid))?));
+        }
+        Ok(())
+    };
+    match l.thread_list {
+        ThreadList::Smr(list, len, threads) => {
+            let list = u64_at(mem, list)?;
+            let n = u32_at(mem, list.wrapping_add(len))?.min(1 << 16);
+            let array = u64_at(mem, list.wrapping_add(threads))?;
+            for i in 0..u64::from(n) {
+                add(u64_at(mem, array.wrapping_add(8 * i))?)?;
+            }
+        }
+        ThreadList::Linked(head, next) => {
+            let mut t = u64_at(mem, head)?;
+            for _ in 0..1 << 16 {
+                if t == 0 {
+                    break;
+                }
+                add(t)?;
+                t = u64_at(mem, t.wrapping_add(next))?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A Java frame: its method, the bytecode index it was at (-1 where none:
+/// a native method), and whether it was inlined into the next (outer)
+/// frame's compiled code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JavaFrame {
+    pub method: u64,
+    pub bci: i32,
+    pub inlined: bool,
+}
+
+/// A reader of HotSpot's UNSIGNED5 coding (`excluded` 0 or 1).
+struct Unsigned5<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    excluded: u8,
+}
+
+impl Unsigned5<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.bytes.get(self.at)?;
+        self.at += 1;
+        Some(b)
+    }
+
+    fn unsigned(&mut self) -> Option<u32> {
+        let mut v: u32 = 0;
+        let mut shift = 0;
+        for i in 0..5 {
+            let b = self.byte()?;
+            let digit = u32::from(b.checked_sub(self.excluded)?);
+            v = v.wrapping_add(digit << shift);
+            if b < 192 || i == 4 {
+                return Some(v);
+            }
+            shift += 6;
+        }
+        Some(v)
+    }
+
+    fn signed(&mut self) -> Option<i32> {
+        let v = self.unsigned()?;
+        Some(((v >> 1) as i32) ^ -((v & 1) as i32))
+    }
+}
+
+/// The methods (innermost first) and bytecode indexes at return address
+/// `pc` of the compiled method `blob` (its code from `code_begin`): its
+/// inlined methods where its debug information has that pc, else the
+/// method itself at no index.
+fn compiled_frames(
+    mem: &dyn Memory,
+    l: &WalkLayout,
+    blob: u64,
+    code_begin: u64,
+    pc: u64,
+) -> std::io::Result<Vec<JavaFrame>> {
+    let (method, _) = code::nmethod(mem, &l.code, blob)?;
+    let int =
+        |off: u64| -> std::io::Result<u64> { Ok(u64::from(u32_at(mem, blob.wrapping_add(off))?)) };
+    let (pcs, pcs_end, scopes, metadata) = match l.pcs {
+        DebugInfo::InBlob {
+            pcs,
+            pcs_end,
+            scopes_begin,
+            metadata,
+        } => (
+            blob.wrapping_add(int(pcs)?),
+            blob.wrapping_add(int(pcs_end)?),
+            u64_at(mem, blob.wrapping_add(scopes_begin))?,
+            blob.wrapping_add(int(metadata)?),
+        ),
+        DebugInfo::Immutable {
+            data,
+            pcs,
+            scopes,
+            mutable,
+            relocation_size,
+        } => {
+            let data = u64_at(mem, blob.wrapping_add(data))?;
+            let mutable = u64_at(mem, blob.wrapping_add(mutable))?;
+            (
+                data.wrapping_add(int(pcs)?),
+                data.wrapping_add(int(scopes)?),
+                data.wrapping_add(int(scopes)?),
+                mutable.wrapping_add(int(relocation_size)?),
+            )
+        }
+    };
+    let alone = vec![JavaFrame {
+        method,
+        bci: -1,
+        inlined: false,
+    }];
+    let n = pcs_end.wrapping_sub(pcs) / l.pc_desc_size.max(1);
+    if pcs_end < pcs || n > MAX_PCS || method == 0 {
+        return Ok(alone);
+    }
+    let mut table = vec![0u8; (n * l.pc_desc_size) as usize];
+    mem.read(pcs, &mut table)?;
+    let want = pc.wrapping_sub(code_begin);
+    let scope = table.chunks_exact(l.pc_desc_size as usize).find_map(|d| {
+        let at = |o: u64| -> Option<u32> {
+            Some(u32::from_le_bytes(
+                d.get(o as usize..o as usize + 4)?.try_into().ok()?,
+            ))
+        };
+        (u64::from(at(l.pc_offset)?) == want).then(|| at(l.pc_scope))?
+    });
+    let Some(mut scope) = scope.filter(|&s| s != 0) else {
+        return Ok(alone);
+    };
+    // The scopes from their start to past this one's: a scope's sender
+    // is written before it, at a smaller offset.
+    if scope as usize >= MAX_STREAM {
+        return Ok(alone);
+    }
+    let mut stream = vec![0u8; scope as usize + 64];
+    let len = read_some(mem, scopes, &mut stream)?;
+    let mut frames = Vec::new();
+    for _ in 0..MAX_INLINED {
+        let mut r = Unsigned5 {
+            bytes: &stream[..len],
+            at: scope as usize,
+            excluded: l.excluded_byte,
+        };
+        let (Some(sender), Some(index), Some(bci)) = (r.unsigned(), r.unsigned(), r.unsigned())
+        else {
+            break;
+        };
+        let m = if index == 0 {
+            method
+        } else {
+            u64_at(mem, metadata.wrapping_add(8 * u64::from(index - 1)))?
+        };
+        frames.push(JavaFrame {
+            method: m,
+            bci: bci as i32 - 1,
+            inlined: sender != 0,
+        });
+        if sender == 0 || sender >= scope {
+            break;
+        }
+        scope = sender;
+    }
+    Ok(if frames.is_empty() { alone } else { frames })
+}
+
+/// Reads as much of `buf` from `addr` as is mapped (halving the length
+/// until a read succeeds); returns the length read.
+fn read_some(mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = buf.len();
+    loop {
+        match mem.read(addr, &mut buf[..n]) {
+            Ok(()) => return Ok(n),
+            Err(e) if n <= 16 => return Err(e),
+            Err(_) => n /= 2,
+        }
+    }
+}
+
+/// The Java frames of the thread at `thread` (a `JavaThread*`), innermost
+/// first, from its frame anchor: empty where it has none (running Java
+/// code, or not in Java at all).
+pub fn walk(
+    mem: &dyn Memory,
+    l: &WalkLayout,
+    heaps: &[Heap],
+    thread: u64,
+) -> std::io::Result<Vec<JavaFrame>> {
+    let anchor = thread.wrapping_add(l.thread_anchor);
+    let mut sp = u64_at(mem, anchor.wrapping_add(l.anchor_sp))?;
+    let mut pc = u64_at(mem, anchor.wrapping_add(l.anchor_pc))?;
+    let mut fp = u64_at(mem, anchor.wrapping_add(l.anchor_fp))?;
+    let mut frames = Vec::new();
+    if sp == 0 {
+        return Ok(frames);
+    }
+    if pc == 0 {
+        pc = u64_at(mem, sp.wrapping_sub(8))?;
+    }
+    while frames.len() < MAX_FRAMES {
+        let Some(b) = code::blob_at(mem, &l.code, heaps, pc)? else {
+            break;
+        };
+        let blob = code::blob(mem, &l.code, b)?;
+        if blob.name == "Interpreter" {
+            let method = u64_at(mem, fp.wrapping_sub(8 * INTERP_METHOD))?;
+            let bcp = u64_at(mem, fp.wrapping_sub(8 * INTERP_BCP))?;
+            let cm = u64_at(mem, method.wrapping_add(l.code.method_const))?;
+            let first = cm.wrapping_add(l.const_method_size);
+            let bci = if bcp >= first && bcp - first < 1 << 16 {
+                (bcp - first) as i32
+            } else {
+                -1
+            };
+            frames.push(JavaFrame {
+                method,
+                bci,
+                inlined: false,
+            });
+            pc = u64_at(mem, fp.wrapping_add(8))?;
+            sp = u64_at(mem, fp.wrapping_add_signed(8 * l.interp_sender_sp))?;
+            fp = u64_at(mem, fp)?;
+            continue;
+        }
+        let size = u64::from(u32_at(mem, b.wrapping_add(l.blob_frame_size))?);
+        if blob.name.ends_with("nmethod") {
+            frames.extend(compiled_frames(mem, l, b, blob.code_begin, pc)?);
+        } else if size == 0 {
+            // The call stub, where the thread entered Java: the end.
+            break;
+        }
+        if size == 0 || size > 1 << 16 {
+            break;
+        }
+        let sender = sp.wrapping_add(8 * size);
+        pc = u64_at(mem, sender.wrapping_sub(8))?;
+        fp = u64_at(mem, sender.wrapping_sub(16))?;
+        sp = sender;
+    }
+    Ok(frames)
+}
+
+/// The line of bytecode index `bci` of the method at `method`, from its
+/// line table (None where it has none).
+pub fn line(
+    mem: &dyn Memory,
+    l: &WalkLayout,
+    method: u64,
+    bci: i32,
+) -> std::io::Result<Option<u32>> {
+    if bci < 0 {
+        return Ok(None);
+    }
+    let cm = u64_at(mem, method.wrapping_add(l.code.method_const))?;
+    let (at, wide) = l.const_flags;
+    let flags = if wide {
+        u32_at(mem, cm.wrapping_add(at))?
+    } else {
+        u32::from(u16_at(mem, cm.wrapping_add(at))?)
+    };
+    if flags & l.has_line_table == 0 {
+        return Ok(None);
+    }
+    let code_size = u64::from(u16_at(mem, cm.wrapping_add(l.const_code_size))?);
+    let mut stream = vec![0u8; 4096];
+    let len = read_some(
+        mem,
+        cm.wrapping_add(l.const_method_size).wrapping_add(code_size),
+        &mut stream,
+    )?;
+    let mut r = Unsigned5 {
+        bytes: &stream[..len],
+        at: 0,
+        excluded: l.excluded_byte,
+    };
+    let (mut b, mut n) = (0i32, 0i32);
+    let mut best: Option<(i32, i32)> = None;
+    while let Some(c) = r.byte() {
+        match c {
+            0 => break,
+            0xff => {
+                let (Some(db), Some(dn)) = (r.signed(), r.signed()) else {
+                    break;
+                };
+                b = b.wrapping_add(db);
+                n = n.wrapping_add(dn);
+            }
+            c => {
+                b = b.wrapping_add(i32::from(c >> 3));
+                n = n.wrapping_add(i32::from(c & 7));
+            }
+        }
+        if b <= bci && best.is_none_or(|(bb, _)| b >= bb) {
+            best = Some((b, n));
+        }
+    }
+    Ok(best.and_then(|(_, n)| u32::try_from(n).ok()))
+}
+
+/// The name of method `method`'s source file, where its class says.
+pub fn source_file(
+    mem: &dyn Memory,
+    l: &Layout,
+    s: &VmStructs,
+    method: u64,
+) -> std::io::Result<Option<String>> {
+    let cm = u64_at(mem, method.wrapping_add(l.method_const))?;
+    let cp = u64_at(mem, cm.wrapping_add(l.const_constants))?;
+    let index = match (
+        s.offset("ConstantPool", "_source_file_name_index"),
+        s.offset("InstanceKlass", "_source_file_name_index"),
+    ) {
+        (Some(o), _) => u16_at(mem, cp.wrapping_add(o))?,
+        (None, Some(o)) => {
+            let holder = u64_at(mem, cp.wrapping_add(l.pool_holder))?;
+            u16_at(mem, holder.wrapping_add(o))?
+        }
+        (None, None) => return Ok(None),
+    };
+    if index == 0 {
+        return Ok(None);
+    }
+    let slot = cp
+        .wrapping_add(l.pool_size)
+        .wrapping_add(8 * u64::from(index));
+    Ok(Some(code::symbol(mem, l, u64_at(mem, slot)? & !1)?))
+}
