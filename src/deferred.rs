@@ -487,7 +487,7 @@ impl Deferred {
         let fix = |r: &mut StackRef, stacks: &crate::raw::Stacks| {
             if let StackRef::Id(id) = *r {
                 if is_copy(id) && !stacks.contains_key(&id) {
-                    *r = StackRef::MissedError;
+                    *r = StackRef::NotWalked;
                 }
             }
         };
@@ -525,6 +525,47 @@ impl Deferred {
 mod tests {
     use super::*;
     use types::unwind_kind as K;
+
+    /// A copy the counts name and that was never walked is lost as one
+    /// not walked; a stored stack, and a copy walked, stay.
+    #[test]
+    fn copies_not_walked_are_said_as_such() {
+        let copy = 1u64 << 62 | 7;
+        let walked = 1u64 << 62 | 8;
+        let entry = |user| crate::raw::RawEntry {
+            tgid: 1,
+            start: 1,
+            pid: 1,
+            comm: "t".into(),
+            user_stack: user,
+            kernel_stack: StackRef::None,
+            state: None,
+            waker: None,
+            interval: 0,
+            span: 1,
+            total_ns: 1,
+            count: 1,
+        };
+        let mut raw = RawProfile {
+            entries: vec![
+                entry(StackRef::Id(copy)),
+                entry(StackRef::Id(walked)),
+                entry(StackRef::Id(1 << 63 | 9)),
+            ],
+            ..Default::default()
+        };
+        raw.stacks.insert(walked, &[0x1000]);
+        Deferred::complete(&mut raw);
+        let refs: Vec<StackRef> = raw.entries.iter().map(|e| e.user_stack).collect();
+        assert_eq!(
+            refs,
+            [
+                StackRef::NotWalked,
+                StackRef::Id(walked),
+                StackRef::Id(1 << 63 | 9)
+            ]
+        );
+    }
 
     fn row(pc: u32, kind: K, cfa_off: u16, rbp_off: i8) -> types::unwind_row {
         types::unwind_row {

@@ -27,6 +27,12 @@ pub enum StackRef {
     MissedFull,
     /// Lost: the kernel could not walk the stack.
     MissedError,
+    /// Lost: a user stack copied for userspace to walk that was not
+    /// walked (its process's tables never came, or it was given up).
+    NotWalked,
+    /// Lost: a kernel stack to be taken at the block's switch-in, which
+    /// the kernel did not report.
+    NoSwitchIn,
     /// The user stack of a thread blocked since before tracing started,
     /// which this kernel cannot read from BPF.
     NotReadable,
@@ -54,6 +60,8 @@ impl StackRef {
             StackRef::NotReadable
         } else if id == S::STACK_ID_RUN_TOTAL.0 as u64 {
             StackRef::RunTotal
+        } else if id == S::STACK_ID_SWITCH_IN_UNSEEN.0 as u64 {
+            StackRef::NoSwitchIn
         } else {
             StackRef::MissedError
         }
@@ -336,6 +344,14 @@ loss_counters! {
         /// blocks.
         user_unmapped_stacks,
         user_unmapped_ns,
+        /// Counted entries whose user stack was copied for userspace to
+        /// walk and never walked (see `crate::deferred`).
+        missed_not_walked,
+        /// ... whose kernel stack was due at a switch-in the kernel did not
+        /// report.
+        missed_no_switch_in,
+        /// ... whose user or kernel stack is not among those stored.
+        missed_not_stored,
     }
 }
 

@@ -216,9 +216,9 @@ pub(super) fn report_unreadable(config: &Config, unreadable: usize, could: bool,
     }
 }
 
-/// What was lost, and why (bcc's warning and the counters'). `missed`: the
-/// stacks that could not be shown, `unreadable` of them for a reason said
-/// already.
+/// What was lost, and why (bcc's warning, with every cause that counted
+/// any, and the counters'). `missed`: the stacks that could not be shown,
+/// `unreadable` of them for a reason said already.
 pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, unreadable: usize) {
     let c = &profile.counters;
     let missed = missed.saturating_sub(if config.shape.mode.user() {
@@ -228,13 +228,41 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
     });
     if missed > 0 {
         let full = c.user_stack_full + c.kernel_stack_full > 0;
+        let mut causes = vec![format!(
+            "stack storage full: {} user and {} kernel captures; walk failed: {} user and {} \
+             kernel",
+            c.user_stack_full, c.kernel_stack_full, c.user_stack_error, c.kernel_stack_error
+        )];
+        let (user, kernel) = (config.shape.mode.user(), config.shape.mode.kernel());
+        let mut cause = |shown: bool, n: u64, what: &str| {
+            if shown && n > 0 {
+                causes.push(format!("{n} {what}"));
+            }
+        };
+        cause(
+            user,
+            c.missed_not_walked,
+            "user stacks copied to be walked once their process's unwind tables were ready, \
+             and never walked",
+        );
+        cause(
+            kernel,
+            c.missed_no_switch_in,
+            "kernel stacks due at a switch-in the kernel did not report",
+        );
+        cause(
+            true,
+            c.missed_not_stored,
+            "stacks named by a count but not among those stored",
+        );
+        let traces = if missed == 1 {
+            "stack trace"
+        } else {
+            "stack traces"
+        };
         eprintln!(
-            "WARNING: {missed} stack traces could not be displayed (stack storage full: \
-             {} user and {} kernel captures; walk failed: {} user and {} kernel).{}",
-            c.user_stack_full,
-            c.kernel_stack_full,
-            c.user_stack_error,
-            c.kernel_stack_error,
+            "WARNING: {missed} {traces} could not be displayed ({}).{}",
+            causes.join("; "),
             if full {
                 " Consider increasing --stack-storage-size."
             } else {

@@ -328,7 +328,7 @@ static __always_inline bool close_unseen_block_here(struct task_struct *prev,
 	state = claimed_stacks(&key, d, start);
 	/* Due at the switch-in not seen: the thread has run since. */
 	if (key.kernel_stack_id == STACK_ID_AT_SWITCH_IN) {
-		key.kernel_stack_id = STACK_ID_MISSED_ERROR;
+		key.kernel_stack_id = STACK_ID_SWITCH_IN_UNSEEN;
 		count(CNT_KSTACK_UNSEEN);
 	}
 	add_block_parts(&key, d, state, from, to, true, &wt);

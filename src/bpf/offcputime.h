@@ -39,6 +39,9 @@ enum stack_id_special {
 	 * kernel stack still to be walked, at its switch-in (see
 	 * kernel_stack_at_switch_in). */
 	STACK_ID_AT_SWITCH_IN = 5,
+	/* Lost: a kernel stack due at a switch-in the kernel did not report
+	 * (the thread has run since; CNT_KSTACK_UNSEEN). */
+	STACK_ID_SWITCH_IN_UNSEEN = 6,
 };
 
 #define STACK_ID_HASH_BIT (1ULL << 63)

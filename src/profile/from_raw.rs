@@ -141,6 +141,7 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
     let (stacks, distinct) = number_user_stacks(raw, source);
     let mut counters = raw.counters.clone();
     count_unmapped(raw, &stacks, &mut counters);
+    count_missed(raw, &stacks, &mut counters);
     let unames = names.user_names(source, &distinct);
     let (objects, object_index) = object_table(source, &distinct);
     let users = UserFrames::new(distinct, unames, object_index, names.addresses(), source);
@@ -164,6 +165,23 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
         counters,
         objects,
         window: None,
+    }
+}
+
+/// Counts the entries of `raw` with a part lost for a reason the kernel's
+/// counters do not give (see [`LossCounters::missed_not_walked`]).
+fn count_missed(raw: &RawProfile, stacks: &UserStacks, counters: &mut LossCounters) {
+    for (e, &n) in raw.entries.iter().zip(&stacks.stack_of_holder) {
+        match e.user_stack {
+            StackRef::NotWalked => counters.missed_not_walked += 1,
+            StackRef::Id(_) if n == UserStacks::NONE => counters.missed_not_stored += 1,
+            _ => {}
+        }
+        match e.kernel_stack {
+            StackRef::NoSwitchIn => counters.missed_no_switch_in += 1,
+            StackRef::Id(id) if !raw.stacks.contains_key(&id) => counters.missed_not_stored += 1,
+            _ => {}
+        }
     }
 }
 

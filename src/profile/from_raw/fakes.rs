@@ -594,6 +594,7 @@ fn lost_absent_and_profiler_frames() {
         (StackRef::None, StackRef::MissedFull),
         (StackRef::MissedError, StackRef::NotSampled),
         (StackRef::NotReadable, StackRef::Id(stored)),
+        (StackRef::NotWalked, StackRef::NoSwitchIn),
     ];
     let entries = cases
         .iter()
@@ -614,11 +615,23 @@ fn lost_absent_and_profiler_frames() {
     assert_eq!(
         got,
         [
-            (Part::Missed, v("Missed")),
             (Part::Absent, v("Missed")),
             (Part::Missed, v(NOT_SAMPLED)),
             (Part::Missed, v("schedule")),
+            // The first entry's and the last's (the most time: last).
+            (Part::Missed, v("Missed")),
         ]
+    );
+    // Lost parts the kernel's counters do not count, counted by why: the
+    // last entry's (merged with the first's sample: both parts missed).
+    let c = &profile.counters;
+    assert_eq!(
+        (
+            c.missed_not_walked,
+            c.missed_no_switch_in,
+            c.missed_not_stored
+        ),
+        (1, 1, 2)
     );
 }
 
