@@ -163,8 +163,13 @@ pub(super) fn report_kernel_stacks(
         );
     }
     if c.kstack_unseen > 0 {
+        let (blocks, have) = if c.kstack_unseen == 1 {
+            ("block", "has")
+        } else {
+            ("blocks", "have")
+        };
         eprintln!(
-            "offcputime: {} blocks have no kernel stack: it is taken when the thread is \
+            "offcputime: {} {blocks} {have} no kernel stack: it is taken when the thread is \
              switched in again, and the kernel did not report that switch",
             c.kstack_unseen
         );

@@ -653,11 +653,7 @@ fn exited_child_keeps_its_symbols() {
     // (A block whose switch-in the kernel did not report has no kernel
     // stack: only as many as stderr counts.)
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let unseen = if stderr.contains(" blocks have no kernel stack") {
-        count_before(&stderr, " blocks have no kernel stack")
-    } else {
-        0
-    };
+    let unseen = unseen_kernel_stacks(&stderr);
     let mut missed = 0;
     for l in &child_lines {
         if l.frames
@@ -1635,14 +1631,13 @@ fn missing_capabilities_are_named() {
         // Nothing that could not be read. (Blocks whose switch-in the
         // kernel did not report have no kernel stack, which is said on a
         // line of its own and counted in the warning of stacks missed.)
-        let unseen = if err.contains(" blocks have no kernel stack") {
-            count_before(&err, " blocks have no kernel stack")
-        } else {
-            0
-        };
+        let unseen = unseen_kernel_stacks(&err);
         for l in err.lines().filter(|l| l.contains("could not")) {
             assert!(
-                unseen > 0 && l.starts_with("WARNING: ") && l.contains("stack traces could not"),
+                unseen > 0
+                    && l.starts_with("WARNING: ")
+                    && l.contains("could not be displayed")
+                    && l.contains("due at a switch-in the kernel did not report"),
                 "{err}"
             );
         }

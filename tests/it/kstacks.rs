@@ -113,11 +113,7 @@ fn whole_on(hook: &str) {
             + number_before(" of threads that ran between the kprobe's two end iterators")
     } else {
         0
-    } + if stderr.contains(" blocks have no kernel stack: it is taken when") {
-        number_before(" blocks have no kernel stack: it is taken when")
-    } else {
-        0
-    };
+    } + unseen_kernel_stacks(&stderr);
     eprintln!("matrix: {walked} walked, {differ} of {compared} differ, {lacking} lacking");
     let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
     for (comm, sched) in THREADS {

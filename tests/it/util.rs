@@ -478,6 +478,17 @@ pub fn count_before(stderr: &str, what: &str) -> u64 {
         .unwrap_or_else(|_| panic!("no count before {what:?} in:\n{stderr}"))
 }
 
+/// How many blocks `stderr` says have no kernel stack, their switch-in
+/// not reported ("1 block has", "N blocks have").
+pub fn unseen_kernel_stacks(stderr: &str) -> u64 {
+    for what in [" blocks have no kernel stack", " block has no kernel stack"] {
+        if stderr.contains(what) {
+            return count_before(stderr, what);
+        }
+    }
+    0
+}
+
 /// `-v`'s `stderr` says of no copied user stack that it was still waiting
 /// for its process's tables when the trace ended.
 pub fn assert_no_copy_left_waiting(stderr: &str) {
