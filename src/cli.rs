@@ -380,6 +380,11 @@ pub struct Args {
     #[arg(long = "no-python")]
     pub no_python: bool,
 
+    /// Keep the native view of JVM processes: the JVM's own frames, and
+    /// the addresses of its code in place of the Java methods
+    #[arg(long = "no-java")]
+    pub no_java: bool,
+
     /// Instead of tracing: what every task waits in now, grouped by stack,
     /// with how long each has been off the CPU. STATES keeps the tasks in
     /// these states only: letters as /proc shows them (D, or DS: R S D T

@@ -301,6 +301,14 @@ loss_counters! {
         /// Blocks of new CPython processes walked again with their Python
         /// frames once the interpreter was known.
         py_refreshed = CNT_PY_REFRESHED,
+        /// User stacks of JVM processes that went through Java code, and
+        /// their Java frames.
+        java_stacks = CNT_JAVA_STACKS,
+        java_frames = CNT_JAVA_FRAMES,
+        /// ... walks stopped in Java code: the thread stopped in a Java
+        /// frame's code, not at a call; a code cache or frame unreadable.
+        java_cut_running = CNT_JAVA_CUT_RUNNING,
+        java_cut_unreadable = CNT_JAVA_CUT_UNREADABLE,
         /// `--on-cpu`: samples of traced threads taken on a CPU, and those
         /// left out for falling outside the window.
         oncpu_samples = CNT_ONCPU_SAMPLES,

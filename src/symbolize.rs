@@ -372,7 +372,8 @@ impl Symbolizer {
         let Some(c) = reg.runtime_name(kind, code, at) else {
             return Named::plain(kind.spec().unreadable.to_string());
         };
-        let location = if self.opts.lines {
+        // The runtime's own code (a JVM's stubs) has no file.
+        let location = if self.opts.lines && !c.file.is_empty() {
             match c.line {
                 Some(line) => format!(" ({}:{line})", c.file),
                 None => format!(" ({})", c.file),

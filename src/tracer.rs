@@ -179,6 +179,9 @@ pub struct TracerOptions {
     /// The Python frames of CPython processes in their user stacks (off
     /// with `--no-python`).
     pub python: bool,
+    /// The Java frames of HotSpot JVMs in their user stacks (off with
+    /// `--no-java`).
+    pub java: bool,
     /// `--on-cpu`: the running time too, sampled on every CPU at this rate
     /// (Hz); None: off-CPU time only.
     pub on_cpu_hz: Option<u32>,
@@ -190,7 +193,7 @@ impl TracerOptions {
     /// Whether any language runtime's frames are read (see
     /// [`crate::runtime`]): only in user stacks.
     pub fn runtimes(&self) -> bool {
-        self.python && self.user_stacks
+        (self.python || self.java) && self.user_stacks
     }
 }
 

@@ -36,7 +36,13 @@ pub(super) struct Collector<'t> {
     /// runtime took that long: its first blocks are then walked before it
     /// is known).
     pub(super) runtime_gate: Option<std::path::PathBuf>,
+    /// When the runtimes' processes not ready yet (a runtime starting)
+    /// are looked at again.
+    pub(super) runtime_retry: Instant,
 }
+
+/// How often the runtimes' processes not ready yet are looked at again.
+const RUNTIME_RETRY_EVERY: Duration = Duration::from_millis(100);
 
 impl<'t> Collector<'t> {
     /// A handler with nothing kept yet: `stats` prints the statistics
@@ -56,6 +62,7 @@ impl<'t> Collector<'t> {
             refresh_failed: false,
             runtime_later: Vec::new(),
             runtime_gate: config.tracer.test.python_gate.clone(),
+            runtime_retry: Instant::now(),
         }
     }
 
@@ -73,6 +80,7 @@ impl<'t> Collector<'t> {
             refresh_failed: self.refresh_failed,
             runtime_later: self.runtime_later,
             runtime_gate: self.runtime_gate,
+            runtime_retry: self.runtime_retry,
         }
     }
 
@@ -90,6 +98,15 @@ impl<'t> Collector<'t> {
         for (p, mm) in std::mem::take(&mut self.runtime_later) {
             if note_runtime(store, registry, p, mm) {
                 self.refreshing.insert(p.tgid, now);
+            }
+        }
+        if now >= self.runtime_retry {
+            self.runtime_retry = now + RUNTIME_RETRY_EVERY;
+            for p in registry.runtimes_pending() {
+                // The address space is claimed by the process's next walk.
+                if note_runtime(store, registry, p, 0) {
+                    self.refreshing.insert(p.tgid, now);
+                }
             }
         }
     }

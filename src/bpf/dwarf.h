@@ -46,6 +46,12 @@ struct unwind_state {
 	/* The frame being walked through frame pointers is in a gap of its
 	 * object's tables (RULE_GAP). */
 	bool in_gap;
+	/* The process has an entry in java_procs (java.h); the walk went
+	 * through Java code. */
+	bool java;
+	bool java_seen;
+	/* The walked task's process. */
+	__u32 tgid;
 };
 
 struct file_scratch {
@@ -533,6 +539,8 @@ static __always_inline __u64 file_rule(__u64 addr, struct file_scratch *files, b
 			files->memo[m].row_count);
 }
 
+#include "java.h"
+
 /* A signal trampoline's frame (UNWIND_SIGNAL): where the interrupted
  * registers are in the struct ucontext at rsp (x86-64: uc_mcontext at 40,
  * then r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip). */
@@ -661,10 +669,21 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		}
 		u->sp = cfa;
 	} else {
-		/* No call-frame information for this address: the saved frame
-		 * pointer and return address at bp.  A chain that ends (bp is
-		 * 0 in _start and thread entry points) or cannot be read is
-		 * the end of the stack. */
+		/* No call-frame information for this address: Java code (in
+		 * a JVM's code cache), else the saved frame pointer and
+		 * return address at bp.  A chain that ends (bp is 0 in _start
+		 * and thread entry points) or cannot be read is the end of
+		 * the stack. */
+		if (u->java && !(rule & RULE_GAP)) {
+			switch (java_step(u, ips, idx, i == u->exact_at, c, pr, task)) {
+			case JAVA_NEXT:
+				return 0;
+			case JAVA_END:
+				return 1;
+			default:
+				break;
+			}
+		}
 		if (!u->bp_restored)
 			u->bp_used = true;
 		if (!u->bp)
@@ -812,6 +831,8 @@ static __always_inline __u32 walk_user(struct unwind_state *u, struct task_struc
 	__u32 zero = 0, idx;
 
 	u->max = clamp_stack_bytes() / sizeof(__u64);
+	u->tgid = remote ? BPF_CORE_READ(task, tgid) : bpf_get_current_pid_tgid() >> 32;
+	u->java = java_walkable(u->tgid, task);
 	if (remote) {
 		copy_stack(u, task);
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, &t, 0);

@@ -374,5 +374,8 @@ struct py_proc _py_proc = {};
 struct py_code_event _py_code_event = {};
 enum py_frames_kind _py_frames_kind = PY_FRAMES_OBJECT;
 enum py_frame_special _py_frame_special = PY_FRAME_MARK_HI;
+struct java_proc _java_proc = {};
+enum java_frame_special _java_frame_special = JAVA_INTERP_MARK;
+enum java_cut _java_cut = JAVA_CUT_RUNNING;
 
 #endif /* __OFFCPUTIME_MAPS_H__ */

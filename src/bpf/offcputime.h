@@ -282,6 +282,77 @@ enum py_frame_special {
 #define PY_WORD_MARK (1ULL << 63)
 #define PY_MAX_FRAMES 64
 
+/*
+ * HotSpot frames (see java.h).  Userspace writes an entry in `java_procs`
+ * for each JVM process whose code cache it has read through the JVM's own
+ * structure tables: where the interpreter's code is, the code cache's
+ * heaps with their segment maps (which lead from an address to the start
+ * of the code blob that holds it), and the offsets of the few fields the
+ * walk reads.  The native walk, meeting an address in the code cache with
+ * no call-frame information, takes the Java frame from there: an
+ * interpreted frame from its slots below the frame pointer, a compiled
+ * frame (or a stub's) by its blob's frame size.
+ */
+#define JAVA_HEAPS 4
+struct java_proc {
+	/* The address space the entry is for (as in struct py_proc). */
+	__u64 mm;
+	/* The interpreter's code: its frames keep their frame pointer. */
+	__u64 interp_lo;
+	__u64 interp_hi;
+	/* The code cache's heaps: their code, and their segment maps (a
+	 * byte per segment of 2^log2_segment bytes: 0xff free, 0 a block's
+	 * first, else how many segments to go back at most). */
+	__u64 heap_lo[JAVA_HEAPS];
+	__u64 heap_hi[JAVA_HEAPS];
+	__u64 segmap[JAVA_HEAPS];
+	__u8 log2_segment[JAVA_HEAPS];
+	/* The heap block's header (the blob follows it); CodeBlob's frame
+	 * size (an int, in words); nmethod's compile id (an int). */
+	__u16 block_header;
+	__u16 frame_size;
+	__u16 compile_id;
+	__u16 heaps;
+	/* Method::_constMethod and the size of ConstMethod (its bytecodes
+	 * follow it). */
+	__u16 method_const;
+	__u16 const_size;
+	/* An interpreted frame's slots, in bytes from its frame pointer: its
+	 * Method*, its bytecode pointer, its sender's stack pointer. */
+	__s16 interp_method;
+	__s16 interp_bcp;
+	__s16 interp_sender_sp;
+	__u16 _pad[3];
+};
+
+/*
+ * A Java frame in a stored user stack: one word, in place of the native
+ * walk's pc, non-canonical (bits 63..60 JAVA_*_MARK).
+ * - JAVA_INTERP_MARK: interpreted, bits 59..16 the Method* >> 3, bits
+ *   15..0 the bytecode index (JAVA_NO_BCI: none, a native method's).
+ * - JAVA_CODE_MARK: compiled code or a stub, bits 46..0 the pc (a return
+ *   address, unless the frame is the walk's first), bits 59..47 the low
+ *   13 bits of what the blob holds at nmethod's compile id (so that
+ *   userspace does not name code that replaced it).
+ * - JAVA_CUT_MARK: the Java frames go on, but the walk could not follow
+ *   them (the bits below say why, enum java_cut); the walk ends there.
+ */
+enum java_frame_special {
+	JAVA_INTERP_MARK = 0xa,
+	JAVA_CODE_MARK = 0xb,
+	JAVA_CUT_MARK = 0xc,
+	JAVA_NO_BCI = 0xffff,
+	JAVA_CHECK_BITS = 13,
+};
+/* Why a walk stopped in Java code (JAVA_CUT_MARK's low bits). */
+enum java_cut {
+	/* The thread was stopped in a Java frame's code, not at a call: the
+	 * frame may not be set up (or torn down) there. */
+	JAVA_CUT_RUNNING = 1,
+	/* The code cache or the frame could not be read, or made no sense. */
+	JAVA_CUT_UNREADABLE = 2,
+};
+
 /* TASK_EVENT_PYCODE: a task event followed by the code object. */
 struct py_code_event {
 	struct task_event e;
@@ -599,6 +670,13 @@ enum offcpu_counter {
 	 * the interpreter, walked again with their Python frames while they
 	 * were still under way (runtime_refresh) */
 	CNT_PY_REFRESHED,
+	/* User stacks of JVM processes (struct java_proc) that went through
+	 * Java code, its frames, and the walks that stopped there (the thread
+	 * stopped in Java code's middle; unreadable code cache or frame) */
+	CNT_JAVA_STACKS,
+	CNT_JAVA_FRAMES,
+	CNT_JAVA_CUT_RUNNING,
+	CNT_JAVA_CUT_UNREADABLE,
 	/* --on-cpu: samples taken on a CPU of a thread traced, and those
 	 * that fell outside the window (between the attach and its start,
 	 * or after its end) */

@@ -126,6 +126,7 @@ impl Args {
                 states: self.states,
                 wakers: self.wakers,
                 python: !self.no_python,
+                java: !self.no_java,
                 on_cpu_hz: self.on_cpu_hz()?,
                 test: crate::test_env::TestEnv::from_env(),
             },

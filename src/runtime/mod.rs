@@ -77,7 +77,7 @@ pub const RUNTIMES: &[Spec] = &[
         cut_short: "[java frames cut short]",
         // Green, as flamegraph.pl's java palette has Java methods.
         colour: [(50, 60.0), (170, 60.0), (50, 60.0)],
-        procs_map: None,
+        procs_map: Some("java_procs"),
         processes: "JVM",
         native: "JVM",
         new: || Box::<java::Jvms>::default(),
@@ -181,6 +181,13 @@ pub trait Runtime {
 
     /// Whether process `p` runs this runtime and its frames are read.
     fn has_process(&self, p: Proc) -> bool;
+
+    /// The processes found to run this runtime whose entry for the BPF
+    /// program could not be made yet (a runtime starting): asked for again
+    /// a while later.
+    fn pending(&self) -> Vec<Proc> {
+        Vec::new()
+    }
 
     /// Whether process `p` was found to run this runtime, its frames read
     /// or not.

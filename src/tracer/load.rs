@@ -384,6 +384,7 @@ pub(super) fn configure(
         rodata.unwind_by_file = !opts.test.no_file_tables;
         rodata.runtimes_on = opts.runtimes();
         rodata.python_on = opts.python && opts.user_stacks;
+        rodata.java_on = opts.java && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();

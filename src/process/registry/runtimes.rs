@@ -37,6 +37,11 @@ impl Registry {
         }
     }
 
+    /// The runtimes' processes not ready yet (see [`Runtime::pending`]).
+    pub fn runtimes_pending(&self) -> Vec<Proc> {
+        self.runtimes.iter().flat_map(|r| r.pending()).collect()
+    }
+
     /// Every runtime, for what it says at the end.
     pub fn runtimes(&self) -> impl Iterator<Item = &dyn Runtime> {
         self.runtimes.iter()

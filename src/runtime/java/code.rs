@@ -146,8 +146,8 @@ pub(super) fn u16_at(mem: &dyn Memory, addr: u64) -> std::io::Result<u16> {
 pub struct Heap {
     pub low: u64,
     pub high: u64,
-    segmap: u64,
-    log2_segment: u32,
+    pub(super) segmap: u64,
+    pub(super) log2_segment: u32,
 }
 
 #[cfg(test)]

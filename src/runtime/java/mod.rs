@@ -1,14 +1,18 @@
 //! HotSpot JVMs: which mapped objects are a HotSpot `libjvm.so` (it exports
 //! its structure tables, [`vmstructs`]), each JVM process's tables and
 //! release, read from the process, and through them its compiled code and
-//! methods ([`code`]) and a blocked thread's Java frames ([`walk`]).
+//! methods ([`code`]), a thread's Java frames ([`walk`]) and the names of
+//! the frames the BPF program's walk found ([`frames`]).
 //!
-//! Java frames are not walked yet: a JVM's stacks keep their native
-//! frames, and the Java code's frames are its code's addresses. That is
-//! said once at the end, with the JVMs' releases; a `libjvm.so` that is
-//! not HotSpot's (no structure tables: OpenJ9) is said too.
+//! The BPF program walks a JVM's Java frames in its native walk once it
+//! has the process's entry (`struct java_proc`: the interpreter's code,
+//! the code cache's heaps and a few offsets, from the tables): a JVM
+//! starting has no code cache yet, and is looked at again until it has
+//! one. A `libjvm.so` that is not HotSpot's (no structure tables: OpenJ9)
+//! is said, its processes' stacks native only.
 
 pub mod code;
+pub mod frames;
 pub mod vmstructs;
 pub mod walk;
 
@@ -16,10 +20,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::sync::Arc;
 
+use crate::bpf::types;
 use crate::elf::{Elf, Segment, SymbolTable};
 use crate::raw::{LossCounters, Proc};
-use crate::runtime::{FrameName, Kind, NativeAt, Placed, ProcEntry, ProcMem, Runtime};
+use crate::runtime::{Frame, FrameName, Kind, Memory, NativeAt, Placed, ProcEntry, ProcMem, Runtime};
+use code::Heap;
 use vmstructs::{Symbols, VmStructs, SYMBOLS};
+use walk::WalkLayout;
 
 /// A HotSpot `libjvm.so`: where its tables' symbols are in the file.
 #[derive(Clone, Debug)]
@@ -57,6 +64,22 @@ struct JvmProcess {
     symbols: Symbols,
     /// Its tables and release, once read.
     read: Option<Arc<Jvm>>,
+    /// Once the BPF program has its entry: what its frames are named
+    /// with.
+    walked: Option<Walked>,
+    /// Why its frames cannot be walked, for good.
+    refused: bool,
+}
+
+/// A JVM process whose Java frames the BPF program walks.
+struct Walked {
+    layout: WalkLayout,
+    heaps: Vec<Heap>,
+    mem: Box<dyn Memory>,
+    /// The process's key among the methods named.
+    key: u64,
+    /// The BPF program's entry (its address space left to the tracer).
+    entry: types::java_proc,
 }
 
 /// A JVM's tables and release.
@@ -110,6 +133,12 @@ pub struct Jvms {
     not_hotspot: BTreeSet<String>,
     /// Why tables could not be read, once each.
     unreadable: BTreeSet<String>,
+    /// The frames of each Java word of a stack met, by process.
+    words: HashMap<(Proc, u64), Vec<Frame>>,
+    names: frames::Names,
+    next_key: u64,
+    /// JVM processes whose frames were walked, and their releases.
+    walked: HashMap<Proc, String>,
 }
 
 impl Default for Jvms {
@@ -127,7 +156,77 @@ impl Jvms {
             seen: HashMap::new(),
             not_hotspot: BTreeSet::new(),
             unreadable: BTreeSet::new(),
+            words: HashMap::new(),
+            names: frames::Names::default(),
+            next_key: 0,
+            walked: HashMap::new(),
         }
+    }
+
+    /// The BPF program's entry for process `p`, once its tables are read
+    /// and its code cache is set up (None until then, or where its frames
+    /// cannot be walked: said at the end).
+    fn entry(&mut self, p: Proc) -> Option<ProcEntry> {
+        let jp = self.procs.get_mut(&p)?;
+        if jp.refused {
+            return None;
+        }
+        if let Some(w) = &jp.walked {
+            return Some(ProcEntry {
+                kind: Kind::Java,
+                value: unsafe { plain::as_bytes(&w.entry) }.to_vec(),
+            });
+        }
+        let jvm = jp.read.clone()?;
+        let mem = (self.open)(p.tgid).ok()?;
+        let Some(major) = jvm.major() else {
+            jp.refused = true;
+            self.unreadable
+                .insert(format!("HotSpot {}: not a release known", jvm.release));
+            return None;
+        };
+        let layout = match WalkLayout::of(&jvm.structs, major) {
+            Ok(l) => l,
+            Err(why) => {
+                jp.refused = true;
+                self.unreadable
+                    .insert(format!("HotSpot {}: {why}", jvm.release));
+                return None;
+            }
+        };
+        // A JVM starting: its code cache and interpreter come later.
+        let heaps = code::heaps(mem.as_ref(), &layout.code).ok()?;
+        let interpreter = walk::interpreter(mem.as_ref(), &jvm.structs).ok()?;
+        if heaps.is_empty() || interpreter.0 == 0 {
+            return None;
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        let mut w = Walked {
+            layout,
+            heaps,
+            mem,
+            key,
+            entry: types::java_proc::default(),
+        };
+        let mut entry = match bpf_entry(&w) {
+            Ok(e) => e,
+            Err(why) => {
+                jp.refused = true;
+                self.unreadable
+                    .insert(format!("HotSpot {}: {why}", jvm.release));
+                return None;
+            }
+        };
+        entry.interp_lo = interpreter.0;
+        entry.interp_hi = interpreter.1;
+        w.entry = entry;
+        jp.walked = Some(w);
+        self.walked.insert(p, jvm.release.clone());
+        Some(ProcEntry {
+            kind: Kind::Java,
+            value: unsafe { plain::as_bytes(&entry) }.to_vec(),
+        })
     }
 
     fn read_object(&mut self, id: u32, name: &str, file: Option<&File>) -> Option<Arc<Libjvm>> {
@@ -207,13 +306,14 @@ impl Runtime for Jvms {
                     object,
                     symbols,
                     read: None,
+                    walked: None,
+                    refused: false,
                 },
             );
         }
         self.seen.entry(p).or_insert(None);
         self.read_process(p);
-        // Java frames are not walked: no entry for the BPF program.
-        None
+        self.entry(p)
     }
 
     fn forked(&mut self, _parent: u32, _child: Proc) {}
@@ -222,29 +322,68 @@ impl Runtime for Jvms {
         self.procs.remove(&p);
     }
 
-    fn has_process(&self, _p: Proc) -> bool {
-        // Its frames are not read: its stacks are native.
-        false
+    fn has_process(&self, p: Proc) -> bool {
+        self.procs.get(&p).is_some_and(|jp| jp.walked.is_some())
+    }
+
+    fn pending(&self) -> Vec<Proc> {
+        self.procs
+            .iter()
+            .filter(|(_, jp)| jp.walked.is_none() && !jp.refused)
+            .map(|(&p, _)| p)
+            .collect()
     }
 
     fn seen(&self, p: Proc) -> bool {
         self.seen.contains_key(&p)
     }
 
-    fn owns(&self, _word: u64) -> bool {
-        false
+    fn owns(&self, word: u64) -> bool {
+        frames::is_java_word(word)
     }
 
     fn note_code(&mut self, _p: Proc, _code: u64, _tag: u32) {}
 
-    fn resolve(&mut self, _p: Proc, _addrs: &[u64]) {}
-
-    fn place(&self, _p: Proc, _addrs: &[u64], native: &[NativeAt]) -> Vec<Placed> {
-        (0..native.len()).map(Placed::Native).collect()
+    fn resolve(&mut self, p: Proc, addrs: &[u64]) {
+        let Some(w) = self
+            .procs
+            .get(&p)
+            .and_then(|jp| Some((jp.read.as_ref()?, jp.walked.as_ref()?)))
+        else {
+            return;
+        };
+        let (jvm, w) = w;
+        let r = frames::Reader {
+            mem: w.mem.as_ref(),
+            layout: &w.layout,
+            structs: &jvm.structs,
+            heaps: &w.heaps,
+        };
+        for &word in addrs {
+            if frames::is_java_word(word) && !self.words.contains_key(&(p, word)) {
+                let f = self.names.frames(&r, w.key, word);
+                self.words.insert((p, word), f);
+            }
+        }
     }
 
-    fn name(&self, _code: u32, _at: u32) -> Option<FrameName<'_>> {
-        None
+    fn place(&self, p: Proc, addrs: &[u64], native: &[NativeAt]) -> Vec<Placed> {
+        let mut out = Vec::with_capacity(addrs.len());
+        for (i, &word) in addrs.iter().enumerate().take(native.len()) {
+            if !frames::is_java_word(word) {
+                out.push(Placed::Native(i));
+                continue;
+            }
+            match self.words.get(&(p, word)) {
+                Some(frames) => out.extend(frames.iter().map(|&f| Placed::Runtime(f))),
+                None => out.push(Placed::Runtime(Frame::Unreadable)),
+            }
+        }
+        out
+    }
+
+    fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>> {
+        self.names.name(code, at)
     }
 
     fn settle(&mut self) {
@@ -259,11 +398,20 @@ impl Runtime for Jvms {
         }
     }
 
-    fn report(&self, _counters: &LossCounters, verbose: bool) -> Vec<String> {
+    fn report(&self, c: &LossCounters, verbose: bool) -> Vec<String> {
+        let spec = Kind::Java.spec();
         let mut lines = Vec::new();
-        if !self.seen.is_empty() {
-            let releases: BTreeSet<&str> =
-                self.seen.values().flatten().map(String::as_str).collect();
+        let unwalked: Vec<&Option<String>> = self
+            .seen
+            .iter()
+            .filter(|(p, _)| !self.walked.contains_key(p))
+            .map(|(_, r)| r)
+            .collect();
+        if !unwalked.is_empty() {
+            let releases: BTreeSet<&str> = unwalked
+                .iter()
+                .filter_map(|r| r.as_deref())
+                .collect();
             let releases = if releases.is_empty() {
                 String::new()
             } else {
@@ -272,16 +420,36 @@ impl Runtime for Jvms {
                     releases.into_iter().collect::<Vec<_>>().join(", ")
                 )
             };
-            let n = self.seen.len();
+            let n = unwalked.len();
             let (processes, their) = if n == 1 {
                 ("process", "its")
             } else {
                 ("processes", "their")
             };
             lines.push(format!(
-                "the Java frames of {n} JVM {processes}{releases} are not walked: {their} stacks \
-                 show the JVM's native frames, and the addresses of its code in place of Java \
-                 methods"
+                "the Java frames of {n} JVM {processes}{releases} were not walked (no code cache \
+                 set up yet, or its tables could not be read): {their} stacks show the JVM's \
+                 native frames, and the addresses of its code in place of Java methods"
+            ));
+        }
+        if c.java_cut_running + c.java_cut_unreadable + self.names.unreadable > 0 {
+            lines.push(format!(
+                "{} walks of Java frames stopped where the thread was stopped in Java code (not at \
+                 a call, its frame perhaps not set up), {} at a code cache or frame that could not \
+                 be read, and {} Java frames could not be named: shown as {} and {}",
+                c.java_cut_running,
+                c.java_cut_unreadable,
+                self.names.unreadable,
+                spec.cut_short,
+                spec.unreadable
+            ));
+        }
+        if self.names.replaced > 0 {
+            lines.push(format!(
+                "{} compiled Java frames were in code replaced before it was named (recompiled or \
+                 flushed): shown as {}",
+                self.names.replaced,
+                frames::REPLACED
             ));
         }
         for name in &self.not_hotspot {
@@ -308,6 +476,16 @@ impl Runtime for Jvms {
                 })
                 .collect();
             lines.extend(tables);
+            if !self.walked.is_empty() {
+                lines.push(format!(
+                    "java: {} JVM processes walked; {} user stacks through Java code, {} Java \
+                     frames; {} methods named",
+                    self.walked.len(),
+                    c.java_stacks,
+                    c.java_frames,
+                    self.names.methods_read
+                ));
+            }
         }
         lines
     }
@@ -315,3 +493,36 @@ impl Runtime for Jvms {
 
 #[cfg(test)]
 mod tests;
+
+/// The BPF program's entry for the JVM `w` (its interpreter's range and
+/// address space left to the caller).
+fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
+    let l = &w.layout;
+    let heaps = types::java_proc::default().heap_lo.len();
+    if w.heaps.len() > heaps {
+        return Err(format!("a code cache of {} heaps", w.heaps.len()));
+    }
+    let narrow = |v: u64, what: &str| -> Result<u16, String> {
+        u16::try_from(v).map_err(|_| format!("{what} at {v}"))
+    };
+    let slot = |words: i64| -> i16 { (words * 8) as i16 };
+    let mut e = types::java_proc {
+        block_header: narrow(l.code.heap_block_size, "a heap block's header")?,
+        frame_size: narrow(l.blob_frame_size, "a blob's frame size")?,
+        compile_id: narrow(l.code.nmethod_compile_id, "an nmethod's compile id")?,
+        heaps: w.heaps.len() as u16,
+        method_const: narrow(l.code.method_const, "a method's ConstMethod")?,
+        const_size: narrow(l.const_method_size, "ConstMethod's size")?,
+        interp_method: slot(-(walk::INTERP_METHOD as i64)),
+        interp_bcp: slot(-(walk::INTERP_BCP as i64)),
+        interp_sender_sp: slot(l.interp_sender_sp),
+        ..Default::default()
+    };
+    for (i, h) in w.heaps.iter().enumerate() {
+        e.heap_lo[i] = h.low;
+        e.heap_hi[i] = h.high;
+        e.segmap[i] = h.segmap;
+        e.log2_segment[i] = h.log2_segment as u8;
+    }
+    Ok(e)
+}

@@ -273,14 +273,14 @@ fn a_jvm_starting_is_read_again_at_the_end() {
     let report = |jvms: &Jvms| jvms.report(&LossCounters::default(), true).join("\n");
     let said = report(&jvms);
     assert!(
-        said.contains("the Java frames of 1 JVM process are not walked"),
+        said.contains("the Java frames of 1 JVM process were not walked"),
         "{said}"
     );
     *MEMORY.lock().unwrap() = Some(with_release("17.0.99+1"));
     jvms.settle();
     let said = report(&jvms);
     assert!(
-        said.contains("the Java frames of 1 JVM process (HotSpot 17.0.99+1) are not walked"),
+        said.contains("the Java frames of 1 JVM process (HotSpot 17.0.99+1) were not walked"),
         "{said}"
     );
     assert!(

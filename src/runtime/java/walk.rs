@@ -29,8 +29,8 @@ const MAX_PCS: u64 = 1 << 16;
 /// the method and the bytecode pointer (not in the JVM's tables; the same
 /// from JDK 9 on), and the sender's stack pointer (in the tables as
 /// `frame::interpreter_frame_sender_sp_offset`).
-const INTERP_METHOD: u64 = 3;
-const INTERP_BCP: u64 = 8;
+pub const INTERP_METHOD: u64 = 3;
+pub const INTERP_BCP: u64 = 8;
 
 /// What a walk reads beyond the code cache's fields.
 #[derive(Clone, Debug)]
@@ -45,16 +45,16 @@ pub struct WalkLayout {
     anchor_sp: u64,
     anchor_pc: u64,
     anchor_fp: u64,
-    blob_frame_size: u64,
+    pub(super) blob_frame_size: u64,
     pcs: DebugInfo,
     pc_desc_size: u64,
     pc_offset: u64,
     pc_scope: u64,
-    const_method_size: u64,
+    pub(super) const_method_size: u64,
     const_flags: (u64, bool),
     const_code_size: u64,
     has_line_table: u32,
-    interp_sender_sp: i64,
+    pub(super) interp_sender_sp: i64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -245,7 +245,7 @@ impl Unsigned5<'_> {
 /// `pc` of the compiled method `blob` (its code from `code_begin`): its
 /// inlined methods where its debug information has that pc, else the
 /// method itself at no index.
-fn compiled_frames(
+pub(super) fn compiled_frames(
     mem: &dyn Memory,
     l: &WalkLayout,
     blob: u64,
@@ -430,6 +430,29 @@ pub fn line(
     if bci < 0 {
         return Ok(None);
     }
+    Ok(line_at(&line_table(mem, l, method)?, bci))
+}
+
+/// The line at bytecode index `bci` in line table `table` (see
+/// [`line_table`]).
+pub fn line_at(table: &[(i32, i32)], bci: i32) -> Option<u32> {
+    let mut best: Option<(i32, i32)> = None;
+    for &(b, n) in table {
+        if b <= bci && best.is_none_or(|(bb, _)| b >= bb) {
+            best = Some((b, n));
+        }
+    }
+    best.and_then(|(_, n)| u32::try_from(n).ok())
+}
+
+/// The line table of the method at `method`: (bytecode index, line)
+/// pairs as the method's compressed table lists them (empty where it has
+/// none).
+pub fn line_table(
+    mem: &dyn Memory,
+    l: &WalkLayout,
+    method: u64,
+) -> std::io::Result<Vec<(i32, i32)>> {
     let cm = u64_at(mem, method.wrapping_add(l.code.method_const))?;
     let (at, wide) = l.const_flags;
     let flags = if wide {
@@ -438,7 +461,7 @@ pub fn line(
         u32::from(u16_at(mem, cm.wrapping_add(at))?)
     };
     if flags & l.has_line_table == 0 {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let code_size = u64::from(u16_at(mem, cm.wrapping_add(l.const_code_size))?);
     let mut stream = vec![0u8; 4096];
@@ -453,7 +476,7 @@ pub fn line(
         excluded: l.excluded_byte,
     };
     let (mut b, mut n) = (0i32, 0i32);
-    let mut best: Option<(i32, i32)> = None;
+    let mut table = Vec::new();
     while let Some(c) = r.byte() {
         match c {
             0 => break,
@@ -469,11 +492,27 @@ pub fn line(
                 n = n.wrapping_add(i32::from(c & 7));
             }
         }
-        if b <= bci && best.is_none_or(|(bb, _)| b >= bb) {
-            best = Some((b, n));
-        }
+        table.push((b, n));
     }
-    Ok(best.and_then(|(_, n)| u32::try_from(n).ok()))
+    Ok(table)
+}
+
+/// The interpreter's code: the range of its stub queue's buffer.
+pub fn interpreter(mem: &dyn Memory, s: &VmStructs) -> std::io::Result<(u64, u64)> {
+    let field = |t: &str, f: &str| {
+        s.offset(t, f)
+            .ok_or_else(|| code::bad(format!("no {t}::{f} in its tables")))
+    };
+    let queue = s
+        .address("AbstractInterpreter", "_code")
+        .ok_or_else(|| code::bad("no AbstractInterpreter::_code in its tables".into()))?;
+    let queue = u64_at(mem, queue)?;
+    if queue == 0 {
+        return Ok((0, 0));
+    }
+    let low = u64_at(mem, queue.wrapping_add(field("StubQueue", "_stub_buffer")?))?;
+    let size = u32_at(mem, queue.wrapping_add(field("StubQueue", "_buffer_limit")?))?;
+    Ok((low, low.wrapping_add(u64::from(size))))
 }
 
 /// The name of method `method`'s source file, where its class says.

@@ -1,0 +1,252 @@
+//! The Java frames of stored stacks, named: each Java word the BPF walk
+//! wrote (see `JAVA_INTERP_MARK` in `offcputime.h`) read back from the
+//! JVM's memory into the methods it stands for, inlined ones expanded, and
+//! each method's names and line table kept, once per method.
+//!
+//! An interpreted frame's word holds its `Method*` and bytecode index. A
+//! compiled frame's holds its pc and the low bits of the compile id its
+//! blob had then: the blob found at that pc now must have the same, or
+//! the code was replaced since and the frame is not named after its
+//! successor (`[java: code replaced]`).
+
+use std::collections::HashMap;
+
+use super::code::{self, Heap};
+use super::vmstructs::VmStructs;
+use super::walk::{self, WalkLayout};
+use crate::runtime::{Frame, FrameName, Memory};
+
+/// Bits 63..60 of a Java word (`JAVA_*_MARK`).
+pub const INTERP_MARK: u64 = 0xa;
+pub const CODE_MARK: u64 = 0xb;
+pub const CUT_MARK: u64 = 0xc;
+/// An interpreted frame's bytecode index where it has none.
+const NO_BCI: u64 = 0xffff;
+/// The compile id's bits a compiled frame's word keeps.
+const CHECK_BITS: u32 = 13;
+/// The pc's bits.
+const PC_BITS: u32 = 47;
+
+/// A frame's bytecode index in [`Frame::Code`]'s `at` where it has none.
+pub const NO_AT: u32 = u32::MAX;
+
+/// Whether stack word `word` is a Java frame's.
+pub fn is_java_word(word: u64) -> bool {
+    matches!(word >> 60, INTERP_MARK | CODE_MARK | CUT_MARK)
+}
+
+/// A Java word, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Word {
+    Interpreted { method: u64, bci: Option<u32> },
+    Compiled { pc: u64, check: u32 },
+    Cut,
+}
+
+pub fn decode(word: u64) -> Option<Word> {
+    match word >> 60 {
+        INTERP_MARK => {
+            let bci = word & 0xffff;
+            Some(Word::Interpreted {
+                method: ((word >> 16) & ((1 << 44) - 1)) << 3,
+                bci: (bci != NO_BCI).then_some(bci as u32),
+            })
+        }
+        CODE_MARK => Some(Word::Compiled {
+            pc: word & ((1 << PC_BITS) - 1),
+            check: ((word >> PC_BITS) & ((1 << CHECK_BITS) - 1)) as u32,
+        }),
+        CUT_MARK => Some(Word::Cut),
+        _ => None,
+    }
+}
+
+/// A method (or a stub, or code replaced) as the outputs name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Code {
+    /// `java.util.concurrent.LinkedBlockingQueue.take`, `[jvm: …]`.
+    name: String,
+    /// `LinkedBlockingQueue.java`; empty for the JVM's own code.
+    file: String,
+    /// (bytecode index, line).
+    lines: Vec<(i32, i32)>,
+}
+
+/// What was read of one JVM process to name its frames.
+pub struct Reader<'a> {
+    pub mem: &'a dyn Memory,
+    pub layout: &'a WalkLayout,
+    pub structs: &'a VmStructs,
+    pub heaps: &'a [Heap],
+}
+
+/// What the frames named: the codes, and how many could not be.
+#[derive(Default)]
+pub struct Names {
+    codes: Vec<Code>,
+    /// By the process's key and `Method*`.
+    methods: HashMap<(u64, u64), u32>,
+    /// Codes named by name alone (stubs, code replaced).
+    plain: HashMap<String, u32>,
+    pub methods_read: u64,
+    pub unreadable: u64,
+    pub replaced: u64,
+}
+
+/// The name of code that replaced the code a frame was in.
+pub const REPLACED: &str = "[java: code replaced]";
+
+impl Names {
+    fn plain(&mut self, name: String) -> u32 {
+        if let Some(&i) = self.plain.get(&name) {
+            return i;
+        }
+        let i = self.codes.len() as u32;
+        self.codes.push(Code {
+            name: name.clone(),
+            file: String::new(),
+            lines: Vec::new(),
+        });
+        self.plain.insert(name, i);
+        i
+    }
+
+    /// The code of method `method` of the process keyed `key` (its
+    /// names read once).
+    fn method(&mut self, r: &Reader<'_>, key: u64, method: u64) -> Option<u32> {
+        if let Some(&i) = self.methods.get(&(key, method)) {
+            return Some(i);
+        }
+        let names = code::method_name(r.mem, &r.layout.code, method).ok()?;
+        let file = walk::source_file(r.mem, &r.layout.code, r.structs, method)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let lines = walk::line_table(r.mem, r.layout, method).unwrap_or_default();
+        let i = self.codes.len() as u32;
+        self.codes.push(Code {
+            name: format!("{}.{}", names.class, names.name),
+            file,
+            lines,
+        });
+        self.methods.insert((key, method), i);
+        self.methods_read += 1;
+        Some(i)
+    }
+
+    /// The frames of Java word `word` of the process keyed `key`,
+    /// innermost first.
+    pub fn frames(&mut self, r: &Reader<'_>, key: u64, word: u64) -> Vec<Frame> {
+        let frames = match decode(word) {
+            None => return Vec::new(),
+            Some(Word::Cut) => return vec![Frame::CutShort],
+            Some(Word::Interpreted { method, bci }) => self.method(r, key, method).map(|code| {
+                vec![Frame::Code {
+                    code,
+                    at: bci.unwrap_or(NO_AT),
+                }]
+            }),
+            Some(Word::Compiled { pc, check }) => self.compiled(r, key, pc, check),
+        };
+        frames.unwrap_or_else(|| {
+            self.unreadable += 1;
+            vec![Frame::Unreadable]
+        })
+    }
+
+    fn compiled(&mut self, r: &Reader<'_>, key: u64, pc: u64, check: u32) -> Option<Vec<Frame>> {
+        let Some(b) = code::blob_at(r.mem, &r.layout.code, r.heaps, pc).ok()? else {
+            self.replaced += 1;
+            return Some(vec![Frame::Code {
+                code: self.plain(REPLACED.to_string()),
+                at: NO_AT,
+            }]);
+        };
+        let blob = code::blob(r.mem, &r.layout.code, b).ok()?;
+        let (_, id) = code::nmethod(r.mem, &r.layout.code, b).ok()?;
+        if id & ((1 << CHECK_BITS) - 1) != check {
+            self.replaced += 1;
+            return Some(vec![Frame::Code {
+                code: self.plain(REPLACED.to_string()),
+                at: NO_AT,
+            }]);
+        }
+        if !blob.name.ends_with("nmethod") {
+            return Some(vec![Frame::Code {
+                code: self.plain(format!("[jvm: {}]", blob.name)),
+                at: NO_AT,
+            }]);
+        }
+        let inlined = walk::compiled_frames(r.mem, r.layout, b, blob.code_begin, pc).ok()?;
+        inlined
+            .iter()
+            .map(|f| {
+                Some(Frame::Code {
+                    code: self.method(r, key, f.method)?,
+                    at: u32::try_from(f.bci).unwrap_or(NO_AT),
+                })
+            })
+            .collect()
+    }
+
+    /// The name of code `code` at bytecode index `at`.
+    pub fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>> {
+        let c = self.codes.get(code as usize)?;
+        Some(FrameName {
+            name: &c.name,
+            file: &c.file,
+            line: if at == NO_AT {
+                None
+            } else {
+                walk::line_at(&c.lines, at as i32)
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bpf::types::java_frame_special as S;
+
+    /// The marks are the BPF program's, and never a user address, a
+    /// Python word or the signal frame's mark.
+    #[test]
+    fn words_are_the_programs() {
+        assert_eq!(INTERP_MARK, S::JAVA_INTERP_MARK.0 as u64);
+        assert_eq!(CODE_MARK, S::JAVA_CODE_MARK.0 as u64);
+        assert_eq!(CUT_MARK, S::JAVA_CUT_MARK.0 as u64);
+        assert_eq!(NO_BCI, S::JAVA_NO_BCI.0 as u64);
+        assert_eq!(CHECK_BITS, S::JAVA_CHECK_BITS.0);
+        for w in [
+            crate::unwind_table::SIGNAL_FRAME,
+            0x7fff_ffff_f000,
+            0x5059_0000_0000_1000,
+            1 << 63,
+            (1 << 63) | (0x1f << 56),
+        ] {
+            assert!(!is_java_word(w), "{w:#x}");
+        }
+        assert_eq!(
+            decode(0xa << 60 | (0x7f12_3456_7898 >> 3) << 16 | 42),
+            Some(Word::Interpreted {
+                method: 0x7f12_3456_7898,
+                bci: Some(42)
+            })
+        );
+        assert_eq!(
+            decode(0xa << 60 | 8 << 16 | 0xffff),
+            Some(Word::Interpreted {
+                method: 64,
+                bci: None
+            })
+        );
+        assert_eq!(
+            decode(0xb << 60 | 0x1abc << 47 | 0x7f00_0000_1234),
+            Some(Word::Compiled {
+                pc: 0x7f00_0000_1234,
+                check: 0x1abc
+            })
+        );
+    }
+}
