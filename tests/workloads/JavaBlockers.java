@@ -14,8 +14,16 @@
 //   blockers-socket-reader     a socket read with nothing to read
 //   blockers-hot-compiled      a wait under a hot method with an inlined
 //                              callee (compiled by C2 after a warm-up)
+//   blockers-mixed-frames      a wait in compiled code called from
+//                              interpreted code called from compiled
+//                              code (the middle method kept from the
+//                              compilers: run with the JVM options of
+//                              JVM_OPTIONS below)
 //   blockers-jni-caller        a native method that blocks (with the
 //                              JNI library's path as the argument)
+//
+// JVM_OPTIONS: -XX:CompileCommand=quiet
+//              -XX:CompileCommand=exclude,JavaBlockers::mixedMiddle
 //
 // Output, once all are blocked: for each thread, `THREAD name`, then one
 // `FRAME class.method file:line` per frame, innermost first, then `END`;
@@ -33,11 +41,12 @@ import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 
 public class JavaBlockers {
-    static final CountDownLatch started = new CountDownLatch(8);
+    static final CountDownLatch started = new CountDownLatch(9);
     static final Object monitor = new Object();
     static final Object waitObject = new Object();
     static final LinkedBlockingQueue<Integer> queue = new LinkedBlockingQueue<>();
     static final LinkedBlockingQueue<Integer> hotQueue = new LinkedBlockingQueue<>();
+    static final LinkedBlockingQueue<Integer> mixedQueue = new LinkedBlockingQueue<>();
 
     static native void nativeBlock();
 
@@ -108,6 +117,39 @@ public class JavaBlockers {
         hotLoop(-1);
     }
 
+    // Compiled, calling the interpreted middle (the compilers are kept
+    // from it), which calls the compiled inner method: the walk crosses
+    // from compiled code into the interpreter's frame (whose locals
+    // extend its caller's frame) and back.
+    static int mixedOuter(int i) throws InterruptedException {
+        return mixedMiddle(i) + 1;
+    }
+
+    static int mixedMiddle(int i) throws InterruptedException {
+        int a = i * 3;
+        int b = a ^ 5;
+        long c = (long) b * a;
+        return mixedInner(i) + (int) (c & 1);
+    }
+
+    static int mixedInner(int i) throws InterruptedException {
+        Integer v = mixedQueue.poll(1_000_000_000L, TimeUnit.SECONDS);
+        return v == null ? i : v + i;
+    }
+
+    static void runMixed() throws InterruptedException {
+        long sum = 0;
+        for (int i = 0; i < 100_000; i++) {
+            mixedQueue.offer(i);
+            sum += mixedOuter(i);
+        }
+        if (sum == 42) {
+            System.out.println("unlikely");
+        }
+        started.countDown();
+        mixedOuter(-1);
+    }
+
     static void callNative() {
         started.countDown();
         nativeBlock();
@@ -149,6 +191,7 @@ public class JavaBlockers {
         threads.add(start("blockers-object-waiter", JavaBlockers::waitOnObject));
         threads.add(start("blockers-socket-reader", () -> readSocket(accepted)));
         threads.add(start("blockers-hot-compiled", JavaBlockers::runHot));
+        threads.add(start("blockers-mixed-frames", JavaBlockers::runMixed));
         if (args.length > 0) {
             threads.add(start("blockers-jni-caller", JavaBlockers::callNative));
         } else {

@@ -360,6 +360,10 @@ type Reported = Vec<(String, Vec<(String, Option<u32>)>)>;
 fn start(java: &Path, classes: &Path) -> (KillOnDrop, Reported) {
     let mut child = KillOnDrop(
         Command::new(java)
+            .args([
+                "-XX:CompileCommand=quiet",
+                "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
+            ])
             .arg("-cp")
             .arg(classes)
             .arg("JavaBlockers")
@@ -535,7 +539,7 @@ fn threads_walk_as_the_jvm_reports_them(
             ));
         }
     }
-    assert!(compared >= 7, "JDK {major}: {compared} threads");
+    assert!(compared >= 8, "JDK {major}: {compared} threads");
     assert!(report.is_empty(), "JDK {major}:\n{report}");
 }
 
