@@ -46,10 +46,10 @@ struct unwind_state {
 	/* The frame being walked through frame pointers is in a gap of its
 	 * object's tables (RULE_GAP). */
 	bool in_gap;
-	/* The process has an entry in java_procs (java.h); the walk went
-	 * through Java code. */
+	/* The process has an entry in java_procs (java.h); the Java frames
+	 * walked. */
 	bool java;
-	bool java_seen;
+	__u16 java_frames;
 	/* The walked task's process. */
 	__u32 tgid;
 };
@@ -576,6 +576,22 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	ips[idx & MAX_STACK_DEPTH] = u->pc;
 	u->nr = i + 1;
 
+	/* Java code, in a JVM's code cache (no call-frame information
+	 * there): its frame as the JVM lays it out (java.h), or through its
+	 * frame pointer where its code keeps one (the call stub). */
+	rule = UNWIND_NONE;
+	if (u->java) {
+		switch (java_step(u, ips, idx, i == u->exact_at, c, pr, task)) {
+		case JAVA_NEXT:
+			return 0;
+		case JAVA_END:
+			return 1;
+		case JAVA_BY_FP:
+			goto by_fp;
+		default:
+			break;
+		}
+	}
 	/* A return address is looked up at the call before it. */
 	if (files)
 		rule = file_rule(i == u->exact_at ? u->pc : u->pc - 1, files, c != NULL);
@@ -669,21 +685,11 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		}
 		u->sp = cfa;
 	} else {
-		/* No call-frame information for this address: Java code (in
-		 * a JVM's code cache), else the saved frame pointer and
-		 * return address at bp.  A chain that ends (bp is 0 in _start
-		 * and thread entry points) or cannot be read is the end of
-		 * the stack. */
-		if (u->java && !(rule & RULE_GAP)) {
-			switch (java_step(u, ips, idx, i == u->exact_at, c, pr, task)) {
-			case JAVA_NEXT:
-				return 0;
-			case JAVA_END:
-				return 1;
-			default:
-				break;
-			}
-		}
+by_fp:
+		/* No call-frame information for this address: the saved
+		 * frame pointer and return address at bp.  A chain that ends
+		 * (bp is 0 in _start and thread entry points) or cannot be
+		 * read is the end of the stack. */
 		if (!u->bp_restored)
 			u->bp_used = true;
 		if (!u->bp)

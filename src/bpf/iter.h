@@ -30,6 +30,8 @@ static __always_inline long unwind_task_by_files(struct task_struct *task, __u32
 	if (!u || read_user_regs(task, u))
 		return -1;
 	u->max = clamp_stack_bytes() / sizeof(__u64);
+	u->tgid = tgid;
+	u->java = java_walkable(tgid, task);
 	s->mm = mm;
 	s->needs_tables = 0;
 	s->used = 0;

@@ -33,6 +33,58 @@ struct {
 	__type(value, struct java_proc);
 } java_procs SEC(".maps");
 
+#define JAVA_HEADER JAVA_HEADER_BYTES
+/* A segment map's window read at once. */
+#define JAVA_WINDOW 32
+/* Windows read (one a bpf_loop step), and steps back within a window, at
+ * most. */
+#define JAVA_WINDOWS 8
+#define JAVA_WINDOW_STEPS 16
+
+/* What a walk through Java frames works with: its process's entry, copied
+ * at the walk's start (no lookup a frame), and room for what a frame
+ * reads. */
+struct java_scratch {
+	struct java_proc p;
+	__u64 frame[JAVA_FRAME_WORDS];
+	__u8 header[JAVA_HEADER + 8];
+	__u8 window[JAVA_WINDOW];
+	/* The segment map's walk (java_hop()): its map, the segment it is
+	 * at, and how it ended (JAVA_HOP_*). */
+	__u64 map;
+	__u64 k;
+	__u32 hop_end;
+	__u32 _pad;
+};
+
+#define JAVA_HOP_GOING 0
+#define JAVA_HOP_FOUND 1
+#define JAVA_HOP_BAD 2
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct java_scratch);
+} java_scratch SEC(".maps");
+
+/* The same for the sleepable iterators' walks of other tasks (see
+ * start_file_scratch). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct java_scratch);
+} java_task_scratch SEC(".maps");
+
+static __always_inline struct java_scratch *java_scratch_of(bool remote)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(remote ? (void *)&java_task_scratch : (void *)&java_scratch,
+				   &zero);
+}
+
 /* Whether process `tgid` may have an entry in java_procs (its bit is set:
  * see runtime.h). */
 static __always_inline bool java_pid(__u32 tgid)
@@ -43,25 +95,28 @@ static __always_inline bool java_pid(__u32 tgid)
 /* Whether the walk of a thread of process `tgid` (`task`, NULL: the
  * current task) meets Java frames: its process has an entry for its
  * address space (claimed by the first walk where userspace could not say
- * which: an exec since leaves the entry of another program). */
+ * which: an exec since leaves the entry of another program), copied where
+ * the walk's steps find it. */
 static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 {
+	struct java_scratch *js;
 	struct java_proc *j;
 	__u64 mm;
 
 	if (!java_pid(tgid))
 		return false;
 	j = bpf_map_lookup_elem(&java_procs, &tgid);
-	if (!j)
+	js = java_scratch_of(task != NULL);
+	if (!j || !js)
 		return false;
 	mm = (__u64)(task ? BPF_CORE_READ(task, mm) : BPF_CORE_READ(bpf_get_current_task_btf(), mm));
 	if (!j->mm)
 		j->mm = mm;
-	return j->mm == mm;
+	if (j->mm != mm)
+		return false;
+	js->p = *j;
+	return true;
 }
-
-/* Steps back through a segment map, at most (each up to 254 segments). */
-#define JAVA_HOPS 16
 
 #define JAVA_WORD(mark) ((__u64)(mark) << 60)
 
@@ -77,108 +132,173 @@ static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 static __always_inline int java_cut(struct unwind_state *u, __u64 *ips, __u32 idx, __u32 why)
 {
 	ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_CUT_MARK) | why;
+	u->java_frames++;
 	count(why == JAVA_CUT_RUNNING ? CNT_JAVA_CUT_RUNNING : CNT_JAVA_CUT_UNREADABLE);
 	u->truncated = true;
 	u->unprovable = true;
 	return JAVA_END;
 }
 
+/* The bpf_loop context of a segment map's walk: the task whose map is
+ * read (NULL: the current one), which the steps do not write. */
+struct java_hops {
+	struct task_struct *task;
+};
+
 /*
- * The frame at u's pc, if it is in process u->tgid's code cache: written
- * at ips[idx] and u moved to its caller (JAVA_NEXT), the walk ended
- * (JAVA_END), left to the frame-pointer step (JAVA_BY_FP), or not Java's
- * (JAVA_NOT_JAVA).  `exact`: the pc is where the thread stopped, not a
- * return address.
+ * One window of the walk back through a segment map to a block's first
+ * segment (its state in java_scratch): read, then stepped back through
+ * while the steps stay in it.  Returns 1 to stop (bpf_loop callback).
+ */
+static __always_inline long java_hop(struct task_struct *task)
+{
+	struct java_scratch *js = java_scratch_of(task != NULL);
+	__u64 k, base;
+	__u32 n;
+	__u8 b;
+	long err;
+
+	if (!js)
+		return 1;
+	k = js->k;
+	base = k >= JAVA_WINDOW - 1 ? k - (JAVA_WINDOW - 1) : 0;
+	if (task)
+		err = bpf_copy_from_user_task(js->window, JAVA_WINDOW, (void *)(js->map + base),
+					      task, 0);
+	else
+		err = bpf_probe_read_user(js->window, JAVA_WINDOW, (void *)(js->map + base));
+	if (err) {
+		js->hop_end = JAVA_HOP_BAD;
+		return 1;
+	}
+	for (n = 0; n < JAVA_WINDOW_STEPS; n++) {
+		b = js->window[(k - base) & (JAVA_WINDOW - 1)];
+		if (b == 0xff || b > k) {
+			js->hop_end = JAVA_HOP_BAD;
+			return 1;
+		}
+		if (!b) {
+			js->k = k;
+			js->hop_end = JAVA_HOP_FOUND;
+			return 1;
+		}
+		k -= b;
+		if (k < base)
+			break;
+	}
+	js->k = k;
+	return 0;
+}
+
+static long java_hop_current(__u32 i, void *arg)
+{
+	return java_hop(NULL) ? 1 : 0;
+}
+
+static long java_hop_task(__u32 i, void *arg)
+{
+	return java_hop(((struct java_hops *)arg)->task) ? 1 : 0;
+}
+
+/* A slot of an interpreted frame read into js->frame: the word at `off`
+ * bytes from its frame pointer (JAVA_FRAME_LOW the lowest). */
+#define JAVA_SLOT(js, off) ((js)->frame[(((off) - JAVA_FRAME_LOW) >> 3) & (JAVA_FRAME_WORDS - 1)])
+
+/*
+ * The frame at u's pc, if it is in the code cache of the walk's process
+ * (u->java): written at ips[idx] and u moved to its caller (JAVA_NEXT),
+ * the walk ended (JAVA_END), left to the frame-pointer step (JAVA_BY_FP),
+ * or not Java's (JAVA_NOT_JAVA).  `exact`: the pc is where the thread
+ * stopped, not a return address.
  */
 static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 idx, bool exact,
 				     struct stack_copy *c, struct ucache *pr,
 				     struct task_struct *task)
 {
+	struct java_scratch *js = java_scratch_of(task != NULL);
 	struct java_proc *j;
-	__u64 pc = u->pc, fp = u->bp, lo = 0, hi = 0, map = 0, slot[2], method, bcp, cm;
-	__u64 blob, bci, sender;
-	__u32 tgid = u->tgid, k, log2 = 0;
-	__s32 size = 0;
-	__u32 id = 0, hop;
-	__u8 b;
+	__u64 pc = u->pc, fp = u->bp, lo = 0, map = 0, method, bcp, sender, ra, caller_fp;
+	__u64 blob;
+	__u32 log2 = 0, w, n, at;
+	__s32 size;
+	__u32 id;
+	struct java_hops h = { .task = task };
 
-	j = bpf_map_lookup_elem(&java_procs, &tgid);
-	if (!j)
+	if (!js)
 		return JAVA_NOT_JAVA;
+	j = &js->p;
 	if (pc >= j->interp_lo && pc < j->interp_hi) {
-		if (!u->java_seen) {
-			u->java_seen = true;
-			count(CNT_JAVA_STACKS);
-		}
 		/* Stopped in the interpreter's own code: rbp may not be this
 		 * frame's yet (or any more). */
 		if (exact)
 			return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
-		if (read_user(&method, 8, (void *)(fp + j->interp_method), task, c) ||
-		    read_user(&bcp, 8, (void *)(fp + j->interp_bcp), task, c) ||
-		    read_user(&sender, 8, (void *)(fp + j->interp_sender_sp), task, c) ||
-		    read_user(slot, 16, (void *)fp, task, c))
+		if (read_user(js->frame, 16 - JAVA_FRAME_LOW, (void *)(fp + JAVA_FRAME_LOW), task, c))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		method = JAVA_SLOT(js, j->interp_method);
+		bcp = JAVA_SLOT(js, j->interp_bcp);
+		sender = JAVA_SLOT(js, j->interp_sender_sp);
+		caller_fp = JAVA_SLOT(js, 0);
+		ra = JAVA_SLOT(js, 8);
 		note_slot(pr, u, fp + j->interp_method, method);
 		note_slot(pr, u, fp + j->interp_bcp, bcp);
 		note_slot(pr, u, fp + j->interp_sender_sp, sender);
-		note_slot(pr, u, fp, slot[0]);
-		note_slot(pr, u, fp + 8, slot[1]);
-		if ((method & 7) || method >= (1ULL << 47) || !method ||
-		    read_user(&cm, 8, (void *)(method + j->method_const), task, c))
+		note_slot(pr, u, fp, caller_fp);
+		note_slot(pr, u, fp + 8, ra);
+		if ((method & 7) || method >= (1ULL << 47) || !method)
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-		bci = bcp - (cm + j->const_size);
-		if (bcp < cm + j->const_size || bci >= JAVA_NO_BCI)
-			bci = JAVA_NO_BCI;
-		ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 | bci;
-		count(CNT_JAVA_FRAMES);
+		/* The bytecode pointer's low 16 bits: userspace finds the
+		 * index from the method's bytecodes (fewer than 2^16). */
+		ips[idx & MAX_STACK_DEPTH] =
+			JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 | (bcp & 0xffff);
+		u->java_frames++;
 		/* The caller's stack pointer before this frame extended it:
 		 * a compiled caller's frame size counts from there. */
 		if (sender < fp + 16 || sender - fp > (1 << 20))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 		u->sp = sender;
-		u->bp = slot[0];
+		u->bp = caller_fp;
 		u->bp_restored = true;
-		u->pc = slot[1];
-		return slot[1] ? JAVA_NEXT : JAVA_END;
+		u->pc = ra;
+		return ra ? JAVA_NEXT : JAVA_END;
 	}
 #pragma clang loop unroll(full)
-	for (k = 0; k < JAVA_HEAPS; k++) {
-		if (k < j->heaps && pc >= j->heap_lo[k] && pc < j->heap_hi[k]) {
-			lo = j->heap_lo[k];
-			hi = j->heap_hi[k];
-			map = j->segmap[k];
-			log2 = j->log2_segment[k] & 31;
+	for (w = 0; w < JAVA_HEAPS; w++) {
+		if (w < j->heaps && pc >= j->heap_lo[w] && pc < j->heap_hi[w]) {
+			lo = j->heap_lo[w];
+			map = j->segmap[w];
+			log2 = j->log2_segment[w] & 31;
 		}
 	}
 	if (!lo)
 		return JAVA_NOT_JAVA;
-	if (!u->java_seen) {
-		u->java_seen = true;
-		count(CNT_JAVA_STACKS);
-	}
 	/* The block that holds pc: back through the segment map to its
-	 * first segment. */
-	k = (pc - lo) >> log2;
-	for (hop = 0; hop < JAVA_HOPS; hop++) {
-		if (read_user(&b, 1, (void *)(map + k), task, c) || b == 0xff)
-			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-		if (!b)
-			break;
-		if (b > k)
-			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-		k -= b;
-	}
-	if (hop >= JAVA_HOPS)
+	 * first segment, a window of it read at a time. */
+	js->map = map;
+	js->k = (pc - lo) >> log2;
+	js->hop_end = JAVA_HOP_GOING;
+	bpf_loop(JAVA_WINDOWS, task ? java_hop_task : java_hop_current, &h, 0);
+	/* Looked up again: the verifier forgets what a pointer to a map
+	 * value held across the call. */
+	js = java_scratch_of(task != NULL);
+	if (!js || js->hop_end != JAVA_HOP_FOUND)
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-	blob = lo + ((__u64)k << log2) + j->block_header;
-	if (read_user(&size, 4, (void *)(blob + j->frame_size), task, c) ||
-	    read_user(&id, 4, (void *)(blob + j->compile_id), task, c))
+	j = &js->p;
+	blob = lo + (js->k << log2) + j->block_header;
+	n = j->header_read;
+	if (n > JAVA_HEADER)
+		n = JAVA_HEADER;
+	if (n < 8)
+		n = 8;
+	if (read_user(js->header, n, (void *)blob, task, c))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+	at = j->frame_size & (JAVA_HEADER - 1);
+	size = *(__s32 *)&js->header[at];
+	at = j->compile_id & (JAVA_HEADER - 1);
+	id = *(__u32 *)&js->header[at];
 	ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_CODE_MARK) |
 				     (__u64)(id & ((1 << JAVA_CHECK_BITS) - 1)) << 47 |
 				     (pc & ((1ULL << 47) - 1));
-	count(CNT_JAVA_FRAMES);
+	u->java_frames++;
 	if (size <= 0)
 		return JAVA_BY_FP;
 	if (size > (1 << 16))
@@ -188,15 +308,17 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	if (exact)
 		return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
 	sender = u->sp + 8 * (__u64)size;
-	if (read_user(slot, 16, (void *)(sender - 16), task, c))
+	if (read_user(js->frame, 16, (void *)(sender - 16), task, c))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-	note_slot(pr, u, sender - 16, slot[0]);
-	note_slot(pr, u, sender - 8, slot[1]);
+	caller_fp = js->frame[0];
+	ra = js->frame[1];
+	note_slot(pr, u, sender - 16, caller_fp);
+	note_slot(pr, u, sender - 8, ra);
 	u->sp = sender;
-	u->bp = slot[0];
+	u->bp = caller_fp;
 	u->bp_restored = true;
-	u->pc = slot[1];
-	return slot[1] ? JAVA_NEXT : JAVA_END;
+	u->pc = ra;
+	return ra ? JAVA_NEXT : JAVA_END;
 }
 
 #endif /* __OFFCPUTIME_JAVA_H__ */

@@ -199,7 +199,7 @@ struct {
  * one that blocks in two places in turn (a read that waits, a write
  * preempted on its way back to user mode) is proved at both.
  */
-#define UCACHE_SLOTS 64
+#define UCACHE_SLOTS 128
 struct ucache {
 	/* The stack's id in `stacks`; 0: nothing kept. */
 	__u64 stack_id;
@@ -215,6 +215,9 @@ struct ucache {
 	__u16 gap_frames;
 	/* Past the highest slot: sp + top is where the slots end. */
 	__u32 top;
+	/* Java frames (see java.h). */
+	__u16 java_frames;
+	__u16 _pad[3];
 	/* Slot k: at sp + off[k], the walk read val[k]. */
 	__u32 off[UCACHE_SLOTS];
 	__u64 val[UCACHE_SLOTS];
@@ -377,5 +380,6 @@ enum py_frame_special _py_frame_special = PY_FRAME_MARK_HI;
 struct java_proc _java_proc = {};
 enum java_frame_special _java_frame_special = JAVA_INTERP_MARK;
 enum java_cut _java_cut = JAVA_CUT_RUNNING;
+enum java_limits _java_limits = JAVA_FRAME_WORDS;
 
 #endif /* __OFFCPUTIME_MAPS_H__ */

@@ -308,28 +308,37 @@ struct java_proc {
 	__u64 segmap[JAVA_HEAPS];
 	__u8 log2_segment[JAVA_HEAPS];
 	/* The heap block's header (the blob follows it); CodeBlob's frame
-	 * size (an int, in words); nmethod's compile id (an int). */
+	 * size (an int, in words); nmethod's compile id (an int); the bytes
+	 * of a blob read to have both (at most JAVA_HEADER). */
 	__u16 block_header;
 	__u16 frame_size;
 	__u16 compile_id;
+	__u16 header_read;
 	__u16 heaps;
-	/* Method::_constMethod and the size of ConstMethod (its bytecodes
-	 * follow it). */
-	__u16 method_const;
-	__u16 const_size;
-	/* An interpreted frame's slots, in bytes from its frame pointer: its
-	 * Method*, its bytecode pointer, its sender's stack pointer. */
+	/* An interpreted frame's slots, in bytes from its frame pointer
+	 * (from JAVA_FRAME_LOW up to 16, read at once): its Method*, its
+	 * bytecode pointer, its sender's stack pointer. */
 	__s16 interp_method;
 	__s16 interp_bcp;
 	__s16 interp_sender_sp;
-	__u16 _pad[3];
+};
+
+/* An interpreted frame's slots read at once: from its frame pointer -64
+ * (the bytecode pointer's) to +16 (the return address's end). */
+enum java_limits {
+	JAVA_FRAME_LOW = -64,
+	JAVA_FRAME_WORDS = 16,
+	/* A blob's header read at once, at most (up to nmethod's compile
+	 * id, see header_read). */
+	JAVA_HEADER_BYTES = 512,
 };
 
 /*
  * A Java frame in a stored user stack: one word, in place of the native
  * walk's pc, non-canonical (bits 63..60 JAVA_*_MARK).
  * - JAVA_INTERP_MARK: interpreted, bits 59..16 the Method* >> 3, bits
- *   15..0 the bytecode index (JAVA_NO_BCI: none, a native method's).
+ *   15..0 those of its bytecode pointer (a method has fewer than 2^16
+ *   bytes of bytecode: userspace finds the index from them).
  * - JAVA_CODE_MARK: compiled code or a stub, bits 46..0 the pc (a return
  *   address, unless the frame is the walk's first), bits 59..47 the low
  *   13 bits of what the blob holds at nmethod's compile id (so that
@@ -341,7 +350,6 @@ enum java_frame_special {
 	JAVA_INTERP_MARK = 0xa,
 	JAVA_CODE_MARK = 0xb,
 	JAVA_CUT_MARK = 0xc,
-	JAVA_NO_BCI = 0xffff,
 	JAVA_CHECK_BITS = 13,
 };
 /* Why a walk stopped in Java code (JAVA_CUT_MARK's low bits). */

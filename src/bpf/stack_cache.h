@@ -103,6 +103,7 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->truncated = u->truncated;
 	e->fp_frames = u->fp_frames;
 	e->gap_frames = u->gap_frames;
+	e->java_frames = u->java_frames;
 	e->stack_id = id;
 }
 

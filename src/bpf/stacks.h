@@ -108,6 +108,10 @@ static __always_inline void count_n(__u32 which, __u64 n)
 			count_n(CNT_UNWIND_FP_FRAMES, (w)->fp_frames);      \
 		if ((w)->gap_frames)                                        \
 			count_n(CNT_UNWIND_GAP_FRAMES, (w)->gap_frames);    \
+		if ((w)->java_frames) {                                     \
+			count(CNT_JAVA_STACKS);                             \
+			count_n(CNT_JAVA_FRAMES, (w)->java_frames);         \
+		}                                                           \
 	} while (0)
 
 #endif /* __OFFCPUTIME_STACKS_H__ */

@@ -3,7 +3,8 @@
 //! JVM's memory into the methods it stands for, inlined ones expanded, and
 //! each method's names and line table kept, once per method.
 //!
-//! An interpreted frame's word holds its `Method*` and bytecode index. A
+//! An interpreted frame's word holds its `Method*` and the low bits of its
+//! bytecode pointer (the index found from the method's bytecodes). A
 //! compiled frame's holds its pc and the low bits of the compile id its
 //! blob had then: the blob found at that pc now must have the same, or
 //! the code was replaced since and the frame is not named after its
@@ -20,8 +21,6 @@ use crate::runtime::{Frame, FrameName, Memory};
 pub const INTERP_MARK: u64 = 0xa;
 pub const CODE_MARK: u64 = 0xb;
 pub const CUT_MARK: u64 = 0xc;
-/// An interpreted frame's bytecode index where it has none.
-const NO_BCI: u64 = 0xffff;
 /// The compile id's bits a compiled frame's word keeps.
 const CHECK_BITS: u32 = 13;
 /// The pc's bits.
@@ -38,20 +37,17 @@ pub fn is_java_word(word: u64) -> bool {
 /// A Java word, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Word {
-    Interpreted { method: u64, bci: Option<u32> },
+    Interpreted { method: u64, bcp_low: u16 },
     Compiled { pc: u64, check: u32 },
     Cut,
 }
 
 pub fn decode(word: u64) -> Option<Word> {
     match word >> 60 {
-        INTERP_MARK => {
-            let bci = word & 0xffff;
-            Some(Word::Interpreted {
-                method: ((word >> 16) & ((1 << 44) - 1)) << 3,
-                bci: (bci != NO_BCI).then_some(bci as u32),
-            })
-        }
+        INTERP_MARK => Some(Word::Interpreted {
+            method: ((word >> 16) & ((1 << 44) - 1)) << 3,
+            bcp_low: word as u16,
+        }),
         CODE_MARK => Some(Word::Compiled {
             pc: word & ((1 << PC_BITS) - 1),
             check: ((word >> PC_BITS) & ((1 << CHECK_BITS) - 1)) as u32,
@@ -84,8 +80,9 @@ pub struct Reader<'a> {
 #[derive(Default)]
 pub struct Names {
     codes: Vec<Code>,
-    /// By the process's key and `Method*`.
-    methods: HashMap<(u64, u64), u32>,
+    /// By the process's key and `Method*`: its code, and where its
+    /// bytecodes are (see [`walk::bytecodes`]).
+    methods: HashMap<(u64, u64), (u32, Option<(u64, u16)>)>,
     /// Codes named by name alone (stubs, code replaced).
     plain: HashMap<String, u32>,
     pub methods_read: u64,
@@ -114,8 +111,17 @@ impl Names {
     /// The code of method `method` of the process keyed `key` (its
     /// names read once).
     fn method(&mut self, r: &Reader<'_>, key: u64, method: u64) -> Option<u32> {
-        if let Some(&i) = self.methods.get(&(key, method)) {
-            return Some(i);
+        Some(self.method_read(r, key, method)?.0)
+    }
+
+    fn method_read(
+        &mut self,
+        r: &Reader<'_>,
+        key: u64,
+        method: u64,
+    ) -> Option<(u32, Option<(u64, u16)>)> {
+        if let Some(&m) = self.methods.get(&(key, method)) {
+            return Some(m);
         }
         let names = code::method_name(r.mem, &r.layout.code, method).ok()?;
         let file = walk::source_file(r.mem, &r.layout.code, r.structs, method)
@@ -129,9 +135,10 @@ impl Names {
             file,
             lines,
         });
-        self.methods.insert((key, method), i);
+        let m = (i, walk::bytecodes(r.mem, r.layout, method).ok());
+        self.methods.insert((key, method), m);
         self.methods_read += 1;
-        Some(i)
+        Some(m)
     }
 
     /// The frames of Java word `word` of the process keyed `key`,
@@ -140,12 +147,24 @@ impl Names {
         let frames = match decode(word) {
             None => return Vec::new(),
             Some(Word::Cut) => return vec![Frame::CutShort],
-            Some(Word::Interpreted { method, bci }) => self.method(r, key, method).map(|code| {
-                vec![Frame::Code {
-                    code,
-                    at: bci.unwrap_or(NO_AT),
-                }]
-            }),
+            Some(Word::Interpreted { method, bcp_low }) => {
+                self.method_read(r, key, method).map(|(code, bytecodes)| {
+                    // The one index below the code's size whose pointer
+                    // has these low bits.
+                    let at = match bytecodes {
+                        Some((first, size)) => {
+                            let bci = bcp_low.wrapping_sub(first as u16);
+                            if bci < size {
+                                u32::from(bci)
+                            } else {
+                                NO_AT
+                            }
+                        }
+                        None => NO_AT,
+                    };
+                    vec![Frame::Code { code, at }]
+                })
+            }
             Some(Word::Compiled { pc, check }) => self.compiled(r, key, pc, check),
         };
         frames.unwrap_or_else(|| {
@@ -216,7 +235,6 @@ mod tests {
         assert_eq!(INTERP_MARK, S::JAVA_INTERP_MARK.0 as u64);
         assert_eq!(CODE_MARK, S::JAVA_CODE_MARK.0 as u64);
         assert_eq!(CUT_MARK, S::JAVA_CUT_MARK.0 as u64);
-        assert_eq!(NO_BCI, S::JAVA_NO_BCI.0 as u64);
         assert_eq!(CHECK_BITS, S::JAVA_CHECK_BITS.0);
         for w in [
             crate::unwind_table::SIGNAL_FRAME,
@@ -228,17 +246,10 @@ mod tests {
             assert!(!is_java_word(w), "{w:#x}");
         }
         assert_eq!(
-            decode(0xa << 60 | (0x7f12_3456_7898 >> 3) << 16 | 42),
+            decode(0xa << 60 | (0x7f12_3456_7898 >> 3) << 16 | 0x1234),
             Some(Word::Interpreted {
                 method: 0x7f12_3456_7898,
-                bci: Some(42)
-            })
-        );
-        assert_eq!(
-            decode(0xa << 60 | 8 << 16 | 0xffff),
-            Some(Word::Interpreted {
-                method: 64,
-                bci: None
+                bcp_low: 0x1234
             })
         );
         assert_eq!(

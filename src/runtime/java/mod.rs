@@ -506,16 +506,28 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
         u16::try_from(v).map_err(|_| format!("{what} at {v}"))
     };
     let slot = |words: i64| -> i16 { (words * 8) as i16 };
+    let header_read = l.blob_frame_size.max(l.code.nmethod_compile_id) + 4;
+    if header_read > u64::from(types::java_limits::JAVA_HEADER_BYTES.0) {
+        return Err(format!("a blob's compile id at {}", l.code.nmethod_compile_id));
+    }
+    let slots = [
+        -(walk::INTERP_METHOD as i64),
+        -(walk::INTERP_BCP as i64),
+        l.interp_sender_sp,
+    ];
+    let low = i64::from(types::java_limits::JAVA_FRAME_LOW.0 as i32) / 8;
+    if let Some(s) = slots.iter().find(|&&s| s < low || s >= 2) {
+        return Err(format!("an interpreted frame's slot at {s} words"));
+    }
     let mut e = types::java_proc {
         block_header: narrow(l.code.heap_block_size, "a heap block's header")?,
         frame_size: narrow(l.blob_frame_size, "a blob's frame size")?,
         compile_id: narrow(l.code.nmethod_compile_id, "an nmethod's compile id")?,
+        header_read: header_read as u16,
         heaps: w.heaps.len() as u16,
-        method_const: narrow(l.code.method_const, "a method's ConstMethod")?,
-        const_size: narrow(l.const_method_size, "ConstMethod's size")?,
-        interp_method: slot(-(walk::INTERP_METHOD as i64)),
-        interp_bcp: slot(-(walk::INTERP_BCP as i64)),
-        interp_sender_sp: slot(l.interp_sender_sp),
+        interp_method: slot(slots[0]),
+        interp_bcp: slot(slots[1]),
+        interp_sender_sp: slot(slots[2]),
         ..Default::default()
     };
     for (i, h) in w.heaps.iter().enumerate() {

@@ -497,6 +497,15 @@ pub fn line_table(
     Ok(table)
 }
 
+/// Where the bytecodes of the method at `method` begin, and their size.
+pub fn bytecodes(mem: &dyn Memory, l: &WalkLayout, method: u64) -> std::io::Result<(u64, u16)> {
+    let cm = u64_at(mem, method.wrapping_add(l.code.method_const))?;
+    Ok((
+        cm.wrapping_add(l.const_method_size),
+        u16_at(mem, cm.wrapping_add(l.const_code_size))?,
+    ))
+}
+
 /// The interpreter's code: the range of its stub queue's buffer.
 pub fn interpreter(mem: &dyn Memory, s: &VmStructs) -> std::io::Result<(u64, u64)> {
     let field = |t: &str, f: &str| {
