@@ -309,6 +309,9 @@ loss_counters! {
         /// frame's code, not at a call; a code cache or frame unreadable.
         java_cut_running = CNT_JAVA_CUT_RUNNING,
         java_cut_unreadable = CNT_JAVA_CUT_UNREADABLE,
+        /// Notices of Java frames lost for a full ring buffer (named later
+        /// from the process, if it still runs).
+        java_events_lost = CNT_JAVA_EVENTS_LOST,
         /// `--on-cpu`: samples of traced threads taken on a CPU, and those
         /// left out for falling outside the window.
         oncpu_samples = CNT_ONCPU_SAMPLES,

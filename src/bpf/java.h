@@ -54,8 +54,27 @@ struct java_scratch {
 	__u64 map;
 	__u64 k;
 	__u32 hop_end;
+	/* The thread walked (for the notices of new words). */
+	__u32 pid;
+	__u64 process_start;
+};
+
+/* The Java words this CPU told userspace of lately, by a hash of the
+ * word and its process: a notice each the first time, and again only
+ * once another took its slot. */
+#define JAVA_SEEN_SLOTS 1024
+struct java_seen {
+	__u64 word;
+	__u32 tgid;
 	__u32 _pad;
 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, JAVA_SEEN_SLOTS);
+	__type(key, __u32);
+	__type(value, struct java_seen);
+} java_seen SEC(".maps");
 
 #define JAVA_HOP_GOING 0
 #define JAVA_HOP_FOUND 1
@@ -115,7 +134,56 @@ static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 	if (j->mm != mm)
 		return false;
 	js->p = *j;
+	if (task) {
+		js->pid = BPF_CORE_READ(task, pid);
+		js->process_start = BPF_CORE_READ(task, group_leader, start_boottime);
+	} else {
+		js->pid = (__u32)bpf_get_current_pid_tgid();
+		js->process_start = BPF_CORE_READ(bpf_get_current_task_btf(), group_leader,
+						  start_boottime);
+	}
 	return true;
+}
+
+/* Tells userspace of Java word `word` of process `tgid` if this CPU has
+ * not told it of it lately: what it names is read while the JVM runs (the
+ * frame of a blocked thread keeps its method, and its compiled code,
+ * there). */
+static __always_inline void java_notice(struct java_scratch *js, __u32 tgid, __u64 word)
+{
+	__u32 slot = (__u32)((word >> 3) ^ (word >> 19) ^ (word >> 40) ^ tgid) &
+		     (JAVA_SEEN_SLOTS - 1);
+	struct java_seen *s = bpf_map_lookup_elem(&java_seen, &slot);
+	struct py_code_event *ev;
+
+	if (!s || (s->word == word && s->tgid == tgid))
+		return;
+	/* The ring buffer carries news of processes too, which must not be
+	 * crowded out: a word not told now is named at the report. */
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > EVENTS_BYTES / 2) {
+		count(CNT_JAVA_EVENTS_LOST);
+		return;
+	}
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		count(CNT_JAVA_EVENTS_LOST);
+		return;
+	}
+	ev->e.tgid = tgid;
+	ev->e.pid = js->pid;
+	ev->e.kind = TASK_EVENT_JAVACODE;
+	ev->e.parent = 0;
+	ev->e.map_start = 0;
+	ev->e.map_count = 0;
+	ev->e.process_start = js->process_start;
+	ev->e.mm = js->p.mm;
+	ev->e.exec_vm = 0;
+	ev->code = word;
+	ev->tag = 0;
+	ev->_pad = 0;
+	bpf_ringbuf_submit(ev, 0);
+	s->word = word;
+	s->tgid = tgid;
 }
 
 #define JAVA_WORD(mark) ((__u64)(mark) << 60)
@@ -248,9 +316,11 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 		/* The bytecode pointer's low 16 bits: userspace finds the
 		 * index from the method's bytecodes (fewer than 2^16). */
-		ips[idx & MAX_STACK_DEPTH] =
-			JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 | (bcp & 0xffff);
+		ra = JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 | (bcp & 0xffff);
+		ips[idx & MAX_STACK_DEPTH] = ra;
 		u->java_frames++;
+		java_notice(js, u->tgid, ra);
+		ra = JAVA_SLOT(js, 8);
 		/* The caller's stack pointer before this frame extended it:
 		 * a compiled caller's frame size counts from there. */
 		if (sender < fp + 16 || sender - fp > (1 << 20))
@@ -295,10 +365,11 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	size = *(__s32 *)&js->header[at];
 	at = j->compile_id & (JAVA_HEADER - 1);
 	id = *(__u32 *)&js->header[at];
-	ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_CODE_MARK) |
-				     (__u64)(id & ((1 << JAVA_CHECK_BITS) - 1)) << 47 |
-				     (pc & ((1ULL << 47) - 1));
+	ra = JAVA_WORD(JAVA_CODE_MARK) | (__u64)(id & ((1 << JAVA_CHECK_BITS) - 1)) << 47 |
+	     (pc & ((1ULL << 47) - 1));
+	ips[idx & MAX_STACK_DEPTH] = ra;
 	u->java_frames++;
+	java_notice(js, u->tgid, ra);
 	if (size <= 0)
 		return JAVA_BY_FP;
 	if (size > (1 << 16))

@@ -153,6 +153,10 @@ enum task_event_kind {
 	 * names while the object surely exists (a frame of a blocked thread
 	 * holds it). */
 	TASK_EVENT_PYCODE = 5,
+	/* A Java frame's word (see JAVA_INTERP_MARK), the first time a CPU
+	 * walked it lately (struct py_code_event, the word as its code):
+	 * userspace names it while the JVM runs and the code is there. */
+	TASK_EVENT_JAVACODE = 6,
 };
 
 /* Sent on the `events` ring buffer, so that userspace can snapshot a
@@ -685,6 +689,9 @@ enum offcpu_counter {
 	CNT_JAVA_FRAMES,
 	CNT_JAVA_CUT_RUNNING,
 	CNT_JAVA_CUT_UNREADABLE,
+	/* ... notices of Java frames lost for a full ring buffer (named
+	 * later from the process, if it still runs) */
+	CNT_JAVA_EVENTS_LOST,
 	/* --on-cpu: samples taken on a CPU of a thread traced, and those
 	 * that fell outside the window (between the attach and its start,
 	 * or after its end) */

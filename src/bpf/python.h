@@ -24,9 +24,6 @@
 #ifndef __OFFCPUTIME_PYTHON_H__
 #define __OFFCPUTIME_PYTHON_H__
 
-/* bpf_ringbuf_query(): the bytes not yet consumed (uapi bpf.h). */
-#define BPF_RB_AVAIL_DATA 0
-
 /* Set at load: --no-python leaves it off. */
 const volatile bool python_on = false;
 

@@ -11,6 +11,9 @@
 #ifndef __OFFCPUTIME_RUNTIME_H__
 #define __OFFCPUTIME_RUNTIME_H__
 
+/* bpf_ringbuf_query(): the bytes not yet consumed (uapi bpf.h). */
+#define BPF_RB_AVAIL_DATA 0
+
 /* Set at load: whether any runtime's frames are read (--no-python leaves
  * Python's off). */
 const volatile bool runtimes_on = false;

@@ -246,9 +246,9 @@ fn java_frames_are_the_jvms_own_view_jdk11_and_25() {
 }
 
 /// A JVM (JDK 21) started while tracing the whole system (its libjvm
-/// mapped after the trace began, its code cache not set up at first): its
-/// blocked threads' Java frames are the JVM's from the blocks after it is
-/// known.
+/// mapped after the trace began, its code cache not set up at first), and
+/// killed before the trace ends: its blocked threads' Java frames are the
+/// JVM's, named while it ran.
 #[test]
 fn a_jvm_started_during_the_trace_is_walked() {
     if !require_root() {
@@ -260,11 +260,14 @@ fn a_jvm_started_during_the_trace_is_walked() {
     };
     let dir = tempfile::tempdir().unwrap();
     let lib = build(dir.path());
-    let mut jvm = None;
+    let mut reported = None;
     let (out, _, _) = profile_during(&["-f", "--lines", "6"], |_| {
-        jvm = Some(start(&java, dir.path(), &lib));
+        let (jvm, r) = start(&java, dir.path(), &lib);
+        reported = Some(r);
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        drop(jvm);
     });
-    let (_jvm, reported) = jvm.expect("the JVM started");
+    let reported = reported.expect("the JVM started");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("java: HotSpot 21."), "{stderr}");
     frames_are_the_jvms(&out.stdout, &reported, "started during the trace");

@@ -139,6 +139,8 @@ pub struct Jvms {
     next_key: u64,
     /// JVM processes whose frames were walked, and their releases.
     walked: HashMap<Proc, String>,
+    /// What `-v` says of each JVM's tables read, once each.
+    tables: BTreeSet<String>,
 }
 
 impl Default for Jvms {
@@ -160,6 +162,7 @@ impl Jvms {
             names: frames::Names::default(),
             next_key: 0,
             walked: HashMap::new(),
+            tables: BTreeSet::new(),
         }
     }
 
@@ -259,6 +262,12 @@ impl Jvms {
         match Jvm::read(mem.as_ref(), &jp.symbols) {
             Ok(jvm) => {
                 self.seen.insert(p, Some(jvm.release.clone()));
+                let (fields, types, ints, longs) = jvm.structs.counts();
+                self.tables.insert(format!(
+                    "java: HotSpot {}: structure tables of {fields} fields, {types} types, \
+                     {ints} int and {longs} long constants",
+                    jvm.release
+                ));
                 jp.read = Some(Arc::new(jvm));
             }
             Err(why) => {
@@ -342,7 +351,9 @@ impl Runtime for Jvms {
         frames::is_java_word(word)
     }
 
-    fn note_code(&mut self, _p: Proc, _code: u64, _tag: u32) {}
+    fn note_code(&mut self, p: Proc, code: u64, _tag: u32) {
+        self.resolve(p, &[code]);
+    }
 
     fn resolve(&mut self, p: Proc, addrs: &[u64]) {
         let Some(w) = self
@@ -462,28 +473,16 @@ impl Runtime for Jvms {
             lines.push(format!("a JVM's Java frames cannot be read: {why}"));
         }
         if verbose {
-            let tables: BTreeSet<String> = self
-                .procs
-                .values()
-                .filter_map(|jp| jp.read.as_deref())
-                .map(|jvm| {
-                    let (fields, types, ints, longs) = jvm.structs.counts();
-                    format!(
-                        "java: HotSpot {}: structure tables of {fields} fields, {types} types, \
-                         {ints} int and {longs} long constants",
-                        jvm.release
-                    )
-                })
-                .collect();
-            lines.extend(tables);
+            lines.extend(self.tables.iter().cloned());
             if !self.walked.is_empty() {
                 lines.push(format!(
                     "java: {} JVM processes walked; {} user stacks through Java code, {} Java \
-                     frames; {} methods named",
+                     frames; {} methods named ({} notices of new frames lost)",
                     self.walked.len(),
                     c.java_stacks,
                     c.java_frames,
-                    self.names.methods_read
+                    self.names.methods_read,
+                    c.java_events_lost
                 ));
             }
         }
