@@ -581,7 +581,8 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	 * frame pointer where its code keeps one (the call stub). */
 	rule = UNWIND_NONE;
 	if (u->java) {
-		switch (java_step(u, ips, idx, i == u->exact_at, c, pr, task)) {
+		switch (task ? java_step(u, ips, idx, i == u->exact_at, c, pr, task)
+			     : java_step_of_current(idx, i == u->exact_at)) {
 		case JAVA_NEXT:
 			return 0;
 		case JAVA_END:

@@ -392,4 +392,23 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	return ra ? JAVA_NEXT : JAVA_END;
 }
 
+/*
+ * java_step() in the walk of the current task's stack, whose state is in
+ * file_scratch (`st`), its frames in `scratch`: a global function, so
+ * that its stack is not the walk's step's (the chain of calls from the
+ * switch hook through a walk by files to the maple tree's is at the
+ * verifier's bound), and the verifier checks it once.
+ */
+__noinline int java_step_of_current(__u32 idx, bool exact)
+{
+	__u32 zero = 0;
+	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
+	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
+	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
+
+	if (!ips || !s)
+		return JAVA_END;
+	return java_step(&s->st, ips, idx, exact, NULL, pr, NULL);
+}
+
 #endif /* __OFFCPUTIME_JAVA_H__ */
