@@ -154,34 +154,12 @@ static __always_inline void java_notice(struct java_scratch *js, __u32 tgid, __u
 	__u32 slot = (__u32)((word >> 3) ^ (word >> 19) ^ (word >> 40) ^ tgid) &
 		     (JAVA_SEEN_SLOTS - 1);
 	struct java_seen *s = bpf_map_lookup_elem(&java_seen, &slot);
-	struct py_code_event *ev;
 
 	if (!s || (s->word == word && s->tgid == tgid))
 		return;
-	/* The ring buffer carries news of processes too, which must not be
-	 * crowded out: a word not told now is named at the report. */
-	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > EVENTS_BYTES / 2) {
-		count(CNT_JAVA_EVENTS_LOST);
+	if (!runtime_notice(TASK_EVENT_JAVACODE, tgid, js->pid, js->process_start, js->p.mm, word,
+			    0, CNT_JAVA_EVENTS_LOST))
 		return;
-	}
-	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
-	if (!ev) {
-		count(CNT_JAVA_EVENTS_LOST);
-		return;
-	}
-	ev->e.tgid = tgid;
-	ev->e.pid = js->pid;
-	ev->e.kind = TASK_EVENT_JAVACODE;
-	ev->e.parent = 0;
-	ev->e.map_start = 0;
-	ev->e.map_count = 0;
-	ev->e.process_start = js->process_start;
-	ev->e.mm = js->p.mm;
-	ev->e.exec_vm = 0;
-	ev->code = word;
-	ev->tag = 0;
-	ev->_pad = 0;
-	bpf_ringbuf_submit(ev, 0);
 	s->word = word;
 	s->tgid = tgid;
 }

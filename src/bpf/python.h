@@ -152,34 +152,12 @@ static __always_inline void py_notice(struct py_walk *w, __u64 code, __u32 tag)
 {
 	__u32 slot = (__u32)((code >> 4) ^ (code >> 16) ^ w->tgid ^ tag) & (PY_SEEN_SLOTS - 1);
 	struct py_seen *s = bpf_map_lookup_elem(&py_seen, &slot);
-	struct py_code_event *ev;
 
 	if (!s || (s->code == code && s->tgid == w->tgid && s->tag == tag))
 		return;
-	/* The ring buffer carries news of processes too, which must not be
-	 * crowded out: a name not told now is read at the report. */
-	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > EVENTS_BYTES / 2) {
-		count(CNT_PY_EVENTS_LOST);
+	if (!runtime_notice(TASK_EVENT_PYCODE, w->tgid, w->pid, w->process_start, w->p.mm, code,
+			    tag, CNT_PY_EVENTS_LOST))
 		return;
-	}
-	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
-	if (!ev) {
-		count(CNT_PY_EVENTS_LOST);
-		return;
-	}
-	ev->e.tgid = w->tgid;
-	ev->e.pid = w->pid;
-	ev->e.kind = TASK_EVENT_PYCODE;
-	ev->e.parent = 0;
-	ev->e.map_start = 0;
-	ev->e.map_count = 0;
-	ev->e.process_start = w->process_start;
-	ev->e.mm = w->p.mm;
-	ev->e.exec_vm = 0;
-	ev->code = code;
-	ev->tag = tag;
-	ev->_pad = 0;
-	bpf_ringbuf_submit(ev, 0);
 	s->code = code;
 	s->tgid = w->tgid;
 	s->tag = tag;

@@ -71,4 +71,42 @@ struct {
 	__type(value, __u32);
 } rt_refresh SEC(".maps");
 
+/*
+ * Tells userspace of code `code` (with `tag`) that a walk of thread `pid`
+ * of process `tgid` (started at `start`, in address space `mm`) met: a
+ * task event of kind `kind` followed by the code (struct py_code_event).
+ * False where it was not told: the ring buffer, which carries news of
+ * processes too and must not be crowded out, was half full or full
+ * (counted in `lost`; what the code names is then read at the report).
+ */
+static __always_inline bool runtime_notice(__u32 kind, __u32 tgid, __u32 pid, __u64 start,
+					   __u64 mm, __u64 code, __u32 tag, __u32 lost)
+{
+	struct py_code_event *ev;
+
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > EVENTS_BYTES / 2) {
+		count(lost);
+		return false;
+	}
+	ev = bpf_ringbuf_reserve(&events, sizeof(*ev), 0);
+	if (!ev) {
+		count(lost);
+		return false;
+	}
+	ev->e.tgid = tgid;
+	ev->e.pid = pid;
+	ev->e.kind = kind;
+	ev->e.parent = 0;
+	ev->e.map_start = 0;
+	ev->e.map_count = 0;
+	ev->e.process_start = start;
+	ev->e.mm = mm;
+	ev->e.exec_vm = 0;
+	ev->code = code;
+	ev->tag = tag;
+	ev->_pad = 0;
+	bpf_ringbuf_submit(ev, 0);
+	return true;
+}
+
 #endif /* __OFFCPUTIME_RUNTIME_H__ */

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /*
- * The one place where the native walk meets the runtimes' frames: the
- * hooks, the iterators and the refresh call these, and these call the
- * walker of the process's runtime (python.h).  A runtime's frames are
- * words of the user stack marked as its own (PY_FRAME_MARK), which
- * userspace puts in their places among the native frames.
+ * The one place where the native walk meets the runtimes' frames read
+ * apart from it: the hooks, the iterators and the refresh call these, and
+ * these call the walker of the process's runtime (python.h).  A runtime's
+ * frames are words of the user stack marked as its own (PY_FRAME_MARK),
+ * which userspace puts in their places among the native frames.  A
+ * runtime whose frames are the native stack's own (HotSpot's, java.h) is
+ * walked in the native walk instead (dwarf.h), its words in place.
  */
 #ifndef __OFFCPUTIME_RUNTIMES_H__
 #define __OFFCPUTIME_RUNTIMES_H__

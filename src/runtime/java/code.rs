@@ -52,7 +52,7 @@ pub(super) enum CodeBegin {
 }
 
 /// The first of `names` (type, field) the tables have: a member's offset.
-fn member(s: &VmStructs, names: &[(&str, &str)]) -> Result<u64, String> {
+pub(super) fn member(s: &VmStructs, names: &[(&str, &str)]) -> Result<u64, String> {
     names
         .iter()
         .find_map(|(t, f)| s.offset(t, f))

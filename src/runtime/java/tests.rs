@@ -753,5 +753,27 @@ fn code_readers_survive_noise() {
         let _ = walk::walk(&mem, &w, &heaps, addr);
         let _ = walk::line(&mem, &w, addr, (rng.next() % 1000) as i32);
         let _ = walk::source_file(&mem, &l, &s, addr);
+        let _ = walk::bytecodes(&mem, &w, addr);
+        // The words of the BPF program's walk, each kind, as userspace
+        // names them from this memory.
+        let r = frames::Reader {
+            mem: &mem,
+            layout: &w,
+            structs: &s,
+            heaps: &made_up,
+        };
+        let mut names = frames::Names::default();
+        for word in [
+            0xa << 60 | (addr >> 3) << 16 | (rng.next() & 0xffff),
+            0xb << 60 | (rng.next() & 0x1fff) << 47 | pc,
+            0xb << 60 | (rng.next() & ((1 << 60) - 1)),
+            0xc << 60 | 1,
+        ] {
+            for f in names.frames(&r, 1, word) {
+                if let crate::runtime::Frame::Code { code, at } = f {
+                    let _ = names.name(code, at);
+                }
+            }
+        }
     }
 }

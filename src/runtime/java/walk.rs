@@ -12,7 +12,7 @@
 //! HotSpot's UNSIGNED5 coding), names. Every read is of another process's
 //! memory, every loop bounded.
 
-use super::code::{self, u16_at, u32_at, u64_at, Heap, Layout};
+use super::code::{self, member, u16_at, u32_at, u64_at, Heap, Layout};
 use super::vmstructs::VmStructs;
 use crate::runtime::Memory;
 
@@ -87,13 +87,6 @@ enum DebugInfo {
         mutable: u64,
         relocation_size: u64,
     },
-}
-
-fn member(s: &VmStructs, names: &[(&str, &str)]) -> Result<u64, String> {
-    names
-        .iter()
-        .find_map(|(t, f)| s.offset(t, f))
-        .ok_or_else(|| format!("no {}::{} in its tables", names[0].0, names[0].1))
 }
 
 impl WalkLayout {
