@@ -131,7 +131,7 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 	if (!pr)
 		return;
 	k = pr->n;
-	if (k >= UCACHE_SLOTS || addr < pr->sp || addr - pr->sp > 0xfffffff0ULL) {
+	if (k >= UCACHE_SLOTS || addr < pr->sp || addr - pr->sp > 0x7ffffff0ULL) {
 		u->unprovable = true;
 		return;
 	}
@@ -143,6 +143,45 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 	pr->val[k] = val;
 	if (addr - pr->sp + 8 > pr->top)
 		pr->top = addr - pr->sp + 8;
+}
+
+/* The hash of a range slot's UCACHE_RANGE_WORDS words `w` (struct
+ * ucache): a change of any of them changes it but for a chance of one in
+ * 2^64. */
+static __always_inline __u64 ucache_range_hash(const __u64 *w)
+{
+	__u64 h = 0xcbf29ce484222325ULL;
+	int i;
+
+#pragma clang loop unroll(full)
+	for (i = 0; i < UCACHE_RANGE_WORDS; i++) {
+		h = (h ^ w[i]) * 0x100000001b3ULL;
+		h ^= h >> 29;
+	}
+	return h;
+}
+
+/* The walk read the UCACHE_RANGE bytes `w` at `addr`: slot k of its proof
+ * in `pr`, as one (see UCACHE_RANGE_BIT). */
+static __always_inline void note_range(struct ucache *pr, struct unwind_state *u, __u64 addr,
+				       const __u64 *w)
+{
+	__u32 k;
+
+	if (!pr)
+		return;
+	k = pr->n;
+	if (k >= UCACHE_SLOTS || addr < pr->sp || addr - pr->sp > 0x7ffffff0ULL) {
+		u->unprovable = true;
+		return;
+	}
+	pr->n = k + 1;
+	asm volatile("" : "+r"(k));
+	k &= UCACHE_SLOTS - 1;
+	pr->off[k] = (addr - pr->sp) | UCACHE_RANGE_BIT;
+	pr->val[k] = ucache_range_hash(w);
+	if (addr - pr->sp + UCACHE_RANGE > pr->top)
+		pr->top = addr - pr->sp + UCACHE_RANGE;
 }
 
 /* Reads the user memory of the current task, or of `task` from the copy
@@ -581,8 +620,10 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	 * frame pointer where its code keeps one (the call stub). */
 	rule = UNWIND_NONE;
 	if (u->java) {
-		switch (task ? java_step(u, ips, idx, i == u->exact_at, c, pr, task)
-			     : java_step_of_current(idx, i == u->exact_at)) {
+		/* c: another task's walk (its stack copied), a constant in
+		 * the current task's (NULL), so that each keeps one. */
+		switch (c ? java_step(u, ips, idx, i == u->exact_at, c, pr, task)
+			  : java_step_of_current(idx, i == u->exact_at)) {
 		case JAVA_NEXT:
 			return 0;
 		case JAVA_END:

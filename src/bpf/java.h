@@ -34,10 +34,14 @@ struct {
 } java_procs SEC(".maps");
 
 #define JAVA_HEADER JAVA_HEADER_BYTES
-/* A segment map's window read at once. */
+/* A segment map's window read at once, and the steps back through it
+ * (each into the window read last, or a new one), at most: in a walk of
+ * the current task, a window a bpf_loop step (JAVA_WINDOWS of them, each
+ * up to JAVA_WINDOW_STEPS steps: the verifier checks a step once); in the
+ * iterators' walks of other tasks, a bounded loop (a bpf_loop's context
+ * would put their chain of frames over the verifier's bound). */
 #define JAVA_WINDOW 32
-/* Windows read (one a bpf_loop step), and steps back within a window, at
- * most. */
+#define JAVA_STEPS 12
 #define JAVA_WINDOWS 8
 #define JAVA_WINDOW_STEPS 16
 
@@ -49,10 +53,14 @@ struct java_scratch {
 	__u64 frame[JAVA_FRAME_WORDS];
 	__u8 header[JAVA_HEADER + 8];
 	__u8 window[JAVA_WINDOW];
-	/* The segment map's walk (java_hop()): its map, the segment it is
-	 * at, and how it ended (JAVA_HOP_*). */
+	/* The segment map's walk: the heap's code and map, the segment it is
+	 * at, the window read last. */
+	__u64 lo;
 	__u64 map;
 	__u64 k;
+	__u64 base;
+	__u32 log2;
+	/* How the walk of the map ended (JAVA_HOP_*). */
 	__u32 hop_end;
 	/* The thread walked (for the notices of new words). */
 	__u32 pid;
@@ -76,9 +84,6 @@ struct {
 	__type(value, struct java_seen);
 } java_seen SEC(".maps");
 
-#define JAVA_HOP_GOING 0
-#define JAVA_HOP_FOUND 1
-#define JAVA_HOP_BAD 2
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -185,40 +190,33 @@ static __always_inline int java_cut(struct unwind_state *u, __u64 *ips, __u32 id
 	return JAVA_END;
 }
 
-/* The bpf_loop context of a segment map's walk: the task whose map is
- * read (NULL: the current one), which the steps do not write. */
-struct java_hops {
-	struct task_struct *task;
-};
+#define JAVA_HOP_GOING 0
+#define JAVA_HOP_FOUND 1
+#define JAVA_HOP_BAD 2
 
 /*
- * One window of the walk back through a segment map to a block's first
- * segment (its state in java_scratch): read, then stepped back through
- * while the steps stay in it.  Returns 1 to stop (bpf_loop callback).
+ * One window of the current task's walk back through a segment map to a
+ * block's first segment (its state in java_scratch): read, then stepped
+ * back through while the steps stay in it.  Returns 1 to stop (bpf_loop
+ * callback).
  */
-static __always_inline long java_hop(struct task_struct *task)
+static long java_hop_current(__u32 i, void *arg)
 {
-	struct java_scratch *js = java_scratch_of(task != NULL);
-	__u64 k, base;
+	struct java_scratch *js = java_scratch_of(false);
+	__u64 k;
 	__u32 n;
 	__u8 b;
-	long err;
 
 	if (!js)
 		return 1;
 	k = js->k;
-	base = k >= JAVA_WINDOW - 1 ? k - (JAVA_WINDOW - 1) : 0;
-	if (task)
-		err = bpf_copy_from_user_task(js->window, JAVA_WINDOW, (void *)(js->map + base),
-					      task, 0);
-	else
-		err = bpf_probe_read_user(js->window, JAVA_WINDOW, (void *)(js->map + base));
-	if (err) {
+	js->base = k >= JAVA_WINDOW - 1 ? k - (JAVA_WINDOW - 1) : 0;
+	if (bpf_probe_read_user(js->window, JAVA_WINDOW, (void *)(js->map + js->base))) {
 		js->hop_end = JAVA_HOP_BAD;
 		return 1;
 	}
 	for (n = 0; n < JAVA_WINDOW_STEPS; n++) {
-		b = js->window[(k - base) & (JAVA_WINDOW - 1)];
+		b = js->window[(k - js->base) & (JAVA_WINDOW - 1)];
 		if (b == 0xff || b > k) {
 			js->hop_end = JAVA_HOP_BAD;
 			return 1;
@@ -229,21 +227,11 @@ static __always_inline long java_hop(struct task_struct *task)
 			return 1;
 		}
 		k -= b;
-		if (k < base)
+		if (k < js->base)
 			break;
 	}
 	js->k = k;
 	return 0;
-}
-
-static long java_hop_current(__u32 i, void *arg)
-{
-	return java_hop(NULL) ? 1 : 0;
-}
-
-static long java_hop_task(__u32 i, void *arg)
-{
-	return java_hop(((struct java_hops *)arg)->task) ? 1 : 0;
 }
 
 /* A slot of an interpreted frame read into js->frame: the word at `off`
@@ -263,91 +251,101 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 {
 	struct java_scratch *js = java_scratch_of(task != NULL);
 	struct java_proc *j;
-	__u64 pc = u->pc, fp = u->bp, lo = 0, map = 0, method, bcp, sender, ra, caller_fp;
-	__u64 blob;
-	__u32 log2 = 0, w, n, at;
+	__u64 method, sender;
+	__u32 w, n;
 	__s32 size;
-	__u32 id;
-	struct java_hops h = { .task = task };
+	__u8 b;
 
 	if (!js)
 		return JAVA_NOT_JAVA;
 	j = &js->p;
-	if (pc >= j->interp_lo && pc < j->interp_hi) {
+	if (u->pc >= j->interp_lo && u->pc < j->interp_hi) {
 		/* Stopped in the interpreter's own code: rbp may not be this
 		 * frame's yet (or any more). */
 		if (exact)
 			return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
-		if (read_user(js->frame, 16 - JAVA_FRAME_LOW, (void *)(fp + JAVA_FRAME_LOW), task, c))
+		if (read_user(js->frame, 16 - JAVA_FRAME_LOW, (void *)(u->bp + JAVA_FRAME_LOW), task,
+			      c))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		/* The frame's slots proved as one: they lie together. */
+		note_range(pr, u, u->bp + JAVA_FRAME_LOW, js->frame);
 		method = JAVA_SLOT(js, j->interp_method);
-		bcp = JAVA_SLOT(js, j->interp_bcp);
 		sender = JAVA_SLOT(js, j->interp_sender_sp);
-		caller_fp = JAVA_SLOT(js, 0);
-		ra = JAVA_SLOT(js, 8);
-		note_slot(pr, u, fp + j->interp_method, method);
-		note_slot(pr, u, fp + j->interp_bcp, bcp);
-		note_slot(pr, u, fp + j->interp_sender_sp, sender);
-		note_slot(pr, u, fp, caller_fp);
-		note_slot(pr, u, fp + 8, ra);
-		if ((method & 7) || method >= (1ULL << 47) || !method)
+		/* The caller's stack pointer before this frame extended it
+		 * (a compiled caller's frame size counts from there). */
+		if ((method & 7) || method >= (1ULL << 47) || !method || sender < u->bp + 16 ||
+		    sender - u->bp > (1 << 20))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 		/* The bytecode pointer's low 16 bits: userspace finds the
 		 * index from the method's bytecodes (fewer than 2^16). */
-		ra = JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 | (bcp & 0xffff);
-		ips[idx & MAX_STACK_DEPTH] = ra;
-		u->java_frames++;
-		java_notice(js, u->tgid, ra);
-		ra = JAVA_SLOT(js, 8);
-		/* The caller's stack pointer before this frame extended it:
-		 * a compiled caller's frame size counts from there. */
-		if (sender < fp + 16 || sender - fp > (1 << 20))
-			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 |
+					     (JAVA_SLOT(js, j->interp_bcp) & 0xffff);
 		u->sp = sender;
-		u->bp = caller_fp;
+		u->bp = JAVA_SLOT(js, 0);
 		u->bp_restored = true;
-		u->pc = ra;
-		return ra ? JAVA_NEXT : JAVA_END;
+		u->pc = JAVA_SLOT(js, 8);
+		u->java_frames++;
+		java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
+		return u->pc ? JAVA_NEXT : JAVA_END;
 	}
+	js->lo = 0;
 #pragma clang loop unroll(full)
 	for (w = 0; w < JAVA_HEAPS; w++) {
-		if (w < j->heaps && pc >= j->heap_lo[w] && pc < j->heap_hi[w]) {
-			lo = j->heap_lo[w];
-			map = j->segmap[w];
-			log2 = j->log2_segment[w] & 31;
+		if (w < j->heaps && u->pc >= j->heap_lo[w] && u->pc < j->heap_hi[w]) {
+			js->lo = j->heap_lo[w];
+			js->map = j->segmap[w];
+			js->log2 = j->log2_segment[w] & 31;
 		}
 	}
-	if (!lo)
+	if (!js->lo)
 		return JAVA_NOT_JAVA;
 	/* The block that holds pc: back through the segment map to its
-	 * first segment, a window of it read at a time. */
-	js->map = map;
-	js->k = (pc - lo) >> log2;
-	js->hop_end = JAVA_HOP_GOING;
-	bpf_loop(JAVA_WINDOWS, task ? java_hop_task : java_hop_current, &h, 0);
-	/* Looked up again: the verifier forgets what a pointer to a map
-	 * value held across the call. */
-	js = java_scratch_of(task != NULL);
-	if (!js || js->hop_end != JAVA_HOP_FOUND)
-		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+	 * first segment, a window of the map read at a time. */
+	js->k = (u->pc - js->lo) >> js->log2;
+	if (task) {
+		for (n = 0; n < JAVA_STEPS; n++) {
+			if (n == 0 || js->k < js->base) {
+				js->base = js->k >= JAVA_WINDOW - 1 ? js->k - (JAVA_WINDOW - 1) : 0;
+				if (read_user(js->window, JAVA_WINDOW, (void *)(js->map + js->base),
+					      task, c))
+					return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+			}
+			b = js->window[(js->k - js->base) & (JAVA_WINDOW - 1)];
+			if (b == 0xff || b > js->k)
+				return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+			if (!b)
+				break;
+			js->k -= b;
+		}
+		if (n >= JAVA_STEPS)
+			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+	} else {
+		js->hop_end = JAVA_HOP_GOING;
+		bpf_loop(JAVA_WINDOWS, java_hop_current, NULL, 0);
+		/* Looked up again: the verifier forgets what a pointer to a
+		 * map value held across the call. */
+		js = java_scratch_of(false);
+		if (!js || js->hop_end != JAVA_HOP_FOUND)
+			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+	}
 	j = &js->p;
-	blob = lo + (js->k << log2) + j->block_header;
 	n = j->header_read;
 	if (n > JAVA_HEADER)
 		n = JAVA_HEADER;
 	if (n < 8)
 		n = 8;
-	if (read_user(js->header, n, (void *)blob, task, c))
+	if (read_user(js->header, n,
+		      (void *)(js->lo + (js->k << (js->log2 & 31)) + j->block_header), task, c))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-	at = j->frame_size & (JAVA_HEADER - 1);
-	size = *(__s32 *)&js->header[at];
-	at = j->compile_id & (JAVA_HEADER - 1);
-	id = *(__u32 *)&js->header[at];
-	ra = JAVA_WORD(JAVA_CODE_MARK) | (__u64)(id & ((1 << JAVA_CHECK_BITS) - 1)) << 47 |
-	     (pc & ((1ULL << 47) - 1));
-	ips[idx & MAX_STACK_DEPTH] = ra;
+	size = *(__s32 *)&js->header[j->frame_size & (JAVA_HEADER - 1)];
+	ips[idx & MAX_STACK_DEPTH] =
+		JAVA_WORD(JAVA_CODE_MARK) |
+		(__u64)(*(__u32 *)&js->header[j->compile_id & (JAVA_HEADER - 1)] &
+			((1 << JAVA_CHECK_BITS) - 1))
+			<< 47 |
+		(u->pc & ((1ULL << 47) - 1));
 	u->java_frames++;
-	java_notice(js, u->tgid, ra);
+	java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
 	if (size <= 0)
 		return JAVA_BY_FP;
 	if (size > (1 << 16))
@@ -357,17 +355,16 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	if (exact)
 		return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
 	sender = u->sp + 8 * (__u64)size;
-	if (read_user(js->frame, 16, (void *)(sender - 16), task, c))
+	js = java_scratch_of(task != NULL);
+	if (!js || read_user(js->frame, 16, (void *)(sender - 16), task, c))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-	caller_fp = js->frame[0];
-	ra = js->frame[1];
-	note_slot(pr, u, sender - 16, caller_fp);
-	note_slot(pr, u, sender - 8, ra);
+	note_slot(pr, u, sender - 16, js->frame[0]);
+	note_slot(pr, u, sender - 8, js->frame[1]);
 	u->sp = sender;
-	u->bp = caller_fp;
+	u->bp = js->frame[0];
 	u->bp_restored = true;
-	u->pc = ra;
-	return ra ? JAVA_NEXT : JAVA_END;
+	u->pc = js->frame[1];
+	return u->pc ? JAVA_NEXT : JAVA_END;
 }
 
 /*

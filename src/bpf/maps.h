@@ -200,6 +200,12 @@ struct {
  * preempted on its way back to user mode) is proved at both.
  */
 #define UCACHE_SLOTS 128
+/* A slot whose offset has this bit holds a hash of the UCACHE_RANGE bytes
+ * from there (ucache_range_hash()), not a word: the slots of an
+ * interpreted Java frame, proved as one (see java.h). */
+#define UCACHE_RANGE_BIT (1U << 31)
+#define UCACHE_RANGE_WORDS 10
+#define UCACHE_RANGE (UCACHE_RANGE_WORDS * 8)
 struct ucache {
 	/* The stack's id in `stacks`; 0: nothing kept. */
 	__u64 stack_id;
@@ -254,7 +260,7 @@ struct {
 #define UCACHE_WINDOW 4096
 struct ucache_window {
 	/* The stack memory read last (ucache_slots_hold). */
-	__u8 bytes[UCACHE_WINDOW + 8];
+	__u8 bytes[UCACHE_WINDOW + UCACHE_RANGE];
 };
 
 struct {

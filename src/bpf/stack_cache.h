@@ -17,8 +17,8 @@ __noinline int ucache_slots_hold(__u32 way)
 {
 	struct ucache_ways *set;
 	struct ucache_window *w;
-	__u64 addr, off, len, base = 0, have = 0;
-	__u32 zero = 0, k;
+	__u64 addr, off, len, base = 0, have = 0, span;
+	__u32 zero = 0, k, at;
 	struct ucache *e;
 
 	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
@@ -29,9 +29,11 @@ __noinline int ucache_slots_hold(__u32 way)
 	for (k = 0; k < UCACHE_SLOTS; k++) {
 		if (k >= e->n)
 			return true;
-		addr = e->sp + e->off[k];
+		at = e->off[k];
+		span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
+		addr = e->sp + (at & ~UCACHE_RANGE_BIT);
 		off = addr - base;
-		if (k == 0 || addr < base || off + 8 > have) {
+		if (k == 0 || addr < base || off + span > have) {
 			len = e->sp + e->top - addr;
 			if (e->sp + e->top < addr + 8 || len > UCACHE_WINDOW)
 				len = UCACHE_WINDOW;
@@ -42,15 +44,24 @@ __noinline int ucache_slots_hold(__u32 way)
 				return false;
 			if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
 				have = len;
+			else if (!bpf_probe_read_user(w->bytes, UCACHE_RANGE, (void *)addr))
+				have = UCACHE_RANGE;
 			else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
 				have = 8;
 			else
 				return false;
 			base = addr;
 			off = 0;
+			if (span > have)
+				return false;
 		}
-		if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k])
+		if (at & UCACHE_RANGE_BIT) {
+			if (ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1)))) !=
+			    e->val[k])
+				return false;
+		} else if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k]) {
 			return false;
+		}
 	}
 	return true;
 }
