@@ -383,7 +383,11 @@ impl Symbolizer {
         };
         let shown = self.opts.offsets.then(|| {
             let file = c.file.rsplit('/').next().unwrap_or(c.file);
-            format!("{} [{file}]{location}", c.name)
+            if file.is_empty() {
+                format!("{}{location}", c.name)
+            } else {
+                format!("{} [{file}]{location}", c.name)
+            }
         });
         Named {
             name: format!("{}{location}", c.name).into(),
