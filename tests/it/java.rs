@@ -104,7 +104,11 @@ fn start(java: &Path, dir: &Path, lib: &Path) -> (KillOnDrop, Reported) {
                 (file, n) if n < 0 => format!("{name} ({file})"),
                 (file, n) => format!("{name} ({file}:{n})"),
             };
-            reported.last_mut().expect("a THREAD line first").1.push(named);
+            reported
+                .last_mut()
+                .expect("a THREAD line first")
+                .1
+                .push(named);
         } else if line.starts_with("READY") {
             assert!(reported.len() >= 9, "{reported:?}");
             return (child, reported);
@@ -153,7 +157,10 @@ fn frames_are_the_jvms(out: &[u8], reported: &Reported, what: &str) {
 /// Folded output with `--lines` of `args` (with `-v`), and its stderr.
 fn folded(args: &[&str]) -> (Vec<u8>, String) {
     let (out, _) = profile_window(args, &[]);
-    (out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// JDK 17 (Debian's): with `-p`, system-wide and in `--snapshot`, every

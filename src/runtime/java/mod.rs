@@ -23,7 +23,9 @@ use std::sync::Arc;
 use crate::bpf::types;
 use crate::elf::{Elf, Segment, SymbolTable};
 use crate::raw::{LossCounters, Proc};
-use crate::runtime::{Frame, FrameName, Kind, Memory, NativeAt, Placed, ProcEntry, ProcMem, Runtime};
+use crate::runtime::{
+    Frame, FrameName, Kind, Memory, NativeAt, Placed, ProcEntry, ProcMem, Runtime,
+};
 use code::Heap;
 use vmstructs::{Symbols, VmStructs, SYMBOLS};
 use walk::WalkLayout;
@@ -419,10 +421,7 @@ impl Runtime for Jvms {
             .map(|(_, r)| r)
             .collect();
         if !unwalked.is_empty() {
-            let releases: BTreeSet<&str> = unwalked
-                .iter()
-                .filter_map(|r| r.as_deref())
-                .collect();
+            let releases: BTreeSet<&str> = unwalked.iter().filter_map(|r| r.as_deref()).collect();
             let releases = if releases.is_empty() {
                 String::new()
             } else {
@@ -507,7 +506,10 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
     let slot = |words: i64| -> i16 { (words * 8) as i16 };
     let header_read = l.blob_frame_size.max(l.code.nmethod_compile_id) + 4;
     if header_read > u64::from(types::java_limits::JAVA_HEADER_BYTES.0) {
-        return Err(format!("a blob's compile id at {}", l.code.nmethod_compile_id));
+        return Err(format!(
+            "a blob's compile id at {}",
+            l.code.nmethod_compile_id
+        ));
     }
     let slots = [
         -(walk::INTERP_METHOD as i64),

@@ -513,7 +513,10 @@ pub fn interpreter(mem: &dyn Memory, s: &VmStructs) -> std::io::Result<(u64, u64
         return Ok((0, 0));
     }
     let low = u64_at(mem, queue.wrapping_add(field("StubQueue", "_stub_buffer")?))?;
-    let size = u32_at(mem, queue.wrapping_add(field("StubQueue", "_buffer_limit")?))?;
+    let size = u32_at(
+        mem,
+        queue.wrapping_add(field("StubQueue", "_buffer_limit")?),
+    )?;
     Ok((low, low.wrapping_add(u64::from(size))))
 }
 
