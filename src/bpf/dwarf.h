@@ -122,9 +122,11 @@ static __always_inline struct file_scratch *file_scratch_of(bool start)
 				   &zero);
 }
 
-/* The walk read `val` at `addr`: slot k of its proof in `pr`. */
-static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
-				      __u64 addr, __u64 val)
+/* The walk read `span` bytes at `addr` (8, or UCACHE_RANGE with
+ * UCACHE_RANGE_BIT in `flag`), which `val` stands for: slot k of its proof
+ * in `pr`. */
+static __always_inline void note_proof(struct ucache *pr, struct unwind_state *u, __u64 addr,
+				       __u64 val, __u32 span, __u32 flag)
 {
 	__u32 k;
 
@@ -139,10 +141,17 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 	/* The compiler forgets the bound above (see unwind_step). */
 	asm volatile("" : "+r"(k));
 	k &= UCACHE_SLOTS - 1;
-	pr->off[k] = addr - pr->sp;
+	pr->off[k] = (addr - pr->sp) | flag;
 	pr->val[k] = val;
-	if (addr - pr->sp + 8 > pr->top)
-		pr->top = addr - pr->sp + 8;
+	if (addr - pr->sp + span > pr->top)
+		pr->top = addr - pr->sp + span;
+}
+
+/* The walk read `val` at `addr`. */
+static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
+				      __u64 addr, __u64 val)
+{
+	note_proof(pr, u, addr, val, 8, 0);
 }
 
 /* The hash of a range slot's UCACHE_RANGE_WORDS words `w` (struct
@@ -161,27 +170,13 @@ static __always_inline __u64 ucache_range_hash(const __u64 *w)
 	return h;
 }
 
-/* The walk read the UCACHE_RANGE bytes `w` at `addr`: slot k of its proof
- * in `pr`, as one (see UCACHE_RANGE_BIT). */
+/* The walk read the UCACHE_RANGE bytes `w` at `addr`: proved as one slot
+ * (see UCACHE_RANGE_BIT). */
 static __always_inline void note_range(struct ucache *pr, struct unwind_state *u, __u64 addr,
 				       const __u64 *w)
 {
-	__u32 k;
-
-	if (!pr)
-		return;
-	k = pr->n;
-	if (k >= UCACHE_SLOTS || addr < pr->sp || addr - pr->sp > 0x7ffffff0ULL) {
-		u->unprovable = true;
-		return;
-	}
-	pr->n = k + 1;
-	asm volatile("" : "+r"(k));
-	k &= UCACHE_SLOTS - 1;
-	pr->off[k] = (addr - pr->sp) | UCACHE_RANGE_BIT;
-	pr->val[k] = ucache_range_hash(w);
-	if (addr - pr->sp + UCACHE_RANGE > pr->top)
-		pr->top = addr - pr->sp + UCACHE_RANGE;
+	if (pr)
+		note_proof(pr, u, addr, ucache_range_hash(w), UCACHE_RANGE, UCACHE_RANGE_BIT);
 }
 
 /* Reads the user memory of the current task, or of `task` from the copy
