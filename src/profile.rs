@@ -149,6 +149,9 @@ pub struct Sample {
     pub comm: String,
     pub tgid: u32,
     pub pid: u32,
+    /// The thread's name in its runtime, where it has one longer than the
+    /// kernel's 15 characters (a JVM's Java thread name).
+    pub thread: Option<Arc<str>>,
     pub user: Part,
     pub kernel: Part,
     /// Why the thread was off the CPU (`--states`); None without it.
@@ -272,6 +275,12 @@ fn is_interrupt_entry_frame(name: &str) -> bool {
 }
 
 impl Sample {
+    /// The thread's name: its runtime's (see [`Sample::thread`]), or the
+    /// kernel's.
+    pub fn thread_name(&self) -> &str {
+        self.thread.as_deref().unwrap_or(&self.comm)
+    }
+
     /// Total blocked time in microseconds, rounded to the nearest.
     pub fn total_us(&self) -> u64 {
         ns_to_us(self.total_ns)

@@ -39,10 +39,16 @@ pub(super) struct Collector<'t> {
     /// When the runtimes' processes not ready yet (a runtime starting)
     /// are looked at again.
     pub(super) runtime_retry: Instant,
+    /// When the runtimes read their threads' names next.
+    pub(super) runtime_threads: Instant,
 }
 
 /// How often the runtimes' processes not ready yet are looked at again.
 const RUNTIME_RETRY_EVERY: Duration = Duration::from_millis(100);
+
+/// How often the runtimes read the names of their threads not named yet
+/// (a thread that lives less than this may keep the kernel's name).
+const THREAD_NAMES_EVERY: Duration = Duration::from_secs(1);
 
 impl<'t> Collector<'t> {
     /// A handler with nothing kept yet: `stats` prints the statistics
@@ -63,6 +69,7 @@ impl<'t> Collector<'t> {
             runtime_later: Vec::new(),
             runtime_gate: config.tracer.test.python_gate.clone(),
             runtime_retry: Instant::now(),
+            runtime_threads: Instant::now(),
         }
     }
 
@@ -81,6 +88,7 @@ impl<'t> Collector<'t> {
             runtime_later: self.runtime_later,
             runtime_gate: self.runtime_gate,
             runtime_retry: self.runtime_retry,
+            runtime_threads: self.runtime_threads,
         }
     }
 
@@ -108,6 +116,10 @@ impl<'t> Collector<'t> {
                     self.refreshing.insert(p.tgid, now);
                 }
             }
+        }
+        if now >= self.runtime_threads {
+            self.runtime_threads = now + THREAD_NAMES_EVERY;
+            registry.read_runtime_threads();
         }
     }
 

@@ -434,6 +434,7 @@ mod tests {
             comm: comm.to_string(),
             tgid: 1,
             pid: 1,
+            thread: None,
             user: part(user),
             kernel: part(kernel),
             state: None,

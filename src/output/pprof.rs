@@ -5,7 +5,8 @@
 //! off-CPU profiles), or `wallclock`/`nanoseconds` (Parca's; the default
 //! with `--on-cpu`, whose running time is in the same profile); values are
 //! the time in nanoseconds, unrounded. Each sample has the labels
-//! `comm` and `pid` (and `thread_id` if asked for, and `state` with
+//! `comm` and `pid` (and `thread_id` if asked for, `thread` where the
+//! thread's runtime names it: a JVM's Java thread name, and `state` with
 //! `--states`: `sleep`, `io`, `blocked`, `stopped`, `runqueue`, the
 //! state frame of the folded output as a label, and with `--on-cpu`
 //! `running`, or `offcpu` for all the rest without `--states`; `waker` with `--wakers`,
@@ -88,6 +89,9 @@ fn labels(s: &Sample, opts: &PprofOptions) -> Vec<(&'static str, String)> {
     let mut l = vec![("comm", s.comm.clone()), ("pid", s.tgid.to_string())];
     if opts.thread_ids {
         l.push(("thread_id", s.pid.to_string()));
+    }
+    if let Some(name) = &s.thread {
+        l.push(("thread", name.to_string()));
     }
     match s.state {
         Some(state) => l.push(("state", state_name(state).to_string())),

@@ -7,7 +7,8 @@
 //! and its weight is the blocked time in microseconds, to the nanosecond
 //! (`1500.25`). Identical stacks of a profile are one sample, hottest
 //! first; profiles come hottest first too. A thread's profile is named
-//! `comm (tid)`. With one profile per process, named `comm (pid)` after its
+//! `comm (tid)` (its whole name in its runtime where it has one: a JVM's
+//! Java thread name). With one profile per process, named `comm (pid)` after its
 //! main thread (or, if that never blocked, its first thread seen), each
 //! stack starts with its thread's name, as a folded line does; so with one
 //! profile per container (`--per-container`), named `container ID` or `no
@@ -230,7 +231,7 @@ fn profile_name(s: &Sample, shape: Shape, opts: &SpeedscopeOptions) -> String {
     } else if opts.per_process {
         format!("{} ({})", s.comm, s.tgid)
     } else {
-        format!("{} ({})", s.comm, s.pid)
+        format!("{} ({})", s.thread_name(), s.pid)
     }
 }
 

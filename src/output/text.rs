@@ -1,6 +1,8 @@
 //! bcc's default multi-line report: per thread and stack pair, the kernel
 //! frames then the user frames (most recent first), `-  comm (tid)` and the
-//! total in microseconds; ascending by total so the largest ends up last,
+//! total in microseconds (the thread's whole name in its runtime where it
+//! has one: a JVM's Java thread name, in place of the kernel's 15
+//! characters); ascending by total so the largest ends up last,
 //! next to the prompt. With `--states`, the thread state (`[sleep]`, ...)
 //! is the last frame, as it is the outermost one in folded stacks. With
 //! `--wakers`, each entry starts with its waker (`waker: comm (pid)`), the
@@ -25,9 +27,11 @@ pub fn write(profile: &Profile, shape: Shape, w: &mut dyn Write) -> io::Result<(
             Some(id) => writeln!(
                 w,
                 "    {:<16} {} ({}) in container {id}",
-                "-", s.comm, s.pid
+                "-",
+                s.thread_name(),
+                s.pid
             )?,
-            None => writeln!(w, "    {:<16} {} ({})", "-", s.comm, s.pid)?,
+            None => writeln!(w, "    {:<16} {} ({})", "-", s.thread_name(), s.pid)?,
         }
         writeln!(w, "        {}\n", s.total_us())?;
     }

@@ -137,6 +137,7 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
     names: &N,
     kernel_first_is_ip: bool,
 ) -> Profile {
+    source.read_thread_names();
     let knames = names.kernel_names(&kernel_addrs(raw, kernel_first_is_ip));
     let (stacks, distinct) = number_user_stacks(raw, source);
     let mut counters = raw.counters.clone();
@@ -212,14 +213,16 @@ fn add_entries<'a, F: FrameSource>(
         let user = parts.user(merger, i, e.user_stack);
         let kernel = parts.kernel(merger, e.kernel_stack, kernel_first_is_ip);
         let waker = e.waker.map(|w| parts.waker(merger, w));
-        let container = merger.container(
-            source
-                .container(Proc {
-                    tgid: e.tgid,
-                    start: e.start,
-                })
-                .as_ref(),
-        );
+        let p = Proc {
+            tgid: e.tgid,
+            start: e.start,
+        };
+        let container = merger.container(source.container(p).as_ref());
+        if !merger.has_thread(e.tgid, e.pid) {
+            if let Some(name) = source.thread_name(p, e.pid) {
+                merger.thread(e.tgid, e.pid, name);
+            }
+        }
         merger.add(
             (
                 e.tgid, e.pid, &e.comm, user, kernel, e.state, waker, container,

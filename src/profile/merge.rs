@@ -50,6 +50,9 @@ pub(super) fn samples_by_name<'a>(samples: impl Iterator<Item = &'a Sample>) -> 
             merger.waker(reduced)
         });
         let container = merger.container(s.container.as_ref());
+        if let Some(name) = &s.thread {
+            merger.thread(s.tgid, s.pid, name.clone());
+        }
         merger.add(
             (
                 s.tgid, s.pid, &s.comm, user, kernel, s.state, waker, container,
@@ -73,6 +76,8 @@ pub(super) struct Merger<'a> {
     /// By address: equal containers are one `Arc` (the registry's).
     containers: ahash::AHashMap<usize, u32>,
     container_list: Vec<Arc<Container>>,
+    /// Threads' names in their runtimes, by process and thread.
+    threads: ahash::AHashMap<(u32, u32), Arc<str>>,
     sums: ahash::AHashMap<SumKey<'a>, (u64, u64)>,
 }
 
@@ -100,6 +105,7 @@ impl<'a> Merger<'a> {
             waker_list: Vec::new(),
             containers: ahash::AHashMap::new(),
             container_list: Vec::new(),
+            threads: ahash::AHashMap::new(),
             sums: ahash::AHashMap::with_capacity(samples),
         }
     }
@@ -116,6 +122,16 @@ impl<'a> Merger<'a> {
                     (self.container_list.len() - 1) as u32
                 }),
         )
+    }
+
+    /// Thread `pid` of process `tgid` is named `name` in its runtime.
+    pub(super) fn thread(&mut self, tgid: u32, pid: u32, name: Arc<str>) {
+        self.threads.insert((tgid, pid), name);
+    }
+
+    /// Whether thread `pid` of process `tgid` has its runtime's name.
+    pub(super) fn has_thread(&self, tgid: u32, pid: u32) -> bool {
+        self.threads.contains_key(&(tgid, pid))
     }
 
     /// The number of `part`: equal parts get one number.
@@ -164,6 +180,7 @@ impl<'a> Merger<'a> {
             parts,
             waker_list,
             container_list,
+            threads,
             sums,
             ..
         } = self;
@@ -222,6 +239,7 @@ impl<'a> Merger<'a> {
                     comm: comm.to_string(),
                     tgid,
                     pid,
+                    thread: threads.get(&(tgid, pid)).cloned(),
                     user: take(u),
                     kernel: take(k),
                     state,

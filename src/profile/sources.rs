@@ -89,6 +89,16 @@ pub trait FrameSource {
 
     /// The cgroup and container of process `p`, where they can be read.
     fn container(&mut self, p: Proc) -> Option<Arc<Container>>;
+
+    /// Reads the names the runtimes give their threads, of those not
+    /// named yet (before a profile is made of them).
+    fn read_thread_names(&mut self) {}
+
+    /// Thread `tid` of process `p`'s name in its runtime, where it has
+    /// one.
+    fn thread_name(&self, _p: Proc, _tid: u32) -> Option<Arc<str>> {
+        None
+    }
 }
 
 /// Where the names of frames come from, for the frames of a
@@ -176,6 +186,14 @@ impl FrameSource for Registry {
 
     fn container(&mut self, p: Proc) -> Option<Arc<Container>> {
         Registry::container(self, p)
+    }
+
+    fn read_thread_names(&mut self) {
+        self.read_runtime_threads();
+    }
+
+    fn thread_name(&self, p: Proc, tid: u32) -> Option<Arc<str>> {
+        self.runtime_thread_name(p, tid)
     }
 }
 

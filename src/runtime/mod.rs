@@ -217,8 +217,20 @@ pub trait Runtime {
     fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>>;
 
     /// Last work before the end (what could not be done while tracing:
-    /// a runtime that was starting then).
+    /// a runtime that was starting then; the names of the threads alive
+    /// at the end, see [`Runtime::read_threads`]).
     fn settle(&mut self) {}
+
+    /// Reads the names its processes' threads have in the runtime (a
+    /// JVM's Java thread names: the kernel keeps 15 characters), of the
+    /// threads not named yet; while tracing, so that threads that end
+    /// before the trace keep theirs.
+    fn read_threads(&mut self) {}
+
+    /// Thread `tid` of process `p`'s name in the runtime, where it has one.
+    fn thread_name(&self, _p: Proc, _tid: u32) -> Option<std::sync::Arc<str>> {
+        None
+    }
 
     /// What to say on stderr at the end: what could not be shown (always),
     /// with `verbose` what was done. `counters` are the BPF program's.
@@ -257,6 +269,11 @@ impl Runtimes {
             .iter()
             .find(|r| addrs.iter().any(|&a| r.owns(a)))
             .map(|r| r.kind())
+    }
+
+    /// Thread `tid` of process `p`'s name in its runtime, where it has one.
+    pub fn thread_name(&self, p: Proc, tid: u32) -> Option<std::sync::Arc<str>> {
+        self.0.iter().find_map(|r| r.thread_name(p, tid))
     }
 
     /// The runtime process `p` runs, if its frames are read.

@@ -688,6 +688,7 @@ fn outputs_name_the_container() {
         comm: comm.to_string(),
         tgid: pid,
         pid,
+        thread: None,
         user: Part::Frames(vec![Frame::named("wait"), Frame::named("main")].into()),
         kernel: Part::Absent,
         state: None,

@@ -11,13 +11,15 @@ fn frames(names: &[&str]) -> Part {
 }
 
 /// A small profile with every case the formats distinguish: user + kernel,
-/// a kernel thread, missed stacks, two threads that fold into one line, and
-/// a block shorter than half a microsecond.
+/// a kernel thread, missed stacks, two threads that fold into one line, a
+/// thread with its runtime's name, and a block shorter than half a
+/// microsecond.
 pub fn synthetic() -> Profile {
     let s = |comm: &str, pid: u32, user: Part, kernel: Part, total_ns: u64| Sample {
         comm: comm.to_string(),
         tgid: pid,
         pid,
+        thread: None,
         user,
         kernel,
         state: None,
@@ -38,13 +40,17 @@ pub fn synthetic() -> Profile {
     let mut samples = vec![
         s("app", 100, sleep_user(), sleep_kernel(), 2_000_400_000),
         s("app", 101, sleep_user(), sleep_kernel(), 1_000_100_000),
-        s(
-            "app",
-            102,
-            frames(&["read", "reader_loop", "main"]),
-            frames(&["__schedule", "schedule", "pipe_read", "vfs_read"]),
-            1_500_000,
-        ),
+        // A thread its runtime names beyond the kernel's 15 characters.
+        Sample {
+            thread: Some("app-pipe-reader-thread-1".into()),
+            ..s(
+                "app",
+                102,
+                frames(&["read", "reader_loop", "main"]),
+                frames(&["__schedule", "schedule", "pipe_read", "vfs_read"]),
+                1_500_000,
+            )
+        },
         s(
             "kworker/0:1",
             7,

@@ -71,6 +71,7 @@ fn grep_rules() {
         comm: "app".into(),
         tgid: 1,
         pid: 1,
+        thread: None,
         user,
         kernel,
         state: None,

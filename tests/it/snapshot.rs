@@ -27,6 +27,7 @@ fn synthetic() -> Snapshot {
             comm: comm.to_string(),
             tgid,
             pid,
+            thread: None,
             user,
             kernel,
             state: None,

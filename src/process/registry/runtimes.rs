@@ -37,6 +37,20 @@ impl Registry {
         }
     }
 
+    /// Each runtime reads its threads' names not read yet (see
+    /// [`Runtime::read_threads`]).
+    pub fn read_runtime_threads(&mut self) {
+        for r in self.runtimes.iter_mut() {
+            r.read_threads();
+        }
+    }
+
+    /// Thread `tid` of process `p`'s name in its runtime, where it has one
+    /// (a JVM's Java thread name).
+    pub fn runtime_thread_name(&self, p: Proc, tid: u32) -> Option<std::sync::Arc<str>> {
+        self.runtimes.thread_name(p, tid)
+    }
+
     /// The runtimes' processes not ready yet (see [`Runtime::pending`]).
     pub fn runtimes_pending(&self) -> Vec<Proc> {
         self.runtimes.iter().flat_map(|r| r.pending()).collect()

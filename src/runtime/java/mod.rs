@@ -13,6 +13,7 @@
 
 pub mod code;
 pub mod frames;
+pub mod threads;
 pub mod vmstructs;
 pub mod walk;
 
@@ -35,6 +36,9 @@ use walk::WalkLayout;
 pub struct Libjvm {
     /// The values of [`SYMBOLS`] in the file (add the load bias).
     pub symbols: Symbols,
+    /// The values of [`threads::NAME_SYMBOLS`] in the file's full symbol
+    /// table (0 for one absent).
+    pub name_symbols: threads::NameSymbols,
     segments: Vec<Segment>,
 }
 
@@ -53,8 +57,21 @@ pub fn inspect(file: &File, name: &str) -> anyhow::Result<Option<Option<Libjvm>>
     for (s, f) in symbols.iter_mut().zip(&found) {
         *s = f.map_or(0, |f| f.value);
     }
+    let names: Vec<&str> = threads::NAME_SYMBOLS
+        .iter()
+        .flat_map(|n| n.iter().copied())
+        .collect();
+    let full = elf.symbols(file, SymbolTable::Full, &names)?;
+    let mut name_symbols = [0u64; 6];
+    let mut at = 0;
+    for (s, alternatives) in name_symbols.iter_mut().zip(threads::NAME_SYMBOLS) {
+        let found = &full[at..at + alternatives.len()];
+        *s = found.iter().flatten().next().map_or(0, |f| f.value);
+        at += alternatives.len();
+    }
     Ok(Some(Some(Libjvm {
         symbols,
+        name_symbols,
         segments: elf.load_segments(file)?,
     })))
 }
@@ -71,6 +88,11 @@ struct JvmProcess {
     walked: Option<Walked>,
     /// Why its frames cannot be walked, for good.
     refused: bool,
+    /// Where the statics its threads' names need are (see
+    /// [`threads::NAME_SYMBOLS`]), and once read, how the names are read
+    /// (Err: they cannot be).
+    name_symbols: threads::NameSymbols,
+    names: Option<Result<threads::NameLayout, ()>>,
 }
 
 /// A JVM process whose Java frames the BPF program walks.
@@ -143,6 +165,11 @@ pub struct Jvms {
     walked: HashMap<Proc, String>,
     /// What `-v` says of each JVM's tables read, once each.
     tables: BTreeSet<String>,
+    /// Java's names of the JVMs' threads, by process and thread (kept
+    /// after they end).
+    thread_names: HashMap<(Proc, u32), Arc<str>>,
+    /// Why a JVM's thread names could not be read, once each.
+    names_unread: BTreeSet<String>,
 }
 
 impl Default for Jvms {
@@ -165,6 +192,8 @@ impl Jvms {
             next_key: 0,
             walked: HashMap::new(),
             tables: BTreeSet::new(),
+            thread_names: HashMap::new(),
+            names_unread: BTreeSet::new(),
         }
     }
 
@@ -306,6 +335,9 @@ impl Runtime for Jvms {
         let lib = self.objects.get(&object)?.clone()?;
         let bias = crate::elf::load_bias(&lib.segments, start, file_offset)?;
         let symbols = lib.symbols.map(|s| s.wrapping_add(bias));
+        let name_symbols = lib
+            .name_symbols
+            .map(|s| if s == 0 { 0 } else { s.wrapping_add(bias) });
         let same = self
             .procs
             .get(&p)
@@ -319,6 +351,8 @@ impl Runtime for Jvms {
                     read: None,
                     walked: None,
                     refused: false,
+                    name_symbols,
+                    names: None,
                 },
             );
         }
@@ -399,6 +433,46 @@ impl Runtime for Jvms {
         self.names.name(code, at)
     }
 
+    fn read_threads(&mut self) {
+        for (&p, jp) in self.procs.iter_mut() {
+            let (Some(jvm), Some(w)) = (&jp.read, &jp.walked) else {
+                continue;
+            };
+            let mem = w.mem.as_ref();
+            if jp.names.is_none() {
+                let major = jvm.major().unwrap_or(0);
+                match threads::NameLayout::read(mem, &jvm.structs, &jp.name_symbols, major) {
+                    Ok(Some(l)) => jp.names = Some(Ok(l)),
+                    // Not started yet.
+                    Ok(None) => continue,
+                    Err(why) => {
+                        self.names_unread
+                            .insert(format!("HotSpot {}: {why}", jvm.release));
+                        jp.names = Some(Err(()));
+                    }
+                }
+            }
+            let Some(Ok(l)) = &jp.names else {
+                continue;
+            };
+            let Ok(list) = walk::threads(mem, &w.layout) else {
+                continue;
+            };
+            for (thread, tid) in list {
+                if self.thread_names.contains_key(&(p, tid)) {
+                    continue;
+                }
+                if let Ok(Some(name)) = threads::name(mem, l, thread) {
+                    self.thread_names.insert((p, tid), name.into());
+                }
+            }
+        }
+    }
+
+    fn thread_name(&self, p: Proc, tid: u32) -> Option<Arc<str>> {
+        self.thread_names.get(&(p, tid)).cloned()
+    }
+
     fn settle(&mut self) {
         let pending: Vec<Proc> = self
             .procs
@@ -471,6 +545,12 @@ impl Runtime for Jvms {
         for why in &self.unreadable {
             lines.push(format!("a JVM's Java frames cannot be read: {why}"));
         }
+        for why in &self.names_unread {
+            lines.push(format!(
+                "a JVM's Java thread names cannot be read ({why}): its threads keep the kernel's \
+                 names (15 characters)"
+            ));
+        }
         if verbose {
             lines.extend(self.tables.iter().cloned());
             if !self.walked.is_empty() {
@@ -482,6 +562,10 @@ impl Runtime for Jvms {
                     c.java_frames,
                     self.names.methods_read,
                     c.java_events_lost
+                ));
+                lines.push(format!(
+                    "java: {} Java thread names read",
+                    self.thread_names.len()
                 ));
             }
         }

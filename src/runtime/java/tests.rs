@@ -264,6 +264,7 @@ fn a_jvm_starting_is_read_again_at_the_end() {
         7,
         Some(Arc::new(Libjvm {
             symbols: symbols(),
+            name_symbols: [0; 6],
             segments,
         })),
     );
@@ -357,13 +358,14 @@ type Reported = Vec<(String, Vec<(String, Option<u32>)>)>;
 
 /// Starts JavaBlockers under `java` and waits for its threads to block:
 /// the JVM, and what it reported of its threads.
-fn start(java: &Path, classes: &Path) -> (KillOnDrop, Reported) {
+fn start(java: &Path, classes: &Path, options: &[&str]) -> (KillOnDrop, Reported) {
     let mut child = KillOnDrop(
         Command::new(java)
             .args([
                 "-XX:CompileCommand=quiet",
                 "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
             ])
+            .args(options)
             .arg("-cp")
             .arg(classes)
             .arg("JavaBlockers")
@@ -423,7 +425,7 @@ fn reads_the_tables_of_live_jvms() {
     };
     let running: Vec<(u32, (KillOnDrop, Reported))> = jdks
         .iter()
-        .map(|(major, java)| (*major, start(java, classes.path())))
+        .map(|(major, java)| (*major, start(java, classes.path(), &[])))
         .collect();
     for (major, (child, reported)) in &running {
         let pid = child.0.id();
@@ -479,6 +481,8 @@ fn reads_the_tables_of_live_jvms() {
             );
         }
         compiled_methods_as_the_jvm_lists_them(*major, pid, &jvm, &mem);
+        let name_symbols = lib.name_symbols.map(|s| if s == 0 { 0 } else { s + bias });
+        thread_names_as_the_jvm_reports_them(*major, pid, &jvm, &mem, &name_symbols, reported);
         threads_walk_as_the_jvm_reports_them(*major, pid, &jvm, &mem, reported);
     }
 }
@@ -541,6 +545,88 @@ fn threads_walk_as_the_jvm_reports_them(
     }
     assert!(compared >= 8, "JDK {major}: {compared} threads");
     assert!(report.is_empty(), "JDK {major}:\n{report}");
+}
+
+/// Each thread's Java name, read as the profiler reads it: every thread
+/// the workload reported is there by its whole name (the workload's are
+/// longer than the kernel's 15 characters), at the thread whose kernel
+/// name is its first 15 characters.
+fn thread_names_as_the_jvm_reports_them(
+    major: u32,
+    pid: u32,
+    jvm: &Jvm,
+    mem: &ProcMem,
+    syms: &threads::NameSymbols,
+    reported: &Reported,
+) {
+    assert!(
+        !syms[..5].contains(&0),
+        "JDK {major}: libjvm's symbols lack {:?}",
+        threads::NAME_SYMBOLS
+    );
+    let l = walk::WalkLayout::of(&jvm.structs, major).unwrap();
+    let names = threads::NameLayout::read(mem, &jvm.structs, syms, major)
+        .unwrap_or_else(|e| panic!("JDK {major}: {e}"))
+        .unwrap_or_else(|| panic!("JDK {major}: no offsets yet"));
+    let mut read = HashMap::new();
+    for (jt, tid) in walk::threads(mem, &l).unwrap() {
+        if let Some(name) = threads::name(mem, &names, jt).unwrap() {
+            read.insert(name, tid);
+        }
+    }
+    let mut long = 0;
+    for (name, _) in reported {
+        let tid = read
+            .get(name)
+            .unwrap_or_else(|| panic!("JDK {major}: no thread named {name:?} among {read:?}"));
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap();
+        if name != "main" {
+            let short: String = name.chars().take(15).collect();
+            assert_eq!(comm.trim_end(), short, "JDK {major}: thread {tid}");
+        }
+        long += usize::from(name.chars().count() > 15);
+    }
+    assert!(
+        long >= 5,
+        "JDK {major}: {long} names longer than the kernel's"
+    );
+    eprintln!("JDK {major}: {} thread names read", read.len());
+}
+
+/// Thread names where objects are laid out otherwise: without compressed
+/// references (JDK 17: 8-byte references, 16-byte headers), and with
+/// compact object headers (JDK 25: an array's length right after the mark
+/// word).
+#[test]
+fn thread_names_in_other_object_layouts() {
+    let jdks = jdks();
+    let Some(classes) = compiled_workload() else {
+        return;
+    };
+    let cases: [(u32, &[&str]); 3] = [
+        (
+            17,
+            &["-XX:-UseCompressedOops", "-XX:-UseCompressedClassPointers"],
+        ),
+        (17, &["-XX:-UseCompressedOops"]),
+        (25, &["-XX:+UseCompactObjectHeaders"]),
+    ];
+    for (major, options) in cases {
+        let Some((_, java)) = jdks.iter().find(|(m, _)| *m == major) else {
+            continue;
+        };
+        let (child, reported) = start(java, classes.path(), options);
+        let pid = child.0.id();
+        let (path, start, offset) = libjvm_of(pid);
+        let file = File::open(&path).unwrap();
+        let lib = inspect(&file, "libjvm.so").unwrap().unwrap().unwrap();
+        let bias = crate::elf::load_bias(&lib.segments, start, offset).unwrap();
+        let mem = ProcMem::open(pid).unwrap();
+        let jvm = Jvm::read(&mem, &lib.symbols.map(|s| s + bias)).unwrap();
+        let syms = lib.name_symbols.map(|s| if s == 0 { 0 } else { s + bias });
+        eprintln!("JDK {major} {options:?}");
+        thread_names_as_the_jvm_reports_them(major, pid, &jvm, &mem, &syms, &reported);
+    }
 }
 
 /// Every method the JVM lists as compiled (`jcmd PID Compiler.codelist`:
