@@ -62,6 +62,11 @@ struct java_scratch {
 	__u32 log2;
 	/* How the walk of the map ended (JAVA_HOP_*). */
 	__u32 hop_end;
+	/* The blob found, and the pc its frame is named by (the frame's own,
+	 * where its return address is the deoptimization handler): kept here,
+	 * not on the stack, which the current task's walk has little of. */
+	__u64 blob;
+	__u64 pc;
 	/* The thread walked (for the notices of new words). */
 	__u32 pid;
 	__u64 process_start;
@@ -334,16 +339,43 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 		n = JAVA_HEADER;
 	if (n < 8)
 		n = 8;
-	if (read_user(js->header, n,
-		      (void *)(js->lo + (js->k << (js->log2 & 31)) + j->block_header), task, c))
+	js->blob = js->lo + (js->k << (js->log2 & 31)) + j->block_header;
+	if (read_user(js->header, n, (void *)js->blob, task, c))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 	size = *(__s32 *)&js->header[j->frame_size & (JAVA_HEADER - 1)];
+	js->pc = u->pc;
+	/* A frame to be deoptimized returns into its method's deoptimization
+	 * handler: the pc it was at (where the method's debug information
+	 * describes the frame, its inlined methods among it) is in the frame,
+	 * where the nmethod says. */
+	if (j->deopt_handler && !exact &&
+	    js->pc == (j->deopt_relative
+			       ? js->blob + *(__s32 *)&js->header[j->deopt_handler & (JAVA_HEADER - 1)]
+			       : *(__u64 *)&js->header[j->deopt_handler & (JAVA_HEADER - 1)])) {
+		/* The original pc's offset from the frame's stack pointer
+		 * (C2's is often 0), kept in the blob's slot for it. */
+		sender = u->sp + *(__s32 *)&js->header[j->orig_pc_offset & (JAVA_HEADER - 1)];
+		if (sender < u->sp || sender - u->sp > (1 << 16) ||
+		    read_user(js->frame, 8, (void *)sender, task, c))
+			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		js = java_scratch_of(task != NULL);
+		if (!js)
+			return JAVA_END;
+		j = &js->p;
+		/* In the same method's code, or the frame is not one. */
+		if (js->frame[0] <= js->blob ||
+		    js->frame[0] - js->blob >=
+			    (__u32)*(__s32 *)&js->header[j->blob_size & (JAVA_HEADER - 1)])
+			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		note_slot(pr, u, sender, js->frame[0]);
+		js->pc = js->frame[0];
+	}
 	ips[idx & MAX_STACK_DEPTH] =
 		JAVA_WORD(JAVA_CODE_MARK) |
 		(__u64)(*(__u32 *)&js->header[j->compile_id & (JAVA_HEADER - 1)] &
 			((1 << JAVA_CHECK_BITS) - 1))
 			<< 47 |
-		(u->pc & ((1ULL << 47) - 1));
+		(js->pc & ((1ULL << 47) - 1));
 	u->java_frames++;
 	java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
 	if (size <= 0)

@@ -325,6 +325,16 @@ struct java_proc {
 	__s16 interp_method;
 	__s16 interp_bcp;
 	__s16 interp_sender_sp;
+	/* A compiled method's deoptimization handler, where its frames'
+	 * return addresses point once they are to be deoptimized: where the
+	 * blob keeps it (a pointer, or with deopt_relative an int from the
+	 * blob; 0: not known), and where the nmethod keeps the offset from
+	 * the frame's stack pointer of the frame's original pc (an int);
+	 * CodeBlob's size (an int, in bytes: the original pc is in it). */
+	__u16 deopt_handler;
+	__u16 orig_pc_offset;
+	__u16 blob_size;
+	__u8 deopt_relative;
 };
 
 /* An interpreted frame's slots read at once: from its frame pointer -64

@@ -148,7 +148,7 @@ fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result
             )
         )?;
     }
-    let who = |t: &Task| format!("pid {} ({})", t.sample.pid, t.sample.comm);
+    let who = |t: &Task| format!("pid {} ({})", t.sample.pid, t.sample.thread_name());
     if let [only] = g.tasks[..] {
         writeln!(w, "    {:<16} {}", "time:", off_cpu(only))?;
     } else {
@@ -192,7 +192,7 @@ fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result
                 w,
                 "      {:>8} {:<16} {} {}",
                 t.sample.pid,
-                t.sample.comm,
+                t.sample.thread_name(),
                 t.state,
                 off_cpu(t)
             )?;

@@ -13,9 +13,10 @@ use std::process::{Command, Stdio};
 use crate::util::*;
 
 /// The workload's JVM options (see JavaBlockers.java).
-const JVM_OPTIONS: [&str; 2] = [
+const JVM_OPTIONS: [&str; 3] = [
     "-XX:CompileCommand=quiet",
     "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
+    "-XX:CompileCommand=dontinline,JavaBlockers::deoptBlock",
 ];
 
 /// Debian's JDK (javac compiles the workload for release 11, jstack and
@@ -154,6 +155,115 @@ fn frames_are_the_jvms(out: &[u8], reported: &Reported, what: &str) {
     assert!(missing.is_empty(), "{what}:\n{missing}");
 }
 
+/// One run of `-p PID --lines` written in every format: the report and
+/// speedscope name each thread by its whole Java name (the kernel keeps
+/// 15 characters), pprof has it as the `thread` label and the workload's
+/// Java functions with their file and lines, the flame graph shows Java
+/// methods in their own colour (green), and `--grep` keeps the stacks
+/// through a Java method.
+fn every_output_has_the_jvms_view(pid: &str, reported: &Reported) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let out = profile(&[
+        "-p",
+        pid,
+        "--lines",
+        "-o",
+        &path("a.txt"),
+        "-o",
+        &path("a.pb.gz"),
+        "-o",
+        &path("a.speedscope.json"),
+        "-o",
+        &path("a.svg"),
+        "2",
+    ]);
+    let read = |name: &str| std::fs::read(path(name)).unwrap();
+    let report = String::from_utf8(read("a.txt")).unwrap();
+    let speedscope = String::from_utf8(read("a.speedscope.json")).unwrap();
+    let mut gz = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&read("a.pb.gz")[..]),
+        &mut gz,
+    )
+    .unwrap();
+    let pprof: offcputime::output::profile_proto::Profile =
+        prost::Message::decode(&gz[..]).unwrap();
+    let strings = &pprof.string_table;
+    let s = |i: i64| strings[i as usize].as_str();
+    let threads: std::collections::BTreeSet<&str> = pprof
+        .sample
+        .iter()
+        .flat_map(|x| &x.label)
+        .filter(|l| s(l.key) == "thread")
+        .map(|l| s(l.str))
+        .collect();
+    let long: Vec<&str> = reported
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| n.chars().count() > 15)
+        .collect();
+    assert!(long.len() >= 5, "{reported:?}");
+    for name in &long {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.trim_start().starts_with("- ") && l.contains(&format!(" {name} ("))),
+            "the report names no thread {name:?}:\n{report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            speedscope.contains(&format!("\"name\":\"{name} (")),
+            "no speedscope profile for {name:?}"
+        );
+        assert!(
+            threads.contains(name),
+            "no pprof thread label {name:?} in {threads:?}"
+        );
+    }
+    // The workload's Java methods, each with its file, at known lines.
+    let java: Vec<&offcputime::output::profile_proto::Function> = pprof
+        .function
+        .iter()
+        .filter(|f| s(f.name).starts_with("JavaBlockers."))
+        .collect();
+    assert!(java.len() >= 8, "{} JavaBlockers functions", java.len());
+    assert!(java.iter().all(|f| s(f.filename) == "JavaBlockers.java"));
+    let lines = pprof
+        .location
+        .iter()
+        .flat_map(|l| &l.line)
+        .filter(|l| java.iter().any(|f| f.id == l.function_id) && l.line > 0)
+        .count();
+    assert!(lines >= 8, "{lines} Java lines with a line number");
+    // Java methods green, as flamegraph.pl's java palette has them.
+    let svg = parse_svg(&String::from_utf8(read("a.svg")).unwrap());
+    let methods: Vec<&SvgFrame> = svg
+        .frames
+        .iter()
+        .filter(|f| f.name.starts_with("JavaBlockers."))
+        .collect();
+    assert!(!methods.is_empty());
+    for f in methods {
+        let (r, g, b) = f.fill;
+        assert!(
+            g > r + 40 && g > b + 40,
+            "{} is not green: {:?}",
+            f.name,
+            f.fill
+        );
+    }
+    // --grep on a Java method: the stacks through it alone.
+    let out = profile(&["-p", pid, "-f", "--grep", "JavaBlockers.sleeperInner", "1"]);
+    let lines = parse_folded(&out.stdout);
+    assert!(
+        !lines.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(lines.iter().all(|l| l.has("JavaBlockers.sleeperInner")));
+}
+
 /// Folded output with `--lines` of `args` (with `-v`), and its stderr.
 fn folded(args: &[&str]) -> (Vec<u8>, String) {
     let (out, _) = profile_window(args, &[]);
@@ -190,6 +300,8 @@ fn java_frames_are_the_jvms_own_view_jdk17() {
         "{stderr}"
     );
     assert!(stderr.contains("java: HotSpot 17."), "{stderr}");
+
+    every_output_has_the_jvms_view(&pid, &reported);
 
     let (out, stderr) = folded(&["-f", "--lines", "2"]);
     frames_are_the_jvms(&out, &reported, "system-wide");
@@ -278,4 +390,78 @@ fn a_jvm_started_during_the_trace_is_walked() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("java: HotSpot 21."), "{stderr}");
     frames_are_the_jvms(&out.stdout, &reported, "started during the trace");
+}
+
+/// What [`debian_jdk_17_in_the_matrix`] says on a kernel without the Java
+/// walk (before 5.17: no bpf_loop); `scripts/vmtest` takes it only from
+/// such a kernel.
+const NO_JAVA_WALK: &str = "n/a (no Java walk before 5.17)";
+
+/// The kernel matrix's Java cell (`scripts/vmtest`: a runtime image of
+/// Debian's JDK 17 at its path here, the workload compiled in
+/// `$OFFCPUTIME_TEST_WORKLOADS/java`): one JVM traced with `-p`, each
+/// thread's Java frames the JVM's, the JVM walked and its release read.
+/// Where the walk needs what the kernel lacks (before 5.17, or with
+/// OFFCPUTIME_TEST_LEGACY), the profiler says that it does not read Java
+/// frames, and each thread keeps a stack with no Java method in it.
+#[test]
+fn debian_jdk_17_in_the_matrix() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let Some(java) = java(17) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (classes, lib) = match std::env::var_os("OFFCPUTIME_TEST_WORKLOADS") {
+        Some(built) => {
+            let classes = Path::new(&built).join("java");
+            let lib = classes.join("libjavablockers.so");
+            (classes, lib)
+        }
+        None => (dir.path().to_path_buf(), build(dir.path())),
+    };
+    let (jvm, reported) = start(&java, &classes, &lib);
+    let pid = jvm.0.id().to_string();
+    let (out, stderr) = folded(&["-p", &pid, "-f", "--lines", "2"]);
+    if frame_pointers_only(&stderr) {
+        // Said once, of the one JVM.
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("Java frames are not read"))
+            .collect();
+        assert!(
+            said.len() == 1 && said[0].contains(" 1 JVM "),
+            "not said once that the JVM's Java frames are not read:\n{stderr}"
+        );
+        let lines = parse_folded(&out);
+        for (name, _) in &reported {
+            let comm: String = name.chars().take(15).collect();
+            assert!(
+                lines.iter().any(|l| l.comm() == comm),
+                "no stack of {comm}:\n{}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.frames.iter().any(|f| f.contains(".java"))),
+            "Java frames where none are read:\n{}",
+            String::from_utf8_lossy(&out)
+        );
+        eprintln!("matrix: JDK 17 -p: {NO_JAVA_WALK}");
+        return;
+    }
+    frames_are_the_jvms(&out, &reported, "-p");
+    assert!(
+        stderr.contains("java: 1 JVM processes walked") && !stderr.contains("were not walked"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("java: HotSpot 17."), "{stderr}");
+    eprintln!(
+        "matrix: JDK 17 -p: the Java frames of {} threads the JVM's",
+        reported.len()
+    );
 }

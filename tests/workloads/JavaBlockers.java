@@ -21,9 +21,16 @@
 //                              JVM_OPTIONS below)
 //   blockers-jni-caller        a native method that blocks (with the
 //                              JNI library's path as the argument)
+//   blockers-deoptimized       a wait in compiled code with an inlined
+//                              callee, whose compiled method is then
+//                              invalidated (a class loaded): the frame is
+//                              to be deoptimized when the wait ends, its
+//                              return address the method's deoptimization
+//                              handler
 //
 // JVM_OPTIONS: -XX:CompileCommand=quiet
 //              -XX:CompileCommand=exclude,JavaBlockers::mixedMiddle
+//              -XX:CompileCommand=dontinline,JavaBlockers::deoptBlock
 //
 // Output, once all are blocked: for each thread, `THREAD name`, then one
 // `FRAME class.method file:line` per frame, innermost first, then `END`;
@@ -41,12 +48,13 @@ import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 
 public class JavaBlockers {
-    static final CountDownLatch started = new CountDownLatch(9);
+    static final CountDownLatch started = new CountDownLatch(10);
     static final Object monitor = new Object();
     static final Object waitObject = new Object();
     static final LinkedBlockingQueue<Integer> queue = new LinkedBlockingQueue<>();
     static final LinkedBlockingQueue<Integer> hotQueue = new LinkedBlockingQueue<>();
     static final LinkedBlockingQueue<Integer> mixedQueue = new LinkedBlockingQueue<>();
+    static final LinkedBlockingQueue<Integer> deoptQueue = new LinkedBlockingQueue<>();
 
     static native void nativeBlock();
 
@@ -150,6 +158,65 @@ public class JavaBlockers {
         mixedOuter(-1);
     }
 
+    // An abstract class with one subclass loaded: the compiler inlines
+    // `sides()` on that ground (a dependency of the compiled method), and
+    // loading the second subclass (Square, by name: nothing else refers
+    // to it) invalidates the compiled method.
+    abstract static class Shape {
+        abstract int sides();
+    }
+
+    static final class Triangle extends Shape {
+        int sides() {
+            return 3;
+        }
+    }
+
+    static final class Square extends Shape {
+        int sides() {
+            return 4;
+        }
+    }
+
+    static int deoptOuter(Shape s, int i) throws InterruptedException {
+        return deoptInlined(s, i) + 1;
+    }
+
+    static int deoptInlined(Shape s, int i) throws InterruptedException {
+        return deoptBlock(i) * s.sides();
+    }
+
+    // Kept from being inlined (JVM_OPTIONS): its own compiled code, which
+    // the wait leaves for the interpreter (the compiler never saw the
+    // queue empty), while its caller's compiled frame stays.
+    static int deoptBlock(int i) throws InterruptedException {
+        Integer v = deoptQueue.poll(1_000_000_000L, TimeUnit.SECONDS);
+        return v == null ? i : v + i;
+    }
+
+    static void warmDeopt(Shape s) throws InterruptedException {
+        long sum = 0;
+        for (int i = 0; i < 300_000; i++) {
+            deoptQueue.offer(i);
+            sum += deoptOuter(s, i);
+        }
+        if (sum == 42) {
+            System.out.println("unlikely");
+        }
+    }
+
+    // The wait is called from here (run once: interpreted, never
+    // compiled with its callee inlined), into deoptOuter's compiled code,
+    // once the compiler is done with it (the second warm-up).
+    static void runDeopt() throws InterruptedException {
+        Shape s = new Triangle();
+        warmDeopt(s);
+        Thread.sleep(500);
+        warmDeopt(s);
+        started.countDown();
+        deoptOuter(s, -1);
+    }
+
     static void callNative() {
         started.countDown();
         nativeBlock();
@@ -192,6 +259,7 @@ public class JavaBlockers {
         threads.add(start("blockers-socket-reader", () -> readSocket(accepted)));
         threads.add(start("blockers-hot-compiled", JavaBlockers::runHot));
         threads.add(start("blockers-mixed-frames", JavaBlockers::runMixed));
+        threads.add(start("blockers-deoptimized", JavaBlockers::runDeopt));
         if (args.length > 0) {
             threads.add(start("blockers-jni-caller", JavaBlockers::callNative));
         } else {
@@ -207,6 +275,9 @@ public class JavaBlockers {
                 Thread.sleep(1);
             }
         }
+        // The second shape: the waiting compiled frame is to be
+        // deoptimized.
+        Class.forName("JavaBlockers$Square").getDeclaredConstructor().newInstance();
         Thread.sleep(200);
         StringBuilder out = new StringBuilder();
         for (Map.Entry<Thread, StackTraceElement[]> e : Thread.getAllStackTraces().entrySet()) {

@@ -88,6 +88,8 @@ pub struct Names {
     pub methods_read: u64,
     pub unreadable: u64,
     pub replaced: u64,
+    /// Compiled frames to be deoptimized whose own pc was not found.
+    pub deoptimized: u64,
 }
 
 /// The name of code that replaced the code a frame was in.
@@ -195,6 +197,15 @@ impl Names {
                 code: self.plain(format!("[jvm: {}]", blob.name)),
                 at: NO_AT,
             }]);
+        }
+        // Still the deoptimization handler (the BPF program did not find
+        // the frame's own pc): no debug information describes the frame
+        // there, said rather than named after whatever is at that pc.
+        if let Some((handler, mh)) = walk::deopt_handlers(r.mem, r.layout, b).ok()? {
+            if pc == handler || pc == mh {
+                self.deoptimized += 1;
+                return Some(vec![Frame::Unreadable]);
+            }
         }
         let inlined = walk::compiled_frames(r.mem, r.layout, b, blob.code_begin, pc).ok()?;
         inlined

@@ -528,6 +528,13 @@ impl Runtime for Jvms {
                 spec.unreadable
             ));
         }
+        if self.names.deoptimized > 0 {
+            lines.push(format!(
+                "{} compiled Java frames were to be deoptimized and their own pc was not found (the \
+                 JVM's tables do not say where it is kept): shown as {}",
+                self.names.deoptimized, spec.unreadable
+            ));
+        }
         if self.names.replaced > 0 {
             lines.push(format!(
                 "{} compiled Java frames were in code replaced before it was named (recompiled or \
@@ -589,6 +596,21 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
     };
     let slot = |words: i64| -> i16 { (words * 8) as i16 };
     let header_read = l.blob_frame_size.max(l.code.nmethod_compile_id) + 4;
+    // Deoptimized frames are followed where their fields are in the
+    // header read (else they are left unexpanded, said at the end).
+    let deopt = l.deopt.filter(|d| {
+        (d.handler + 8)
+            .max(d.orig_pc_offset + 4)
+            .max(d.blob_size + 4)
+            <= u64::from(types::java_limits::JAVA_HEADER_BYTES.0)
+    });
+    let header_read = deopt.map_or(header_read, |d| {
+        header_read.max(
+            (d.handler + 8)
+                .max(d.orig_pc_offset + 4)
+                .max(d.blob_size + 4),
+        )
+    });
     if header_read > u64::from(types::java_limits::JAVA_HEADER_BYTES.0) {
         return Err(format!(
             "a blob's compile id at {}",
@@ -615,6 +637,12 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
         interp_sender_sp: slot(slots[2]),
         ..Default::default()
     };
+    if let Some(d) = deopt {
+        e.deopt_handler = narrow(d.handler, "a compiled method's deoptimization handler")?;
+        e.orig_pc_offset = narrow(d.orig_pc_offset, "an nmethod's original pc offset")?;
+        e.blob_size = narrow(d.blob_size, "a blob's size")?;
+        e.deopt_relative = u8::from(d.relative);
+    }
     for (i, h) in w.heaps.iter().enumerate() {
         e.heap_lo[i] = h.low;
         e.heap_hi[i] = h.high;

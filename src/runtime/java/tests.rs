@@ -364,6 +364,7 @@ fn start(java: &Path, classes: &Path, options: &[&str]) -> (KillOnDrop, Reported
             .args([
                 "-XX:CompileCommand=quiet",
                 "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
+                "-XX:CompileCommand=dontinline,JavaBlockers::deoptBlock",
             ])
             .args(options)
             .arg("-cp")

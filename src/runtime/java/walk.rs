@@ -55,6 +55,23 @@ pub struct WalkLayout {
     const_code_size: u64,
     has_line_table: u32,
     pub(super) interp_sender_sp: i64,
+    /// A compiled method's deoptimization handler: where the blob keeps
+    /// it, and whether as an int from the blob (JDK 23 on) rather than a
+    /// pointer; where the nmethod keeps the offset of a frame's original
+    /// pc; the blob's size (None where the tables lack one of them).
+    pub(super) deopt: Option<Deopt>,
+}
+
+/// See [`WalkLayout::deopt`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deopt {
+    pub handler: u64,
+    /// The handler for method handles' call sites (not followed: its
+    /// frames are said unreadable).
+    pub mh_handler: Option<u64>,
+    pub relative: bool,
+    pub orig_pc_offset: u64,
+    pub blob_size: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -151,8 +168,63 @@ impl WalkLayout {
                 s.int("frame::interpreter_frame_sender_sp_offset")
                     .unwrap_or(-1),
             ),
+            deopt: deopt(s),
         })
     }
+}
+
+/// Where a compiled frame to be deoptimized keeps its original pc.
+fn deopt(s: &VmStructs) -> Option<Deopt> {
+    let (handler, mh_handler, relative) = match s.offset("CompiledMethod", "_deopt_handler_begin") {
+        Some(o) => (
+            o,
+            s.offset("CompiledMethod", "_deopt_mh_handler_begin"),
+            false,
+        ),
+        None => (
+            s.offset("nmethod", "_deopt_handler_offset")?,
+            s.offset("nmethod", "_deopt_mh_handler_offset"),
+            true,
+        ),
+    };
+    Some(Deopt {
+        handler,
+        mh_handler,
+        relative,
+        orig_pc_offset: s.offset("nmethod", "_orig_pc_offset")?,
+        blob_size: s.offset("CodeBlob", "_size")?,
+    })
+}
+
+/// The deoptimization handlers of compiled method `blob` (the plain one,
+/// and the one for method handles' call sites where it has one): where
+/// the return address of its frames to be deoptimized points. None where
+/// the tables do not say.
+pub(super) fn deopt_handlers(
+    mem: &dyn Memory,
+    l: &WalkLayout,
+    blob: u64,
+) -> std::io::Result<Option<(u64, u64)>> {
+    let Some(d) = l.deopt else {
+        return Ok(None);
+    };
+    let at = |field: u64| -> std::io::Result<u64> {
+        if d.relative {
+            let off = u32_at(mem, blob.wrapping_add(field))? as i32;
+            Ok(if off <= 0 {
+                0
+            } else {
+                blob.wrapping_add(off as u64)
+            })
+        } else {
+            u64_at(mem, blob.wrapping_add(field))
+        }
+    };
+    let mh = match d.mh_handler {
+        Some(f) => at(f)?,
+        None => 0,
+    };
+    Ok(Some((at(d.handler)?, mh)))
 }
 
 /// The JVM's threads: each `JavaThread*` and its thread's id (the
@@ -396,7 +468,19 @@ pub fn walk(
         }
         let size = u64::from(u32_at(mem, b.wrapping_add(l.blob_frame_size))?);
         if blob.name.ends_with("nmethod") {
-            frames.extend(compiled_frames(mem, l, b, blob.code_begin, pc)?);
+            // A frame to be deoptimized: the pc it was at is in the
+            // frame.
+            let at = match deopt_handlers(mem, l, b)? {
+                Some((handler, _)) if handler == pc => {
+                    let d = l.deopt.expect("handlers read");
+                    u64_at(
+                        mem,
+                        sp.wrapping_add(u64::from(u32_at(mem, b + d.orig_pc_offset)?)),
+                    )?
+                }
+                _ => pc,
+            };
+            frames.extend(compiled_frames(mem, l, b, blob.code_begin, at)?);
         } else if size == 0 {
             // The call stub, where the thread entered Java: the end.
             break;
