@@ -415,6 +415,16 @@ fn libjvm_of(pid: u32) -> (PathBuf, u64, u64) {
     panic!("no libjvm.so in {pid}:\n{maps}");
 }
 
+/// The libjvm.so of running JVM `pid`, read, its load bias, and the
+/// process's memory.
+fn open_jvm(pid: u32) -> (Libjvm, u64, ProcMem) {
+    let (path, start, offset) = libjvm_of(pid);
+    let file = File::open(&path).unwrap();
+    let lib = inspect(&file, "libjvm.so").unwrap().unwrap().unwrap();
+    let bias = crate::elf::load_bias(&lib.segments, start, offset).unwrap();
+    (lib, bias, ProcMem::open(pid).unwrap())
+}
+
 /// Each JVM's tables, read from the running process as the profiler
 /// reads them: its release is the one installed, and the fields and
 /// sizes a walk of its frames needs are there.
@@ -430,11 +440,7 @@ fn reads_the_tables_of_live_jvms() {
         .collect();
     for (major, (child, reported)) in &running {
         let pid = child.0.id();
-        let (path, start, offset) = libjvm_of(pid);
-        let file = File::open(&path).unwrap();
-        let lib = inspect(&file, "libjvm.so").unwrap().unwrap().unwrap();
-        let bias = crate::elf::load_bias(&lib.segments, start, offset).unwrap();
-        let mem = ProcMem::open(pid).unwrap();
+        let (lib, bias, mem) = open_jvm(pid);
         let jvm = Jvm::read(&mem, &lib.symbols.map(|s| s + bias))
             .unwrap_or_else(|e| panic!("JDK {major}: {e}"));
         assert_eq!(jvm.major(), Some(*major), "release {}", jvm.release);
@@ -618,11 +624,7 @@ fn thread_names_in_other_object_layouts() {
         };
         let (child, reported) = start(java, classes.path(), options);
         let pid = child.0.id();
-        let (path, start, offset) = libjvm_of(pid);
-        let file = File::open(&path).unwrap();
-        let lib = inspect(&file, "libjvm.so").unwrap().unwrap().unwrap();
-        let bias = crate::elf::load_bias(&lib.segments, start, offset).unwrap();
-        let mem = ProcMem::open(pid).unwrap();
+        let (lib, bias, mem) = open_jvm(pid);
         let jvm = Jvm::read(&mem, &lib.symbols.map(|s| s + bias)).unwrap();
         let syms = lib.name_symbols.map(|s| if s == 0 { 0 } else { s + bias });
         eprintln!("JDK {major} {options:?}");
