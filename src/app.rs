@@ -427,13 +427,18 @@ fn walk_deferred(
     if let Some(u) = unwinder {
         if deferred.is_waiting() {
             u.finish(registry, DEFERRED_TABLES_WAIT);
-            deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
-                let stored = tracer.store_stack(id, frames);
-                if stored {
-                    walked(id, frames);
-                }
-                stored
-            });
+            let guess = |tgid| registry.jit_keeps_frame_pointers(tgid);
+            deferred.walk_ready(
+                u,
+                (&|tgid| registry.start_of(tgid), &guess),
+                &mut |id, frames| {
+                    let stored = tracer.store_stack(id, frames);
+                    if stored {
+                        walked(id, frames);
+                    }
+                    stored
+                },
+            );
         }
     }
     deferred.give_up(&|p| {

@@ -46,6 +46,9 @@ pub struct Walk {
     /// ... of which in an object with tables that do not cover the code
     /// (see `CNT_UNWIND_GAP_FRAMES`).
     pub gap_frames: usize,
+    /// Cut at code without tables in a process whose generated code keeps
+    /// no frame pointers (a JVM's compiled Java code): not guessed.
+    pub at_jit: bool,
 }
 
 /// The registers a walk starts from.
@@ -109,9 +112,9 @@ pub fn walk(
     regs: Regs,
     base: u64,
     bytes: &[u8],
-    mappings: &[types::unwind_mapping],
-    rows: &[types::unwind_row],
+    (mappings, rows): (&[types::unwind_mapping], &[types::unwind_row]),
     max: usize,
+    guess_jit: bool,
 ) -> Walk {
     use types::unwind_kind as K;
     let Regs {
@@ -181,6 +184,11 @@ pub fn walk(
                 sp = cfa;
                 ra
             }
+            Rule::Untabled if !guess_jit => {
+                w.cut = true;
+                w.at_jit = true;
+                return w;
+            }
             none @ (Rule::Untabled | Rule::Gap) => {
                 // No call-frame information: the frame pointer chain; its
                 // end (bp 0) is the end of the stack. A frame beyond the
@@ -223,6 +231,9 @@ pub struct DeferredStats {
     pub fp_frames: usize,
     /// ... of which in an object with tables that do not cover the code.
     pub gap_frames: usize,
+    /// Cut at generated code that keeps no frame pointers (see
+    /// [`Walk::at_jit`]).
+    pub at_jit: usize,
     /// Never walked: their process had no tables (it exited before its
     /// mappings could be read, or they could not be made).
     pub unwalked: usize,
@@ -337,10 +348,12 @@ impl Deferred {
     /// their frames to `store` (false: no room). `start_of` says when the
     /// process now at a pid started (a copy of an earlier process at that
     /// pid is not walked with the later one's tables).
+    /// `guess_jit` says whether code without tables in process `tgid` is
+    /// walked through frame pointers (false for a JVM's: cut there).
     pub fn walk_ready(
         &mut self,
         tables: &mut dyn ProcessTables,
-        start_of: &dyn Fn(u32) -> Option<u64>,
+        (start_of, guess_jit): (&dyn Fn(u32) -> Option<u64>, &dyn Fn(u32) -> bool),
         store: &mut dyn FnMut(u64, &[u64]) -> bool,
     ) {
         // The copies that can be walked now: of the process now at their
@@ -400,6 +413,7 @@ impl Deferred {
                 let ready = waiting[&tgid]
                     .iter()
                     .filter(|s| s.space == space && !stalled(s.id));
+                let guess = guess_jit(tgid);
                 for s in ready {
                     let regs = Regs {
                         pc: s.pc,
@@ -407,7 +421,7 @@ impl Deferred {
                         bp: s.bp,
                         ax: s.ax,
                     };
-                    let w = walk(regs, s.base, &s.bytes, mappings, rows, max);
+                    let w = walk(regs, s.base, &s.bytes, (mappings, rows), max, guess);
                     done.push((tgid, s.id, w));
                 }
             }
@@ -418,6 +432,7 @@ impl Deferred {
             self.stats.cut += usize::from(w.cut);
             self.stats.fp_frames += w.fp_frames;
             self.stats.gap_frames += w.gap_frames;
+            self.stats.at_jit += usize::from(w.at_jit);
             if !store(id, &w.frames) {
                 self.stats.unstored += 1;
             }
@@ -614,7 +629,7 @@ mod tests {
             bp: sp + 24,
             ax: 0,
         };
-        walk(regs, sp, &stack(words), &maps, &rows, 127)
+        walk(regs, sp, &stack(words), (&maps, &rows), 127, true)
     }
 
     #[test]
@@ -647,7 +662,7 @@ mod tests {
             bp: sp,
             ax: 0,
         };
-        let w = walk(regs, sp, &copy, &maps, &rows, 127);
+        let w = walk(regs, sp, &copy, (&maps, &rows), 127, true);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000, 0x50_0100]);
         assert_eq!((w.fp_frames, w.gap_frames), (2, 0));
         assert!(!w.cut);
@@ -657,12 +672,21 @@ mod tests {
             pc: 0x40_1200,
             ..regs
         };
-        let w = walk(in_gap, sp, &copy, &maps, &rows, 127);
+        let w = walk(in_gap, sp, &copy, (&maps, &rows), 127, true);
         assert_eq!(w.frames, vec![0x40_1200, 0x50_0000, 0x50_0100]);
         assert_eq!((w.fp_frames, w.gap_frames), (2, 1));
-        let w = walk(regs, sp, &copy, &maps, &rows, 2);
+        let w = walk(regs, sp, &copy, (&maps, &rows), 2, true);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
         assert!(w.cut);
+        // In a process whose generated code keeps no frame pointers (a
+        // JVM's): cut at the code without tables, not guessed; a gap in a
+        // mapped object's rows is still walked by its frame pointers.
+        let w = walk(regs, sp, &copy, (&maps, &rows), 127, false);
+        assert_eq!(w.frames, vec![0x60_0000]);
+        assert!(w.cut && w.at_jit);
+        let w = walk(in_gap, sp, &copy, (&maps, &rows), 127, false);
+        assert_eq!(w.frames, vec![0x40_1200, 0x50_0000]);
+        assert!(w.cut && w.at_jit);
     }
 
     #[test]
@@ -700,9 +724,9 @@ mod tests {
             },
             sp,
             &stack(&words),
-            &maps,
-            &rows,
+            (&maps, &rows),
             127,
+            true,
         );
         // 0x40_5000 is looked up as it is (at pc - 1 it would be in no
         // row: frame pointers, bp 0x1234 outside the copy, cut).
@@ -739,16 +763,16 @@ mod tests {
         // The parent (rax: the child's pid, or -ENOSYS while in the
         // syscall) goes on to its caller; the child's stack ends there.
         for ax in [1234, -38i64 as u64] {
-            let w = walk(at(0x40_7012, ax), sp, &copy, &maps, &rows, 127);
+            let w = walk(at(0x40_7012, ax), sp, &copy, (&maps, &rows), 127, true);
             assert_eq!(w.frames, vec![0x40_7012, 0x40_3010], "rax {ax}");
             assert!(!w.cut);
         }
-        let w = walk(at(0x40_7012, 0), sp, &copy, &maps, &rows, 127);
+        let w = walk(at(0x40_7012, 0), sp, &copy, (&maps, &rows), 127, true);
         assert_eq!(w.frames, vec![0x40_7012]);
         assert!(!w.cut);
         // Never a return address: a walk that meets it as one is cut.
         let copy = stack(&[0, 0x40_7013]);
-        let w = walk(at(0x40_1010, 1), sp, &copy, &maps, &rows, 127);
+        let w = walk(at(0x40_1010, 1), sp, &copy, (&maps, &rows), 127, true);
         assert_eq!(w.frames, vec![0x40_1010, 0x40_7013]);
         assert!(w.cut);
     }

@@ -195,6 +195,17 @@ impl TracerOptions {
     pub fn runtimes(&self) -> bool {
         (self.python || self.java) && self.user_stacks
     }
+
+    /// Whether the frames of runtime `kind` are read (its `--no-` flag
+    /// not given).
+    pub fn runtime_on(&self, kind: crate::runtime::Kind) -> bool {
+        use crate::runtime::Kind;
+        self.user_stacks
+            && match kind {
+                Kind::Python => self.python,
+                Kind::Java => self.java,
+            }
+    }
 }
 
 /// The DWARF unwind tables' part in starting (see [`Tracer::start`]).

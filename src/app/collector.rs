@@ -339,13 +339,18 @@ fn update_tables(
     }
     let building = u.poll(registry);
     if deferred.is_waiting() {
-        deferred.walk_ready(u, &|tgid| registry.start_of(tgid), &mut |id, frames| {
-            let stored = tracer.store_stack(id, frames);
-            if stored {
-                walked(id, frames);
-            }
-            stored
-        });
+        let guess = |tgid| registry.jit_keeps_frame_pointers(tgid);
+        deferred.walk_ready(
+            u,
+            (&|tgid| registry.start_of(tgid), &guess),
+            &mut |id, frames| {
+                let stored = tracer.store_stack(id, frames);
+                if stored {
+                    walked(id, frames);
+                }
+                stored
+            },
+        );
     }
     building
 }

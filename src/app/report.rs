@@ -344,8 +344,8 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
 pub(super) fn report_runtimes(
     registry: &mut Registry,
     profile: &Profile,
-    verbose: bool,
-    unwalked: bool,
+    (verbose, unwalked): (bool, bool),
+    on: &dyn Fn(crate::runtime::Kind) -> bool,
 ) {
     if unwalked {
         let procs: Vec<Proc> = registry
@@ -360,7 +360,10 @@ pub(super) fn report_runtimes(
         let mut found = std::collections::BTreeMap::new();
         for p in procs {
             if let Some(entry) = registry.note_runtime(p) {
-                *found.entry(entry.kind).or_insert(0usize) += 1;
+                // Not said of a runtime whose frames were not asked for.
+                if on(entry.kind) {
+                    *found.entry(entry.kind).or_insert(0usize) += 1;
+                }
             }
         }
         for (kind, n) in found {
@@ -398,11 +401,19 @@ pub(super) fn report_unwinding(
         );
     }
     let d = deferred.stats();
-    if d.cut > 0 {
+    if d.at_jit > 0 {
+        eprintln!(
+            "offcputime: {} user stacks taken before their process's unwind tables were ready \
+             reached a JVM's compiled code, which keeps no frame pointer: cut there (the walk \
+             of such copies, in userspace, does not follow Java frames)",
+            d.at_jit
+        );
+    }
+    if d.cut > d.at_jit {
         eprintln!(
             "offcputime: {} user stacks taken before their process's unwind tables were ready \
              were cut short: deeper than the {} KiB of stack copied at the block",
-            d.cut,
+            d.cut - d.at_jit,
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }

@@ -449,8 +449,8 @@ impl<'a> Session<'a> {
         report_runtimes(
             &mut self.registry,
             profile,
-            config.verbose,
-            self.runtimes_unwalked,
+            (config.verbose, self.runtimes_unwalked),
+            &|kind| config.tracer.runtime_on(kind),
         );
         report_namespaces(&self.registry, config.verbose);
         report_on_cpu(

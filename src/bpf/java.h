@@ -378,8 +378,13 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 		(js->pc & ((1ULL << 47) - 1));
 	u->java_frames++;
 	java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
-	if (size <= 0)
+	if (size <= 0) {
+		/* Other blobs without a frame size keep no frame pointer of
+		 * their own: not guessed through one. */
+		if (j->call_stub_return && js->pc != j->call_stub_return)
+			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 		return JAVA_BY_FP;
+	}
 	if (size > (1 << 16))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 	/* Stopped in the code itself, not at a call: the frame may not be

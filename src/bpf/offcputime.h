@@ -304,6 +304,10 @@ struct java_proc {
 	/* The interpreter's code: its frames keep their frame pointer. */
 	__u64 interp_lo;
 	__u64 interp_hi;
+	/* Where Java code returns into the call stub (C++ calling Java): the
+	 * one blob without a frame size whose frame pointer is its frame's (0:
+	 * not known, every such blob's taken so). */
+	__u64 call_stub_return;
 	/* The code cache's heaps: their code, and their segment maps (a
 	 * byte per segment of 2^log2_segment bytes: 0xff free, 0 a block's
 	 * first, else how many segments to go back at most). */

@@ -53,6 +53,11 @@ pub struct Spec {
     pub colour: [(u8, f32); 3],
     /// The runtime's state for one trace.
     pub new: fn() -> Box<dyn Runtime>,
+    /// The names of the objects whose processes generate code that keeps
+    /// no frame pointers (a JVM's compiled Java code uses rbp as it
+    /// likes): a walk without the runtime's help stops at such code rather
+    /// than guess through it.
+    pub jit_without_frame_pointers: &'static [&'static str],
 }
 
 /// The runtimes, in [`Kind`]'s order.
@@ -68,6 +73,7 @@ pub const RUNTIMES: &[Spec] = &[
         cut_short: "[python frames cut short]",
         colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
         new: || Box::<python::Pythons>::default(),
+        jit_without_frame_pointers: &[],
     },
     Spec {
         kind: Kind::Java,
@@ -81,6 +87,7 @@ pub const RUNTIMES: &[Spec] = &[
         processes: "JVM",
         native: "JVM",
         new: || Box::<java::Jvms>::default(),
+        jit_without_frame_pointers: &["libjvm.so"],
     },
 ];
 

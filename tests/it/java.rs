@@ -264,6 +264,52 @@ fn every_output_has_the_jvms_view(pid: &str, reported: &Reported) {
     assert!(lines.iter().all(|l| l.has("JavaBlockers.sleeperInner")));
 }
 
+/// The other paths that walk user stacks, each on the same JVM: with
+/// `--wakers` (a waker hook beside the switch hook), `-i` (each interval
+/// a profile of its own: the blocks under way cut at each interval's end,
+/// walked there) and `--on-cpu` (samples beside the blocks), every
+/// blocked thread's Java frames are the JVM's.
+fn other_paths_have_the_jvms_view(pid: &str, reported: &Reported) {
+    let (out, stderr) = folded(&["-p", pid, "-f", "--lines", "--wakers", "2"]);
+    frames_are_the_jvms(&out, reported, &format!("--wakers\n{stderr}"));
+    // The consumer's waits, each ended by the producer's Java code: its
+    // Java frames on both sides of the waker separator.
+    let woken = parse_folded(&out).into_iter().any(|l| {
+        let sep = l.frames.iter().position(|f| f == "--");
+        l.comm() == "blockers-tick-c"
+            && sep.is_some_and(|s| {
+                l.frames[..s]
+                    .iter()
+                    .any(|f| f.starts_with("JavaBlockers.tickConsumer"))
+                    && l.frames[s..]
+                        .iter()
+                        .any(|f| f.starts_with("JavaBlockers.tickProducer"))
+            })
+    });
+    assert!(
+        woken,
+        "--wakers: no wait of blockers-tick-consumer woken by the producer's Java code:\n{}",
+        String::from_utf8_lossy(&out)
+    );
+    let (out, stderr) = folded(&["-p", pid, "-f", "--lines", "-T", "-i", "1", "2"]);
+    let text = String::from_utf8_lossy(&out);
+    let mut intervals: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if is_time_line(line) {
+            intervals.push(String::new());
+        } else if let Some(last) = intervals.last_mut() {
+            last.push_str(line);
+            last.push('\n');
+        }
+    }
+    assert_eq!(intervals.len(), 2, "-i 1 for 2 s:\n{text}\n{stderr}");
+    for (i, interval) in intervals.iter().enumerate() {
+        frames_are_the_jvms(interval.as_bytes(), reported, &format!("-i, interval {i}"));
+    }
+    let (out, stderr) = folded(&["-p", pid, "-f", "--lines", "--on-cpu", "2"]);
+    frames_are_the_jvms(&out, reported, &format!("--on-cpu\n{stderr}"));
+}
+
 /// Folded output with `--lines` of `args` (with `-v`), and its stderr.
 fn folded(args: &[&str]) -> (Vec<u8>, String) {
     let (out, _) = profile_window(args, &[]);
@@ -302,6 +348,7 @@ fn java_frames_are_the_jvms_own_view_jdk17() {
     assert!(stderr.contains("java: HotSpot 17."), "{stderr}");
 
     every_output_has_the_jvms_view(&pid, &reported);
+    other_paths_have_the_jvms_view(&pid, &reported);
 
     let (out, stderr) = folded(&["-f", "--lines", "2"]);
     frames_are_the_jvms(&out, &reported, "system-wide");

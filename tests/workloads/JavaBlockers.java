@@ -32,6 +32,12 @@
 //              -XX:CompileCommand=exclude,JavaBlockers::mixedMiddle
 //              -XX:CompileCommand=dontinline,JavaBlockers::deoptBlock
 //
+// Once the threads above are reported, two more run, not reported (their
+// stacks change as they run):
+//   blockers-tick-producer     puts an element in a queue every 50 ms
+//   blockers-tick-consumer     takes them: each of its waits ended by the
+//                              producer's Java code (its waker)
+//
 // Output, once all are blocked: for each thread, `THREAD name`, then one
 // `FRAME class.method file:line` per frame, innermost first, then `END`;
 // last `READY pid`. The threads then stay blocked until the process is
@@ -217,6 +223,21 @@ public class JavaBlockers {
         deoptOuter(s, -1);
     }
 
+    static final LinkedBlockingQueue<Integer> tickQueue = new LinkedBlockingQueue<>();
+
+    static void tickProducer() throws InterruptedException {
+        for (int i = 0; ; i++) {
+            Thread.sleep(50);
+            tickQueue.put(i);
+        }
+    }
+
+    static void tickConsumer() throws InterruptedException {
+        while (true) {
+            tickQueue.take();
+        }
+    }
+
     static void callNative() {
         started.countDown();
         nativeBlock();
@@ -295,6 +316,8 @@ public class JavaBlockers {
         out.append("READY ").append(ProcessHandle.current().pid()).append('\n');
         System.out.print(out);
         System.out.flush();
+        start("blockers-tick-producer", JavaBlockers::tickProducer);
+        start("blockers-tick-consumer", JavaBlockers::tickConsumer);
         client.getOutputStream().flush();
         Thread.sleep(Long.MAX_VALUE);
     }

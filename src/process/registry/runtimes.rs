@@ -37,6 +37,22 @@ impl Registry {
         }
     }
 
+    /// Whether process `tgid`'s code without tables (generated code) may
+    /// be walked through frame pointers: not where it maps a runtime whose
+    /// generated code keeps none (see
+    /// [`crate::runtime::Spec::jit_without_frame_pointers`]).
+    pub fn jit_keeps_frame_pointers(&self, tgid: u32) -> bool {
+        let Some(mappings) = self.snapshots.processes.get(&tgid) else {
+            return true;
+        };
+        !mappings.iter().any(|m| {
+            let name = &self.files.objects[m.object as usize].name;
+            crate::runtime::RUNTIMES
+                .iter()
+                .any(|s| s.jit_without_frame_pointers.contains(&name.as_str()))
+        })
+    }
+
     /// Each runtime reads its threads' names not read yet (see
     /// [`Runtime::read_threads`]).
     pub fn read_runtime_threads(&mut self) {

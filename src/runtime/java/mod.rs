@@ -254,6 +254,7 @@ impl Jvms {
         };
         entry.interp_lo = interpreter.0;
         entry.interp_hi = interpreter.1;
+        entry.call_stub_return = walk::call_stub_return(w.mem.as_ref(), &jvm.structs).unwrap_or(0);
         w.entry = entry;
         jp.walked = Some(w);
         self.walked.insert(p, jvm.release.clone());

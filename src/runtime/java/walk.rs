@@ -604,6 +604,16 @@ pub fn interpreter(mem: &dyn Memory, s: &VmStructs) -> std::io::Result<(u64, u64
     Ok((low, low.wrapping_add(u64::from(size))))
 }
 
+/// Where Java code returns into the call stub (`StubRoutines::
+/// _call_stub_return_address`), 0 where the tables do not say or the JVM
+/// has not made its stubs yet.
+pub fn call_stub_return(mem: &dyn Memory, s: &VmStructs) -> std::io::Result<u64> {
+    match s.address("StubRoutines", "_call_stub_return_address") {
+        Some(at) => u64_at(mem, at),
+        None => Ok(0),
+    }
+}
+
 /// The name of method `method`'s source file, where its class says.
 pub fn source_file(
     mem: &dyn Memory,
