@@ -427,18 +427,7 @@ fn walk_deferred(
     if let Some(u) = unwinder {
         if deferred.is_waiting() {
             u.finish(registry, DEFERRED_TABLES_WAIT);
-            let guess = |tgid| registry.jit_keeps_frame_pointers(tgid);
-            deferred.walk_ready(
-                u,
-                (&|tgid| registry.start_of(tgid), &guess),
-                &mut |id, frames| {
-                    let stored = tracer.store_stack(id, frames);
-                    if stored {
-                        walked(id, frames);
-                    }
-                    stored
-                },
-            );
+            collector::walk_copies(u, tracer, registry, deferred, walked);
         }
     }
     deferred.give_up(&|p| {

@@ -339,18 +339,31 @@ fn update_tables(
     }
     let building = u.poll(registry);
     if deferred.is_waiting() {
-        let guess = |tgid| registry.jit_keeps_frame_pointers(tgid);
-        deferred.walk_ready(
-            u,
-            (&|tgid| registry.start_of(tgid), &guess),
-            &mut |id, frames| {
-                let stored = tracer.store_stack(id, frames);
-                if stored {
-                    walked(id, frames);
-                }
-                stored
-            },
-        );
+        walk_copies(u, tracer, registry, deferred, walked);
     }
     building
+}
+
+/// Walks the copies of every process that has tables now (see
+/// [`Deferred::walk_ready`]), stores their frames, and tells `walked` of
+/// each copy stored.
+pub(super) fn walk_copies(
+    u: &mut Unwinder,
+    tracer: &Tracer<'_>,
+    registry: &Registry,
+    deferred: &mut Deferred,
+    walked: &mut dyn FnMut(u64, &[u64]),
+) {
+    let guess = |tgid| registry.jit_keeps_frame_pointers(tgid);
+    deferred.walk_ready(
+        u,
+        (&|tgid| registry.start_of(tgid), &guess),
+        &mut |id, frames| {
+            let stored = tracer.store_stack(id, frames);
+            if stored {
+                walked(id, frames);
+            }
+            stored
+        },
+    );
 }
