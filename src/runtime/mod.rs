@@ -224,14 +224,13 @@ pub trait Runtime {
     fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>>;
 
     /// Last work before the end (what could not be done while tracing:
-    /// a runtime that was starting then; the names of the threads alive
-    /// at the end, see [`Runtime::read_threads`]).
+    /// a runtime that was starting then).
     fn settle(&mut self) {}
 
     /// Reads the names its processes' threads have in the runtime (a
     /// JVM's Java thread names: the kernel keeps 15 characters), of the
-    /// threads not named yet; while tracing, so that threads that end
-    /// before the trace keep theirs.
+    /// threads not named yet: once a second while tracing, so that threads
+    /// that end before the trace keep theirs, and before a profile is made.
     fn read_threads(&mut self) {}
 
     /// Thread `tid` of process `p`'s name in the runtime, where it has one.

@@ -166,8 +166,10 @@ pub struct Jvms {
     /// What `-v` says of each JVM's tables read, once each.
     tables: BTreeSet<String>,
     /// Java's names of the JVMs' threads, by process and thread (kept
-    /// after they end).
-    thread_names: HashMap<(Proc, u32), Arc<str>>,
+    /// after they end), with the `JavaThread` read: None for a thread id
+    /// two of them had during the trace (which one a block was of is not
+    /// known: the kernel's name stays).
+    thread_names: HashMap<(Proc, u32), (u64, Option<Arc<str>>)>,
     /// Why a JVM's thread names could not be read, once each.
     names_unread: BTreeSet<String>,
 }
@@ -460,18 +462,23 @@ impl Runtime for Jvms {
                 continue;
             };
             for (thread, tid) in list {
-                if self.thread_names.contains_key(&(p, tid)) {
-                    continue;
-                }
-                if let Ok(Some(name)) = threads::name(mem, l, thread) {
-                    self.thread_names.insert((p, tid), name.into());
+                match self.thread_names.get_mut(&(p, tid)) {
+                    Some((seen, _)) if *seen == thread => {}
+                    // The id again, another thread's now.
+                    Some((_, name)) => *name = None,
+                    None => {
+                        if let Ok(Some(name)) = threads::name(mem, l, thread) {
+                            self.thread_names
+                                .insert((p, tid), (thread, Some(name.into())));
+                        }
+                    }
                 }
             }
         }
     }
 
     fn thread_name(&self, p: Proc, tid: u32) -> Option<Arc<str>> {
-        self.thread_names.get(&(p, tid)).cloned()
+        self.thread_names.get(&(p, tid))?.1.clone()
     }
 
     fn settle(&mut self) {
@@ -571,8 +578,14 @@ impl Runtime for Jvms {
                     self.names.methods_read,
                     c.java_events_lost
                 ));
+                let reused = self
+                    .thread_names
+                    .values()
+                    .filter(|(_, n)| n.is_none())
+                    .count();
                 lines.push(format!(
-                    "java: {} Java thread names read",
+                    "java: {} Java thread names read; {reused} thread ids had by two Java \
+                     threads, left with the kernel's names",
                     self.thread_names.len()
                 ));
             }
@@ -599,19 +612,15 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
     let header_read = l.blob_frame_size.max(l.code.nmethod_compile_id) + 4;
     // Deoptimized frames are followed where their fields are in the
     // header read (else they are left unexpanded, said at the end).
-    let deopt = l.deopt.filter(|d| {
+    let deopt_end = |d: &walk::Deopt| {
         (d.handler + 8)
             .max(d.orig_pc_offset + 4)
             .max(d.blob_size + 4)
-            <= u64::from(types::java_limits::JAVA_HEADER_BYTES.0)
-    });
-    let header_read = deopt.map_or(header_read, |d| {
-        header_read.max(
-            (d.handler + 8)
-                .max(d.orig_pc_offset + 4)
-                .max(d.blob_size + 4),
-        )
-    });
+    };
+    let deopt = l
+        .deopt
+        .filter(|d| deopt_end(d) <= u64::from(types::java_limits::JAVA_HEADER_BYTES.0));
+    let header_read = deopt.map_or(header_read, |d| header_read.max(deopt_end(&d)));
     if header_read > u64::from(types::java_limits::JAVA_HEADER_BYTES.0) {
         return Err(format!(
             "a blob's compile id at {}",
