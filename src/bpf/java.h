@@ -184,6 +184,78 @@ static __always_inline void java_notice(struct java_scratch *js, __u32 tgid, __u
  * its frame pointer (its word written). */
 #define JAVA_BY_FP 3
 
+/* How the frame of a thread stopped at a pc in a compiled method's code
+ * (not at a call) stands, from the instructions there (java_code_at()). */
+#define JAVA_FRAME_WHOLE 0
+/* Torn down to its return address, at the stack pointer. */
+#define JAVA_FRAME_RETURN 1
+/* Torn down to the caller's frame pointer (popped next) and the return
+ * address above it. */
+#define JAVA_FRAME_POPPING 2
+#define JAVA_FRAME_UNKNOWN 3
+
+/* Byte k (a constant) of the 16 bytes `lo`, `hi` (scalars: an array on
+ * the stack indexed so would have clang or its address's bits with the
+ * index, which the verifier refuses on a pointer). */
+#define JAVA_BYTE(lo, hi, k) ((__u8)((k) < 8 ? (lo) >> (8 * ((k) & 7)) : (hi) >> (8 * ((k) & 7))))
+
+/* A conditional jump (ja or jne, to a stub out of line) then a ret, at
+ * byte k. */
+static __always_inline bool java_jcc_ret(__u64 lo, __u64 hi, __u32 k)
+{
+	return JAVA_BYTE(lo, hi, k) == 0x0f &&
+	       (JAVA_BYTE(lo, hi, k + 1) == 0x87 || JAVA_BYTE(lo, hi, k + 1) == 0x85) &&
+	       JAVA_BYTE(lo, hi, k + 6) == 0xc3;
+}
+
+/* Whether the instructions at byte k lead to a ret without touching the
+ * stack pointer: a ret; a return's safepoint poll (JDK 11: mov r10,
+ * [r15+disp32], test eax,[r10]; from 17: cmp rsp,[r15+disp] then ja);
+ * a native wrapper's check for a pending exception (cmp qword
+ * [r15+8],0 then jne). */
+static __always_inline bool java_ret_tail(__u64 lo, __u64 hi, __u32 k)
+{
+	if (JAVA_BYTE(lo, hi, k) == 0xc3 || java_jcc_ret(lo, hi, k))
+		return true;
+	if (JAVA_BYTE(lo, hi, k) == 0x49) {
+		if (JAVA_BYTE(lo, hi, k + 1) == 0x3b && JAVA_BYTE(lo, hi, k + 2) == 0xa7)
+			return java_jcc_ret(lo, hi, k + 7);
+		if (JAVA_BYTE(lo, hi, k + 1) == 0x3b && JAVA_BYTE(lo, hi, k + 2) == 0x67)
+			return java_jcc_ret(lo, hi, k + 4);
+		if (JAVA_BYTE(lo, hi, k + 1) == 0x81 && JAVA_BYTE(lo, hi, k + 2) == 0x7f &&
+		    JAVA_BYTE(lo, hi, k + 3) == 0x08)
+			return java_jcc_ret(lo, hi, k + 8);
+		if (JAVA_BYTE(lo, hi, k + 1) == 0x83 && JAVA_BYTE(lo, hi, k + 2) == 0x7f &&
+		    JAVA_BYTE(lo, hi, k + 3) == 0x08)
+			return java_jcc_ret(lo, hi, k + 5);
+		return false;
+	}
+	if (JAVA_BYTE(lo, hi, k) == 0x4d)
+		return JAVA_BYTE(lo, hi, k + 1) == 0x8b && JAVA_BYTE(lo, hi, k + 2) == 0x97 &&
+		       JAVA_BYTE(lo, hi, k + 7) == 0x41 && JAVA_BYTE(lo, hi, k + 8) == 0x85 &&
+		       JAVA_BYTE(lo, hi, k + 9) == 0x02 && JAVA_BYTE(lo, hi, k + 10) == 0xc3;
+	return JAVA_BYTE(lo, hi, k) == 0x41 && JAVA_BYTE(lo, hi, k + 1) == 0x85 &&
+	       JAVA_BYTE(lo, hi, k + 2) == 0x02 && JAVA_BYTE(lo, hi, k + 3) == 0xc3;
+}
+
+/*
+ * The frame of a thread stopped at the instructions whose first 16 bytes
+ * are `lo`, `hi`, past its compiled method's prologue (JAVA_FRAME_*).
+ * C1's and C2's code changes the stack pointer only in its prologue and
+ * its epilogues: add rsp,N; pop rbp; the return's poll; ret.  Before the
+ * pop, the frame is whole; a pop followed by a return's tail, or that
+ * tail, leave its last words.  A pop before anything else is not known.
+ * A global function: checked once, whatever calls it.
+ */
+__noinline int java_code_at(__u64 lo, __u64 hi)
+{
+	if (java_ret_tail(lo, hi, 0))
+		return JAVA_FRAME_RETURN;
+	if (JAVA_BYTE(lo, hi, 0) == 0x5d)
+		return java_ret_tail(lo, hi, 1) ? JAVA_FRAME_POPPING : JAVA_FRAME_UNKNOWN;
+	return JAVA_FRAME_WHOLE;
+}
+
 /* Ends a walk in Java code: why, in the frame's word, and counted. */
 static __always_inline int java_cut(struct unwind_state *u, __u64 *ips, __u32 idx, __u32 why)
 {
@@ -380,17 +452,62 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
 	if (size <= 0) {
 		/* Other blobs without a frame size keep no frame pointer of
-		 * their own: not guessed through one. */
+		 * their own: not guessed through one.  Nor is the call stub's
+		 * where the thread stopped in its own code (its frame pointer
+		 * may not be set up). */
+		if (exact)
+			return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
 		if (j->call_stub_return && js->pc != j->call_stub_return)
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 		return JAVA_BY_FP;
 	}
 	if (size > (1 << 16))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-	/* Stopped in the code itself, not at a call: the frame may not be
-	 * set up yet, or torn down already (its epilogue). */
-	if (exact)
-		return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
+	if (exact) {
+		/* Stopped in the code itself, not at a call: in a compiled
+		 * method's code between its prologue and its stubs, the
+		 * instructions at pc tell how much of the frame stands. */
+		n = JAVA_FRAME_UNKNOWN;
+		if (j->nm_kind_bytes == 8 ? *(__u64 *)&js->header[j->nm_kind_at & (JAVA_HEADER - 1)] ==
+						    j->nm_kind
+					  : j->nm_kind_bytes == 1 &&
+						    js->header[j->nm_kind_at & (JAVA_HEADER - 1)] ==
+							    (__u8)j->nm_kind) {
+			method = j->code_relative
+					 ? js->blob + *(__s32 *)&js->header[j->code_begin &
+									   (JAVA_HEADER - 1)]
+					 : *(__u64 *)&js->header[j->code_begin & (JAVA_HEADER - 1)];
+			sender = j->frame_complete_short
+					 ? (__u64)(__s64) * (__s16 *)&js->header[j->frame_complete &
+										(JAVA_HEADER - 1)]
+					 : (__u64)(__s64) * (__s32 *)&js->header[j->frame_complete &
+										(JAVA_HEADER - 1)];
+			if ((__s64)sender >= 0 && u->pc >= method + sender &&
+			    u->pc < js->blob + *(__u32 *)&js->header[j->stub_offset & (JAVA_HEADER - 1)] &&
+			    !read_user(js->frame, 16, (void *)u->pc, task, c))
+				n = java_code_at(js->frame[0], js->frame[1]);
+		}
+		js = java_scratch_of(task != NULL);
+		if (!js || n == JAVA_FRAME_UNKNOWN)
+			return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
+		if (n != JAVA_FRAME_WHOLE) {
+			if (read_user(js->frame, 16, (void *)u->sp, task, c))
+				return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+			if (n == JAVA_FRAME_POPPING) {
+				note_slot(pr, u, u->sp, js->frame[0]);
+				note_slot(pr, u, u->sp + 8, js->frame[1]);
+				u->bp = js->frame[0];
+				u->bp_restored = true;
+				u->pc = js->frame[1];
+				u->sp += 16;
+			} else {
+				note_slot(pr, u, u->sp, js->frame[0]);
+				u->pc = js->frame[0];
+				u->sp += 8;
+			}
+			return u->pc ? JAVA_NEXT : JAVA_END;
+		}
+	}
 	sender = u->sp + 8 * (__u64)size;
 	js = java_scratch_of(task != NULL);
 	if (!js || read_user(js->frame, 16, (void *)(sender - 16), task, c))

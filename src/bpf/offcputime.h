@@ -339,6 +339,24 @@ struct java_proc {
 	__u16 orig_pc_offset;
 	__u16 blob_size;
 	__u8 deopt_relative;
+	/* A thread stopped in compiled code, not at a call (preempted, or a
+	 * sample): its frame is the blob's size from the end of its method's
+	 * prologue to its epilogue (told by its instructions: see java.h).
+	 * How a compiled method's blob is told from others: nm_kind_bytes (8:
+	 * its vtable pointer, 1: its kind byte; 0: not known, such frames
+	 * cut short) at nm_kind_at equal to nm_kind.  Where its code begins
+	 * (a pointer, or with code_relative an int from the blob), where its
+	 * frame is complete (an int from there, 16 bits with
+	 * frame_complete_short), where its stubs begin (an int from the
+	 * blob). */
+	__u64 nm_kind;
+	__u16 nm_kind_at;
+	__u16 code_begin;
+	__u16 frame_complete;
+	__u16 stub_offset;
+	__u8 nm_kind_bytes;
+	__u8 code_relative;
+	__u8 frame_complete_short;
 };
 
 /* An interpreted frame's slots read at once: from its frame pointer -64

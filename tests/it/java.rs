@@ -268,7 +268,8 @@ fn every_output_has_the_jvms_view(pid: &str, reported: &Reported) {
 /// `--wakers` (a waker hook beside the switch hook), `-i` (each interval
 /// a profile of its own: the blocks under way cut at each interval's end,
 /// walked there) and `--on-cpu` (samples beside the blocks), every
-/// blocked thread's Java frames are the JVM's.
+/// blocked thread's Java frames are the JVM's; a thread sampled in the
+/// middle of its compiled code has its Java frames whole.
 fn other_paths_have_the_jvms_view(pid: &str, reported: &Reported) {
     let (out, stderr) = folded(&["-p", pid, "-f", "--lines", "--wakers", "2"]);
     frames_are_the_jvms(&out, reported, &format!("--wakers\n{stderr}"));
@@ -308,6 +309,33 @@ fn other_paths_have_the_jvms_view(pid: &str, reported: &Reported) {
     }
     let (out, stderr) = folded(&["-p", pid, "-f", "--lines", "--on-cpu", "2"]);
     frames_are_the_jvms(&out, reported, &format!("--on-cpu\n{stderr}"));
+    // The spinner's samples stop it in the middle of its compiled code
+    // (not at a call): its Java frames whole, down to Thread.run, its
+    // frame taken from the instructions where it stopped.
+    let runs: Vec<Folded> = parse_folded(&out)
+        .into_iter()
+        .filter(|l| l.comm() == "blockers-cpu-sp" && l.has("[running]") && !l.has("[not sampled]"))
+        .collect();
+    let total: u64 = runs.iter().map(|l| l.us).sum();
+    let whole: u64 = runs
+        .iter()
+        .filter(|l| {
+            l.frames
+                .iter()
+                .any(|f| f.starts_with("JavaBlockers.spinOuter"))
+                && l.frames
+                    .iter()
+                    .any(|f| f.starts_with("java.lang.Thread.run"))
+                && !l.has("[java frames cut short]")
+        })
+        .map(|l| l.us)
+        .sum();
+    assert!(
+        total > 0 && whole * 10 >= total * 9,
+        "--on-cpu: {whole} of {total} us of blockers-cpu-spinner's samples with its Java \
+         frames whole:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out)
+    );
 }
 
 /// Folded output with `--lines` of `args` (with `-v`), and its stderr.

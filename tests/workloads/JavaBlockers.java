@@ -37,6 +37,10 @@
 //   blockers-tick-producer     puts an element in a queue every 50 ms
 //   blockers-tick-consumer     takes them: each of its waits ended by the
 //                              producer's Java code (its waker)
+//   blockers-cpu-spinner       runs compiled code 2 ms in every 20
+//                              (spinOuter, spinInner): on-CPU samples and
+//                              preemptions stop it in the middle of its
+//                              code, not at a call
 //
 // Output, once all are blocked: for each thread, `THREAD name`, then one
 // `FRAME class.method file:line` per frame, innermost first, then `END`;
@@ -238,6 +242,28 @@ public class JavaBlockers {
         }
     }
 
+    static volatile long spinSink;
+
+    static long spinInner(long x) {
+        for (int i = 0; i < 1000; i++) {
+            x = x * 6364136223846793005L + 1442695040888963407L;
+            x ^= x >>> 29;
+        }
+        return x;
+    }
+
+    static void spinOuter() throws InterruptedException {
+        long x = 1;
+        while (true) {
+            long end = System.nanoTime() + 2_000_000;
+            while (System.nanoTime() < end) {
+                x = spinInner(x);
+            }
+            spinSink = x;
+            Thread.sleep(18);
+        }
+    }
+
     static void callNative() {
         started.countDown();
         nativeBlock();
@@ -318,6 +344,7 @@ public class JavaBlockers {
         System.out.flush();
         start("blockers-tick-producer", JavaBlockers::tickProducer);
         start("blockers-tick-consumer", JavaBlockers::tickConsumer);
+        start("blockers-cpu-spinner", JavaBlockers::spinOuter);
         client.getOutputStream().flush();
         Thread.sleep(Long.MAX_VALUE);
     }

@@ -39,8 +39,15 @@ pub struct Libjvm {
     /// The values of [`threads::NAME_SYMBOLS`] in the file's full symbol
     /// table (0 for one absent).
     pub name_symbols: threads::NameSymbols,
+    /// `nmethod`'s vtable in the file (`_ZTV7nmethod`, its full symbol
+    /// table; 0 where absent): what tells compiled methods' blobs from
+    /// others up to JDK 22.
+    pub nmethod_vtable: u64,
     segments: Vec<Segment>,
 }
+
+/// The symbol of `nmethod`'s vtable.
+const NMETHOD_VTABLE: &str = "_ZTV7nmethod";
 
 /// Whether `file`, named `name`, is a JVM's `libjvm.so`: None if not;
 /// Some(None) for one without HotSpot's structure tables.
@@ -60,6 +67,7 @@ pub fn inspect(file: &File, name: &str) -> anyhow::Result<Option<Option<Libjvm>>
     let names: Vec<&str> = threads::NAME_SYMBOLS
         .iter()
         .flat_map(|n| n.iter().copied())
+        .chain([NMETHOD_VTABLE])
         .collect();
     let full = elf.symbols(file, SymbolTable::Full, &names)?;
     let mut name_symbols = [0u64; 6];
@@ -69,9 +77,11 @@ pub fn inspect(file: &File, name: &str) -> anyhow::Result<Option<Option<Libjvm>>
         *s = found.iter().flatten().next().map_or(0, |f| f.value);
         at += alternatives.len();
     }
+    let nmethod_vtable = full[at].map_or(0, |f| f.value);
     Ok(Some(Some(Libjvm {
         symbols,
         name_symbols,
+        nmethod_vtable,
         segments: elf.load_segments(file)?,
     })))
 }
@@ -93,6 +103,8 @@ struct JvmProcess {
     /// (Err: they cannot be).
     name_symbols: threads::NameSymbols,
     names: Option<Result<threads::NameLayout, ()>>,
+    /// Where `nmethod`'s vtable is in the process (0: not known).
+    nmethod_vtable: u64,
 }
 
 /// A JVM process whose Java frames the BPF program walks.
@@ -245,7 +257,7 @@ impl Jvms {
             key,
             entry: types::java_proc::default(),
         };
-        let mut entry = match bpf_entry(&w) {
+        let mut entry = match bpf_entry(&w, jp.nmethod_vtable) {
             Ok(e) => e,
             Err(why) => {
                 jp.refused = true;
@@ -356,6 +368,11 @@ impl Runtime for Jvms {
                     refused: false,
                     name_symbols,
                     names: None,
+                    nmethod_vtable: if lib.nmethod_vtable == 0 {
+                        0
+                    } else {
+                        lib.nmethod_vtable.wrapping_add(bias)
+                    },
                 },
             );
         }
@@ -597,9 +614,10 @@ impl Runtime for Jvms {
 #[cfg(test)]
 mod tests;
 
-/// The BPF program's entry for the JVM `w` (its interpreter's range and
-/// address space left to the caller).
-fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
+/// The BPF program's entry for the JVM `w`, whose `nmethod` vtable is at
+/// `nmethod_vtable` (0: not known) (its interpreter's range and address
+/// space left to the caller).
+fn bpf_entry(w: &Walked, nmethod_vtable: u64) -> Result<types::java_proc, String> {
     let l = &w.layout;
     let heaps = types::java_proc::default().heap_lo.len();
     if w.heaps.len() > heaps {
@@ -621,6 +639,32 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
         .deopt
         .filter(|d| deopt_end(d) <= u64::from(types::java_limits::JAVA_HEADER_BYTES.0));
     let header_read = deopt.map_or(header_read, |d| header_read.max(deopt_end(&d)));
+    // Frames stopped in compiled code are followed where the blob's
+    // fields are in the header read, and compiled methods' blobs can be
+    // told (else they are cut short, as they are where these are not
+    // known).
+    let code_begin = match l.code.code_begin {
+        code::CodeBegin::Pointer(o) => (o, false),
+        code::CodeBegin::Offset(o) => (o, true),
+    };
+    let running = l.running.and_then(|r| {
+        let (at, bytes, value) = match r.kind {
+            walk::NmethodKind::Vtable if nmethod_vtable != 0 => {
+                // The vtable pointer: past the offset-to-top and the
+                // type info.
+                (0, 8u8, nmethod_vtable.wrapping_add(16))
+            }
+            walk::NmethodKind::Vtable => return None,
+            walk::NmethodKind::Byte(at, v) => (at, 1, u64::from(v)),
+        };
+        let end = (at + u64::from(bytes))
+            .max(code_begin.0 + 8)
+            .max(r.frame_complete + 4)
+            .max(r.stub_offset + 4);
+        (end <= u64::from(types::java_limits::JAVA_HEADER_BYTES.0))
+            .then_some((r, at, bytes, value, end))
+    });
+    let header_read = running.map_or(header_read, |r| header_read.max(r.4));
     if header_read > u64::from(types::java_limits::JAVA_HEADER_BYTES.0) {
         return Err(format!(
             "a blob's compile id at {}",
@@ -652,6 +696,16 @@ fn bpf_entry(w: &Walked) -> Result<types::java_proc, String> {
         e.orig_pc_offset = narrow(d.orig_pc_offset, "an nmethod's original pc offset")?;
         e.blob_size = narrow(d.blob_size, "a blob's size")?;
         e.deopt_relative = u8::from(d.relative);
+    }
+    if let Some((r, at, bytes, value, _)) = running {
+        e.nm_kind = value;
+        e.nm_kind_at = narrow(at, "a blob's kind")?;
+        e.nm_kind_bytes = bytes;
+        e.code_begin = narrow(code_begin.0, "a blob's code")?;
+        e.code_relative = u8::from(code_begin.1);
+        e.frame_complete = narrow(r.frame_complete, "a blob's frame-complete offset")?;
+        e.frame_complete_short = u8::from(r.frame_complete_short);
+        e.stub_offset = narrow(r.stub_offset, "an nmethod's stubs")?;
     }
     for (i, h) in w.heaps.iter().enumerate() {
         e.heap_lo[i] = h.low;

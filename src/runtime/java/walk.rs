@@ -60,6 +60,33 @@ pub struct WalkLayout {
     /// pointer; where the nmethod keeps the offset of a frame's original
     /// pc; the blob's size (None where the tables lack one of them).
     pub(super) deopt: Option<Deopt>,
+    /// What tells a frame's state where a thread stopped in compiled
+    /// code, not at a call (None where the tables lack it).
+    pub(super) running: Option<Running>,
+}
+
+/// Where a compiled method's blob says how far its prologue goes and
+/// where its stubs begin, and how it is told from other blobs.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Running {
+    /// CodeBlob's `_frame_complete_offset` (from the code's start), and
+    /// whether it is 16 bits wide (JDK 25) rather than an int.
+    pub frame_complete: u64,
+    pub frame_complete_short: bool,
+    /// nmethod's `_stub_offset` (an int from the blob).
+    pub stub_offset: u64,
+    pub kind: NmethodKind,
+}
+
+/// How an nmethod's blob is told from other blobs.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum NmethodKind {
+    /// Its vtable pointer (up to JDK 22: libjvm's `_ZTV7nmethod`, from
+    /// its full symbol table).
+    Vtable,
+    /// CodeBlob's `_kind` byte equal to `CodeBlobKind::Nmethod` (JDK 23
+    /// on): the byte's offset and the value.
+    Byte(u64, u8),
 }
 
 /// See [`WalkLayout::deopt`].
@@ -169,8 +196,29 @@ impl WalkLayout {
                     .unwrap_or(-1),
             ),
             deopt: deopt(s),
+            running: running(s),
         })
     }
+}
+
+/// See [`WalkLayout::running`].
+fn running(s: &VmStructs) -> Option<Running> {
+    let fc = s
+        .field("CodeBlob", "_frame_complete_offset")
+        .filter(|f| !f.is_static)?;
+    let kind = match (
+        s.offset("CodeBlob", "_kind"),
+        s.int("CodeBlobKind::Nmethod"),
+    ) {
+        (Some(at), Some(v)) => NmethodKind::Byte(at, u8::try_from(v).ok()?),
+        _ => NmethodKind::Vtable,
+    };
+    Some(Running {
+        frame_complete: fc.offset,
+        frame_complete_short: fc.type_string.as_deref().is_some_and(|t| t.contains("16")),
+        stub_offset: s.offset("nmethod", "_stub_offset")?,
+        kind,
+    })
 }
 
 /// Where a compiled frame to be deoptimized keeps its original pc.
