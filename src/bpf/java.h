@@ -194,65 +194,71 @@ static __always_inline void java_notice(struct java_scratch *js, __u32 tgid, __u
 #define JAVA_FRAME_POPPING 2
 #define JAVA_FRAME_UNKNOWN 3
 
-/* Byte k (a constant) of the 16 bytes `lo`, `hi` (scalars: an array on
- * the stack indexed so would have clang or its address's bits with the
- * index, which the verifier refuses on a pointer). */
-#define JAVA_BYTE(lo, hi, k) ((__u8)((k) < 8 ? (lo) >> (8 * ((k) & 7)) : (hi) >> (8 * ((k) & 7))))
+/* Byte k (a constant) of the 24 bytes `a`, `b`, `c`: the 8 before the pc,
+ * then the 16 at it (scalars: an array on the stack indexed so would have
+ * clang or its address's bits with the index, which the verifier refuses
+ * on a pointer). */
+#define JAVA_BYTE(k)                                                                 \
+	((__u8)(((k) < 8 ? a : (k) < 16 ? b : c) >> (8 * ((k) & 7))))
 
-/* A conditional jump (ja or jne, to a stub out of line) then a ret, at
- * byte k. */
-static __always_inline bool java_jcc_ret(__u64 lo, __u64 hi, __u32 k)
-{
-	return JAVA_BYTE(lo, hi, k) == 0x0f &&
-	       (JAVA_BYTE(lo, hi, k + 1) == 0x87 || JAVA_BYTE(lo, hi, k + 1) == 0x85) &&
-	       JAVA_BYTE(lo, hi, k + 6) == 0xc3;
-}
+/* A conditional jump (ja, to a stub out of line) then a ret, at byte k. */
+#define JAVA_JCC_RET(k)                                                              \
+	(JAVA_BYTE(k) == 0x0f && JAVA_BYTE((k) + 1) == 0x87 && JAVA_BYTE((k) + 6) == 0xc3)
 
 /* Whether the instructions at byte k lead to a ret without touching the
  * stack pointer: a ret; a return's safepoint poll (JDK 11: mov r10,
- * [r15+disp32], test eax,[r10]; from 17: cmp rsp,[r15+disp] then ja);
- * a native wrapper's check for a pending exception (cmp qword
- * [r15+8],0 then jne). */
-static __always_inline bool java_ret_tail(__u64 lo, __u64 hi, __u32 k)
+ * [r15+disp32], test eax,[r10]; from 17: cmp rsp,[r15+disp] then ja). */
+static __always_inline bool java_ret_tail(__u64 a, __u64 b, __u64 c, __u32 k)
 {
-	if (JAVA_BYTE(lo, hi, k) == 0xc3 || java_jcc_ret(lo, hi, k))
+	if (JAVA_BYTE(k) == 0xc3 || JAVA_JCC_RET(k))
 		return true;
-	if (JAVA_BYTE(lo, hi, k) == 0x49) {
-		if (JAVA_BYTE(lo, hi, k + 1) == 0x3b && JAVA_BYTE(lo, hi, k + 2) == 0xa7)
-			return java_jcc_ret(lo, hi, k + 7);
-		if (JAVA_BYTE(lo, hi, k + 1) == 0x3b && JAVA_BYTE(lo, hi, k + 2) == 0x67)
-			return java_jcc_ret(lo, hi, k + 4);
-		if (JAVA_BYTE(lo, hi, k + 1) == 0x81 && JAVA_BYTE(lo, hi, k + 2) == 0x7f &&
-		    JAVA_BYTE(lo, hi, k + 3) == 0x08)
-			return java_jcc_ret(lo, hi, k + 8);
-		if (JAVA_BYTE(lo, hi, k + 1) == 0x83 && JAVA_BYTE(lo, hi, k + 2) == 0x7f &&
-		    JAVA_BYTE(lo, hi, k + 3) == 0x08)
-			return java_jcc_ret(lo, hi, k + 5);
+	if (JAVA_BYTE(k) == 0x49) {
+		if (JAVA_BYTE(k + 1) == 0x3b && JAVA_BYTE(k + 2) == 0xa7)
+			return JAVA_JCC_RET(k + 7);
+		if (JAVA_BYTE(k + 1) == 0x3b && JAVA_BYTE(k + 2) == 0x67)
+			return JAVA_JCC_RET(k + 4);
 		return false;
 	}
-	if (JAVA_BYTE(lo, hi, k) == 0x4d)
-		return JAVA_BYTE(lo, hi, k + 1) == 0x8b && JAVA_BYTE(lo, hi, k + 2) == 0x97 &&
-		       JAVA_BYTE(lo, hi, k + 7) == 0x41 && JAVA_BYTE(lo, hi, k + 8) == 0x85 &&
-		       JAVA_BYTE(lo, hi, k + 9) == 0x02 && JAVA_BYTE(lo, hi, k + 10) == 0xc3;
-	return JAVA_BYTE(lo, hi, k) == 0x41 && JAVA_BYTE(lo, hi, k + 1) == 0x85 &&
-	       JAVA_BYTE(lo, hi, k + 2) == 0x02 && JAVA_BYTE(lo, hi, k + 3) == 0xc3;
+	if (JAVA_BYTE(k) == 0x4d)
+		return JAVA_BYTE(k + 1) == 0x8b && JAVA_BYTE(k + 2) == 0x97 &&
+		       JAVA_BYTE(k + 7) == 0x41 && JAVA_BYTE(k + 8) == 0x85 &&
+		       JAVA_BYTE(k + 9) == 0x02 && JAVA_BYTE(k + 10) == 0xc3;
+	return JAVA_BYTE(k) == 0x41 && JAVA_BYTE(k + 1) == 0x85 && JAVA_BYTE(k + 2) == 0x02 &&
+	       JAVA_BYTE(k + 3) == 0xc3;
 }
 
 /*
- * The frame of a thread stopped at the instructions whose first 16 bytes
- * are `lo`, `hi`, past its compiled method's prologue (JAVA_FRAME_*).
- * C1's and C2's code changes the stack pointer only in its prologue and
- * its epilogues: add rsp,N; pop rbp; the return's poll; ret.  Before the
- * pop, the frame is whole; a pop followed by a return's tail, or that
- * tail, leave its last words.  A pop before anything else is not known.
+ * The frame of a thread stopped at a pc past its compiled method's
+ * prologue, from the 24 bytes `a`, `b`, `c` (8 before the pc, 16 at it)
+ * (JAVA_FRAME_*).  C1's and C2's code changes the stack pointer only in
+ * its prologue and its epilogues: add rsp,N; pop rbp; then the return's
+ * poll and ret, or a jump out (to an exception's unwinding, a method
+ * handle's target).  Before the pop, the frame is whole; at the pop, the
+ * caller's frame pointer and the return address are left; after it, the
+ * return address: told by the add and pop just before the pc, or the
+ * return's known instructions from the pc on (and a reserved stack
+ * area's check, cmp rsp then jb, right after the pop).
  * A global function: checked once, whatever calls it.
  */
-__noinline int java_code_at(__u64 lo, __u64 hi)
+__noinline int java_code_at(__u64 a, __u64 b, __u64 c)
 {
-	if (java_ret_tail(lo, hi, 0))
+	bool add8_before = JAVA_BYTE(3) == 0x48 && JAVA_BYTE(4) == 0x83 && JAVA_BYTE(5) == 0xc4;
+	bool add32_before = JAVA_BYTE(0) == 0x48 && JAVA_BYTE(1) == 0x81 && JAVA_BYTE(2) == 0xc4;
+
+	if (JAVA_BYTE(7) == 0x5d && (add8_before || add32_before))
 		return JAVA_FRAME_RETURN;
-	if (JAVA_BYTE(lo, hi, 0) == 0x5d)
-		return java_ret_tail(lo, hi, 1) ? JAVA_FRAME_POPPING : JAVA_FRAME_UNKNOWN;
+	if (JAVA_BYTE(0) == 0x5d && JAVA_BYTE(1) == 0x49 && JAVA_BYTE(2) == 0x3b &&
+	    JAVA_BYTE(3) == 0xa7 && JAVA_BYTE(8) == 0x0f && JAVA_BYTE(9) == 0x82)
+		return JAVA_FRAME_RETURN;
+	if (java_ret_tail(a, b, c, 8))
+		return JAVA_FRAME_RETURN;
+	if (JAVA_BYTE(8) == 0x5d) {
+		if (java_ret_tail(a, b, c, 9) ||
+		    (JAVA_BYTE(4) == 0x48 && JAVA_BYTE(5) == 0x83 && JAVA_BYTE(6) == 0xc4) ||
+		    (JAVA_BYTE(1) == 0x48 && JAVA_BYTE(2) == 0x81 && JAVA_BYTE(3) == 0xc4))
+			return JAVA_FRAME_POPPING;
+		return JAVA_FRAME_UNKNOWN;
+	}
 	return JAVA_FRAME_WHOLE;
 }
 
@@ -464,15 +470,17 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	if (size > (1 << 16))
 		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 	if (exact) {
-		/* Stopped in the code itself, not at a call: in a compiled
-		 * method's code between its prologue and its stubs, the
-		 * instructions at pc tell how much of the frame stands. */
+		/* Stopped in the code itself, not at a call: in the code of a
+		 * method compiled by C1 or C2 (not a native method's wrapper,
+		 * of compile level 0), between its prologue and its stubs,
+		 * the instructions at pc tell how much of the frame stands. */
 		n = JAVA_FRAME_UNKNOWN;
-		if (j->nm_kind_bytes == 8 ? *(__u64 *)&js->header[j->nm_kind_at & (JAVA_HEADER - 1)] ==
-						    j->nm_kind
-					  : j->nm_kind_bytes == 1 &&
-						    js->header[j->nm_kind_at & (JAVA_HEADER - 1)] ==
-							    (__u8)j->nm_kind) {
+		if ((j->nm_kind_bytes == 8 ? *(__u64 *)&js->header[j->nm_kind_at & (JAVA_HEADER - 1)] ==
+						     j->nm_kind
+					   : j->nm_kind_bytes == 1 &&
+						     js->header[j->nm_kind_at & (JAVA_HEADER - 1)] ==
+							     (__u8)j->nm_kind) &&
+		    js->header[j->comp_level & (JAVA_HEADER - 1)]) {
 			method = j->code_relative
 					 ? js->blob + *(__s32 *)&js->header[j->code_begin &
 									   (JAVA_HEADER - 1)]
@@ -484,8 +492,8 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 										(JAVA_HEADER - 1)];
 			if ((__s64)sender >= 0 && u->pc >= method + sender &&
 			    u->pc < js->blob + *(__u32 *)&js->header[j->stub_offset & (JAVA_HEADER - 1)] &&
-			    !read_user(js->frame, 16, (void *)u->pc, task, c))
-				n = java_code_at(js->frame[0], js->frame[1]);
+			    !read_user(js->frame, 24, (void *)(u->pc - 8), task, c))
+				n = java_code_at(js->frame[0], js->frame[1], js->frame[2]);
 		}
 		js = java_scratch_of(task != NULL);
 		if (!js || n == JAVA_FRAME_UNKNOWN)

@@ -348,12 +348,14 @@ struct java_proc {
 	 * (a pointer, or with code_relative an int from the blob), where its
 	 * frame is complete (an int from there, 16 bits with
 	 * frame_complete_short), where its stubs begin (an int from the
-	 * blob). */
+	 * blob), its compile level's low byte (0: a native method's
+	 * wrapper, whose epilogues are not C1's or C2's). */
 	__u64 nm_kind;
 	__u16 nm_kind_at;
 	__u16 code_begin;
 	__u16 frame_complete;
 	__u16 stub_offset;
+	__u16 comp_level;
 	__u8 nm_kind_bytes;
 	__u8 code_relative;
 	__u8 frame_complete_short;

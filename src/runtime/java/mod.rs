@@ -660,7 +660,8 @@ fn bpf_entry(w: &Walked, nmethod_vtable: u64) -> Result<types::java_proc, String
         let end = (at + u64::from(bytes))
             .max(code_begin.0 + 8)
             .max(r.frame_complete + 4)
-            .max(r.stub_offset + 4);
+            .max(r.stub_offset + 4)
+            .max(r.comp_level + 1);
         (end <= u64::from(types::java_limits::JAVA_HEADER_BYTES.0))
             .then_some((r, at, bytes, value, end))
     });
@@ -706,6 +707,7 @@ fn bpf_entry(w: &Walked, nmethod_vtable: u64) -> Result<types::java_proc, String
         e.frame_complete = narrow(r.frame_complete, "a blob's frame-complete offset")?;
         e.frame_complete_short = u8::from(r.frame_complete_short);
         e.stub_offset = narrow(r.stub_offset, "an nmethod's stubs")?;
+        e.comp_level = narrow(r.comp_level, "an nmethod's compile level")?;
     }
     for (i, h) in w.heaps.iter().enumerate() {
         e.heap_lo[i] = h.low;

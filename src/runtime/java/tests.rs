@@ -265,6 +265,7 @@ fn a_jvm_starting_is_read_again_at_the_end() {
         Some(Arc::new(Libjvm {
             symbols: symbols(),
             name_symbols: [0; 6],
+            nmethod_vtable: 0,
             segments,
         })),
     );
@@ -487,7 +488,8 @@ fn reads_the_tables_of_live_jvms() {
                 "JDK {major}: no size of {ty}"
             );
         }
-        compiled_methods_as_the_jvm_lists_them(*major, pid, &jvm, &mem);
+        let blobs = compiled_methods_as_the_jvm_lists_them(*major, pid, &jvm, &mem);
+        epilogues_are_told(*major, &jvm, &mem, lib.nmethod_vtable + bias, &blobs);
         let name_symbols = lib.name_symbols.map(|s| if s == 0 { 0 } else { s + bias });
         thread_names_as_the_jvm_reports_them(*major, pid, &jvm, &mem, &name_symbols, reported);
         threads_walk_as_the_jvm_reports_them(*major, pid, &jvm, &mem, reported);
@@ -637,7 +639,12 @@ fn thread_names_in_other_object_layouts() {
 /// its code's range): the blob found at its code's first and middle
 /// address, its kind, code and compile id, and its method named as the
 /// JVM names it.
-fn compiled_methods_as_the_jvm_lists_them(major: u32, pid: u32, jvm: &Jvm, mem: &ProcMem) {
+fn compiled_methods_as_the_jvm_lists_them(
+    major: u32,
+    pid: u32,
+    jvm: &Jvm,
+    mem: &ProcMem,
+) -> Vec<u64> {
     let l = code::Layout::of(&jvm.structs).unwrap_or_else(|e| panic!("JDK {major}: {e}"));
     let heaps = code::heaps(mem, &l).unwrap();
     assert!(!heaps.is_empty(), "JDK {major}: no code heaps");
@@ -652,6 +659,7 @@ fn compiled_methods_as_the_jvm_lists_them(major: u32, pid: u32, jvm: &Jvm, mem: 
         .unwrap();
     let list = String::from_utf8_lossy(&out.stdout);
     let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    let mut blobs = Vec::new();
     let mut checked = 0;
     let mut wrong = Vec::new();
     for line in list.lines() {
@@ -677,6 +685,7 @@ fn compiled_methods_as_the_jvm_lists_them(major: u32, pid: u32, jvm: &Jvm, mem: 
         let m = code::method_name(mem, &l, method).unwrap();
         let named = format!("{}.{}{}", m.class, m.name, m.signature);
         checked += 1;
+        blobs.push(addr);
         if at != Some(addr)
             || mid != Some(addr)
             || !blob.name.ends_with("nmethod")
@@ -701,6 +710,118 @@ fn compiled_methods_as_the_jvm_lists_them(major: u32, pid: u32, jvm: &Jvm, mem: 
         wrong.len(),
         wrong.join("\n")
     );
+    blobs
+}
+
+/// Where a thread stopped in compiled code is told as the BPF program
+/// tells it: every compiled method's blob is told from other blobs (the
+/// interpreter's, the call stub's), native methods' wrappers from C1's
+/// and C2's code, and in the code of each method C1 or C2 compiled, at
+/// every epilogue (`add rsp,N; pop rbp`, then the return's poll and
+/// `ret`, or a jump out), the frame is whole before the pop, popping at
+/// it, down to its return address at each instruction after it.
+fn epilogues_are_told(major: u32, jvm: &Jvm, mem: &ProcMem, nmethod_vtable: u64, blobs: &[u64]) {
+    let w = walk::WalkLayout::of(&jvm.structs, major).unwrap();
+    let r = w
+        .running
+        .unwrap_or_else(|| panic!("JDK {major}: no frame-complete offsets"));
+    let is_nmethod = |blob: u64| match r.kind {
+        walk::NmethodKind::Vtable => {
+            assert_ne!(nmethod_vtable, 0, "JDK {major}: no _ZTV7nmethod");
+            code::u64_at(mem, blob).unwrap() == nmethod_vtable + 16
+        }
+        walk::NmethodKind::Byte(at, v) => {
+            let mut b = [0u8];
+            mem.read(blob + at, &mut b).unwrap();
+            b[0] == v
+        }
+    };
+    let heaps = code::heaps(mem, &w.code).unwrap();
+    let (interp, _) = walk::interpreter(mem, &jvm.structs).unwrap();
+    let interp_blob = code::blob_at(mem, &w.code, &heaps, interp)
+        .unwrap()
+        .unwrap();
+    assert!(
+        !is_nmethod(interp_blob),
+        "JDK {major}: the interpreter told as compiled"
+    );
+    let call_stub = walk::call_stub_return(mem, &jvm.structs).unwrap();
+    let stub_blob = code::blob_at(mem, &w.code, &heaps, call_stub)
+        .unwrap()
+        .unwrap();
+    assert!(
+        !is_nmethod(stub_blob),
+        "JDK {major}: the call stub told as compiled"
+    );
+    let (mut methods, mut pops) = (0, 0);
+    for &b in blobs {
+        let blob = code::blob(mem, &w.code, b).unwrap();
+        assert!(
+            is_nmethod(b),
+            "JDK {major}: {} not told as compiled",
+            blob.name
+        );
+        // A native method's wrapper, of compile level 0, is not walked
+        // where a thread stopped in its code.
+        let mut level = [0u8];
+        mem.read(b + r.comp_level, &mut level).unwrap();
+        assert_eq!(
+            level[0] == 0,
+            blob.name == "native nmethod",
+            "JDK {major}: {} of level {}",
+            blob.name,
+            level[0]
+        );
+        if level[0] == 0 {
+            continue;
+        }
+        methods += 1;
+        let stubs = b + u64::from(code::u32_at(mem, b + r.stub_offset).unwrap());
+        // The code, with 8 bytes before it and 16 after.
+        let mut code = vec![0u8; (stubs - blob.code_begin) as usize + 24];
+        mem.read(blob.code_begin - 8, &mut code).unwrap();
+        let at = |p: usize| -> walk::FrameAt {
+            walk::frame_at(&code[p - 8..p + 16].try_into().unwrap())
+        };
+        for p in 16..code.len() - 16 {
+            let add_before = code[p - 4..p - 1] == [0x48, 0x83, 0xc4]
+                || code[p - 7..p - 4] == [0x48, 0x81, 0xc4];
+            if code[p] == 0x5d && add_before {
+                pops += 1;
+                let said = |q: usize| {
+                    format!(
+                        "JDK {major}: {} at +{q}: {:02x?}",
+                        blob.name,
+                        &code[p - 7..p + 16]
+                    )
+                };
+                assert_eq!(at(p - 1), walk::FrameAt::Whole, "{}", said(p - 1));
+                assert_eq!(at(p), walk::FrameAt::Popping, "{}", said(p));
+                // Each instruction after the pop, to the ret or the jump
+                // out: the return address alone left.
+                let mut q = p + 1;
+                loop {
+                    assert_eq!(at(q), walk::FrameAt::Return, "{}", said(q));
+                    let len = match code[q..q + 4] {
+                        [0xc3, ..] | [0xe9, ..] => break,
+                        [0x0f, 0x82..=0x87, ..] => 6,
+                        [0x49, 0x3b, 0xa7, _] | [0x4d, 0x8b, 0x97, _] => 7,
+                        [0x49, 0x3b, 0x67, _] => 4,
+                        [0x41, 0x85, 0x02, _] => 3,
+                        _ => panic!("{}: an instruction not known after the pop", said(q)),
+                    };
+                    q += len;
+                    if code[q - len] == 0x0f && code[q - len + 1] == 0x82 {
+                        // A reserved stack area's check: its slow path
+                        // (a call) follows, not walked.
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("JDK {major}: {methods} compiled methods, {pops} epilogues");
+    assert!(methods >= 20 && pops >= 20, "JDK {major}");
 }
 
 /// What is not a HotSpot libjvm is told apart: another name is not looked

@@ -75,6 +75,9 @@ pub(super) struct Running {
     pub frame_complete_short: bool,
     /// nmethod's `_stub_offset` (an int from the blob).
     pub stub_offset: u64,
+    /// nmethod's `_comp_level` (its low byte: 0 for a native method's
+    /// wrapper, whose epilogues are not C1's or C2's).
+    pub comp_level: u64,
     pub kind: NmethodKind,
 }
 
@@ -217,6 +220,7 @@ fn running(s: &VmStructs) -> Option<Running> {
         frame_complete: fc.offset,
         frame_complete_short: fc.type_string.as_deref().is_some_and(|t| t.contains("16")),
         stub_offset: s.offset("nmethod", "_stub_offset")?,
+        comp_level: s.offset("nmethod", "_comp_level")?,
         kind,
     })
 }
@@ -689,4 +693,67 @@ pub fn source_file(
         .wrapping_add(l.pool_size)
         .wrapping_add(8 * u64::from(index));
     Ok(Some(code::symbol(mem, l, u64_at(mem, slot)? & !1)?))
+}
+
+/// How the frame of a thread stopped in a compiled method's code (past
+/// its prologue, not at a call) stands, from the instructions there: the
+/// BPF program's `java_code_at()`, for the walks of copied stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameAt {
+    /// Whole: the blob's frame size from the stack pointer.
+    Whole,
+    /// Torn down to the return address, at the stack pointer.
+    Return,
+    /// Torn down to the caller's frame pointer (popped next) and the
+    /// return address above it.
+    Popping,
+    /// A pop before instructions not known.
+    Unknown,
+}
+
+/// A conditional jump (ja, to a stub out of line) then a ret, at `b[k]`.
+fn jcc_ret(b: &[u8; 24], k: usize) -> bool {
+    b[k] == 0x0f && b[k + 1] == 0x87 && b[k + 6] == 0xc3
+}
+
+/// Whether the instructions at `b[k]` lead to a ret without touching the
+/// stack pointer: a ret; a return's safepoint poll (JDK 11: `mov r10,
+/// [r15+disp32]; test eax,[r10]`; from 17: `cmp rsp,[r15+disp]; ja`).
+fn ret_tail(b: &[u8; 24], k: usize) -> bool {
+    match b[k..k + 4] {
+        [0xc3, ..] => true,
+        [0x0f, ..] => jcc_ret(b, k),
+        [0x49, 0x3b, 0xa7, _] => jcc_ret(b, k + 7),
+        [0x49, 0x3b, 0x67, _] => jcc_ret(b, k + 4),
+        [0x4d, 0x8b, 0x97, _] => b[k + 7..k + 11] == [0x41, 0x85, 0x02, 0xc3],
+        [0x41, 0x85, 0x02, 0xc3] => true,
+        _ => false,
+    }
+}
+
+/// The state of the frame of a thread stopped at a pc past its compiled
+/// method's prologue, from `code`: the 8 bytes before the pc, then the 16
+/// at it (see [`FrameAt`]). C1's and C2's code changes the stack pointer
+/// only in its prologue and its epilogues: `add rsp,N; pop rbp`, then the
+/// return's poll and `ret`, or a jump out (to an exception's unwinding, a
+/// method handle's target). After the pop, told by the add and pop just
+/// before the pc, or the return's known instructions from the pc on (and
+/// a reserved stack area's check, `cmp rsp` then `jb`, right after the
+/// pop).
+pub fn frame_at(code: &[u8; 24]) -> FrameAt {
+    let add_pop_before =
+        code[7] == 0x5d && (code[3..6] == [0x48, 0x83, 0xc4] || code[0..3] == [0x48, 0x81, 0xc4]);
+    let reserved_check = code[0..4] == [0x5d, 0x49, 0x3b, 0xa7] && code[8..10] == [0x0f, 0x82];
+    if add_pop_before || reserved_check || ret_tail(code, 8) {
+        FrameAt::Return
+    } else if code[8] == 0x5d {
+        if ret_tail(code, 9) || code[4..7] == [0x48, 0x83, 0xc4] || code[1..4] == [0x48, 0x81, 0xc4]
+        {
+            FrameAt::Popping
+        } else {
+            FrameAt::Unknown
+        }
+    } else {
+        FrameAt::Whole
+    }
 }
