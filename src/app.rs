@@ -419,7 +419,7 @@ fn walk_deferred(
     walked: &mut dyn FnMut(u64, &[u64]),
 ) {
     match tracer.take_deferred() {
-        Ok(stacks) => deferred.add(stacks),
+        Ok(stacks) => deferred.add(stacks, &|p| registry.copy_mark(p)),
         // Their blocks are reported with missed user stacks.
         Err(e) => eprintln!("offcputime: {e:#}"),
     }

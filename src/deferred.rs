@@ -31,6 +31,7 @@ pub const COPY_BYTES_ABOVE_SP: usize = COPY_BYTES - 4096;
 use crate::bpf::types;
 use crate::process::Proc;
 use crate::raw::{AddressSpace, RawProfile, RawUserStack, StackRef};
+use crate::runtime::{CopyAt, CopyStep};
 use crate::unwind_table;
 
 /// How a walk over a copy ended.
@@ -49,7 +50,17 @@ pub struct Walk {
     /// Cut at code without tables in a process whose generated code keeps
     /// no frame pointers (a JVM's compiled Java code): not guessed.
     pub at_jit: bool,
+    /// Frames a language runtime stepped over (a JVM's Java frames).
+    pub runtime_frames: usize,
+    /// Cut by the runtime: the walk could not go on in its code (see
+    /// [`CopyStep::End`]).
+    pub runtime_cut: bool,
 }
+
+/// A language runtime's step over the copy (see
+/// [`crate::runtime::Runtime::step_copy`]): the frame at a place, given a
+/// reader of the copy's words.
+pub type RuntimeStep<'a> = &'a dyn Fn(CopyAt, &dyn Fn(u64) -> Option<u64>) -> CopyStep;
 
 /// The registers a walk starts from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,6 +126,7 @@ pub fn walk(
     (mappings, rows): (&[types::unwind_mapping], &[types::unwind_row]),
     max: usize,
     guess_jit: bool,
+    runtime: Option<RuntimeStep<'_>>,
 ) -> Walk {
     use types::unwind_kind as K;
     let Regs {
@@ -136,7 +148,59 @@ pub fn walk(
         } else {
             pc.wrapping_sub(1)
         };
-        let ra = match rule(mappings, rows, at) {
+        let rule = rule(mappings, rows, at);
+        // Code without tables: a runtime's (a JVM's Java code) where the
+        // runtime steps over it.
+        if let (Rule::Untabled, Some(step)) = (&rule, runtime) {
+            let here = CopyAt {
+                pc,
+                sp,
+                bp,
+                exact: i == exact_at,
+            };
+            let mut own = |word: u64| {
+                *w.frames.last_mut().expect("pushed above") = word;
+                w.runtime_frames += 1;
+            };
+            match step(here, &read) {
+                CopyStep::NotMine => {}
+                CopyStep::Next {
+                    word,
+                    pc: caller_pc,
+                    sp: caller_sp,
+                    bp: caller_bp,
+                } => {
+                    own(word);
+                    if caller_pc == 0 {
+                        return w;
+                    }
+                    (pc, sp, bp) = (caller_pc, caller_sp, caller_bp);
+                    continue;
+                }
+                CopyStep::ByFramePointer { word } => {
+                    own(word);
+                    let Some((saved, ra)) = fp_step(&read, bp) else {
+                        w.cut = bp != 0;
+                        return w;
+                    };
+                    sp = bp.wrapping_add(16);
+                    bp = saved;
+                    w.fp_frames += 1;
+                    if ra == 0 {
+                        return w;
+                    }
+                    pc = ra;
+                    continue;
+                }
+                CopyStep::End { word, cut } => {
+                    own(word);
+                    w.cut |= cut;
+                    w.runtime_cut = cut;
+                    return w;
+                }
+            }
+        }
+        let ra = match rule {
             Rule::Row(r) if r.kind == unwind_table::KIND_SIGNAL => {
                 // A signal trampoline: the interrupted registers are in
                 // the ucontext at sp (see unwind_step).
@@ -196,7 +260,7 @@ pub fn walk(
                 if bp == 0 {
                     return w;
                 }
-                let (Some(saved), Some(ra)) = (read(bp), read(bp.wrapping_add(8))) else {
+                let Some((saved, ra)) = fp_step(&read, bp) else {
                     w.cut = true;
                     return w;
                 };
@@ -218,6 +282,15 @@ pub fn walk(
     w
 }
 
+/// The frame pointer and return address saved at frame pointer `bp` (0:
+/// the stack's end, None), where the copy has them.
+fn fp_step(read: &dyn Fn(u64) -> Option<u64>, bp: u64) -> Option<(u64, u64)> {
+    if bp == 0 {
+        return None;
+    }
+    Some((read(bp)?, read(bp.wrapping_add(8))?))
+}
+
 /// What became of the copied stacks, for `-v` and the notes at the end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeferredStats {
@@ -234,6 +307,12 @@ pub struct DeferredStats {
     /// Cut at generated code that keeps no frame pointers (see
     /// [`Walk::at_jit`]).
     pub at_jit: usize,
+    /// Frames a language runtime stepped over (see
+    /// [`Walk::runtime_frames`]), and the copies with any.
+    pub runtime_frames: usize,
+    pub runtime_stacks: usize,
+    /// ... of which cut by the runtime (see [`Walk::runtime_cut`]).
+    pub runtime_cut: usize,
     /// Never walked: their process had no tables (it exited before its
     /// mappings could be read, or they could not be made).
     pub unwalked: usize,
@@ -283,7 +362,15 @@ pub struct Deferred {
     /// could be read: no tables will be made for it (see
     /// [`Deferred::unwalkable`]).
     hopeless: HashSet<(Proc, AddressSpace)>,
+    /// What the runtimes said of the moment each copy came (see
+    /// [`crate::runtime::Runtime::copy_mark`]), by its id.
+    marks: HashMap<u64, u64>,
 }
+
+/// The runtimes' step over a copy of process `p`, with the mark they gave
+/// it (see [`crate::runtime::Runtime::step_copy`]).
+pub type RuntimeSteps<'a> =
+    &'a dyn Fn(Proc, Option<u64>, CopyAt, &dyn Fn(u64) -> Option<u64>) -> CopyStep;
 
 impl Deferred {
     /// `max_frames`: the deepest stack recorded (`--perf-max-stack-depth`).
@@ -295,6 +382,7 @@ impl Deferred {
             stats: DeferredStats::default(),
             stall: None,
             hopeless: HashSet::new(),
+            marks: HashMap::new(),
         }
     }
 
@@ -309,7 +397,10 @@ impl Deferred {
         self.stall = None;
     }
 
-    pub fn add(&mut self, stacks: Vec<RawUserStack>) {
+    /// Copies came; `mark` says what the runtimes must know of this
+    /// moment to step over their frames later (see
+    /// [`crate::runtime::Runtime::copy_mark`]).
+    pub fn add(&mut self, stacks: Vec<RawUserStack>, mark: &dyn Fn(Proc) -> Option<u64>) {
         self.stats.received += stacks.len();
         let now = Instant::now();
         for s in stacks {
@@ -323,6 +414,9 @@ impl Deferred {
             }
             if let Some((_, came)) = &mut self.stall {
                 came.insert(s.id, now);
+            }
+            if let Some(m) = mark(s.proc) {
+                self.marks.insert(s.id, m);
             }
             self.waiting_bytes += s.bytes.len();
             self.waiting.entry(s.proc.tgid).or_default().push(s);
@@ -354,6 +448,7 @@ impl Deferred {
         &mut self,
         tables: &mut dyn ProcessTables,
         (start_of, guess_jit): (&dyn Fn(u32) -> Option<u64>, &dyn Fn(u32) -> bool),
+        steps: RuntimeSteps<'_>,
         store: &mut dyn FnMut(u64, &[u64]) -> bool,
     ) {
         // The copies that can be walked now: of the process now at their
@@ -397,6 +492,7 @@ impl Deferred {
         }
         let max = self.max_frames;
         let waiting = &self.waiting;
+        let marks = &self.marks;
         let now = Instant::now();
         let stalled = |id: u64| {
             self.stall.as_ref().is_some_and(|(d, came)| {
@@ -421,7 +517,19 @@ impl Deferred {
                         bp: s.bp,
                         ax: s.ax,
                     };
-                    let w = walk(regs, s.base, &s.bytes, (mappings, rows), max, guess);
+                    let mark = marks.get(&s.id).copied();
+                    let step = |at: CopyAt, read: &dyn Fn(u64) -> Option<u64>| {
+                        steps(s.proc, mark, at, read)
+                    };
+                    let w = walk(
+                        regs,
+                        s.base,
+                        &s.bytes,
+                        (mappings, rows),
+                        max,
+                        guess,
+                        Some(&step),
+                    );
                     done.push((tgid, s.id, w));
                 }
             }
@@ -433,6 +541,10 @@ impl Deferred {
             self.stats.fp_frames += w.fp_frames;
             self.stats.gap_frames += w.gap_frames;
             self.stats.at_jit += usize::from(w.at_jit);
+            self.stats.runtime_frames += w.runtime_frames;
+            self.stats.runtime_stacks += usize::from(w.runtime_frames > 0);
+            self.stats.runtime_cut += usize::from(w.runtime_cut);
+            self.marks.remove(&id);
             if !store(id, &w.frames) {
                 self.stats.unstored += 1;
             }
@@ -629,7 +741,7 @@ mod tests {
             bp: sp + 24,
             ax: 0,
         };
-        walk(regs, sp, &stack(words), (&maps, &rows), 127, true)
+        walk(regs, sp, &stack(words), (&maps, &rows), 127, true, None)
     }
 
     #[test]
@@ -662,7 +774,7 @@ mod tests {
             bp: sp,
             ax: 0,
         };
-        let w = walk(regs, sp, &copy, (&maps, &rows), 127, true);
+        let w = walk(regs, sp, &copy, (&maps, &rows), 127, true, None);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000, 0x50_0100]);
         assert_eq!((w.fp_frames, w.gap_frames), (2, 0));
         assert!(!w.cut);
@@ -672,19 +784,19 @@ mod tests {
             pc: 0x40_1200,
             ..regs
         };
-        let w = walk(in_gap, sp, &copy, (&maps, &rows), 127, true);
+        let w = walk(in_gap, sp, &copy, (&maps, &rows), 127, true, None);
         assert_eq!(w.frames, vec![0x40_1200, 0x50_0000, 0x50_0100]);
         assert_eq!((w.fp_frames, w.gap_frames), (2, 1));
-        let w = walk(regs, sp, &copy, (&maps, &rows), 2, true);
+        let w = walk(regs, sp, &copy, (&maps, &rows), 2, true, None);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
         assert!(w.cut);
         // In a process whose generated code keeps no frame pointers (a
         // JVM's): cut at the code without tables, not guessed; a gap in a
         // mapped object's rows is still walked by its frame pointers.
-        let w = walk(regs, sp, &copy, (&maps, &rows), 127, false);
+        let w = walk(regs, sp, &copy, (&maps, &rows), 127, false, None);
         assert_eq!(w.frames, vec![0x60_0000]);
         assert!(w.cut && w.at_jit);
-        let w = walk(in_gap, sp, &copy, (&maps, &rows), 127, false);
+        let w = walk(in_gap, sp, &copy, (&maps, &rows), 127, false, None);
         assert_eq!(w.frames, vec![0x40_1200, 0x50_0000]);
         assert!(w.cut && w.at_jit);
     }
@@ -727,6 +839,7 @@ mod tests {
             (&maps, &rows),
             127,
             true,
+            None,
         );
         // 0x40_5000 is looked up as it is (at pc - 1 it would be in no
         // row: frame pointers, bp 0x1234 outside the copy, cut).
@@ -763,16 +876,24 @@ mod tests {
         // The parent (rax: the child's pid, or -ENOSYS while in the
         // syscall) goes on to its caller; the child's stack ends there.
         for ax in [1234, -38i64 as u64] {
-            let w = walk(at(0x40_7012, ax), sp, &copy, (&maps, &rows), 127, true);
+            let w = walk(
+                at(0x40_7012, ax),
+                sp,
+                &copy,
+                (&maps, &rows),
+                127,
+                true,
+                None,
+            );
             assert_eq!(w.frames, vec![0x40_7012, 0x40_3010], "rax {ax}");
             assert!(!w.cut);
         }
-        let w = walk(at(0x40_7012, 0), sp, &copy, (&maps, &rows), 127, true);
+        let w = walk(at(0x40_7012, 0), sp, &copy, (&maps, &rows), 127, true, None);
         assert_eq!(w.frames, vec![0x40_7012]);
         assert!(!w.cut);
         // Never a return address: a walk that meets it as one is cut.
         let copy = stack(&[0, 0x40_7013]);
-        let w = walk(at(0x40_1010, 1), sp, &copy, (&maps, &rows), 127, true);
+        let w = walk(at(0x40_1010, 1), sp, &copy, (&maps, &rows), 127, true, None);
         assert_eq!(w.frames, vec![0x40_1010, 0x40_7013]);
         assert!(w.cut);
     }
@@ -797,11 +918,14 @@ mod tests {
         let mut d = Deferred::new(127);
         let p = Proc { tgid: 7, start: 1 };
         let space = AddressSpace { mm: 1, exec_vm: 1 };
-        d.add(vec![copy(1, 7, 1, 1), copy(2, 7, 1, 2), copy(3, 8, 1, 1)]);
+        d.add(
+            vec![copy(1, 7, 1, 1), copy(2, 7, 1, 2), copy(3, 8, 1, 1)],
+            &|_| None,
+        );
         d.unwalkable(p, space);
         assert_eq!(d.waiting_ids(), HashSet::from([2, 3]));
         // One to come is given up as it comes.
-        d.add(vec![copy(4, 7, 1, 1)]);
+        d.add(vec![copy(4, 7, 1, 1)], &|_| None);
         assert_eq!(d.waiting_ids(), HashSet::from([2, 3]));
         assert_eq!(d.stats().unwalked, 2);
         assert_eq!(d.waiting_bytes, 128);
@@ -810,7 +934,7 @@ mod tests {
         assert_eq!(d.waiting_ids(), HashSet::from([3]));
         assert!(d.hopeless.is_empty());
         // The end of the trace: what still waits is counted apart.
-        d.add(vec![copy(5, 9, 1, 1)]);
+        d.add(vec![copy(5, 9, 1, 1)], &|_| None);
         d.give_up(&|p| p.tgid == 9);
         assert_eq!((d.stats().unwalked, d.stats().unfinished), (4, 1));
         assert!(d.waiting_ids().is_empty());

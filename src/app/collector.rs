@@ -162,7 +162,7 @@ impl<'t> Collector<'t> {
         walked: &mut dyn FnMut(u64, &[u64]),
     ) -> bool {
         let spaces = self.note_events(events, registry);
-        deferred.add(stacks);
+        deferred.add(stacks, &|p| registry.copy_mark(p));
         // Tables first: the stacks copied for processes that had none are
         // walked with them, before the processes that exited are let go.
         let busy = match unwinder.as_mut() {
@@ -358,6 +358,7 @@ pub(super) fn walk_copies(
     deferred.walk_ready(
         u,
         (&|tgid| registry.start_of(tgid), &guess),
+        &|p, mark, at, read| registry.step_copy(p, mark, at, read),
         &mut |id, frames| {
             let stored = tracer.store_stack(id, frames);
             if stored {

@@ -404,16 +404,25 @@ pub(super) fn report_unwinding(
     if d.at_jit > 0 {
         eprintln!(
             "offcputime: {} user stacks taken before their process's unwind tables were ready \
-             reached a JVM's compiled code, which keeps no frame pointer: cut there (the walk \
-             of such copies, in userspace, does not follow Java frames)",
+             reached a JVM's compiled code, which keeps no frame pointer, before the JVM's \
+             own frames could be read (or with --no-java): cut there",
             d.at_jit
         );
     }
-    if d.cut > d.at_jit {
+    if d.runtime_cut > 0 {
+        eprintln!(
+            "offcputime: {} user stacks taken before their process's unwind tables were ready \
+             stopped in a runtime's code: code compiled since the copy (another method's, \
+             perhaps), or a thread stopped in the middle of it, or a frame that could not be \
+             read (shown as the runtime's frames cut short or unreadable)",
+            d.runtime_cut
+        );
+    }
+    if d.cut > d.at_jit + d.runtime_cut {
         eprintln!(
             "offcputime: {} user stacks taken before their process's unwind tables were ready \
              were cut short: deeper than the {} KiB of stack copied at the block",
-            d.cut - d.at_jit,
+            d.cut - d.at_jit - d.runtime_cut,
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }
@@ -514,7 +523,7 @@ fn report_unwind_stats(
          ({} shared by userspace); {} user stacks of processes without tables of their own \
          walked through those of the files they map ({} files); {} user stacks taken before \
          their process's tables were ready copied and walked in userspace ({} walked, {} cut \
-         short, {} frames through frame pointers)",
+         short, {} frames through frame pointers, {} with a runtime's frames: {} frames)",
         c.unwind_forked,
         s.processes_forked,
         c.unwind_by_file,
@@ -523,6 +532,8 @@ fn report_unwind_stats(
         d.walked,
         d.cut,
         d.fp_frames,
+        d.runtime_stacks,
+        d.runtime_frames,
     );
     eprintln!(
         "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \

@@ -295,7 +295,7 @@ impl<'a> Session<'a> {
         // the ring buffer before they were counted: all of them are read
         // now, and it is written once they are walked.
         match tracer.take_deferred() {
-            Ok(stacks) => self.deferred.add(stacks),
+            Ok(stacks) => self.deferred.add(stacks, &|p| self.registry.copy_mark(p)),
             Err(e) => eprintln!("offcputime: {e:#}"),
         }
         iv.held.push(raw, Instant::now());

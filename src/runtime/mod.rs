@@ -158,6 +158,36 @@ impl ProcEntry {
 /// registry's id) and the file offset, where its address is in a mapping.
 pub type NativeAt = Option<(u32, u64)>;
 
+/// Where a walk of a copied stack is (see [`Runtime::step_copy`]): the
+/// frame's registers, and whether its pc is where the thread stopped
+/// rather than a return address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyAt {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub exact: bool,
+}
+
+/// A runtime's step over a copied stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyStep {
+    /// Not the runtime's code.
+    NotMine,
+    /// The frame's word (in place of its pc), and its caller's registers.
+    Next {
+        word: u64,
+        pc: u64,
+        sp: u64,
+        bp: u64,
+    },
+    /// The frame's word; its caller through its frame pointer.
+    ByFramePointer { word: u64 },
+    /// The frame's word, and the walk's end: `cut` where it could not go
+    /// on (the word then says why).
+    End { word: u64, cut: bool },
+}
+
 /// What every runtime does for the registry.
 pub trait Runtime {
     fn kind(&self) -> Kind;
@@ -241,6 +271,28 @@ pub trait Runtime {
     /// What to say on stderr at the end: what could not be shown (always),
     /// with `verbose` what was done. `counters` are the BPF program's.
     fn report(&self, counters: &LossCounters, verbose: bool) -> Vec<String>;
+
+    /// A stack of process `p` was copied lately, to be walked in userspace
+    /// once its tables are written: what the runtime must know of this
+    /// moment to step over its frames then (a JVM's compile count: code
+    /// compiled since is not the code the copy's frames ran). None: not
+    /// known.
+    fn copy_mark(&self, _p: Proc) -> Option<u64> {
+        None
+    }
+
+    /// The frame at `at` of a copied stack of process `p` (`mark` as
+    /// [`Runtime::copy_mark`] said when it came; `read` reads a word of
+    /// the copy, None beyond it), if it is the runtime's code.
+    fn step_copy(
+        &self,
+        _p: Proc,
+        _mark: Option<u64>,
+        _at: CopyAt,
+        _read: &dyn Fn(u64) -> Option<u64>,
+    ) -> CopyStep {
+        CopyStep::NotMine
+    }
 }
 
 /// The state of every runtime for one trace, in [`RUNTIMES`]' order.

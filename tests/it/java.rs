@@ -442,7 +442,10 @@ fn java_frames_are_the_jvms_own_view_jdk11_and_25() {
 /// A JVM (JDK 21) started while tracing the whole system (its libjvm
 /// mapped after the trace began, its code cache not set up at first), and
 /// killed before the trace ends: its blocked threads' Java frames are the
-/// JVM's, named while it ran.
+/// JVM's, named while it ran. Its first blocks, before its unwind tables
+/// are written (no walks through the tables of the files it maps:
+/// `OFFCPUTIME_NO_FILE_TABLES`), are copied and walked in userspace: their
+/// Java frames too, none cut at the code cache.
 #[test]
 fn a_jvm_started_during_the_trace_is_walked() {
     if !require_root() {
@@ -455,16 +458,28 @@ fn a_jvm_started_during_the_trace_is_walked() {
     let dir = tempfile::tempdir().unwrap();
     let lib = build(dir.path());
     let mut reported = None;
-    let (out, _, _) = profile_during(&["-f", "--lines", "6"], |_| {
-        let (jvm, r) = start(&java, dir.path(), &lib);
-        reported = Some(r);
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        drop(jvm);
-    });
+    let (out, _, _) = profile_during_with(
+        &["-f", "--lines", "6"],
+        &[("OFFCPUTIME_NO_FILE_TABLES", "1")],
+        |_| {
+            let (jvm, r) = start(&java, dir.path(), &lib);
+            reported = Some(r);
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            drop(jvm);
+        },
+    );
     let reported = reported.expect("the JVM started");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("java: HotSpot 21."), "{stderr}");
     frames_are_the_jvms(&out.stdout, &reported, "started during the trace");
+    // `N with a runtime's frames: M frames` of the copies walked.
+    let copied = stderr
+        .split_once(" with a runtime's frames: ")
+        .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(
+        copied.is_some_and(|n| n > 0) && !stderr.contains("reached a JVM's compiled code"),
+        "no copied stack with Java frames, or one cut at the code cache:\n{stderr}"
+    );
 }
 
 /// What [`debian_jdk_17_in_the_matrix`] says on a kernel without the Java

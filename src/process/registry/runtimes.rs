@@ -72,6 +72,30 @@ impl Registry {
         self.runtimes.iter().flat_map(|r| r.pending()).collect()
     }
 
+    /// What the runtimes must know of this moment to step over a stack of
+    /// process `p` copied now (see [`Runtime::copy_mark`]).
+    pub fn copy_mark(&self, p: Proc) -> Option<u64> {
+        self.runtimes.iter().find_map(|r| r.copy_mark(p))
+    }
+
+    /// A runtime's step over a copied stack of process `p` (see
+    /// [`Runtime::step_copy`]).
+    pub fn step_copy(
+        &self,
+        p: Proc,
+        mark: Option<u64>,
+        at: crate::runtime::CopyAt,
+        read: &dyn Fn(u64) -> Option<u64>,
+    ) -> crate::runtime::CopyStep {
+        for r in self.runtimes.iter() {
+            let step = r.step_copy(p, mark, at, read);
+            if step != crate::runtime::CopyStep::NotMine {
+                return step;
+            }
+        }
+        crate::runtime::CopyStep::NotMine
+    }
+
     /// Every runtime, for what it says at the end.
     pub fn runtimes(&self) -> impl Iterator<Item = &dyn Runtime> {
         self.runtimes.iter()

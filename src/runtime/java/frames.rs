@@ -34,6 +34,25 @@ pub fn is_java_word(word: u64) -> bool {
     matches!(word >> 60, INTERP_MARK | CODE_MARK | CUT_MARK)
 }
 
+/// The word of an interpreted frame: its `Method*` and bytecode pointer
+/// (as the BPF walk writes it).
+pub fn interpreted_word(method: u64, bcp: u64) -> u64 {
+    INTERP_MARK << 60 | (method >> 3) << 16 | (bcp & 0xffff)
+}
+
+/// The word of a compiled frame (or a stub's): its pc and its blob's
+/// compile id (as the BPF walk writes it).
+pub fn compiled_word(pc: u64, compile_id: u32) -> u64 {
+    CODE_MARK << 60
+        | u64::from(compile_id & ((1 << CHECK_BITS) - 1)) << PC_BITS
+        | (pc & ((1 << PC_BITS) - 1))
+}
+
+/// The word of a walk cut in Java code (`JAVA_CUT_*`, why).
+pub fn cut_word(why: u32) -> u64 {
+    CUT_MARK << 60 | u64::from(why)
+}
+
 /// A Java word, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Word {

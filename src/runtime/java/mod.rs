@@ -12,6 +12,7 @@
 //! is said, its processes' stacks native only.
 
 pub mod code;
+mod copies;
 pub mod frames;
 pub mod threads;
 pub mod vmstructs;
@@ -43,11 +44,17 @@ pub struct Libjvm {
     /// table; 0 where absent): what tells compiled methods' blobs from
     /// others up to JDK 22.
     pub nmethod_vtable: u64,
+    /// The JVM's compile count in the file (see [`COMPILE_COUNT`]; 0
+    /// where absent).
+    pub compile_count: u64,
     segments: Vec<Segment>,
 }
 
 /// The symbol of `nmethod`'s vtable.
 const NMETHOD_VTABLE: &str = "_ZTV7nmethod";
+/// The symbol of the JVM's compile count (`CompileBroker::
+/// _compilation_id`, an int: the last compile id given).
+const COMPILE_COUNT: &str = "_ZN13CompileBroker15_compilation_idE";
 
 /// Whether `file`, named `name`, is a JVM's `libjvm.so`: None if not;
 /// Some(None) for one without HotSpot's structure tables.
@@ -67,7 +74,7 @@ pub fn inspect(file: &File, name: &str) -> anyhow::Result<Option<Option<Libjvm>>
     let names: Vec<&str> = threads::NAME_SYMBOLS
         .iter()
         .flat_map(|n| n.iter().copied())
-        .chain([NMETHOD_VTABLE])
+        .chain([NMETHOD_VTABLE, COMPILE_COUNT])
         .collect();
     let full = elf.symbols(file, SymbolTable::Full, &names)?;
     let mut name_symbols = [0u64; 6];
@@ -78,10 +85,12 @@ pub fn inspect(file: &File, name: &str) -> anyhow::Result<Option<Option<Libjvm>>
         at += alternatives.len();
     }
     let nmethod_vtable = full[at].map_or(0, |f| f.value);
+    let compile_count = full[at + 1].map_or(0, |f| f.value);
     Ok(Some(Some(Libjvm {
         symbols,
         name_symbols,
         nmethod_vtable,
+        compile_count,
         segments: elf.load_segments(file)?,
     })))
 }
@@ -105,6 +114,8 @@ struct JvmProcess {
     names: Option<Result<threads::NameLayout, ()>>,
     /// Where `nmethod`'s vtable is in the process (0: not known).
     nmethod_vtable: u64,
+    /// Where the JVM's compile count is in the process (0: not known).
+    compile_count: u64,
 }
 
 /// A JVM process whose Java frames the BPF program walks.
@@ -373,6 +384,11 @@ impl Runtime for Jvms {
                     } else {
                         lib.nmethod_vtable.wrapping_add(bias)
                     },
+                    compile_count: if lib.compile_count == 0 {
+                        0
+                    } else {
+                        lib.compile_count.wrapping_add(bias)
+                    },
                 },
             );
         }
@@ -507,6 +523,35 @@ impl Runtime for Jvms {
             .collect();
         for p in pending {
             self.read_process(p);
+        }
+    }
+
+    fn copy_mark(&self, p: Proc) -> Option<u64> {
+        let jp = self.procs.get(&p)?;
+        if jp.compile_count == 0 || jp.refused {
+            return None;
+        }
+        let opened;
+        let mem = match &jp.walked {
+            Some(w) => w.mem.as_ref(),
+            None => {
+                opened = (self.open)(p.tgid).ok()?;
+                opened.as_ref()
+            }
+        };
+        code::u32_at(mem, jp.compile_count).ok().map(u64::from)
+    }
+
+    fn step_copy(
+        &self,
+        p: Proc,
+        mark: Option<u64>,
+        at: crate::runtime::CopyAt,
+        read: &dyn Fn(u64) -> Option<u64>,
+    ) -> crate::runtime::CopyStep {
+        match self.procs.get(&p).and_then(|jp| jp.walked.as_ref()) {
+            Some(w) => copies::step(w, mark, at, read),
+            None => crate::runtime::CopyStep::NotMine,
         }
     }
 

@@ -266,6 +266,7 @@ fn a_jvm_starting_is_read_again_at_the_end() {
             symbols: symbols(),
             name_symbols: [0; 6],
             nmethod_vtable: 0,
+            compile_count: 0,
             segments,
         })),
     );
@@ -493,6 +494,7 @@ fn reads_the_tables_of_live_jvms() {
         let name_symbols = lib.name_symbols.map(|s| if s == 0 { 0 } else { s + bias });
         thread_names_as_the_jvm_reports_them(*major, pid, &jvm, &mem, &name_symbols, reported);
         threads_walk_as_the_jvm_reports_them(*major, pid, &jvm, &mem, reported);
+        copies_walk_as_the_jvm_reports_them(*major, pid, &jvm, lib.compile_count + bias, reported);
     }
 }
 
@@ -554,6 +556,148 @@ fn threads_walk_as_the_jvm_reports_them(
     }
     assert!(compared >= 8, "JDK {major}: {compared} threads");
     assert!(report.is_empty(), "JDK {major}:\n{report}");
+}
+
+/// Each blocked thread of the workload, its stack copied from its frame
+/// anchor as the BPF program copies a new process's stacks, walked over
+/// the copy as the profiler walks such copies (its Java frames' words
+/// named): its Java frames are those the JVM reported, in order; with a
+/// compile count from before the compiled frames' code was made (0), the
+/// walk stops at the first compiled frame.
+fn copies_walk_as_the_jvm_reports_them(
+    major: u32,
+    pid: u32,
+    jvm: &Jvm,
+    compile_count: u64,
+    reported: &Reported,
+) {
+    use crate::runtime::{CopyAt, CopyStep, Frame};
+    let mem = ProcMem::open(pid).unwrap();
+    let layout = walk::WalkLayout::of(&jvm.structs, major).unwrap();
+    let heaps = code::heaps(&mem, &layout.code).unwrap();
+    let (interp_lo, interp_hi) = walk::interpreter(&mem, &jvm.structs).unwrap();
+    let threads = walk::threads(&mem, &layout).unwrap();
+    let count = code::u32_at(&mem, compile_count).unwrap();
+    assert!(count > 20, "JDK {major}: a compile count of {count}");
+    let w = Walked {
+        layout: layout.clone(),
+        heaps: heaps.clone(),
+        mem: Box::new(ProcMem::open(pid).unwrap()),
+        key: 1,
+        entry: types::java_proc {
+            interp_lo,
+            interp_hi,
+            call_stub_return: walk::call_stub_return(&mem, &jvm.structs).unwrap(),
+            ..Default::default()
+        },
+    };
+    let r = frames::Reader {
+        mem: &mem,
+        layout: &layout,
+        structs: &jvm.structs,
+        heaps: &heaps,
+    };
+    let mut names = frames::Names::default();
+    let (mut compared, mut stopped) = (0, 0);
+    let mut report = String::new();
+    for (name, want) in reported {
+        let comm: String = name.chars().take(15).collect();
+        let mut tried = Vec::new();
+        for &(jt, tid) in &threads {
+            let c =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+            if c.trim_end() != comm {
+                continue;
+            }
+            let (sp, pc, fp) = walk::anchor(&mem, &layout, jt).unwrap();
+            let mut copy = vec![0u8; 64 << 10];
+            let n = walk::read_some(&mem, sp, &mut copy).unwrap();
+            copy.truncate(n);
+            let read = |addr: u64| -> Option<u64> {
+                let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
+                Some(u64::from_le_bytes(copy.get(off..off + 8)?.try_into().ok()?))
+            };
+            let mut walk_copy = |mark: Option<u64>| -> (Vec<(String, Option<u32>)>, bool) {
+                let mut at = CopyAt {
+                    pc,
+                    sp,
+                    bp: fp,
+                    exact: false,
+                };
+                let mut words = Vec::new();
+                let mut cut = false;
+                for _ in 0..256 {
+                    match copies::step(&w, mark, at, &read) {
+                        CopyStep::Next { word, pc, sp, bp } => {
+                            words.push(word);
+                            at = CopyAt {
+                                pc,
+                                sp,
+                                bp,
+                                exact: false,
+                            };
+                        }
+                        CopyStep::End { word, cut: c } => {
+                            words.push(word);
+                            cut = c;
+                            break;
+                        }
+                        CopyStep::ByFramePointer { word } => {
+                            words.push(word);
+                            break;
+                        }
+                        CopyStep::NotMine => break,
+                    }
+                }
+                let mut named = Vec::new();
+                for word in words {
+                    for f in names.frames(&r, 1, word) {
+                        if let Frame::Code { code, at } = f {
+                            let n = names.name(code, at).unwrap();
+                            if !n.name.starts_with('[') {
+                                named.push((n.name.to_string(), n.line));
+                            }
+                        }
+                    }
+                }
+                (named, cut)
+            };
+            let (named, cut) = walk_copy(Some(u64::from(count)));
+            let same = !cut
+                && named.len() == want.len()
+                && named
+                    .iter()
+                    .zip(want)
+                    .all(|((n, ln), (w, wln))| n == w && (wln.is_none() || ln == wln));
+            if same {
+                compared += 1;
+                // With the count of a JVM that had compiled nothing, the
+                // first compiled frame stops the walk.
+                let (before, cut) = walk_copy(Some(0));
+                if before.len() < named.len() {
+                    assert!(cut, "JDK {major}: {name}: {before:?}");
+                    stopped += 1;
+                }
+                tried.clear();
+                break;
+            }
+            tried.push(format!("{named:?} (cut: {cut})"));
+        }
+        if !tried.is_empty() {
+            report.push_str(&format!(
+                "{name}: the JVM says {want:?}\n  walked: {}\n",
+                tried.join("\n  or ")
+            ));
+        }
+    }
+    eprintln!(
+        "JDK {major}: {compared} copied stacks walked, {stopped} stopped by the compile count"
+    );
+    assert!(report.is_empty(), "JDK {major}:\n{report}");
+    assert!(
+        compared >= 8 && stopped >= 2,
+        "JDK {major}: {compared} threads, {stopped} stopped"
+    );
 }
 
 /// Each thread's Java name, read as the profiler reads it: every thread
@@ -962,6 +1106,33 @@ fn code_readers_survive_noise() {
         let _ = walk::walk(&mem, &w, &made_up, addr);
         let _ = walk::walk(&mem, &w, &heaps, addr);
         let _ = walk::line(&mem, &w, addr, (rng.next() % 1000) as i32);
+        // A copied stack's walk over hostile code and hostile stack words.
+        let walked = Walked {
+            layout: w.clone(),
+            heaps: made_up.to_vec(),
+            mem: Box::new(Noise {
+                seed: mem.seed,
+                limit: mem.limit,
+            }),
+            key: 1,
+            entry: types::java_proc {
+                interp_lo: 1 << 18,
+                interp_hi: 1 << 19,
+                ..Default::default()
+            },
+        };
+        let word = rng.next();
+        let read = |a: u64| (!a.is_multiple_of(3)).then_some(a ^ word);
+        for pc in [pc, (1 << 18) + rng.next() % (1 << 18)] {
+            let at = crate::runtime::CopyAt {
+                pc,
+                sp: rng.next() % (1 << 21),
+                bp: rng.next() % (1 << 21),
+                exact: rng.next().is_multiple_of(2),
+            };
+            let mark = [None, Some(rng.next() % 100), Some(u64::MAX)][(rng.next() % 3) as usize];
+            let _ = copies::step(&walked, mark, at, &read);
+        }
         let _ = walk::source_file(&mem, &l, &s, addr);
         let _ = walk::bytecodes(&mem, &w, addr);
         // The words of the BPF program's walk, each kind, as userspace

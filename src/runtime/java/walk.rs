@@ -462,7 +462,7 @@ pub(super) fn compiled_frames(
 
 /// Reads as much of `buf` from `addr` as is mapped (halving the length
 /// until a read succeeds); returns the length read.
-fn read_some(mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(super) fn read_some(mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = buf.len();
     loop {
         match mem.read(addr, &mut buf[..n]) {
@@ -471,6 +471,20 @@ fn read_some(mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> std::io::Result<usi
             Err(_) => n /= 2,
         }
     }
+}
+
+/// Where the thread at `thread` (a `JavaThread*`) last left Java code, from
+/// its frame anchor: the stack pointer, pc and frame pointer of its
+/// innermost Java frame (sp 0: none).
+pub fn anchor(mem: &dyn Memory, l: &WalkLayout, thread: u64) -> std::io::Result<(u64, u64, u64)> {
+    let anchor = thread.wrapping_add(l.thread_anchor);
+    let sp = u64_at(mem, anchor.wrapping_add(l.anchor_sp))?;
+    let mut pc = u64_at(mem, anchor.wrapping_add(l.anchor_pc))?;
+    let fp = u64_at(mem, anchor.wrapping_add(l.anchor_fp))?;
+    if sp != 0 && pc == 0 {
+        pc = u64_at(mem, sp.wrapping_sub(8))?;
+    }
+    Ok((sp, pc, fp))
 }
 
 /// The Java frames of the thread at `thread` (a `JavaThread*`), innermost
@@ -482,16 +496,10 @@ pub fn walk(
     heaps: &[Heap],
     thread: u64,
 ) -> std::io::Result<Vec<JavaFrame>> {
-    let anchor = thread.wrapping_add(l.thread_anchor);
-    let mut sp = u64_at(mem, anchor.wrapping_add(l.anchor_sp))?;
-    let mut pc = u64_at(mem, anchor.wrapping_add(l.anchor_pc))?;
-    let mut fp = u64_at(mem, anchor.wrapping_add(l.anchor_fp))?;
+    let (mut sp, mut pc, mut fp) = anchor(mem, l, thread)?;
     let mut frames = Vec::new();
     if sp == 0 {
         return Ok(frames);
-    }
-    if pc == 0 {
-        pc = u64_at(mem, sp.wrapping_sub(8))?;
     }
     while frames.len() < MAX_FRAMES {
         let Some(b) = code::blob_at(mem, &l.code, heaps, pc)? else {
