@@ -427,7 +427,7 @@ fn walk_deferred(
     if let Some(u) = unwinder {
         if deferred.is_waiting() {
             u.finish(registry, DEFERRED_TABLES_WAIT);
-            collector::walk_copies(u, tracer, registry, deferred, walked);
+            collector::walk_copies(u, tracer, registry, deferred, walked, false);
         }
     }
     deferred.give_up(&|p| {

@@ -363,9 +363,15 @@ pub struct Deferred {
     /// [`Deferred::unwalkable`]).
     hopeless: HashSet<(Proc, AddressSpace)>,
     /// What the runtimes said of the moment each copy came (see
-    /// [`crate::runtime::Runtime::copy_mark`]), by its id.
-    marks: HashMap<u64, u64>,
+    /// [`crate::runtime::Runtime::copy_mark`]), and when it came, by its
+    /// id.
+    marks: HashMap<u64, (Option<u64>, Instant)>,
 }
+
+/// How long a copy waits at most for its runtime to be ready to step over
+/// its frames (see [`crate::runtime::Runtime::copy_ready`]) once its
+/// tables are: a JVM setting up its code cache.
+const RUNTIME_WAIT: Duration = Duration::from_secs(2);
 
 /// The runtimes' step over a copy of process `p`, with the mark they gave
 /// it (see [`crate::runtime::Runtime::step_copy`]).
@@ -415,9 +421,7 @@ impl Deferred {
             if let Some((_, came)) = &mut self.stall {
                 came.insert(s.id, now);
             }
-            if let Some(m) = mark(s.proc) {
-                self.marks.insert(s.id, m);
-            }
+            self.marks.insert(s.id, (mark(s.proc), now));
             self.waiting_bytes += s.bytes.len();
             self.waiting.entry(s.proc.tgid).or_default().push(s);
         }
@@ -444,11 +448,14 @@ impl Deferred {
     /// pid is not walked with the later one's tables).
     /// `guess_jit` says whether code without tables in process `tgid` is
     /// walked through frame pointers (false for a JVM's: cut there).
+    /// `steps` are the runtimes' steps over their code; a copy of a
+    /// process whose runtime is not `runtime_ready` to step over it waits
+    /// (up to [`RUNTIME_WAIT`] after it came).
     pub fn walk_ready(
         &mut self,
         tables: &mut dyn ProcessTables,
         (start_of, guess_jit): (&dyn Fn(u32) -> Option<u64>, &dyn Fn(u32) -> bool),
-        steps: RuntimeSteps<'_>,
+        (steps, runtime_ready): (RuntimeSteps<'_>, &dyn Fn(Proc) -> bool),
         store: &mut dyn FnMut(u64, &[u64]) -> bool,
     ) {
         // The copies that can be walked now: of the process now at their
@@ -508,7 +515,13 @@ impl Deferred {
                 };
                 let ready = waiting[&tgid]
                     .iter()
-                    .filter(|s| s.space == space && !stalled(s.id));
+                    .filter(|s| s.space == space && !stalled(s.id))
+                    .filter(|s| {
+                        runtime_ready(s.proc)
+                            || marks.get(&s.id).is_none_or(|(_, came)| {
+                                now.saturating_duration_since(*came) >= RUNTIME_WAIT
+                            })
+                    });
                 let guess = guess_jit(tgid);
                 for s in ready {
                     let regs = Regs {
@@ -517,7 +530,7 @@ impl Deferred {
                         bp: s.bp,
                         ax: s.ax,
                     };
-                    let mark = marks.get(&s.id).copied();
+                    let mark = marks.get(&s.id).and_then(|m| m.0);
                     let step = |at: CopyAt, read: &dyn Fn(u64) -> Option<u64>| {
                         steps(s.proc, mark, at, read)
                     };
@@ -560,6 +573,11 @@ impl Deferred {
             self.waiting_bytes -= bytes;
         }
         self.waiting.retain(|_, v| !v.is_empty());
+        // The marks of copies given up or dropped meanwhile.
+        if self.marks.len() > self.waiting.values().map(Vec::len).sum() {
+            let left = self.waiting_ids();
+            self.marks.retain(|id, _| left.contains(id));
+        }
         if self.stall.is_some() {
             let left = self.waiting_ids();
             if let Some((_, came)) = &mut self.stall {

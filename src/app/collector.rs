@@ -339,26 +339,31 @@ fn update_tables(
     }
     let building = u.poll(registry);
     if deferred.is_waiting() {
-        walk_copies(u, tracer, registry, deferred, walked);
+        walk_copies(u, tracer, registry, deferred, walked, true);
     }
     building
 }
 
 /// Walks the copies of every process that has tables now (see
 /// [`Deferred::walk_ready`]), stores their frames, and tells `walked` of
-/// each copy stored.
+/// each copy stored. `patient`: a copy whose runtime is not ready to step
+/// over its frames yet waits for it (not at the end).
 pub(super) fn walk_copies(
     u: &mut Unwinder,
     tracer: &Tracer<'_>,
     registry: &Registry,
     deferred: &mut Deferred,
     walked: &mut dyn FnMut(u64, &[u64]),
+    patient: bool,
 ) {
     let guess = |tgid| registry.jit_keeps_frame_pointers(tgid);
     deferred.walk_ready(
         u,
         (&|tgid| registry.start_of(tgid), &guess),
-        &|p, mark, at, read| registry.step_copy(p, mark, at, read),
+        (
+            &|p, mark, at, read| registry.step_copy(p, mark, at, read),
+            &|p| !patient || registry.copy_ready(p),
+        ),
         &mut |id, frames| {
             let stored = tracer.store_stack(id, frames);
             if stored {

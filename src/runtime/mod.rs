@@ -281,6 +281,13 @@ pub trait Runtime {
         None
     }
 
+    /// Whether the runtime can step over the frames of process `p`'s
+    /// copied stacks now, or is about to (a JVM whose code cache is being
+    /// set up: its copies wait for it a while).
+    fn copy_ready(&self, _p: Proc) -> bool {
+        true
+    }
+
     /// The frame at `at` of a copied stack of process `p` (`mark` as
     /// [`Runtime::copy_mark`] said when it came; `read` reads a word of
     /// the copy, None beyond it), if it is the runtime's code.

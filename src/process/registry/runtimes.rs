@@ -78,6 +78,15 @@ impl Registry {
         self.runtimes.iter().find_map(|r| r.copy_mark(p))
     }
 
+    /// Whether every runtime can step over copied stacks of process `p`
+    /// now (see [`Runtime::copy_ready`]): not where it maps a runtime
+    /// whose generated code keeps no frame pointers that has not looked at
+    /// it yet.
+    pub fn copy_ready(&self, p: Proc) -> bool {
+        (self.jit_keeps_frame_pointers(p.tgid) || self.runtimes.iter().any(|r| r.seen(p)))
+            && self.runtimes.iter().all(|r| r.copy_ready(p))
+    }
+
     /// A runtime's step over a copied stack of process `p` (see
     /// [`Runtime::step_copy`]).
     pub fn step_copy(

@@ -542,6 +542,12 @@ impl Runtime for Jvms {
         code::u32_at(mem, jp.compile_count).ok().map(u64::from)
     }
 
+    fn copy_ready(&self, p: Proc) -> bool {
+        self.procs
+            .get(&p)
+            .is_none_or(|jp| jp.refused || jp.walked.is_some())
+    }
+
     fn step_copy(
         &self,
         p: Proc,
