@@ -70,6 +70,12 @@ struct java_scratch {
 	/* The thread walked (for the notices of new words). */
 	__u32 pid;
 	__u64 process_start;
+	/* Its r13 where it stopped (an interpreted frame's bytecode pointer
+	 * there), and a Method's ConstMethod and bytecode count read to check
+	 * it. */
+	__u64 r13;
+	__u64 cm;
+	__u16 code_size;
 };
 
 /* The Java words this CPU told userspace of lately, by a hash of the
@@ -130,6 +136,7 @@ static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 {
 	struct java_scratch *js;
 	struct java_proc *j;
+	struct pt_regs *regs;
 	__u64 mm;
 
 	if (!java_pid(tgid))
@@ -144,6 +151,8 @@ static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 	if (j->mm != mm)
 		return false;
 	js->p = *j;
+	regs = (struct pt_regs *)bpf_task_pt_regs(task ? task : bpf_get_current_task_btf());
+	js->r13 = regs ? regs->r13 : 0;
 	if (task) {
 		js->pid = BPF_CORE_READ(task, pid);
 		js->process_start = BPF_CORE_READ(task, group_leader, start_boottime);
@@ -343,9 +352,14 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 		return JAVA_NOT_JAVA;
 	j = &js->p;
 	if (u->pc >= j->interp_lo && u->pc < j->interp_hi) {
-		/* Stopped in the interpreter's own code: rbp may not be this
-		 * frame's yet (or any more). */
-		if (exact)
+		/* Stopped in the interpreter's own code: rbp is this frame's in
+		 * a bytecode's template (but for those that return), its
+		 * bytecode pointer in r13 (known for the walk's first frame:
+		 * the registers where the thread stopped); elsewhere rbp may
+		 * not be this frame's yet (or any more). */
+		if (exact && (idx != 0 || u->pc < j->templates_lo || u->pc >= j->templates_hi ||
+			      (u->pc >= j->returns_lo[0] && u->pc < j->returns_hi[0]) ||
+			      (u->pc >= j->returns_lo[1] && u->pc < j->returns_hi[1])))
 			return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
 		if (read_user(js->frame, 16 - JAVA_FRAME_LOW, (void *)(u->bp + JAVA_FRAME_LOW), task,
 			      c))
@@ -359,10 +373,24 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 		if ((method & 7) || method >= (1ULL << 47) || !method || sender < u->bp + 16 ||
 		    sender - u->bp > (1 << 20))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		sender = JAVA_SLOT(js, j->interp_bcp);
+		if (exact) {
+			/* r13, the bytecode pointer but in a call's last
+			 * instructions (the callee's sender's stack pointer
+			 * then): among the method's bytecodes, or not known. */
+			if (read_user(&js->cm, 8, (void *)(method + j->method_const), task, c) ||
+			    read_user(&js->code_size, 2, (void *)(js->cm + j->const_code_size), task,
+				      c) ||
+			    js->r13 < js->cm + j->const_size ||
+			    js->r13 >= js->cm + j->const_size + js->code_size)
+				return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
+			sender = js->r13;
+		}
 		/* The bytecode pointer's low 16 bits: userspace finds the
 		 * index from the method's bytecodes (fewer than 2^16). */
-		ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 |
-					     (JAVA_SLOT(js, j->interp_bcp) & 0xffff);
+		ips[idx & MAX_STACK_DEPTH] =
+			JAVA_WORD(JAVA_INTERP_MARK) | (method >> 3) << 16 | (sender & 0xffff);
+		sender = JAVA_SLOT(js, j->interp_sender_sp);
 		u->sp = sender;
 		u->bp = JAVA_SLOT(js, 0);
 		u->bp_restored = true;

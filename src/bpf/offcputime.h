@@ -351,6 +351,20 @@ struct java_proc {
 	 * blob), its compile level's low byte (0: a native method's
 	 * wrapper, whose epilogues are not C1's or C2's). */
 	__u64 nm_kind;
+	/* The interpreter's bytecode templates: a thread stopped in one (not
+	 * at a call) is in its method's frame, set up, its bytecode pointer in
+	 * r13; but in those that return (two ranges), whose frame is torn
+	 * down before the jump back (0: not known, such frames cut short).
+	 * Where a Method keeps its ConstMethod (a pointer), where the
+	 * bytecodes begin from there (its size), their count (a u16 in it):
+	 * r13 is checked to be among them. */
+	__u64 templates_lo;
+	__u64 templates_hi;
+	__u64 returns_lo[2];
+	__u64 returns_hi[2];
+	__u16 method_const;
+	__u16 const_size;
+	__u16 const_code_size;
 	__u16 nm_kind_at;
 	__u16 code_begin;
 	__u16 frame_complete;

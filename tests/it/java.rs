@@ -13,10 +13,11 @@ use std::process::{Command, Stdio};
 use crate::util::*;
 
 /// The workload's JVM options (see JavaBlockers.java).
-const JVM_OPTIONS: [&str; 3] = [
+const JVM_OPTIONS: [&str; 4] = [
     "-XX:CompileCommand=quiet",
     "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
     "-XX:CompileCommand=dontinline,JavaBlockers::deoptBlock",
+    "-XX:CompileCommand=exclude,JavaBlockers::spinInterpreted",
 ];
 
 /// Debian's JDK (javac compiles the workload for release 11, jstack and
@@ -334,6 +335,34 @@ fn other_paths_have_the_jvms_view(pid: &str, reported: &Reported) {
         total > 0 && whole * 10 >= total * 9,
         "--on-cpu: {whole} of {total} us of blockers-cpu-spinner's samples with its Java \
          frames whole:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out)
+    );
+    // Its interpreted method (kept from the compilers), sampled in the
+    // interpreter's templates: whole too (counted above), at lines of its
+    // loop (the bytecode pointer where it stopped, r13, not the frame's
+    // slot, which keeps the last call's).
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/JavaBlockers.java"),
+    )
+    .unwrap();
+    let first = source
+        .lines()
+        .position(|l| l.contains("static long spinInterpreted("))
+        .unwrap() as u32
+        + 1;
+    let lines: Vec<u32> = runs
+        .iter()
+        .flat_map(|l| l.frames.iter())
+        .filter_map(|f| f.strip_prefix("JavaBlockers.spinInterpreted (JavaBlockers.java:"))
+        .filter_map(|f| f.trim_end_matches(')').parse().ok())
+        .collect();
+    // (Most of its time is in the loop's two statements; the frame's
+    // slot keeps the `for` line, where its back branch last called the
+    // JVM.)
+    assert!(
+        lines.iter().all(|&n| n > first && n <= first + 5)
+            && lines.iter().any(|&n| n == first + 2 || n == first + 3),
+        "--on-cpu: spinInterpreted (from line {first}) at lines {lines:?}:\n{}",
         String::from_utf8_lossy(&out)
     );
 }

@@ -31,16 +31,19 @@
 // JVM_OPTIONS: -XX:CompileCommand=quiet
 //              -XX:CompileCommand=exclude,JavaBlockers::mixedMiddle
 //              -XX:CompileCommand=dontinline,JavaBlockers::deoptBlock
+//              -XX:CompileCommand=exclude,JavaBlockers::spinInterpreted
 //
 // Once the threads above are reported, two more run, not reported (their
 // stacks change as they run):
 //   blockers-tick-producer     puts an element in a queue every 50 ms
 //   blockers-tick-consumer     takes them: each of its waits ended by the
 //                              producer's Java code (its waker)
-//   blockers-cpu-spinner       runs compiled code 2 ms in every 20
-//                              (spinOuter, spinInner): on-CPU samples and
-//                              preemptions stop it in the middle of its
-//                              code, not at a call
+//   blockers-cpu-spinner       runs compiled code 1 ms in every 20
+//                              (spinOuter, spinInner), then interpreted
+//                              code 1 ms (spinInterpreted, kept from the
+//                              compilers): on-CPU samples and preemptions
+//                              stop it in the middle of its code, not at
+//                              a call
 //
 // Output, once all are blocked: for each thread, `THREAD name`, then one
 // `FRAME class.method file:line` per frame, innermost first, then `END`;
@@ -252,12 +255,24 @@ public class JavaBlockers {
         return x;
     }
 
+    static long spinInterpreted(long x) {
+        for (int i = 0; i < 1000; i++) {
+            x = x * 6364136223846793005L + 1442695040888963407L;
+            x ^= x >>> 29;
+        }
+        return x;
+    }
+
     static void spinOuter() throws InterruptedException {
         long x = 1;
         while (true) {
-            long end = System.nanoTime() + 2_000_000;
+            long end = System.nanoTime() + 1_000_000;
             while (System.nanoTime() < end) {
                 x = spinInner(x);
+            }
+            end = System.nanoTime() + 1_000_000;
+            while (System.nanoTime() < end) {
+                x = spinInterpreted(x);
             }
             spinSink = x;
             Thread.sleep(18);

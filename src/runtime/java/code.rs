@@ -263,7 +263,7 @@ pub fn nmethod(mem: &dyn Memory, l: &Layout, blob: u64) -> std::io::Result<(u64,
     ))
 }
 
-fn c_string(mem: &dyn Memory, addr: u64, max: usize) -> std::io::Result<String> {
+pub(super) fn c_string(mem: &dyn Memory, addr: u64, max: usize) -> std::io::Result<String> {
     let mut buf = vec![0u8; max];
     // A name near the end of its mapping: read less.
     let mut n = max;

@@ -280,6 +280,27 @@ impl Jvms {
         entry.interp_lo = interpreter.0;
         entry.interp_hi = interpreter.1;
         entry.call_stub_return = walk::call_stub_return(w.mem.as_ref(), &jvm.structs).unwrap_or(0);
+        // Interpreted frames where a thread stopped in a bytecode's
+        // template (else cut short there).
+        if let Ok(Some(t)) = walk::templates(w.mem.as_ref(), &jvm.structs) {
+            let l = &w.layout;
+            let fits = |v: u64| u16::try_from(v).ok();
+            if let (Some(method_const), Some(const_size), Some(const_code_size)) = (
+                fits(l.code.method_const),
+                fits(l.const_method_size),
+                fits(l.const_code_size),
+            ) {
+                entry.templates_lo = t.low;
+                entry.templates_hi = t.high;
+                for (i, r) in t.returns.iter().enumerate() {
+                    entry.returns_lo[i] = r.0;
+                    entry.returns_hi[i] = r.1;
+                }
+                entry.method_const = method_const;
+                entry.const_size = const_size;
+                entry.const_code_size = const_code_size;
+            }
+        }
         w.entry = entry;
         jp.walked = Some(w);
         self.walked.insert(p, jvm.release.clone());

@@ -367,6 +367,7 @@ fn start(java: &Path, classes: &Path, options: &[&str]) -> (KillOnDrop, Reported
                 "-XX:CompileCommand=quiet",
                 "-XX:CompileCommand=exclude,JavaBlockers::mixedMiddle",
                 "-XX:CompileCommand=dontinline,JavaBlockers::deoptBlock",
+                "-XX:CompileCommand=exclude,JavaBlockers::spinInterpreted",
             ])
             .args(options)
             .arg("-cp")
@@ -495,6 +496,22 @@ fn reads_the_tables_of_live_jvms() {
         thread_names_as_the_jvm_reports_them(*major, pid, &jvm, &mem, &name_symbols, reported);
         threads_walk_as_the_jvm_reports_them(*major, pid, &jvm, &mem, reported);
         copies_walk_as_the_jvm_reports_them(*major, pid, &jvm, lib.compile_count + bias, reported);
+        // The bytecode templates, one run of the interpreter's code, the
+        // returning ones among them.
+        let t = walk::templates(&mem, &jvm.structs)
+            .unwrap()
+            .unwrap_or_else(|| panic!("JDK {major}: no bytecode templates"));
+        let (lo, hi) = walk::interpreter(&mem, &jvm.structs).unwrap();
+        assert!(
+            lo <= t.low && t.low < t.high && t.high <= hi,
+            "JDK {major}: {t:x?}"
+        );
+        for r in t.returns {
+            assert!(
+                t.low <= r.0 && r.0 < r.1 && r.1 <= t.high,
+                "JDK {major}: {t:x?}"
+            );
+        }
     }
 }
 

@@ -52,7 +52,7 @@ pub struct WalkLayout {
     pc_scope: u64,
     pub(super) const_method_size: u64,
     const_flags: (u64, bool),
-    const_code_size: u64,
+    pub(super) const_code_size: u64,
     has_line_table: u32,
     pub(super) interp_sender_sp: i64,
     /// A compiled method's deoptimization handler: where the blob keeps
@@ -764,4 +764,95 @@ pub fn frame_at(code: &[u8; 24]) -> FrameAt {
     } else {
         FrameAt::Whole
     }
+}
+
+/// Where the interpreter's bytecode templates are: a thread stopped in
+/// one (not at a call) is in its method's frame, set up, with its bytecode
+/// pointer in r13; but for the templates that return, whose frame is torn
+/// down before the jump back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Templates {
+    pub low: u64,
+    pub high: u64,
+    /// The returning templates (`ireturn` to `return`, and
+    /// `return_register_finalizer`): at most two ranges.
+    pub returns: [(u64, u64); 2],
+}
+
+/// The interpreter's codelets read, at most.
+const MAX_CODELETS: usize = 1 << 12;
+
+/// The interpreter's bytecode templates (see [`Templates`]), from its
+/// codelets (each with its size, description and bytecode, -1 for those
+/// not a bytecode's); None where the tables lack them or the codelets are
+/// not laid out as expected (the templates one run, the returning ones at
+/// most two runs among them).
+pub fn templates(mem: &dyn Memory, s: &VmStructs) -> std::io::Result<Option<Templates>> {
+    let field = |t: &str, f: &str| s.offset(t, f);
+    let (
+        Some(queue),
+        Some(buffer),
+        Some(begin),
+        Some(end),
+        Some(size),
+        Some(description),
+        Some(bytecode),
+    ) = (
+        s.address("AbstractInterpreter", "_code"),
+        field("StubQueue", "_stub_buffer"),
+        field("StubQueue", "_queue_begin"),
+        field("StubQueue", "_queue_end"),
+        field("InterpreterCodelet", "_size"),
+        field("InterpreterCodelet", "_description"),
+        field("InterpreterCodelet", "_bytecode"),
+    )
+    else {
+        return Ok(None);
+    };
+    let queue = u64_at(mem, queue)?;
+    if queue == 0 {
+        return Ok(None);
+    }
+    let buffer = u64_at(mem, queue.wrapping_add(buffer))?;
+    let begin = u64::from(u32_at(mem, queue.wrapping_add(begin))?);
+    let end = u64::from(u32_at(mem, queue.wrapping_add(end))?);
+    let mut t = Templates::default();
+    let mut returns: Vec<(u64, u64)> = Vec::new();
+    let mut at = begin;
+    for _ in 0..MAX_CODELETS {
+        if at >= end {
+            break;
+        }
+        let codelet = buffer.wrapping_add(at);
+        let len = u64::from(u32_at(mem, codelet.wrapping_add(size))?);
+        if len == 0 || len > 1 << 20 {
+            return Ok(None);
+        }
+        let code = u32_at(mem, codelet.wrapping_add(bytecode))? as i32;
+        let (lo, hi) = (codelet, codelet + len);
+        if code >= 0 {
+            if t.low == 0 {
+                t.low = lo;
+            } else if t.high != lo {
+                // Another codelet among the templates.
+                return Ok(None);
+            }
+            t.high = hi;
+            let name = code::c_string(mem, u64_at(mem, codelet.wrapping_add(description))?, 64)?;
+            if name.ends_with("return") || name == "return_register_finalizer" {
+                match returns.last_mut() {
+                    Some(r) if r.1 == lo => r.1 = hi,
+                    _ => returns.push((lo, hi)),
+                }
+            }
+        }
+        at += len;
+    }
+    if t.low == 0 || returns.is_empty() || returns.len() > t.returns.len() {
+        return Ok(None);
+    }
+    for (slot, r) in t.returns.iter_mut().zip(&returns) {
+        *slot = *r;
+    }
+    Ok(Some(t))
 }
