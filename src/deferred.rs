@@ -493,6 +493,7 @@ impl Deferred {
             }
             self.waiting.retain(|_, v| !v.is_empty());
             self.stats.unwalked += earlier;
+            self.trim_marks();
         }
         if ready.is_empty() {
             return;
@@ -573,11 +574,7 @@ impl Deferred {
             self.waiting_bytes -= bytes;
         }
         self.waiting.retain(|_, v| !v.is_empty());
-        // The marks of copies given up or dropped meanwhile.
-        if self.marks.len() > self.waiting.values().map(Vec::len).sum() {
-            let left = self.waiting_ids();
-            self.marks.retain(|id, _| left.contains(id));
-        }
+        self.trim_marks();
         if self.stall.is_some() {
             let left = self.waiting_ids();
             if let Some((_, came)) = &mut self.stall {
@@ -604,6 +601,7 @@ impl Deferred {
                 self.waiting.remove(&p.tgid);
             }
         }
+        self.trim_marks();
     }
 
     /// Process `p` is gone, and so are its tables: its copies that were
@@ -624,6 +622,7 @@ impl Deferred {
                 self.waiting.remove(&p.tgid);
             }
         }
+        self.trim_marks();
     }
 
     /// The copied stacks `raw` counts that were not walked (and stored)
@@ -659,6 +658,16 @@ impl Deferred {
         self.waiting.clear();
         self.waiting_bytes = 0;
         self.hopeless.clear();
+        self.marks.clear();
+    }
+
+    /// Lets go of the marks of copies no longer waiting (walked, given up
+    /// or dropped).
+    fn trim_marks(&mut self) {
+        if self.marks.len() > self.waiting.values().map(Vec::len).sum() {
+            let left = self.waiting_ids();
+            self.marks.retain(|id, _| left.contains(id));
+        }
     }
 
     pub fn stats(&self) -> DeferredStats {

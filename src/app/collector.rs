@@ -162,6 +162,9 @@ impl<'t> Collector<'t> {
         walked: &mut dyn FnMut(u64, &[u64]),
     ) -> bool {
         let spaces = self.note_events(events, registry);
+        // The runtimes' processes noted before the copies are added: a
+        // copy's mark is read from its process's runtime, if known.
+        self.note_runtimes(registry);
         deferred.add(stacks, &|p| registry.copy_mark(p));
         // Tables first: the stacks copied for processes that had none are
         // walked with them, before the processes that exited are let go.
@@ -169,7 +172,6 @@ impl<'t> Collector<'t> {
             None => false,
             Some(u) => update_tables(u, events, spaces, tracer, registry, deferred, walked),
         };
-        self.note_runtimes(registry);
         self.refresh_runtimes(tracer);
         self.exits.sweep(registry);
         if self.scan.is_none() {

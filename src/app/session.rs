@@ -133,6 +133,10 @@ impl<'a> Session<'a> {
             symbolizer.keep_user_names();
         }
         let intervals = Intervals::start(config, &tracer)?;
+        // Copied stacks follow the frames of the runtimes the BPF program
+        // walks.
+        let walked = tracer.runtime_store().is_some();
+        registry.walk_runtimes(&|kind| walked && config.tracer.runtime_on(kind));
         let session = Session {
             config,
             outputs,

@@ -246,7 +246,8 @@ static __always_inline bool java_ret_tail(__u64 a, __u64 b, __u64 c, __u32 k)
  * caller's frame pointer and the return address are left; after it, the
  * return address: told by the add and pop just before the pc, or the
  * return's known instructions from the pc on (and a reserved stack
- * area's check, cmp rsp then jb, right after the pop).
+ * area's check, cmp rsp then jb, right after the pop), or the return
+ * poll's stub.
  * A global function: checked once, whatever calls it.
  */
 __noinline int java_code_at(__u64 a, __u64 b, __u64 c)
@@ -255,6 +256,21 @@ __noinline int java_code_at(__u64 a, __u64 b, __u64 c)
 	bool add32_before = JAVA_BYTE(0) == 0x48 && JAVA_BYTE(1) == 0x81 && JAVA_BYTE(2) == 0xc4;
 
 	if (JAVA_BYTE(7) == 0x5d && (add8_before || add32_before))
+		return JAVA_FRAME_RETURN;
+	/* A return's safepoint poll taken: its stub (in the code, before the
+	 * stubs' section from JDK 17), reached with the frame torn down: lea
+	 * r10,[rip+d] (or mov r10,imm64); mov [r15+d],r10; jmp.  (The mov
+	 * r10,imm64 form cannot be told from a call's setting of the last
+	 * Java pc: not known, below.) */
+	if (JAVA_BYTE(8) == 0x4c && JAVA_BYTE(9) == 0x8d && JAVA_BYTE(10) == 0x15 &&
+	    JAVA_BYTE(15) == 0x4d && JAVA_BYTE(16) == 0x89 && JAVA_BYTE(17) == 0x97 &&
+	    JAVA_BYTE(22) == 0xe9)
+		return JAVA_FRAME_RETURN;
+	if (JAVA_BYTE(8) == 0x4d && JAVA_BYTE(9) == 0x89 && JAVA_BYTE(10) == 0x97 &&
+	    JAVA_BYTE(15) == 0xe9)
+		return JAVA_FRAME_RETURN;
+	if (JAVA_BYTE(1) == 0x4d && JAVA_BYTE(2) == 0x89 && JAVA_BYTE(3) == 0x97 &&
+	    JAVA_BYTE(8) == 0xe9)
 		return JAVA_FRAME_RETURN;
 	if (JAVA_BYTE(0) == 0x5d && JAVA_BYTE(1) == 0x49 && JAVA_BYTE(2) == 0x3b &&
 	    JAVA_BYTE(3) == 0xa7 && JAVA_BYTE(8) == 0x0f && JAVA_BYTE(9) == 0x82)
@@ -268,6 +284,13 @@ __noinline int java_code_at(__u64 a, __u64 b, __u64 c)
 			return JAVA_FRAME_POPPING;
 		return JAVA_FRAME_UNKNOWN;
 	}
+	/* Just after a pop not read above (no add before it: a frame of two
+	 * words), or a byte 0x5d ending another instruction: not known. */
+	if (JAVA_BYTE(7) == 0x5d)
+		return JAVA_FRAME_UNKNOWN;
+	if (JAVA_BYTE(8) == 0x49 && JAVA_BYTE(9) == 0xba && JAVA_BYTE(18) == 0x4d &&
+	    JAVA_BYTE(19) == 0x89 && JAVA_BYTE(20) == 0x97)
+		return JAVA_FRAME_UNKNOWN;
 	return JAVA_FRAME_WHOLE;
 }
 
@@ -361,6 +384,10 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 			      (u->pc >= j->returns_lo[0] && u->pc < j->returns_hi[0]) ||
 			      (u->pc >= j->returns_lo[1] && u->pc < j->returns_hi[1])))
 			return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
+		/* The frame is at rbp: where no frame before restored it, the
+		 * walk's starting rbp, which a proof of the walk then checks. */
+		if (!u->bp_restored)
+			u->bp_used = true;
 		if (read_user(js->frame, 16 - JAVA_FRAME_LOW, (void *)(u->bp + JAVA_FRAME_LOW), task,
 			      c))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
@@ -385,6 +412,9 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 			    js->r13 >= js->cm + j->const_size + js->code_size)
 				return java_cut(u, ips, idx, JAVA_CUT_RUNNING);
 			sender = js->r13;
+			/* A register no proof of the walk checks: walked again
+			 * each time. */
+			u->unprovable = true;
 		}
 		/* The bytecode pointer's low 16 bits: userspace finds the
 		 * index from the method's bytecodes (fewer than 2^16). */

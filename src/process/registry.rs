@@ -146,6 +146,9 @@ pub struct Registry {
     runtimes: crate::runtime::Runtimes,
     /// Where each process runs: its container and pid namespace.
     places: Places,
+    /// The runtimes whose frames are walked (the BPF program's walk, and
+    /// so the walk of copied stacks): none until said.
+    walked_runtimes: Vec<crate::runtime::Kind>,
 }
 
 /// Mapping snapshots of the processes seen.
@@ -253,6 +256,7 @@ impl Registry {
             notes: Notes::default(),
             runtimes: Default::default(),
             places: Places::default(),
+            walked_runtimes: Vec::new(),
         }
     }
 

@@ -72,19 +72,48 @@ impl Registry {
         self.runtimes.iter().flat_map(|r| r.pending()).collect()
     }
 
-    /// What the runtimes must know of this moment to step over a stack of
-    /// process `p` copied now (see [`Runtime::copy_mark`]).
+    /// What the runtimes walked must know of this moment to step over a
+    /// stack of process `p` copied now (see [`Runtime::copy_mark`]).
     pub fn copy_mark(&self, p: Proc) -> Option<u64> {
-        self.runtimes.iter().find_map(|r| r.copy_mark(p))
+        self.walked().find_map(|r| r.copy_mark(p))
     }
 
-    /// Whether every runtime can step over copied stacks of process `p`
-    /// now (see [`Runtime::copy_ready`]): not where it maps a runtime
-    /// whose generated code keeps no frame pointers that has not looked at
-    /// it yet.
+    /// The runtimes whose frames the BPF program walks (`on`): those
+    /// whose frames the walks of copied stacks follow too.
+    pub fn walk_runtimes(&mut self, on: &dyn Fn(Kind) -> bool) {
+        self.walked_runtimes = crate::runtime::RUNTIMES
+            .iter()
+            .map(|s| s.kind)
+            .filter(|&k| on(k))
+            .collect();
+    }
+
+    fn walked(&self) -> impl Iterator<Item = &dyn Runtime> {
+        self.runtimes
+            .iter()
+            .filter(|r| self.walked_runtimes.contains(&r.kind()))
+    }
+
+    /// Whether every runtime walked can step over copied stacks of process
+    /// `p` now (see [`Runtime::copy_ready`]): not where it maps such a
+    /// runtime whose generated code keeps no frame pointers and that
+    /// runtime has not looked at it yet.
     pub fn copy_ready(&self, p: Proc) -> bool {
-        (self.jit_keeps_frame_pointers(p.tgid) || self.runtimes.iter().any(|r| r.seen(p)))
-            && self.runtimes.iter().all(|r| r.copy_ready(p))
+        let unseen_jit = self.walked().any(|r| {
+            !r.seen(p)
+                && !r.kind().spec().jit_without_frame_pointers.is_empty()
+                && self.maps_any(p.tgid, r.kind().spec().jit_without_frame_pointers)
+        });
+        !unseen_jit && self.walked().all(|r| r.copy_ready(p))
+    }
+
+    /// Whether process `tgid` maps an object named one of `names`.
+    fn maps_any(&self, tgid: u32, names: &[&str]) -> bool {
+        self.snapshots.processes.get(&tgid).is_some_and(|mappings| {
+            mappings
+                .iter()
+                .any(|m| names.contains(&self.files.objects[m.object as usize].name.as_str()))
+        })
     }
 
     /// A runtime's step over a copied stack of process `p` (see
@@ -96,7 +125,7 @@ impl Registry {
         at: crate::runtime::CopyAt,
         read: &dyn Fn(u64) -> Option<u64>,
     ) -> crate::runtime::CopyStep {
-        for r in self.runtimes.iter() {
+        for r in self.walked() {
             let step = r.step_copy(p, mark, at, read);
             if step != crate::runtime::CopyStep::NotMine {
                 return step;

@@ -1,14 +1,20 @@
 //! Java frames in stacks copied before their process's unwind tables were
 //! written (a JVM's first blocks), walked in userspace: the BPF walk's
-//! `java_step()` over the copy, its words the same.
+//! `java_step()` over the copy, its words the same (but for a thread
+//! stopped in interpreted code: the copy has no r13, and the walk is cut
+//! there).
 //!
 //! The frame's slots come from the copy; the code cache's blobs from the
 //! JVM's memory, read now, after the block. A blob found now is the one
-//! the frame ran only if it was compiled before the copy came: its compile
-//! id must not be above the JVM's compile count read then
-//! ([`super::Jvms`]'s `copy_mark`), or the walk stops there (its frame
-//! size may be another method's). Where that count is not known, compiled
-//! frames are not walked.
+//! the frame ran only if it was there when the stack was copied: its
+//! compile id must not be above the JVM's compile count read when the copy
+//! reached userspace ([`super::Jvms`]'s `copy_mark`), or the walk stops
+//! there (its frame size may be another method's). Where that count is
+//! not known, compiled frames are not walked. (A compile id is given when
+//! the compilation is asked for, its code put in the code cache later: a
+//! method compiled in the milliseconds between the copy and its reading
+//! passes the check; it could be taken for the frame's only where its
+//! code took the place of code freed in that time, at the frame's pc.)
 
 use super::code::{self, u32_at};
 use super::frames::{compiled_word, cut_word, interpreted_word};
@@ -104,20 +110,24 @@ pub(super) fn step(
     }
     let word = compiled_word(pc, id);
     if size <= 0 {
-        // The call stub keeps its frame pointer; other blobs without a
-        // frame size do not.
+        // The call stub keeps its frame pointer (but where the thread
+        // stopped in its own code); other blobs without a frame size do
+        // not.
         let call_stub = e.call_stub_return;
-        if !at.exact && (call_stub == 0 || pc == call_stub) {
-            return CopyStep::ByFramePointer { word };
+        if at.exact {
+            return cut(Why::JAVA_CUT_RUNNING);
         }
-        return CopyStep::End { word, cut: true };
+        if call_stub != 0 && pc != call_stub {
+            return cut(Why::JAVA_CUT_UNREADABLE);
+        }
+        return CopyStep::ByFramePointer { word };
     }
     if size > 1 << 16 {
-        return CopyStep::End { word, cut: true };
+        return cut(Why::JAVA_CUT_UNREADABLE);
     }
     let mut frame = FrameAt::Whole;
     if at.exact {
-        frame = frame_where_stopped(w, blob, b.code_begin, pc, b.name == "nmethod");
+        frame = frame_where_stopped(w, blob, b.code_begin, pc);
     }
     let (ra, sp, bp) = match frame {
         FrameAt::Whole => {
@@ -134,29 +144,41 @@ pub(super) fn step(
             at.sp.wrapping_add(16),
             read(at.sp),
         ),
-        FrameAt::Unknown => return CopyStep::End { word, cut: true },
+        FrameAt::Unknown => return cut(Why::JAVA_CUT_RUNNING),
     };
     match (ra, bp) {
         (Some(pc), Some(bp)) => CopyStep::Next { word, pc, sp, bp },
-        _ => CopyStep::End { word, cut: true },
+        _ => cut(Why::JAVA_CUT_UNREADABLE),
     }
 }
 
 /// How much of the frame stands where a thread stopped at `pc` in blob
-/// `blob` (its code from `code_begin`): in a method C1 or C2 compiled
-/// (`compiled`), past its prologue and before its stubs, from the
-/// instructions there; elsewhere not known.
-fn frame_where_stopped(w: &Walked, blob: u64, code_begin: u64, pc: u64, compiled: bool) -> FrameAt {
+/// `blob` (its code from `code_begin`), as the BPF program tells it: in
+/// the code of a method C1 or C2 compiled (the blob's vtable or kind that
+/// of a compiled method, its compile level not 0), past its prologue and
+/// before its stubs, from the instructions there; elsewhere not known.
+fn frame_where_stopped(w: &Walked, blob: u64, code_begin: u64, pc: u64) -> FrameAt {
+    let e = &w.entry;
     let mem = w.mem.as_ref();
-    let Some(r) = w.layout.running.filter(|_| compiled) else {
+    let at = |off: u16| blob.wrapping_add(u64::from(off));
+    let byte = |off: u16| {
+        let mut b = [0u8];
+        mem.read(at(off), &mut b).ok().map(|_| b[0])
+    };
+    let kind = match e.nm_kind_bytes {
+        8 => code::u64_at(mem, at(e.nm_kind_at)).ok() == Some(e.nm_kind),
+        1 => byte(e.nm_kind_at) == Some(e.nm_kind as u8),
+        _ => false,
+    };
+    if !kind || byte(e.comp_level).is_none_or(|l| l == 0) {
         return FrameAt::Unknown;
-    };
-    let complete = if r.frame_complete_short {
-        code::u16_at(mem, blob + r.frame_complete).map(|v| i64::from(v as i16))
+    }
+    let complete = if e.frame_complete_short != 0 {
+        code::u16_at(mem, at(e.frame_complete)).map(|v| i64::from(v as i16))
     } else {
-        u32_at(mem, blob + r.frame_complete).map(|v| i64::from(v as i32))
+        u32_at(mem, at(e.frame_complete)).map(|v| i64::from(v as i32))
     };
-    let stubs = u32_at(mem, blob + r.stub_offset).map(|v| blob.wrapping_add(u64::from(v)));
+    let stubs = u32_at(mem, at(e.stub_offset)).map(|v| blob.wrapping_add(u64::from(v)));
     let (Ok(complete), Ok(stubs)) = (complete, stubs) else {
         return FrameAt::Unknown;
     };

@@ -914,7 +914,7 @@ fn epilogues_are_told(major: u32, jvm: &Jvm, mem: &ProcMem, nmethod_vtable: u64,
         !is_nmethod(stub_blob),
         "JDK {major}: the call stub told as compiled"
     );
-    let (mut methods, mut pops) = (0, 0);
+    let (mut methods, mut pops, mut poll_stubs) = (0, 0, 0);
     for &b in blobs {
         let blob = code::blob(mem, &w.code, b).unwrap();
         assert!(
@@ -956,7 +956,18 @@ fn epilogues_are_told(major: u32, jvm: &Jvm, mem: &ProcMem, nmethod_vtable: u64,
                         &code[p - 7..p + 16]
                     )
                 };
-                assert_eq!(at(p - 1), walk::FrameAt::Whole, "{}", said(p - 1));
+                // At the add: whole (or, where the instruction before
+                // it ends with a byte 0x5d, not known: cut, not guessed).
+                let add = if code[p - 4..p - 1] == [0x48, 0x83, 0xc4] {
+                    p - 4
+                } else {
+                    p - 7
+                };
+                assert!(
+                    matches!(at(add), walk::FrameAt::Whole | walk::FrameAt::Unknown),
+                    "{}",
+                    said(add)
+                );
                 assert_eq!(at(p), walk::FrameAt::Popping, "{}", said(p));
                 // Each instruction after the pop, to the ret or the jump
                 // out: the return address alone left.
@@ -979,10 +990,47 @@ fn epilogues_are_told(major: u32, jvm: &Jvm, mem: &ProcMem, nmethod_vtable: u64,
                     }
                 }
             }
+            // A return poll's stub, reached with the frame torn down
+            // (`lea r10,[rip+d]; mov [r15+d],r10; jmp`): the return
+            // address alone at each of its instructions; and its `mov;
+            // jmp` nowhere else.
+            if code[p..p + 3] == [0x4c, 0x8d, 0x15]
+                && code[p + 7..p + 10] == [0x4d, 0x89, 0x97]
+                && code[p + 14] == 0xe9
+            {
+                poll_stubs += 1;
+                for q in [p, p + 7, p + 14] {
+                    assert_eq!(
+                        at(q),
+                        walk::FrameAt::Return,
+                        "JDK {major}: a poll stub at +{q}: {:02x?}",
+                        &code[p - 8..p + 16]
+                    );
+                }
+            }
+            if code[p..p + 3] == [0x4d, 0x89, 0x97] && code[p + 7] == 0xe9 {
+                // After `lea r10,[rip+d]`, or `mov r10,imm64` (then not
+                // known at that mov: a call's setting of the last Java pc
+                // looks the same).
+                let lea = code[p - 7..p - 4] == [0x4c, 0x8d, 0x15];
+                let movabs = code[p - 10..p - 8] == [0x49, 0xba];
+                assert!(
+                    lea || movabs,
+                    "JDK {major}: mov [r15+d],r10; jmp at +{p} not in a poll stub: {:02x?}",
+                    &code[p - 10..p + 8]
+                );
+                if movabs {
+                    poll_stubs += 1;
+                    assert_eq!(at(p - 10), walk::FrameAt::Unknown, "JDK {major} +{p}");
+                    assert_eq!(at(p), walk::FrameAt::Return, "JDK {major} +{p}");
+                    assert_eq!(at(p + 7), walk::FrameAt::Return, "JDK {major} +{p}");
+                }
+            }
         }
     }
-    eprintln!("JDK {major}: {methods} compiled methods, {pops} epilogues");
+    eprintln!("JDK {major}: {methods} compiled methods, {pops} epilogues, {poll_stubs} poll stubs");
     assert!(methods >= 20 && pops >= 20, "JDK {major}");
+    assert!(major < 17 || poll_stubs >= 1, "JDK {major}: no poll stub");
 }
 
 /// What is not a HotSpot libjvm is told apart: another name is not looked

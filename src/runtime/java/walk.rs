@@ -747,12 +747,20 @@ fn ret_tail(b: &[u8; 24], k: usize) -> bool {
 /// method handle's target). After the pop, told by the add and pop just
 /// before the pc, or the return's known instructions from the pc on (and
 /// a reserved stack area's check, `cmp rsp` then `jb`, right after the
-/// pop).
+/// pop), or the return poll's stub.
 pub fn frame_at(code: &[u8; 24]) -> FrameAt {
     let add_pop_before =
         code[7] == 0x5d && (code[3..6] == [0x48, 0x83, 0xc4] || code[0..3] == [0x48, 0x81, 0xc4]);
     let reserved_check = code[0..4] == [0x5d, 0x49, 0x3b, 0xa7] && code[8..10] == [0x0f, 0x82];
-    if add_pop_before || reserved_check || ret_tail(code, 8) {
+    // A return's safepoint poll taken: its stub (in the code, before the
+    // stubs' section from JDK 17), reached with the frame torn down: `lea
+    // r10,[rip+d]` (or `mov r10,imm64`, below); `mov [r15+d],r10; jmp`.
+    let poll_stub = (code[8..11] == [0x4c, 0x8d, 0x15]
+        && code[15..18] == [0x4d, 0x89, 0x97]
+        && code[22] == 0xe9)
+        || (code[8..11] == [0x4d, 0x89, 0x97] && code[15] == 0xe9)
+        || (code[1..4] == [0x4d, 0x89, 0x97] && code[8] == 0xe9);
+    if add_pop_before || reserved_check || poll_stub || ret_tail(code, 8) {
         FrameAt::Return
     } else if code[8] == 0x5d {
         if ret_tail(code, 9) || code[4..7] == [0x48, 0x83, 0xc4] || code[1..4] == [0x48, 0x81, 0xc4]
@@ -761,6 +769,14 @@ pub fn frame_at(code: &[u8; 24]) -> FrameAt {
         } else {
             FrameAt::Unknown
         }
+    } else if code[7] == 0x5d {
+        // Just after a pop not read above (no add before it: a frame of
+        // two words), or a byte 0x5d ending another instruction.
+        FrameAt::Unknown
+    } else if code[8..10] == [0x49, 0xba] && code[18..21] == [0x4d, 0x89, 0x97] {
+        // `mov r10,imm64; mov [r15+d],r10`: a poll stub's, or a call's
+        // setting of the last Java pc, not told apart here.
+        FrameAt::Unknown
     } else {
         FrameAt::Whole
     }
