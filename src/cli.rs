@@ -296,8 +296,9 @@ pub struct Args {
     #[arg(long = "unwind", value_enum, default_value = "dwarf")]
     pub unwind: UnwindArg,
 
-    /// Kernel memory for the DWARF unwind tables, in MiB (auto: 1/256 of
-    /// the machine's memory, 16 to 128)
+    /// The most kernel memory the DWARF unwind tables may take, in MiB
+    /// (auto: 1/256 of the machine's memory, 16 to 128); they grow as
+    /// processes need them
     #[arg(long = "unwind-memory", value_name = "MIB", default_value = "auto")]
     pub unwind_memory: String,
 

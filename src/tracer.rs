@@ -39,6 +39,7 @@ use programs::{Attach, Flavour, Plan, Role};
 pub use read::StackScan;
 use read::*;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
+use stores::UnwindArrays;
 pub use stores::{RuntimeStore, UnwindStore};
 
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
@@ -428,19 +429,26 @@ impl<'obj> Tracer<'obj> {
             Hook::RawTp => "raw_tp/sched_switch",
             _ => "kprobe/finish_task_switch",
         };
+        let mut arrays = match dwarf {
+            true => Some(UnwindArrays::new(&mut open, opts.unwind_capacity)?),
+            false => None,
+        };
+        let mut room = Ok(());
         let (skel, overlapped) = load_while(open, &logs, opts.test.verifier_stats, || {
-            if dwarf {
+            if let Some(arrays) = arrays.as_mut() {
                 tables.prepare(opts.unwind_capacity);
+                room = arrays.first_room();
             }
         })
         .with_context(|| format!("failed to load the BPF program ({what})"))?;
+        room?;
         phases.overlapped = Some(overlapped);
 
         phases.mark("load");
         fill_filters(&skel, opts)?;
 
-        if dwarf {
-            tables.install(UnwindStore::new(&skel)?);
+        if let Some(arrays) = arrays {
+            tables.install(UnwindStore::new(&skel, arrays)?);
         }
         if opts.runtimes() && !legacy {
             tables.install_runtimes(RuntimeStore::new(&skel)?);

@@ -65,6 +65,11 @@ const EARLIER_SPACES: usize = 16;
 pub trait TableStore {
     fn row_capacity(&self) -> usize;
     fn mapping_capacity(&self) -> usize;
+    /// Bytes of kernel memory the rows and mappings take now (they grow
+    /// as they are written).
+    fn allocated_bytes(&self) -> usize {
+        0
+    }
     fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()>;
     fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()>;
     /// Points process `tgid` at `count` mappings from `start`, written
@@ -202,6 +207,8 @@ pub struct UnwindStats {
     pub row_capacity: usize,
     pub mappings: usize,
     pub mapping_capacity: usize,
+    /// Bytes of kernel memory the rows and mappings take now.
+    pub allocated_bytes: usize,
     /// Processes with tables now.
     pub processes: usize,
     /// Processes given tables since the start.
@@ -597,6 +604,7 @@ impl Unwinder {
     fn update_stats(&mut self) {
         self.stats.rows = self.rows.used;
         self.stats.mappings = self.mappings.used;
+        self.stats.allocated_bytes = self.store.as_deref().map_or(0, |s| s.allocated_bytes());
         self.stats.objects = self.objects.values().filter(|e| e.table.is_some()).count();
         self.stats.files = self
             .objects

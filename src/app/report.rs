@@ -501,7 +501,8 @@ fn report_unwind_stats(
     let mapping = std::mem::size_of::<crate::bpf::types::unwind_mapping>();
     eprintln!(
         "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
-         {} mappings of {} processes: {:.1} of {:.1} MiB, built in {:.0} ms; {} stacks walked \
+         {} mappings of {} processes: {:.1} MiB in {:.1} MiB allocated (at most {:.1}), built in \
+         {:.0} ms; {} stacks walked \
          with them ({} cut short, {} proved unchanged since one of the thread's last walks), {} \
          frames through frame pointers ({} in code its object's tables do not cover)",
         s.objects,
@@ -510,6 +511,7 @@ fn report_unwind_stats(
         s.mappings,
         s.processes,
         mib(s.rows, row) + mib(s.mappings, mapping),
+        mib(s.allocated_bytes, 1),
         mib(s.row_capacity, row) + mib(s.mapping_capacity, mapping),
         s.build_ms,
         c.unwind_dwarf,

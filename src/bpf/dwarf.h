@@ -228,7 +228,7 @@ static long mapping_step(__u32 i, void *arg)
 			return 1;
 		mid = s->lo + (s->hi - s->lo) / 2;
 		idx = s->start + mid;
-		m = bpf_map_lookup_elem(&unwind_maps, &idx);
+		m = unwind_mapping_at(idx);
 		if (!m)
 			return 1;
 		if (s->addr < m->start) {
@@ -257,7 +257,7 @@ static __always_inline struct unwind_mapping *find_mapping(__u32 start, __u32 co
 	if (!s.found)
 		return NULL;
 	idx = s.start + s.lo;
-	return bpf_map_lookup_elem(&unwind_maps, &idx);
+	return unwind_mapping_at(idx);
 }
 
 static long row_step(__u32 i, void *arg)
@@ -272,7 +272,7 @@ static long row_step(__u32 i, void *arg)
 			return 1;
 		mid = s->lo + (s->hi - s->lo) / 2;
 		idx = s->start + mid;
-		r = bpf_map_lookup_elem(&unwind_rows, &idx);
+		r = unwind_row_at(idx);
 		if (!r)
 			return 1;
 		if (r->pc <= s->addr)
@@ -294,7 +294,7 @@ static __always_inline struct unwind_row *find_row(__u32 start, __u32 count, __u
 	if (s.lo == 0 || s.lo > count || s.lo < s.hi)
 		return NULL;
 	idx = start + s.lo - 1;
-	return bpf_map_lookup_elem(&unwind_rows, &idx);
+	return unwind_row_at(idx);
 }
 
 /* unwind_rule()'s answer: kind | cfa_off << 8 | (__u8)rbp_off << 24,

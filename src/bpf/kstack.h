@@ -264,6 +264,7 @@ struct {
  * not change.  Full, it takes no more. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, struct korc_entry);
@@ -803,6 +804,7 @@ struct korc_pair {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 8192);
 	__type(key, struct korc_pair);
 	__type(value, __u64);

@@ -121,6 +121,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, __u64[MAX_STACK_DEPTH]);
@@ -128,6 +129,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 65536);
 	__type(key, struct offcpu_key);
 	__type(value, struct offcpu_val);
@@ -136,6 +138,7 @@ struct {
 /* --wakers: each distinct waker (task and stacks) under a 64-bit hash. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, struct waker_info);
@@ -270,23 +273,56 @@ struct {
 	__type(value, struct ucache_window);
 } ucache_window SEC(".maps");
 
-/* DWARF unwind tables (see offcputime.h); sized by userspace at load, and
- * written by it through mmap. */
-struct {
+/* DWARF unwind tables (see offcputime.h): chunks created, mmapped and
+ * written by userspace as the tables grow; the arrays of chunks sized by it
+ * at load. */
+struct unwind_rows_chunk {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 1);
+	__uint(max_entries, UNWIND_ROWS_PER_CHUNK);
 	__type(key, __u32);
 	__type(value, struct unwind_row);
-} unwind_rows SEC(".maps");
+};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, 1);
 	__type(key, __u32);
+	__array(values, struct unwind_rows_chunk);
+} unwind_rows SEC(".maps");
+
+struct unwind_maps_chunk {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, UNWIND_MAPS_PER_CHUNK);
+	__type(key, __u32);
 	__type(value, struct unwind_mapping);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct unwind_maps_chunk);
 } unwind_maps SEC(".maps");
+
+/* Row `i` of the rows, and mapping `i` of the mappings: NULL past the
+ * chunks created. */
+static __always_inline struct unwind_row *unwind_row_at(__u32 i)
+{
+	__u32 chunk = i >> UNWIND_ROWS_CHUNK_SHIFT, at = i & (UNWIND_ROWS_PER_CHUNK - 1);
+	void *rows = bpf_map_lookup_elem(&unwind_rows, &chunk);
+
+	return rows ? bpf_map_lookup_elem(rows, &at) : NULL;
+}
+
+static __always_inline struct unwind_mapping *unwind_mapping_at(__u32 i)
+{
+	__u32 chunk = i >> UNWIND_MAPS_CHUNK_SHIFT, at = i & (UNWIND_MAPS_PER_CHUNK - 1);
+	void *maps = bpf_map_lookup_elem(&unwind_maps, &chunk);
+
+	return maps ? bpf_map_lookup_elem(maps, &at) : NULL;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -372,6 +408,7 @@ enum offcpu_counter _offcpu_counter = CNT_MAX;
 enum unwind_kind _unwind_kind = UNWIND_NONE;
 enum unwind_frame_special _unwind_frame_special = UNWIND_SIGNAL_FRAME_HI;
 enum unwind_limits _unwind_limits = UNWIND_MAX_OBJECT_ROWS;
+enum unwind_chunks _unwind_chunks = UNWIND_ROWS_PER_CHUNK;
 struct unwind_row _unwind_row = {};
 struct unwind_mapping _unwind_mapping = {};
 struct unwind_proc _unwind_proc = {};

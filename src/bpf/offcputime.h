@@ -489,6 +489,20 @@ enum unwind_limits {
 	UNWIND_MAX_PROC_MAPPINGS = 1 << 10,
 };
 
+/*
+ * The rows and the mappings are each one array of the program's, indexed
+ * as one, but kept in chunks of equal size (array maps of their own, in an
+ * array of maps) that userspace creates as the tables grow: memory that
+ * follows what is in use, not the most that could be.  Row i is entry
+ * i % UNWIND_ROWS_PER_CHUNK of chunk i / UNWIND_ROWS_PER_CHUNK.
+ */
+enum unwind_chunks {
+	UNWIND_ROWS_CHUNK_SHIFT = 17,
+	UNWIND_ROWS_PER_CHUNK = 1 << UNWIND_ROWS_CHUNK_SHIFT,
+	UNWIND_MAPS_CHUNK_SHIFT = 13,
+	UNWIND_MAPS_PER_CHUNK = 1 << UNWIND_MAPS_CHUNK_SHIFT,
+};
+
 struct unwind_mapping {
 	__u64 start;
 	__u64 end;

@@ -29,6 +29,7 @@ const volatile bool python_on = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 8192);
 	__type(key, __u32);
 	__type(value, struct py_proc);

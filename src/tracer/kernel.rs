@@ -32,6 +32,29 @@ pub fn release() -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The kernel's version, major and minor, from its release: None where
+/// the release does not start with them.
+pub fn version() -> Option<(u32, u32)> {
+    version_of(&release())
+}
+
+fn version_of(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Whether a hash map's elements can be allocated as they are added in
+/// any context, a context switch's included (the BPF memory allocator,
+/// Linux 6.1): hash maps grow with use there. Before, a tracing program's
+/// hash map allocating at run time could take a lock the scheduler holds,
+/// and an `--on-cpu` perf-event program cannot have one at all: they are
+/// allocated whole at load.
+pub fn hash_maps_grow() -> bool {
+    version().is_some_and(|v| v >= (6, 1))
+}
+
 /// The oldest kernel's BPF the programs can run on (Linux 5.10): the ring
 /// buffer (5.8), task iterators (5.8) and `bpf_get_task_stack` (5.9). An
 /// older kernel gets one line that names it and what it lacks. Probes that
@@ -103,4 +126,18 @@ pub fn check_environment() -> anyhow::Result<()> {
         );
     }
     check_minimum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_versions_from_releases() {
+        assert_eq!(version_of("6.18.0-1-amd64"), Some((6, 18)));
+        assert_eq!(version_of("5.10.0-33-cloud-amd64"), Some((5, 10)));
+        assert_eq!(version_of("6.1"), Some((6, 1)));
+        assert_eq!(version_of("(unknown)"), None);
+        assert_eq!(version_of("6"), None);
+    }
 }

@@ -417,14 +417,6 @@ pub(super) fn configure(
     if opts.unwind == Unwind::Dwarf {
         let cap = opts.unwind_capacity;
         open.maps
-            .unwind_rows
-            .set_max_entries(cap.rows)
-            .context("unwind rows map size")?;
-        open.maps
-            .unwind_maps
-            .set_max_entries(cap.mappings)
-            .context("unwind mappings map size")?;
-        open.maps
             .unwind_procs
             .set_max_entries(cap.processes)
             .context("unwind processes map size")?;
@@ -436,6 +428,23 @@ pub(super) fn configure(
             .deferred_stacks
             .set_max_entries(DEFERRED_RING_BYTES)
             .context("deferred stacks ring buffer size")?;
+    }
+    if !kernel::hash_maps_grow() {
+        // Allocated whole at load (see `hash_maps_grow`).
+        let maps = &mut open.maps;
+        for map in [
+            &mut maps.stacks,
+            &mut maps.counts,
+            &mut maps.wakers,
+            &mut maps.korc_entries,
+            &mut maps.korc_pairs,
+            &mut maps.java_procs,
+            &mut maps.py_procs,
+            &mut maps.unwind_procs,
+        ] {
+            let flags = map.map_flags() & !libbpf_rs::libbpf_sys::BPF_F_NO_PREALLOC;
+            map.set_map_flags(flags).context("hash map flags")?;
+        }
     }
     let depth_bytes = opts.max_stack_depth * 8;
     open.maps

@@ -118,16 +118,22 @@ fn try_snapshot(
     // Not used here, and not there to create before Linux 5.11.
     super::load::skip_task_storage(&mut open)?;
     open.maps.run_by_tid.set_max_entries(1)?;
-    let dwarf = opts.unwind == Unwind::Dwarf;
+    let mut arrays = match opts.unwind == Unwind::Dwarf {
+        true => Some(super::UnwindArrays::new(&mut open, opts.unwind_capacity)?),
+        false => None,
+    };
+    let mut room = Ok(());
     let (skel, _) = load_while(open, &logs, opts.test.verifier_stats, || {
-        if dwarf {
+        if let Some(arrays) = arrays.as_mut() {
             tables.prepare(opts.unwind_capacity);
+            room = arrays.first_room();
         }
     })
     .context("failed to load the BPF program (snapshot iterator)")?;
+    room?;
     fill_filters(&skel, opts)?;
-    if dwarf {
-        tables.install(UnwindStore::new(&skel)?);
+    if let Some(arrays) = arrays {
+        tables.install(UnwindStore::new(&skel, arrays)?);
     }
     // The sleepable iterator reads the tasks' memory: their runtimes'
     // frames too.

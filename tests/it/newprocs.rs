@@ -393,6 +393,70 @@ fn the_tables_of_a_compiler_fit_by_default() {
     }
 }
 
+/// The tables' memory follows what is in use: a system-wide trace starts
+/// with room for a few processes' rows, and when `rustc` (2.6 million rows
+/// with LLVM) starts during it, the rows grow to hold its tables (kept in
+/// at most twice what they take), and its main thread's stack is walked
+/// with them from `_start` to the compiler's read of its source (fed a
+/// line once its tables are built).
+#[test]
+fn the_tables_grow_for_a_compiler_started_during_the_trace() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let rustc = require_tool("rustc", &[]).expect("rustc");
+    let dir = tempfile::tempdir().unwrap();
+    let mut compiler = None;
+    let (out, _, _) = profile_during(&["-f", "4"], |_| {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut c = KillOnDrop(
+            Command::new(&rustc)
+                .args(["--crate-type", "lib", "-", "-o"])
+                .arg(dir.path().join("x.rlib"))
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("start rustc"),
+        );
+        // Its first read may block before its tables are built (its
+        // stack is then copied, and deeper than a copy's 16 KiB): a line
+        // of source once they are, and it blocks in its read again.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let stdin = c.0.stdin.as_mut().expect("rustc's stdin");
+        std::io::Write::write_all(stdin, b"// a comment\n").expect("feed rustc");
+        compiler = Some(c);
+    });
+    drop(compiler);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // "... of N processes: X MiB in Y MiB allocated (at most Z), ..."
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("MiB allocated (at most"))
+        .unwrap_or_else(|| panic!("no tables line:\n{stderr}"));
+    let mib = |before: &str| -> f64 {
+        let end = line.find(before).expect("tables line");
+        let start = line[..end].trim_end().rfind(' ').map_or(0, |i| i + 1);
+        line[start..end].trim().parse().expect("MiB")
+    };
+    let (used, allocated) = (mib(" MiB in "), mib(" MiB allocated"));
+    assert!(
+        used >= 20.0 && allocated >= used && allocated <= 2.0 * used,
+        "rows in use {used} MiB, allocated {allocated} MiB:\n{stderr}"
+    );
+    let lines = parse_folded(&out.stdout);
+    let whole = lines.iter().any(|l| {
+        l.comm() == "rustc"
+            && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
+            && l.frames.iter().any(|f| f.contains("read_to_string"))
+    });
+    assert!(
+        whole,
+        "no stack of rustc's main thread from _start to its read:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!stderr.contains("do not fit"), "{stderr}");
+}
+
 /// Two compilers whose tables do not fit together in `--unwind-memory`:
 /// the toolchain's `rustc` and a copy of it (its binary and libraries
 /// copied, so other files with tables of their own). Each blocks, fed its
