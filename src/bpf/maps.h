@@ -264,6 +264,15 @@ struct {
 struct ucache_window {
 	/* The stack memory read last (ucache_slots_hold). */
 	__u8 bytes[UCACHE_WINDOW + UCACHE_RANGE];
+	/* The check under way (ucache_slots_step()): `have` bytes from
+	 * `base` in `bytes`, the next slot, and whether every slot held
+	 * (1), one did not (0) or neither is known yet (-1).  Kept here, not
+	 * on the stack, so that the verifier does not know them: it checks
+	 * a step once, not once for each value of the slot counter. */
+	__u64 base;
+	__u64 have;
+	__u32 k;
+	__s32 holds;
 };
 
 struct {

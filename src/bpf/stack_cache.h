@@ -6,34 +6,46 @@
 #ifndef __OFFCPUTIME_STACK_CACHE_H__
 #define __OFFCPUTIME_STACK_CACHE_H__
 
-/* Whether every slot of the current thread's kept walk in way `way` still
- * holds what it held.  The stack is read a window at a time, from a slot
- * up to the end of the highest (up to UCACHE_WINDOW bytes: the slots of a
- * walk usually lie in less); where that would cross into memory that
- * cannot be read, the slot alone.  A bounded loop, a few instructions a
- * slot (a bpf_loop callback per slot cost a call and a lookup each), in a
- * global function: checked by the verifier once. */
-__noinline int ucache_slots_hold(__u32 way)
+/* Slots checked per bpf_loop step: the verifier checks the slots of one
+ * step, not all UCACHE_SLOTS of them (an unrolled check of every slot was
+ * half of the switch hook's verification); a step is a call and two
+ * lookups, for UCACHE_STEP slots. */
+#define UCACHE_STEP 16
+
+static long ucache_slots_step(__u32 i, void *arg)
 {
+	__u32 way = *(__u32 *)arg;
 	struct ucache_ways *set;
 	struct ucache_window *w;
-	__u64 addr, off, len, base = 0, have = 0, span;
-	__u32 zero = 0, k, at;
+	__u64 addr, off, len, span;
+	__u32 zero = 0, k, at, j;
 	struct ucache *e;
 
 	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
-	if (!set || !w)
-		return false;
+	if (!w)
+		return 1;
+	if (!set) {
+		w->holds = 0;
+		return 1;
+	}
 	e = &set->way[way & 1];
-	for (k = 0; k < UCACHE_SLOTS; k++) {
-		if (k >= e->n)
-			return true;
+	for (j = 0; j < UCACHE_STEP; j++) {
+		k = w->k;
+		if (k >= UCACHE_SLOTS || k >= e->n) {
+			w->holds = 1;
+			return 1;
+		}
+		/* Masked where it indexes (the compiler would drop a mask it
+		 * can prove idle, and index from a copy the verifier has no
+		 * bound for). */
+		asm volatile("" : "+r"(k));
+		k &= UCACHE_SLOTS - 1;
 		at = e->off[k];
 		span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
 		addr = e->sp + (at & ~UCACHE_RANGE_BIT);
-		off = addr - base;
-		if (k == 0 || addr < base || off + span > have) {
+		off = addr - w->base;
+		if (k == 0 || addr < w->base || off + span > w->have) {
 			len = e->sp + e->top - addr;
 			if (e->sp + e->top < addr + 8 || len > UCACHE_WINDOW)
 				len = UCACHE_WINDOW;
@@ -41,29 +53,56 @@ __noinline int ucache_slots_hold(__u32 way)
 			asm volatile("" : "+r"(len));
 			len &= 2 * UCACHE_WINDOW - 1;
 			if (len < 8 || len > UCACHE_WINDOW)
-				return false;
+				goto fails;
 			if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
-				have = len;
+				w->have = len;
 			else if (!bpf_probe_read_user(w->bytes, UCACHE_RANGE, (void *)addr))
-				have = UCACHE_RANGE;
+				w->have = UCACHE_RANGE;
 			else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
-				have = 8;
+				w->have = 8;
 			else
-				return false;
-			base = addr;
+				goto fails;
+			w->base = addr;
 			off = 0;
-			if (span > have)
-				return false;
+			if (span > w->have)
+				goto fails;
 		}
 		if (at & UCACHE_RANGE_BIT) {
 			if (ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1)))) !=
 			    e->val[k])
-				return false;
+				goto fails;
 		} else if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k]) {
-			return false;
+			goto fails;
 		}
+		w->k = k + 1;
 	}
-	return true;
+	return 0;
+fails:
+	w->holds = 0;
+	return 1;
+}
+
+/* Whether the stack memory of the current thread's kept walk `way` (struct
+ * ucache) still holds the values its slots were proved with: the stack is
+ * read a window at a time, from a slot up to the end of the highest (up
+ * to UCACHE_WINDOW bytes: the slots of a walk usually lie in less); where
+ * that would cross into memory that cannot be read, the slot alone.  In a
+ * global function: checked by the verifier once. */
+__noinline int ucache_slots_hold(__u32 way)
+{
+	struct ucache_window *w;
+	__u32 zero = 0;
+
+	w = bpf_map_lookup_elem(&ucache_window, &zero);
+	if (!w)
+		return false;
+	w->base = 0;
+	w->have = 0;
+	w->k = 0;
+	w->holds = -1;
+	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &way, 0);
+	/* Undecided after every step: all UCACHE_SLOTS slots held. */
+	return w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS);
 }
 
 /* Whether the current thread's kept walk `e`, its way `way`, holds for the
