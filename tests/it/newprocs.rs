@@ -375,17 +375,7 @@ fn the_tables_of_a_compiler_fit_by_default() {
             !stderr.contains("do not fit") && !stderr.contains("without DWARF unwinding"),
             "{what}: {stderr}"
         );
-        let lines = parse_folded(&out.stdout);
-        let whole = lines.iter().any(|l| {
-            l.comm() == "rustc"
-                && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
-                && l.frames.iter().any(|f| f.contains("read_to_string"))
-        });
-        assert!(
-            whole,
-            "{what}: no stack of rustc's main thread from _start to its read:\n{}\n{stderr}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert_rustc_read_whole(what, out);
         assert!(
             !stderr.contains("walked with frame pointers because"),
             "{what}: {stderr}"
@@ -443,18 +433,24 @@ fn the_tables_grow_for_a_compiler_started_during_the_trace() {
         used >= 20.0 && allocated >= used && allocated <= 2.0 * used,
         "rows in use {used} MiB, allocated {allocated} MiB:\n{stderr}"
     );
-    let lines = parse_folded(&out.stdout);
-    let whole = lines.iter().any(|l| {
+    assert_rustc_read_whole("started during the trace", &out);
+    assert!(!stderr.contains("do not fit"), "{stderr}");
+}
+
+/// `out` has a stack of rustc's main thread from `_start` to the
+/// compiler's read of its source.
+fn assert_rustc_read_whole(what: &str, out: &std::process::Output) {
+    let whole = parse_folded(&out.stdout).iter().any(|l| {
         l.comm() == "rustc"
             && in_order(l, &["_start", "main", "rustc_driver_impl::run_compiler"])
             && l.frames.iter().any(|f| f.contains("read_to_string"))
     });
     assert!(
         whole,
-        "no stack of rustc's main thread from _start to its read:\n{}\n{stderr}",
-        String::from_utf8_lossy(&out.stdout)
+        "{what}: no stack of rustc's main thread from _start to its read:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!stderr.contains("do not fit"), "{stderr}");
 }
 
 /// Two compilers whose tables do not fit together in `--unwind-memory`:
