@@ -35,7 +35,7 @@ mod stores;
 use attach::*;
 use load::*;
 pub use load::{Objects, Phases};
-use programs::{Attach, Flavour, Plan, Role};
+use programs::{Attach, Flavour, Part, Plan, Role};
 pub use read::StackScan;
 use read::*;
 pub use snapshot::{states_mask, take_snapshot, RawSnapshot, RawTask, STATE_LETTERS};
@@ -229,7 +229,19 @@ pub trait StartTables {
 
 /// A loaded and attached profiler.
 pub struct Tracer<'obj> {
+    /// The object that created the maps (and maps the global variables in
+    /// memory); it loads no program.
     skel: OffcputimeSkel<'obj>,
+    /// The switch hook and the hooks beside it, on those maps (attached:
+    /// the links hold them; kept for as long).
+    _hooks: OffcputimeSkel<'obj>,
+    /// The start, end and interval iterators, on those maps.
+    iterators: OffcputimeSkel<'obj>,
+    /// The programs loaded when first needed (see [`Part::Later`]).
+    later: std::cell::RefCell<Later<'obj>>,
+    /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of each
+    /// program loaded, said on stderr.
+    verifier_stats: bool,
     /// `--on-cpu`: what dithers the period of the perf events the sampler
     /// is attached to (their descriptors are the links'): dropped first.
     cpu_clocks: Option<cpuclock::Dither>,
@@ -336,13 +348,13 @@ impl<'obj> Tracer<'obj> {
                 }
             }
         }
-        let (loaded, errors) = first_that_loads(objects, &attempts, |object, a| {
+        let (loaded, errors) = first_that_loads(objects, &attempts, |room, a| {
             let opts = TracerOptions {
                 unwind: a.unwind,
                 ..opts.clone()
             };
             let hook = a.hook.expect("tracing attempts have a hook");
-            Self::try_start(object, &opts, hook, a.user_stacks, legacy, tables)
+            Self::try_start(room, &opts, hook, a.user_stacks, legacy, tables)
         });
         // Where tp_btf was tried and raw_tp taken after it: said, for on a
         // kernel with BTF tp_btf should load (its failure is worth a
@@ -390,7 +402,7 @@ impl<'obj> Tracer<'obj> {
     }
 
     fn try_start(
-        object: &'obj mut MaybeUninit<OpenObject>,
+        room: &'obj mut load::Room,
         opts: &TracerOptions,
         hook: Hook,
         start_user_stacks: bool,
@@ -403,9 +415,10 @@ impl<'obj> Tracer<'obj> {
             None
         };
         let mut phases = Phases::default();
+        let [maps_room, hooks_room, iterators_room, later_room] = room.each_mut();
         let builder = OffcputimeSkelBuilder::default();
         let mut open = builder
-            .open(object)
+            .open(maps_room)
             .context("failed to open the BPF object")?;
         phases.mark("open");
 
@@ -422,7 +435,7 @@ impl<'obj> Tracer<'obj> {
         }
 
         let modern = !legacy;
-        let (plan, logs) = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
+        let plan = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
 
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
@@ -433,8 +446,23 @@ impl<'obj> Tracer<'obj> {
             true => Some(UnwindArrays::new(&mut open, opts.unwind_capacity)?),
             false => None,
         };
+        // The maps first, then the hooks and the iterators side by side
+        // on them, while the tables are prepared.
+        let skel = open
+            .load()
+            .with_context(|| format!("failed to create the BPF maps ({what})"))?;
+        phases.mark("maps");
+        let shared = created_maps(&skel);
+        let part = |object: &'obj mut MaybeUninit<OpenObject>, part| -> Opener<'_, 'obj> {
+            let (shared, plan) = (&shared, &plan);
+            Box::new(move || open_on_maps(object, shared, plan, part))
+        };
+        let openers = vec![
+            part(hooks_room, Part::Hooks),
+            part(iterators_room, Part::Iterators),
+        ];
         let mut room = Ok(());
-        let (skel, overlapped) = load_while(open, &logs, opts.test.verifier_stats, || {
+        let (loaded, prepared) = load_side_by_side(openers, opts.test.verifier_stats, || {
             if let Some(arrays) = arrays.as_mut() {
                 tables.prepare(opts.unwind_capacity);
                 room = arrays.first_room();
@@ -442,9 +470,23 @@ impl<'obj> Tracer<'obj> {
         })
         .with_context(|| format!("failed to load the BPF program ({what})"))?;
         room?;
-        phases.overlapped = Some(overlapped);
-
+        let mut loaded = loaded.into_iter();
+        let (Some((hooks, hooks_took)), Some((iterators, iterators_took))) =
+            (loaded.next(), loaded.next())
+        else {
+            bail!("the BPF program's objects did not all load");
+        };
+        phases.overlapped = vec![
+            ("hooks", hooks_took),
+            ("iterators", iterators_took),
+            ("tables prepared", prepared),
+        ];
         phases.mark("load");
+        let later = match plan.runtime_refresh {
+            true => Later::Unopened(later_room),
+            false => Later::None,
+        };
+        drop(shared);
         fill_filters(&skel, opts)?;
 
         if let Some(arrays) = arrays {
@@ -455,8 +497,8 @@ impl<'obj> Tracer<'obj> {
         }
 
         phases.mark("tables");
-        let (mut links, attached) = attach_hooks(&skel, &plan, hook, kprobe_symbol)?;
-        let cpu_clocks = attach_on_cpu(&skel, opts, &plan, &mut links)?;
+        let (mut links, attached) = attach_hooks(&hooks, &plan, hook, kprobe_symbol)?;
+        let cpu_clocks = attach_on_cpu(&hooks, opts, &plan, &mut links)?;
         phases.mark("attach");
         if let Some(stall) = opts.test.stall_before_window {
             // For tests: the hook attached and the window not open yet for
@@ -467,7 +509,7 @@ impl<'obj> Tracer<'obj> {
             );
             std::thread::sleep(stall);
         }
-        let (started_ns, end_ns) = Self::open_window(&skel, &plan)?;
+        let (started_ns, end_ns) = Self::open_window(&skel, &iterators, &plan)?;
         phases.mark("start iterator");
         let started_at = Instant::now()
             .checked_sub(Duration::from_nanos(
@@ -481,6 +523,10 @@ impl<'obj> Tracer<'obj> {
         }
         Ok(Tracer {
             skel,
+            _hooks: hooks,
+            iterators,
+            later: std::cell::RefCell::new(later),
+            verifier_stats: opts.test.verifier_stats,
             links,
             cpu_clocks,
             hook: attached,
@@ -502,11 +548,15 @@ impl<'obj> Tracer<'obj> {
     /// was attached is claimed as blocked from the window's start, then the
     /// program opens the window (and sets its end, given a duration).
     /// Returns both ends, in CLOCK_MONOTONIC ns.
-    fn open_window(skel: &OffcputimeSkel<'_>, plan: &Plan) -> Result<(u64, Option<u64>)> {
+    fn open_window(
+        skel: &OffcputimeSkel<'_>,
+        iterators: &OffcputimeSkel<'_>,
+        plan: &Plan,
+    ) -> Result<(u64, Option<u64>)> {
         let start = plan
             .program(Role::Start)
             .ok_or_else(|| anyhow!("no start iterator"))?;
-        let prog = program_of(skel, start)?;
+        let prog = program_of(iterators, start)?;
         run_iterator(&prog).context("failed to run the start iterator")?;
         let bss = skel
             .maps
@@ -729,14 +779,14 @@ impl<'obj> Tracer<'obj> {
             kernel::wait_for_running_hooks();
         }
         if let Some(kstacks) = self.plan.program(Role::EndKernelStacks) {
-            let kstacks = program_of(&self.skel, kstacks)?;
+            let kstacks = program_of(&self.iterators, kstacks)?;
             run_iterator(&kstacks).context("failed to run the end iterator of kernel stacks")?;
         }
         let end = self
             .plan
             .program(Role::End)
             .ok_or_else(|| anyhow!("no end iterator"))?;
-        let flush = program_of(&self.skel, end)?;
+        let flush = program_of(&self.iterators, end)?;
         run_iterator(&flush).context("failed to run the end iterator")
     }
 
@@ -753,7 +803,7 @@ impl<'obj> Tracer<'obj> {
             .plan
             .program(Role::Cut)
             .ok_or_else(|| anyhow!("no interval iterator"))?;
-        let cut = program_of(&self.skel, cut)?;
+        let cut = program_of(&self.iterators, cut)?;
         run_iterator(&cut).context("failed to run the interval iterator")
     }
 
@@ -821,7 +871,9 @@ impl<'obj> Tracer<'obj> {
         if listed == 0 {
             return Ok(());
         }
-        run_iterator(&self.skel.progs.runtime_refresh)
+        let mut later = self.later.borrow_mut();
+        let later = later.load(&self.skel, &self.plan, self.verifier_stats)?;
+        run_iterator(&later.progs.runtime_refresh)
             .context("failed to run the runtimes' frames iterator")
     }
 

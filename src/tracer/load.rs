@@ -7,9 +7,10 @@ use super::*;
 /// An open skeleton handed to the thread that loads it.
 pub(super) struct SendOpen<T>(T);
 
-// SAFETY: the open skeleton is used by one thread at a time (moved to the
-// loading thread, which hands back the loaded one); libbpf objects are not
-// tied to the thread that made them.
+// SAFETY: the open skeleton (or the opener that makes one: see `Opener`)
+// is used by one thread at a time (moved to the loading thread, which
+// hands back the loaded one); libbpf objects are not tied to the thread
+// that made them.
 unsafe impl<T> Send for SendOpen<T> {}
 
 /// How long each step of starting took.
@@ -17,9 +18,9 @@ unsafe impl<T> Send for SendOpen<T> {}
 pub struct Phases {
     pub(super) last: Instant,
     pub steps: Vec<(&'static str, Duration)>,
-    /// What ran side by side during the load: the BPF object's load (the
+    /// What ran side by side during the load: each object's load (the
     /// verifier, mostly) and the tables prepared meanwhile.
-    pub overlapped: Option<(Duration, Duration)>,
+    pub overlapped: Vec<(&'static str, Duration)>,
 }
 
 impl Default for Phases {
@@ -27,7 +28,7 @@ impl Default for Phases {
         Phases {
             last: Instant::now(),
             steps: Vec::new(),
-            overlapped: None,
+            overlapped: Vec::new(),
         }
     }
 }
@@ -46,28 +47,27 @@ impl std::fmt::Display for Phases {
             let sep = if i == 0 { "" } else { ", " };
             write!(f, "{sep}{what} {:.1} ms", d.as_secs_f64() * 1e3)?;
         }
-        if let Some((bpf, tables)) = self.overlapped {
-            write!(
-                f,
-                "; during the load: BPF object {:.1} ms, tables prepared {:.1} ms",
-                bpf.as_secs_f64() * 1e3,
-                tables.as_secs_f64() * 1e3
-            )?;
+        for (i, (what, d)) in self.overlapped.iter().enumerate() {
+            let sep = if i == 0 { "; during the load: " } else { ", " };
+            write!(f, "{sep}{what} {:.1} ms", d.as_secs_f64() * 1e3)?;
         }
         Ok(())
     }
 }
 
-/// Sets which of the object's programs load, by the program table, and
-/// gives each a verifier log of its own (see `VerifierLogs`).
+/// Sets which of the object's programs load, by the program table (of
+/// `part` only, if given), and gives each a verifier log of its own (see
+/// `VerifierLogs`).
 pub(super) fn choose_programs(
     open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
     plan: &Plan,
+    part: Option<Part>,
 ) -> Result<VerifierLogs> {
     let mut logs = VerifierLogs(Vec::new());
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
-        let load = plan.loads(programs::named(&name)?);
+        let p = programs::named(&name)?;
+        let load = plan.loads(p) && part.is_none_or(|part| p.role.part() == part);
         prog.set_autoload(load);
         if load {
             logs.give(&mut prog, name)?;
@@ -172,14 +172,24 @@ fn is_statistics(line: &str) -> bool {
 /// unwinders, three hooks, with and without user stacks at the start.
 pub(super) const ATTEMPTS: usize = 12;
 
-/// Room for the BPF object of each attempt at loading the program (a
-/// failed attempt's object is dropped in place; the one that loads lives
-/// as long as the tracer).
-pub struct Objects([MaybeUninit<OpenObject>; ATTEMPTS]);
+/// The objects one attempt opens: one that creates every map and loads
+/// no program, then one per [`Part`], each loading its programs on those
+/// maps (see [`open_on_maps`]).
+pub(super) const OBJECTS_PER_ATTEMPT: usize = 4;
+
+/// Room for the BPF objects of one attempt.
+pub(super) type Room = [MaybeUninit<OpenObject>; OBJECTS_PER_ATTEMPT];
+
+/// Room for the BPF objects of each attempt at loading the program (a
+/// failed attempt's objects are dropped in place; those of the one that
+/// loads live as long as the tracer).
+pub struct Objects([Room; ATTEMPTS]);
 
 impl Default for Objects {
     fn default() -> Objects {
-        Objects(std::array::from_fn(|_| MaybeUninit::uninit()))
+        Objects(std::array::from_fn(|_| {
+            std::array::from_fn(|_| MaybeUninit::uninit())
+        }))
     }
 }
 
@@ -202,10 +212,10 @@ pub(super) type Failures = Vec<(Attempt, anyhow::Error)>;
 pub(super) fn first_that_loads<'obj, T>(
     objects: &'obj mut Objects,
     attempts: &[Attempt],
-    mut load: impl FnMut(&'obj mut MaybeUninit<OpenObject>, &Attempt) -> Result<T>,
+    mut load: impl FnMut(&'obj mut Room, &Attempt) -> Result<T>,
 ) -> (Option<(T, Attempt)>, Failures) {
     let mut errors = Vec::new();
-    let mut room: &'obj mut [MaybeUninit<OpenObject>] = &mut objects.0;
+    let mut room: &'obj mut [Room] = &mut objects.0;
     for a in attempts {
         let Some((object, rest)) = std::mem::take(&mut room).split_first_mut() else {
             errors.push((*a, anyhow!("more attempts at loading than room for them")));
@@ -263,45 +273,122 @@ pub(super) fn iterator_output(
 /// load took and how long `meanwhile` took.
 pub(super) fn load_while<'obj>(
     open: crate::bpf::OpenOffcputimeSkel<'obj>,
-    logs: &VerifierLogs,
+    logs: VerifierLogs,
     stats: bool,
     meanwhile: impl FnOnce(),
 ) -> Result<(OffcputimeSkel<'obj>, (Duration, Duration))> {
-    let open = SendOpen(open);
+    let load = move || Ok((open, logs));
+    let (mut loaded, prepared) = load_side_by_side(vec![Box::new(load)], stats, meanwhile)?;
+    let (skel, took) = loaded.pop().expect("one object loaded");
+    Ok((skel, (took, prepared)))
+}
+
+/// What a loading thread does before the load: opens an object, chooses
+/// its programs, and gives it its verifier logs. (Moved to the thread in
+/// a [`SendOpen`]: it holds an open object, or the room for one and
+/// shared references to what it is opened with.)
+pub(super) type Opener<'a, 'obj> =
+    Box<dyn FnOnce() -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> + 'a>;
+
+/// Opens and loads each object of `openers` on a thread of its own, side
+/// by side, while `meanwhile` runs on this one. Returns the loaded
+/// objects with how long each took to open and load, in order, and how
+/// long `meanwhile` took; or the first error, in order.
+pub(super) fn load_side_by_side<'a, 'obj>(
+    openers: Vec<Opener<'a, 'obj>>,
+    stats: bool,
+    meanwhile: impl FnOnce(),
+) -> Result<(Vec<(OffcputimeSkel<'obj>, Duration)>, Duration)> {
     std::thread::scope(|s| {
-        let loader = std::thread::Builder::new()
-            .name("bpf-load".into())
-            .spawn_scoped(s, move || {
-                // The whole wrapper moves, not just its field.
-                let open = open;
-                let began = Instant::now();
-                SendOpen((open.0.load(), began.elapsed()))
-            });
-        let loader = match loader {
-            Ok(l) => l,
-            Err(e) => return Err(anyhow!(e).context("failed to start the loading thread")),
-        };
+        let mut loaders = Vec::new();
+        for open in openers {
+            let open = SendOpen(open);
+            let loader = std::thread::Builder::new()
+                .name("bpf-load".into())
+                .spawn_scoped(s, move || {
+                    // The whole wrapper moves, not just its field.
+                    let open = open;
+                    let began = Instant::now();
+                    let loaded = (open.0)().and_then(|(open, logs)| {
+                        let loaded = open.load();
+                        if stats {
+                            logs.print_statistics();
+                        }
+                        loaded.map_err(|e| match logs.refusal() {
+                            Some(why) => anyhow!(e).context(why),
+                            None => anyhow!(e),
+                        })
+                    });
+                    SendOpen((loaded, began.elapsed()))
+                });
+            match loader {
+                Ok(l) => loaders.push(l),
+                Err(e) => return Err(anyhow!(e).context("failed to start a loading thread")),
+            }
+        }
         let began = Instant::now();
         crate::priority::loading(true);
         meanwhile();
         let prepared = began.elapsed();
-        let loaded = loader.join();
+        let joined: Vec<_> = loaders.into_iter().map(|l| l.join()).collect();
         crate::priority::loading(false);
-        let (loaded, took) = match loaded {
-            Ok(SendOpen(l)) => l,
-            Err(p) => std::panic::resume_unwind(p),
-        };
-        if stats {
-            logs.print_statistics();
+        let mut loaded = Vec::new();
+        for j in joined {
+            let (skel, took) = match j {
+                Ok(SendOpen(l)) => l,
+                Err(p) => std::panic::resume_unwind(p),
+            };
+            loaded.push((skel?, took));
         }
-        match loaded {
-            Ok(skel) => Ok((skel, (took, prepared))),
-            Err(e) => Err(match logs.refusal() {
-                Some(why) => anyhow!(e).context(why),
-                None => anyhow!(e),
-            }),
-        }
+        Ok((loaded, prepared))
     })
+}
+
+/// The descriptors of the maps `maps` created, by name, for other objects
+/// to load on (see [`open_on_maps`]).
+pub(super) fn created_maps<'a>(
+    maps: &'a OffcputimeSkel<'_>,
+) -> Vec<(std::ffi::OsString, std::os::fd::BorrowedFd<'a>)> {
+    use libbpf_rs::skel::Skel;
+    use std::os::fd::AsFd;
+    maps.object()
+        .maps()
+        .map(|m| {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&m.as_fd());
+            // SAFETY: the descriptor is the map's, owned by `maps`' object,
+            // which outlives the borrow.
+            (m.name().to_owned(), unsafe {
+                std::os::fd::BorrowedFd::borrow_raw(fd)
+            })
+        })
+        .collect()
+}
+
+/// Opens the BPF object in `object` for the programs of `part` that `plan`
+/// loads, on the maps of another object (`maps`, from [`created_maps`]):
+/// each map it has there is reused, and it creates none. Its `.rodata` is
+/// the other's too (frozen, as the verifier reads it), and its global
+/// variables; but only the object that created them maps them in memory
+/// (read and write them there).
+pub(super) fn open_on_maps<'obj>(
+    object: &'obj mut MaybeUninit<OpenObject>,
+    maps: &[(std::ffi::OsString, std::os::fd::BorrowedFd<'_>)],
+    plan: &Plan,
+    part: Part,
+) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
+    let mut open = OffcputimeSkelBuilder::default()
+        .open(object)
+        .context("failed to open the BPF object")?;
+    for mut map in open.open_object_mut().maps_mut() {
+        match maps.iter().find(|(name, _)| name.as_os_str() == map.name()) {
+            Some((name, fd)) => map
+                .reuse_fd(*fd)
+                .with_context(|| format!("map {}: could not share it", name.to_string_lossy()))?,
+            None => map.set_autocreate(false)?,
+        }
+    }
+    let logs = choose_programs(&mut open, plan, Some(part))?;
+    Ok((open, logs))
 }
 
 /// The processes, threads and cgroups of `-p`, `-t` and `--cgroup`, for
@@ -483,8 +570,9 @@ pub(super) fn configure(
 }
 
 /// The programs and maps for `hook` (with the legacy programs, or not;
-/// `start_user_stacks`: the kernel's user-stack start iterator loads), chosen
-/// and sized in `open`, and the verifier logs of the programs chosen.
+/// `start_user_stacks`: the kernel's user-stack start iterator loads): the
+/// maps sized in `open`, which creates them and loads no program (the
+/// programs load in objects of their own on its maps: [`open_on_maps`]).
 pub(super) fn plan_programs(
     open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
     opts: &TracerOptions,
@@ -492,7 +580,7 @@ pub(super) fn plan_programs(
     start_user_stacks: bool,
     legacy: bool,
     dwarf: bool,
-) -> Result<(Plan, VerifierLogs)> {
+) -> Result<Plan> {
     let flavour = match hook {
         _ if legacy => Flavour::Legacy,
         Hook::TpBtf => Flavour::TaskStorage,
@@ -525,7 +613,9 @@ pub(super) fn plan_programs(
         runtime_refresh: opts.runtimes() && trusted && start_user_stacks && modern,
         on_cpu: opts.on_cpu_hz.is_some(),
     };
-    let logs = choose_programs(open, &plan)?;
+    for mut prog in open.open_object_mut().progs_mut() {
+        prog.set_autoload(false);
+    }
     if trusted {
         // Only task-local storage is used; keep the tid map tiny.
         open.maps.task_data_by_tid.set_max_entries(1)?;
@@ -538,7 +628,7 @@ pub(super) fn plan_programs(
         // and its map cannot even be created.
         skip_task_storage(open)?;
     }
-    Ok((plan, logs))
+    Ok(plan)
 }
 
 /// Leaves the task-local storage maps out of the load: for programs that
@@ -561,4 +651,49 @@ pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -
         .set_autocreate(false)
         .context("kernel stack cache map")?;
     Ok(())
+}
+
+/// The object of the programs loaded when first needed ([`Part::Later`]).
+pub(super) enum Later<'obj> {
+    /// None is wanted.
+    None,
+    /// Not loaded yet: its room.
+    Unopened(&'obj mut MaybeUninit<OpenObject>),
+    Loaded(Box<OffcputimeSkel<'obj>>),
+    /// Its load failed (said by the first caller).
+    Failed,
+}
+
+impl<'obj> Later<'obj> {
+    /// The object, loaded now on the maps of `maps` if it was not.
+    pub(super) fn load(
+        &mut self,
+        maps: &OffcputimeSkel<'_>,
+        plan: &Plan,
+        stats: bool,
+    ) -> Result<&OffcputimeSkel<'obj>> {
+        if let Later::Unopened(_) = self {
+            let Later::Unopened(room) = std::mem::replace(self, Later::Failed) else {
+                unreachable!("matched above");
+            };
+            let shared = created_maps(maps);
+            let (open, logs) = open_on_maps(room, &shared, plan, Part::Later)?;
+            let loaded = open.load();
+            if stats {
+                logs.print_statistics();
+            }
+            let skel = loaded.map_err(|e| match logs.refusal() {
+                Some(why) => anyhow!(e).context(why),
+                None => anyhow!(e),
+            });
+            *self = Later::Loaded(Box::new(
+                skel.context("failed to load the runtimes' refresh program")?,
+            ));
+        }
+        match self {
+            Later::Loaded(skel) => Ok(skel),
+            Later::None => bail!("no program is loaded later"),
+            _ => bail!("the runtimes' refresh program could not be loaded"),
+        }
+    }
 }

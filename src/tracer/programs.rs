@@ -49,6 +49,37 @@ pub enum Role {
     OnCpu,
 }
 
+/// Which of a start's objects a program is loaded in. One start opens the
+/// BPF object several times, all on the maps of one of them, which loads
+/// no program: the hooks' object and the iterators' load side by side on
+/// two threads (the verifier works on one program at a time), and the
+/// programs needed only once some process is seen load when it is (see
+/// `load::Objects`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Attached before the window opens: the switch hook and the hooks
+    /// beside it.
+    Hooks,
+    /// Run at the window's start, at cuts and at the end.
+    Iterators,
+    /// Loaded when first needed, after the window has opened: the
+    /// runtimes' refresh, when a runtime's process is first noted.
+    Later,
+}
+
+impl Role {
+    /// The object the role's program is loaded in.
+    pub fn part(self) -> Part {
+        match self {
+            Role::Switch | Role::Wakeup | Role::Waking | Role::Fork | Role::OnCpu => Part::Hooks,
+            Role::Start | Role::End | Role::EndKernelStacks | Role::Cut | Role::Snapshot => {
+                Part::Iterators
+            }
+            Role::RuntimeRefresh => Part::Later,
+        }
+    }
+}
+
 /// How a program is attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attach {

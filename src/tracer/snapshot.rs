@@ -83,12 +83,13 @@ pub fn take_snapshot(
         })
         .collect();
     let mut objects = Objects::default();
-    let (taken, errors) = first_that_loads(&mut objects, &attempts, |object, a| {
+    let (taken, errors) = first_that_loads(&mut objects, &attempts, |room, a| {
         let opts = TracerOptions {
             unwind: a.unwind,
             ..opts.clone()
         };
-        try_snapshot(object, &opts, states, a.user_stacks, tables)
+        // One object: nothing is attached, nothing loaded later.
+        try_snapshot(&mut room[0], &opts, states, a.user_stacks, tables)
     });
     let first_err = errors.into_iter().next().map(|(_, e)| e);
     match taken {
@@ -113,7 +114,7 @@ fn try_snapshot(
     }
     // Only the one iterator: nothing else is attached.
     let plan = Plan::snapshot(user);
-    let logs = choose_programs(&mut open, &plan)?;
+    let logs = choose_programs(&mut open, &plan, None)?;
     open.maps.task_data_by_tid.set_max_entries(1)?;
     // Not used here, and not there to create before Linux 5.11.
     super::load::skip_task_storage(&mut open)?;
@@ -123,7 +124,7 @@ fn try_snapshot(
         false => None,
     };
     let mut room = Ok(());
-    let (skel, _) = load_while(open, &logs, opts.test.verifier_stats, || {
+    let (skel, _) = load_while(open, logs, opts.test.verifier_stats, || {
         if let Some(arrays) = arrays.as_mut() {
             tables.prepare(opts.unwind_capacity);
             room = arrays.first_room();
