@@ -1,5 +1,6 @@
 //! Compiles the BPF programs and generates their Rust skeletons: the
-//! profiler's, and the floor programs of the overhead benchmark.
+//! profiler's, the kernel symbols' lookup, and the floor programs of the
+//! overhead benchmark.
 
 use std::env;
 use std::path::PathBuf;
@@ -21,5 +22,6 @@ fn skeleton(src: &str, name: &str) {
 fn main() {
     skeleton("src/bpf/offcputime.bpf.c", "offcputime");
     skeleton("src/bpf/floor.bpf.c", "floor");
+    skeleton("src/bpf/ksyms.bpf.c", "ksyms");
     println!("cargo:rerun-if-changed=src/bpf");
 }

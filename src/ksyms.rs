@@ -330,15 +330,56 @@ pub struct KernelOrc {
 /// `/proc/modules`: the modules loaded and where their text begins.
 const PROC_MODULES: &str = "/proc/modules";
 
+/// `/proc/modules` text; empty for a kernel without modules (which has no
+/// such file).
+fn proc_modules() -> String {
+    String::from_utf8_lossy(&std::fs::read(PROC_MODULES).unwrap_or_default()).into_owned()
+}
+
 impl KernelOrc {
     /// From `/proc/kallsyms`; None where the kernel has no ORC tables, or
     /// the addresses are hidden.
     pub fn load() -> Option<KernelOrc> {
         let file = File::open(KALLSYMS).ok()?;
         let orc = KernelOrc::parse(BufReader::new(file)).ok().flatten()?;
-        // A kernel without modules has no /proc/modules.
-        let modules = std::fs::read(PROC_MODULES).unwrap_or_default();
-        Some(orc.with_modules(&String::from_utf8_lossy(&modules)))
+        Some(orc.with_modules(&proc_modules()))
+    }
+
+    /// From symbols looked up by name, where the kernel can (a BPF
+    /// program's `bpf_kallsyms_lookup_name`, Linux 5.16): `lookup` is
+    /// given names (those of [`KernelOrc::NAMES`], then `MODULE:__this_module`
+    /// for each module of `/proc/modules`) and gives each one's address
+    /// (None: not found), or None for all where addresses are hidden. The
+    /// same as [`KernelOrc::load`], without reading `/proc/kallsyms` (the
+    /// kernel takes about 50 ms to write it).
+    pub fn looked_up<E>(
+        lookup: impl FnOnce(&[String]) -> Result<Option<Vec<Option<u64>>>, E>,
+    ) -> Result<Option<KernelOrc>, E> {
+        let proc_modules = proc_modules();
+        let modules: Vec<&str> = proc_modules
+            .lines()
+            .filter_map(|l| l.split_ascii_whitespace().next())
+            .collect();
+        let names: Vec<String> = KernelOrc::NAMES
+            .iter()
+            .map(|n| n.to_string())
+            .chain(modules.iter().map(|m| format!("{m}:__this_module")))
+            .collect();
+        let Some(addrs) = lookup(&names)? else {
+            return Ok(None);
+        };
+        let at = |i: usize| addrs.get(i).copied().flatten().filter(|&a| a != 0);
+        let found: HashMap<&'static str, u64> = KernelOrc::NAMES
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((*n, at(i)?)))
+            .collect();
+        let this_module: HashMap<String, u64> = modules
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| Some((m.to_string(), at(KernelOrc::NAMES.len() + i)?)))
+            .collect();
+        Ok(KernelOrc::from_symbols(&found, this_module).map(|o| o.with_modules(&proc_modules)))
     }
 
     /// With the modules of `proc_modules` (`/proc/modules` text: `NAME
@@ -363,30 +404,32 @@ impl KernelOrc {
         self
     }
 
+    /// The kernel image's symbols the walk needs.
+    pub const NAMES: [&'static str; 15] = [
+        "__start_orc_unwind_ip",
+        "__stop_orc_unwind_ip",
+        "__start_orc_unwind",
+        "__stop_orc_unwind",
+        "_stext",
+        "_etext",
+        "__sched_text_start",
+        "__sched_text_end",
+        "__lock_text_start",
+        "__lock_text_end",
+        "ret_from_fork",
+        "ret_from_fork_asm",
+        "return_to_handler",
+        "kretprobe_trampoline",
+        "arch_rethook_trampoline",
+    ];
+
     /// From kallsyms text.
     pub fn parse(mut input: impl BufRead) -> Result<Option<KernelOrc>> {
         let mut found: HashMap<&'static str, u64> = HashMap::new();
         let mut this_module = HashMap::new();
-        const NAMES: [&str; 15] = [
-            "__start_orc_unwind_ip",
-            "__stop_orc_unwind_ip",
-            "__start_orc_unwind",
-            "__stop_orc_unwind",
-            "_stext",
-            "_etext",
-            "__sched_text_start",
-            "__sched_text_end",
-            "__lock_text_start",
-            "__lock_text_end",
-            "ret_from_fork",
-            "ret_from_fork_asm",
-            "return_to_handler",
-            "kretprobe_trampoline",
-            "arch_rethook_trampoline",
-        ];
         each_symbol(&mut input, |sym| match sym.module {
             None if sym.addr != 0 => {
-                if let Some(name) = NAMES.iter().find(|n| **n == sym.name) {
+                if let Some(name) = KernelOrc::NAMES.iter().find(|n| **n == sym.name) {
                     found.entry(name).or_insert(sym.addr);
                 }
             }
@@ -395,6 +438,16 @@ impl KernelOrc {
             }
             _ => {}
         })?;
+        Ok(KernelOrc::from_symbols(&found, this_module))
+    }
+
+    /// From the addresses of [`KernelOrc::NAMES`] found and each module's
+    /// `__this_module`; None where the kernel has no ORC tables (or they
+    /// are not as the walk reads them).
+    fn from_symbols(
+        found: &HashMap<&'static str, u64>,
+        this_module: HashMap<String, u64>,
+    ) -> Option<KernelOrc> {
         let at = |name: &str| found.get(name).copied();
         let (Some(ip_start), Some(ip_stop), Some(entry_start), Some(entry_stop)) = (
             at("__start_orc_unwind_ip"),
@@ -402,7 +455,7 @@ impl KernelOrc {
             at("__start_orc_unwind"),
             at("__stop_orc_unwind"),
         ) else {
-            return Ok(None);
+            return None;
         };
         let entries = ip_stop.saturating_sub(ip_start) / 4;
         // Both tables must say the same number of entries.
@@ -410,7 +463,7 @@ impl KernelOrc {
             || (ip_stop - ip_start) % 4 != 0
             || entry_stop.checked_sub(entry_start) != Some(entries * 6)
         {
-            return Ok(None);
+            return None;
         }
         let pair = |a: &str, b: &str| match (at(a), at(b)) {
             (Some(x), Some(y)) if x < y => Some((x, y)),
@@ -422,9 +475,9 @@ impl KernelOrc {
             pair("__lock_text_start", "__lock_text_end"),
             at("ret_from_fork"),
         ) else {
-            return Ok(None);
+            return None;
         };
-        Ok(Some(KernelOrc {
+        Some(KernelOrc {
             ip_table: ip_start,
             entry_table: entry_start,
             entries: u32::try_from(entries).unwrap_or(0),
@@ -440,7 +493,7 @@ impl KernelOrc {
             ),
             modules: Vec::new(),
             this_module,
-        }))
+        })
     }
 }
 

@@ -25,7 +25,7 @@ pub mod filter;
 mod hostile;
 pub mod intervals;
 pub mod jit;
-mod ksyms;
+pub mod ksyms;
 pub mod oncpu;
 pub mod output;
 pub mod priority;
@@ -66,6 +66,19 @@ pub mod bpf {
     unsafe impl plain::Plain for types::py_proc {}
     unsafe impl plain::Plain for types::korc_pair {}
     unsafe impl plain::Plain for types::py_code_event {}
+}
+
+/// The lookup of kernel symbols by name (`src/bpf/ksyms.bpf.c`), used by
+/// `tracer::kernel`.
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code
+)]
+pub mod ksyms_bpf {
+    include!(concat!(env!("OUT_DIR"), "/ksyms.skel.rs"));
 }
 
 /// The floor programs of the overhead benchmark (`examples/floor.rs`): the

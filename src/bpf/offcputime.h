@@ -496,6 +496,13 @@ enum unwind_limits {
  * follows what is in use, not the most that could be.  Row i is entry
  * i % UNWIND_ROWS_PER_CHUNK of chunk i / UNWIND_ROWS_PER_CHUNK.
  */
+/* src/bpf/ksyms.bpf.c: the names looked up in one run, and the room for
+ * each ("module:symbol" fits: module names are at most 55 bytes). */
+enum ksym_batch {
+	KSYM_BATCH = 64,
+	KSYM_NAME_BYTES = 128,
+};
+
 enum unwind_chunks {
 	UNWIND_ROWS_CHUNK_SHIFT = 17,
 	UNWIND_ROWS_PER_CHUNK = 1 << UNWIND_ROWS_CHUNK_SHIFT,

@@ -3,6 +3,8 @@
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::ProgramType;
 
+use crate::ksyms::KernelOrc;
+
 /// Whether the kernel lacks `bpf_loop` (Linux 5.17), which the DWARF
 /// unwinder and the default programs need: the programs built for older
 /// kernels (`legacy` in the BPF program, down to 5.10) are loaded instead.
@@ -14,6 +16,97 @@ pub fn lacks_bpf_loop() -> bool {
         ProgramType::RawTracepoint.is_helper_supported(libbpf_sys::BPF_FUNC_loop),
         Ok(false)
     )
+}
+
+/// Where the kernel stack walk reads the kernel's ORC tables (see
+/// [`KernelOrc`]): looked up by name by a BPF program where the kernel can
+/// (`bpf_kallsyms_lookup_name`, 5.16), else read from `/proc/kallsyms`
+/// (about 50 ms of the kernel's time to write).
+pub fn kernel_orc() -> Option<KernelOrc> {
+    match KernelOrc::looked_up(lookup_symbols) {
+        Ok(orc) => orc,
+        Err(_) => KernelOrc::load(),
+    }
+}
+
+/// Each name's address in the kernel (`MODULE:SYMBOL` in a module), None
+/// where it has none; or None for all where the kernel hides addresses
+/// from this process (as kallsyms would, with zeros). Errs where the
+/// kernel has no lookup for BPF or this process may not load it.
+pub fn lookup_symbols(names: &[String]) -> anyhow::Result<Option<Vec<Option<u64>>>> {
+    use crate::ksyms_bpf::KsymsSkelBuilder;
+    use anyhow::Context;
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    // Probed first: libbpf would say a failed load on stderr. (The
+    // program type first: where the kernel lacks it (before 5.14), the
+    // helper's probe takes the helper as there.)
+    let syscall = ProgramType::Syscall;
+    let helper = libbpf_sys::BPF_FUNC_kallsyms_lookup_name;
+    if !matches!(syscall.is_supported(), Ok(true))
+        || !matches!(syscall.is_helper_supported(helper), Ok(true))
+    {
+        anyhow::bail!("this kernel has no symbol lookup for BPF (Linux 5.16)");
+    }
+    let mut object = std::mem::MaybeUninit::uninit();
+    let mut open = KsymsSkelBuilder::default()
+        .open(&mut object)
+        .context("failed to open the symbol lookup")?;
+    // Nothing to report when it does not load (an older kernel): kallsyms
+    // is read instead.
+    open.progs.lookup_ksyms.set_log_level(0);
+    let mut skel = open.load().context("failed to load the symbol lookup")?;
+    let mut out = Vec::with_capacity(names.len());
+    let batch_len = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .map(|b| b.ksym_lens.len())
+        .filter(|&n| n > 0)
+        .context("the symbol lookup has no room for names")?;
+    for batch in names.chunks(batch_len) {
+        {
+            let bss = skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .context("the symbol lookup has no .bss")?;
+            bss.ksym_lens = [0; _];
+            for (i, name) in batch.iter().enumerate() {
+                let room = &mut bss.ksym_names[i];
+                // With its NUL; a name too long for the room is not found.
+                if name.len() < room.len() && !name.as_bytes().contains(&0) {
+                    room.fill(0);
+                    for (r, &b) in room.iter_mut().zip(name.as_bytes()) {
+                        *r = b as _;
+                    }
+                    bss.ksym_lens[i] = name.len() as u32 + 1;
+                }
+            }
+        }
+        skel.progs
+            .lookup_ksyms
+            .test_run(libbpf_rs::ProgramInput::default())
+            .context("failed to run the symbol lookup")?;
+        let bss = skel
+            .maps
+            .bss_data
+            .as_deref()
+            .context("the symbol lookup has no .bss")?;
+        for i in 0..batch.len() {
+            // SAFETY: the mapped .bss, which the program has written.
+            let (addr, err) = unsafe {
+                (
+                    std::ptr::read_volatile(&bss.ksym_addrs[i]),
+                    std::ptr::read_volatile(&bss.ksym_errors[i]),
+                )
+            };
+            if err == -i64::from(libc::EPERM) {
+                return Ok(None);
+            }
+            out.push((err == 0 && addr != 0).then_some(addr));
+        }
+    }
+    Ok(Some(out))
 }
 
 /// The kernel's release, as `uname -r` prints it.

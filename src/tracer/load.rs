@@ -353,6 +353,8 @@ pub(super) fn created_maps<'a>(
     use std::os::fd::AsFd;
     maps.object()
         .maps()
+        // Those not created hold a placeholder descriptor (libbpf's).
+        .filter(|m| m.autocreate())
         .map(|m| {
             let fd = std::os::fd::AsRawFd::as_raw_fd(&m.as_fd());
             // SAFETY: the descriptor is the map's, owned by `maps`' object,
@@ -417,7 +419,7 @@ pub(super) fn fill_filters(skel: &OffcputimeSkel<'_>, opts: &TracerOptions) -> R
 /// own tables the kernel stack walk reads: the walk is on where they are
 /// found (see src/bpf/kstack.h).
 fn set_kernel_orc(rodata: &mut crate::bpf::types::rodata) {
-    if let Some(orc) = crate::ksyms::KernelOrc::load() {
+    if let Some(orc) = kernel::kernel_orc() {
         rodata.kstack_orc = true;
         rodata.orc_ip_table = orc.ip_table;
         rodata.orc_entry_table = orc.entry_table;

@@ -305,6 +305,9 @@ fn through_a_module_on(hook: &str) {
         return;
     }
     let _g = serial();
+    // Where the kernel's tables are, the modules' too: the same looked up
+    // by name as read from kallsyms.
+    symbols_as_kallsyms_says();
     let module = std::path::Path::new("/sys/module/tun/initstate").exists();
     // The matrix's kernels have it as a module: the case this is for.
     let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();
@@ -369,4 +372,33 @@ fn through_a_module_on(hook: &str) {
 #[test]
 fn through_a_module_tp_btf() {
     through_a_module_on("tp-btf");
+}
+
+/// Where the kernel stack walk reads the kernel's ORC tables, looked up by
+/// name by the profiler's BPF program (Linux 5.16 and later), is what
+/// `/proc/kallsyms` says, each module's `struct module` included; before
+/// 5.16 the lookup cannot load and kallsyms is read.
+fn symbols_as_kallsyms_says() {
+    use offcputime::ksyms::KernelOrc;
+    use offcputime::tracer::kernel;
+    let read = KernelOrc::load().expect("this kernel has ORC tables in kallsyms");
+    let looked_up = KernelOrc::looked_up(kernel::lookup_symbols);
+    match kernel::version() {
+        Some(v) if v >= (5, 16) => {
+            let looked_up = looked_up
+                .expect("the lookup loads from 5.16")
+                .expect("addresses are shown to root");
+            assert_eq!(looked_up, read);
+        }
+        _ => assert!(looked_up.is_err(), "a lookup before 5.16: {looked_up:?}"),
+    }
+    assert_eq!(kernel::kernel_orc(), Some(read));
+}
+
+#[test]
+fn symbols_looked_up_as_kallsyms_says() {
+    if !require_root() {
+        return;
+    }
+    symbols_as_kallsyms_says();
 }
