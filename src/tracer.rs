@@ -229,12 +229,9 @@ pub trait StartTables {
 
 /// A loaded and attached profiler.
 pub struct Tracer<'obj> {
-    /// The object that created the maps (and maps the global variables in
-    /// memory); it loads no program.
+    /// The switch hook and the hooks beside it; its object created the
+    /// maps (and maps the global variables in memory).
     skel: OffcputimeSkel<'obj>,
-    /// The switch hook and the hooks beside it, on those maps (attached:
-    /// the links hold them; kept for as long).
-    _hooks: OffcputimeSkel<'obj>,
     /// The start, end and interval iterators, on those maps.
     iterators: OffcputimeSkel<'obj>,
     /// The programs loaded when first needed (see [`Part::Later`]).
@@ -415,10 +412,10 @@ impl<'obj> Tracer<'obj> {
             None
         };
         let mut phases = Phases::default();
-        let [maps_room, hooks_room, iterators_room, later_room] = room.each_mut();
+        let [hooks_room, iterators_room, later_room] = room.each_mut();
         let builder = OffcputimeSkelBuilder::default();
         let mut open = builder
-            .open(maps_room)
+            .open(hooks_room)
             .context("failed to open the BPF object")?;
         phases.mark("open");
 
@@ -436,6 +433,7 @@ impl<'obj> Tracer<'obj> {
 
         let modern = !legacy;
         let plan = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
+        let hooks_logs = choose_programs(&mut open, &plan, Some(Part::Hooks))?;
 
         let what = match hook {
             Hook::TpBtf => "tp_btf/sched_switch",
@@ -446,21 +444,29 @@ impl<'obj> Tracer<'obj> {
             true => Some(UnwindArrays::new(&mut open, opts.unwind_capacity)?),
             false => None,
         };
-        // The maps first, then the hooks and the iterators side by side
-        // on them, while the tables are prepared.
-        let skel = open
-            .load()
-            .with_context(|| format!("failed to create the BPF maps ({what})"))?;
+        // The maps first (the hooks' object prepared: the kernel's BTF
+        // read, the maps created, nothing verified), then the hooks and the
+        // iterators load side by side on them while the tables are
+        // prepared.
+        {
+            use libbpf_rs::AsRawLibbpf;
+            let obj = open.open_object_mut().as_libbpf_object().as_ptr();
+            // SAFETY: an open object, not yet prepared or loaded; the load
+            // that follows goes on from where this leaves it.
+            let rc = unsafe { libbpf_rs::libbpf_sys::bpf_object__prepare(obj) };
+            if rc != 0 {
+                let e = std::io::Error::from_raw_os_error(-rc);
+                return Err(anyhow!(e).context(format!("failed to create the BPF maps ({what})")));
+            }
+        }
         phases.mark("maps");
-        let shared = created_maps(&skel);
-        let part = |object: &'obj mut MaybeUninit<OpenObject>, part| -> Opener<'_, 'obj> {
+        let shared = created_maps(open.open_object())?;
+        let iterators_open: Opener<'_, 'obj> = {
             let (shared, plan) = (&shared, &plan);
-            Box::new(move || open_on_maps(object, shared, plan, part))
+            Box::new(move || open_on_maps(iterators_room, shared, plan, Part::Iterators))
         };
-        let openers = vec![
-            part(hooks_room, Part::Hooks),
-            part(iterators_room, Part::Iterators),
-        ];
+        let openers: Vec<Opener<'_, 'obj>> =
+            vec![Box::new(move || Ok((open, hooks_logs))), iterators_open];
         let mut room = Ok(());
         let (loaded, prepared) = load_side_by_side(openers, opts.test.verifier_stats, || {
             if let Some(arrays) = arrays.as_mut() {
@@ -471,7 +477,7 @@ impl<'obj> Tracer<'obj> {
         .with_context(|| format!("failed to load the BPF program ({what})"))?;
         room?;
         let mut loaded = loaded.into_iter();
-        let (Some((hooks, hooks_took)), Some((iterators, iterators_took))) =
+        let (Some((skel, hooks_took)), Some((iterators, iterators_took))) =
             (loaded.next(), loaded.next())
         else {
             bail!("the BPF program's objects did not all load");
@@ -497,8 +503,8 @@ impl<'obj> Tracer<'obj> {
         }
 
         phases.mark("tables");
-        let (mut links, attached) = attach_hooks(&hooks, &plan, hook, kprobe_symbol)?;
-        let cpu_clocks = attach_on_cpu(&hooks, opts, &plan, &mut links)?;
+        let (mut links, attached) = attach_hooks(&skel, &plan, hook, kprobe_symbol)?;
+        let cpu_clocks = attach_on_cpu(&skel, opts, &plan, &mut links)?;
         phases.mark("attach");
         if let Some(stall) = opts.test.stall_before_window {
             // For tests: the hook attached and the window not open yet for
@@ -523,7 +529,6 @@ impl<'obj> Tracer<'obj> {
         }
         Ok(Tracer {
             skel,
-            _hooks: hooks,
             iterators,
             later: std::cell::RefCell::new(later),
             verifier_stats: opts.test.verifier_stats,

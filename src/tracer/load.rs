@@ -172,10 +172,10 @@ fn is_statistics(line: &str) -> bool {
 /// unwinders, three hooks, with and without user stacks at the start.
 pub(super) const ATTEMPTS: usize = 12;
 
-/// The objects one attempt opens: one that creates every map and loads
-/// no program, then one per [`Part`], each loading its programs on those
-/// maps (see [`open_on_maps`]).
-pub(super) const OBJECTS_PER_ATTEMPT: usize = 4;
+/// The objects one attempt opens: one per [`Part`], the hooks' creating
+/// every map, the others loading their programs on those maps (see
+/// [`open_on_maps`]).
+pub(super) const OBJECTS_PER_ATTEMPT: usize = 3;
 
 /// Room for the BPF objects of one attempt.
 pub(super) type Room = [MaybeUninit<OpenObject>; OBJECTS_PER_ATTEMPT];
@@ -344,26 +344,39 @@ pub(super) fn load_side_by_side<'a, 'obj>(
     })
 }
 
-/// The descriptors of the maps `maps` created, by name, for other objects
-/// to load on (see [`open_on_maps`]).
-pub(super) fn created_maps<'a>(
-    maps: &'a OffcputimeSkel<'_>,
-) -> Vec<(std::ffi::OsString, std::os::fd::BorrowedFd<'a>)> {
-    use libbpf_rs::skel::Skel;
-    use std::os::fd::AsFd;
-    maps.object()
-        .maps()
-        // Those not created hold a placeholder descriptor (libbpf's).
-        .filter(|m| m.autocreate())
-        .map(|m| {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&m.as_fd());
-            // SAFETY: the descriptor is the map's, owned by `maps`' object,
-            // which outlives the borrow.
-            (m.name().to_owned(), unsafe {
-                std::os::fd::BorrowedFd::borrow_raw(fd)
-            })
-        })
-        .collect()
+/// A map another object loads on: its name and a descriptor of its own.
+pub(super) type SharedMap = (std::ffi::OsString, std::os::fd::OwnedFd);
+
+/// The maps `object` created (prepared or loaded), by name, each with a
+/// descriptor of its own, for other objects to load on (see
+/// [`open_on_maps`]).
+pub(super) fn created_maps(
+    object: &impl libbpf_rs::AsRawLibbpf<LibbpfType = libbpf_rs::libbpf_sys::bpf_object>,
+) -> Result<Vec<SharedMap>> {
+    use libbpf_rs::libbpf_sys as sys;
+    use std::os::fd::BorrowedFd;
+    let obj = object.as_libbpf_object().as_ptr();
+    let mut shared = Vec::new();
+    // SAFETY: `obj` is a live libbpf object; its maps, their names and
+    // descriptors stay valid while it does, and each descriptor is
+    // duplicated before the borrow ends.
+    unsafe {
+        let mut map = sys::bpf_object__next_map(obj, std::ptr::null());
+        while !map.is_null() {
+            let fd = sys::bpf_map__fd(map);
+            // Those not created hold a placeholder descriptor (libbpf's).
+            if sys::bpf_map__autocreate(map) && fd >= 0 {
+                let name = std::ffi::CStr::from_ptr(sys::bpf_map__name(map));
+                let name = std::ffi::OsStr::from_encoded_bytes_unchecked(name.to_bytes());
+                let owned = BorrowedFd::borrow_raw(fd)
+                    .try_clone_to_owned()
+                    .context("failed to share a map")?;
+                shared.push((name.to_owned(), owned));
+            }
+            map = sys::bpf_object__next_map(obj, map);
+        }
+    }
+    Ok(shared)
 }
 
 /// Opens the BPF object in `object` for the programs of `part` that `plan`
@@ -374,7 +387,7 @@ pub(super) fn created_maps<'a>(
 /// (read and write them there).
 pub(super) fn open_on_maps<'obj>(
     object: &'obj mut MaybeUninit<OpenObject>,
-    maps: &[(std::ffi::OsString, std::os::fd::BorrowedFd<'_>)],
+    maps: &[SharedMap],
     plan: &Plan,
     part: Part,
 ) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
@@ -384,7 +397,7 @@ pub(super) fn open_on_maps<'obj>(
     for mut map in open.open_object_mut().maps_mut() {
         match maps.iter().find(|(name, _)| name.as_os_str() == map.name()) {
             Some((name, fd)) => map
-                .reuse_fd(*fd)
+                .reuse_fd(std::os::fd::AsFd::as_fd(fd))
                 .with_context(|| format!("map {}: could not share it", name.to_string_lossy()))?,
             None => map.set_autocreate(false)?,
         }
@@ -573,8 +586,9 @@ pub(super) fn configure(
 
 /// The programs and maps for `hook` (with the legacy programs, or not;
 /// `start_user_stacks`: the kernel's user-stack start iterator loads): the
-/// maps sized in `open`, which creates them and loads no program (the
-/// programs load in objects of their own on its maps: [`open_on_maps`]).
+/// maps sized in `open`, which creates them; no program chosen yet (the
+/// object loads its part's, the other parts load in objects of their own
+/// on its maps: [`open_on_maps`]).
 pub(super) fn plan_programs(
     open: &mut crate::bpf::OpenOffcputimeSkel<'_>,
     opts: &TracerOptions,
@@ -678,7 +692,7 @@ impl<'obj> Later<'obj> {
             let Later::Unopened(room) = std::mem::replace(self, Later::Failed) else {
                 unreachable!("matched above");
             };
-            let shared = created_maps(maps);
+            let shared = created_maps(libbpf_rs::skel::Skel::object(maps))?;
             let (open, logs) = open_on_maps(room, &shared, plan, Part::Later)?;
             let loaded = open.load();
             if stats {
