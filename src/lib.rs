@@ -42,17 +42,28 @@ pub mod tracer;
 pub mod unwind;
 pub mod unwind_table;
 
-/// The generated BPF skeleton and the types shared with the BPF program.
-#[allow(
-    clippy::all,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    dead_code
-)]
-pub mod bpf {
-    include!(concat!(env!("OUT_DIR"), "/offcputime.skel.rs"));
+/// A module of a skeleton that libbpf-cargo generated (`build.rs`), with
+/// the lints its generated code does not follow allowed.
+macro_rules! skeleton {
+    ($(#[$meta:meta])* mod $name:ident = $file:literal { $($more:tt)* }) => {
+        $(#[$meta])*
+        #[allow(
+            clippy::all,
+            non_camel_case_types,
+            non_snake_case,
+            non_upper_case_globals,
+            dead_code
+        )]
+        pub mod $name {
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+            $($more)*
+        }
+    };
+}
 
+skeleton! {
+/// The generated BPF skeleton and the types shared with the BPF program.
+mod bpf = "offcputime.skel.rs" {
     // SAFETY: plain C structs of integers, valid for any bit pattern.
     unsafe impl plain::Plain for types::offcpu_key {}
     unsafe impl plain::Plain for types::offcpu_val {}
@@ -67,32 +78,19 @@ pub mod bpf {
     unsafe impl plain::Plain for types::korc_pair {}
     unsafe impl plain::Plain for types::py_code_event {}
 }
-
-/// The lookup of kernel symbols by name (`src/bpf/ksyms.bpf.c`), used by
-/// `tracer::kernel`.
-#[allow(
-    clippy::all,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    dead_code
-)]
-pub mod ksyms_bpf {
-    include!(concat!(env!("OUT_DIR"), "/ksyms.skel.rs"));
 }
 
+skeleton! {
+/// The lookup of kernel symbols by name (`src/bpf/ksyms.bpf.c`), used by
+/// `tracer::kernel`.
+mod ksyms_bpf = "ksyms.skel.rs" {}
+}
+
+skeleton! {
 /// The floor programs of the overhead benchmark (`examples/floor.rs`): the
 /// stack walks any profiler on `sched_switch` must pay for, and nothing else.
 #[doc(hidden)]
-#[allow(
-    clippy::all,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    dead_code
-)]
-pub mod floor_bpf {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+mod floor_bpf = "floor.skel.rs" {}
 }
 
 /// Whether `err` is, anywhere in its chain, a write to a closed pipe: the
