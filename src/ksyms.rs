@@ -369,11 +369,19 @@ impl KernelOrc {
             return Ok(None);
         };
         let at = |i: usize| addrs.get(i).copied().flatten().filter(|&a| a != 0);
-        let found: HashMap<&'static str, u64> = KernelOrc::NAMES
+        let mut found: HashMap<&'static str, u64> = KernelOrc::NAMES
             .iter()
             .enumerate()
             .filter_map(|(i, n)| Some((*n, at(i)?)))
             .collect();
+        // A name the kernel image lacks is looked up in the modules too:
+        // the code addresses that may be absent count only in the image's
+        // text (kallsyms is read for the image's alone).
+        if let (Some(&lo), Some(&hi)) = (found.get("_stext"), found.get("_etext")) {
+            found.retain(|name, addr| {
+                !KernelOrc::MAYBE_ABSENT.contains(name) || (lo <= *addr && *addr < hi)
+            });
+        }
         let this_module: HashMap<String, u64> = modules
             .iter()
             .enumerate()
@@ -403,6 +411,15 @@ impl KernelOrc {
         self.modules = modules;
         self
     }
+
+    /// Those of [`KernelOrc::NAMES`] that a kernel may not have (by
+    /// version, or configuration).
+    const MAYBE_ABSENT: [&'static str; 4] = [
+        "ret_from_fork_asm",
+        "return_to_handler",
+        "kretprobe_trampoline",
+        "arch_rethook_trampoline",
+    ];
 
     /// The kernel image's symbols the walk needs.
     pub const NAMES: [&'static str; 15] = [

@@ -455,8 +455,14 @@ impl<'obj> Tracer<'obj> {
             // that follows goes on from where this leaves it.
             let rc = unsafe { libbpf_rs::libbpf_sys::bpf_object__prepare(obj) };
             if rc != 0 {
-                let e = std::io::Error::from_raw_os_error(-rc);
-                return Err(anyhow!(e).context(format!("failed to create the BPF maps ({what})")));
+                // The kernel's BTF read, the relocations (CO-RE, the hooks'
+                // targets) and the maps created: libbpf said which on
+                // stderr.
+                let why = match -rc {
+                    errno if errno < 4000 => std::io::Error::from_raw_os_error(errno).to_string(),
+                    code => format!("libbpf error {code}"),
+                };
+                bail!("failed to prepare the BPF object ({what}): {why}");
             }
         }
         phases.mark("maps");

@@ -19,10 +19,15 @@ pub fn lacks_bpf_loop() -> bool {
 }
 
 /// Where the kernel stack walk reads the kernel's ORC tables (see
-/// [`KernelOrc`]): looked up by name by a BPF program where the kernel can
-/// (`bpf_kallsyms_lookup_name`, 5.16), else read from `/proc/kallsyms`
-/// (about 50 ms of the kernel's time to write).
+/// [`KernelOrc`]): looked up by name by a BPF program from Linux 6.2, else
+/// read from `/proc/kallsyms` (about 50 ms of the kernel's time to write).
+/// The lookup's helper came in 5.16, but before 6.2 the kernel looks a
+/// name up by going through all its symbols, a module's after them: a
+/// pass per module, slower than reading kallsyms once.
 pub fn kernel_orc() -> Option<KernelOrc> {
+    if version().is_none_or(|v| v < (6, 2)) {
+        return KernelOrc::load();
+    }
     match KernelOrc::looked_up(lookup_symbols) {
         Ok(orc) => orc,
         Err(_) => KernelOrc::load(),

@@ -367,7 +367,8 @@ pub(super) fn created_maps(
             // Those not created hold a placeholder descriptor (libbpf's).
             if sys::bpf_map__autocreate(map) && fd >= 0 {
                 let name = std::ffi::CStr::from_ptr(sys::bpf_map__name(map));
-                let name = std::ffi::OsStr::from_encoded_bytes_unchecked(name.to_bytes());
+                let name: &std::ffi::OsStr =
+                    std::os::unix::ffi::OsStrExt::from_bytes(name.to_bytes());
                 let owned = BorrowedFd::borrow_raw(fd)
                     .try_clone_to_owned()
                     .context("failed to share a map")?;
