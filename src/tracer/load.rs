@@ -309,16 +309,7 @@ pub(super) fn load_side_by_side<'a, 'obj>(
                     // The whole wrapper moves, not just its field.
                     let open = open;
                     let began = Instant::now();
-                    let loaded = (open.0)().and_then(|(open, logs)| {
-                        let loaded = open.load();
-                        if stats {
-                            logs.print_statistics();
-                        }
-                        loaded.map_err(|e| match logs.refusal() {
-                            Some(why) => anyhow!(e).context(why),
-                            None => anyhow!(e),
-                        })
-                    });
+                    let loaded = (open.0)().and_then(|(open, logs)| load(open, &logs, stats));
                     SendOpen((loaded, began.elapsed()))
                 });
             match loader {
@@ -341,6 +332,23 @@ pub(super) fn load_side_by_side<'a, 'obj>(
             loaded.push((skel?, took));
         }
         Ok((loaded, prepared))
+    })
+}
+
+/// Loads `open`, whose programs were given `logs`: their statistics said
+/// if `stats`, and a refusal said as the verifier gave it.
+fn load<'obj>(
+    open: crate::bpf::OpenOffcputimeSkel<'obj>,
+    logs: &VerifierLogs,
+    stats: bool,
+) -> Result<OffcputimeSkel<'obj>> {
+    let loaded = open.load();
+    if stats {
+        logs.print_statistics();
+    }
+    loaded.map_err(|e| match logs.refusal() {
+        Some(why) => anyhow!(e).context(why),
+        None => anyhow!(e),
     })
 }
 
@@ -695,14 +703,7 @@ impl<'obj> Later<'obj> {
             };
             let shared = created_maps(libbpf_rs::skel::Skel::object(maps))?;
             let (open, logs) = open_on_maps(room, &shared, plan, Part::Later)?;
-            let loaded = open.load();
-            if stats {
-                logs.print_statistics();
-            }
-            let skel = loaded.map_err(|e| match logs.refusal() {
-                Some(why) => anyhow!(e).context(why),
-                None => anyhow!(e),
-            });
+            let skel = load(open, &logs, stats);
             *self = Later::Loaded(Box::new(
                 skel.context("failed to load the runtimes' refresh program")?,
             ));
