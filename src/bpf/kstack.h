@@ -739,12 +739,11 @@ static __always_inline bool korc_left_out(__u64 ip)
  */
 __noinline long korc_finish(long len, __u32 k)
 {
-	__u32 zero = 0, n, i, at;
+	__u32 zero = 0, n, i, at, nr, max, more;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	__u64 *h = bpf_map_lookup_elem(k == KORC_ITER ? (void *)&start_scratch : (void *)&scratch,
 				       &zero);
-
-	__u64 *ips;
+	__u64 *ips, stop;
 
 	if (!w || !h)
 		return -1;
@@ -756,34 +755,48 @@ __noinline long korc_finish(long len, __u32 k)
 	 * walk complete), or at stop_ip. */
 	w->at = n;
 	if (w->done == KORC_SPLICE) {
+		/* A loop of a load and two tests a frame (the verifier goes
+		 * through each); where it ends, through memory. */
+		stop = w->stop_ip;
 		w->at = MAX_STACK_DEPTH + 1;
 		for (i = 0; i < MAX_STACK_DEPTH; i++) {
 			if (i >= n)
 				break;
-			if (h[i & MAX_STACK_DEPTH] == w->stop_ip) {
+			if (h[i] == stop) {
 				w->at = i;
 				break;
 			}
 		}
-		if (w->at > MAX_STACK_DEPTH)
+		at = *(volatile __u32 *)&w->at;
+		if (at >= n)
 			return -1;
+		/* The helper's frames from `at` on, after the walk's, in one
+		 * copy (the verifier checks one call, not a loop of them). */
+		count(CNT_KSTACK_SPLICED);
+		nr = w->nr;
+		max = w->max < MAX_STACK_DEPTH ? w->max : MAX_STACK_DEPTH;
+		if (nr < max) {
+			more = n - at;
+			if (more > max - nr)
+				more = max - nr;
+			/* Bounds the verifier sees: each below a stack's. */
+			asm volatile("" : "+r"(nr), "+r"(at), "+r"(more));
+			nr &= MAX_STACK_DEPTH;
+			at &= MAX_STACK_DEPTH;
+			more &= MAX_STACK_DEPTH;
+			if (bpf_probe_read_kernel(&ips[nr], more * sizeof(__u64), &h[at]))
+				return -1;
+			w->nr = nr + more;
+		}
 	} else if (w->done != KORC_COMPLETE) {
 		return -1;
-	}
-	/* The helper's frames from w->at on, after the walk's. */
-	if (w->done == KORC_SPLICE) {
-		count(CNT_KSTACK_SPLICED);
-		for (i = 0; i < MAX_STACK_DEPTH; i++) {
-			at = w->at + i;
-			if (at >= n || w->nr >= w->max || w->nr >= MAX_STACK_DEPTH)
-				break;
-			ips[w->nr & MAX_STACK_DEPTH] = h[at & MAX_STACK_DEPTH];
-			w->nr++;
-		}
 	}
 	i = w->nr;
 	if (i > MAX_STACK_DEPTH)
 		return -1;
+	/* Masked where it indexes (the compiler would index from a copy
+	 * the verifier has no bound for). */
+	asm volatile("" : "+r"(i));
 	ips[i & MAX_STACK_DEPTH] = 0;
 	return i * sizeof(__u64);
 }
@@ -853,6 +866,31 @@ static __always_inline int korc_window(struct korc_walk *w, __u64 frame, __u64 s
 	return 0;
 }
 
+/* One frame of the walk in the state of `k`, a module's looked up first:
+ * 1 to stop.  A global function: the verifier checks a frame once, not
+ * once for each frame of korc_walk()'s loop (inline, its lookup of a
+ * module's entry was two thirds of korc_walk()'s verification). */
+__noinline int korc_frame(__u32 k)
+{
+	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
+	int step;
+
+	if (!w)
+		return 1;
+	step = korc_step(k);
+	if (step == KORC_NEEDS_MODULE) {
+		if (korc_module_search(w->signal ? w->ip : w->ip - 1, k)) {
+			/* Not a module it knows: the helper's from here. */
+			w->stop_ip = w->ip;
+			w->done = KORC_SPLICE;
+			return 1;
+		}
+		w->found_for = w->ip;
+		step = korc_step(k);
+	}
+	return step ? 1 : 0;
+}
+
 /* korc_walk's `kept`: the thread's last walk is in the state; the window
  * is read already (korc_window()). */
 #define KORC_WALK_KEPT 1
@@ -862,8 +900,8 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 {
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	__u8 *win;
-	int i, step;
 	__u32 sym;
+	int i;
 
 	if (!w || korc_layout() < 0 || !frame)
 		return -1;
@@ -907,21 +945,9 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 	w->done = KORC_WALKING;
 	w->entries = orc_entries;
 	w->found_for = 0;
-	for (i = 0; i < MAX_STACK_DEPTH; i++) {
-		step = korc_step(k);
-		if (step == KORC_NEEDS_MODULE) {
-			if (korc_module_search(w->signal ? w->ip : w->ip - 1, k)) {
-				/* Not a module it knows: the helper's from here. */
-				w->stop_ip = w->ip;
-				w->done = KORC_SPLICE;
-				break;
-			}
-			w->found_for = w->ip;
-			step = korc_step(k);
-		}
-		if (step)
+	for (i = 0; i < MAX_STACK_DEPTH; i++)
+		if (korc_frame(k))
 			break;
-	}
 	return 0;
 }
 

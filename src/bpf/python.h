@@ -423,6 +423,12 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	for (nr = 0; nr < MAX_STACK_DEPTH; nr++)
 		if (!c.ips[nr])
 			break;
+	/* The length through memory, read back as a number the verifier
+	 * does not know: what follows is checked once, not once for each
+	 * length the loop can end at (a quarter of the switch hook's
+	 * verification). */
+	w->nr = nr;
+	nr = *(volatile __u32 *)&w->nr;
 	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid,
 		      task_address_space(task, &exec_vm, true),
 		      NULL)) {
