@@ -73,7 +73,8 @@ struct file_scratch {
 	struct unwind_state st;
 	__u64 mm;
 	__u32 needs_tables;
-	__u32 _pad2;
+	/* maple_level(): the slot found in the node. */
+	__u32 maple_off;
 	/* The last address of the maple tree's slot walked into last
 	 * (maple_level()). */
 	__u64 maple_max;
@@ -394,13 +395,17 @@ __noinline __u64 maple_level(__u64 entry, __u64 addr, bool start_iter)
 	 * end down, so that the loop unrolls into plain compares (the
 	 * verifier of 6.1 loses the bounds of a pointer walked through a
 	 * loop that breaks early). */
-	off = end;
+	/* The slot found is kept in memory, not in a register: the verifier
+	 * then has one state to follow down the compares, not one for each
+	 * slot found so far. */
+	*(volatile __u32 *)&s->maple_off = end;
 #pragma clang loop unroll(full)
 	for (k = 15; k > 0; k--) {
 		piv = s->node[k & (MAPLE_NODE_WORDS - 1)];
 		if (k - 1 < end && piv >= addr)
-			off = k - 1;
+			*(volatile __u32 *)&s->maple_off = k - 1;
 	}
+	off = *(volatile __u32 *)&s->maple_off;
 	if (off < end)
 		s->maple_max = s->node[(1 + off) & (MAPLE_NODE_WORDS - 1)];
 	return s->node[(slots + off) & (MAPLE_NODE_WORDS - 1)];

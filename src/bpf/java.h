@@ -36,13 +36,10 @@ struct {
 
 #define JAVA_HEADER JAVA_HEADER_BYTES
 /* A segment map's window read at once, and the steps back through it
- * (each into the window read last, or a new one), at most: in a walk of
- * the current task, a window a bpf_loop step (JAVA_WINDOWS of them, each
- * up to JAVA_WINDOW_STEPS steps: the verifier checks a step once); in the
- * iterators' walks of other tasks, a bounded loop (a bpf_loop's context
- * would put their chain of frames over the verifier's bound). */
+ * (each into the window read last, or a new one), at most: a window a
+ * bpf_loop step (JAVA_WINDOWS of them, each up to
+ * JAVA_WINDOW_STEPS steps: the verifier checks a step once). */
 #define JAVA_WINDOW 32
-#define JAVA_STEPS 12
 #define JAVA_WINDOWS 8
 #define JAVA_WINDOW_STEPS 16
 
@@ -311,14 +308,16 @@ static __always_inline int java_cut(struct unwind_state *u, __u64 *ips, __u32 id
 #define JAVA_HOP_BAD 2
 
 /*
- * One window of the current task's walk back through a segment map to a
- * block's first segment (its state in java_scratch): read, then stepped
- * back through while the steps stay in it.  Returns 1 to stop (bpf_loop
- * callback).
+ * One window of a walk back through a segment map to a block's first
+ * segment (its state in the walk's java_scratch): read, then stepped back
+ * through while the steps stay in it.  Returns 1 to stop (bpf_loop
+ * callback).  `task`: the task whose memory is read (the iterators'), or
+ * NULL for the current task's.
  */
-static long java_hop_current(__u32 i, void *arg)
+static __always_inline long java_hop(struct task_struct *task)
 {
-	struct java_scratch *js = java_scratch_of(false);
+	struct java_scratch *js = java_scratch_of(task != NULL);
+	void *at;
 	__u64 k;
 	__u32 n;
 	__u8 b;
@@ -327,7 +326,9 @@ static long java_hop_current(__u32 i, void *arg)
 		return 1;
 	k = js->k;
 	js->base = k >= JAVA_WINDOW - 1 ? k - (JAVA_WINDOW - 1) : 0;
-	if (bpf_probe_read_user(js->window, JAVA_WINDOW, (void *)(js->map + js->base))) {
+	at = (void *)(js->map + js->base);
+	if (task ? bpf_copy_from_user_task(js->window, JAVA_WINDOW, at, task, 0)
+		 : bpf_probe_read_user(js->window, JAVA_WINDOW, at)) {
 		js->hop_end = JAVA_HOP_BAD;
 		return 1;
 	}
@@ -348,6 +349,21 @@ static long java_hop_current(__u32 i, void *arg)
 	}
 	js->k = k;
 	return 0;
+}
+
+static long java_hop_current(__u32 i, void *arg)
+{
+	return java_hop(NULL);
+}
+
+/* `arg`: the task (a struct java_hop_task). */
+struct java_hop_task {
+	struct task_struct *task;
+};
+
+static long java_hop_task(__u32 i, void *arg)
+{
+	return java_hop(((struct java_hop_task *)arg)->task);
 }
 
 /* A slot of an interpreted frame read into js->frame: the word at `off`
@@ -444,32 +460,20 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 	/* The block that holds pc: back through the segment map to its
 	 * first segment, a window of the map read at a time. */
 	js->k = (u->pc - js->lo) >> js->log2;
+	/* A window a bpf_loop step: the verifier checks one. */
+	js->hop_end = JAVA_HOP_GOING;
 	if (task) {
-		for (n = 0; n < JAVA_STEPS; n++) {
-			if (n == 0 || js->k < js->base) {
-				js->base = js->k >= JAVA_WINDOW - 1 ? js->k - (JAVA_WINDOW - 1) : 0;
-				if (read_user(js->window, JAVA_WINDOW, (void *)(js->map + js->base),
-					      task, c))
-					return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-			}
-			b = js->window[(js->k - js->base) & (JAVA_WINDOW - 1)];
-			if (b == 0xff || b > js->k)
-				return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
-			if (!b)
-				break;
-			js->k -= b;
-		}
-		if (n >= JAVA_STEPS)
-			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
+		struct java_hop_task hop = { .task = task };
+
+		bpf_loop(JAVA_WINDOWS, java_hop_task, &hop, 0);
 	} else {
-		js->hop_end = JAVA_HOP_GOING;
 		bpf_loop(JAVA_WINDOWS, java_hop_current, NULL, 0);
-		/* Looked up again: the verifier forgets what a pointer to a
-		 * map value held across the call. */
-		js = java_scratch_of(false);
-		if (!js || js->hop_end != JAVA_HOP_FOUND)
-			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 	}
+	/* Looked up again: the verifier forgets what a pointer to a map
+	 * value held across the call. */
+	js = java_scratch_of(task != NULL);
+	if (!js || js->hop_end != JAVA_HOP_FOUND)
+		return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 	j = &js->p;
 	n = j->header_read;
 	if (n > JAVA_HEADER)

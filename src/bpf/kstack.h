@@ -284,15 +284,14 @@ static __always_inline int korc_layout(void)
 	return -1;
 }
 
-/* The entry covering `ip` in a table of `entries` (addresses at
- * `ip_table`, entries at `entry_table`): the last whose address is at most
- * `ip`.  The table of addresses holds each as an offset from its own
- * slot. */
-static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entries,
-				     __u64 ip_table, __u64 entry_table)
+/* The index past the last address at most `ip` in a table of `entries`
+ * addresses at `ip_table`, each held as an offset from its own slot: a
+ * binary search, 0 where `ip` is below the first, -1 where the table
+ * cannot be read.  A global function: the verifier checks the search once,
+ * not once for each way the walk's step reaches it. */
+__noinline long korc_search(__u64 ip, __u32 entries, __u64 ip_table)
 {
 	__u32 lo = 0, hi = entries, mid;
-	__u8 raw[16] = {};
 	__u64 at;
 	__s32 off;
 	int k;
@@ -307,7 +306,21 @@ static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entri
 		else
 			hi = mid;
 	}
-	if (lo != hi || lo == 0)
+	if (lo != hi)
+		return -1;
+	return lo;
+}
+
+/* The entry covering `ip` in a table of `entries` (addresses at
+ * `ip_table`, entries at `entry_table`): the last whose address is at most
+ * `ip`. */
+static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entries,
+				     __u64 ip_table, __u64 entry_table)
+{
+	long lo = korc_search(ip, entries, ip_table);
+	__u8 raw[16] = {};
+
+	if (lo <= 0)
 		return -1;
 	if (bpf_probe_read_kernel(raw, 6, (void *)(entry_table + (__u64)(lo - 1) * 6)))
 		return -1;
@@ -615,15 +628,15 @@ static __always_inline void korc_user_ip(struct korc_walk *w, __u32 sym)
 	}
 }
 
-/* korc_step: the frame is a module's, whose entry korc_walk is to find. */
+/* korc_step: the frame is a module's, whose entry is to be found first
+ * (korc_frame). */
 #define KORC_NEEDS_MODULE 2
 
 /*
  * One frame: the current one kept, the caller's found.  0 to go on, 1 at
- * the end, KORC_NEEDS_MODULE for a module's frame not yet looked up.  A global function: checked once, not at every frame of the
- * loop that calls it.
+ * the end, KORC_NEEDS_MODULE for a module's frame not yet looked up.
  */
-__noinline int korc_step(__u32 k)
+static __always_inline int korc_step(__u32 k)
 {
 	__u32 idx;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
@@ -866,29 +879,30 @@ static __always_inline int korc_window(struct korc_walk *w, __u64 frame, __u64 s
 	return 0;
 }
 
-/* One frame of the walk in the state of `k`, a module's looked up first:
- * 1 to stop.  A global function: the verifier checks a frame once, not
- * once for each frame of korc_walk()'s loop (inline, its lookup of a
- * module's entry was two thirds of korc_walk()'s verification). */
+/* One frame of the walk in the state of `k` (korc_step), a module's entry
+ * looked up first: 1 to stop.  A global function: the verifier checks a
+ * frame once, not once for each frame of korc_walk()'s loop. */
 __noinline int korc_frame(__u32 k)
 {
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
-	int step;
+	__u64 ip;
 
 	if (!w)
 		return 1;
-	step = korc_step(k);
-	if (step == KORC_NEEDS_MODULE) {
-		if (korc_module_search(w->signal ? w->ip : w->ip - 1, k)) {
+	ip = w->ip;
+	/* As korc_step() finds it: a module's frame not looked up yet. */
+	if (ip >= KERNEL_SPACE && korc_modules && (ip < core_text_start || ip >= core_text_end) &&
+	    w->found_for != ip && !(ret_trampoline_a && ip == ret_trampoline_a) &&
+	    !(ret_trampoline_b && ip == ret_trampoline_b)) {
+		if (korc_module_search(w->signal ? ip : ip - 1, k)) {
 			/* Not a module it knows: the helper's from here. */
-			w->stop_ip = w->ip;
+			w->stop_ip = ip;
 			w->done = KORC_SPLICE;
 			return 1;
 		}
-		w->found_for = w->ip;
-		step = korc_step(k);
+		w->found_for = ip;
 	}
-	return step ? 1 : 0;
+	return korc_step(k) ? 1 : 0;
 }
 
 /* korc_walk's `kept`: the thread's last walk is in the state; the window

@@ -273,6 +273,8 @@ struct ucache_window {
 	__u64 have;
 	__u32 k;
 	__s32 holds;
+	/* Where the slot checked is in `bytes`. */
+	__u64 off;
 };
 
 struct {

@@ -6,70 +6,60 @@
 #ifndef __OFFCPUTIME_STACK_CACHE_H__
 #define __OFFCPUTIME_STACK_CACHE_H__
 
-/* Slots checked per bpf_loop step (a step is a call and two lookups, for
- * UCACHE_STEP slots); each slot in a global function of its own, which the
- * verifier checks once, not once per slot of a step (checked inline, the
- * slots of a step were a seventh of the switch hook's verification). */
+/* Slots checked per bpf_loop step: the verifier checks the slots of one
+ * step, not all UCACHE_SLOTS of them (an unrolled check of every slot was
+ * half of the switch hook's verification); a step is a call and two
+ * lookups, for UCACHE_STEP slots. */
 #define UCACHE_STEP 16
 
-/* Slot w->k of the kept walk `e`, against the stack read in the window `w`
- * (read again where the slot is not in it): 0 where it holds and the next
- * is to be checked, 1 where the answer is known (w->holds: 1 all held, 0
- * one did not). */
-__noinline int ucache_slot_check(struct ucache *e, struct ucache_window *w)
+/* Reads the stack from `addr` into the window (struct ucache_window), up
+ * to `top` (the end of the walk's highest slot) and at most UCACHE_WINDOW
+ * bytes; where that cannot be read, UCACHE_RANGE bytes or 8.  0 where
+ * something was read.  A global function: called only when a slot is not
+ * in the window (once or twice a check), and checked by the verifier once,
+ * not within each slot of a step (inline, the slots of a step were a
+ * seventh of the switch hook's verification). */
+__noinline int ucache_window_read(__u64 addr, __u64 top)
 {
-	__u64 addr, off, len, span;
-	__u32 k, at;
+	struct ucache_window *w;
+	__u32 zero = 0;
+	__u64 len;
 
-	if (!e || !w)
-		return 1;
-	k = w->k;
-	if (k >= UCACHE_SLOTS || k >= e->n) {
-		w->holds = 1;
-		return 1;
-	}
-	/* Masked where it indexes (the compiler would drop a mask it can
-	 * prove idle, and index from a copy the verifier has no bound
-	 * for). */
-	asm volatile("" : "+r"(k));
-	k &= UCACHE_SLOTS - 1;
-	at = e->off[k];
-	span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
-	addr = e->sp + (at & ~UCACHE_RANGE_BIT);
-	off = addr - w->base;
-	if (k == 0 || addr < w->base || off + span > w->have) {
-		len = e->sp + e->top - addr;
-		if (e->sp + e->top < addr + 8 || len > UCACHE_WINDOW)
-			len = UCACHE_WINDOW;
-		/* The bound, for the verifier. */
-		asm volatile("" : "+r"(len));
-		len &= 2 * UCACHE_WINDOW - 1;
-		if (len < 8 || len > UCACHE_WINDOW)
-			goto fails;
-		if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
-			w->have = len;
-		else if (!bpf_probe_read_user(w->bytes, UCACHE_RANGE, (void *)addr))
-			w->have = UCACHE_RANGE;
-		else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
-			w->have = 8;
-		else
-			goto fails;
-		w->base = addr;
-		off = 0;
-		if (span > w->have)
-			goto fails;
-	}
-	if (at & UCACHE_RANGE_BIT) {
-		if (ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1)))) != e->val[k])
-			goto fails;
-	} else if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k]) {
-		goto fails;
-	}
-	w->k = k + 1;
+	w = bpf_map_lookup_elem(&ucache_window, &zero);
+	if (!w)
+		return -1;
+	len = top - addr;
+	if (top < addr + 8 || len > UCACHE_WINDOW)
+		len = UCACHE_WINDOW;
+	/* The bound, for the verifier. */
+	asm volatile("" : "+r"(len));
+	len &= 2 * UCACHE_WINDOW - 1;
+	if (len < 8 || len > UCACHE_WINDOW)
+		return -1;
+	if (!bpf_probe_read_user(w->bytes, len, (void *)addr))
+		w->have = len;
+	else if (!bpf_probe_read_user(w->bytes, UCACHE_RANGE, (void *)addr))
+		w->have = UCACHE_RANGE;
+	else if (!bpf_probe_read_user(w->bytes, 8, (void *)addr))
+		w->have = 8;
+	else
+		return -1;
+	w->base = addr;
 	return 0;
-fails:
-	w->holds = 0;
-	return 1;
+}
+
+/* The hash of the UCACHE_RANGE bytes at `off` in the window (a range
+ * slot's, see ucache_range_hash()).  A global function: unrolled, the
+ * hash took half of a step's verification, and range slots are few. */
+__noinline __u64 ucache_window_hash(__u64 off)
+{
+	struct ucache_window *w;
+	__u32 zero = 0;
+
+	w = bpf_map_lookup_elem(&ucache_window, &zero);
+	if (!w)
+		return 0;
+	return ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))));
 }
 
 static long ucache_slots_step(__u32 i, void *arg)
@@ -77,7 +67,9 @@ static long ucache_slots_step(__u32 i, void *arg)
 	__u32 way = *(__u32 *)arg;
 	struct ucache_ways *set;
 	struct ucache_window *w;
-	__u32 zero = 0, j;
+	__u64 addr, off, span;
+	__u32 zero = 0, k, at, j;
+	struct ucache *e;
 
 	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
@@ -87,10 +79,44 @@ static long ucache_slots_step(__u32 i, void *arg)
 		w->holds = 0;
 		return 1;
 	}
-	for (j = 0; j < UCACHE_STEP; j++)
-		if (ucache_slot_check(&set->way[way & 1], w))
+	e = &set->way[way & 1];
+	for (j = 0; j < UCACHE_STEP; j++) {
+		k = w->k;
+		if (k >= UCACHE_SLOTS || k >= e->n) {
+			w->holds = 1;
 			return 1;
+		}
+		/* Masked where it indexes (the compiler would drop a mask it
+		 * can prove idle, and index from a copy the verifier has no
+		 * bound for). */
+		asm volatile("" : "+r"(k));
+		k &= UCACHE_SLOTS - 1;
+		at = e->off[k];
+		span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
+		addr = e->sp + (at & ~UCACHE_RANGE_BIT);
+		off = addr - w->base;
+		if (k == 0 || addr < w->base || off + span > w->have) {
+			if (ucache_window_read(addr, e->sp + e->top) || span > w->have)
+				goto fails;
+			off = 0;
+		}
+		/* Through memory, read back as a number the verifier does not
+		 * know: one state goes on from here, not one for each way
+		 * here. */
+		*(volatile __u64 *)&w->off = off;
+		off = *(volatile __u64 *)&w->off;
+		if (at & UCACHE_RANGE_BIT) {
+			if (ucache_window_hash(off) != e->val[k])
+				goto fails;
+		} else if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k]) {
+			goto fails;
+		}
+		w->k = k + 1;
+	}
 	return 0;
+fails:
+	w->holds = 0;
+	return 1;
 }
 
 /* Whether the stack memory of the current thread's kept walk `way` (struct
