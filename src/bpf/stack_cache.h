@@ -12,22 +12,14 @@
  * lookups, for UCACHE_STEP slots. */
 #define UCACHE_STEP 16
 
-/* Reads the stack from `addr` into the window (struct ucache_window), up
- * to `top` (the end of the walk's highest slot) and at most UCACHE_WINDOW
- * bytes; where that cannot be read, UCACHE_RANGE bytes or 8.  0 where
- * something was read.  A global function: called only when a slot is not
- * in the window (once or twice a check), and checked by the verifier once,
- * not within each slot of a step (inline, the slots of a step were a
- * seventh of the switch hook's verification). */
-__noinline int ucache_window_read(__u64 addr, __u64 top)
+/* Reads the stack from `addr` into the window `w` (struct ucache_window),
+ * up to `top` (the end of the walk's highest slot) and at most
+ * UCACHE_WINDOW bytes; where that cannot be read, UCACHE_RANGE bytes or 8.
+ * 0 where something was read. */
+static __always_inline int ucache_read(struct ucache_window *w, __u64 addr, __u64 top)
 {
-	struct ucache_window *w;
-	__u32 zero = 0;
 	__u64 len;
 
-	w = bpf_map_lookup_elem(&ucache_window, &zero);
-	if (!w)
-		return -1;
 	len = top - addr;
 	if (top < addr + 8 || len > UCACHE_WINDOW)
 		len = UCACHE_WINDOW;
@@ -46,6 +38,21 @@ __noinline int ucache_window_read(__u64 addr, __u64 top)
 		return -1;
 	w->base = addr;
 	return 0;
+}
+
+/* ucache_read() where a slot lies past the window (the first read is
+ * ucache_slots_hold()'s): a global function, which the verifier checks
+ * once, not within each slot of a step (inline, the slots of a step were a
+ * seventh of the switch hook's verification). */
+__noinline int ucache_window_read(__u64 addr, __u64 top)
+{
+	struct ucache_window *w;
+	__u32 zero = 0;
+
+	w = bpf_map_lookup_elem(&ucache_window, &zero);
+	if (!w)
+		return -1;
+	return ucache_read(w, addr, top);
 }
 
 /* The hash of the UCACHE_RANGE bytes at `off` in the window (a range
@@ -95,7 +102,7 @@ static long ucache_slots_step(__u32 i, void *arg)
 		span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
 		addr = e->sp + (at & ~UCACHE_RANGE_BIT);
 		off = addr - w->base;
-		if (k == 0 || addr < w->base || off + span > w->have) {
+		if (addr < w->base || off + span > w->have) {
 			if (ucache_window_read(addr, e->sp + e->top) || span > w->have)
 				goto fails;
 			off = 0;
@@ -128,6 +135,8 @@ fails:
 __noinline int ucache_slots_hold(__u32 way)
 {
 	struct ucache_window *w;
+	struct ucache_ways *set;
+	struct ucache *e;
 	__u32 zero = 0;
 
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
@@ -137,6 +146,14 @@ __noinline int ucache_slots_hold(__u32 way)
 	w->have = 0;
 	w->k = 0;
 	w->holds = -1;
+	/* The window from the first slot on, here (the steps call a
+	 * function only where a slot is past it). */
+	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
+	if (!set)
+		return false;
+	e = &set->way[way & 1];
+	if (e->n && ucache_read(w, e->sp + (e->off[0] & ~UCACHE_RANGE_BIT), e->sp + e->top))
+		return false;
 	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &way, 0);
 	/* Undecided after every step: all UCACHE_SLOTS slots held. */
 	return w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS);
