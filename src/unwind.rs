@@ -71,6 +71,12 @@ pub trait TableStore {
         0
     }
     fn write_rows(&mut self, start: usize, rows: &[types::unwind_row]) -> Result<()>;
+    /// Makes room for the rows up to `end` at once, before they are
+    /// written (each growth of the kernel's table waits for a grace
+    /// period: one for a batch of tables rather than one each).
+    fn reserve_rows(&mut self, _end: usize) -> Result<()> {
+        Ok(())
+    }
     fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()>;
     /// Points process `tgid` at `count` mappings from `start`, written
     /// before: the BPF program uses them from its next unwind on, in

@@ -287,9 +287,8 @@ static __always_inline int korc_layout(void)
 /* The index past the last address at most `ip` in a table of `entries`
  * addresses at `ip_table`, each held as an offset from its own slot: a
  * binary search, 0 where `ip` is below the first, -1 where the table
- * cannot be read.  A global function: the verifier checks the search once,
- * not once for each way the walk's step reaches it. */
-__noinline long korc_search(__u64 ip, __u32 entries, __u64 ip_table)
+ * cannot be read. */
+static __always_inline long korc_bsearch(__u64 ip, __u32 entries, __u64 ip_table)
 {
 	__u32 lo = 0, hi = entries, mid;
 	__u64 at;
@@ -311,13 +310,23 @@ __noinline long korc_search(__u64 ip, __u32 entries, __u64 ip_table)
 	return lo;
 }
 
+/* korc_bsearch() in a global function: the verifier checks the search
+ * once, not once for each way the walk's step reaches it. */
+__noinline long korc_search(__u64 ip, __u32 entries, __u64 ip_table)
+{
+	return korc_bsearch(ip, entries, ip_table);
+}
+
 /* The entry covering `ip` in a table of `entries` (addresses at
  * `ip_table`, entries at `entry_table`): the last whose address is at most
- * `ip`. */
+ * `ip`.  `own_search`: the search inline, not korc_search() (a module's
+ * lookup, at the end of a chain of calls whose frames are at the
+ * verifier's bound of 512 bytes before 6.13). */
 static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entries,
-				     __u64 ip_table, __u64 entry_table)
+				     __u64 ip_table, __u64 entry_table, const bool own_search)
 {
-	long lo = korc_search(ip, entries, ip_table);
+	long lo = own_search ? korc_bsearch(ip, entries, ip_table)
+			     : korc_search(ip, entries, ip_table);
 	__u8 raw[16] = {};
 
 	if (lo <= 0)
@@ -413,7 +422,7 @@ static __always_inline int korc_entry_of(struct korc_walk *w, __u32 idx, __u64 i
 		*e = *known;
 		return 0;
 	}
-	if (korc_find(ip, e, w->entries, orc_ip_table, orc_entry_table))
+	if (korc_find(ip, e, w->entries, orc_ip_table, orc_entry_table, false))
 		return -1;
 	bpf_map_update_elem(&korc_entries, &ip, e, BPF_NOEXIST);
 	return 0;
@@ -475,7 +484,7 @@ __noinline int korc_module_search(__u64 ip, __u32 k)
 	    ip >= w->mod_text + w->mod_size || !w->mod_n || !w->mod_ip_table ||
 	    !w->mod_entry_table)
 		return -1;
-	return korc_find(ip, &w->found, w->mod_n, w->mod_ip_table, w->mod_entry_table);
+	return korc_find(ip, &w->found, w->mod_n, w->mod_ip_table, w->mod_entry_table, true);
 }
 
 /* The frame's CFA, from its ORC entry `e`: false where the walk cannot

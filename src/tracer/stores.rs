@@ -496,6 +496,13 @@ impl crate::unwind::TableStore for UnwindStore {
         self.rows.write(start, rows)
     }
 
+    fn reserve_rows(&mut self, end: usize) -> Result<()> {
+        match end {
+            0 => Ok(()),
+            end => self.rows.grow_to(end.min(self.rows.len) - 1),
+        }
+    }
+
     fn write_mappings(&mut self, start: usize, mappings: &[types::unwind_mapping]) -> Result<()> {
         self.mappings.write(start, mappings)
     }

@@ -199,6 +199,23 @@ impl Unwinder {
         if built.is_empty() {
             return;
         }
+        // Room for all of them at once, where they will go (see
+        // TableStore::reserve_rows); what does not fit is placed as
+        // before, one at a time.
+        let max = super::tables::MAX_OBJECT_ROWS;
+        let lens: Vec<usize> = built
+            .iter()
+            .filter(|b| self.building.contains_key(&b.object))
+            .filter_map(|b| match &b.table {
+                Ok(Some((rows, _))) if rows.len() <= max => Some(rows.len()),
+                _ => None,
+            })
+            .collect();
+        let end = self.rows.end_after(&lens);
+        if end > 0 {
+            // Failing, each table grows it as it is written.
+            let _ = self.store().reserve_rows(end);
+        }
         for b in built {
             self.take_built(b);
         }
@@ -221,10 +238,16 @@ impl Unwinder {
             if left.is_zero() {
                 return;
             }
-            let built = self
+            let mut built: Vec<Built> = self
                 .builder
-                .recv_timeout(left.min(Duration::from_millis(50)));
-            self.take_in(procs, built.into_iter().collect());
+                .recv_timeout(left.min(Duration::from_millis(50)))
+                .into_iter()
+                .collect();
+            // And those done meanwhile: placed together.
+            while let Some(b) = self.builder.try_recv() {
+                built.push(b);
+            }
+            self.take_in(procs, built);
         }
     }
 

@@ -60,6 +60,24 @@ impl RangeAlloc {
         self.free.insert(start, len);
     }
 
+    /// Where the last of ranges of `lens`, allocated in turn (first fit),
+    /// would end: 0 where none fits.
+    pub(super) fn end_after(&self, lens: &[usize]) -> usize {
+        let mut free = self.free.clone();
+        let mut end = 0;
+        for &len in lens.iter().filter(|&&l| l > 0) {
+            let Some((&start, &have)) = free.iter().find(|(_, &l)| l >= len) else {
+                continue;
+            };
+            free.remove(&start);
+            if have > len {
+                free.insert(start + len, have - len);
+            }
+            end = end.max(start + len);
+        }
+        end
+    }
+
     /// The longest free run there would be with `more` ranges given back
     /// too (start, length; not free now, not overlapping).
     pub(super) fn longest_with(&self, more: &[(usize, usize)]) -> usize {

@@ -10,6 +10,9 @@ use crate::elf::Segment;
 use crate::process::registry::ExecMapping;
 use crate::unwind_table;
 
+/// The most rows one object's table may have.
+pub(super) const MAX_OBJECT_ROWS: usize = types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize;
+
 impl Unwinder {
     /// Records what became of an object's table, keeping its references.
     pub(super) fn settle(
@@ -128,7 +131,7 @@ impl Unwinder {
         (Option<ObjectTable>, Option<usize>),
         (Vec<unwind_table::Row>, Vec<Segment>),
     > {
-        let max = types::unwind_limits::UNWIND_MAX_OBJECT_ROWS.0 as usize;
+        let max = MAX_OBJECT_ROWS;
         let start = if rows.len() > max {
             None
         } else {
