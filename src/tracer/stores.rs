@@ -499,7 +499,7 @@ impl crate::unwind::TableStore for UnwindStore {
     fn reserve_rows(&mut self, end: usize) -> Result<()> {
         match end {
             0 => Ok(()),
-            end => self.rows.grow_to(end.min(self.rows.len) - 1),
+            end => self.rows.grow_to(end.min(self.rows.len).saturating_sub(1)),
         }
     }
 

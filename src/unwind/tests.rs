@@ -97,6 +97,32 @@ fn ranges_are_reused_and_merged() {
     assert_eq!(a.alloc(100), Some(0));
 }
 
+#[test]
+fn room_for_a_batch_ends_where_first_fit_puts_it() {
+    let mut a = RangeAlloc::new(1000);
+    let held: Vec<usize> = [100, 50, 200, 30, 70]
+        .iter()
+        .map(|&n| a.alloc(n).unwrap())
+        .collect();
+    // Holes of 50 at 100 and of 30 at 350; 550 free from 450.
+    a.free(held[1], 50);
+    a.free(held[3], 30);
+    let lens = [40, 0, 30, 500, 10, 900];
+    let end = a.end_after(&lens);
+    let mut last = 0;
+    for &n in &lens {
+        if let Some(at) = a.alloc(n) {
+            if n > 0 {
+                last = last.max(at + n);
+            }
+        }
+    }
+    // 40 and then 10 in the first hole, 30 in the second, 500 from 450;
+    // the 900 fits nowhere.
+    assert_eq!((end, last), (950, 950));
+    assert_eq!(RangeAlloc::new(0).end_after(&[10]), 0, "no room: none");
+}
+
 /// Tables in vectors, as the BPF maps would hold them.
 struct FakeStore {
     rows: usize,
