@@ -62,6 +62,11 @@ struct {
 /* A frame's bytes, and room past them: a field read at any offset below
  * PY_READ_MAX stays inside. */
 #define PY_READ_MAX 128
+/* The most read at once below a frame of the interpreter's data stack:
+ * the frames that called it are there (py_frame_bytes). */
+#define PY_WINDOW 2048
+/* The code objects a walk remembers the tags of. */
+#define PY_KNOWN 4
 struct py_walk {
 	struct py_proc p;
 	__u64 frame;
@@ -81,8 +86,18 @@ struct py_walk {
 	/* python_stack_of_current: until when (2^20 ns) the process it
 	 * looked at is left alone (PY_REST), 0 where it is not. */
 	__u32 rest_until;
-	__u32 _pad2;
-	__u8 buf[PY_READ_MAX + 8];
+	/* The window of memory read last (see py_frame_bytes): from
+	 * win_lo, win_len bytes, in buf; the frame being read starts at
+	 * buf[at]. */
+	__u32 win_len;
+	__u64 win_lo;
+	__u32 at;
+	/* The code objects met in this walk and their tags (py_known):
+	 * the first known_nr of PY_KNOWN. */
+	__u32 known_nr;
+	__u64 known_code[PY_KNOWN];
+	__u32 known_tag[PY_KNOWN];
+	__u8 buf[PY_WINDOW + PY_READ_MAX + 8];
 	__u8 tag[24];
 };
 
@@ -127,10 +142,21 @@ static __always_inline __u32 py_rest_from(__u64 now)
 	return ((__u32)(now >> 20) + PY_REST) | 1;
 }
 
+/* A field of the frame being read, at `off` (below PY_READ_MAX). */
 static __always_inline __u64 py_u64(struct py_walk *w, __u32 off)
 {
+	__u32 at = w->at & (PY_WINDOW - 1);
+
 	off &= PY_READ_MAX - 1;
-	return *(__u64 *)&w->buf[off];
+	return *(__u64 *)&w->buf[at + off];
+}
+
+static __always_inline __u8 py_u8(struct py_walk *w, __u32 off)
+{
+	__u32 at = w->at & (PY_WINDOW - 1);
+
+	off &= PY_READ_MAX - 1;
+	return w->buf[at + off];
 }
 
 /* The 24 bytes from a code object's co_filename, as userspace hashes them
@@ -202,10 +228,74 @@ static __always_inline long py_read(void *dst, __u32 size, __u64 src, struct tas
 	return bpf_probe_read_user(dst, size, (void *)src);
 }
 
+/*
+ * Makes the `size` bytes of the frame at w->frame readable at buf[at]: 0,
+ * or the read's error.  Each read of another process's memory costs a
+ * switch some 70 ns however few bytes it copies, and from 3.11 the frames
+ * that called a frame lie below it on the interpreter's data stack: a read
+ * takes up to PY_WINDOW bytes below the frame (not below its page, which
+ * is mapped where the frame is), and the frames found inside are read
+ * from there.  A window holds the bytes of one moment of one walk, as the
+ * frames' own reads would: the thread walked is switched out (or, in the
+ * iterators, blocked).
+ */
+static __always_inline long py_frame_bytes(struct py_walk *w, __u32 size, struct task_struct *task)
+{
+	__u64 frame = w->frame, lo, end = frame + size, len;
+	long err;
+
+	if (w->win_len && frame >= w->win_lo && end <= w->win_lo + w->win_len) {
+		w->at = frame - w->win_lo;
+		return 0;
+	}
+	if (w->p.kind == PY_FRAMES_OBJECT) {
+		/* 3.10: frames are objects of their own on the heap. */
+		lo = frame;
+	} else {
+		lo = frame & ~4095ULL;
+		if (end - lo > PY_WINDOW)
+			lo = end - PY_WINDOW;
+	}
+	len = end - lo;
+	/* Below PY_WINDOW, as the verifier can see. */
+	asm volatile("" : "+r"(len));
+	if (len > PY_WINDOW)
+		len = PY_WINDOW;
+	err = py_read(w->buf, len, lo, task);
+	w->win_len = err ? 0 : len;
+	w->win_lo = lo;
+	w->at = frame - lo;
+	return err;
+}
+
+/* The tag of code object `code` where this walk met it already: a code
+ * object lives at least as long as a frame running it, so within one walk
+ * an address is one code object.  PY_KNOWN + 1 where it is not known. */
+static __always_inline __u32 py_known(struct py_walk *w, __u64 code)
+{
+	__u32 i;
+
+	for (i = 0; i < PY_KNOWN; i++)
+		if (i < w->known_nr && w->known_code[i] == code)
+			return i;
+	return PY_KNOWN + 1;
+}
+
+static __always_inline void py_remember(struct py_walk *w, __u64 code, __u32 tag)
+{
+	__u32 i = w->known_nr;
+
+	if (i >= PY_KNOWN)
+		return;
+	w->known_code[i] = code;
+	w->known_tag[i] = tag;
+	w->known_nr = i + 1;
+}
+
 static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 {
 	struct py_walk *w = c->w;
-	__u32 size = w->p.frame_read, tag = 0, instr = 0xffffff;
+	__u32 size = w->p.frame_read, tag = 0, instr = 0xffffff, known;
 	__u64 code, prev, flags = 0, ip;
 	__u8 entry;
 
@@ -217,7 +307,7 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 		size = PY_READ_MAX;
 	if (size < 8)
 		size = 8;
-	if (py_read(w->buf, size, w->frame, task)) {
+	if (py_frame_bytes(w, size, task)) {
 		py_put(c, 0, PY_FLAG_UNREADABLE, 0, 0);
 		count(CNT_PY_UNREADABLE);
 		w->done = true;
@@ -225,7 +315,7 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 	}
 	code = py_u64(w, w->p.f_code);
 	prev = py_u64(w, w->p.f_previous);
-	entry = w->buf[w->p.f_entry & (PY_READ_MAX - 1)];
+	entry = py_u8(w, w->p.f_entry);
 	if (w->p.kind == PY_FRAMES_SHIM && entry == w->p.owner_cstack) {
 		/* The shim below an evaluation call's frames. */
 		if (w->in_run)
@@ -237,7 +327,7 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 		return 0;
 	}
 	if (w->p.instr_is_index) {
-		instr = *(__u32 *)&w->buf[w->p.f_instr & (PY_READ_MAX - 1)];
+		instr = (__u32)py_u64(w, w->p.f_instr);
 	} else {
 		ip = py_u64(w, w->p.f_instr);
 		if (ip >= code && ip - code < 0xffffff)
@@ -245,14 +335,19 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 	}
 	if (w->p.kind == PY_FRAMES_OBJECT || (w->p.kind == PY_FRAMES_ENTRY_FLAG && entry))
 		flags |= PY_FLAG_ENTRY;
-	if (py_read(w->tag, sizeof(w->tag), code + w->p.co_tag, task))
+	known = py_known(w, code);
+	if (known < PY_KNOWN)
+		tag = w->known_tag[known];
+	else if (py_read(w->tag, sizeof(w->tag), code + w->p.co_tag, task))
 		flags |= PY_FLAG_NO_TAG;
 	else
 		tag = py_tag(w);
 	if (!py_put(c, code, flags, tag, instr))
 		goto full;
-	if (!(flags & PY_FLAG_NO_TAG))
+	if (!(flags & PY_FLAG_NO_TAG) && known >= PY_KNOWN) {
 		py_notice(w, code, tag);
+		py_remember(w, code, tag);
+	}
 	w->frames++;
 	w->in_run = (flags & PY_FLAG_ENTRY) ? 0 : w->in_run + 1;
 	w->frame = prev;
@@ -320,6 +415,26 @@ static long py_step_task(__u32 i, void *arg)
 }
 
 /*
+ * The thread state's thread_id and frame (or C frame) into v[3] and v[4],
+ * the state being at v[2]: one read of the bytes from the first to the
+ * last where they are within PY_READ_MAX of each other, else one each.
+ */
+static __always_inline bool py_thread_state(struct py_walk *w, __u64 *v, struct task_struct *task)
+{
+	__u32 id = w->p.ts_thread_id, frame = w->p.ts_frame;
+	__u32 lo = id < frame ? id : frame, hi = id < frame ? frame : id;
+	__u8 *b = w->buf + 64;
+
+	if (hi - lo + 8 > PY_READ_MAX)
+		return !py_read(&v[3], 8, v[2] + id, task) && !py_read(&v[4], 8, v[2] + frame, task);
+	if (py_read(b, (hi - lo + 8) & (PY_READ_MAX * 2 - 1), v[2] + lo, task))
+		return false;
+	v[3] = *(__u64 *)&b[(id - lo) & (PY_READ_MAX - 1)];
+	v[4] = *(__u64 *)&b[(frame - lo) & (PY_READ_MAX - 1)];
+	return true;
+}
+
+/*
  * Finds the Python frames of a thread of process `tgid` (`task`, or the
  * current task where NULL) and sets up the walk in `w`: false where the
  * process has no interpreter known, or the thread no state of its own.
@@ -353,10 +468,9 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	if (!v[1] ||
 	    py_read(&v[2], 8, v[1] + w->p.tls_specific + (v[0] >> 32) * 16 + 8, task) || !v[2])
 		goto no_state;
-	/* Its thread_id is its pthread_t: under glibc the thread pointer. */
-	if (py_read(&v[3], 8, v[2] + w->p.ts_thread_id, task) || v[3] != v[1])
-		goto no_state;
-	if (py_read(&v[4], 8, v[2] + w->p.ts_frame, task))
+	/* Its thread_id is its pthread_t: under glibc the thread pointer.
+	 * Both fields in one read where they are near (3.11 on). */
+	if (!py_thread_state(w, v, task) || v[3] != v[1])
 		goto no_state;
 	if (w->p.cframe_frame != 0xffff && v[4] &&
 	    py_read(&v[4], 8, v[4] + w->p.cframe_frame, task))
@@ -367,6 +481,8 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	w->in_run = 0;
 	w->frames = 0;
 	w->done = false;
+	w->win_len = 0;
+	w->known_nr = 0;
 	w->process_start = BPF_CORE_READ(t, group_leader, start_boottime);
 	return true;
 no_state:

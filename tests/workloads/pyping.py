@@ -3,7 +3,11 @@ under DEPTH functions of its own: a context switch per pass, every one in
 a CPython process (scripts/bench-builds --python). Prints the time per
 round trip.
 
-Usage: pyping.py ROUNDS [DEPTH]
+Usage: pyping.py ROUNDS [DEPTH [distinct]]
+
+With `distinct`, the DEPTH functions are each a code object of their own
+(level0 ... levelN) rather than one function recursing: as in most real
+stacks, where few frames run the same code.
 """
 
 import os
@@ -13,6 +17,7 @@ import time
 
 ROUNDS = int(sys.argv[1])
 DEPTH = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+DISTINCT = len(sys.argv) > 3 and sys.argv[3] == "distinct"
 A_R, A_W = os.pipe()
 B_R, B_W = os.pipe()
 
@@ -21,6 +26,16 @@ def nest(depth, f):
     if depth == 0:
         return f()
     return nest(depth - 1, f)
+
+
+def chain(depth):
+    """DEPTH functions, each compiled on its own, calling the next, then f."""
+    call = lambda f: f()
+    for i in range(depth):
+        ns = {"inner": call}
+        exec("def level%d(f):\n    return inner(f)\n" % i, ns)
+        call = ns["level%d" % i]
+    return call
 
 
 def echo():
@@ -36,10 +51,16 @@ def ping():
 
 
 def main():
-    t = threading.Thread(target=nest, args=(DEPTH, echo))
+    if DISTINCT:
+        t = threading.Thread(target=chain(DEPTH), args=(echo,))
+    else:
+        t = threading.Thread(target=nest, args=(DEPTH, echo))
     t.start()
     start = time.perf_counter_ns()
-    nest(DEPTH, ping)
+    if DISTINCT:
+        chain(DEPTH)(ping)
+    else:
+        nest(DEPTH, ping)
     took = time.perf_counter_ns() - start
     t.join()
     print("%.1f ns/op" % (took / ROUNDS))

@@ -3,7 +3,8 @@
 Each thread names itself (its comm, as the profiler shows it) and blocks
 under two functions of its own: in time.sleep, a socket read, a queue, a
 lock, and one through a C builtin that calls back into Python (sorted's
-key function) and blocks there. Once all are blocked, the program writes
+key function) and blocks there; one more blocks under a function recursing
+(the same code object in four frames). Once all are blocked, the program writes
 what it sees of itself (sys._current_frames(), by native thread id) as
 JSON to the file given, prints "ready", and stays blocked until killed.
 
@@ -68,6 +69,18 @@ def lock_outer(lock):
     lock_inner(lock)
 
 
+def recurse(n):
+    # The same code object in several frames of one stack.
+    if n == 0:
+        time.sleep(FOREVER)
+    recurse(n - 1)
+
+
+def recurse_outer():
+    name_thread("recurse")
+    recurse(3)
+
+
 class Sorter:
     def key_wait(self, x):
         time.sleep(FOREVER)
@@ -100,6 +113,7 @@ def main():
         threading.Thread(target=queue_outer, args=(q,), daemon=True),
         threading.Thread(target=lock_outer, args=(lock,), daemon=True),
         threading.Thread(target=Sorter().sort_outer, daemon=True),
+        threading.Thread(target=recurse_outer, daemon=True),
     ]
     for t in threads:
         t.start()
