@@ -235,16 +235,17 @@ static __always_inline long py_read(void *dst, __u32 size, __u64 src, struct tas
  * that called a frame lie below it on the interpreter's data stack: a read
  * takes up to PY_WINDOW bytes below the frame (not below its page, which
  * is mapped where the frame is), and the frames found inside are read
- * from there.  A window holds the bytes of one moment of one walk, as the
- * frames' own reads would: the thread walked is switched out (or, in the
- * iterators, blocked).
+ * from there (a frame whose callers are elsewhere, a generator's on the
+ * heap or a shim on the C stack, costs a copy of up to PY_WINDOW bytes
+ * more, not another read).  A window holds the bytes of one moment of one
+ * walk, as the frames' own reads would: the thread walked is switched out.
  */
 static __always_inline long py_frame_bytes(struct py_walk *w, __u32 size, struct task_struct *task)
 {
 	__u64 frame = w->frame, lo, end = frame + size, len;
 	long err;
 
-	if (w->win_len && frame >= w->win_lo && end <= w->win_lo + w->win_len) {
+	if (w->win_len && frame >= w->win_lo && end > frame && end <= w->win_lo + w->win_len) {
 		w->at = frame - w->win_lo;
 		return 0;
 	}
@@ -269,8 +270,10 @@ static __always_inline long py_frame_bytes(struct py_walk *w, __u32 size, struct
 }
 
 /* The tag of code object `code` where this walk met it already: a code
- * object lives at least as long as a frame running it, so within one walk
- * an address is one code object.  PY_KNOWN + 1 where it is not known. */
+ * object lives at least as long as a frame running it, so within the walk
+ * of a thread switched out an address is one code object.  Not in the
+ * iterators' walks of other threads, which may run meanwhile.  PY_KNOWN + 1
+ * where it is not known. */
 static __always_inline __u32 py_known(struct py_walk *w, __u64 code)
 {
 	__u32 i;
@@ -335,7 +338,7 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 	}
 	if (w->p.kind == PY_FRAMES_OBJECT || (w->p.kind == PY_FRAMES_ENTRY_FLAG && entry))
 		flags |= PY_FLAG_ENTRY;
-	known = py_known(w, code);
+	known = task ? PY_KNOWN + 1 : py_known(w, code);
 	if (known < PY_KNOWN)
 		tag = w->known_tag[known];
 	else if (py_read(w->tag, sizeof(w->tag), code + w->p.co_tag, task))

@@ -151,7 +151,7 @@ fn check(what: &str, prefix: &str, out: &std::process::Output, run: &Running, wh
             .collect::<Vec<_>>()
             .join("\n")
     };
-    for what_thread in ["sleep", "recv", "queue", "lock", "sort", "recurse"] {
+    for what_thread in ["sleep", "recv", "queue", "lock", "sort", "recurse", "tick"] {
         let comm = &format!("{prefix}-{what_thread}");
         let expected = run.threads.get(comm).unwrap_or_else(|| {
             panic!(

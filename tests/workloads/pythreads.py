@@ -4,7 +4,9 @@ Each thread names itself (its comm, as the profiler shows it) and blocks
 under two functions of its own: in time.sleep, a socket read, a queue, a
 lock, and one through a C builtin that calls back into Python (sorted's
 key function) and blocks there; one more blocks under a function recursing
-(the same code object in four frames). Once all are blocked, the program writes
+(the same code object in four frames), and one under such a function sleeps
+20 ms again and again (walked at its switches, not only by the iterators).
+Once all are blocked, the program writes
 what it sees of itself (sys._current_frames(), by native thread id) as
 JSON to the file given, prints "ready", and stays blocked until killed.
 
@@ -81,6 +83,19 @@ def recurse_outer():
     recurse(3)
 
 
+def tick(n):
+    # The same, blocking again and again: walked at each switch.
+    if n == 0:
+        while True:
+            time.sleep(0.02)
+    tick(n - 1)
+
+
+def tick_outer():
+    name_thread("tick")
+    tick(3)
+
+
 class Sorter:
     def key_wait(self, x):
         time.sleep(FOREVER)
@@ -114,6 +129,7 @@ def main():
         threading.Thread(target=lock_outer, args=(lock,), daemon=True),
         threading.Thread(target=Sorter().sort_outer, daemon=True),
         threading.Thread(target=recurse_outer, daemon=True),
+        threading.Thread(target=tick_outer, daemon=True),
     ]
     for t in threads:
         t.start()
