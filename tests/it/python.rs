@@ -210,7 +210,9 @@ fn check(what: &str, prefix: &str, out: &std::process::Output, run: &Running, wh
                 dump()
             );
         }
-        if let Some(window) = whole {
+        // The thread that sleeps again and again runs between its sleeps
+        // (for longer under emulation): not blocked throughout.
+        if let Some(window) = whole.filter(|_| what_thread != "tick") {
             let us = line.us;
             assert!(
                 us.abs_diff(window) * 100 <= window,
