@@ -31,6 +31,14 @@
 //! | `--tail`            | `wl-tail`              | 5 ms sleeps (`wl_block_tail_wait`) until SIGUSR1, then prints `tail <CLOCK_MONOTONIC ns> <its schedstat run + wait ns>` and waits 60 s in `poll` in `wl_block_tail` |
 //! | `--brief MS`        | `wl-brief`             | started by the main thread on SIGUSR2; 1 ms sleeps (`wl_block_brief`) for MS ms, then prints `brief <tid> <first ns> <last ns> <cpu ns> <spawned ns>` (CLOCK_MONOTONIC at its first and last instruction, its CPU time, and when the main thread started creating it) and exits |
 //!
+//! `blocker jit exit|stay` is a JIT of one function: it writes its perf
+//! map (`/tmp/perf-PID.map`, one line naming code it never runs), maps an
+//! executable page holding a `nanosleep` system call, prints `ready PID`
+//! and waits for a line on stdin; then it adds `wl_jit_last` (that page) to
+//! its perf map, sleeps 300 ms in it, and exits (`exit`) or sleeps in
+//! `wl_block_long_sleep` (`stay`). Nothing is mapped between the last line
+//! and the sleep: only a reading of the map after it names the sleep.
+//!
 //! `blocker wakers` is another process, whose sleepers are woken by known
 //! functions every 20 ms: `wl-cond-wait` (`wl_block_signalled`, a
 //! condition variable) by `wake_by_signal` in `wl-signaller`; `wl-pipe-wait`
@@ -582,6 +590,81 @@ pub extern "C" fn wl_block_join(thread: libc::pthread_t) -> libc::c_int {
 }
 
 /// `blocker stuck`: every thread blocked for good (see the module docs).
+/// `blocker jit`: see the module's documentation.
+#[cfg(target_arch = "x86_64")]
+fn run_jit(stay: bool) -> ExitCode {
+    use std::io::{BufRead, Write};
+    let fail = |what: &str| {
+        eprintln!("blocker: {what}: {}", std::io::Error::last_os_error());
+        ExitCode::FAILURE
+    };
+    let map_path = format!("/tmp/perf-{}.map", std::process::id());
+    let mut map = match std::fs::File::create(&map_path) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("blocker: {map_path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // With a frame pointer, as JIT code keeps them: push rbp; mov rbp, rsp;
+    // mov eax, SYS_nanosleep; syscall; pop rbp; ret. The caller's two
+    // arguments are the system call's.
+    let code: [u8; 13] = [
+        0x55, 0x48, 0x89, 0xe5, 0xb8, 35, 0, 0, 0, 0x0f, 0x05, 0x5d, 0xc3,
+    ];
+    // SAFETY: a fresh anonymous mapping, written before it is made
+    // executable; nothing else refers to it.
+    let page = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return fail("mmap");
+        }
+        std::ptr::copy_nonoverlapping(code.as_ptr(), p as *mut u8, code.len());
+        if libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC) != 0 {
+            return fail("mprotect");
+        }
+        p as usize
+    };
+    if writeln!(map, "{:x} 8 wl_jit_early", page + 64).is_err() {
+        return fail("writing the perf map");
+    }
+    println!("ready {}", std::process::id());
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    if writeln!(map, "{page:x} {:x} wl_jit_last", code.len()).is_err() {
+        return fail("writing the perf map");
+    }
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 300_000_000,
+    };
+    // SAFETY: the page holds the code above, which takes the two
+    // arguments of nanosleep and returns its result.
+    let sleep: extern "C" fn(*const libc::timespec, *mut libc::timespec) -> i64 =
+        unsafe { std::mem::transmute(page) };
+    sleep(&ts, std::ptr::null_mut());
+    if stay {
+        loop {
+            wl_block_long_sleep();
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn run_jit(_stay: bool) -> ExitCode {
+    eprintln!("blocker: jit is written for x86-64 only");
+    ExitCode::FAILURE
+}
+
 fn run_stuck() -> ExitCode {
     // SAFETY: as in run_child; 14 bytes including the NUL.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"wl-stuck-main".as_ptr()) };
@@ -919,6 +1002,10 @@ fn main() -> ExitCode {
     }
     if argv.peek().map(String::as_str) == Some("wakers") {
         return run_wakers();
+    }
+    if argv.peek().map(String::as_str) == Some("jit") {
+        argv.next();
+        return run_jit(argv.next().as_deref() == Some("stay"));
     }
     if argv.peek().map(String::as_str) == Some("child") {
         argv.next();

@@ -9,13 +9,19 @@
 //! user or by root, at most [`MAX_BYTES`] of it; lines that do not parse
 //! are skipped (and counted). It is read in the process's own root
 //! (`/proc/PID/root/tmp`, under the pid the process has there), while the
-//! process lives: a process that exits keeps the map last read.
+//! process lives. The directory is kept open once a map was found there, so
+//! that the map is read once more when its process has exited (a runtime
+//! writes its last lines on its way out, and nothing else may tell the
+//! profiler to read them), and taken only if it begins with what was read
+//! while the process lived: a map rewritten since is another process's,
+//! which took the pid.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
 /// The most of a perf map read (a long-running JIT writes many MB).
 pub const MAX_BYTES: u64 = 256 << 20;
@@ -34,6 +40,21 @@ pub struct PerfMap {
     pub bad_lines: usize,
     /// The file was larger than [`MAX_BYTES`]: only its start was read.
     pub truncated: bool,
+    /// Where it was read, to read it again once its process is gone.
+    kept: Option<Kept>,
+}
+
+/// The directory a perf map was read in (the process's `/tmp`, held open)
+/// and what was read of it.
+#[derive(Debug, Clone)]
+struct Kept {
+    dir: Arc<File>,
+    name: Box<str>,
+    /// The user the file must belong to (or root).
+    owner: u32,
+    /// The bytes parsed (whole lines) and their hash.
+    read: u64,
+    hash: u64,
 }
 
 impl PerfMap {
@@ -77,6 +98,11 @@ impl PerfMap {
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Not to be read again: its directory is closed.
+    pub fn let_go_of_file(&mut self) {
+        self.kept = None;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -124,6 +150,9 @@ pub enum Refused {
     Absent,
     /// Not a regular file, a symbolic link, or owned by somebody else.
     Unsafe(String),
+    /// Read again after its process exited, it no longer begins with what
+    /// was read before: written anew by another process.
+    Rewritten,
 }
 
 /// The pid process `tgid` has in its own pid namespace (the last of
@@ -168,7 +197,31 @@ pub fn read(tgid: u32, old: Option<&PerfMap>) -> Result<Option<PerfMap>, Refused
     )
     .map_err(|_| Refused::Absent)?;
     let name = format!("perf-{nspid}.map");
-    let mut file = match open_nofollow(Some(&tmp), &name, libc::O_RDONLY) {
+    read_in(Arc::new(tmp), &name, owner, old, false)
+}
+
+/// Reads the perf map `old` once more where it was read, its process
+/// having exited (`/proc` no longer leads to it): `Ok(None)` where it is
+/// unchanged or was never found, [`Refused::Rewritten`] where it no
+/// longer begins with what was read (another process's now).
+pub fn read_after_exit(old: &PerfMap) -> Result<Option<PerfMap>, Refused> {
+    let Some(k) = &old.kept else {
+        return Ok(None);
+    };
+    read_in(k.dir.clone(), &k.name, k.owner, Some(old), true)
+}
+
+/// Reads perf map `name` in directory `tmp`, where it must be a regular
+/// file of user `owner` or root, unless unchanged since `old`; `extends`:
+/// only if it begins with what was read of `old`.
+fn read_in(
+    tmp: Arc<File>,
+    name: &str,
+    owner: u32,
+    old: Option<&PerfMap>,
+    extends: bool,
+) -> Result<Option<PerfMap>, Refused> {
+    let mut file = match open_nofollow(Some(&tmp), name, libc::O_RDONLY) {
         Ok(f) => f,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err(Refused::Unsafe(format!("/tmp/{name} is a symbolic link")))
@@ -197,13 +250,37 @@ pub fn read(tgid: u32, old: Option<&PerfMap>) -> Result<Option<PerfMap>, Refused
         .read_to_end(&mut text)
         .map_err(|_| Refused::Absent)?;
     // A line being written as we read: left for the next read.
-    if let Some(end) = text.iter().rposition(|&b| b == b'\n') {
-        text.truncate(end + 1);
+    match text.iter().rposition(|&b| b == b'\n') {
+        Some(end) => text.truncate(end + 1),
+        None => text.clear(),
+    }
+    if extends {
+        let before = old.and_then(|o| o.kept.as_ref());
+        let begins = before.is_some_and(|k| {
+            text.len() as u64 >= k.read && hash(&text[..k.read as usize]) == k.hash
+        });
+        if !begins {
+            return Err(Refused::Rewritten);
+        }
     }
     let mut map = PerfMap::parse(&text);
     map.stamp = stamp;
     map.truncated = meta.size() > MAX_BYTES;
+    map.kept = Some(Kept {
+        dir: tmp,
+        name: name.into(),
+        owner,
+        read: text.len() as u64,
+        hash: hash(&text),
+    });
     Ok(Some(map))
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]
@@ -271,5 +348,37 @@ mod tests {
         assert_eq!(map.lookup(0x1004).map(|l| l.0), Some("mine"));
         // The line without its newline is being written: not read.
         assert_eq!(map.lookup(0x1104), None);
+    }
+
+    #[test]
+    fn read_after_exit_only_what_extends_the_map_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let tmp = Arc::new(File::open(dir.path()).unwrap());
+        let path = dir.path().join("perf-7.map");
+        let me = unsafe { libc::geteuid() };
+        std::fs::write(&path, "1000 10 first\n").unwrap();
+        let map = read_in(tmp, "perf-7.map", me, None, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(map.len(), 1);
+        // Unchanged: nothing to read.
+        assert!(read_after_exit(&map).unwrap().is_none());
+        // The runtime's last lines, written on its way out (the one being
+        // written is left).
+        std::fs::write(&path, "1000 10 first\n2000 10 last\n3000 10 half").unwrap();
+        let more = read_after_exit(&map).unwrap().unwrap();
+        assert_eq!(more.lookup(0x2004).map(|l| l.0), Some("last"));
+        assert_eq!(more.lookup(0x3004), None);
+        // Another process's map at the same name: refused, whatever its
+        // length.
+        std::fs::write(&path, "1000 10 other\n2000 10 last\n4000 10 more\n").unwrap();
+        assert_eq!(read_after_exit(&more).unwrap_err(), Refused::Rewritten);
+        std::fs::write(&path, "1000 10 first\n").unwrap();
+        assert_eq!(read_after_exit(&more).unwrap_err(), Refused::Rewritten);
+        // Gone: absent.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(read_after_exit(&more).unwrap_err(), Refused::Absent);
+        // A map never found has nothing to read again.
+        assert!(read_after_exit(&PerfMap::default()).unwrap().is_none());
     }
 }

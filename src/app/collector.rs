@@ -227,7 +227,10 @@ impl<'t> Collector<'t> {
                     tag,
                     ..
                 } => registry.note_runtime_code(kind, proc, code, tag),
-                TaskEvent::Exited(p) => self.exits.exited(p),
+                TaskEvent::Exited(p) => {
+                    registry.read_perf_map_after_exit(p, false);
+                    self.exits.exited(p);
+                }
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
                 TaskEvent::Mapped(p, vmas, n) => registry.note_mapped(p, &vmas[..n]),
             }
@@ -262,6 +265,7 @@ impl<'t> Collector<'t> {
                         by_proc.entry(p).or_default().push((id, frames));
                     }
                     for &p in &gone {
+                        registry.read_perf_map_after_exit(p, true);
                         registry.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
                         deferred.forget(p);
                         // Unless another process has its pid now, with

@@ -320,6 +320,8 @@ impl<'a> Session<'a> {
             (self.stopped).unwrap_or_else(|| (Instant::now(), process_cpu_ms()));
         tracer.stop()?;
         let window = tracer.window_ns();
+        // JIT code compiled since the perf maps were last read.
+        self.registry.read_perf_maps_at_end();
         let intervals = &mut self.intervals;
         walk_deferred(
             &tracer,

@@ -199,12 +199,15 @@ struct Retired {
 }
 
 /// JIT runtimes' perf maps (`/tmp/perf-PID.map`), as last read while
-/// their process lived.
+/// their process lived, and once more after it exited.
 #[derive(Default)]
 struct JitMaps {
     maps: HashMap<Proc, crate::jit::PerfMap>,
     /// Perf maps refused (a link, another user's file), once each.
     refused: Vec<String>,
+    /// Perf maps found rewritten after their process exited (its pid
+    /// taken by another JIT): kept as last read while it lived.
+    rewritten: usize,
 }
 
 /// What could not be read, or was found changed: for the lines that say so

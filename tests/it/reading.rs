@@ -583,7 +583,15 @@ fn e2e_group() {
 /// process run synchronously) in a loop until a file `stop` appears in
 /// `dir`, with its perf map on. Returns the child, killed on drop, and its pid once it has run a while (its
 /// functions compiled past the interpreter).
-fn start_node(node: &std::path::Path, dir: &std::path::Path) -> (crate::util::KillOnDrop, u32) {
+/// Node running `wl_js_loop` (calling `wl_js_blocker`, which blocks in
+/// `execSync`) until file `stop` appears in `dir`, then `wl_js_last`
+/// (blocking 0.3 s) once before it exits; with the perf map and V8's flags
+/// `flags`.
+fn start_node(
+    node: &std::path::Path,
+    dir: &std::path::Path,
+    flags: &[&str],
+) -> (crate::util::KillOnDrop, u32) {
     use std::io::BufRead;
     let script = dir.join("wl.js");
     std::fs::write(
@@ -592,14 +600,17 @@ fn start_node(node: &std::path::Path, dir: &std::path::Path) -> (crate::util::Ki
              const { existsSync } = require('fs');\n\
              function wl_js_blocker() { execSync('sleep 0.05'); }\n\
              function wl_js_loop() { while (!existsSync('stop')) { wl_js_blocker(); } }\n\
+             function wl_js_last() { execSync('sleep 0.3'); }\n\
              console.log('ready ' + process.pid);\n\
-             wl_js_loop();\n",
+             wl_js_loop();\n\
+             wl_js_last();\n",
     )
     .unwrap();
     // In the temporary directory: V8 may write its logs beside it.
     let mut child = Command::new(node)
         .current_dir(dir)
         .arg("--perf-basic-prof")
+        .args(flags)
         .arg(&script)
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -627,7 +638,7 @@ fn e2e_node_jit_frames_named_from_perf_map() {
     };
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (child, pid) = start_node(&node, dir.path());
+    let (child, pid) = start_node(&node, dir.path(), &[]);
     // Past the interpreter: the loop compiled (its perf map grows).
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let p = pid.to_string();
@@ -679,7 +690,11 @@ fn e2e_node_jit_frames_of_an_exited_process() {
     };
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (child, pid) = start_node(&node, dir.path());
+    // Interpreted functions get code of their own (a copy of the
+    // interpreter's entry), written to the perf map at their first call:
+    // `wl_js_last`'s line is written just before it blocks, with nothing
+    // mapped that would have the map read again before node exits.
+    let (child, pid) = start_node(&node, dir.path(), &["--interpreted-frames-native-stack"]);
     let p = pid.to_string();
     // Traced for a second once the profiler is attached (said by its
     // status line, however long the load took), then gone well before
@@ -714,13 +729,109 @@ fn e2e_node_jit_frames_of_an_exited_process() {
     assert!(out.status.success(), "offcputime failed: {said}");
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     let lines = parse_folded(&out.stdout);
+    for f in ["wl_js_blocker", "wl_js_last"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.comm() == "node" && l.frames.iter().any(|g| g.contains(f))),
+            "the exited process's JIT frames lost their names ({f}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// `blocker jit`: a perf map's last line, written after the map was read
+/// and followed by nothing that would have it read again, names the frame
+/// that blocks under it: read once more after the process exits
+/// (`stay` false), or at the end of the trace while it lives.
+fn jit_map_read_last(stay: bool) {
+    use std::io::{BufRead, Write};
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let mut child = Command::new(crate::util::blocker_path())
+        .args(["jit", if stay { "stay" } else { "exit" }])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start blocker jit");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("blocker said {line:?}"));
+    let stdin = child.stdin.take().unwrap();
+    let mut child = crate::util::KillOnDrop(child);
+    let p = pid.to_string();
+    let mut tracer = crate::util::offcputime()
+        .args(["-f", "-p", &p, "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run offcputime");
+    let mut err = std::io::BufReader::new(tracer.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("offcputime ended before tracing: {said}");
+        }
+        said.push_str(&line);
+        if line.starts_with("Tracing") {
+            break;
+        }
+    }
+    // Blocked on its stdin, seen (its map read, without the last line).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut stdin = stdin;
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    if !stay {
+        let ended = child.0.wait().expect("wait for blocker");
+        assert!(ended.success(), "blocker jit: {ended}");
+    }
+    let out = tracer.wait_with_output().expect("wait for offcputime");
+    drop(child);
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    assert!(out.status.success(), "offcputime failed: {said}");
+    let lines = parse_folded(&out.stdout);
+    let last: u64 = lines
+        .iter()
+        .filter(|l| l.frames.iter().any(|f| f == "wl_jit_last"))
+        .map(|l| l.us)
+        .sum();
+    // 300 ms, less what the kernel's clock and the window may cut; its
+    // caller whole (the code keeps a frame pointer).
     assert!(
         lines
             .iter()
-            .any(|l| l.frames.iter().any(|f| f.contains("wl_js_blocker"))),
-        "the exited process's JIT frames lost their names: {}",
+            .filter(|l| l.frames.iter().any(|f| f == "wl_jit_last"))
+            .all(|l| l.has("blocker::main")),
+        "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    assert!(
+        (250_000..=310_000).contains(&last),
+        "{} us under wl_jit_last (stay: {stay}): {}{}",
+        last,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn jit_map_read_again_after_its_process_exits() {
+    jit_map_read_last(false);
+}
+
+#[test]
+fn jit_map_read_again_at_the_end() {
+    jit_map_read_last(true);
 }
 
 #[test]

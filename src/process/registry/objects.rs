@@ -139,12 +139,55 @@ impl Registry {
             Ok(Some(map)) => {
                 self.jit.maps.insert(p, map);
             }
+            Ok(None) | Err(crate::jit::Refused::Absent | crate::jit::Refused::Rewritten) => {}
+            Err(crate::jit::Refused::Unsafe(why)) => self.jit_refused(why),
+        }
+    }
+
+    fn jit_refused(&mut self, why: String) {
+        if !self.jit.refused.contains(&why) {
+            self.jit.refused.push(why);
+        }
+    }
+
+    /// Reads the perf map of process `p`, which has exited, once more
+    /// where it was read while `p` lived: a runtime writes its last lines
+    /// on its way out. Taken only if it begins with what was read before.
+    /// `last`: the map's directory is let go of after.
+    pub fn read_perf_map_after_exit(&mut self, p: Proc, last: bool) {
+        let Some(old) = self.jit.maps.get_mut(&p) else {
+            return;
+        };
+        let mut done = last;
+        match crate::jit::read_after_exit(old) {
+            Ok(Some(map)) => *old = map,
             Ok(None) | Err(crate::jit::Refused::Absent) => {}
-            Err(crate::jit::Refused::Unsafe(why)) => {
-                if !self.jit.refused.contains(&why) {
-                    self.jit.refused.push(why);
-                }
+            Err(crate::jit::Refused::Rewritten) => {
+                self.jit.rewritten += 1;
+                done = true;
             }
+            Err(crate::jit::Refused::Unsafe(why)) => {
+                done = true;
+                self.jit_refused(why);
+            }
+        }
+        if done {
+            if let Some(m) = self.jit.maps.get_mut(&p) {
+                m.let_go_of_file();
+            }
+        }
+    }
+
+    /// At the end of a trace, the perf maps of the processes that exited
+    /// read once more (in case their exit's notice was lost); those of the
+    /// processes still alive are read with their mappings.
+    pub fn read_perf_maps_at_end(&mut self) {
+        let gone: Vec<Proc> = (self.jit.maps.keys())
+            .filter(|p| crate::process::start_ticks(p.tgid) != Some(p.start))
+            .copied()
+            .collect();
+        for p in gone {
+            self.read_perf_map_after_exit(p, true);
         }
     }
 
@@ -161,6 +204,13 @@ impl Registry {
         if bad > 0 {
             notes.push(format!(
                 "{bad} lines of JIT perf maps did not parse and were skipped"
+            ));
+        }
+        if self.jit.rewritten > 0 {
+            notes.push(format!(
+                "{} JIT perf maps were written anew by another process after their own \
+                 exited: the code compiled after they were last read is unnamed",
+                self.jit.rewritten
             ));
         }
         let cut = self.jit.maps.values().filter(|m| m.truncated).count();
