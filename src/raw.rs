@@ -340,6 +340,9 @@ loss_counters! {
         /// ... due at a switch-in the kernel did not report: lost (the
         /// thread ran since), the block counted without them.
         kstack_unseen = CNT_KSTACK_UNSEEN,
+        /// Stacks kept in the spill table, the stacks table having had no
+        /// memory for them at the moment (none lost).
+        stacks_spilled = CNT_STACKS_SPILLED,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no

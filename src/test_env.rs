@@ -23,6 +23,10 @@ pub struct TestEnv {
     /// thread traced is left unhandled by the hook, as the kernel leaves
     /// some unreported.
     pub drop_switch_in: u32,
+    /// `OFFCPUTIME_TEST_SPILL_STACKS`: the stacks table refuses every
+    /// stack for want of memory, as its allocator does at moments: all
+    /// go to its spill table.
+    pub spill_stacks: bool,
     /// `OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS`: the hook attached and the
     /// window not open yet for this long (a loaded machine's start-up).
     pub stall_before_window: Option<Duration>,
@@ -83,6 +87,7 @@ impl TestEnv {
             no_start_user_stacks: set("OFFCPUTIME_TEST_NO_START_USER_STACKS"),
             drop_switch_in: number("OFFCPUTIME_TEST_DROP_SWITCH_IN")
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            spill_stacks: set("OFFCPUTIME_TEST_SPILL_STACKS"),
             stall_before_window: ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS"),
             stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
             stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),
@@ -127,7 +132,7 @@ mod tests {
         assert!(env.legacy && env.no_start_user_stacks && env.no_stack_cache);
         assert!(env.fail_tp_btf);
         assert!(env.no_file_tables && env.verifier_stats);
-        assert!(env.kstack_check && env.no_kstack_walk);
+        assert!(env.kstack_check && env.no_kstack_walk && env.spill_stacks);
         assert_eq!(env.drop_switch_in, 20);
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
         assert_eq!(env.stall_news_after, Some(Duration::from_secs(1)));

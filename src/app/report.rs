@@ -560,13 +560,15 @@ pub(super) fn report_counters(
     eprintln!(
         "offcputime: stack captures lost: storage full {} user / {} kernel, walk failed \
          {} user / {} kernel (no stack is dropped for a hash collision: stacks are keyed by a 64-bit hash of \
-         their frames); {} blocks of kernel threads (no user stack); {} blocks untimed \
+         their frames; {} kept in the spill table when the stacks table had no memory at the \
+         moment); {} blocks of kernel threads (no user stack); {} blocks untimed \
          (no task storage); {} new-process notifications dropped; {} switches the \
          tracepoint did not report (blocks closed where the kernel dates the switch)",
         c.user_stack_full,
         c.kernel_stack_full,
         c.user_stack_error,
         c.kernel_stack_error,
+        c.stacks_spilled,
         c.kernel_thread_blocks,
         c.no_task_storage,
         c.events_dropped,

@@ -127,6 +127,18 @@ struct {
 	__type(value, __u64[MAX_STACK_DEPTH]);
 } stacks SEC(".maps");
 
+/* Stacks `stacks` had no memory for at the moment (its allocator's cache
+ * on this CPU empty until refilled: -ENOMEM, not -E2BIG for a full table),
+ * under the same ids: allocated whole at load, so a burst of new stacks
+ * where the allocator cannot refill (the kprobe, interrupts off) loses
+ * none. Userspace reads both as one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u64);
+	__type(value, __u64[MAX_STACK_DEPTH]);
+} stacks_spill SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

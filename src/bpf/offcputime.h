@@ -786,6 +786,9 @@ enum offcpu_counter {
 	 * switch-in that was not reported (lost: the thread ran since) */
 	CNT_KSTACK_PROVED,
 	CNT_KSTACK_UNSEEN,
+	/* Stacks kept in stacks_spill, the stacks table having had no memory
+	 * for them at the moment */
+	CNT_STACKS_SPILLED,
 	CNT_MAX,
 };
 

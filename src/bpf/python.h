@@ -534,7 +534,7 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	}
 	task = bpf_get_current_task_btf();
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
-	native = bpf_map_lookup_elem(&stacks, &id);
+	native = stored_frames(id);
 	if (!c.ips || !native)
 		return id;
 	c.w = w;
@@ -608,7 +608,7 @@ static __always_inline __u64 python_stack_at_switch_out(struct task_data *d, __u
 /* Whether stored stack `id` has Python frames. */
 static __always_inline bool has_python_frames(__u64 id)
 {
-	__u64 *f = bpf_map_lookup_elem(&stacks, &id);
+	__u64 *f = stored_frames(id);
 	int i;
 
 	if (!f)

@@ -52,6 +52,9 @@ const volatile __u64 softirq_end = 0;
  * unhandled, as if the tracepoint had not reported it (see
  * close_unseen_block); 0: none. */
 const volatile __u32 test_drop_switch_in = 0;
+/* Tests: every stack stored as if the stacks table had no memory at the
+ * moment (see stacks_spill). */
+const volatile bool test_spill_stacks = false;
 /* Tests: the tp_btf hook's programs do what the verifier refuses, as on
  * a kernel whose BTF they cannot use. */
 const volatile bool test_refuse_tp_btf = false;

@@ -58,12 +58,27 @@ static __always_inline __u64 store_frames(struct frames *f, long len, int user)
 
 	if (bpf_map_lookup_elem(&stacks, &h))
 		return h;
-	err = bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
-	if (err && err != -EEXIST) {
-		count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
-		return STACK_ID_MISSED_FULL;
+	err = test_spill_stacks ? -ENOMEM : bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
+	if (!err || err == -EEXIST)
+		return h;
+	/* No memory for it at the moment: kept in the spill table. */
+	if (err == -ENOMEM) {
+		err = bpf_map_update_elem(&stacks_spill, &h, f, BPF_NOEXIST);
+		if (!err || err == -EEXIST) {
+			count(CNT_STACKS_SPILLED);
+			return h;
+		}
 	}
-	return h;
+	count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
+	return STACK_ID_MISSED_FULL;
+}
+
+/* The frames of stored stack `id`, wherever they were stored. */
+static __always_inline __u64 *stored_frames(__u64 id)
+{
+	__u64 *f = bpf_map_lookup_elem(&stacks, &id);
+
+	return f ? f : bpf_map_lookup_elem(&stacks_spill, &id);
 }
 
 /*

@@ -500,6 +500,7 @@ pub(super) fn configure(
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
         rodata.test_drop_switch_in = opts.test.drop_switch_in;
+        rodata.test_spill_stacks = opts.test.spill_stacks;
         if opts.kernel_stacks && !opts.test.no_kstack_walk {
             set_kernel_orc(rodata);
         }
@@ -567,6 +568,10 @@ pub(super) fn configure(
         .stacks
         .set_max_entries(opts.stack_storage_size)
         .context("stacks map size")?;
+    open.maps
+        .stacks_spill
+        .set_value_size(depth_bytes)
+        .context("stacks spill map value size")?;
     open.maps
         .counts
         .set_max_entries(counts_capacity(opts.stack_storage_size))

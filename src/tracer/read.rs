@@ -52,12 +52,14 @@ impl StackScan<'_> {
 }
 
 /// The frames of the stored stack `id`, innermost first.
+/// (In the stacks table, or in its spill table: see `stacks_spill`.)
 pub(super) fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
-    Ok(skel
-        .maps
-        .stacks
-        .lookup(&id.to_ne_bytes(), MapFlags::ANY)?
-        .map(|bytes| stack_frames(&bytes)))
+    let key = id.to_ne_bytes();
+    let bytes = match skel.maps.stacks.lookup(&key, MapFlags::ANY)? {
+        Some(b) => Some(b),
+        None => skel.maps.stacks_spill.lookup(&key, MapFlags::ANY)?,
+    };
+    Ok(bytes.map(|bytes| stack_frames(&bytes)))
 }
 
 /// One entry of the table of counts.

@@ -274,6 +274,74 @@ fn stack_storage_too_small() {
     );
 }
 
+/// Stacks the stacks table has no memory for at the moment (its
+/// allocator's cache empty, as in a burst where it cannot refill) are kept
+/// in its spill table and read as the others: here every one of them.
+#[test]
+fn stacks_refused_for_memory_are_spilled() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let wl = Workload::start(&["--seconds", "30"]);
+    // The sleepers only: their few stacks fit the spill table.
+    let comms = ["wl-nanosleep", "wl-pipe", "wl-futex", "wl-shortsleep"];
+    let tids: Vec<String> = comms.iter().map(|c| wl.tid(c).to_string()).collect();
+    let clock = CpuClock::start(wl.pid, &comms.map(|c| wl.tid(c)));
+    let (out, (from, to)) = profile_window(
+        &["-f", "-t", &tids.join(","), "2"],
+        &[("OFFCPUTIME_TEST_SPILL_STACKS", "1")],
+    );
+    let cpu = clock.finish();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let spilled = count_before(&stderr, " kept in the spill table");
+    assert!(spilled > 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "stack captures lost: storage full 0 user / 0 kernel, walk failed 0 user / 0 kernel"
+        ),
+        "{stderr}"
+    );
+    // None missed, but for kernel stacks due at a switch-in the kernel did
+    // not report (said apart).
+    assert!(
+        !lines.iter().any(|l| l.has("[Missed User Stack]")),
+        "{lines:?}"
+    );
+    let missed_kernel = lines
+        .iter()
+        .filter(|l| l.has("[Missed Kernel Stack]"))
+        .count() as u64;
+    assert!(missed_kernel <= unseen_kernel_stacks(&stderr), "{stderr}");
+    check_blocked_threads(&lines, &cpu, &comms, (from, to), "");
+    // Whole: each sleeper's main stack from its thread's start to the
+    // scheduler, through its own function and the kernel's sleep.
+    for (comm, user, kernel) in [
+        ("wl-nanosleep", "wl_block_nanosleep", "do_nanosleep"),
+        ("wl-pipe", "wl_block_pipe_read", "pipe_read"),
+        ("wl-futex", "wl_block_futex_wait", "futex_wait"),
+    ] {
+        let main = lines
+            .iter()
+            .filter(|l| l.comm() == comm)
+            .max_by_key(|l| l.us)
+            .unwrap_or_else(|| panic!("no stack of {comm}: {lines:?}"));
+        assert!(
+            main.has("start_thread")
+                && main.has(user)
+                && main.frames.last().unwrap() == "__schedule",
+            "{comm}: {:?}",
+            main.frames
+        );
+        assert!(
+            main.frames.iter().any(|f| f.contains(kernel)),
+            "{comm}: {:?}",
+            main.frames
+        );
+    }
+}
+
 /// The key=value pairs of each `offcputime: stats:` line (see
 /// OFFCPUTIME_STATS_INTERVAL), with rows and mappings as their use.
 fn stats_lines(stderr: &str) -> Vec<std::collections::HashMap<String, f64>> {

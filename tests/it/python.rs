@@ -259,6 +259,27 @@ fn cpython(version: &str, prefix: &str) {
         &run,
         Some((to - from) / 1000),
     );
+    // Every stack kept in the spill table (as where the stacks table has
+    // no memory at the moment): the Python frames put in the native
+    // stacks read from there.
+    if version == "3.12" {
+        let (out, (from, to)) = profile_window(
+            &["-f", "--lines", "-p", &pid, "1"],
+            &[("OFFCPUTIME_TEST_SPILL_STACKS", "1")],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            count_before(&stderr, " kept in the spill table") > 0,
+            "{stderr}"
+        );
+        check(
+            &format!("{version}, stacks spilled"),
+            prefix,
+            &out,
+            &run,
+            Some((to - from) / 1000),
+        );
+    }
     // --snapshot: the same, in what each waits in now.
     let snap = profile(&["--snapshot", "-f", "--lines", "-p", &pid]);
     check(&format!("{version}, --snapshot"), prefix, &snap, &run, None);
