@@ -12,9 +12,9 @@
 //! process lives. The directory is kept open once a map was found there, so
 //! that the map is read once more when its process has exited (a runtime
 //! writes its last lines on its way out, and nothing else may tell the
-//! profiler to read them), and taken only if it begins with what was read
-//! while the process lived: a map rewritten since is another process's,
-//! which took the pid.
+//! profiler to read them): once, as soon as the exit is known, not where
+//! another process has the pid already (it may append to the same file),
+//! and taken only if it begins with what was read while the process lived.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -103,6 +103,11 @@ impl PerfMap {
     /// Not to be read again: its directory is closed.
     pub fn let_go_of_file(&mut self) {
         self.kept = None;
+    }
+
+    /// Whether it can be read again where it was read.
+    pub fn is_kept(&self) -> bool {
+        self.kept.is_some()
     }
 
     pub fn is_empty(&self) -> bool {

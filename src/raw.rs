@@ -343,6 +343,8 @@ loss_counters! {
         /// Stacks kept in the spill table, the stacks table having had no
         /// memory for them at the moment (none lost).
         stacks_spilled = CNT_STACKS_SPILLED,
+        /// ... and lost, the spill table full too.
+        stacks_no_memory = CNT_STACKS_NO_MEMORY,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -650,7 +652,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.stacks_spilled, u64::from(max));
+        assert_eq!(c.stacks_no_memory, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

@@ -906,11 +906,18 @@ impl<'obj> Tracer<'obj> {
         for (slot, f) in value.chunks_exact_mut(8).zip(frames) {
             slot.copy_from_slice(&f.to_ne_bytes());
         }
-        self.skel
-            .maps
-            .stacks
-            .update(&id.to_ne_bytes(), &value, MapFlags::ANY)
-            .is_ok()
+        let key = id.to_ne_bytes();
+        match self.skel.maps.stacks.update(&key, &value, MapFlags::ANY) {
+            Ok(()) => true,
+            // No memory at the moment (see `stacks_spill`).
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::OutOfMemory => self
+                .skel
+                .maps
+                .stacks_spill
+                .update(&key, &value, MapFlags::ANY)
+                .is_ok(),
+            Err(_) => false,
+        }
     }
 }
 

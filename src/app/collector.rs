@@ -228,7 +228,7 @@ impl<'t> Collector<'t> {
                     ..
                 } => registry.note_runtime_code(kind, proc, code, tag),
                 TaskEvent::Exited(p) => {
-                    registry.read_perf_map_after_exit(p, false);
+                    registry.read_perf_map_after_exit(p);
                     self.exits.exited(p);
                 }
                 TaskEvent::Forked { child, parent, .. } => registry.forked(parent, child),
@@ -265,7 +265,7 @@ impl<'t> Collector<'t> {
                         by_proc.entry(p).or_default().push((id, frames));
                     }
                     for &p in &gone {
-                        registry.read_perf_map_after_exit(p, true);
+                        registry.read_perf_map_after_exit(p);
                         registry.retire(p, by_proc.get(&p).map_or(&[][..], Vec::as_slice));
                         deferred.forget(p);
                         // Unless another process has its pid now, with

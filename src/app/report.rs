@@ -245,6 +245,12 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
             }
         };
         cause(
+            true,
+            c.stacks_no_memory,
+            "stacks the kernel's BPF allocator had no memory for at the moment, with the \
+             spill table full too",
+        );
+        cause(
             user,
             c.missed_not_walked,
             "user stacks copied to be walked once their process's unwind tables were ready, \
@@ -561,7 +567,7 @@ pub(super) fn report_counters(
         "offcputime: stack captures lost: storage full {} user / {} kernel, walk failed \
          {} user / {} kernel (no stack is dropped for a hash collision: stacks are keyed by a 64-bit hash of \
          their frames; {} kept in the spill table when the stacks table had no memory at the \
-         moment); {} blocks of kernel threads (no user stack); {} blocks untimed \
+         moment, {} lost with it full); {} blocks of kernel threads (no user stack); {} blocks untimed \
          (no task storage); {} new-process notifications dropped; {} switches the \
          tracepoint did not report (blocks closed where the kernel dates the switch)",
         c.user_stack_full,
@@ -569,6 +575,7 @@ pub(super) fn report_counters(
         c.user_stack_error,
         c.kernel_stack_error,
         c.stacks_spilled,
+        c.stacks_no_memory,
         c.kernel_thread_blocks,
         c.no_task_storage,
         c.events_dropped,

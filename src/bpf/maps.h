@@ -131,7 +131,8 @@ struct {
  * on this CPU empty until refilled: -ENOMEM, not -E2BIG for a full table),
  * under the same ids: allocated whole at load, so a burst of new stacks
  * where the allocator cannot refill (the kprobe, interrupts off) loses
- * none. Userspace reads both as one. */
+ * none (256 entries, or 4 per CPU: set at load). Userspace reads both as
+ * one. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 256);

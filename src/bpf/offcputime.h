@@ -787,8 +787,9 @@ enum offcpu_counter {
 	CNT_KSTACK_PROVED,
 	CNT_KSTACK_UNSEEN,
 	/* Stacks kept in stacks_spill, the stacks table having had no memory
-	 * for them at the moment */
+	 * for them at the moment; and those lost, the spill table full too */
 	CNT_STACKS_SPILLED,
+	CNT_STACKS_NO_MEMORY,
 	CNT_MAX,
 };
 

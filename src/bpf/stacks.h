@@ -28,6 +28,14 @@ struct frames {
 	__u64 ip[MAX_STACK_DEPTH + 1];
 };
 
+/* The frames of stored stack `id`, wherever they were stored. */
+static __always_inline __u64 *stored_frames(__u64 id)
+{
+	__u64 *f = bpf_map_lookup_elem(&stacks, &id);
+
+	return f ? f : bpf_map_lookup_elem(&stacks_spill, &id);
+}
+
 /*
  * Store the first `len` bytes of frames `f` in `stacks` (unless already
  * there) and return their id, or one of the STACK_ID_* codes.
@@ -56,29 +64,23 @@ static __always_inline __u64 store_frames(struct frames *f, long len, int user)
 	}
 	h |= STACK_ID_HASH_BIT;
 
-	if (bpf_map_lookup_elem(&stacks, &h))
+	if (stored_frames(h))
 		return h;
 	err = test_spill_stacks ? -ENOMEM : bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
 	if (!err || err == -EEXIST)
 		return h;
-	/* No memory for it at the moment: kept in the spill table. */
-	if (err == -ENOMEM) {
-		err = bpf_map_update_elem(&stacks_spill, &h, f, BPF_NOEXIST);
-		if (!err || err == -EEXIST) {
-			count(CNT_STACKS_SPILLED);
-			return h;
-		}
+	if (err != -ENOMEM) {
+		count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
+		return STACK_ID_MISSED_FULL;
 	}
-	count(user ? CNT_USTACK_FULL : CNT_KSTACK_FULL);
+	/* No memory for it at the moment: kept in the spill table. */
+	err = bpf_map_update_elem(&stacks_spill, &h, f, BPF_NOEXIST);
+	if (!err)
+		count(CNT_STACKS_SPILLED);
+	if (!err || err == -EEXIST)
+		return h;
+	count(CNT_STACKS_NO_MEMORY);
 	return STACK_ID_MISSED_FULL;
-}
-
-/* The frames of stored stack `id`, wherever they were stored. */
-static __always_inline __u64 *stored_frames(__u64 id)
-{
-	__u64 *f = bpf_map_lookup_elem(&stacks, &id);
-
-	return f ? f : bpf_map_lookup_elem(&stacks_spill, &id);
 }
 
 /*

@@ -205,8 +205,9 @@ struct JitMaps {
     maps: HashMap<Proc, crate::jit::PerfMap>,
     /// Perf maps refused (a link, another user's file), once each.
     refused: Vec<String>,
-    /// Perf maps found rewritten after their process exited (its pid
-    /// taken by another JIT): kept as last read while it lived.
+    /// Perf maps not read again after their process exited (rewritten,
+    /// or its pid taken by another process): kept as last read while it
+    /// lived.
     rewritten: usize,
 }
 

@@ -572,6 +572,12 @@ pub(super) fn configure(
         .stacks_spill
         .set_value_size(depth_bytes)
         .context("stacks spill map value size")?;
+    // A few per CPU: each CPU's allocator cache runs dry on its own.
+    let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1) as u32;
+    open.maps
+        .stacks_spill
+        .set_max_entries(cpus.saturating_mul(4).clamp(256, 4096))
+        .context("stacks spill map size")?;
     open.maps
         .counts
         .set_max_entries(counts_capacity(opts.stack_storage_size))

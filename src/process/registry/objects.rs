@@ -153,41 +153,47 @@ impl Registry {
     /// Reads the perf map of process `p`, which has exited, once more
     /// where it was read while `p` lived: a runtime writes its last lines
     /// on its way out. Taken only if it begins with what was read before.
-    /// `last`: the map's directory is let go of after.
-    pub fn read_perf_map_after_exit(&mut self, p: Proc, last: bool) {
+    /// Read once: nothing of `p` writes to it any more, so a later read
+    /// could only find another process's lines (one that took the pid
+    /// appends to the same file, as CPython's `-X perf` does); not at all
+    /// where another process has the pid already.
+    pub fn read_perf_map_after_exit(&mut self, p: Proc) {
         let Some(old) = self.jit.maps.get_mut(&p) else {
             return;
         };
-        let mut done = last;
-        match crate::jit::read_after_exit(old) {
+        if !old.is_kept() {
+            return;
+        }
+        let taken = crate::process::start_ticks(p.tgid).is_some_and(|s| s != p.start);
+        let outcome = if taken {
+            Err(crate::jit::Refused::Rewritten)
+        } else {
+            crate::jit::read_after_exit(old)
+        };
+        match outcome {
             Ok(Some(map)) => *old = map,
             Ok(None) | Err(crate::jit::Refused::Absent) => {}
-            Err(crate::jit::Refused::Rewritten) => {
-                self.jit.rewritten += 1;
-                done = true;
-            }
-            Err(crate::jit::Refused::Unsafe(why)) => {
-                done = true;
-                self.jit_refused(why);
+            // The names read while it lived stay (they were its own).
+            Err(crate::jit::Refused::Rewritten | crate::jit::Refused::Unsafe(_)) => {
+                self.jit.rewritten += 1
             }
         }
-        if done {
-            if let Some(m) = self.jit.maps.get_mut(&p) {
-                m.let_go_of_file();
-            }
+        if let Some(m) = self.jit.maps.get_mut(&p) {
+            m.let_go_of_file();
         }
     }
 
     /// At the end of a trace, the perf maps of the processes that exited
-    /// read once more (in case their exit's notice was lost); those of the
-    /// processes still alive are read with their mappings.
+    /// and were not read after it (their exit's notice lost) read once
+    /// more; those of the processes still alive are read with their
+    /// mappings.
     pub fn read_perf_maps_at_end(&mut self) {
-        let gone: Vec<Proc> = (self.jit.maps.keys())
-            .filter(|p| crate::process::start_ticks(p.tgid) != Some(p.start))
-            .copied()
+        let gone: Vec<Proc> = (self.jit.maps.iter())
+            .filter(|(p, m)| m.is_kept() && crate::process::start_ticks(p.tgid) != Some(p.start))
+            .map(|(p, _)| *p)
             .collect();
         for p in gone {
-            self.read_perf_map_after_exit(p, true);
+            self.read_perf_map_after_exit(p);
         }
     }
 
@@ -208,8 +214,9 @@ impl Registry {
         }
         if self.jit.rewritten > 0 {
             notes.push(format!(
-                "{} JIT perf maps were written anew by another process after their own \
-                 exited: the code compiled after they were last read is unnamed",
+                "{} JIT perf maps were not read again after their process exited (written \
+                 anew, or its pid taken by another process): code compiled after they were last \
+                 read while it lived is unnamed",
                 self.jit.rewritten
             ));
         }
