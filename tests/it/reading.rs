@@ -680,6 +680,37 @@ fn e2e_node_jit_frames_named_from_perf_map() {
     assert!(!err.contains("perf map was not read"), "{err}");
 }
 
+/// The profiler started with `args`, stdout and stderr piped, once it
+/// says it is tracing (however long its load took): the child, what it
+/// said until then, and the rest of its stderr.
+fn tracing(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    String,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    use std::io::BufRead;
+    let mut tracer = crate::util::offcputime()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run offcputime");
+    let mut err = std::io::BufReader::new(tracer.stderr.take().unwrap());
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("offcputime ended before tracing: {said}");
+        }
+        said.push_str(&line);
+        if line.starts_with("Tracing") {
+            return (tracer, said, err);
+        }
+    }
+}
+
 #[test]
 fn e2e_node_jit_frames_of_an_exited_process() {
     if !require_root() {
@@ -699,25 +730,7 @@ fn e2e_node_jit_frames_of_an_exited_process() {
     // Traced for a second once the profiler is attached (said by its
     // status line, however long the load took), then gone well before
     // the end of the trace.
-    let mut tracer = crate::util::offcputime()
-        .args(["-f", "-p", &p, "4"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run offcputime");
-    let mut err = std::io::BufReader::new(tracer.stderr.take().unwrap());
-    let mut said = String::new();
-    loop {
-        use std::io::BufRead;
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap_or(0) == 0 {
-            panic!("offcputime ended before tracing: {said}");
-        }
-        said.push_str(&line);
-        if line.starts_with("Tracing") {
-            break;
-        }
-    }
+    let (tracer, said, _err) = tracing(&["-f", "-p", &p, "4"]);
     std::thread::sleep(std::time::Duration::from_millis(1000));
     // It ends on its own (killed, it would lose the perf map's last lines,
     // which node writes through a buffer).
@@ -768,24 +781,7 @@ fn jit_map_read_last(stay: bool) {
     let stdin = child.stdin.take().unwrap();
     let mut child = crate::util::KillOnDrop(child);
     let p = pid.to_string();
-    let mut tracer = crate::util::offcputime()
-        .args(["-f", "-p", &p, "2"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run offcputime");
-    let mut err = std::io::BufReader::new(tracer.stderr.take().unwrap());
-    let mut said = String::new();
-    loop {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap_or(0) == 0 {
-            panic!("offcputime ended before tracing: {said}");
-        }
-        said.push_str(&line);
-        if line.starts_with("Tracing") {
-            break;
-        }
-    }
+    let (tracer, said, _err) = tracing(&["-f", "-p", &p, "2"]);
     // Blocked on its stdin, seen (its map read, without the last line).
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut stdin = stdin;
