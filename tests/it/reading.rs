@@ -699,16 +699,19 @@ fn tracing(
         .expect("run offcputime");
     let mut err = std::io::BufReader::new(tracer.stderr.take().unwrap());
     let mut said = String::new();
-    loop {
-        let mut line = String::new();
+    let mut line = String::new();
+    while !line.starts_with("Tracing") {
+        line.clear();
         if err.read_line(&mut line).unwrap_or(0) == 0 {
-            panic!("offcputime ended before tracing: {said}");
+            break;
         }
         said.push_str(&line);
-        if line.starts_with("Tracing") {
-            return (tracer, said, err);
-        }
     }
+    if !line.starts_with("Tracing") {
+        let _ = tracer.wait();
+        panic!("offcputime ended before tracing: {said}");
+    }
+    (tracer, said, err)
 }
 
 #[test]
