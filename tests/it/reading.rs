@@ -592,7 +592,6 @@ fn start_node(
     dir: &std::path::Path,
     flags: &[&str],
 ) -> (crate::util::KillOnDrop, u32) {
-    use std::io::BufRead;
     let script = dir.join("wl.js");
     std::fs::write(
         &script,
@@ -615,17 +614,21 @@ fn start_node(
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start node");
-    let stdout = child.stdout.take().unwrap();
+    let pid = ready_pid(&mut child, "node");
+    (crate::util::KillOnDrop(child), pid)
+}
+
+/// The pid in the `ready PID` line `child` (`what`) prints first.
+fn ready_pid(child: &mut std::process::Child, what: &str) -> u32 {
+    use std::io::BufRead;
     let mut line = String::new();
-    std::io::BufReader::new(stdout)
+    std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let pid: u32 = line
-        .trim()
+    line.trim()
         .strip_prefix("ready ")
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("node said {line:?}"));
-    (crate::util::KillOnDrop(child), pid)
+        .unwrap_or_else(|| panic!("{what} said {line:?}"))
 }
 
 #[test]
@@ -761,7 +764,7 @@ fn e2e_node_jit_frames_of_an_exited_process() {
 /// that blocks under it: read once more after the process exits
 /// (`stay` false), or at the end of the trace while it lives.
 fn jit_map_read_last(stay: bool) {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     if !require_root() {
         return;
     }
@@ -772,15 +775,7 @@ fn jit_map_read_last(stay: bool) {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start blocker jit");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pid: u32 = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("blocker said {line:?}"));
+    let pid = ready_pid(&mut child, "blocker");
     let stdin = child.stdin.take().unwrap();
     let mut child = crate::util::KillOnDrop(child);
     let p = pid.to_string();
