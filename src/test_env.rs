@@ -27,6 +27,10 @@ pub struct TestEnv {
     /// stack for want of memory, as its allocator does at moments: all
     /// go to its spill table.
     pub spill_stacks: bool,
+    /// `OFFCPUTIME_TEST_RUNTIMES_AT_START=1|0`: the hooks load with the
+    /// runtimes' walkers (1), or without them and their builds with them
+    /// when the first runtime's process is noted (0), whatever runs.
+    pub runtimes_at_start: Option<bool>,
     /// `OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS`: the hook attached and the
     /// window not open yet for this long (a loaded machine's start-up).
     pub stall_before_window: Option<Duration>,
@@ -88,6 +92,7 @@ impl TestEnv {
             drop_switch_in: number("OFFCPUTIME_TEST_DROP_SWITCH_IN")
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             spill_stacks: set("OFFCPUTIME_TEST_SPILL_STACKS"),
+            runtimes_at_start: number("OFFCPUTIME_TEST_RUNTIMES_AT_START").map(|n| n != 0),
             stall_before_window: ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS"),
             stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
             stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),
@@ -126,6 +131,7 @@ mod tests {
                 "OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS" => "1000".into(),
                 "OFFCPUTIME_STATS_INTERVAL" => "0.5".into(),
                 "OFFCPUTIME_TEST_PYTHON_GATE" => "/tmp/gate".into(),
+                "OFFCPUTIME_TEST_RUNTIMES_AT_START" => "0".into(),
                 _ => String::new(),
             })
         });
@@ -134,6 +140,7 @@ mod tests {
         assert!(env.no_file_tables && env.verifier_stats);
         assert!(env.kstack_check && env.no_kstack_walk && env.spill_stacks);
         assert_eq!(env.drop_switch_in, 20);
+        assert_eq!(env.runtimes_at_start, Some(false));
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
         assert_eq!(env.stall_news_after, Some(Duration::from_secs(1)));
         assert_eq!(env.stats_interval, Some(Duration::from_millis(500)));

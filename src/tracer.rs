@@ -183,6 +183,11 @@ pub struct TracerOptions {
     /// The Java frames of HotSpot JVMs in their user stacks (off with
     /// `--no-java`).
     pub java: bool,
+    /// A process of a runtime whose frames are read may be running (see
+    /// [`crate::runtime::maybe_running`]): the hooks load with the
+    /// runtimes' walkers. Otherwise they load without them, and their
+    /// builds with them load when the first such process is noted.
+    pub runtimes_running: bool,
     /// `--on-cpu`: the running time too, sampled on every CPU at this rate
     /// (Hz); None: off-CPU time only.
     pub on_cpu_hz: Option<u32>,
@@ -206,6 +211,41 @@ impl TracerOptions {
                 Kind::Python => self.python,
                 Kind::Java => self.java,
             }
+    }
+}
+
+/// Where the runtimes' walkers were loaded (see
+/// [`Tracer::runtime_walkers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeWalkers {
+    /// No runtime's frames are read.
+    Off,
+    /// With the hooks: a runtime's process was running at the start (or
+    /// the hooks have no builds without them).
+    WithTheHooks,
+    /// Not at all: no runtime's process was noted.
+    NotNeeded,
+    /// When the first runtime's process was noted, this long after the
+    /// window opened; the load took `took`.
+    Later { after: Duration, took: Duration },
+}
+
+impl std::fmt::Display for RuntimeWalkers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuntimeWalkers::Off => write!(f, "none read"),
+            RuntimeWalkers::WithTheHooks => write!(f, "loaded with the hooks"),
+            RuntimeWalkers::NotNeeded => {
+                write!(f, "not loaded (no process of a runtime was noted)")
+            }
+            RuntimeWalkers::Later { after, took } => write!(
+                f,
+                "loaded when the first process of a runtime was noted, {:.1} ms into the trace, in \
+                 {:.1} ms (the blocks of its processes that ended before lack its frames)",
+                after.as_secs_f64() * 1e3,
+                took.as_secs_f64() * 1e3
+            ),
+        }
     }
 }
 
@@ -236,6 +276,9 @@ pub struct Tracer<'obj> {
     iterators: OffcputimeSkel<'obj>,
     /// The programs loaded when first needed (see [`Part::Later`]).
     later: std::cell::RefCell<Later<'obj>>,
+    /// When the runtimes' builds of the hooks began to load, and how long
+    /// that took (see [`Plan::runtimes_later`]).
+    walkers_loaded: std::cell::Cell<Option<(Instant, Duration)>>,
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of each
     /// program loaded, said on stderr.
     verifier_stats: bool,
@@ -433,6 +476,21 @@ impl<'obj> Tracer<'obj> {
 
         let modern = !legacy;
         let plan = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
+        let runtime_settings = {
+            let rodata = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+            if plan.runtimes_later {
+                RuntimeSettings::leave_out(rodata)
+            } else {
+                RuntimeSettings {
+                    python: rodata.python_on,
+                    java: rodata.java_on,
+                }
+            }
+        };
         let hooks_logs = choose_programs(&mut open, &plan, Some(Part::Hooks))?;
 
         let what = match hook {
@@ -495,7 +553,7 @@ impl<'obj> Tracer<'obj> {
         ];
         phases.mark("load");
         let later = match plan.runtime_refresh {
-            true => Later::Unopened(later_room),
+            true => Later::Unopened(later_room, runtime_settings),
             false => Later::None,
         };
         drop(shared);
@@ -537,6 +595,7 @@ impl<'obj> Tracer<'obj> {
             skel,
             iterators,
             later: std::cell::RefCell::new(later),
+            walkers_loaded: Default::default(),
             verifier_stats: opts.test.verifier_stats,
             links,
             cpu_clocks,
@@ -883,9 +942,30 @@ impl<'obj> Tracer<'obj> {
             return Ok(());
         }
         let mut later = self.later.borrow_mut();
+        let loading = (!later.loaded()).then(Instant::now);
         let later = later.load(&self.skel, &self.plan, self.verifier_stats)?;
+        if let Some(began) = loading.filter(|_| self.plan.runtimes_later) {
+            self.walkers_loaded.set(Some((began, began.elapsed())));
+        }
         run_iterator(&later.progs.runtime_refresh)
             .context("failed to run the runtimes' frames iterator")
+    }
+
+    /// Where the runtimes' walkers are (see [`Plan::runtimes_later`]).
+    pub fn runtime_walkers(&self) -> RuntimeWalkers {
+        match (
+            self.runtimes,
+            self.plan.runtimes_later,
+            self.walkers_loaded.get(),
+        ) {
+            (false, _, _) => RuntimeWalkers::Off,
+            (true, false, _) => RuntimeWalkers::WithTheHooks,
+            (true, true, None) => RuntimeWalkers::NotNeeded,
+            (true, true, Some((began, took))) => RuntimeWalkers::Later {
+                after: began.saturating_duration_since(self.window_started_at),
+                took,
+            },
+        }
     }
 
     /// Where userspace tells the program of the processes of runtimes, if

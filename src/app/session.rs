@@ -63,6 +63,8 @@ pub(super) struct End {
     /// `OFFCPUTIME_TEST_KSTACK_CHECK`: the kernel stacks walked, with the
     /// kernel's own walks of the same threads.
     kernel_stack_pairs: Option<Result<crate::ksyms::StackPairs>>,
+    /// Where the runtimes' walkers were loaded (`-v`).
+    runtime_walkers: crate::tracer::RuntimeWalkers,
 }
 
 /// The profile written: the whole trace's, or with `-i` the last
@@ -367,6 +369,7 @@ impl<'a> Session<'a> {
             ),
             kernel_stack_pairs: (self.config.tracer.test.kstack_check)
                 .then(|| tracer.kernel_stack_pairs()),
+            runtime_walkers: tracer.runtime_walkers(),
         };
         Ok((raw, end))
     }
@@ -482,6 +485,9 @@ impl<'a> Session<'a> {
             ),
         };
         let read_ms = end.read_ms;
+        if end.runtime_walkers != crate::tracer::RuntimeWalkers::Off {
+            eprintln!("offcputime: runtimes' walkers: {}", end.runtime_walkers);
+        }
         eprintln!(
             "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {blocks} blocks, \
              {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
@@ -519,9 +525,17 @@ fn start_tracer<'o>(
 ) -> Result<((Tracer<'o>, Option<anyhow::Error>), Instant)> {
     prepare(config, stop)?;
     let started = Instant::now();
+    let opts = &config.tracer;
+    let opts = crate::tracer::TracerOptions {
+        runtimes_running: opts.runtimes()
+            && opts.test.runtimes_at_start.unwrap_or_else(|| {
+                crate::runtime::maybe_running(&opts.tgids, &|k| opts.runtime_on(k))
+            }),
+        ..opts.clone()
+    };
     let tracer = Tracer::start(
         objects,
-        &config.tracer,
+        &opts,
         &mut StartingTables::new(config, registry, unwinder),
     )?;
     Ok((tracer, started))

@@ -182,6 +182,7 @@ int runtime_refresh(struct bpf_iter__task *ctx)
 	struct task_data *d;
 	__u64 start, block, id;
 	__u32 tgid, nr, more;
+	bool at_start;
 	long len;
 
 	if (!task || !runtimes_on)
@@ -194,12 +195,15 @@ int runtime_refresh(struct bpf_iter__task *ctx)
 		return 0;
 	start = d->start_ns;
 	block = d->block_ns;
-	/* Its stack has its runtime's frames already. */
-	id = d->user_stack_id;
-	if ((id & STACK_ID_HASH_BIT) && has_runtime_frames(id))
+	/* A block under way: of its own switch-out, or claimed at the start
+	 * by the start iterator (a process whose runtime's walker was not
+	 * loaded yet, see runtimes_later), whose stacks are kept apart. */
+	if (start < START_AT_WINDOW)
 		return 0;
-	/* A block of its own switch-out (not one claimed at the start). */
-	if (start <= START_AT_WINDOW || (start & START_CUT_AT_WINDOW))
+	at_start = began_before_window(start);
+	/* Its stack has its runtime's frames already. */
+	id = at_start ? d->start_user_stack_id : d->user_stack_id;
+	if ((id & STACK_ID_HASH_BIT) && has_runtime_frames(id))
 		return 0;
 	if (!BPF_CORE_READ(task, mm) ||
 	    (BPF_CORE_READ(task, mm, mmap_lock.count.counter) &
@@ -229,7 +233,10 @@ int runtime_refresh(struct bpf_iter__task *ctx)
 	/* Still the same block: the thread has not run meanwhile. */
 	if (d->start_ns != start || d->block_ns != block || task->on_cpu)
 		return 0;
-	d->user_stack_id = id;
+	if (at_start)
+		d->start_user_stack_id = id;
+	else
+		d->user_stack_id = id;
 	count(CNT_PY_REFRESHED);
 	return 0;
 }

@@ -239,7 +239,11 @@ struct ucache {
 	__u32 top;
 	/* Java frames (see java.h). */
 	__u16 java_frames;
-	__u16 _pad[3];
+	/* Walked by the runtime build (runtimes_on): a walk kept by the
+	 * build without the runtimes' walkers proves nothing to the one with
+	 * them (a JVM's frames). */
+	__u16 runtimes;
+	__u16 _pad[2];
 	/* Slot k: at sp + off[k], the walk read val[k]. */
 	__u32 off[UCACHE_SLOTS];
 	__u64 val[UCACHE_SLOTS];

@@ -178,6 +178,7 @@ static __always_inline void on_fork(struct task_struct *parent, struct task_stru
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(process_fork_btf, struct task_struct *parent, struct task_struct *child)
 {
+	RUNTIME_BUILD(rt_build_fork);
 	on_fork(parent, child, HOOK_TP_BTF);
 	return 0;
 }

@@ -322,6 +322,7 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 SEC("perf_event")
 int on_cpu(void *ctx)
 {
+	RUNTIME_BUILD(rt_build_on_cpu);
 	on_cpu_sample(ctx, VARIANT_TRUSTED);
 	return 0;
 }

@@ -18,6 +18,41 @@
  * Python's off). */
 const volatile bool runtimes_on = false;
 
+/*
+ * The hooks' runtime builds.  Where no runtime's process runs when tracing
+ * starts, the hooks load without any runtime's walker (runtimes_on false,
+ * so the verifier has none of their code to check) and with
+ * runtimes_later set; the builds with the walkers load, in an object of
+ * their own, the first time userspace notes a runtime's process, and go
+ * into these arrays.  Each hook's first act is a tail call into its
+ * runtime build: while the array is empty the call falls through and the
+ * hook goes on as it is.  An array per hook: a tail call goes only to a
+ * program of its caller's type and attach point.  (The runtime builds
+ * have runtimes_later off: they call nothing.)
+ */
+const volatile bool runtimes_later = false;
+
+#define RUNTIME_BUILD_ARRAY(name)                                              \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_PROG_ARRAY);                         \
+		__uint(max_entries, 1);                                        \
+		__type(key, __u32);                                            \
+		__type(value, __u32);                                          \
+	} name SEC(".maps")
+
+RUNTIME_BUILD_ARRAY(rt_build_switch);
+RUNTIME_BUILD_ARRAY(rt_build_fork);
+RUNTIME_BUILD_ARRAY(rt_build_waking);
+RUNTIME_BUILD_ARRAY(rt_build_on_cpu);
+
+/* A hook's first act (see runtimes_later): on into its runtime build, if
+ * loaded. */
+#define RUNTIME_BUILD(array)                                                   \
+	do {                                                                   \
+		if (runtimes_later)                                            \
+			bpf_tail_call(ctx, &array, 0);                         \
+	} while (0)
+
 /* Set by userspace once it has written a process's entry for any runtime:
  * until then no stack pays for a lookup.  A global of a section of its
  * own, which userspace writes whole (no other variable shares it); read

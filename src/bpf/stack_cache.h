@@ -165,7 +165,8 @@ __noinline int ucache_slots_hold(__u32 way)
 static __always_inline bool ucache_holds(struct ucache *e, __u32 way, struct unwind_state *u,
 					 __u64 mm, __u64 gen)
 {
-	if (!e->stack_id || e->mm != mm || e->gen != gen || e->pc != u->pc ||
+	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtimes_on ||
+	    e->pc != u->pc ||
 	    e->sp != u->sp || (e->bp_used && e->bp != u->bp))
 		return false;
 	return ucache_slots_hold(way);
@@ -208,6 +209,7 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->fp_frames = u->fp_frames;
 	e->gap_frames = u->gap_frames;
 	e->java_frames = u->java_frames;
+	e->runtimes = runtimes_on;
 	e->stack_id = id;
 }
 

@@ -204,8 +204,10 @@ static __always_inline bool switch_in_dropped(struct task_struct *next)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now;
 
+	RUNTIME_BUILD(rt_build_switch);
+	now = bpf_ktime_get_ns();
 	on_switch_out(ctx, prev, preempt, now, switch_has_prev_state ? (long)(__u32)ctx[3] : -1,
 		      HOOK_TP_BTF);
 	if (!switch_in_dropped(next))

@@ -155,6 +155,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 SEC("tp_btf/sched_waking")
 int BPF_PROG(sched_waking_btf, struct task_struct *p)
 {
+	RUNTIME_BUILD(rt_build_waking);
 	on_waking(ctx, p, HOOK_TP_BTF);
 	return 0;
 }

@@ -127,6 +127,8 @@ impl Args {
                 wakers: self.wakers,
                 python: !self.no_python,
                 java: !self.no_java,
+                // Looked at as the trace starts.
+                runtimes_running: true,
                 on_cpu_hz: self.on_cpu_hz()?,
                 test: crate::test_env::TestEnv::from_env(),
             },

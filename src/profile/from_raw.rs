@@ -331,7 +331,7 @@ fn number_user_stacks<F: FrameSource>(
         let numbers = &mut user_stacks.numbers;
         // (JIT code is named by its perf map, if any.)
         let mut read = !source.has_perf_map(proc);
-        if source.has_runtime_frames(addrs) {
+        if source.runtime_places(proc, addrs) {
             // A runtime's frames in their places (Python's in place of the
             // interpreter's): frames made stack by stack.
             let frames = source.runtime_frames(proc, id, addrs);

@@ -61,9 +61,11 @@ pub trait FrameSource {
     where
         Self: 'a;
 
-    /// Whether stack `addrs` has frames of a language runtime (see
-    /// [`crate::runtime`]).
-    fn has_runtime_frames(&self, addrs: &[u64]) -> bool;
+    /// Whether stack `addrs` of process `p` is placed by a language
+    /// runtime (see [`crate::runtime`]): it has the runtime's frames, or
+    /// its process runs one (which counts its stacks that show its
+    /// interpreter's frames in their place).
+    fn runtime_places(&self, p: Proc, addrs: &[u64]) -> bool;
 
     /// The frames of user stack `id` of process `p` (its addresses
     /// `addrs`, innermost first, some of them a runtime's frames): its
@@ -152,8 +154,8 @@ impl MappedFrames for Mappings<'_> {
 impl FrameSource for Registry {
     type Mappings<'a> = Mappings<'a>;
 
-    fn has_runtime_frames(&self, addrs: &[u64]) -> bool {
-        Registry::has_runtime_frames(self, addrs)
+    fn runtime_places(&self, p: Proc, addrs: &[u64]) -> bool {
+        self.has_runtime_frames(addrs) || self.runtime_seen(p)
     }
 
     fn runtime_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {

@@ -58,6 +58,9 @@ pub struct Spec {
     /// likes): a walk without the runtime's help stops at such code rather
     /// than guess through it.
     pub jit_without_frame_pointers: &'static [&'static str],
+    /// What the name of a file its processes map holds, most likely (see
+    /// [`maybe_running`]): `libpython3.12.so.1.0`, `python3.12`.
+    pub mapped_name_hints: &'static [&'static str],
 }
 
 /// The runtimes, in [`Kind`]'s order.
@@ -74,6 +77,7 @@ pub const RUNTIMES: &[Spec] = &[
         colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
         new: || Box::<python::Pythons>::default(),
         jit_without_frame_pointers: &[],
+        mapped_name_hints: &["python"],
     },
     Spec {
         kind: Kind::Java,
@@ -88,8 +92,66 @@ pub const RUNTIMES: &[Spec] = &[
         native: "JVM",
         new: || Box::<java::Jvms>::default(),
         jit_without_frame_pointers: &["libjvm.so"],
+        mapped_name_hints: &["libjvm.so"],
     },
 ];
+
+/// Whether a process of a runtime that `on` says is read may be running
+/// now (of `tgids` only, if any): a file its name hints at
+/// ([`Spec::mapped_name_hints`]) mapped by a process. A quick look, not the
+/// registry's: it decides only whether the hooks load with the runtimes'
+/// walkers at once or when the first such process is noted (a process
+/// missed here has its runtime's frames from then on; a name that misleads
+/// costs the load of the walkers). Every file read belongs to another
+/// process, and may be gone: what cannot be read is skipped.
+pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> bool {
+    use std::io::{BufRead, BufReader};
+    let hints: Vec<&str> = RUNTIMES
+        .iter()
+        .filter(|s| on(s.kind))
+        .flat_map(|s| s.mapped_name_hints.iter().copied())
+        .collect();
+    if hints.is_empty() {
+        return false;
+    }
+    let own = std::process::id();
+    let pids: Vec<u32> = if tgids.is_empty() {
+        match std::fs::read_dir("/proc") {
+            Ok(dir) => dir
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|&pid| pid != own)
+                .collect(),
+            // Not known: as if one ran.
+            Err(_) => return true,
+        }
+    } else {
+        tgids.to_vec()
+    };
+    let hinted = |line: &str| {
+        // The path, after five fields; its last component.
+        let path = line.splitn(6, ' ').nth(5).unwrap_or("").trim_start();
+        let name = path.rsplit('/').next().unwrap_or("");
+        path.starts_with('/') && hints.iter().any(|h| name.contains(h))
+    };
+    pids.into_iter().any(|pid| {
+        let Ok(maps) = File::open(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        let mut lines = BufReader::new(maps);
+        let mut line = String::new();
+        // At most this many mappings looked at: a process maps its
+        // runtime's library among its first few hundred.
+        for _ in 0..4096 {
+            line.clear();
+            match lines.read_line(&mut line) {
+                Ok(0) | Err(_) => return false,
+                Ok(_) if hinted(&line) => return true,
+                Ok(_) => {}
+            }
+        }
+        false
+    })
+}
 
 impl Kind {
     pub fn spec(self) -> &'static Spec {
@@ -344,6 +406,12 @@ impl Runtimes {
     /// The runtime process `p` runs, if its frames are read.
     pub fn of_process(&self, p: Proc) -> Option<Kind> {
         self.0.iter().find(|r| r.has_process(p)).map(|r| r.kind())
+    }
+
+    /// The runtime found to run in process `p`, its frames read or not,
+    /// and whether it still runs or not ([`Runtime::seen`]).
+    pub fn seen_in(&self, p: Proc) -> Option<Kind> {
+        self.0.iter().find(|r| r.seen(p)).map(|r| r.kind())
     }
 }
 

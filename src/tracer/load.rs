@@ -67,7 +67,10 @@ pub(super) fn choose_programs(
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
         let p = programs::named(&name)?;
-        let load = plan.loads(p) && part.is_none_or(|part| p.role.part() == part);
+        let load = match part {
+            Some(part) => plan.loads_in(p, part),
+            None => plan.loads(p),
+        };
         prog.set_autoload(load);
         if load {
             logs.give(&mut prog, name)?;
@@ -400,16 +403,40 @@ pub(super) fn open_on_maps<'obj>(
     plan: &Plan,
     part: Part,
 ) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
+    open_on_maps_but(object, maps, plan, part, None)
+}
+
+/// [`open_on_maps`], but for the `.rodata` of the object's own, a copy of
+/// `rodata` (for a build of other settings: the runtimes' builds).
+fn open_on_maps_but<'obj>(
+    object: &'obj mut MaybeUninit<OpenObject>,
+    maps: &[SharedMap],
+    plan: &Plan,
+    part: Part,
+    rodata: Option<&crate::bpf::types::rodata>,
+) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
     let mut open = OffcputimeSkelBuilder::default()
         .open(object)
         .context("failed to open the BPF object")?;
     for mut map in open.open_object_mut().maps_mut() {
+        let own = rodata.is_some() && map.name().to_string_lossy().ends_with(".rodata");
+        if own {
+            continue;
+        }
         match maps.iter().find(|(name, _)| name.as_os_str() == map.name()) {
             Some((name, fd)) => map
                 .reuse_fd(std::os::fd::AsFd::as_fd(fd))
                 .with_context(|| format!("map {}: could not share it", name.to_string_lossy()))?,
             None => map.set_autocreate(false)?,
         }
+    }
+    if let Some(rodata) = rodata {
+        let own = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+        *own = *rodata;
     }
     let logs = choose_programs(&mut open, plan, Some(part))?;
     Ok((open, logs))
@@ -647,6 +674,13 @@ pub(super) fn plan_programs(
         // process's Python frames), walked again once the runtime is
         // known (sleepable, task storage).
         runtime_refresh: opts.runtimes() && trusted && start_user_stacks && modern,
+        // Where no runtime's process runs now: their hooks' builds with
+        // the runtimes' walkers in the later object, beside the refresh.
+        runtimes_later: opts.runtimes()
+            && trusted
+            && start_user_stacks
+            && modern
+            && !opts.runtimes_running,
         on_cpu: opts.on_cpu_hz.is_some(),
     };
     for mut prog in open.open_object_mut().progs_mut() {
@@ -689,40 +723,122 @@ pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -
     Ok(())
 }
 
-/// The object of the programs loaded when first needed ([`Part::Later`]).
+/// The object of the programs loaded when first needed ([`Part::Later`]):
+/// the runtimes' refresh, and where the hooks loaded without the runtimes'
+/// walkers ([`Plan::runtimes_later`]), their builds with them.
 pub(super) enum Later<'obj> {
     /// None is wanted.
     None,
-    /// Not loaded yet: its room.
-    Unopened(&'obj mut MaybeUninit<OpenObject>),
+    /// Not loaded yet: its room, and the runtimes' settings of the
+    /// runtimes' builds (those the hooks loaded without).
+    Unopened(&'obj mut MaybeUninit<OpenObject>, RuntimeSettings),
     Loaded(Box<OffcputimeSkel<'obj>>),
     /// Its load failed (said by the first caller).
     Failed,
 }
 
+/// Which runtimes' walkers the runtimes' builds have (`.rodata`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RuntimeSettings {
+    pub(super) python: bool,
+    pub(super) java: bool,
+}
+
+impl RuntimeSettings {
+    /// Leaves the runtimes' walkers out of the build of `rodata`, the
+    /// hooks then calling their runtime builds once loaded; returns what
+    /// those builds are to have.
+    pub(super) fn leave_out(rodata: &mut crate::bpf::types::rodata) -> RuntimeSettings {
+        let settings = RuntimeSettings {
+            python: rodata.python_on,
+            java: rodata.java_on,
+        };
+        rodata.runtimes_on = false;
+        rodata.python_on = false;
+        rodata.java_on = false;
+        rodata.runtimes_later = true;
+        settings
+    }
+
+    /// The build of `rodata` with the walkers in.
+    fn put_in(self, rodata: &mut crate::bpf::types::rodata) {
+        rodata.runtimes_on = true;
+        rodata.python_on = self.python;
+        rodata.java_on = self.java;
+        rodata.runtimes_later = false;
+    }
+}
+
 impl<'obj> Later<'obj> {
-    /// The object, loaded now on the maps of `maps` if it was not.
+    /// The object, loaded now on the maps of `maps` if it was not; the
+    /// runtimes' builds of the hooks it holds put where the hooks call
+    /// them (from then on every hook runs its runtime build).
     pub(super) fn load(
         &mut self,
         maps: &OffcputimeSkel<'_>,
         plan: &Plan,
         stats: bool,
     ) -> Result<&OffcputimeSkel<'obj>> {
-        if let Later::Unopened(_) = self {
-            let Later::Unopened(room) = std::mem::replace(self, Later::Failed) else {
+        if let Later::Unopened(..) = self {
+            let Later::Unopened(room, settings) = std::mem::replace(self, Later::Failed) else {
                 unreachable!("matched above");
             };
             let shared = created_maps(libbpf_rs::skel::Skel::object(maps))?;
-            let (open, logs) = open_on_maps(room, &shared, plan, Part::Later)?;
-            let skel = load(open, &logs, stats);
-            *self = Later::Loaded(Box::new(
-                skel.context("failed to load the runtimes' refresh program")?,
-            ));
+            let (open, logs) = if plan.runtimes_later {
+                let mut rodata = *maps
+                    .maps
+                    .rodata_data
+                    .as_deref()
+                    .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+                settings.put_in(&mut rodata);
+                open_on_maps_but(room, &shared, plan, Part::Later, Some(&rodata))?
+            } else {
+                open_on_maps(room, &shared, plan, Part::Later)?
+            };
+            let skel = load(open, &logs, stats)
+                .context("failed to load the runtimes' walkers and refresh program")?;
+            if plan.runtimes_later {
+                put_runtime_builds(maps, &skel, plan)?;
+            }
+            *self = Later::Loaded(Box::new(skel));
         }
         match self {
             Later::Loaded(skel) => Ok(skel),
             Later::None => bail!("no program is loaded later"),
-            _ => bail!("the runtimes' refresh program could not be loaded"),
+            _ => bail!("the runtimes' walkers and refresh program could not be loaded"),
         }
     }
+
+    /// Whether the object is loaded (the runtimes' builds in use).
+    pub(super) fn loaded(&self) -> bool {
+        matches!(self, Later::Loaded(_))
+    }
+}
+
+/// Puts the runtime build of each hook `plan` loads in `later` into the
+/// array the hook calls it through, in `maps`.
+fn put_runtime_builds(
+    maps: &OffcputimeSkel<'_>,
+    later: &OffcputimeSkel<'_>,
+    plan: &Plan,
+) -> Result<()> {
+    use std::os::fd::{AsFd, AsRawFd};
+    // The switch hook last: by then the others walk as it will.
+    for role in [Role::Fork, Role::Waking, Role::OnCpu, Role::Switch] {
+        let Some(p) = plan.program(role) else {
+            continue;
+        };
+        let array = match role {
+            Role::Fork => &maps.maps.rt_build_fork,
+            Role::Waking => &maps.maps.rt_build_waking,
+            Role::OnCpu => &maps.maps.rt_build_on_cpu,
+            _ => &maps.maps.rt_build_switch,
+        };
+        let prog = program_of(later, p)?;
+        let fd = prog.as_fd().as_raw_fd() as u32;
+        array
+            .update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .with_context(|| format!("failed to put the runtimes' build of {} in place", p.name))?;
+    }
+    Ok(())
 }

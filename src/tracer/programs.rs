@@ -68,6 +68,14 @@ pub enum Part {
 }
 
 impl Role {
+    /// Whether the role's program has a runtime build: a hook that walks
+    /// user stacks with the runtimes' walkers, which loads in the
+    /// [`Part::Later`] object where the hooks load without them
+    /// ([`Plan::runtimes_later`]).
+    pub fn has_runtime_build(self) -> bool {
+        matches!(self, Role::Switch | Role::Waking | Role::Fork | Role::OnCpu)
+    }
+
     /// The object the role's program is loaded in.
     pub fn part(self) -> Part {
         match self {
@@ -188,6 +196,10 @@ pub struct Plan {
     pub forks: bool,
     pub cut: bool,
     pub runtime_refresh: bool,
+    /// The hooks load without the runtimes' walkers, and their runtime
+    /// builds load in the [`Part::Later`] object when the first process of
+    /// a runtime is noted (no such process ran at the start).
+    pub runtimes_later: bool,
     pub on_cpu: bool,
 }
 
@@ -203,8 +215,17 @@ impl Plan {
             forks: false,
             cut: false,
             runtime_refresh: false,
+            runtimes_later: false,
             on_cpu: false,
         }
+    }
+
+    /// Whether `p` loads in the object of `part`: its role's, or the
+    /// [`Part::Later`] object for a hook's runtime build.
+    pub fn loads_in(&self, p: &Program, part: Part) -> bool {
+        self.loads(p)
+            && (p.role.part() == part
+                || (part == Part::Later && self.runtimes_later && p.role.has_runtime_build()))
     }
 
     /// Whether the end iterator is the sleepable one that reads user
@@ -286,7 +307,7 @@ mod tests {
                     Hook::TpBtf => TaskStorage,
                     _ => ByTid,
                 };
-                for bits in 0..128u32 {
+                for bits in 0..256u32 {
                     let bit = |i: u32| bits & (1 << i) != 0;
                     // As the tracer makes them: no sleepable iterators,
                     // forks, -i or Python refresh in the legacy build;
@@ -302,6 +323,7 @@ mod tests {
                         forks: bit(3) && !legacy,
                         cut: bit(4) && !legacy,
                         runtime_refresh: refresh,
+                        runtimes_later: bit(7) && refresh,
                         on_cpu: bit(6),
                     });
                 }
@@ -323,6 +345,40 @@ mod tests {
                     .filter(|p| p.role == role && plan.loads(p))
                     .count();
                 assert_eq!(n, usize::from(plan.wants(role)), "{plan:?} {role:?}");
+            }
+        }
+    }
+
+    /// Each program loads in one object, but for the hooks' runtime
+    /// builds: with `runtimes_later`, each hook the plan loads that walks
+    /// user stacks loads again in the later object, beside the refresh,
+    /// and nothing else does.
+    #[test]
+    fn runtime_builds_load_later_beside_their_hooks() {
+        const PARTS: [Part; 3] = [Part::Hooks, Part::Iterators, Part::Later];
+        for plan in tracing_plans() {
+            for p in PROGRAMS {
+                let objects: Vec<Part> = PARTS
+                    .into_iter()
+                    .filter(|&part| plan.loads_in(p, part))
+                    .collect();
+                let want = if !plan.loads(p) {
+                    vec![]
+                } else if plan.runtimes_later && p.role.has_runtime_build() {
+                    vec![p.role.part(), Part::Later]
+                } else {
+                    vec![p.role.part()]
+                };
+                assert_eq!(objects, want, "{} in {plan:?}", p.name);
+            }
+            if plan.runtimes_later {
+                let later: Vec<&str> = PROGRAMS
+                    .iter()
+                    .filter(|p| plan.loads_in(p, Part::Later))
+                    .map(|p| p.name)
+                    .collect();
+                assert!(later.contains(&"sched_switch_btf"), "{later:?}");
+                assert!(later.contains(&"runtime_refresh"), "{later:?}");
             }
         }
     }

@@ -280,6 +280,28 @@ fn cpython(version: &str, prefix: &str) {
             Some((to - from) / 1000),
         );
     }
+    // The hooks loaded without the runtimes' walkers (as where no
+    // runtime's process runs at the start) and their builds with them
+    // loaded once the process is noted: the blocks claimed at the start
+    // are walked again with their Python frames.
+    if version == "3.12" {
+        let (out, (from, to)) = profile_window(
+            &["-f", "--lines", "-p", &pid, "2"],
+            &[("OFFCPUTIME_TEST_RUNTIMES_AT_START", "0")],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("runtimes' walkers: loaded when the first process of a runtime"),
+            "{stderr}"
+        );
+        check(
+            &format!("{version}, walkers loaded later"),
+            prefix,
+            &out,
+            &run,
+            Some((to - from) / 1000),
+        );
+    }
     // --snapshot: the same, in what each waits in now.
     let snap = profile(&["--snapshot", "-f", "--lines", "-p", &pid]);
     check(&format!("{version}, --snapshot"), prefix, &snap, &run, None);
@@ -523,6 +545,82 @@ fn an_unknown_version_is_said_and_walked_natively() {
 /// the profiler leaves it alone for a few ms after each look (a look at
 /// every switch costs one some 400 ns); once it starts one, its Python
 /// frames are there.
+/// A CPython process started while tracing, where none ran at the start:
+/// the hooks loaded without the runtimes' walkers, whose builds load once
+/// it is noted. Its blocks from then on have their Python frames; those
+/// that ended before have the interpreter's frames, said on stderr; and a
+/// trace with no such process never loads them.
+#[test]
+fn runtime_walkers_load_when_a_process_of_one_appears() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = interpreter("3.12") else {
+        return;
+    };
+    if kernel_version() < (5, 18) {
+        return;
+    }
+    let _serial = serial();
+    let script = "import time\n\
+        def wl_inner():\n    time.sleep(0.05)\n\
+        def wl_outer():\n    for _ in range(40):\n        wl_inner()\n\
+        wl_outer()\n";
+    let mut child = None;
+    let (out, _, _) = profile_during_with(
+        &["-f", "3"],
+        &[("OFFCPUTIME_TEST_RUNTIMES_AT_START", "0")],
+        |_| {
+            child = Some(KillOnDrop(
+                Command::new(&python)
+                    .args(["-c", script])
+                    .spawn()
+                    .expect("start python"),
+            ));
+        },
+    );
+    let pid = child.as_ref().expect("python started").0.id();
+    drop(child);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("runtimes' walkers: loaded when the first process of a runtime"),
+        "{stderr}"
+    );
+    let lines = parse_folded(&out.stdout);
+    let ours: Vec<&Folded> = lines
+        .iter()
+        .filter(|l| l.frames.iter().any(|f| f.contains("pysleep")))
+        .filter(|l| l.comm() == "python3" || l.comm().starts_with("python"))
+        .collect();
+    let named = sum_us_where(&lines, |l| l.has("wl_outer") && l.has("wl_inner"));
+    let unnamed: Vec<&&Folded> = ours
+        .iter()
+        .filter(|l| !l.has("wl_inner") && l.has("_PyEval_EvalFrameDefault"))
+        .collect();
+    // 40 sleeps of 50 ms; those that ended before the walkers loaded
+    // (a few hundred ms) show the interpreter's frames.
+    assert!(
+        named >= 1_000_000,
+        "{named} us of 2 s named (pid {pid}):\n{ours:?}\n{stderr}"
+    );
+    if !unnamed.is_empty() {
+        assert!(
+            count_before(
+                &stderr,
+                " user stacks of CPython processes show the interpreter's"
+            ) > 0,
+            "{unnamed:?} not said:\n{stderr}"
+        );
+    }
+    // No runtime's process: no walkers loaded.
+    let out = profile(&["-v", "-f", "-p", &std::process::id().to_string(), "0.3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("runtimes' walkers: not loaded (no process of a runtime was noted)"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn an_interpreter_started_late_is_walked() {
     if !require_root() {

@@ -119,10 +119,14 @@ impl Registry {
     /// through its snapshot, taken again now if it is still running, for
     /// libraries loaded since.
     pub fn user_frames(&mut self, p: Proc, id: u64, addrs: &[u64]) -> Vec<UserFrame> {
-        let runtime = self.runtimes.of_stack(addrs).is_some();
-        if runtime {
+        let words = self.runtimes.of_stack(addrs).is_some();
+        if words {
             self.resolve_runtime(p, addrs);
         }
+        // A runtime's process: its stacks without the runtime's frames
+        // are placed too (the runtime counts those that show its
+        // interpreter's frames in their place).
+        let runtime = words || self.runtime_seen(p);
         let mappings = match self.user_stack(p, id) {
             StackFrames::Kept(frames) => return frames.to_vec(),
             StackFrames::Mapped(m) if !runtime => {
@@ -261,7 +265,8 @@ fn stack_frames(
 ) -> Vec<UserFrame> {
     use crate::runtime::Placed;
     let native: Vec<UserFrame> = addrs.iter().map(|&a| user_frame(mappings, a)).collect();
-    let Some(kind) = runtimes.of_stack(addrs).or_else(|| runtimes.of_process(p)) else {
+    // (A process that exited: its stacks are placed at the report too.)
+    let Some(kind) = runtimes.of_stack(addrs).or_else(|| runtimes.seen_in(p)) else {
         return native;
     };
     let at: Vec<crate::runtime::NativeAt> = native

@@ -25,6 +25,11 @@ impl Registry {
         self.runtimes.of_stack(addrs).is_some()
     }
 
+    /// Whether process `p` was found to run a runtime (running or exited).
+    pub fn runtime_seen(&self, p: Proc) -> bool {
+        self.runtimes.seen_in(p).is_some()
+    }
+
     /// The runtime process `p` runs, if its frames are read.
     pub fn runtime_of(&self, p: Proc) -> Option<Kind> {
         self.runtimes.of_process(p)

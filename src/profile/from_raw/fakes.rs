@@ -74,7 +74,7 @@ impl MappedFrames for FakeMappings<'_> {
 impl FrameSource for FakeFrames {
     type Mappings<'a> = FakeMappings<'a>;
 
-    fn has_runtime_frames(&self, addrs: &[u64]) -> bool {
+    fn runtime_places(&self, _: Proc, addrs: &[u64]) -> bool {
         addrs
             .iter()
             .any(|&a| crate::runtime::python::is_python_word(a))

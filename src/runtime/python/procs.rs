@@ -196,6 +196,9 @@ pub struct Pythons {
     stats: PyStats,
     /// Stacks whose runs and evaluation calls did not match one for one.
     unmatched: std::cell::Cell<usize>,
+    /// The processes of `procs` that exited: their stacks are placed at
+    /// the report too.
+    exited: std::collections::HashSet<Proc>,
 }
 
 /// What naming Python frames came to, for `-v`.
@@ -369,11 +372,17 @@ impl Runtime for Pythons {
     }
 
     fn exited(&mut self, p: Proc) {
-        self.procs.remove(&p);
+        if self.procs.remove(&p).is_some() {
+            self.exited.insert(p);
+        }
     }
 
     fn has_process(&self, p: Proc) -> bool {
         self.procs.contains_key(&p)
+    }
+
+    fn seen(&self, p: Proc) -> bool {
+        self.has_process(p) || self.exited.contains(&p)
     }
 
     fn owns(&self, word: u64) -> bool {
@@ -411,7 +420,7 @@ impl Runtime for Pythons {
             // A CPython process's stack with the interpreter's frames and
             // none of its Python frames (walked before the interpreter was
             // known, or a thread whose own state was not found).
-            if self.has_process(p) && frames.iter().any(is_eval) {
+            if self.seen(p) && frames.iter().any(is_eval) {
                 self.unmatched.set(self.unmatched.get() + 1);
             }
             return frames;
