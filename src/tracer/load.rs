@@ -788,7 +788,6 @@ impl<'obj> Later<'obj> {
                 let mut rodata = *maps
                     .maps
                     .rodata_data
-                    .as_deref()
                     .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
                 settings.put_in(&mut rodata);
                 open_on_maps_but(room, &shared, plan, Part::Later, Some(&rodata))?
