@@ -225,6 +225,9 @@ pub enum RuntimeWalkers {
     WithTheHooks,
     /// Not at all: no runtime's process was noted.
     NotNeeded,
+    /// Their load failed when the first runtime's process was noted: no
+    /// runtime's frames were read.
+    Failed,
     /// When the first runtime's process was noted, this long after the
     /// window opened; the load took `took`.
     Later { after: Duration, took: Duration },
@@ -238,6 +241,11 @@ impl std::fmt::Display for RuntimeWalkers {
             RuntimeWalkers::NotNeeded => {
                 write!(f, "not loaded (no process of a runtime was noted)")
             }
+            RuntimeWalkers::Failed => write!(
+                f,
+                "could not be loaded when the first process of a runtime was noted (said \
+                 above): no runtime's frames were read"
+            ),
             RuntimeWalkers::Later { after, took } => write!(
                 f,
                 "loaded when the first process of a runtime was noted, {:.1} ms into the trace, in \
@@ -279,6 +287,8 @@ pub struct Tracer<'obj> {
     /// When the runtimes' builds of the hooks began to load, and how long
     /// that took (see [`Plan::runtimes_later`]).
     walkers_loaded: std::cell::Cell<Option<(Instant, Duration)>>,
+    /// Their load failed (said when it did).
+    walkers_failed: std::cell::Cell<bool>,
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of each
     /// program loaded, said on stderr.
     verifier_stats: bool,
@@ -596,6 +606,7 @@ impl<'obj> Tracer<'obj> {
             iterators,
             later: std::cell::RefCell::new(later),
             walkers_loaded: Default::default(),
+            walkers_failed: Default::default(),
             verifier_stats: opts.test.verifier_stats,
             links,
             cpu_clocks,
@@ -943,7 +954,13 @@ impl<'obj> Tracer<'obj> {
         }
         let mut later = self.later.borrow_mut();
         let loading = (!later.loaded()).then(Instant::now);
-        let later = later.load(&self.skel, &self.plan, self.verifier_stats)?;
+        let later = match later.load(&self.skel, &self.plan, self.verifier_stats) {
+            Ok(later) => later,
+            Err(e) => {
+                self.walkers_failed.set(self.plan.runtimes_later);
+                return Err(e);
+            }
+        };
         if let Some(began) = loading.filter(|_| self.plan.runtimes_later) {
             self.walkers_loaded.set(Some((began, began.elapsed())));
         }
@@ -960,6 +977,7 @@ impl<'obj> Tracer<'obj> {
         ) {
             (false, _, _) => RuntimeWalkers::Off,
             (true, false, _) => RuntimeWalkers::WithTheHooks,
+            (true, true, None) if self.walkers_failed.get() => RuntimeWalkers::Failed,
             (true, true, None) => RuntimeWalkers::NotNeeded,
             (true, true, Some((began, took))) => RuntimeWalkers::Later {
                 after: began.saturating_duration_since(self.window_started_at),

@@ -201,6 +201,8 @@ int runtime_refresh(struct bpf_iter__task *ctx)
 	if (start < START_AT_WINDOW)
 		return 0;
 	at_start = began_before_window(start);
+	if (at_start && !refresh_at_start)
+		return 0;
 	/* Its stack has its runtime's frames already. */
 	id = at_start ? d->start_user_stack_id : d->user_stack_id;
 	if ((id & STACK_ID_HASH_BIT) && has_runtime_frames(id))

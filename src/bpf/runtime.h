@@ -31,6 +31,10 @@ const volatile bool runtimes_on = false;
  * have runtimes_later off: they call nothing.)
  */
 const volatile bool runtimes_later = false;
+/* In the runtime builds loaded later: the refresh walks again the blocks
+ * claimed at the start too (walked by the start iterator without the
+ * walkers). */
+const volatile bool refresh_at_start = false;
 
 #define RUNTIME_BUILD_ARRAY(name)                                              \
 	struct {                                                               \

@@ -137,11 +137,12 @@ pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> bool {
         let Ok(maps) = File::open(format!("/proc/{pid}/maps")) else {
             return false;
         };
+        // Every line: maps are in address order, and a library mapped
+        // early lies high, below thousands of later mappings in a
+        // process that has run a while.
         let mut lines = BufReader::new(maps);
         let mut line = String::new();
-        // At most this many mappings looked at: a process maps its
-        // runtime's library among its first few hundred.
-        for _ in 0..4096 {
+        loop {
             line.clear();
             match lines.read_line(&mut line) {
                 Ok(0) | Err(_) => return false,
@@ -149,7 +150,6 @@ pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> bool {
                 Ok(_) => {}
             }
         }
-        false
     })
 }
 

@@ -766,6 +766,7 @@ impl RuntimeSettings {
         rodata.python_on = self.python;
         rodata.java_on = self.java;
         rodata.runtimes_later = false;
+        rodata.refresh_at_start = true;
     }
 }
 

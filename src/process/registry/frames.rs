@@ -125,15 +125,19 @@ impl Registry {
         }
         // A runtime's process: its stacks without the runtime's frames
         // are placed too (the runtime counts those that show its
-        // interpreter's frames in their place).
-        let runtime = words || self.runtime_seen(p);
+        // interpreter's frames in their place), but for those taken
+        // before its exec, in its parent's address space.
+        let seen = !words && self.runtime_seen(p);
         let mappings = match self.user_stack(p, id) {
             StackFrames::Kept(frames) => return frames.to_vec(),
-            StackFrames::Mapped(m) if !runtime => {
+            StackFrames::Mapped(m) if !words => {
                 if before_exec(&m, addrs) {
                     return addrs.iter().filter_map(|&a| m.parent_frame(a)).collect();
                 }
-                return addrs.iter().map(|&a| m.frame(a)).collect();
+                if !seen {
+                    return addrs.iter().map(|&a| m.frame(a)).collect();
+                }
+                m.own.to_vec()
             }
             StackFrames::Mapped(m) => m.own.to_vec(),
         };
