@@ -232,6 +232,7 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
     let mut outputs = Outputs::open(config)?;
     let symbolizer = symbolizer_for(config);
     let mut registry = Registry::new();
+    registry.keep_call_glue(config.python_glue);
     let mut unwinder: Option<Unwinder> = None;
     let raw = take_snapshot(config, snap, &mut registry, &mut unwinder)?;
     eprintln!("{}", config.status_line());

@@ -381,6 +381,12 @@ pub struct Args {
     #[arg(long = "no-python")]
     pub no_python: bool,
 
+    /// Keep CPython's call machinery between two Python frames
+    /// (`_PyEval_Vector`, `_PyFunction_Vectorcall`, ...: on 3.10 between
+    /// every two), hidden by default
+    #[arg(long = "python-glue")]
+    pub python_glue: bool,
+
     /// Keep the native view of JVM processes: the JVM's own frames, and
     /// the addresses of its code in place of the Java methods
     #[arg(long = "no-java")]
@@ -493,6 +499,9 @@ pub struct Config {
     pub filter: Option<crate::filter::StackFilter>,
     /// Inlined functions as frames of their own.
     pub inline: bool,
+    /// `--python-glue`: CPython's call machinery kept between two Python
+    /// frames.
+    pub python_glue: bool,
     /// `file:line` on frames.
     pub lines: bool,
     pub verbose: bool,

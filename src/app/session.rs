@@ -139,6 +139,7 @@ impl<'a> Session<'a> {
         // walks.
         let walked = tracer.runtime_store().is_some();
         registry.walk_runtimes(&|kind| walked && config.tracer.runtime_on(kind));
+        registry.keep_call_glue(config.python_glue);
         let session = Session {
             config,
             outputs,

@@ -146,6 +146,7 @@ impl Args {
             group,
             filter,
             inline: !self.no_inline,
+            python_glue: self.python_glue,
             lines: self.lines,
             verbose: self.verbose,
             duration,

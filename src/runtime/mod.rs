@@ -288,6 +288,10 @@ pub trait Runtime {
         Vec::new()
     }
 
+    /// Keep the runtime's call machinery between two of its frames
+    /// (`--python-glue`), which it hides otherwise.
+    fn keep_call_glue(&mut self, _keep: bool) {}
+
     /// Whether process `p` was found to run this runtime, its frames read
     /// or not.
     fn seen(&self, p: Proc) -> bool {

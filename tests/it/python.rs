@@ -197,6 +197,16 @@ fn check(what: &str, prefix: &str, out: &std::process::Output, run: &Running, wh
             "{what}:\n{}",
             dump()
         );
+        // Python calling Python: next to each other on every version, the
+        // interpreter's call machinery between them hidden (on 3.10 every
+        // call goes through it).
+        if what_thread != "sort" {
+            assert!(
+                py.windows(2).all(|w| w[0].2 + 1 == w[1].2),
+                "{what}: {comm}'s Python frames are not next to each other:\n{}",
+                dump()
+            );
+        }
         if what_thread == "sort" {
             // sorted() is C: between the frame that called it and the key
             // function it calls back, at least one native frame.
@@ -300,6 +310,23 @@ fn cpython(version: &str, prefix: &str) {
             &out,
             &run,
             Some((to - from) / 1000),
+        );
+    }
+    // --python-glue keeps the call machinery: on 3.10, between every two
+    // Python frames.
+    if version == "3.10" {
+        let out = profile(&["-f", "--python-glue", "-p", &pid, "0.5"]);
+        let lines = parse_folded(&out.stdout);
+        let recurse = lines
+            .iter()
+            .find(|l| l.comm() == format!("{prefix}-recurse"))
+            .expect("a stack of the recursing thread");
+        assert!(
+            recurse
+                .frames
+                .windows(2)
+                .any(|w| w[0] == "recurse" && w[1] == "_PyEval_Vector"),
+            "{recurse:?}"
         );
     }
     // --snapshot: the same, in what each waits in now.

@@ -25,6 +25,14 @@ impl Registry {
         self.runtimes.of_stack(addrs).is_some()
     }
 
+    /// Each runtime keeps its call machinery between two of its frames
+    /// (`--python-glue`), or hides it.
+    pub fn keep_call_glue(&mut self, keep: bool) {
+        for r in self.runtimes.iter_mut() {
+            r.keep_call_glue(keep);
+        }
+    }
+
     /// Whether process `p` was found to run a runtime (running or exited).
     pub fn runtime_seen(&self, p: Proc) -> bool {
         self.runtimes.seen_in(p).is_some()

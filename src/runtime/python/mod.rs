@@ -46,6 +46,9 @@ pub struct Interpreter {
     /// `_PyEval_EvalFrameDefault.cold`, the part of the function the
     /// compiler moved away (where the full symbol table has it).
     pub eval_cold: Option<(u64, u64)>,
+    /// The functions of the interpreter's call machinery ([`GLUE`]) the
+    /// file's symbols have, [start, end).
+    pub glue: Vec<(u64, u64)>,
     /// `PyCode_Type`: the type of code objects.
     pub code_type: u64,
     /// The structure layout to read the interpreter with: None if the
@@ -66,6 +69,54 @@ const SYMBOLS: [&str; 5] = [
     "Py_Version",
     "_PyEval_EvalFrameDefault.cold",
 ];
+
+/// The interpreter's call machinery: the functions that pass a call from
+/// Python code to Python code (on 3.10 every such call goes through them,
+/// from 3.11 only calls through C), and do no work of their own. Between
+/// two Python frames they are hidden unless `--python-glue` asks for them
+/// (see `procs::hide_glue`). Some are static: only a file with its full
+/// symbol table has them.
+pub const GLUE: &[&str] = &[
+    "_PyEval_Vector",
+    "_PyEval_EvalCode",
+    "_PyEval_EvalCodeWithName",
+    "_PyFunction_Vectorcall",
+    "_PyObject_VectorcallTstate",
+    "_PyObject_Vectorcall",
+    "PyObject_Vectorcall",
+    "_PyObject_FastCallDictTstate",
+    "_PyObject_Call",
+    "PyObject_Call",
+    "_PyObject_Call_Prepend",
+    "PyVectorcall_Call",
+    "_PyVectorcall_Call",
+    "method_vectorcall",
+    "call_function",
+    "do_call_core",
+    "function_code_fastcall",
+    "slot_tp_call",
+];
+
+/// The [`GLUE`] functions of an interpreter's file, from its dynamic
+/// and full symbol tables (a table that cannot be read adds none).
+fn glue_functions(elf: &Elf, file: &File) -> Vec<(u64, u64)> {
+    let mut found = vec![None; GLUE.len()];
+    for table in [SymbolTable::Dynamic, SymbolTable::Full] {
+        if let Ok(more) = elf.symbols(file, table, GLUE) {
+            for (f, s) in found.iter_mut().zip(more) {
+                if f.is_none() {
+                    *f = s;
+                }
+            }
+        }
+    }
+    found
+        .into_iter()
+        .flatten()
+        .filter(|s| s.size > 0)
+        .map(|s| (s.value, s.value.saturating_add(s.size)))
+        .collect()
+}
 
 /// Whether the object file `file`, mapped under the name `name` (the last
 /// component of its path, as in `/proc/PID/maps`), is a CPython
@@ -96,6 +147,7 @@ pub fn inspect(file: &File, name: &str) -> Result<Option<Interpreter>> {
         }
     }
     let [runtime, eval, code_type, py_version, cold] = [0, 1, 2, 3, 4].map(|i| found[i]);
+    let glue = glue_functions(&elf, file);
     let Some(runtime) = runtime else {
         return Ok(None);
     };
@@ -124,6 +176,7 @@ pub fn inspect(file: &File, name: &str) -> Result<Option<Interpreter>> {
         runtime: runtime.value,
         eval: range(eval),
         eval_cold: cold.filter(|s| s.size > 0).map(range),
+        glue,
         code_type: code_type.value,
         layout: None,
         free_threaded: named.free_threaded,

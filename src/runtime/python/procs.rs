@@ -144,6 +144,36 @@ fn merge<T>(native: Vec<T>, is_eval: impl Fn(&T) -> bool, runs: Vec<Vec<T>>) -> 
     (out, left == 0 && placed == calls)
 }
 
+/// Drops the frames between two runtime frames that are all glue
+/// (`is_glue`: the interpreter's call machinery, see
+/// [`super::GLUE`]); where any of them is not (a builtin that called back
+/// into Python, `sorted` calling its key function) all are kept.
+fn hide_glue<T>(
+    frames: Vec<T>,
+    is_runtime: impl Fn(&T) -> bool,
+    is_glue: impl Fn(&T) -> bool,
+) -> Vec<T> {
+    let mut out: Vec<T> = Vec::with_capacity(frames.len());
+    // Where the native frames since the last runtime frame begin in
+    // `out`, and whether all are glue so far.
+    let mut since: Option<(usize, bool)> = None;
+    for f in frames {
+        if is_runtime(&f) {
+            if let Some((at, true)) = since {
+                out.truncate(at);
+            }
+            out.push(f);
+            since = Some((out.len(), true));
+            continue;
+        }
+        if let Some((_, all)) = since.as_mut() {
+            *all &= is_glue(&f);
+        }
+        out.push(f);
+    }
+    out
+}
+
 /// An object that is a CPython interpreter (the executable, or
 /// `libpython3.X.so`).
 struct PyObject {
@@ -151,6 +181,8 @@ struct PyObject {
     segments: Vec<Segment>,
     /// `_PyEval_EvalFrameDefault` (and its cold part) as file offsets.
     eval: Vec<(u64, u64)>,
+    /// The call machinery's functions ([`super::GLUE`]) as file offsets.
+    glue: Vec<(u64, u64)>,
 }
 
 impl PyObject {
@@ -158,6 +190,14 @@ impl PyObject {
     /// evaluation call.
     fn is_eval(&self, offset: u64) -> bool {
         self.eval
+            .iter()
+            .any(|&(start, end)| offset >= start && offset <= end)
+    }
+
+    /// Whether file offset `offset` (a return address: up to the end of
+    /// the function) is in the call machinery's code.
+    fn is_glue(&self, offset: u64) -> bool {
+        self.glue
             .iter()
             .any(|&(start, end)| offset >= start && offset <= end)
     }
@@ -199,6 +239,8 @@ pub struct Pythons {
     /// The processes of `procs` that exited: their stacks are placed at
     /// the report too.
     exited: std::collections::HashSet<Proc>,
+    /// `--python-glue`: the call machinery between two Python frames kept.
+    keep_glue: bool,
 }
 
 /// What naming Python frames came to, for `-v`.
@@ -237,15 +279,24 @@ impl Pythons {
                         .find(|s| v >= s.vaddr && v - s.vaddr < s.filesz)
                         .map(|s| v - s.vaddr + s.offset)
                 };
-                let eval = std::iter::once(Some(interp.eval))
-                    .chain(std::iter::once(interp.eval_cold))
-                    .flatten()
-                    .filter_map(|(start, end)| Some((to_offset(start)?, to_offset(end - 1)? + 1)))
-                    .collect();
+                let offsets = |ranges: &mut dyn Iterator<Item = (u64, u64)>| {
+                    ranges
+                        .filter_map(|(start, end)| {
+                            Some((to_offset(start)?, to_offset(end - 1)? + 1))
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let eval = offsets(
+                    &mut std::iter::once(Some(interp.eval))
+                        .chain(std::iter::once(interp.eval_cold))
+                        .flatten(),
+                );
+                let glue = offsets(&mut interp.glue.iter().copied());
                 Some(Arc::new(PyObject {
                     interp,
                     segments,
                     eval,
+                    glue,
                 }))
             });
         self.objects.insert(id, found.clone());
@@ -448,7 +499,20 @@ impl Runtime for Pythons {
         if !matched {
             self.unmatched.set(self.unmatched.get() + 1);
         }
-        frames
+        if self.keep_glue {
+            return frames;
+        }
+        let is_glue = |f: &Placed| match *f {
+            Placed::Native(i) => native[i].is_some_and(|(object, offset)| {
+                self.object_read(object).is_some_and(|o| o.is_glue(offset))
+            }),
+            Placed::Runtime(_) => false,
+        };
+        hide_glue(frames, |f| matches!(f, Placed::Runtime(_)), is_glue)
+    }
+
+    fn keep_call_glue(&mut self, keep: bool) {
+        self.keep_glue = keep;
     }
 
     fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>> {
@@ -605,6 +669,25 @@ mod tests {
         assert_eq!(r[0].len(), 2);
         assert!(r[1].is_empty());
         assert_eq!(r[2], vec![RunFrame::Code(py[3])]);
+    }
+
+    /// Between two Python frames the call machinery goes, unless a frame
+    /// of other code is among it; before the first and after the last it
+    /// stays.
+    #[test]
+    fn glue_between_python_frames_is_hidden() {
+        // 'P' a Python frame, 'g' glue, 'n' other native code.
+        let hide = |s: &str| -> String {
+            hide_glue(s.chars().collect(), |&c| c == 'P', |&c| c == 'g')
+                .into_iter()
+                .collect()
+        };
+        assert_eq!(hide("ngPggPgPn"), "ngPPPn");
+        assert_eq!(hide("nPgngPg"), "nPgngPg");
+        assert_eq!(hide("PP"), "PP");
+        assert_eq!(hide("gg"), "gg");
+        assert_eq!(hide("PgnPggP"), "PgnPP");
+        assert_eq!(hide(""), "");
     }
 
     #[test]
