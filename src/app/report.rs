@@ -239,32 +239,47 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
             c.user_stack_full, c.kernel_stack_full, c.user_stack_error, c.kernel_stack_error
         )];
         let (user, kernel) = (config.shape.mode.user(), config.shape.mode.kernel());
-        let mut cause = |shown: bool, n: u64, what: &str| {
+        // (One noun for one, another for more.)
+        let mut cause = |shown: bool, n: u64, (one, many): (&str, &str)| {
             if shown && n > 0 {
-                causes.push(format!("{n} {what}"));
+                causes.push(format!("{n} {}", if n == 1 { one } else { many }));
             }
         };
         cause(
             true,
             c.stacks_no_memory,
-            "stacks the kernel's BPF allocator had no memory for at the moment, with the \
-             spill table full too",
+            (
+                "stack the kernel's BPF allocator had no memory for at the moment, with the \
+                 spill table full too",
+                "stacks the kernel's BPF allocator had no memory for at the moment, with the \
+                 spill table full too",
+            ),
         );
         cause(
             user,
             c.missed_not_walked,
-            "user stacks copied to be walked once their process's unwind tables were ready, \
-             and never walked",
+            (
+                "user stack copied to be walked once its process's unwind tables were ready, \
+                 and never walked",
+                "user stacks copied to be walked once their process's unwind tables were \
+                 ready, and never walked",
+            ),
         );
         cause(
             kernel,
             c.missed_no_switch_in,
-            "kernel stacks due at a switch-in the kernel did not report",
+            (
+                "kernel stack due at a switch-in the kernel did not report",
+                "kernel stacks due at switch-ins the kernel did not report",
+            ),
         );
         cause(
             true,
             c.missed_not_stored,
-            "stacks named by a count but not among those stored",
+            (
+                "stack named by a count but not among those stored",
+                "stacks named by a count but not among those stored",
+            ),
         );
         let traces = if missed == 1 {
             "stack trace"
@@ -282,17 +297,25 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
         );
     }
     if c.user_unmapped_stacks > 0 && config.shape.mode.user() {
+        let (stacks, are, their) = match c.user_unmapped_stacks {
+            1 => ("user stack", "is", "its"),
+            _ => ("user stacks", "are", "their"),
+        };
         eprintln!(
-            "WARNING: {} user stacks ({:.3} s off-CPU) are all [unknown]: none of their \
-             addresses is in a file their process maps, as read from /proc/PID/maps (again at \
+            "WARNING: {} {stacks} ({:.3} s off-CPU) {are} all [unknown]: none of {their} \
+             addresses is in a file {their} process maps, as read from /proc/PID/maps (again at \
              the end while it ran), and no perf map names them.",
             c.user_unmapped_stacks,
             c.user_unmapped_ns as f64 / 1e9
         );
     }
     if c.unseen_untimed > 0 {
+        let (blocks, their) = match c.unseen_untimed {
+            1 => ("block was", "its"),
+            _ => ("blocks were", "their"),
+        };
         eprintln!(
-            "WARNING: {} blocks were not counted: the kernel switched their thread back in \
+            "WARNING: {} {blocks} not counted: the kernel switched {their} thread back in \
              without reporting it, and only for normal (CFS) threads does it say when.",
             c.unseen_untimed
         );

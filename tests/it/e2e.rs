@@ -1637,7 +1637,7 @@ fn missing_capabilities_are_named() {
                 unseen > 0
                     && l.starts_with("WARNING: ")
                     && l.contains("could not be displayed")
-                    && l.contains("due at a switch-in the kernel did not report"),
+                    && l.contains(" the kernel did not report"),
                 "{err}"
             );
         }
