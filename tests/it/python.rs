@@ -261,55 +261,44 @@ fn cpython(version: &str, prefix: &str) {
     // under way at the start.
     let run = start(&python, prefix, dir.path());
     let pid = run.child.0.id().to_string();
-    let (out, (from, to)) = profile_window(&["-f", "--lines", "-p", &pid, "2"], &[]);
-    check(
-        &format!("{version}, started before"),
-        prefix,
-        &out,
-        &run,
-        Some((to - from) / 1000),
-    );
-    // Every stack kept in the spill table (as where the stacks table has
-    // no memory at the moment): the Python frames put in the native
-    // stacks read from there.
+    // Traced for `seconds` with `env`, checked as `what`; its stderr.
+    let traced = |what: &str, seconds: &str, env: &[(&str, &str)]| {
+        let (out, (from, to)) = profile_window(&["-f", "--lines", "-p", &pid, seconds], env);
+        check(
+            &format!("{version}, {what}"),
+            prefix,
+            &out,
+            &run,
+            Some((to - from) / 1000),
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    traced("started before", "2", &[]);
     if version == "3.12" {
-        let (out, (from, to)) = profile_window(
-            &["-f", "--lines", "-p", &pid, "1"],
+        // Every stack kept in the spill table (as where the stacks table
+        // has no memory at the moment): the Python frames put in the
+        // native stacks read from there.
+        let stderr = traced(
+            "stacks spilled",
+            "1",
             &[("OFFCPUTIME_TEST_SPILL_STACKS", "1")],
         );
-        let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             count_before(&stderr, " kept in the spill table") > 0,
             "{stderr}"
         );
-        check(
-            &format!("{version}, stacks spilled"),
-            prefix,
-            &out,
-            &run,
-            Some((to - from) / 1000),
-        );
-    }
-    // The hooks loaded without the runtimes' walkers (as where no
-    // runtime's process runs at the start) and their builds with them
-    // loaded once the process is noted: the blocks claimed at the start
-    // are walked again with their Python frames.
-    if version == "3.12" {
-        let (out, (from, to)) = profile_window(
-            &["-f", "--lines", "-p", &pid, "2"],
+        // The hooks loaded without the runtimes' walkers (as where no
+        // runtime's process runs at the start) and their builds with them
+        // loaded once the process is noted: the blocks claimed at the
+        // start are walked again with their Python frames.
+        let stderr = traced(
+            "walkers loaded later",
+            "2",
             &[("OFFCPUTIME_TEST_RUNTIMES_AT_START", "0")],
         );
-        let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             stderr.contains("runtimes' walkers: loaded when the first process of a runtime"),
             "{stderr}"
-        );
-        check(
-            &format!("{version}, walkers loaded later"),
-            prefix,
-            &out,
-            &run,
-            Some((to - from) / 1000),
         );
     }
     // --python-glue keeps the call machinery: on 3.10, between every two
