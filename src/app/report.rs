@@ -321,48 +321,73 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
         );
     }
     if c.unwoken > 0 && config.tracer.states {
+        let n = c.unwoken;
         eprintln!(
-            "WARNING: {} blocks ended without the kernel reporting their wake-up (sched_wakeup): \
-             their wait for a CPU is counted in the state they blocked in.",
-            c.unwoken
+            "WARNING: {n} {} without the kernel reporting {} wake-up (sched_wakeup): {} wait for \
+             a CPU is counted in the state {} blocked in.",
+            noun(n, "block ended", "blocks ended"),
+            noun(n, "its", "their"),
+            noun(n, "its", "their"),
+            noun(n, "it", "they"),
         );
     }
     if c.state_guessed > 0 && (config.tracer.states || config.tracer.state.is_some()) {
+        let n = c.state_guessed;
         eprintln!(
-            "WARNING: {} blocks began as another CPU was already waking their thread, and this \
-             hook does not say which state the thread blocked in: they are counted as sleeps \
-             (interruptible). The sched_switch tracepoint of Linux 5.18 and later says it.",
-            c.state_guessed
+            "WARNING: {n} {} as another CPU was already waking {} thread, and this hook does \
+             not say which state the thread blocked in: {} counted as {} (interruptible). The \
+             sched_switch tracepoint of Linux 5.18 and later says it.",
+            noun(n, "block began", "blocks began"),
+            noun(n, "its", "their"),
+            noun(n, "it is", "they are"),
+            noun(n, "a sleep", "sleeps"),
         );
     }
     if c.wakers_full > 0 {
+        let n = c.wakers_full;
         eprintln!(
-            "WARNING: {} wakers were not recorded because the table of wakers was full \
-             (shown as [Missed Waker]). Consider increasing --stack-storage-size.",
-            c.wakers_full
+            "WARNING: {n} {} not recorded because the table of wakers was full (shown as \
+             [Missed Waker]). Consider increasing --stack-storage-size.",
+            noun(n, "waker was", "wakers were"),
         );
     }
     if c.counts_full > 0 {
+        let n = c.counts_full;
         eprintln!(
-            "WARNING: {} blocks were not counted because the table of distinct stacks was full \
-             ({} entries, one per thread and pair of stacks: twice --stack-storage-size, at \
-             least 65536). Consider increasing --stack-storage-size.",
-            c.counts_full,
+            "WARNING: {n} {} not counted because the table of distinct stacks was full ({} \
+             entries, one per thread and pair of stacks: twice --stack-storage-size, at least \
+             65536). Consider increasing --stack-storage-size.",
+            noun(n, "block was", "blocks were"),
             crate::tracer::counts_capacity(config.tracer.stack_storage_size),
         );
     }
     if c.no_task_storage > 0 {
+        let n = c.no_task_storage;
         eprintln!(
-            "WARNING: {} blocks were not timed (no per-task storage could be allocated).",
-            c.no_task_storage
+            "WARNING: {n} {} not timed (no per-task storage could be allocated).",
+            noun(n, "block was", "blocks were"),
         );
     }
     if c.events_dropped > 0 && config.verbose {
+        let n = c.events_dropped;
         eprintln!(
-            "offcputime: {} new-process notifications were dropped; \
-             frames of processes that exited early may be unnamed",
-            c.events_dropped
+            "offcputime: {n} {} dropped; frames of processes that exited early may be unnamed",
+            noun(
+                n,
+                "new-process notification was",
+                "new-process notifications were"
+            ),
         );
+    }
+}
+
+/// `one` for a count of 1, else `many`: nouns (and their verbs) that agree
+/// with their numbers.
+fn noun(n: u64, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 {
+        one
+    } else {
+        many
     }
 }
 

@@ -78,23 +78,21 @@ const SYMBOLS: [&str; 5] = [
 /// symbol table has them.
 pub const GLUE: &[&str] = &[
     "_PyEval_Vector",
-    "_PyEval_EvalCode",
-    "_PyEval_EvalCodeWithName",
     "_PyFunction_Vectorcall",
     "_PyObject_VectorcallTstate",
-    "_PyObject_Vectorcall",
     "PyObject_Vectorcall",
     "_PyObject_FastCallDictTstate",
+    "_PyObject_MakeTpCall",
     "_PyObject_Call",
     "PyObject_Call",
     "_PyObject_Call_Prepend",
     "PyVectorcall_Call",
     "_PyVectorcall_Call",
     "method_vectorcall",
+    "slot_tp_call",
+    // Inlined in the builds tested; functions of their own elsewhere.
     "call_function",
     "do_call_core",
-    "function_code_fastcall",
-    "slot_tp_call",
 ];
 
 /// The [`GLUE`] functions of an interpreter's file, from its dynamic
@@ -147,7 +145,6 @@ pub fn inspect(file: &File, name: &str) -> Result<Option<Interpreter>> {
         }
     }
     let [runtime, eval, code_type, py_version, cold] = [0, 1, 2, 3, 4].map(|i| found[i]);
-    let glue = glue_functions(&elf, file);
     let Some(runtime) = runtime else {
         return Ok(None);
     };
@@ -159,6 +156,7 @@ pub fn inspect(file: &File, name: &str) -> Result<Option<Interpreter>> {
     };
     let range = |s: crate::elf::Symbol| (s.value, s.value.saturating_add(s.size));
     let segments = elf.load_segments(file)?;
+    let glue = glue_functions(&elf, file);
 
     let from_file = py_version
         .and_then(|s| read_at_vaddr(file, &segments, s.value, 8))

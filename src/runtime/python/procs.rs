@@ -194,12 +194,14 @@ impl PyObject {
             .any(|&(start, end)| offset >= start && offset <= end)
     }
 
-    /// Whether file offset `offset` (a return address: up to the end of
-    /// the function) is in the call machinery's code.
+    /// Whether file offset `offset`, a return address, is in the call
+    /// machinery's code: past a function's first byte (a return address
+    /// there is of a call that ended the function before), up to its end
+    /// (a call that ends the function).
     fn is_glue(&self, offset: u64) -> bool {
         self.glue
             .iter()
-            .any(|&(start, end)| offset >= start && offset <= end)
+            .any(|&(start, end)| offset > start && offset <= end)
     }
 }
 
@@ -499,7 +501,10 @@ impl Runtime for Pythons {
         if !matched {
             self.unmatched.set(self.unmatched.get() + 1);
         }
-        if self.keep_glue {
+        // (Where runs were left over, the native walk was cut short: the
+        // frames between them and the last placed run were never walked,
+        // and hiding the glue there would show them as caller and callee.)
+        if self.keep_glue || !matched {
             return frames;
         }
         let is_glue = |f: &Placed| match *f {
