@@ -95,18 +95,30 @@ pub const GLUE: &[&str] = &[
     "do_call_core",
 ];
 
+/// Fills the symbols of `names` not `found` yet from `table`, if it can
+/// be read (a table that cannot adds none).
+fn fill_missing(
+    found: &mut [Option<crate::elf::Symbol>],
+    elf: &Elf,
+    file: &File,
+    table: SymbolTable,
+    names: &[&str],
+) {
+    if let Ok(more) = elf.symbols(file, table, names) {
+        for (f, s) in found.iter_mut().zip(more) {
+            if f.is_none() {
+                *f = s;
+            }
+        }
+    }
+}
+
 /// The [`GLUE`] functions of an interpreter's file, from its dynamic
 /// and full symbol tables (a table that cannot be read adds none).
 fn glue_functions(elf: &Elf, file: &File) -> Vec<(u64, u64)> {
     let mut found = vec![None; GLUE.len()];
     for table in [SymbolTable::Dynamic, SymbolTable::Full] {
-        if let Ok(more) = elf.symbols(file, table, GLUE) {
-            for (f, s) in found.iter_mut().zip(more) {
-                if f.is_none() {
-                    *f = s;
-                }
-            }
-        }
+        fill_missing(&mut found, elf, file, table, GLUE);
     }
     found
         .into_iter()
@@ -137,13 +149,7 @@ pub fn inspect(file: &File, name: &str) -> Result<Option<Interpreter>> {
     }
     // The full table: the cold part (a local symbol), and whatever a file
     // that does not export them has there. A malformed one is no loss.
-    if let Ok(full) = elf.symbols(file, SymbolTable::Full, &SYMBOLS) {
-        for (f, s) in found.iter_mut().zip(full) {
-            if f.is_none() {
-                *f = s;
-            }
-        }
-    }
+    fill_missing(&mut found, &elf, file, SymbolTable::Full, &SYMBOLS);
     let [runtime, eval, code_type, py_version, cold] = [0, 1, 2, 3, 4].map(|i| found[i]);
     let Some(runtime) = runtime else {
         return Ok(None);
