@@ -311,14 +311,19 @@ fn take_snapshot(
     Ok(fall_back(taken?, unwinder))
 }
 
-/// The symbolizer of the frames, as `config` names them.
+/// The symbolizer of the frames, as `config` names them: kernel frames as
+/// the kernel prints them where it can, else from kallsyms.
 fn symbolizer_for(config: &Config) -> Symbolizer {
-    Symbolizer::new(SymbolizeOptions {
+    let symbolizer = Symbolizer::new(SymbolizeOptions {
         offsets: config.offsets,
         inline: config.inline,
         lines: config.lines,
         addresses: config.addresses,
-    })
+    });
+    if config.tracer.test.kallsyms_names {
+        return symbolizer;
+    }
+    symbolizer.with_kernel_namer(crate::tracer::kernel::name_kernel_addresses)
 }
 
 /// Start-up's fallback: where DWARF unwinding could not be set up (`why`

@@ -374,13 +374,17 @@ fn mutated_proc_texts_do_not_break_the_parsers() {
         7f3a10001200 40 Builtin:ArgumentsAdaptorTrampoline\n\
         7f3a10001240 ffff LazyCompile:~main node:internal/main:1:1\n"
         .to_vec();
+    // Kernel symbols as the kernel prints them for BPF (`%pS`).
+    let printed = b"schedule+0x5a/0xd0\next4_file_read_iter+0x1f/0x1c0 [ext4]\n\
+        bpf_prog_0123456789abcdef_sched+0x10/0x200\nnvme_poll+0x4/0x10 [nvme 0123abcd]\n"
+        .to_vec();
     let mut rng = Rng(seed ^ 0x5eed);
     let began = Instant::now();
     let mut n = 0u64;
     let budget = time / 4;
     while began.elapsed() < budget || n < 100 {
         n += 1;
-        for orig in [&maps, &kallsyms, &perf_map] {
+        for orig in [&maps, &kallsyms, &perf_map, &printed] {
             let mut d = orig.clone();
             for _ in 0..1 + rng.below(16) {
                 if d.is_empty() {
@@ -389,7 +393,7 @@ fn mutated_proc_texts_do_not_break_the_parsers() {
                 let at = rng.below(d.len() as u64) as usize;
                 match rng.below(4) {
                     0 => d[at] = rng.next() as u8,
-                    1 => d[at] = *rng.pick(b" \n-:0fx(\t"),
+                    1 => d[at] = *rng.pick(b" \n-:0fx(\t+/[]"),
                     2 => {
                         d.remove(at);
                     }
@@ -407,7 +411,13 @@ fn mutated_proc_texts_do_not_break_the_parsers() {
                     let _ = k.resolve(a);
                 }
             }
+            for line in text.lines() {
+                let _ = crate::ksyms::PrintedSym::parse(line);
+            }
         }
     }
-    eprintln!("fuzz: {n} mutated /proc/PID/maps, kallsyms and perf map texts (seed {seed})");
+    eprintln!(
+        "fuzz: {n} mutated /proc/PID/maps, kallsyms, printed kernel symbols and perf map texts \
+         (seed {seed})"
+    );
 }

@@ -229,6 +229,69 @@ impl KernelSymbols {
     }
 }
 
+/// A kernel symbol as the kernel prints one for an address (`%pS`, through
+/// a BPF program: [`crate::tracer`]'s `name_kernel_addresses`), owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrintedSym {
+    pub name: String,
+    /// From the start of the symbol to the address.
+    pub offset: u64,
+    /// The symbol's size as kallsyms has it (up to the next symbol).
+    pub size: u64,
+    /// The module (`ext4`), `bpf` for a BPF program or trampoline, `None`
+    /// for the kernel image, as [`KernelSym`]'s.
+    pub module: Option<String>,
+}
+
+impl PrintedSym {
+    /// Reads `name+0xoffset/0xsize`, then ` [module]` for a module's
+    /// symbol (` [module buildid]` with a build id). `None` where the
+    /// kernel printed the address itself (`0x...`: no symbol covers it) or
+    /// anything else.
+    pub fn parse(text: &str) -> Option<PrintedSym> {
+        let (sym, module) = match text.strip_suffix(']') {
+            Some(rest) => {
+                let (sym, module) = rest.rsplit_once(" [")?;
+                let module = module.split(' ').next()?;
+                if module.is_empty() {
+                    return None;
+                }
+                (sym, Some(module.to_string()))
+            }
+            None => (text, None),
+        };
+        let (name, place) = sym.rsplit_once("+0x")?;
+        let (offset, size) = place.split_once("/0x")?;
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return None;
+        }
+        let offset = u64::from_str_radix(offset, 16).ok()?;
+        let size = u64::from_str_radix(size, 16).ok()?;
+        let module = module.or_else(|| is_bpf_symbol(name).then(|| "bpf".to_string()));
+        Some(PrintedSym {
+            name: name.to_string(),
+            offset,
+            size,
+            module,
+        })
+    }
+}
+
+/// Whether `name` is one kallsyms puts in its `[bpf]` module: a program
+/// (`bpf_prog_TAG` or `bpf_prog_TAG_NAME`, the tag 16 hex digits) or a
+/// trampoline (`bpf_trampoline_KEY`). Kernel functions such as
+/// `bpf_prog_load` are not.
+fn is_bpf_symbol(name: &str) -> bool {
+    if let Some(rest) = name.strip_prefix("bpf_prog_") {
+        let tag = rest.get(..16).unwrap_or("");
+        return tag.len() == 16
+            && tag.bytes().all(|b| b.is_ascii_hexdigit())
+            && matches!(rest.as_bytes().get(16), None | Some(b'_'));
+    }
+    name.strip_prefix("bpf_trampoline_")
+        .is_some_and(|key| !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A kallsyms line's fields.
 /// Where interrupts enter the kernel and where softirqs are run, as
 /// address ranges: a wake-up from a stack that went through either is not

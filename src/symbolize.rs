@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::elf::Segment;
-use crate::ksyms::KernelSymbols;
+use crate::ksyms::{KernelSymbols, PrintedSym};
 pub use crate::process::registry::{ExecMapping, Registry, UserFrame};
 use crate::process::Proc;
 use crate::runtime::{Frame as RuntimeFrame, Kind};
@@ -96,7 +96,18 @@ pub enum AddrKind {
     Return,
 }
 
+/// Names kernel addresses as the kernel prints them (`None` where no symbol
+/// covers one); with none, says only whether it can. The BPF program that
+/// does it is the tracer's: given by the binary (`app`).
+pub type KernelNamer = fn(&[u64]) -> anyhow::Result<Vec<Option<PrintedSym>>>;
+
 pub struct Symbolizer {
+    /// Where kernel frames are named by the kernel itself, and what it
+    /// named so far (`-i` names the same frames again and again); kallsyms
+    /// is read only where it cannot.
+    kernel_namer: Option<KernelNamer>,
+    kernel_named: std::cell::RefCell<HashMap<u64, Option<Resolved>>>,
+    kernel_namer_failed: std::cell::Cell<bool>,
     /// The kernel's symbols, read on first use; `None` if they could not
     /// be.
     kernel: OnceCell<Option<KernelSymbols>>,
@@ -116,12 +127,22 @@ pub struct Symbolizer {
 impl Symbolizer {
     pub fn new(opts: SymbolizeOptions) -> Symbolizer {
         Symbolizer {
+            kernel_namer: None,
+            kernel_named: Default::default(),
+            kernel_namer_failed: std::cell::Cell::new(false),
             kernel: OnceCell::new(),
             kernel_coming: std::cell::RefCell::new(None),
             opts,
             hostile: std::cell::Cell::new(0),
             user_names_kept: None,
         }
+    }
+
+    /// Names kernel frames with `namer` where it can: kallsyms is read
+    /// only where it cannot.
+    pub fn with_kernel_namer(mut self, namer: KernelNamer) -> Symbolizer {
+        self.kernel_namer = Some(namer);
+        self
     }
 
     /// Keeps the names of user frames once found, for the profiles that
@@ -179,7 +200,7 @@ impl Symbolizer {
     /// that the report at the end does not wait for it, nor the first
     /// events of the trace (new processes wanting tables) for them.
     pub fn warm_up_kernel(&self) {
-        if self.kernel.get().is_some() {
+        if self.kernel.get().is_some() || self.kernel_namer.is_some_and(|name| name(&[]).is_ok()) {
             return;
         }
         let read = std::thread::Builder::new()
@@ -222,32 +243,77 @@ impl Symbolizer {
             .as_ref()
     }
 
-    /// Names of kernel frames, from kallsyms only: a vmlinux image's
-    /// DWARF would cost more than it adds for function names.
+    /// Names of kernel frames, from the kernel's symbols only (as the
+    /// kernel names them, or from kallsyms): a vmlinux image's DWARF would
+    /// cost more than it adds for function names.
     pub fn kernel(&self, addrs: &[(u64, AddrKind)]) -> HashMap<(u64, AddrKind), Vec<Named>> {
         if addrs.is_empty() {
             return HashMap::new();
         }
+        self.resolve(addrs, |lookup| self.kernel_resolved(lookup), |_| None)
+    }
+
+    /// Where the kernel names some but not others (its ftrace and kprobe
+    /// trampolines, which kallsyms lists apart), kallsyms names the rest.
+    fn kernel_resolved(&self, lookup: &[u64]) -> Vec<Option<Resolved>> {
+        let mut named = self
+            .named_by_kernel(lookup)
+            .unwrap_or_else(|| vec![None; lookup.len()]);
+        if named.iter().all(Option::is_some) {
+            return named;
+        }
         let table = self.kernel_symbols();
-        self.resolve(
-            addrs,
-            |lookup| {
-                lookup
-                    .iter()
-                    .map(|&addr| {
-                        let sym = table?.resolve(addr)?;
-                        Some(Resolved {
-                            name: sym.name.to_string(),
-                            offset: sym.offset,
-                            size: sym.size,
-                            module: Some(sym.module.unwrap_or("kernel").to_string()),
+        for (n, &addr) in named.iter_mut().zip(lookup) {
+            if n.is_none() {
+                *n = table.and_then(|t| kallsyms_resolved(t, addr));
+            }
+        }
+        named
+    }
+
+    /// The symbols of `lookup` as the kernel names them, those not named
+    /// before named now; `None` where it cannot (then and from then on:
+    /// kallsyms is read instead, which names them the same).
+    fn named_by_kernel(&self, lookup: &[u64]) -> Option<Vec<Option<Resolved>>> {
+        let namer = self.kernel_namer?;
+        if self.kernel_namer_failed.get() {
+            return None;
+        }
+        let mut named = self.kernel_named.borrow_mut();
+        let missing: Vec<u64> = {
+            let mut seen = HashSet::new();
+            lookup
+                .iter()
+                .copied()
+                .filter(|a| !named.contains_key(a) && seen.insert(*a))
+                .collect()
+        };
+        if !missing.is_empty() {
+            match namer(&missing) {
+                Ok(syms) if syms.len() == missing.len() => {
+                    named.extend(missing.into_iter().zip(syms).map(|(addr, sym)| {
+                        let resolved = sym.map(|s| Resolved {
+                            name: s.name,
+                            offset: s.offset,
+                            size: Some(s.size),
+                            module: Some(s.module.unwrap_or_else(|| "kernel".to_string())),
                             location: String::new(),
                             inlined: Vec::new(),
-                        })
-                    })
-                    .collect()
-            },
-            |_| None,
+                        });
+                        (addr, resolved)
+                    }))
+                }
+                _ => {
+                    self.kernel_namer_failed.set(true);
+                    return None;
+                }
+            }
+        }
+        Some(
+            lookup
+                .iter()
+                .map(|a| named.get(a).cloned().flatten())
+                .collect(),
         )
     }
 
@@ -490,6 +556,19 @@ impl Symbolizer {
         }
         out
     }
+}
+
+/// The symbol at `addr` in kallsyms, as a resolved frame.
+fn kallsyms_resolved(table: &KernelSymbols, addr: u64) -> Option<Resolved> {
+    let sym = table.resolve(addr)?;
+    Some(Resolved {
+        name: sym.name.to_string(),
+        offset: sym.offset,
+        size: sym.size,
+        module: Some(sym.module.unwrap_or("kernel").to_string()),
+        location: String::new(),
+        inlined: Vec::new(),
+    })
 }
 
 fn blazesym_symbolizer(opts: SymbolizeOptions) -> blazesym::symbolize::Symbolizer {

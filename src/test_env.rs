@@ -66,6 +66,10 @@ pub struct TestEnv {
     /// `OFFCPUTIME_TEST_NO_KSTACK_WALK`: kernel stacks of threads not
     /// running from the kernel's helper alone, as before the ORC walk.
     pub no_kstack_walk: bool,
+    /// `OFFCPUTIME_TEST_KALLSYMS`: kernel frames named from
+    /// `/proc/kallsyms`, as on kernels that cannot name them for BPF
+    /// (before 5.14).
+    pub kallsyms_names: bool,
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of every
     /// program loaded, on stderr.
     pub verifier_stats: bool,
@@ -104,6 +108,7 @@ impl TestEnv {
             no_file_tables: set("OFFCPUTIME_NO_FILE_TABLES"),
             kstack_check: set("OFFCPUTIME_TEST_KSTACK_CHECK"),
             no_kstack_walk: set("OFFCPUTIME_TEST_NO_KSTACK_WALK"),
+            kallsyms_names: set("OFFCPUTIME_TEST_KALLSYMS"),
             verifier_stats: set("OFFCPUTIME_VERIFIER_STATS"),
             stats_interval: var("OFFCPUTIME_STATS_INTERVAL")
                 .and_then(|v| v.trim().parse::<f64>().ok())
@@ -139,6 +144,7 @@ mod tests {
         assert!(env.fail_tp_btf);
         assert!(env.no_file_tables && env.verifier_stats);
         assert!(env.kstack_check && env.no_kstack_walk && env.spill_stacks);
+        assert!(env.kallsyms_names);
         assert_eq!(env.drop_switch_in, 20);
         assert_eq!(env.runtimes_at_start, Some(false));
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));

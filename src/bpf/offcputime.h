@@ -496,11 +496,14 @@ enum unwind_limits {
  * follows what is in use, not the most that could be.  Row i is entry
  * i % UNWIND_ROWS_PER_CHUNK of chunk i / UNWIND_ROWS_PER_CHUNK.
  */
-/* src/bpf/ksyms.bpf.c: the names looked up in one run, and the room for
- * each ("module:symbol" fits: module names are at most 55 bytes). */
+/* src/bpf/ksyms.bpf.c: the names (or addresses) looked up in one run, the
+ * room for each name ("module:symbol" fits: module names are at most 55
+ * bytes), and for each symbol printed ("name+0xoffset/0xsize [module]",
+ * names of up to KSYM_NAME_LEN, 512 bytes, since Linux 6.1). */
 enum ksym_batch {
 	KSYM_BATCH = 64,
 	KSYM_NAME_BYTES = 128,
+	KSYM_TEXT_BYTES = 640,
 };
 
 enum unwind_chunks {

@@ -389,3 +389,63 @@ fn a_whole_stack_agrees_with_the_kernels_walk_without_scheduler_frames() {
     assert!(!orc.agrees(&[sched, b, a], &[a, b]));
     assert!(!orc.agrees(&[sched, a, b], &[sched, a, b]));
 }
+
+#[test]
+fn symbols_as_the_kernel_prints_them() {
+    let p = |t: &str| PrintedSym::parse(t);
+    assert_eq!(
+        p("schedule+0x5a/0xd0"),
+        Some(PrintedSym {
+            name: "schedule".into(),
+            offset: 0x5a,
+            size: 0xd0,
+            module: None
+        })
+    );
+    let m = p("ext4_file_read_iter+0x1f/0x1c0 [ext4]").unwrap();
+    assert_eq!(
+        (m.name.as_str(), m.module.as_deref()),
+        ("ext4_file_read_iter", Some("ext4"))
+    );
+    // With a build id (`%pSb`), the module alone.
+    let b = p("nvme_poll+0x4/0x10 [nvme 0123abcd]").unwrap();
+    assert_eq!(b.module.as_deref(), Some("nvme"));
+    // Names with dots, and a `+` of their own before the offset.
+    assert_eq!(p("foo.cold+0x0/0x20").unwrap().name, "foo.cold");
+    // BPF programs and trampolines go in `[bpf]`, as kallsyms has them;
+    // kernel functions about BPF do not.
+    let prog = p("bpf_prog_0123456789abcdef_sched_switch+0x10/0x200").unwrap();
+    assert_eq!(prog.module.as_deref(), Some("bpf"));
+    assert_eq!(
+        p("bpf_prog_0123456789abcdef+0x0/0x8")
+            .unwrap()
+            .module
+            .as_deref(),
+        Some("bpf")
+    );
+    assert_eq!(
+        p("bpf_trampoline_6442+0x3/0x100")
+            .unwrap()
+            .module
+            .as_deref(),
+        Some("bpf")
+    );
+    assert_eq!(p("bpf_prog_load+0x10/0x900").unwrap().module, None);
+    assert_eq!(
+        p("bpf_prog_0123456789abcdefg+0x0/0x8").unwrap().module,
+        None
+    );
+    // No symbol: the address itself. Anything else: nothing.
+    for bad in [
+        "0xffffffffc0001234",
+        "",
+        "schedule",
+        "+0x1/0x2",
+        "a+0x1",
+        "a+0xzz/0x2",
+        "a+0x1/0x2 []",
+        "a+0x1/0x2 [m",
+    ] {
+        assert_eq!(p(bad), None, "{bad:?}");
+    }
+}

@@ -3,7 +3,7 @@
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::ProgramType;
 
-use crate::ksyms::KernelOrc;
+use crate::ksyms::{KernelOrc, PrintedSym};
 
 /// Whether the kernel lacks `bpf_loop` (Linux 5.17), which the DWARF
 /// unwinder and the default programs need: the programs built for older
@@ -59,6 +59,7 @@ pub fn lookup_symbols(names: &[String]) -> anyhow::Result<Option<Vec<Option<u64>
     // Nothing to report when it does not load (an older kernel): kallsyms
     // is read instead.
     open.progs.lookup_ksyms.set_log_level(0);
+    open.progs.name_ksyms.set_autoload(false);
     let mut skel = open.load().context("failed to load the symbol lookup")?;
     let mut out = Vec::with_capacity(names.len());
     let batch_len = skel
@@ -112,6 +113,85 @@ pub fn lookup_symbols(names: &[String]) -> anyhow::Result<Option<Vec<Option<u64>
         }
     }
     Ok(Some(out))
+}
+
+/// Names kernel addresses as the kernel prints a symbol (`%pS`), by a BPF
+/// program run over them in batches (`src/bpf/ksyms.bpf.c`): the report's
+/// kernel frames without reading `/proc/kallsyms` whole (30 to 50 ms of
+/// the kernel's time, and megabytes to keep it). `None` where no symbol
+/// covers an address. With no addresses, only says whether this kernel
+/// can (Linux 5.14: syscall programs and `bpf_snprintf`), without loading
+/// anything. Errs where it cannot, or this process may not: kallsyms is
+/// read instead.
+pub fn name_kernel_addresses(addrs: &[u64]) -> anyhow::Result<Vec<Option<PrintedSym>>> {
+    use crate::ksyms_bpf::KsymsSkelBuilder;
+    use anyhow::Context;
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    let syscall = ProgramType::Syscall;
+    if !matches!(syscall.is_supported(), Ok(true))
+        || !matches!(
+            syscall.is_helper_supported(libbpf_sys::BPF_FUNC_snprintf),
+            Ok(true)
+        )
+    {
+        anyhow::bail!("this kernel cannot name its symbols for BPF (Linux 5.14)");
+    }
+    if addrs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut object = std::mem::MaybeUninit::uninit();
+    let mut open = KsymsSkelBuilder::default()
+        .open(&mut object)
+        .context("failed to open the symbol naming")?;
+    open.progs.lookup_ksyms.set_autoload(false);
+    open.progs.name_ksyms.set_log_level(0);
+    let mut skel = open.load().context("failed to load the symbol naming")?;
+    let mut out = Vec::with_capacity(addrs.len());
+    let batch_len = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .map(|b| b.kaddr_in.len())
+        .filter(|&n| n > 0)
+        .context("the symbol naming has no room for addresses")?;
+    for batch in addrs.chunks(batch_len) {
+        {
+            let bss = skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .context("the symbol naming has no .bss")?;
+            bss.kaddr_in[..batch.len()].copy_from_slice(batch);
+            bss.kaddr_count = batch.len() as u32;
+        }
+        skel.progs
+            .name_ksyms
+            .test_run(libbpf_rs::ProgramInput::default())
+            .context("failed to run the symbol naming")?;
+        let bss = skel
+            .maps
+            .bss_data
+            .as_deref()
+            .context("the symbol naming has no .bss")?;
+        for i in 0..batch.len() {
+            // SAFETY: the mapped .bss, which the program has written.
+            let (len, text) = unsafe {
+                (
+                    std::ptr::read_volatile(&bss.kaddr_lens[i]),
+                    std::ptr::read_volatile(&bss.kaddr_text[i]),
+                )
+            };
+            // An error, or a name cut short: not a wrong name, none.
+            let whole = usize::try_from(len)
+                .ok()
+                .filter(|&n| (1..=text.len()).contains(&n));
+            out.push(whole.and_then(|n| {
+                let bytes: Vec<u8> = text[..n - 1].iter().map(|&c| c as u8).collect();
+                PrintedSym::parse(std::str::from_utf8(&bytes).ok()?)
+            }));
+        }
+    }
+    Ok(out)
 }
 
 /// The kernel's release, as `uname -r` prints it.
@@ -229,6 +309,88 @@ pub fn check_environment() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel names its symbols as kallsyms has them: the same
+    /// function, offset and module for addresses all over the kernel image
+    /// and its modules, each at a few offsets into its function.
+    #[test]
+    fn the_kernel_names_its_symbols_as_kallsyms_has_them() {
+        let table = crate::ksyms::KernelSymbols::load().unwrap();
+        let ci = std::env::var("CI").as_deref() == Ok("true");
+        let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        // Functions' addresses, and whether each is a module's.
+        let mut starts: Vec<(u64, bool)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                matches!(f.next()?, "t" | "T").then_some(())?;
+                let module = f.nth(1).is_some_and(|m| !m.starts_with("[__builtin__"));
+                Some((addr, module))
+            })
+            .filter(|&(a, _)| a != 0)
+            .collect();
+        if starts.len() < 1000 || name_kernel_addresses(&[]).is_err() {
+            let why = "kallsyms shows no addresses, or this kernel cannot name them (run as root on 5.14 or later)";
+            assert!(!ci, "{why}");
+            println!("skipped: {why}");
+            return;
+        }
+        starts.sort_unstable();
+        let in_modules = starts.iter().filter(|s| s.1).count();
+        let step = (starts.len() / 1000).max(1);
+        let mut addrs = Vec::new();
+        // About 1000 functions over all, and up to 200 modules' besides.
+        let module_step = (in_modules / 200).max(1);
+        let sampled = (0..starts.len()).step_by(step).chain(
+            (0..starts.len())
+                .filter(|&i| starts[i].1)
+                .step_by(module_step),
+        );
+        for i in sampled {
+            let start = starts[i].0;
+            let next = starts.get(i + 1).map_or(start + 1, |n| n.0);
+            for off in [0, 1, 0x13] {
+                if start + off < next {
+                    addrs.push(start + off);
+                }
+            }
+        }
+        let named = name_kernel_addresses(&addrs).unwrap();
+        assert_eq!(named.len(), addrs.len());
+        let (mut agreed, mut modules) = (0, 0);
+        for (&addr, ours) in addrs.iter().zip(&named) {
+            let Some(theirs) = table.resolve(addr) else {
+                continue;
+            };
+            // The kernel does not look its ftrace and kprobe trampolines
+            // up by address (kallsyms lists them apart): the symbolizer
+            // reads kallsyms for those.
+            let Some(ours) = ours else {
+                assert!(
+                    theirs.module.is_some_and(|m| m.starts_with("__builtin__")),
+                    "{addr:#x}: not named, kallsyms has {theirs:?}"
+                );
+                continue;
+            };
+            assert_eq!(
+                (ours.name.as_str(), ours.offset, ours.module.as_deref()),
+                (theirs.name, theirs.offset, theirs.module),
+                "{addr:#x}"
+            );
+            assert!(ours.size > ours.offset, "{addr:#x}: {ours:?}");
+            agreed += 1;
+            modules += usize::from(ours.module.is_some());
+        }
+        assert!(agreed > 2000, "{agreed} of {} compared", addrs.len());
+        assert!(
+            modules >= in_modules.min(100),
+            "{modules} in modules, of {in_modules}"
+        );
+        println!("{agreed} addresses named alike, {modules} in modules ({in_modules} modules' functions)");
+        // Outside every symbol: nothing.
+        assert_eq!(name_kernel_addresses(&[1]).unwrap(), [None]);
+    }
 
     #[test]
     fn reads_versions_from_releases() {
