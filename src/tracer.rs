@@ -695,7 +695,11 @@ impl<'obj> Tracer<'obj> {
     ) -> Result<()> {
         let pending = std::cell::RefCell::new(self.events_left.take());
         let stacks = std::cell::RefCell::new(Vec::<RawUserStack>::new());
-        let ringbuf = self.news_rings(&pending, &stacks)?;
+        // The ring of copied stacks is mapped only once it holds some: its
+        // 8 MiB, mapped twice over by the kernel, would be most of the
+        // profiler's resident memory, and most traces copy none.
+        let mut copies_mapped = self.copies_waiting();
+        let mut ringbuf = self.news_rings(&pending, &stacks, copies_mapped)?;
         let (mut busy, mut more) = (false, !pending.borrow().is_empty());
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -726,6 +730,12 @@ impl<'obj> Tracer<'obj> {
                 wait_readable(ringbuf.epoll_fd(), timeout)
                     .context("failed to poll the event ring buffer")?;
             }
+            // A process's first copies come with the news of it, which
+            // wakes this wait; the ring is mapped from then on.
+            if !copies_mapped && self.copies_waiting() {
+                copies_mapped = true;
+                ringbuf = self.news_rings(&pending, &stacks, true)?;
+            }
             let taken = ringbuf.consume_raw_n(RECORDS_PER_ROUND);
             if taken < 0 && taken != -libc::EINTR {
                 return Err(std::io::Error::from_raw_os_error(-taken))
@@ -743,12 +753,32 @@ impl<'obj> Tracer<'obj> {
         Ok(())
     }
 
+    /// Whether the ring of copied stacks holds any (asked of the kernel,
+    /// without mapping the ring).
+    fn copies_waiting(&self) -> bool {
+        use std::os::fd::{AsFd, AsRawFd};
+        if !self.deferring {
+            return false;
+        }
+        let mut fd = libc::pollfd {
+            fd: self.skel.maps.deferred_stacks.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, as said; no wait.
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        // Where the kernel cannot say, the ring is mapped and read.
+        n != 0 && (n < 0 || fd.revents != 0)
+    }
+
     /// The rings of the program's news: events go to `pending`, copied
-    /// stacks to `stacks` (a round takes the events first).
+    /// stacks to `stacks` (a round takes the events first); the copies'
+    /// ring only `with_copies`.
     fn news_rings<'a>(
         &'a self,
         pending: &'a std::cell::RefCell<Vec<TaskEvent>>,
         stacks: &'a std::cell::RefCell<Vec<RawUserStack>>,
+        with_copies: bool,
     ) -> Result<libbpf_rs::RingBuffer<'a>> {
         let mut builder = RingBufferBuilder::new();
         builder
@@ -759,7 +789,7 @@ impl<'obj> Tracer<'obj> {
                 0
             })
             .context("failed to set up the event ring buffer")?;
-        if self.deferring {
+        if self.deferring && with_copies {
             builder
                 .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
                     if let Some(s) = RawUserStack::parse(data) {
@@ -784,7 +814,7 @@ impl<'obj> Tracer<'obj> {
     ) -> Result<()> {
         let pending = std::cell::RefCell::new(self.events_left.take());
         let stacks = std::cell::RefCell::new(self.deferred_left.take());
-        self.news_rings(&pending, &stacks)?
+        self.news_rings(&pending, &stacks, self.copies_waiting())?
             .consume()
             .context("failed to read the event ring buffer")?;
         crate::priority::Lookout::news_taken();
@@ -797,7 +827,7 @@ impl<'obj> Tracer<'obj> {
     /// waits).
     pub fn take_deferred(&self) -> Result<Vec<RawUserStack>> {
         let mut stacks = self.deferred_left.take();
-        if !self.deferring {
+        if !self.copies_waiting() {
             return Ok(stacks);
         }
         let mut builder = RingBufferBuilder::new();
