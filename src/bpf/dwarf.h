@@ -913,6 +913,23 @@ static __always_inline __u32 walk_user(struct unwind_state *u, struct task_struc
  */
 #define TASK_READ(trusted, t, field) ((trusted) ? (t)->field : BPF_CORE_READ(t, field))
 
+/*
+ * `t`, a task the program may load through (see TASK_READ), as a pointer
+ * the verifier no longer trusts (bpf_rdonly_cast(), 6.2 on; else `t`
+ * itself), to walk from it to another object (group_leader, mm): the loads
+ * are the same, guarded the same way, but the verifier does not look up
+ * whether the pointer loaded is one it trusts (6.4 on: up to four linear
+ * searches of the kernel's BTF, some 100k types, at each load it checks,
+ * a fourth of the switch hook's verification on 6.18).  The cast costs
+ * nothing: the verifier turns the call into a move.
+ */
+static __always_inline struct task_struct *task_to_walk(struct task_struct *t)
+{
+	if (bpf_ksym_exists(bpf_rdonly_cast))
+		return bpf_core_cast(t, struct task_struct);
+	return t;
+}
+
 /* Where `task` entered the kernel from user space: its pc, sp and bp
  * (read at the fixed offsets of struct pt_regs, see vmlinux.h). */
 static __always_inline int read_user_regs(struct task_struct *task, struct unwind_state *u)
@@ -944,14 +961,14 @@ static __always_inline __u64 task_address_space(struct task_struct *task, __u64 
 {
 	struct mm_struct *mm = BPF_CORE_READ(task, mm);
 
-	*exec_vm = !mm ? 0 : trusted ? task->mm->exec_vm : BPF_CORE_READ(mm, exec_vm);
+	*exec_vm = !mm ? 0 : trusted ? task_to_walk(task)->mm->exec_vm : BPF_CORE_READ(mm, exec_vm);
 	return (__u64)mm;
 }
 
 /* When the process of `t` started (see process_start()). */
 static __always_inline __u64 task_process_start(struct task_struct *t, bool trusted)
 {
-	return trusted ? t->group_leader->start_boottime
+	return trusted ? task_to_walk(t)->group_leader->start_boottime
 		       : BPF_CORE_READ(t, group_leader, start_boottime);
 }
 
