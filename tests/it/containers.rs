@@ -641,6 +641,53 @@ fn cgroup_on_every_hook() {
     if has_kprobes() {
         check("finish-task-switch");
     }
+    // The cgroup2 mount's root, which holds every task, and a cgroup one
+    // level below it (the test's own tree): the walk up a task's cgroups
+    // reaches both, on every hook.
+    let mount = tree.mount.to_str().unwrap().to_string();
+    let first_level = tree.root.to_str().unwrap().to_string();
+    for hook in hooks.clone() {
+        let out = profile(&[
+            "-f",
+            "--per-container",
+            "--hook",
+            &hook,
+            "--cgroup",
+            &mount,
+            "1",
+        ]);
+        let lines = parse_folded(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let all = roots(&lines);
+        assert!(
+            all.contains(&frame(ID_A)) && all.contains(&frame(ID_B)),
+            "{hook}: --cgroup of the root: {all:?}\n{stderr}"
+        );
+        // The workload outside the pod, in no container.
+        let outside_pod = |l: &Folded| {
+            l.frames[0] == "[no container]"
+                && l.frames.get(1).is_some_and(|c| STUCK.contains(&c.as_str()))
+        };
+        assert!(
+            lines.iter().any(outside_pod),
+            "{hook}: --cgroup of the root misses a process outside the pod\n{stderr}"
+        );
+        let out = profile(&[
+            "-f",
+            "--per-container",
+            "--hook",
+            &hook,
+            "--cgroup",
+            &first_level,
+            "1",
+        ]);
+        let lines = parse_folded(&out.stdout);
+        assert_eq!(
+            roots(&lines),
+            [frame(ID_A), frame(ID_B)].into_iter().collect(),
+            "{hook}: --cgroup of a first-level cgroup"
+        );
+    }
 
     let snap = profile(&["--snapshot", "-f", "--per-container", "--cgroup", pod_arg]);
     let lines = parse_folded(&snap.stdout);
@@ -662,7 +709,8 @@ fn cgroup_on_every_hook() {
     );
     drop(outside);
     eprintln!(
-        "matrix: cgroup on {}, --snapshot, --wakers: the pod's threads only",
+        "matrix: cgroup on {}, --snapshot, --wakers: the pod's threads only; the root and a \
+         first-level cgroup",
         hooks.join(", ")
     );
 }

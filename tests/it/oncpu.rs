@@ -356,6 +356,52 @@ fn running_and_waiting_add_up_to_the_window() {
     }
 }
 
+/// `--on-cpu` with the profiler stopped (SIGSTOP) from 0.3 s before its
+/// deadline to 0.6 s after it, while the spinner and the duty thread run:
+/// runs under way at the window's end are always there when the profiler
+/// reads them, late. Each is cut at the end: every thread's running and
+/// off-CPU time is the window, its running time the kernel's.
+#[test]
+fn runs_under_way_at_a_late_end_are_cut_at_it() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let w = start(dir.path());
+    let tids: Vec<u32> = THREADS.iter().map(|t| w.tids[*t]).collect();
+    let cpu = CpuClock::start(w.pid, &tids);
+    let pid = w.pid.to_string();
+    let (out, _, _) = profile_during(&["--on-cpu", "-f", "-p", &pid, "3"], |profiler| {
+        let at = std::time::Instant::now();
+        let signal = |sig: i32, after_ms: u64| {
+            std::thread::sleep(
+                std::time::Duration::from_millis(after_ms).saturating_sub(at.elapsed()),
+            );
+            // SAFETY: plain kill(2) of a child of this test.
+            unsafe { libc::kill(profiler as i32, sig) };
+        };
+        signal(libc::SIGSTOP, 2700);
+        signal(libc::SIGCONT, 3600);
+    });
+    let cpu = cpu.finish();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, from, to) = verbose_window(&stderr);
+    let lines = parse_folded(&out.stdout);
+    let by = split_by_command(&lines);
+    assert!(
+        by.get("oc-spinner").is_some_and(|s| s.0 > 1_000_000),
+        "the spinner ran: {by:?}\n{stderr}"
+    );
+    check_threads(
+        &lines,
+        Some((&cpu, &THREADS)),
+        (from, to),
+        0.005,
+        "stopped across the deadline: ",
+    );
+}
+
 /// The kernel matrix's `oncpu` cell: on every hook (and with -i on the
 /// tracepoints), every thread's running + off-CPU time is the window, the
 /// spinner's running time is in its functions.
