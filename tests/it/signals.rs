@@ -3,8 +3,11 @@
 //! The `signals` workload (`tests/workloads/signals.c`), built without
 //! frame pointers, has threads blocked inside signal handlers: on the
 //! thread's stack and on an alternate signal stack (`SA_ONSTACK`), each
-//! interrupted in a spin loop of its own functions; and the main thread in
-//! a handler of a signal it raised itself. Two of them block again and
+//! interrupted in a spin loop of its own functions; two interrupted by a
+//! fault where a return address never points, at the first instruction of
+//! a function and at the first instruction of a later unwind rule (its
+//! interrupted pc must be looked up as it is, not one byte earlier); and
+//! the main thread in a handler of a signal it raised itself. Two of them block again and
 //! again (their stacks are walked at switch-out), two only once, before the
 //! profiler starts (walked by the start iterator, in another task).
 //!
@@ -39,6 +42,8 @@ const THREADS: &[&str] = &[
     "alt_sleeper",
     "sig_reader",
     "alt_reader",
+    "entry_fault",
+    "rule_fault",
     "signals",
 ];
 

@@ -14,6 +14,17 @@
  *   sig_reader    SIGRTMIN     the thread's        read() of a pipe, forever
  *   alt_reader    SIGRTMIN+1   sigaltstack         read() of a pipe, forever
  *   main thread   SIGUSR1      its own             nanosleep, every 20 ms
+ *   entry_fault   SIGSEGV      the thread's        nanosleep, every 20 ms
+ *   rule_fault    SIGSEGV      the thread's        nanosleep, every 20 ms
+ *
+ * The two faulting threads are interrupted where a return address never
+ * points: entry_fault at the first instruction of a function
+ * (fault_at_entry), rule_fault at the first instruction after a push
+ * (fault_after_push), where the unwind rule changes. Their interrupted pc
+ * must be looked up as it is: looked up one byte earlier (as a return
+ * address is), entry_fault's lands in the function laid out before
+ * (behind_fault_entry, whose last byte has another rule) and rule_fault's
+ * in the push, and either caller is then wrong.
  *
  * The readers block once, before the profiler starts: only its start
  * iterator sees them.  The main thread raises its signal itself (raise()),
@@ -173,6 +184,98 @@ NOINLINE void *alt_reader_main(void *arg)
     (void)arg;
     setup("alt_reader", 1);
     spin1();
+    return NULL;
+}
+
+/*
+ * The faulting functions, in assembly so that their layout and unwind
+ * rules are known: each loads from address 0. behind_fault_entry is never
+ * called; it is laid out right before fault_at_entry, and its last byte's
+ * rule (the CFA 16 bytes above the stack pointer) is not fault_at_entry's
+ * first (8 bytes above).
+ */
+__asm__(".text\n"
+        ".globl behind_fault_entry\n"
+        ".type behind_fault_entry, @function\n"
+        "behind_fault_entry:\n"
+        ".cfi_startproc\n"
+        "\tpushq %rbx\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        ".cfi_offset %rbx, -16\n"
+        "\tud2\n"
+        ".cfi_endproc\n"
+        ".size behind_fault_entry, .-behind_fault_entry\n"
+        ".globl fault_at_entry\n"
+        ".type fault_at_entry, @function\n"
+        "fault_at_entry:\n"
+        ".cfi_startproc\n"
+        "\tmovq 0, %rax\n"
+        "\tret\n"
+        ".cfi_endproc\n"
+        ".size fault_at_entry, .-fault_at_entry\n"
+        ".globl fault_after_push\n"
+        ".type fault_after_push, @function\n"
+        "fault_after_push:\n"
+        ".cfi_startproc\n"
+        "\tpushq %rbx\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        ".cfi_offset %rbx, -16\n"
+        "\tmovq 0, %rax\n"
+        "\tpopq %rbx\n"
+        ".cfi_adjust_cfa_offset -8\n"
+        ".cfi_restore %rbx\n"
+        "\tret\n"
+        ".cfi_endproc\n"
+        ".size fault_after_push, .-fault_after_push\n");
+
+void fault_at_entry(void);
+void fault_after_push(void);
+
+NOINLINE void on_fault_signal(int sig)
+{
+    (void)sig;
+    __atomic_add_fetch(&handling, 1, __ATOMIC_SEQ_CST);
+    handler_sleep1();
+    sink++;
+}
+
+NOINLINE void entry_fault2(void)
+{
+    fault_at_entry();
+    sink++;
+}
+
+NOINLINE void entry_fault1(void)
+{
+    entry_fault2();
+    sink++;
+}
+
+NOINLINE void rule_fault2(void)
+{
+    fault_after_push();
+    sink++;
+}
+
+NOINLINE void rule_fault1(void)
+{
+    rule_fault2();
+    sink++;
+}
+
+NOINLINE void *entry_fault_main(void *arg)
+{
+    (void)arg;
+    setup("entry_fault", 0);
+    entry_fault1();
+    return NULL;
+}
+
+NOINLINE void *rule_fault_main(void *arg)
+{
+    (void)arg;
+    setup("rule_fault", 0);
+    rule_fault1();
     return NULL;
 }
 
@@ -345,6 +448,13 @@ int main(int argc, char **argv)
             die("pthread_kill");
         wait_for(&handling, i + 1);
     }
+    handle(SIGSEGV, on_fault_signal, 0);
+    if (pthread_create(&t[0], NULL, entry_fault_main, NULL))
+        die("pthread_create");
+    wait_for(&handling, 5);
+    if (pthread_create(&t[0], NULL, rule_fault_main, NULL))
+        die("pthread_create");
+    wait_for(&handling, 6);
     printf("%d\n", getpid());
     fflush(stdout);
     main_level1();
