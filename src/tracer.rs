@@ -280,7 +280,8 @@ pub struct Tracer<'obj> {
     /// The switch hook and the hooks beside it; its object created the
     /// maps (and maps the global variables in memory).
     skel: OffcputimeSkel<'obj>,
-    /// The start, end and interval iterators, on those maps.
+    /// The start and interval iterators, on those maps (the end iterator
+    /// loads beside the switch hook: see [`Role::part`]).
     iterators: OffcputimeSkel<'obj>,
     /// The programs loaded when first needed (see [`Part::Later`]).
     later: std::cell::RefCell<Later<'obj>>,
@@ -700,6 +701,9 @@ impl<'obj> Tracer<'obj> {
         // profiler's resident memory, and most traces copy none.
         let mut copies_mapped = self.copies_waiting();
         let mut ringbuf = self.news_rings(&pending, &stacks, copies_mapped)?;
+        if !copies_mapped {
+            self.wake_on_copies(ringbuf.epoll_fd())?;
+        }
         let (mut busy, mut more) = (false, !pending.borrow().is_empty());
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -750,6 +754,27 @@ impl<'obj> Tracer<'obj> {
         }
         self.deferred_left.borrow_mut().extend(stacks.take());
         self.events_left.borrow_mut().extend(pending.take());
+        Ok(())
+    }
+
+    /// Wakes a wait on `epoll` once the ring of copied stacks holds any, as
+    /// when it is mapped and read (the kernel polls the ring without its
+    /// mapping): copies wait no longer for it.
+    fn wake_on_copies(&self, epoll: i32) -> Result<()> {
+        use std::os::fd::{AsFd, AsRawFd};
+        if !self.deferring {
+            return Ok(());
+        }
+        let fd = self.skel.maps.deferred_stacks.as_fd().as_raw_fd();
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: u64::MAX,
+        };
+        // SAFETY: an epoll instance and a descriptor of ours, one event.
+        if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &mut event) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .context("failed to watch the ring of copied stacks");
+        }
         Ok(())
     }
 
@@ -890,15 +915,24 @@ impl<'obj> Tracer<'obj> {
             kernel::wait_for_running_hooks();
         }
         if let Some(kstacks) = self.plan.program(Role::EndKernelStacks) {
-            let kstacks = program_of(&self.iterators, kstacks)?;
+            let kstacks = program_of(self.object_of(Role::EndKernelStacks), kstacks)?;
             run_iterator(&kstacks).context("failed to run the end iterator of kernel stacks")?;
         }
         let end = self
             .plan
             .program(Role::End)
             .ok_or_else(|| anyhow!("no end iterator"))?;
-        let flush = program_of(&self.iterators, end)?;
+        let flush = program_of(self.object_of(Role::End), end)?;
         run_iterator(&flush).context("failed to run the end iterator")
+    }
+
+    /// The object the program of `role` loaded in (the later object's
+    /// programs are run by it, not through here).
+    fn object_of(&self, role: Role) -> &OffcputimeSkel<'obj> {
+        match role.part() {
+            Part::Hooks => &self.skel,
+            Part::Iterators | Part::Later => &self.iterators,
+        }
     }
 
     /// `-i`: counts the blocks under way up to `end_ns`, the end of an
@@ -914,7 +948,7 @@ impl<'obj> Tracer<'obj> {
             .plan
             .program(Role::Cut)
             .ok_or_else(|| anyhow!("no interval iterator"))?;
-        let cut = program_of(&self.iterators, cut)?;
+        let cut = program_of(self.object_of(Role::Cut), cut)?;
         run_iterator(&cut).context("failed to run the interval iterator")
     }
 
