@@ -12,7 +12,7 @@ use clap::Parser;
 use crate::cli::{check_targets, Args, Config, Format, SnapshotConfig};
 use crate::deferred::Deferred;
 use crate::output::sink::Sink;
-use crate::output::{folded, pprof, speedscope, svg, text};
+use crate::output::{folded, otlp, pprof, speedscope, svg, text};
 use crate::process::Proc;
 use crate::process::Registry;
 use crate::profile::{self, Profile};
@@ -368,6 +368,7 @@ fn render(
         Format::Svg(o) => svg::write(profile, config.shape, o, out),
         Format::Pprof(o) => pprof::write(profile, config.shape, o, out),
         Format::Speedscope(o) => speedscope::write(profile, config.shape, o, out),
+        Format::Otlp(o) => otlp::write(profile, config.shape, o, out),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 
+use crate::output::otlp::OtlpOptions;
 use crate::output::pprof::PprofOptions;
 use crate::output::speedscope::SpeedscopeOptions;
 use crate::output::svg::SvgOptions;
@@ -66,6 +67,9 @@ pub enum FormatArg {
     Pprof,
     /// speedscope's JSON file format
     Speedscope,
+    /// an OpenTelemetry profiles request (OTLP, protobuf), for OTLP
+    /// receivers (Pyroscope, the OpenTelemetry Collector)
+    Otlp,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -107,6 +111,7 @@ pub enum SampleTypeArg {
     offcputime -o out.svg 5           # the same, written to a file\n  \
     offcputime -o out.pb.gz 5         # 5 seconds, a pprof profile\n  \
     offcputime -o out.speedscope.json 5   # 5 seconds, for speedscope\n  \
+    offcputime -o out.otlp 5          # 5 seconds, an OTLP profiles request\n  \
     offcputime -m 1000     # trace only events that last more than 1000 usec\n  \
     offcputime -M 10000    # trace only events that last less than 10000 usec\n  \
     offcputime -p 185      # only trace threads for PID 185\n  \
@@ -187,13 +192,13 @@ pub struct Args {
     pub format: Option<FormatArg>,
 
     /// Write the output to FILE instead of stdout ("-" is stdout). A FILE
-    /// ending in .svg, .pb.gz, .speedscope.json, .folded or .txt gets that
+    /// ending in .svg, .pb.gz, .speedscope.json, .otlp, .folded or .txt gets that
     /// format unless -f, --svg or --format say otherwise. Given several
     /// times, one run writes each file in the format its name says
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Vec<PathBuf>,
 
-    /// Name of the pprof sample type [default: offcpu]
+    /// Name of the pprof (and OTLP) sample type [default: offcpu]
     #[arg(
         long = "pprof-sample-type",
         value_enum,
@@ -202,7 +207,7 @@ pub struct Args {
     )]
     pub pprof_sample_type: Option<SampleTypeArg>,
 
-    /// A thread_id label on each pprof sample
+    /// A thread_id label on each pprof sample (thread.id attribute in OTLP)
     #[arg(long = "thread-ids", help_heading = "pprof (--format pprof)")]
     pub thread_ids: bool,
 
@@ -475,6 +480,8 @@ pub enum Format {
     Pprof(PprofOptions),
     /// speedscope's JSON.
     Speedscope(SpeedscopeOptions),
+    /// An OTLP `ExportProfilesServiceRequest` (protobuf).
+    Otlp(OtlpOptions),
 }
 
 /// What to trace and how to show it, validated.
@@ -528,13 +535,14 @@ pub struct SnapshotConfig {
 }
 
 /// The format a file name says: `.svg`, `.pb.gz`, `.speedscope.json`,
-/// `.folded`, `.txt` (in any case).
+/// `.otlp`, `.folded`, `.txt` (in any case).
 pub fn format_by_name(path: &std::path::Path) -> Option<FormatArg> {
     let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
     [
         (".svg", FormatArg::Svg),
         (".pb.gz", FormatArg::Pprof),
         (".speedscope.json", FormatArg::Speedscope),
+        (".otlp", FormatArg::Otlp),
         (".folded", FormatArg::Folded),
         (".txt", FormatArg::Report),
     ]

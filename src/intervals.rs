@@ -342,8 +342,8 @@ fn local_hms(unix_ns: u64) -> (i32, i32, i32) {
 
 /// Checks the outputs for `-i`: a format written whole (a flame graph,
 /// pprof, speedscope) needs a file per interval, so a name with `{n}` or
-/// `{time}`; the report and folded stacks may go one after the other to
-/// stdout or one file.
+/// `{time}`; the report, folded stacks and OTLP requests may go one after
+/// the other to stdout or one file.
 pub fn check_outputs(outputs: &[(Option<PathBuf>, bool)]) -> Result<()> {
     for (path, whole) in outputs {
         let patterned = path.as_deref().and_then(NamePattern::new).is_some();

@@ -6,6 +6,10 @@ use super::*;
 pub(super) struct Intervals {
     /// `--push`: where each interval is sent as well.
     pub(super) pusher: Option<crate::push::Pusher>,
+    /// The OTLP outputs that get every interval (no `{n}` in the name), by
+    /// their place in [`Config::outputs`]: each interval a request that
+    /// adds to the dictionary of those before.
+    pub(super) otlp: HashMap<usize, crate::output::otlp::Stream>,
     pub(super) schedule: crate::intervals::Schedule,
     /// The interval to write next.
     pub(super) current: u32,
@@ -39,6 +43,7 @@ impl Intervals {
         };
         Ok(config.interval.map(|len| Intervals {
             pusher,
+            otlp: HashMap::new(),
             schedule: crate::intervals::Schedule {
                 start_ns: tracer.window_ns().0,
                 len_ns: len.as_nanos().try_into().unwrap_or(u64::MAX),
@@ -89,14 +94,21 @@ impl Intervals {
         self.running_ns += profile.running().map(|s| s.total_ns).sum::<u64>();
         self.unmapped.0 += profile.counters.user_unmapped_stacks;
         self.unmapped.1 += profile.counters.user_unmapped_ns;
-        for ((path, format), sink) in config.outputs().zip(sinks.iter_mut()) {
-            match path.and_then(NamePattern::new) {
-                Some(pattern) => {
+        for (k, ((path, format), sink)) in config.outputs().zip(sinks.iter_mut()).enumerate() {
+            match (path.and_then(NamePattern::new), format) {
+                (Some(pattern), _) => {
                     let name = pattern.name(u64::from(i) + 1, end_unix);
                     Sink::open(Some(&name), config.tracer.test.stall_in_write)?
                         .write(|out| render(&profile, config, format, out))?
                 }
-                None => sink.write_part(|out| {
+                // Binary: no time line; one request after another.
+                (None, Format::Otlp(o)) => sink.write_part(|out| {
+                    self.otlp
+                        .entry(k)
+                        .or_default()
+                        .write(&profile, config.shape, o, out)
+                })?,
+                (None, _) => sink.write_part(|out| {
                     let time = config.timestamp.then(|| timestamp_line(end_unix));
                     write_part(out, time.as_deref(), *format == Format::Text, |out| {
                         render(&profile, config, format, out)

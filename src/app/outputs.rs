@@ -15,18 +15,25 @@ pub(super) struct Outputs {
 
 impl Outputs {
     /// Opens every output: a path that cannot be written fails now, before
-    /// any measurement. A pprof profile is not written to a terminal.
+    /// any measurement. A pprof or OTLP profile is not written to a
+    /// terminal.
     pub(super) fn open(config: &Config) -> Result<Outputs> {
         let stall = config.tracer.test.stall_in_write;
         let first = Sink::open(config.output.as_deref(), stall)?;
         let mut outputs = Outputs { sinks: vec![first] };
-        if matches!(outputs.sinks[0], Sink::Stdout) && matches!(config.format, Format::Pprof(_)) {
+        let binary = match config.format {
+            Format::Pprof(_) => {
+                Some("a pprof profile is gzipped binary data: write it with -o FILE.pb.gz")
+            }
+            Format::Otlp(_) => {
+                Some("an OTLP profile is protobuf binary data: write it with -o FILE.otlp")
+            }
+            _ => None,
+        };
+        if let (Sink::Stdout, Some(what)) = (&outputs.sinks[0], binary) {
             // SAFETY: isatty has no preconditions.
             if unsafe { libc::isatty(1) } == 1 {
-                anyhow::bail!(
-                    "a pprof profile is gzipped binary data: write it with -o FILE.pb.gz, or \
-                     redirect stdout"
-                );
+                anyhow::bail!("{what}, or redirect stdout");
             }
         }
         for (path, _) in &config.more_outputs {

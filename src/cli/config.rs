@@ -282,7 +282,9 @@ impl Args {
             );
         }
         if interval.is_some() {
-            let whole = |f: &Format| !matches!(f, Format::Text | Format::Folded);
+            // The report and folded stacks follow one another; so do OTLP
+            // requests, which read as one.
+            let whole = |f: &Format| !matches!(f, Format::Text | Format::Folded | Format::Otlp(_));
             let paths = if outputs.is_empty() {
                 vec![None]
             } else {

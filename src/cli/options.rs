@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
+use crate::output::otlp::OtlpOptions;
 use crate::output::pprof::{PprofOptions, SampleType};
 use crate::output::speedscope::SpeedscopeOptions;
 use crate::output::svg::{self, SvgOptions};
@@ -30,7 +31,8 @@ impl Args {
             if explicit.is_some() {
                 bail!(
                     "with several -o, each file's name says its format (.svg, .pb.gz, \
-                     .speedscope.json, .folded, .txt): -f, --svg and --format are for one output"
+                     .speedscope.json, .otlp, .folded, .txt): -f, --svg and --format are for one \
+                     output"
                 );
             }
             let mut seen = std::collections::HashSet::new();
@@ -46,7 +48,7 @@ impl Args {
                     format_by_name(path).with_context(|| {
                         format!(
                             "-o {}: with several -o, each file's name must say its format \
-                             (.svg, .pb.gz, .speedscope.json, .folded, .txt)",
+                             (.svg, .pb.gz, .speedscope.json, .otlp, .folded, .txt)",
                             path.display()
                         )
                     })
@@ -75,13 +77,17 @@ impl Args {
                 bail!("{flag} is a flame graph option: add --svg");
             }
         }
-        if !wants(FormatArg::Pprof) && self.push.is_none() {
+        let profiles = wants(FormatArg::Pprof) || wants(FormatArg::Otlp);
+        if !profiles && self.push.is_none() {
             let pprof_flags = [
                 ("--pprof-sample-type", self.pprof_sample_type.is_some()),
                 ("--thread-ids", self.thread_ids),
             ];
             if let Some((flag, _)) = pprof_flags.iter().find(|f| f.1) {
-                bail!("{flag} is a pprof option: add --format pprof (or --push)");
+                bail!(
+                    "{flag} is a pprof and OTLP option: add --format pprof or --format otlp (or \
+                     --push)"
+                );
             }
         }
         if !wants(FormatArg::Speedscope) && self.per_process {
@@ -101,6 +107,10 @@ impl Args {
                 FormatArg::Pprof => Format::Pprof(self.pprof_options()),
                 FormatArg::Speedscope => Format::Speedscope(SpeedscopeOptions {
                     per_process: self.per_process,
+                }),
+                FormatArg::Otlp => Format::Otlp(OtlpOptions {
+                    samples: self.pprof_options(),
+                    resource: vec![("host.name".to_string(), host_name())],
                 }),
             })
             .collect())
@@ -219,18 +229,19 @@ impl Args {
             _ => None,
         };
         let by_name = self.output.iter().filter_map(|p| format_by_name(p));
-        if let Some(f) = explicit
-            .into_iter()
-            .chain(by_name)
-            .find(|f| matches!(f, FormatArg::Pprof | FormatArg::Speedscope))
-        {
+        if let Some(f) = explicit.into_iter().chain(by_name).find(|f| {
+            matches!(
+                f,
+                FormatArg::Pprof | FormatArg::Speedscope | FormatArg::Otlp
+            )
+        }) {
             bail!(
                 "--snapshot counts tasks, and {} profiles are of time: write the report, \
                  folded stacks (-f) or a flame graph (--svg)",
-                if f == FormatArg::Pprof {
-                    "pprof"
-                } else {
-                    "speedscope"
+                match f {
+                    FormatArg::Pprof => "pprof",
+                    FormatArg::Otlp => "OTLP",
+                    _ => "speedscope",
                 }
             );
         }
@@ -290,12 +301,19 @@ impl Args {
     }
 }
 
+/// This machine's name, as the kernel has it ("unknown" if unread).
+fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    match name.trim() {
+        "" => "unknown".to_string(),
+        name => name.to_string(),
+    }
+}
+
 /// This machine's name, as a label value (the characters that delimit
 /// labels replaced).
 fn hostname() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let name: String = name
-        .trim()
+    host_name()
         .chars()
         .map(|c| {
             if matches!(c, '{' | '}' | ',' | '=' | '"') || c.is_control() {
@@ -304,10 +322,5 @@ fn hostname() -> String {
                 c
             }
         })
-        .collect();
-    if name.is_empty() {
-        "unknown".to_string()
-    } else {
-        name
-    }
+        .collect()
 }

@@ -2,6 +2,8 @@
 
 pub mod folded;
 pub mod group;
+pub mod otlp;
+pub mod otlp_proto;
 pub mod pprof;
 pub mod profile_proto;
 pub mod sink;

@@ -61,6 +61,9 @@ pub struct Spec {
     /// What the name of a file its processes map holds, most likely (see
     /// [`maybe_running`]): `libpython3.12.so.1.0`, `python3.12`.
     pub mapped_name_hints: &'static [&'static str],
+    /// Its frames' `profile.frame.type` in OpenTelemetry's semantic
+    /// conventions (the OTLP output's location attribute).
+    pub otel_frame_type: &'static str,
 }
 
 /// The runtimes, in [`Kind`]'s order.
@@ -78,6 +81,7 @@ pub const RUNTIMES: &[Spec] = &[
         new: || Box::<python::Pythons>::default(),
         jit_without_frame_pointers: &[],
         mapped_name_hints: &["python"],
+        otel_frame_type: "cpython",
     },
     Spec {
         kind: Kind::Java,
@@ -93,6 +97,7 @@ pub const RUNTIMES: &[Spec] = &[
         new: || Box::<java::Jvms>::default(),
         jit_without_frame_pointers: &["libjvm.so"],
         mapped_name_hints: &["libjvm.so"],
+        otel_frame_type: "jvm",
     },
 ];
 

@@ -1042,7 +1042,7 @@ fn several_outputs_and_names() {
     assert!(bad(&["-o", a, "-o", "x.dat", "1"]).contains("must say its format"));
     assert!(bad(&["-o", a, "-o", a, "1"]).contains("given twice"));
     assert!(bad(&["-o", a, "-o", "-", "1"]).contains("stdout"));
-    assert!(bad(&["--thread-ids", "1"]).contains("--thread-ids is a pprof option"));
+    assert!(bad(&["--thread-ids", "1"]).contains("--thread-ids is a pprof and OTLP option"));
     assert!(bad(&["-f", "--per-process", "1"]).contains("speedscope option"));
     assert!(bad(&["--format", "pdf", "1"]).contains("invalid value 'pdf'"));
     assert!(bad(&["--format", "pprof", "-f", "1"]).contains("cannot be used with"));

@@ -17,6 +17,7 @@ mod kstacks;
 mod layers;
 mod newprocs;
 mod oncpu;
+mod otlp;
 pub(crate) mod push;
 mod python;
 mod reading;
