@@ -433,7 +433,18 @@ pub struct Args {
     )]
     pub push: Option<String>,
 
-    /// The application's name in the profiling backend (default: offcputime)
+    /// With -i, send each interval as an OTLP profiles request to this
+    /// OTLP/HTTP receiver (http://[user:password@]host[:port][/prefix]:
+    /// POST PREFIX/v1development/profiles)
+    #[arg(
+        long = "push-otlp",
+        value_name = "URL",
+        help_heading = "Continuous export (--push)"
+    )]
+    pub push_otlp: Option<String>,
+
+    /// The application's name in the profiling backend (OTLP: service.name;
+    /// default: offcputime)
     #[arg(
         long = "app",
         value_name = "NAME",
@@ -450,7 +461,8 @@ pub struct Args {
     )]
     pub push_api: PushApiArg,
 
-    /// A label on every pushed profile (besides host=HOSTNAME); repeatable
+    /// A label on every pushed profile (besides host=HOSTNAME; OTLP: a
+    /// resource attribute); repeatable
     #[arg(
         long = "push-label",
         value_name = "KEY=VALUE",
@@ -517,8 +529,9 @@ pub struct Config {
     pub interval: Option<Duration>,
     /// `-T`: a time line before each interval.
     pub timestamp: bool,
-    /// `--push`: where each interval is sent, and how it is named.
-    pub push: Option<crate::push::PushOptions>,
+    /// `--push` and `--push-otlp`: where each interval is sent, and how it
+    /// is named.
+    pub push: Vec<crate::push::PushOptions>,
     /// `--snapshot`: one look at every task instead of tracing.
     pub snapshot: Option<SnapshotConfig>,
 }

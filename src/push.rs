@@ -1,12 +1,17 @@
 //! `--push URL`: each interval of `-i`, as a pprof profile, sent to a
 //! Pyroscope-compatible ingest endpoint (`POST /ingest?format=pprof`, the
-//! profile in a multipart form with its sample type's configuration).
+//! profile in a multipart form with its sample type's configuration) or to
+//! Parca (`--push-api parca`); `--push-otlp URL`: each interval as an OTLP
+//! profiles request to an OTLP/HTTP receiver (`POST
+//! /v1development/profiles`, protobuf). The APIs differ only in the
+//! interval's payload and its request ([`PushApi`]); the queue, the
+//! retries and the accounting are one.
 //!
 //! Sending never holds up tracing: intervals go into a bounded queue that a
 //! thread of its own empties, retrying a failed send with backoff. When
 //! the queue is full the oldest interval is given up. At the end what is
-//! queued is sent within a deadline; what could not be sent is counted and
-//! said on stderr.
+//! queued is sent within a deadline; what could not be sent (the interval
+//! being sent at the deadline included) is counted and said on stderr.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,6 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::output::otlp::OtlpOptions;
+use crate::output::Shape;
+use crate::profile::Profile;
+
 /// Intervals waiting to be sent, at most.
 const QUEUE: usize = 32;
 /// Attempts per interval, the first included.
@@ -26,12 +35,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(8);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where to send, from `--push URL` (`http://[user:password@]host[:port][/prefix]`).
+/// Where to send, from `--push URL` or `--push-otlp URL`
+/// (`http://[user:password@]host[:port][/prefix]`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Endpoint {
     host: String,
     port: u16,
-    /// Prepended to `/ingest`, without a trailing slash.
+    /// Prepended to the API's path (`/ingest`), without a trailing slash.
     prefix: String,
     /// `user:password`, sent as HTTP basic authentication.
     credentials: Option<String>,
@@ -40,14 +50,15 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn parse(url: &str) -> Result<Endpoint> {
+    /// The URL of `flag` (for messages: `--push`).
+    pub fn parse(flag: &str, url: &str) -> Result<Endpoint> {
         let rest = match url.split_once("://") {
             Some(("http", rest)) => rest,
             Some(("https", _)) => bail!(
-                "--push {url}: https is not supported; push to a local agent over http (Grafana \
-                 Alloy's pyroscope.receive_http, which forwards with TLS) or through a TLS proxy"
+                "{flag} {url}: https is not supported; push to a local agent over http (Grafana \
+                 Alloy, an OpenTelemetry Collector, which forward with TLS) or through a TLS proxy"
             ),
-            _ => bail!("--push {url}: not an http:// URL"),
+            _ => bail!("{flag} {url}: not an http:// URL"),
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -60,7 +71,7 @@ impl Endpoint {
         let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
             let (h, after) = v6
                 .split_once(']')
-                .with_context(|| format!("--push {url}: bad IPv6 address"))?;
+                .with_context(|| format!("{flag} {url}: bad IPv6 address"))?;
             (h.to_string(), after.strip_prefix(':'))
         } else {
             match hostport.rsplit_once(':') {
@@ -69,18 +80,18 @@ impl Endpoint {
             }
         };
         if host.is_empty() {
-            bail!("--push {url}: no host");
+            bail!("{flag} {url}: no host");
         }
         let port = match port {
             Some(p) => p
                 .parse::<u16>()
                 .ok()
                 .filter(|&p| p > 0)
-                .with_context(|| format!("--push {url}: bad port {p:?}"))?,
+                .with_context(|| format!("{flag} {url}: bad port {p:?}"))?,
             None => 80,
         };
         if path.contains(['?', '#']) {
-            bail!("--push {url}: the URL must not have a query or fragment");
+            bail!("{flag} {url}: the URL must not have a query or fragment");
         }
         let shown = match authority.rsplit_once('@') {
             Some((_, h)) => format!("http://{h}{path}"),
@@ -104,6 +115,30 @@ pub enum PushApi {
     /// Parca's `POST /profiles/writeraw` (its gRPC `WriteRaw` through the
     /// HTTP gateway, JSON).
     Parca,
+    /// OTLP/HTTP's `POST /v1development/profiles` (`--push-otlp`), an
+    /// `ExportProfilesServiceRequest` in protobuf.
+    Otlp,
+}
+
+/// The path OTLP/HTTP receivers take profiles at.
+pub const OTLP_PATH: &str = "/v1development/profiles";
+
+impl PushApi {
+    /// The flag that pushes with it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            PushApi::Pyroscope | PushApi::Parca => "--push",
+            PushApi::Otlp => "--push-otlp",
+        }
+    }
+
+    /// What its payload is, for messages.
+    pub fn payload(self) -> &'static str {
+        match self {
+            PushApi::Pyroscope | PushApi::Parca => "pprof",
+            PushApi::Otlp => "OTLP",
+        }
+    }
 }
 
 /// What is sent with each interval.
@@ -113,13 +148,41 @@ pub struct PushOptions {
     pub api: PushApi,
     /// The application's name in the backend (`--app`).
     pub app: String,
-    /// Labels: `host` and those of `--push-label`.
+    /// Labels: `host` and those of `--push-label` (OTLP: resource
+    /// attributes, `host` as `host.name`).
     pub labels: Vec<(String, String)>,
     /// The pprof profile's options (`--pprof-sample-type`, `--thread-ids`).
     pub pprof: crate::output::pprof::PprofOptions,
 }
 
 impl PushOptions {
+    /// An interval's payload: a gzipped pprof profile, or an OTLP request
+    /// whose resources have `host.name`, `service.name` (the app) and the
+    /// labels.
+    pub fn payload(&self, profile: &Profile, shape: Shape) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        match self.api {
+            PushApi::Pyroscope | PushApi::Parca => {
+                crate::output::pprof::write(profile, shape, &self.pprof, &mut out)
+                    .context("failed to build the pprof profile to push")?
+            }
+            PushApi::Otlp => {
+                let mut resource = vec![("service.name".to_string(), self.app.clone())];
+                resource.extend(self.labels.iter().map(|(k, v)| match k.as_str() {
+                    "host" => ("host.name".to_string(), v.clone()),
+                    _ => (k.clone(), v.clone()),
+                }));
+                let opts = OtlpOptions {
+                    samples: self.pprof.clone(),
+                    resource,
+                };
+                crate::output::otlp::write(profile, shape, &opts, &mut out)
+                    .context("failed to build the OTLP request to push")?
+            }
+        }
+        Ok(out)
+    }
+
     /// The ingest query of an interval from `from` to `until` (Unix
     /// seconds).
     fn query(&self, from: u64, until: u64) -> String {
@@ -166,6 +229,20 @@ impl PushOptions {
     /// The request of one interval: path and query, content type, body.
     fn request(&self, item: &Item) -> (String, String, Vec<u8>) {
         match self.api {
+            PushApi::Otlp => {
+                // The receiver's base URL, or the whole URL of its path.
+                let prefix = &self.endpoint.prefix;
+                let path = if prefix.ends_with(OTLP_PATH) {
+                    prefix.clone()
+                } else {
+                    format!("{prefix}{OTLP_PATH}")
+                };
+                (
+                    path,
+                    "application/x-protobuf".to_string(),
+                    item.profile.clone(),
+                )
+            }
             PushApi::Parca => (
                 format!("{}/profiles/writeraw", self.endpoint.prefix),
                 "application/json".to_string(),
@@ -265,6 +342,9 @@ struct State {
     queue: VecDeque<Item>,
     /// Stop when the queue is empty, or at this instant.
     closing: Option<Instant>,
+    /// An interval is taken from the queue and neither sent nor given up
+    /// yet.
+    sending: bool,
     stats: PushStats,
 }
 
@@ -272,7 +352,8 @@ struct State {
 #[derive(Clone, Debug, Default)]
 pub struct PushStats {
     pub sent: u64,
-    /// Given up after every attempt, or at the deadline at the end.
+    /// Given up after every attempt, or at the deadline at the end (one
+    /// still being sent then included).
     pub failed: u64,
     /// Given up unsent because the queue was full.
     pub dropped: u64,
@@ -306,8 +387,8 @@ impl Pusher {
         })
     }
 
-    /// Queues an interval (`from`..`until`, Unix ns) and its gzipped pprof
-    /// profile; never waits.
+    /// Queues an interval (`from`..`until`, Unix ns) and its payload (see
+    /// [`PushOptions::payload`]); never waits.
     pub fn push(&self, from_unix_ns: u64, until_unix_ns: u64, profile: Vec<u8>) {
         let (lock, cv) = &*self.shared;
         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -344,11 +425,24 @@ impl Pusher {
         let unsent = st.queue.len() as u64;
         st.queue.clear();
         st.stats.failed += unsent;
+        // The thread did not finish: the interval it was sending may or may
+        // not arrive, and is not counted as sent.
+        if st.sending {
+            st.sending = false;
+            st.stats.failed += 1;
+            st.stats
+                .last_error
+                .get_or_insert_with(|| "still sending at the deadline".to_string());
+        }
         st.stats.clone()
     }
 
     pub fn endpoint(&self) -> &str {
         &self.options.endpoint.shown
+    }
+
+    pub fn api(&self) -> PushApi {
+        self.options.api
     }
 }
 
@@ -361,6 +455,7 @@ fn work(shared: &(Mutex<State>, Condvar), options: &PushOptions) {
             let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 if let Some(item) = st.queue.pop_front() {
+                    st.sending = true;
                     break item;
                 }
                 if st.closing.is_some() {
@@ -375,8 +470,11 @@ fn work(shared: &(Mutex<State>, Condvar), options: &PushOptions) {
             match send(options, &item) {
                 Ok(()) => {
                     let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
-                    st.stats.sent += 1;
-                    st.stats.bytes += item.profile.len() as u64;
+                    if st.sending {
+                        st.sending = false;
+                        st.stats.sent += 1;
+                        st.stats.bytes += item.profile.len() as u64;
+                    }
                     break;
                 }
                 Err(e) => {
@@ -396,7 +494,10 @@ fn work(shared: &(Mutex<State>, Condvar), options: &PushOptions) {
                             .closing
                             .is_some_and(|end| Instant::now() + backoff >= end);
                     if give_up {
-                        st.stats.failed += 1;
+                        if st.sending {
+                            st.sending = false;
+                            st.stats.failed += 1;
+                        }
                         break;
                     }
                     // Wait out the backoff, woken early only to give up at
@@ -547,16 +648,16 @@ mod tests {
 
     #[test]
     fn urls() {
-        let e = Endpoint::parse("http://u:p%40ss@example.org:4040/pyro/").unwrap();
+        let e = Endpoint::parse("--push", "http://u:p%40ss@example.org:4040/pyro/").unwrap();
         assert_eq!(
             (e.host.as_str(), e.port, e.prefix.as_str()),
             ("example.org", 4040, "/pyro")
         );
         assert_eq!(e.credentials.as_deref(), Some("u:p@ss"));
         assert_eq!(e.shown, "http://example.org:4040/pyro/");
-        let e = Endpoint::parse("http://[::1]:9").unwrap();
+        let e = Endpoint::parse("--push", "http://[::1]:9").unwrap();
         assert_eq!((e.host.as_str(), e.port), ("::1", 9));
-        assert_eq!(Endpoint::parse("http://h").unwrap().port, 80);
+        assert_eq!(Endpoint::parse("--push", "http://h").unwrap().port, 80);
         for bad in [
             "https://h",
             "h:4040",
@@ -565,14 +666,14 @@ mod tests {
             "http://h:x",
             "http://h/?a",
         ] {
-            assert!(Endpoint::parse(bad).is_err(), "{bad}");
+            assert!(Endpoint::parse("--push", bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn names_and_encodings() {
         let o = PushOptions {
-            endpoint: Endpoint::parse("http://h:1").unwrap(),
+            endpoint: Endpoint::parse("--push", "http://h:1").unwrap(),
             app: "web".into(),
             labels: vec![("host".into(), "m1".into()), ("env".into(), "prod".into())],
             pprof: Default::default(),
@@ -592,6 +693,34 @@ mod tests {
              {\"name\":\"host\",\"value\":\"m1\"},{\"name\":\"env\",\"value\":\"prod\"}]},\
              \"samples\":[{\"rawProfile\":\"cGI=\"}]}],\"normalized\":false}"
         );
+        // OTLP: the receiver's base URL, or its whole URL.
+        for (url, path) in [
+            ("http://h:4318", "/v1development/profiles"),
+            ("http://h:4040/pyro/", "/pyro/v1development/profiles"),
+            (
+                "http://h:4318/v1development/profiles",
+                "/v1development/profiles",
+            ),
+        ] {
+            let otlp = PushOptions {
+                api: PushApi::Otlp,
+                endpoint: Endpoint::parse("--push-otlp", url).unwrap(),
+                ..o.clone()
+            };
+            let item = Item {
+                from: 1,
+                until: 2,
+                profile: b"pb".to_vec(),
+            };
+            assert_eq!(
+                otlp.request(&item),
+                (
+                    path.to_string(),
+                    "application/x-protobuf".to_string(),
+                    b"pb".to_vec()
+                )
+            );
+        }
         assert_eq!(json_escape("a\"b\\c\n"), "a\\\"b\\\\c\\u000a");
         assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
         assert_eq!(base64(b"ab"), "YWI=");

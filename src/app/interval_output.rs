@@ -4,8 +4,9 @@ use super::*;
 
 /// `-i`: the interval under way, and what was written so far.
 pub(super) struct Intervals {
-    /// `--push`: where each interval is sent as well.
-    pub(super) pusher: Option<crate::push::Pusher>,
+    /// `--push`, `--push-otlp`: where each interval is sent as well, in
+    /// the order of [`Config::push`].
+    pub(super) pushers: Vec<crate::push::Pusher>,
     /// The OTLP outputs that get every interval (no `{n}` in the name), by
     /// their place in [`Config::outputs`]: each interval a request that
     /// adds to the dictionary of those before.
@@ -35,14 +36,15 @@ pub(super) struct Intervals {
 
 impl Intervals {
     /// `-i`'s intervals, from the start of `tracer`'s window (None without
-    /// `-i`); `--push`'s sender is started.
+    /// `-i`); the senders of `--push` and `--push-otlp` are started.
     pub(super) fn start(config: &Config, tracer: &Tracer<'_>) -> Result<Option<Intervals>> {
-        let pusher = match &config.push {
-            Some(o) => Some(crate::push::Pusher::start(o.clone())?),
-            None => None,
-        };
+        let pushers = config
+            .push
+            .iter()
+            .map(|o| crate::push::Pusher::start(o.clone()))
+            .collect::<Result<Vec<_>>>()?;
         Ok(config.interval.map(|len| Intervals {
-            pusher,
+            pushers,
             otlp: HashMap::new(),
             schedule: crate::intervals::Schedule {
                 start_ns: tracer.window_ns().0,
@@ -116,14 +118,11 @@ impl Intervals {
                 })?,
             }
         }
-        if let (Some(pusher), Some(o)) = (&self.pusher, &config.push) {
-            let mut pprof = Vec::new();
-            crate::output::pprof::write(&profile, config.shape, &o.pprof, &mut pprof)
-                .context("failed to build the pprof profile to push")?;
+        for (pusher, o) in self.pushers.iter().zip(&config.push) {
             pusher.push(
                 profile.window.as_ref().map_or(0, |w| w.start_unix_ns),
                 end_unix,
-                pprof,
+                o.payload(&profile, config.shape)?,
             );
         }
         self.current += 1;
@@ -211,31 +210,49 @@ impl Intervals {
         }
     }
 
-    /// `--push`: what is queued is sent, within a few seconds; what could
-    /// not be sent is said.
+    /// `--push`, `--push-otlp`: what is queued is sent, within a few
+    /// seconds (the senders side by side); what could not be sent is said.
     pub(super) fn finish_push(&mut self, verbose: bool) {
-        let Some(pusher) = self.pusher.take() else {
-            return;
-        };
-        let url = pusher.endpoint().to_string();
-        let s = pusher.finish(PUSH_DEADLINE);
-        let total = s.sent + s.failed + s.dropped;
-        if s.failed + s.dropped > 0 {
-            eprintln!(
-                "offcputime: {} of {total} intervals could not be pushed to {url} ({} failed after \
-                 retries or at the end's {} s deadline, {} given up for a full queue; last error: \
-                 {})",
-                s.failed + s.dropped,
-                s.failed,
-                PUSH_DEADLINE.as_secs(),
-                s.dropped,
-                s.last_error.as_deref().unwrap_or("none")
-            );
-        } else if verbose {
-            eprintln!(
-                "offcputime: pushed {} intervals ({} bytes of pprof) to {url}",
-                s.sent, s.bytes
-            );
-        }
+        let pushers = std::mem::take(&mut self.pushers);
+        std::thread::scope(|scope| {
+            let finishing: Vec<_> = pushers
+                .into_iter()
+                .map(|pusher| {
+                    let (url, api) = (pusher.endpoint().to_string(), pusher.api());
+                    (url, api, scope.spawn(move || pusher.finish(PUSH_DEADLINE)))
+                })
+                .collect();
+            for (url, api, finished) in finishing {
+                match finished.join() {
+                    Ok(s) => report_push(&url, api, &s, verbose),
+                    Err(_) => eprintln!("offcputime: the push to {url} failed at the end"),
+                }
+            }
+        });
+    }
+}
+
+/// What became of the intervals pushed to `url`: said if any was not
+/// pushed, else with `-v`.
+fn report_push(url: &str, api: crate::push::PushApi, s: &crate::push::PushStats, verbose: bool) {
+    let total = s.sent + s.failed + s.dropped;
+    if s.failed + s.dropped > 0 {
+        eprintln!(
+            "offcputime: {} of {total} intervals could not be pushed to {url} ({} failed after \
+             retries or at the end's {} s deadline, {} given up for a full queue; last error: \
+             {})",
+            s.failed + s.dropped,
+            s.failed,
+            PUSH_DEADLINE.as_secs(),
+            s.dropped,
+            s.last_error.as_deref().unwrap_or("none")
+        );
+    } else if verbose {
+        eprintln!(
+            "offcputime: pushed {} intervals ({} bytes of {}) to {url}",
+            s.sent,
+            s.bytes,
+            api.payload()
+        );
     }
 }

@@ -78,7 +78,7 @@ impl Args {
             }
         }
         let profiles = wants(FormatArg::Pprof) || wants(FormatArg::Otlp);
-        if !profiles && self.push.is_none() {
+        if !profiles && self.push.is_none() && self.push_otlp.is_none() {
             let pprof_flags = [
                 ("--pprof-sample-type", self.pprof_sample_type.is_some()),
                 ("--thread-ids", self.thread_ids),
@@ -86,7 +86,7 @@ impl Args {
             if let Some((flag, _)) = pprof_flags.iter().find(|f| f.1) {
                 bail!(
                     "{flag} is a pprof and OTLP option: add --format pprof or --format otlp (or \
-                     --push)"
+                     --push, --push-otlp)"
                 );
             }
         }
@@ -146,22 +146,38 @@ impl Args {
         }
     }
 
-    /// `--push`, `--app` and `--push-label`, checked.
-    pub(super) fn push_options(&self, intervals: bool) -> Result<Option<crate::push::PushOptions>> {
-        use crate::push::{check_app, parse_label, Endpoint, PushOptions};
-        let Some(url) = &self.push else {
-            if self.app.is_some() || !self.push_label.is_empty() {
-                bail!("--app and --push-label name pushed profiles: add --push URL");
-            }
-            if self.push_api != PushApiArg::Pyroscope {
-                bail!("--push-api says how to push: add --push URL");
-            }
-            return Ok(None);
-        };
-        if !intervals {
-            bail!("--push sends each interval: add -i SECONDS (e.g. -i 10)");
+    /// `--push`, `--push-otlp`, `--app` and `--push-label`, checked: a
+    /// push for each URL.
+    pub(super) fn push_options(&self, intervals: bool) -> Result<Vec<crate::push::PushOptions>> {
+        use crate::push::{check_app, parse_label, Endpoint, PushApi, PushOptions};
+        if self.push.is_none() && self.push_api != PushApiArg::Pyroscope {
+            bail!("--push-api says how --push pushes: add --push URL");
         }
-        let endpoint = Endpoint::parse(url)?;
+        let urls: Vec<(PushApi, &String)> = [
+            self.push.as_ref().map(|u| {
+                let api = match self.push_api {
+                    PushApiArg::Pyroscope => PushApi::Pyroscope,
+                    PushApiArg::Parca => PushApi::Parca,
+                };
+                (api, u)
+            }),
+            self.push_otlp.as_ref().map(|u| (PushApi::Otlp, u)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if urls.is_empty() {
+            if self.app.is_some() || !self.push_label.is_empty() {
+                bail!("--app and --push-label name pushed profiles: add --push URL or --push-otlp URL");
+            }
+            return Ok(Vec::new());
+        }
+        if !intervals {
+            bail!(
+                "{} sends each interval: add -i SECONDS (e.g. -i 10)",
+                urls[0].0.flag()
+            );
+        }
         let app = self.app.clone().unwrap_or_else(|| "offcputime".to_string());
         check_app(&app)?;
         let mut labels = vec![("host".to_string(), hostname())];
@@ -173,16 +189,17 @@ impl Args {
                 labels.push((k, v));
             }
         }
-        Ok(Some(PushOptions {
-            api: match self.push_api {
-                PushApiArg::Pyroscope => crate::push::PushApi::Pyroscope,
-                PushApiArg::Parca => crate::push::PushApi::Parca,
-            },
-            endpoint,
-            app,
-            labels,
-            pprof: self.pprof_options(),
-        }))
+        urls.into_iter()
+            .map(|(api, url)| {
+                Ok(PushOptions {
+                    api,
+                    endpoint: Endpoint::parse(api.flag(), url)?,
+                    app: app.clone(),
+                    labels: labels.clone(),
+                    pprof: self.pprof_options(),
+                })
+            })
+            .collect()
     }
 
     /// `--snapshot`, checked against the flags that only tracing takes,
@@ -213,6 +230,7 @@ impl Args {
             ("-i/--interval", self.interval.is_some()),
             ("-T/--timestamp", self.timestamp),
             ("--push", self.push.is_some()),
+            ("--push-otlp", self.push_otlp.is_some()),
         ];
         if let Some((flag, _)) = tracing_only.iter().find(|f| f.1) {
             let hint = if flag.starts_with("--state") {

@@ -291,6 +291,38 @@ fn folded_map(p: &Profile, shape: Shape) -> BTreeMap<String, u64> {
     folded::lines(p, shape, false).into_iter().collect()
 }
 
+/// The lines of a folded file: stack -> microseconds.
+pub(crate) fn folded_file(path: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (stack, us) = l.rsplit_once(' ').unwrap();
+            (stack.to_string(), us.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The build id of `file` as binutils' `readelf -n` reads it (the file
+/// must have one); None, said, where readelf cannot run, outside CI.
+pub(crate) fn build_id(file: &Path) -> Option<String> {
+    match Command::new("readelf").arg("-n").arg(file).output() {
+        Ok(n) => {
+            let notes = String::from_utf8_lossy(&n.stdout);
+            let id = notes
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("Build ID: "))
+                .unwrap_or_else(|| panic!("{} has no build id", file.display()));
+            Some(id.to_string())
+        }
+        Err(e) if !is_ci() => {
+            eprintln!("skipped the build id check: readelf: {e}");
+            None
+        }
+        Err(e) => panic!("readelf: {e}"),
+    }
+}
+
 /// The total `go tool pprof -top` gives, in nanoseconds.
 pub(crate) fn top_total_ns(go: &Path, file: &Path) -> u64 {
     let top = go_pprof(go, &["-top", "-unit=ns"], file);
@@ -864,17 +896,10 @@ fn e2e_pprof_and_speedscope_of_one_run() {
             "2",
         ]);
     }
-    let folded_text = std::fs::read_to_string(&folded_path).unwrap();
-    let folded: BTreeMap<String, u64> = folded_text
-        .lines()
-        .map(|l| {
-            let (stack, us) = l.rsplit_once(' ').unwrap();
-            (stack.to_string(), us.parse().unwrap())
-        })
-        .collect();
+    let folded = folded_file(&folded_path);
     assert!(
         folded.keys().any(|s| s.contains("wl_nanosleep_thread")),
-        "{folded_text}"
+        "{folded:?}"
     );
 
     // pprof: the same stacks and totals, line for line.
@@ -916,23 +941,13 @@ fn e2e_pprof_and_speedscope_of_one_run() {
     // The workload's file, with the build id binutils reads, and the
     // kernel's mapping.
     let exe = crate::util::blocker_path();
-    let notes = Command::new("readelf").arg("-n").arg(&exe).output();
-    match notes {
-        Ok(n) => {
-            let notes = String::from_utf8_lossy(&n.stdout);
-            let id = notes
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Build ID: "))
-                .expect("the workload has a build id");
-            let want = format!("{} {id} [FN]", exe.display());
-            assert!(
-                raw.mappings.iter().any(|m| m.contains(&want)),
-                "no {want:?} in {:?}",
-                raw.mappings
-            );
-        }
-        Err(e) if !is_ci() => eprintln!("skipped the build id check: readelf: {e}"),
-        Err(e) => panic!("readelf: {e}"),
+    if let Some(id) = build_id(&exe) {
+        let want = format!("{} {id} [FN]", exe.display());
+        assert!(
+            raw.mappings.iter().any(|m| m.contains(&want)),
+            "no {want:?} in {:?}",
+            raw.mappings
+        );
     }
     assert!(raw.mappings.iter().any(|m| m.contains("[kernel.kallsyms]")));
 
@@ -976,14 +991,7 @@ fn e2e_pprof_and_speedscope_of_one_run() {
             "2",
         ]);
     }
-    let states_lines: BTreeMap<String, u64> = std::fs::read_to_string(&states_folded)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (stack, us) = l.rsplit_once(' ').unwrap();
-            (stack.to_string(), us.parse().unwrap())
-        })
-        .collect();
+    let states_lines = folded_file(&states_folded);
     assert!(
         states_lines
             .keys()

@@ -4,10 +4,16 @@
 //! output of the same profile, thread names and states as attributes,
 //! kernel and user frames with their mappings and build ids, one profile
 //! per interval; a golden file (`BLESS=1`) of the synthetic profile.
+//! `--push-otlp` against an OTLP/HTTP receiver in the test: each interval
+//! received, and with the receiver down, slow or mute, nothing lost that
+//! stderr does not say.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use offcputime::output::otlp::{self, OtlpOptions};
 use offcputime::output::pprof::PprofOptions;
@@ -16,7 +22,8 @@ use offcputime::profile::{Profile, Window};
 
 use crate::formats::with_addresses;
 use crate::golden::check;
-use crate::util::{is_ci, profile, require_root, serial, Workload};
+use crate::push::{Request, Server};
+use crate::util::{is_ci, is_time_line, offcputime, profile, require_root, serial, Workload};
 
 /// Where `scripts/setup --test` installs opentelemetry-proto.
 const VENV_PYTHON: &str = "/opt/offcputime-test/otlp-venv/bin/python3";
@@ -312,14 +319,7 @@ fn e2e_otlp_and_folded_of_one_run() {
         otlp_path.to_str().unwrap(),
         "2",
     ]);
-    let folded: BTreeMap<String, u64> = std::fs::read_to_string(&folded_path)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (stack, us) = l.rsplit_once(' ').unwrap();
-            (stack.to_string(), us.parse().unwrap())
-        })
-        .collect();
+    let folded = crate::formats::folded_file(&folded_path);
     assert!(
         folded.keys().any(|l| l.starts_with("wl-pipe;[sleep];")),
         "{folded:?}"
@@ -347,27 +347,17 @@ fn e2e_otlp_and_folded_of_one_run() {
         .iter()
         .any(|f| f["type"] == "kernel" && f["mapping"] == "[kernel.kallsyms]"));
     let exe = crate::util::blocker_path();
-    let notes = Command::new("readelf").arg("-n").arg(&exe).output();
-    match notes {
-        Ok(n) => {
-            let notes = String::from_utf8_lossy(&n.stdout);
-            let id = notes
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Build ID: "))
-                .expect("the workload has a build id");
-            assert!(
-                frames.iter().any(|f| f["type"] == "native"
-                    && f["mapping"] == exe.to_str().unwrap()
-                    && f["build_id"] == id
-                    && f["name"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("wl_nanosleep_thread"))),
-                "no frame of {} with build id {id}",
-                exe.display()
-            );
-        }
-        Err(e) if !is_ci() => eprintln!("skipped the build id check: readelf: {e}"),
-        Err(e) => panic!("readelf: {e}"),
+    if let Some(id) = crate::formats::build_id(&exe) {
+        assert!(
+            frames.iter().any(|f| f["type"] == "native"
+                && f["mapping"] == exe.to_str().unwrap()
+                && f["build_id"] == id
+                && f["name"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("wl_nanosleep_thread"))),
+            "no frame of {} with build id {id}",
+            exe.display()
+        );
     }
 
     // -i into one file: a profile per interval; the folded intervals,
@@ -469,4 +459,301 @@ fn otlp_by_name_and_flags() {
         format!("{err:#}").contains("OTLP profiles are of time"),
         "{err:#}"
     );
+}
+
+/// The requests' bodies read by opentelemetry-proto, each checked to be
+/// an OTLP/HTTP protobuf request at the profiles path.
+fn read_received(python: &Path, dir: &Path, got: &[Request]) -> Vec<serde_json::Value> {
+    let files: Vec<PathBuf> = got
+        .iter()
+        .enumerate()
+        .map(|(k, req)| {
+            assert_eq!(req.path, "/v1development/profiles");
+            assert_eq!(req.content_type, "application/x-protobuf");
+            let file = dir.join(format!("received-{k}.otlp"));
+            std::fs::write(&file, &req.body).unwrap();
+            file
+        })
+        .collect();
+    let files: Vec<&Path> = files.iter().map(|f| f.as_path()).collect();
+    if files.is_empty() {
+        return Vec::new();
+    }
+    read_otlp(python, &files)
+}
+
+/// The threads of `blocker stuck`, blocked all along.
+const STUCK: u64 = 4;
+
+/// Each request's one profile: its start and the total of its samples,
+/// which must be the stuck threads' whole interval.
+fn check_stuck_intervals(requests: &[serde_json::Value]) -> Vec<u64> {
+    requests
+        .iter()
+        .map(|r| {
+            let [res] = &r["resources"].as_array().unwrap()[..] else {
+                panic!("one process: {r}")
+            };
+            let p = &res["profiles"][0];
+            let total: u64 = profile_lines(p).iter().map(|l| l.1).sum();
+            let len = p["duration_nano"].as_u64().unwrap();
+            assert!(
+                total.abs_diff(STUCK * len) < 1000 * STUCK,
+                "{total} ns in an interval of {len} ns: {STUCK} threads blocked all along"
+            );
+            p["time_unix_nano"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+/// `--push-otlp` beside `--push`: every interval arrives at both, the OTLP
+/// request at `/v1development/profiles` with `service.name` (`--app`),
+/// `host.name` and the `--push-label`s as resource attributes, and the
+/// stacks and totals of the file `-o` writes for that interval.
+#[test]
+fn push_otlp_sends_each_interval() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = otlp_python() else { return };
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let receiver = Server::start(TcpListener::bind("127.0.0.1:0").unwrap());
+    let pyroscope = Server::start(TcpListener::bind("127.0.0.1:0").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("iv-{n}.otlp");
+    let out = profile(&[
+        "-v",
+        "-i",
+        "0.5",
+        "-p",
+        &stuck.pid.to_string(),
+        "--push-otlp",
+        &format!("http://127.0.0.1:{}/", receiver.port),
+        "--push",
+        &format!("http://127.0.0.1:{}", pyroscope.port),
+        "--app",
+        "testapp",
+        "--push-label",
+        "env=ci",
+        "-o",
+        files.to_str().unwrap(),
+        "1.6",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bytes of OTLP) to http://127.0.0.1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("bytes of pprof) to http://127.0.0.1"),
+        "{stderr}"
+    );
+    assert_eq!(pyroscope.requests().len(), 4, "{stderr}");
+    let got = receiver.requests();
+    assert_eq!(got.len(), 4, "{stderr}");
+    let requests = read_received(&python, dir.path(), &got);
+    let starts = check_stuck_intervals(&requests);
+    assert!(
+        starts.windows(2).all(|w| w[0] < w[1]),
+        "in order: {starts:?}"
+    );
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for (k, r) in requests.iter().enumerate() {
+        let a = &r["resources"][0]["attributes"];
+        assert_eq!(a["service.name"], "testapp");
+        assert_eq!(a["host.name"], host.trim());
+        assert_eq!(a["env"], "ci");
+        assert_eq!(a["process.pid"].as_u64(), Some(u64::from(stuck.pid)));
+        let file = dir.path().join(format!("iv-{}.otlp", k + 1));
+        let written = read_otlp(&python, &[&file]).remove(0);
+        assert_eq!(as_folded(r), as_folded(&written), "interval {}", k + 1);
+    }
+}
+
+/// A receiver down at first, then slow (1.2 s an answer), then quick:
+/// tracing does not wait for it, and every interval is received or
+/// counted on stderr as not pushed; none twice.
+#[test]
+fn push_otlp_receiver_down_then_slow() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = otlp_python() else { return };
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let pid = stuck.pid.to_string();
+    let mut child = offcputime()
+        .args([
+            "-v",
+            "-T",
+            "-i",
+            "0.3",
+            "-f",
+            "-p",
+            &pid,
+            "--push-otlp",
+            &url,
+            "3",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (first_tx, first) = std::sync::mpsc::channel();
+    let lines = std::thread::spawn(move || {
+        let mut at = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            if is_time_line(&line.unwrap()) {
+                at.push(Instant::now());
+                let _ = first_tx.send(());
+            }
+        }
+        at
+    });
+    // Up once the first interval's push has failed (and been retried).
+    let _ = first.recv_timeout(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(600));
+    let receiver = Server::slow(TcpListener::bind(("127.0.0.1", port)).unwrap(), |n| {
+        if n < 3 {
+            Duration::from_millis(1200)
+        } else {
+            Duration::ZERO
+        }
+    });
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{stderr}");
+    let at = lines.join().unwrap();
+    assert_eq!(at.len(), 10, "3 s in 0.3 s intervals: {stderr}");
+    for w in at.windows(2) {
+        assert!(
+            w[1] - w[0] < Duration::from_millis(1500),
+            "an interval came {:?} after the one before: tracing waited for the push",
+            w[1] - w[0]
+        );
+    }
+    assert!(
+        stderr.contains(&format!("pushing an interval to {url} failed")),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let requests = read_received(&python, dir.path(), &receiver.requests());
+    let mut starts = check_stuck_intervals(&requests);
+    let received = starts.len();
+    starts.sort_unstable();
+    starts.dedup();
+    assert_eq!(starts.len(), received, "an interval received twice");
+    if received < 10 {
+        assert!(
+            stderr.contains(&format!(
+                "{} of 10 intervals could not be pushed to {url}",
+                10 - received
+            )),
+            "{received} received: {stderr}"
+        );
+    } else {
+        assert!(stderr.contains("pushed 10 intervals"), "{stderr}");
+    }
+    // The first interval, pushed while the receiver was down, arrives on
+    // a retry (the sixth attempt is 7.75 s after the first), and the slow
+    // answers leave time for the rest before the end's deadline.
+    assert_eq!(received, 10, "{stderr}");
+}
+
+/// A receiver that takes a request and never answers: at the end (5 s
+/// deadline) the interval still being sent is counted as not pushed with
+/// the ones queued behind it, and the profiler exits in time.
+#[test]
+fn push_otlp_receiver_that_never_answers() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let receiver = Server::slow(listener, |_| Duration::from_secs(30));
+    let started = Instant::now();
+    let out = profile(&[
+        "-T",
+        "-i",
+        "0.3",
+        "-f",
+        "-p",
+        &stuck.pid.to_string(),
+        "--push-otlp",
+        &url,
+        "1",
+    ]);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let printed = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| is_time_line(l))
+        .count();
+    assert_eq!(printed, 4, "{stderr}");
+    assert_eq!(receiver.requests().len(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{printed} of {printed} intervals could not be pushed to {url}"
+        )),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(12), "the run took {took:?}");
+}
+
+/// `--push-otlp` needs `-i` and an http URL; `--app` and `--push-label`
+/// name its resources; `--push-api` is `--push`'s; with `--push` both
+/// are sent; `--snapshot` takes neither.
+#[test]
+fn push_otlp_flags() {
+    use clap::Parser;
+    use offcputime::cli::Args;
+    use offcputime::push::PushApi;
+    let parse = |args: &[&str]| {
+        Args::try_parse_from(std::iter::once("offcputime").chain(args.iter().copied()))
+            .unwrap()
+            .into_config()
+    };
+    let err = |args: &[&str]| format!("{:#}", parse(args).unwrap_err());
+    assert!(err(&["--push-otlp", "http://h:4318"]).contains("--push-otlp sends each interval"));
+    assert!(err(&["-i", "1", "--push-otlp", "https://h"]).contains("--push-otlp https://h"));
+    assert!(
+        err(&["-i", "1", "--push-otlp", "http://h", "--push-api", "parca"])
+            .contains("--push-api says how --push pushes")
+    );
+    assert!(err(&["--snapshot", "--push-otlp", "http://h"]).contains("--push-otlp is about"));
+    let c = parse(&[
+        "-i",
+        "1",
+        "--push-otlp",
+        "http://h:4318",
+        "--app",
+        "web",
+        "--push-label",
+        "env=ci",
+        "--thread-ids",
+    ])
+    .unwrap();
+    let [o] = &c.push[..] else {
+        panic!("{:?}", c.push)
+    };
+    assert_eq!((o.api, o.app.as_str()), (PushApi::Otlp, "web"));
+    assert!(o.labels.contains(&("env".into(), "ci".into())));
+    assert!(o.pprof.thread_ids);
+    let c = parse(&["-i", "1", "--push-otlp", "http://h", "--push", "http://p"]).unwrap();
+    let apis: Vec<PushApi> = c.push.iter().map(|o| o.api).collect();
+    assert_eq!(apis, [PushApi::Pyroscope, PushApi::Otlp]);
 }

@@ -17,8 +17,10 @@ use crate::util::*;
 pub(crate) struct Request {
     pub(crate) path: String,
     pub(crate) query: BTreeMap<String, String>,
-    /// Multipart parts by name.
+    pub(crate) content_type: String,
+    /// Multipart parts by name (a JSON body whole as `json`).
     pub(crate) parts: BTreeMap<String, Vec<u8>>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// An ingest endpoint on 127.0.0.1 that answers 200 to every request and
@@ -30,18 +32,31 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(listener: TcpListener) -> Server {
+        Server::slow(listener, |_| Duration::ZERO)
+    }
+
+    /// A server that answers the `n`th request (from 0) `delay(n)` after
+    /// it came, each connection on a thread of its own.
+    pub(crate) fn slow(
+        listener: TcpListener,
+        delay: impl Fn(usize) -> Duration + Send + 'static,
+    ) -> Server {
         let port = listener.local_addr().unwrap().port();
         let got = Arc::new(Mutex::new(Vec::new()));
         let keep = got.clone();
         std::thread::spawn(move || {
-            for conn in listener.incoming() {
+            for (n, conn) in listener.incoming().enumerate() {
                 let Ok(mut conn) = conn else { continue };
-                if let Some(req) = read_request(&mut conn) {
-                    keep.lock().unwrap().push(req);
-                    let _ = conn.write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                    );
-                }
+                let (keep, wait) = (keep.clone(), delay(n));
+                std::thread::spawn(move || {
+                    if let Some(req) = read_request(&mut conn) {
+                        keep.lock().unwrap().push(req);
+                        std::thread::sleep(wait);
+                        let _ = conn.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        );
+                    }
+                });
             }
         });
         Server { got, port }
@@ -75,7 +90,7 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
     let target = line.split_whitespace().nth(1)?.to_string();
     let mut length = 0;
     let mut boundary = String::new();
-    let mut json = false;
+    let mut content_type = String::new();
     loop {
         let mut h = String::new();
         r.read_line(&mut h).ok()?;
@@ -87,7 +102,7 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
         match k.to_ascii_lowercase().as_str() {
             "content-length" => length = v.trim().parse().ok()?,
             "content-type" => {
-                json = v.trim() == "application/json";
+                content_type = v.trim().to_string();
                 boundary = v.split("boundary=").nth(1).unwrap_or("").trim().to_string()
             }
             _ => {}
@@ -103,12 +118,16 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
         .collect();
     // multipart/form-data: parts between "--boundary" lines; JSON whole.
     let mut parts = BTreeMap::new();
-    if json {
-        parts.insert("json".to_string(), body);
+    if content_type == "application/json" {
+        parts.insert("json".to_string(), body.clone());
+    }
+    if boundary.is_empty() {
         return Some(Request {
             path: path.to_string(),
             query,
+            content_type,
             parts,
+            body,
         });
     }
     let sep = format!("--{boundary}").into_bytes();
@@ -129,7 +148,9 @@ fn read_request(conn: &mut std::net::TcpStream) -> Option<Request> {
     Some(Request {
         path: path.to_string(),
         query,
+        content_type,
         parts,
+        body,
     })
 }
 
