@@ -359,6 +359,10 @@ pub struct PushStats {
     pub dropped: u64,
     pub bytes: u64,
     pub last_error: Option<String>,
+    /// OTLP: profiles the receiver said it rejected in intervals it took
+    /// (a partial success), and the last reason it gave.
+    pub rejected_profiles: u64,
+    pub rejection: Option<String>,
 }
 
 /// The queue and the thread that empties it.
@@ -468,12 +472,16 @@ fn work(shared: &(Mutex<State>, Condvar), options: &PushOptions) {
         let mut attempt = 1;
         loop {
             match send(options, &item) {
-                Ok(()) => {
+                Ok(rejected) => {
                     let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
                     if st.sending {
                         st.sending = false;
                         st.stats.sent += 1;
                         st.stats.bytes += item.profile.len() as u64;
+                    }
+                    if let Some((count, why)) = rejected {
+                        st.stats.rejected_profiles += count;
+                        st.stats.rejection = Some(why);
                     }
                     break;
                 }
@@ -521,8 +529,9 @@ fn work(shared: &(Mutex<State>, Condvar), options: &PushOptions) {
     }
 }
 
-/// One POST of one interval; Ok on a 2xx answer.
-fn send(options: &PushOptions, item: &Item) -> Result<()> {
+/// One POST of one interval; Ok on a 2xx answer, with what an OTLP
+/// receiver said it rejected of it (how many profiles, and why).
+fn send(options: &PushOptions, item: &Item) -> Result<Option<(u64, String)>> {
     let ep = &options.endpoint;
     let addr = (ep.host.as_str(), ep.port)
         .to_socket_addrs()
@@ -565,18 +574,44 @@ fn send(options: &PushOptions, item: &Item) -> Result<()> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .with_context(|| format!("not an HTTP answer: {:?}", status.trim_end()))?;
-    if (200..300).contains(&code) {
-        return Ok(());
-    }
-    // The headers, then the start of the body: what the server said.
+    // The headers, then the body.
+    let mut length = None;
     let mut line = String::new();
     while reader.read_line(&mut line).unwrap_or(0) > 2 {
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse::<u64>().ok();
+            }
+        }
         line.clear();
+    }
+    if (200..300).contains(&code) {
+        if options.api != PushApi::Otlp || length.unwrap_or(0) == 0 {
+            return Ok(None);
+        }
+        let mut body = Vec::new();
+        let _ = reader.take(length.unwrap_or(0)).read_to_end(&mut body);
+        return Ok(partial_success(&body));
     }
     let mut said = String::new();
     let _ = reader.take(300).read_to_string(&mut said);
     let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
     bail!("HTTP {code}: {said}")
+}
+
+/// What an OTLP receiver's answer says it rejected: how many profiles and
+/// why; None when it took everything (or said nothing readable).
+fn partial_success(body: &[u8]) -> Option<(u64, String)> {
+    use prost::Message;
+    let answer = crate::output::otlp_proto::ExportProfilesServiceResponse::decode(body).ok()?;
+    let p = answer.partial_success?;
+    (p.rejected_profiles > 0).then(|| {
+        let why = match p.error_message.trim() {
+            "" => "no reason given".to_string(),
+            m => m.to_string(),
+        };
+        (p.rejected_profiles as u64, why)
+    })
 }
 
 fn json_escape(s: &str) -> String {

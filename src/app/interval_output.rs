@@ -235,6 +235,13 @@ impl Intervals {
 /// What became of the intervals pushed to `url`: said if any was not
 /// pushed, else with `-v`.
 fn report_push(url: &str, api: crate::push::PushApi, s: &crate::push::PushStats, verbose: bool) {
+    if s.rejected_profiles > 0 {
+        eprintln!(
+            "offcputime: {url} rejected {} profiles of the intervals it took (last reason: {})",
+            s.rejected_profiles,
+            s.rejection.as_deref().unwrap_or("none")
+        );
+    }
     let total = s.sent + s.failed + s.dropped;
     if s.failed + s.dropped > 0 {
         eprintln!(

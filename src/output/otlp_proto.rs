@@ -1,6 +1,7 @@
 //! The messages of OpenTelemetry's profiles signal that the OTLP output
 //! writes, as prost types: `opentelemetry.proto.collector.profiles.v1development`
-//! (`ExportProfilesServiceRequest`), `opentelemetry.proto.profiles.v1development`
+//! (`ExportProfilesServiceRequest`, and the receiver's answer),
+//! `opentelemetry.proto.profiles.v1development`
 //! (the dictionary-based layout: one `ProfilesDictionary` per request, its
 //! tables shared by every profile in it), and the parts of
 //! `opentelemetry.proto.common.v1` and `resource.v1` they use. Field
@@ -228,4 +229,20 @@ pub struct KeyValueAndUnit {
     pub value: Option<AnyValue>,
     #[prost(int32, tag = "3")]
     pub unit_strindex: i32,
+}
+
+/// What an OTLP/HTTP receiver answers (an empty body: all was taken).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExportProfilesServiceResponse {
+    #[prost(message, optional, tag = "1")]
+    pub partial_success: Option<ExportProfilesPartialSuccess>,
+}
+
+/// The part of a request the receiver did not take, and why.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ExportProfilesPartialSuccess {
+    #[prost(int64, tag = "1")]
+    pub rejected_profiles: i64,
+    #[prost(string, tag = "2")]
+    pub error_message: String,
 }

@@ -757,3 +757,47 @@ fn push_otlp_flags() {
     let apis: Vec<PushApi> = c.push.iter().map(|o| o.api).collect();
     assert_eq!(apis, [PushApi::Pyroscope, PushApi::Otlp]);
 }
+
+/// A receiver that takes each request but answers that it rejected some
+/// of its profiles (a partial success): said at the end, with its reason.
+#[test]
+fn push_otlp_partial_success_is_said() {
+    use offcputime::output::otlp_proto::{
+        ExportProfilesPartialSuccess, ExportProfilesServiceResponse,
+    };
+    use prost::Message;
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let stuck = Workload::start(&["stuck"]);
+    let answer = ExportProfilesServiceResponse {
+        partial_success: Some(ExportProfilesPartialSuccess {
+            rejected_profiles: 2,
+            error_message: "profile too old".into(),
+        }),
+    };
+    let receiver = Server::answering(
+        TcpListener::bind("127.0.0.1:0").unwrap(),
+        |_| Duration::ZERO,
+        answer.encode_to_vec(),
+    );
+    let url = format!("http://127.0.0.1:{}", receiver.port);
+    let out = profile(&[
+        "-i",
+        "0.5",
+        "-p",
+        &stuck.pid.to_string(),
+        "--push-otlp",
+        &url,
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(receiver.requests().len(), 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{url} rejected 4 profiles of the intervals it took (last reason: profile too old)"
+        )),
+        "{stderr}"
+    );
+}

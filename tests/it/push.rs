@@ -41,20 +41,33 @@ impl Server {
         listener: TcpListener,
         delay: impl Fn(usize) -> Duration + Send + 'static,
     ) -> Server {
+        Server::answering(listener, delay, Vec::new())
+    }
+
+    /// A slow server (see [`Server::slow`]) whose every 200 has `body`.
+    pub(crate) fn answering(
+        listener: TcpListener,
+        delay: impl Fn(usize) -> Duration + Send + 'static,
+        body: Vec<u8>,
+    ) -> Server {
+        let body = Arc::new(body);
         let port = listener.local_addr().unwrap().port();
         let got = Arc::new(Mutex::new(Vec::new()));
         let keep = got.clone();
         std::thread::spawn(move || {
             for (n, conn) in listener.incoming().enumerate() {
                 let Ok(mut conn) = conn else { continue };
-                let (keep, wait) = (keep.clone(), delay(n));
+                let (keep, wait, body) = (keep.clone(), delay(n), body.clone());
                 std::thread::spawn(move || {
                     if let Some(req) = read_request(&mut conn) {
                         keep.lock().unwrap().push(req);
                         std::thread::sleep(wait);
-                        let _ = conn.write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
                         );
+                        let _ = conn.write_all(head.as_bytes());
+                        let _ = conn.write_all(&body);
                     }
                 });
             }
