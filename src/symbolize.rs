@@ -292,13 +292,8 @@ impl Symbolizer {
             match namer(&missing) {
                 Ok(syms) if syms.len() == missing.len() => {
                     named.extend(missing.into_iter().zip(syms).map(|(addr, sym)| {
-                        let resolved = sym.map(|s| Resolved {
-                            name: s.name,
-                            offset: s.offset,
-                            size: Some(s.size),
-                            module: Some(s.module.unwrap_or_else(|| "kernel".to_string())),
-                            location: String::new(),
-                            inlined: Vec::new(),
+                        let resolved = sym.map(|s| {
+                            kernel_resolved(s.name, s.offset, Some(s.size), s.module.as_deref())
                         });
                         (addr, resolved)
                     }))
@@ -561,14 +556,24 @@ impl Symbolizer {
 /// The symbol at `addr` in kallsyms, as a resolved frame.
 fn kallsyms_resolved(table: &KernelSymbols, addr: u64) -> Option<Resolved> {
     let sym = table.resolve(addr)?;
-    Some(Resolved {
-        name: sym.name.to_string(),
-        offset: sym.offset,
-        size: sym.size,
-        module: Some(sym.module.unwrap_or("kernel").to_string()),
+    Some(kernel_resolved(
+        sym.name.to_string(),
+        sym.offset,
+        sym.size,
+        sym.module,
+    ))
+}
+
+/// A kernel frame's symbol: its module, `kernel` for the kernel image's.
+fn kernel_resolved(name: String, offset: u64, size: Option<u64>, module: Option<&str>) -> Resolved {
+    Resolved {
+        name,
+        offset,
+        size,
+        module: Some(module.unwrap_or("kernel").to_string()),
         location: String::new(),
         inlined: Vec::new(),
-    })
+    }
 }
 
 fn blazesym_symbolizer(opts: SymbolizeOptions) -> blazesym::symbolize::Symbolizer {

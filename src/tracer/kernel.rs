@@ -34,33 +34,62 @@ pub fn kernel_orc() -> Option<KernelOrc> {
     }
 }
 
+/// Errs with `why` where syscall programs cannot call `helper`. Probed
+/// before loading: libbpf would say a failed load on stderr. (The program
+/// type first: where the kernel lacks it (before 5.14), the helper's probe
+/// takes the helper as there.)
+fn syscall_helper(helper: u32, why: &'static str) -> anyhow::Result<()> {
+    let syscall = ProgramType::Syscall;
+    if !matches!(syscall.is_supported(), Ok(true))
+        || !matches!(syscall.is_helper_supported(helper), Ok(true))
+    {
+        anyhow::bail!(why);
+    }
+    Ok(())
+}
+
+/// The programs of `src/bpf/ksyms.bpf.c`, each loaded alone (each needs a
+/// helper of its own kernel release).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ksyms {
+    /// `lookup_ksyms`: addresses by name.
+    Lookup,
+    /// `name_ksyms`: names of addresses.
+    Name,
+}
+
+/// The object of `ksyms.bpf.c` with only `which` of its programs loaded,
+/// in `object`. Nothing is said when it does not load (an older kernel):
+/// kallsyms is read instead.
+fn load_ksyms(
+    object: &mut std::mem::MaybeUninit<libbpf_rs::OpenObject>,
+    which: Ksyms,
+) -> anyhow::Result<crate::ksyms_bpf::KsymsSkel<'_>> {
+    use anyhow::Context;
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    let mut open = crate::ksyms_bpf::KsymsSkelBuilder::default()
+        .open(object)
+        .context("failed to open the kernel's symbol programs")?;
+    open.progs.lookup_ksyms.set_autoload(which == Ksyms::Lookup);
+    open.progs.name_ksyms.set_autoload(which == Ksyms::Name);
+    open.progs.lookup_ksyms.set_log_level(0);
+    open.progs.name_ksyms.set_log_level(0);
+    open.load()
+        .context("failed to load the kernel's symbol programs")
+}
+
 /// Each name's address in the kernel (`MODULE:SYMBOL` in a module), None
 /// where it has none; or None for all where the kernel hides addresses
 /// from this process (as kallsyms would, with zeros). Errs where the
 /// kernel has no lookup for BPF or this process may not load it.
 pub fn lookup_symbols(names: &[String]) -> anyhow::Result<Option<Vec<Option<u64>>>> {
-    use crate::ksyms_bpf::KsymsSkelBuilder;
     use anyhow::Context;
-    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-    // Probed first: libbpf would say a failed load on stderr. (The
-    // program type first: where the kernel lacks it (before 5.14), the
-    // helper's probe takes the helper as there.)
-    let syscall = ProgramType::Syscall;
-    let helper = libbpf_sys::BPF_FUNC_kallsyms_lookup_name;
-    if !matches!(syscall.is_supported(), Ok(true))
-        || !matches!(syscall.is_helper_supported(helper), Ok(true))
-    {
-        anyhow::bail!("this kernel has no symbol lookup for BPF (Linux 5.16)");
-    }
+    syscall_helper(
+        libbpf_sys::BPF_FUNC_kallsyms_lookup_name,
+        "this kernel has no symbol lookup for BPF (Linux 5.16)",
+    )?;
     let mut object = std::mem::MaybeUninit::uninit();
-    let mut open = KsymsSkelBuilder::default()
-        .open(&mut object)
-        .context("failed to open the symbol lookup")?;
-    // Nothing to report when it does not load (an older kernel): kallsyms
-    // is read instead.
-    open.progs.lookup_ksyms.set_log_level(0);
-    open.progs.name_ksyms.set_autoload(false);
-    let mut skel = open.load().context("failed to load the symbol lookup")?;
+    let mut skel = load_ksyms(&mut object, Ksyms::Lookup)?;
     let mut out = Vec::with_capacity(names.len());
     let batch_len = skel
         .maps
@@ -124,28 +153,16 @@ pub fn lookup_symbols(names: &[String]) -> anyhow::Result<Option<Vec<Option<u64>
 /// anything. Errs where it cannot, or this process may not: kallsyms is
 /// read instead.
 pub fn name_kernel_addresses(addrs: &[u64]) -> anyhow::Result<Vec<Option<PrintedSym>>> {
-    use crate::ksyms_bpf::KsymsSkelBuilder;
     use anyhow::Context;
-    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-    let syscall = ProgramType::Syscall;
-    if !matches!(syscall.is_supported(), Ok(true))
-        || !matches!(
-            syscall.is_helper_supported(libbpf_sys::BPF_FUNC_snprintf),
-            Ok(true)
-        )
-    {
-        anyhow::bail!("this kernel cannot name its symbols for BPF (Linux 5.14)");
-    }
+    syscall_helper(
+        libbpf_sys::BPF_FUNC_snprintf,
+        "this kernel cannot name its symbols for BPF (Linux 5.14)",
+    )?;
     if addrs.is_empty() {
         return Ok(Vec::new());
     }
     let mut object = std::mem::MaybeUninit::uninit();
-    let mut open = KsymsSkelBuilder::default()
-        .open(&mut object)
-        .context("failed to open the symbol naming")?;
-    open.progs.lookup_ksyms.set_autoload(false);
-    open.progs.name_ksyms.set_log_level(0);
-    let mut skel = open.load().context("failed to load the symbol naming")?;
+    let mut skel = load_ksyms(&mut object, Ksyms::Name)?;
     let mut out = Vec::with_capacity(addrs.len());
     let batch_len = skel
         .maps
