@@ -397,6 +397,12 @@ pub struct Args {
     #[arg(long = "no-java")]
     pub no_java: bool,
 
+    /// Keep the native view of Node.js processes: V8's own frames, and the
+    /// addresses of its generated code in place of the JavaScript
+    /// functions
+    #[arg(long = "no-node")]
+    pub no_node: bool,
+
     /// Instead of tracing: what every task waits in now, grouped by stack,
     /// with how long each has been off the CPU. STATES keeps the tasks in
     /// these states only: letters as /proc shows them (D, or DS: R S D T

@@ -273,6 +273,68 @@ impl Elf {
         Ok(found)
     }
 
+    /// Every defined symbol of one symbol table whose name begins with
+    /// `prefix`, with its name, and whether its section is zero-filled
+    /// (`SHT_NOBITS`, `.bss`: the file holds no bytes of it, the loader
+    /// maps zeros). For families of symbols that no list of names can
+    /// name in advance: V8's post-mortem metadata (`v8dbg_*`) differs from
+    /// release to release. Bounded like [`Elf::symbols`].
+    pub fn symbols_with_prefix(
+        &self,
+        file: &File,
+        table: SymbolTable,
+        prefix: &str,
+    ) -> Result<Vec<(String, Symbol, bool)>> {
+        let mut found = Vec::new();
+        let kind = match table {
+            SymbolTable::Dynamic => SHT_DYNSYM,
+            SymbolTable::Full => SHT_SYMTAB,
+        };
+        let Some(&symbols) = self.sections.iter().find(|s| s.kind == kind) else {
+            return Ok(found);
+        };
+        let strings = self
+            .sections
+            .get(symbols.link as usize)
+            .filter(|s| symbols.link != 0 && s.kind == SHT_STRTAB)
+            .copied()
+            .context("malformed ELF: a symbol table without its string table")?;
+        let symbols = self.read_section(file, symbols)?;
+        let strings = self.read_section(file, strings)?;
+        for sym in symbols.chunks_exact(SYM_SIZE as usize) {
+            let shndx = u16_at(sym, 6);
+            if shndx == 0 {
+                continue;
+            }
+            let Some(rest) = strings.get(u32_at(sym, 0) as usize..) else {
+                continue;
+            };
+            let Some(end) = rest.iter().position(|&b| b == 0) else {
+                continue;
+            };
+            let name = &rest[..end];
+            if !name.starts_with(prefix.as_bytes()) {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                continue;
+            };
+            let zero_filled = self
+                .sections
+                .get(usize::from(shndx))
+                .is_some_and(|s| s.kind == SHT_NOBITS);
+            found.push((
+                name.to_string(),
+                Symbol {
+                    value: u64_at(sym, 8),
+                    size: u64_at(sym, 16),
+                },
+                zero_filled,
+            ));
+        }
+        Ok(found)
+    }
+
     /// The loadable segments (`PT_LOAD`).
     pub fn load_segments(&self, file: &File) -> Result<Vec<Segment>> {
         if self.phentsize < 56 || self.phnum > 256 {

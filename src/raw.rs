@@ -312,6 +312,16 @@ loss_counters! {
         /// Notices of Java frames lost for a full ring buffer (named later
         /// from the process, if it still runs).
         java_events_lost = CNT_JAVA_EVENTS_LOST,
+        /// User stacks of Node.js processes with JavaScript frames, and
+        /// those frames.
+        v8_stacks = CNT_V8_STACKS,
+        v8_frames = CNT_V8_FRAMES,
+        /// Frames of V8's generated code whose function could not be read
+        /// (left as the native walk has them).
+        v8_unreadable = CNT_V8_UNREADABLE,
+        /// Notices of JavaScript frames lost for a full ring buffer (named
+        /// later from the process, if it still runs).
+        v8_events_lost = CNT_V8_EVENTS_LOST,
         /// `--on-cpu`: samples of traced threads taken on a CPU, and those
         /// left out for falling outside the window.
         oncpu_samples = CNT_ONCPU_SAMPLES,
@@ -378,6 +388,7 @@ loss_counters! {
 pub enum RuntimeKind {
     Python,
     Java,
+    Node,
 }
 
 /// What the BPF program says of a process while tracing.

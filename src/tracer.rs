@@ -183,6 +183,9 @@ pub struct TracerOptions {
     /// The Java frames of HotSpot JVMs in their user stacks (off with
     /// `--no-java`).
     pub java: bool,
+    /// The JavaScript frames of Node.js processes (V8's) in their user
+    /// stacks (off with `--no-node`).
+    pub node: bool,
     /// A process of a runtime whose frames are read may be running (see
     /// [`crate::runtime::maybe_running`]): the hooks load with the
     /// runtimes' walkers. Otherwise they load without them, and their
@@ -199,7 +202,7 @@ impl TracerOptions {
     /// Whether any language runtime's frames are read (see
     /// [`crate::runtime`]): only in user stacks.
     pub fn runtimes(&self) -> bool {
-        (self.python || self.java) && self.user_stacks
+        (self.python || self.java || self.node) && self.user_stacks
     }
 
     /// Whether the frames of runtime `kind` are read (its `--no-` flag
@@ -210,6 +213,7 @@ impl TracerOptions {
             && match kind {
                 Kind::Python => self.python,
                 Kind::Java => self.java,
+                Kind::Node => self.node,
             }
     }
 }
@@ -499,6 +503,7 @@ impl<'obj> Tracer<'obj> {
                 RuntimeSettings {
                     python: rodata.python_on,
                     java: rodata.java_on,
+                    node: rodata.v8_on,
                 }
             }
         };

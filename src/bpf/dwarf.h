@@ -50,6 +50,10 @@ struct unwind_state {
 	 * walked. */
 	bool java;
 	__u16 java_frames;
+	/* The process has an entry in node_procs (v8.h); the JavaScript
+	 * frames walked. */
+	bool v8;
+	__u16 v8_frames;
 	/* The walked task's process. */
 	__u32 tgid;
 };
@@ -579,6 +583,7 @@ static __always_inline __u64 file_rule(__u64 addr, struct file_scratch *files, b
 }
 
 #include "java.h"
+#include "v8.h"
 
 /* A signal trampoline's frame (UNWIND_SIGNAL): where the interrupted
  * registers are in the struct ucontext at rsp (x86-64: uc_mcontext at 40,
@@ -727,6 +732,20 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		}
 		u->sp = cfa;
 	} else {
+		/* V8's code in a Node.js process (v8.h): its frames as V8
+		 * lays them out, a JavaScript frame named by its function.
+		 * Not where the thread stopped: the frame may not be set up
+		 * there. */
+		if (u->v8 && i != u->exact_at) {
+			switch (c ? v8_step(u, ips, idx, c, pr, task) : v8_step_of_current(idx)) {
+			case V8_NEXT:
+				return 0;
+			case V8_END:
+				return 1;
+			default:
+				break;
+			}
+		}
 by_fp:
 		/* No call-frame information for this address: the saved
 		 * frame pointer and return address at bp.  A chain that ends
@@ -881,6 +900,7 @@ static __always_inline __u32 walk_user(struct unwind_state *u, struct task_struc
 	u->max = clamp_stack_bytes() / sizeof(__u64);
 	u->tgid = remote ? BPF_CORE_READ(task, tgid) : bpf_get_current_pid_tgid() >> 32;
 	u->java = java_walkable(u->tgid, task);
+	u->v8 = !u->java && v8_walkable(u->tgid, task);
 	if (remote) {
 		copy_stack(u, task);
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, &t, 0);

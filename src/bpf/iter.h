@@ -32,6 +32,7 @@ static __always_inline long unwind_task_by_files(struct task_struct *task, __u32
 	u->max = clamp_stack_bytes() / sizeof(__u64);
 	u->tgid = tgid;
 	u->java = java_walkable(tgid, task);
+	u->v8 = !u->java && v8_walkable(tgid, task);
 	s->mm = mm;
 	s->needs_tables = 0;
 	s->used = 0;

@@ -76,24 +76,6 @@ struct java_scratch {
 	__u16 code_size;
 };
 
-/* The Java words this CPU told userspace of lately, by a hash of the
- * word and its process: a notice each the first time, and again only
- * once another took its slot. */
-#define JAVA_SEEN_SLOTS 1024
-struct java_seen {
-	__u64 word;
-	__u32 tgid;
-	__u32 _pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, JAVA_SEEN_SLOTS);
-	__type(key, __u32);
-	__type(value, struct java_seen);
-} java_seen SEC(".maps");
-
-
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -162,23 +144,13 @@ static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 	return true;
 }
 
-/* Tells userspace of Java word `word` of process `tgid` if this CPU has
- * not told it of it lately: what it names is read while the JVM runs (the
- * frame of a blocked thread keeps its method, and its compiled code,
- * there). */
+/* Tells userspace of Java word `word` of process `tgid` (see
+ * runtime_notice_once()): the frame of a blocked thread keeps its method,
+ * and its compiled code, there. */
 static __always_inline void java_notice(struct java_scratch *js, __u32 tgid, __u64 word)
 {
-	__u32 slot = (__u32)((word >> 3) ^ (word >> 19) ^ (word >> 40) ^ tgid) &
-		     (JAVA_SEEN_SLOTS - 1);
-	struct java_seen *s = bpf_map_lookup_elem(&java_seen, &slot);
-
-	if (!s || (s->word == word && s->tgid == tgid))
-		return;
-	if (!runtime_notice(TASK_EVENT_JAVACODE, tgid, js->pid, js->process_start, js->p.mm, word,
-			    0, CNT_JAVA_EVENTS_LOST))
-		return;
-	s->word = word;
-	s->tgid = tgid;
+	runtime_notice_once(TASK_EVENT_JAVACODE, tgid, js->pid, js->process_start, js->p.mm, word,
+			    CNT_JAVA_EVENTS_LOST);
 }
 
 #define JAVA_WORD(mark) ((__u64)(mark) << 60)

@@ -243,7 +243,9 @@ struct ucache {
 	 * build without the runtimes' walkers proves nothing to the one with
 	 * them (a JVM's frames). */
 	__u16 runtimes;
-	__u16 _pad[2];
+	/* JavaScript frames (see v8.h). */
+	__u16 v8_frames;
+	__u16 _pad;
 	/* Slot k: at sp + off[k], the walk read val[k]. */
 	__u32 off[UCACHE_SLOTS];
 	__u64 val[UCACHE_SLOTS];
@@ -452,5 +454,8 @@ struct java_proc _java_proc = {};
 enum java_frame_special _java_frame_special = JAVA_INTERP_MARK;
 enum java_cut _java_cut = JAVA_CUT_RUNNING;
 enum java_limits _java_limits = JAVA_FRAME_WORDS;
+struct node_proc _node_proc = {};
+enum node_limits _node_limits = NODE_FRAME_WORDS;
+enum v8_frame_special _v8_frame_special = V8_FRAME_MARK;
 
 #endif /* __OFFCPUTIME_MAPS_H__ */

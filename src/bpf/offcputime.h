@@ -157,6 +157,9 @@ enum task_event_kind {
 	 * walked it lately (struct py_code_event, the word as its code):
 	 * userspace names it while the JVM runs and the code is there. */
 	TASK_EVENT_JAVACODE = 6,
+	/* A V8 frame's word (see V8_FRAME_MARK), the first time a CPU met it
+	 * lately (struct py_code_event): what it names is read at once. */
+	TASK_EVENT_V8CODE = 7,
 };
 
 /* Sent on the `events` ring buffer, so that userspace can snapshot a
@@ -411,6 +414,60 @@ enum java_cut {
 	JAVA_CUT_RUNNING = 1,
 	/* The code cache or the frame could not be read, or made no sense. */
 	JAVA_CUT_UNREADABLE = 2,
+};
+
+/*
+ * V8 frames (Node.js; see v8.h).  Userspace writes an entry in `node_procs`
+ * for each process whose V8 it has read the post-mortem metadata of (the
+ * `v8dbg_*` symbols of its node binary).  JavaScript code keeps frame
+ * pointers: the native walk, meeting code with no call-frame information
+ * (V8's generated code, or its builtins embedded in the binary), takes the
+ * frame from the slots below its frame pointer: a frame of JavaScript keeps
+ * its context and its JSFunction there, a frame of V8's own a marker of its
+ * type (a small integer) in the context's place.
+ */
+#define NODE_INTERP_RANGES 4
+struct node_proc {
+	/* The address space the entry is for (as in struct py_proc). */
+	__u64 mm;
+	/* The interpreter's entry builtins: their frames are interpreted
+	 * frames, whose bytecode offset is in a slot of the frame. */
+	__u64 interp_lo[NODE_INTERP_RANGES];
+	__u64 interp_hi[NODE_INTERP_RANGES];
+	/* The frame's slots, in bytes from its frame pointer (from
+	 * NODE_FRAME_LOW up to 16, read at once): the context (or the type
+	 * marker), the JSFunction, an interpreted frame's bytecode offset
+	 * (a small integer). */
+	__s16 fp_context;
+	__s16 fp_function;
+	__s16 fp_bytecode_offset;
+	/* JSFunction's SharedFunctionInfo field, in bytes from the object's
+	 * start (its tagged pointer less the tag). */
+	__u16 function_shared;
+	/* A small integer's value: the word shifted right so many bits. */
+	__u8 smi_shift;
+	__u8 _pad[7];
+};
+
+/* A frame's slots read at once: from its frame pointer -64 up to +16 (the
+ * return address's end), UCACHE_RANGE_WORDS words. */
+enum node_limits {
+	NODE_FRAME_LOW = -64,
+	NODE_FRAME_WORDS = 10,
+};
+
+/*
+ * A JavaScript frame in a stored user stack: one word, in place of the
+ * native walk's pc, non-canonical: bits 63..60 V8_FRAME_MARK, bits 59..16
+ * the frame's SharedFunctionInfo (the function's code-independent part,
+ * which names it) >> 3, bits 15..0 where in it: for an interpreted frame
+ * V8_AT_BYTECODE | its bytecode offset as the frame keeps it (up to
+ * V8_AT_MAX; V8_AT_MAX itself: not known), 0 for compiled code.
+ */
+enum v8_frame_special {
+	V8_FRAME_MARK = 0xd,
+	V8_AT_BYTECODE = 0x8000,
+	V8_AT_MAX = 0x7fff,
 };
 
 /* TASK_EVENT_PYCODE: a task event followed by the code object. */
@@ -764,6 +821,14 @@ enum offcpu_counter {
 	/* ... notices of Java frames lost for a full ring buffer (named
 	 * later from the process, if it still runs) */
 	CNT_JAVA_EVENTS_LOST,
+	/* User stacks of Node.js processes (struct node_proc) with V8 frames,
+	 * their JavaScript frames, the frames of V8's generated code that
+	 * could not be read (left as the native walk has them), and notices
+	 * lost for a full ring buffer */
+	CNT_V8_STACKS,
+	CNT_V8_FRAMES,
+	CNT_V8_UNREADABLE,
+	CNT_V8_EVENTS_LOST,
 	/* --on-cpu: samples taken on a CPU of a thread traced, and those
 	 * that fell outside the window (between the attach and its start,
 	 * or after its end) */

@@ -148,4 +148,39 @@ static __always_inline bool runtime_notice(__u32 kind, __u32 tgid, __u32 pid, __
 	return true;
 }
 
+/* The runtimes' words this CPU told userspace of lately, by a hash of the
+ * word and its process: a notice each the first time, and again only once
+ * another took its slot. */
+#define RT_SEEN_SLOTS 1024
+struct rt_seen {
+	__u64 word;
+	__u32 tgid;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RT_SEEN_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rt_seen);
+} rt_seen SEC(".maps");
+
+/* Tells userspace of a runtime's frame word `word` of process `tgid`
+ * (runtime_notice()'s event `kind`) if this CPU has not told it of it
+ * lately: what it names is read while the process runs. */
+static __always_inline void runtime_notice_once(__u32 kind, __u32 tgid, __u32 pid, __u64 start,
+						__u64 mm, __u64 word, __u32 lost)
+{
+	__u32 slot = (__u32)((word >> 3) ^ (word >> 19) ^ (word >> 40) ^ tgid) &
+		     (RT_SEEN_SLOTS - 1);
+	struct rt_seen *s = bpf_map_lookup_elem(&rt_seen, &slot);
+
+	if (!s || (s->word == word && s->tgid == tgid))
+		return;
+	if (!runtime_notice(kind, tgid, pid, start, mm, word, 0, lost))
+		return;
+	s->word = word;
+	s->tgid = tgid;
+}
+
 #endif /* __OFFCPUTIME_RUNTIME_H__ */

@@ -209,6 +209,7 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->fp_frames = u->fp_frames;
 	e->gap_frames = u->gap_frames;
 	e->java_frames = u->java_frames;
+	e->v8_frames = u->v8_frames;
 	e->runtimes = runtimes_on;
 	e->stack_id = id;
 }

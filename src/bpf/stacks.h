@@ -129,6 +129,10 @@ static __always_inline void count_n(__u32 which, __u64 n)
 			count(CNT_JAVA_STACKS);                             \
 			count_n(CNT_JAVA_FRAMES, (w)->java_frames);         \
 		}                                                           \
+		if ((w)->v8_frames) {                                       \
+			count(CNT_V8_STACKS);                               \
+			count_n(CNT_V8_FRAMES, (w)->v8_frames);             \
+		}                                                           \
 	} while (0)
 
 #endif /* __OFFCPUTIME_STACKS_H__ */

@@ -127,6 +127,7 @@ impl Args {
                 wakers: self.wakers,
                 python: !self.no_python,
                 java: !self.no_java,
+                node: !self.no_node,
                 // Looked at as the trace starts.
                 runtimes_running: true,
                 on_cpu_hz: self.on_cpu_hz()?,

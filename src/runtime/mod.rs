@@ -1,6 +1,6 @@
 //! Language runtimes whose frames take their place among a stack's native
 //! frames: one interface ([`Runtime`]), one entry each in [`RUNTIMES`],
-//! and each runtime a folder of its own ([`python`]).
+//! and each runtime a folder of its own ([`python`], [`java`], [`node`]).
 //!
 //! A runtime is told of every mapped object (is it one of its own?) and of
 //! every process that maps one (the BPF program's entry for it, see
@@ -14,6 +14,7 @@
 //! [`Spec`].
 
 pub mod java;
+pub mod node;
 pub mod python;
 
 use std::fs::File;
@@ -98,6 +99,24 @@ pub const RUNTIMES: &[Spec] = &[
         jit_without_frame_pointers: &["libjvm.so"],
         mapped_name_hints: &["libjvm.so"],
         otel_frame_type: "jvm",
+    },
+    Spec {
+        kind: Kind::Node,
+        name: "node",
+        label: "JavaScript",
+        unreadable: "[js frame unreadable]",
+        cut_short: "[js frames cut short]",
+        // Teal: apart from Java's green, Python's violet and the native
+        // frames' blue and orange.
+        colour: [(20, 40.0), (150, 50.0), (150, 50.0)],
+        procs_map: Some("node_procs"),
+        processes: "Node.js",
+        native: "V8",
+        new: || Box::<node::Nodes>::default(),
+        // V8's generated code keeps frame pointers.
+        jit_without_frame_pointers: &[],
+        mapped_name_hints: &["node"],
+        otel_frame_type: "v8js",
     },
 ];
 

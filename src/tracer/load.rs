@@ -523,6 +523,7 @@ pub(super) fn configure(
         rodata.runtimes_on = opts.runtimes();
         rodata.python_on = opts.python && opts.user_stacks;
         rodata.java_on = opts.java && opts.user_stacks;
+        rodata.v8_on = opts.node && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
@@ -578,6 +579,7 @@ pub(super) fn configure(
             &mut maps.korc_entries,
             &mut maps.korc_pairs,
             &mut maps.java_procs,
+            &mut maps.node_procs,
             &mut maps.py_procs,
             &mut maps.unwind_procs,
             &mut maps.unwind_files,
@@ -742,6 +744,7 @@ pub(super) enum Later<'obj> {
 pub(super) struct RuntimeSettings {
     pub(super) python: bool,
     pub(super) java: bool,
+    pub(super) node: bool,
 }
 
 impl RuntimeSettings {
@@ -752,10 +755,12 @@ impl RuntimeSettings {
         let settings = RuntimeSettings {
             python: rodata.python_on,
             java: rodata.java_on,
+            node: rodata.v8_on,
         };
         rodata.runtimes_on = false;
         rodata.python_on = false;
         rodata.java_on = false;
+        rodata.v8_on = false;
         rodata.runtimes_later = true;
         settings
     }
@@ -765,6 +770,7 @@ impl RuntimeSettings {
         rodata.runtimes_on = true;
         rodata.python_on = self.python;
         rodata.java_on = self.java;
+        rodata.v8_on = self.node;
         rodata.runtimes_later = false;
         rodata.refresh_at_start = true;
     }

@@ -417,16 +417,16 @@ pub(super) fn task_event(data: &[u8]) -> Option<TaskEvent> {
             }
             TaskEvent::Mapped(p, vmas, n)
         }
-        K::TASK_EVENT_PYCODE | K::TASK_EVENT_JAVACODE => {
+        K::TASK_EVENT_PYCODE | K::TASK_EVENT_JAVACODE | K::TASK_EVENT_V8CODE => {
             let mut c = types::py_code_event::default();
             if plain::copy_from_bytes(&mut c, data).is_err() {
                 return None;
             }
             TaskEvent::RuntimeCode {
-                kind: if ev.kind == K::TASK_EVENT_JAVACODE.0 {
-                    crate::raw::RuntimeKind::Java
-                } else {
-                    crate::raw::RuntimeKind::Python
+                kind: match ev.kind {
+                    k if k == K::TASK_EVENT_JAVACODE.0 => crate::raw::RuntimeKind::Java,
+                    k if k == K::TASK_EVENT_V8CODE.0 => crate::raw::RuntimeKind::Node,
+                    _ => crate::raw::RuntimeKind::Python,
                 },
                 proc: p,
                 space,

@@ -16,6 +16,7 @@ mod java;
 mod kstacks;
 mod layers;
 mod newprocs;
+mod node;
 mod oncpu;
 mod otlp;
 pub(crate) mod push;
