@@ -178,7 +178,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 	s->st.max = clamp_stack_bytes() / sizeof(__u64);
 	s->st.tgid = bpf_get_current_pid_tgid() >> 32;
 	s->st.java = java_walkable(s->st.tgid, NULL);
-	s->st.v8 = !s->st.java && v8_walkable(s->st.tgid, NULL);
+	s->st.v8 = !s->st.java && v8_walkable_of_current(s->st.tgid);
 	s->mm = mm;
 	s->needs_tables = 0;
 	s->used = 0;

@@ -46,14 +46,14 @@ struct unwind_state {
 	/* The frame being walked through frame pointers is in a gap of its
 	 * object's tables (RULE_GAP). */
 	bool in_gap;
-	/* The process has an entry in java_procs (java.h); the Java frames
-	 * walked. */
+	/* The process has an entry in java_procs (java.h), or in node_procs
+	 * (v8.h); the runtime's frames walked (Java's or JavaScript's).  The
+	 * second bool in the padding: on 6.1 a chain of calls' stack (the
+	 * switch hook's, through defer_user_stack(), which keeps a state of
+	 * its own) is bounded to 512 bytes. */
 	bool java;
-	__u16 java_frames;
-	/* The process has an entry in node_procs (v8.h); the JavaScript
-	 * frames walked. */
+	__u16 rt_frames;
 	bool v8;
-	__u16 v8_frames;
 	/* The walked task's process. */
 	__u32 tgid;
 };
@@ -736,8 +736,8 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		 * lays them out, a JavaScript frame named by its function.
 		 * Not where the thread stopped: the frame may not be set up
 		 * there. */
-		if (u->v8 && i != u->exact_at) {
-			switch (c ? v8_step(u, ips, idx, c, pr, task) : v8_step_of_current(idx)) {
+		if (v8_on && u->v8 && i != u->exact_at) {
+			switch (v8_step(u, ips, idx, c, pr, task)) {
 			case V8_NEXT:
 				return 0;
 			case V8_END:
@@ -900,7 +900,7 @@ static __always_inline __u32 walk_user(struct unwind_state *u, struct task_struc
 	u->max = clamp_stack_bytes() / sizeof(__u64);
 	u->tgid = remote ? BPF_CORE_READ(task, tgid) : bpf_get_current_pid_tgid() >> 32;
 	u->java = java_walkable(u->tgid, task);
-	u->v8 = !u->java && v8_walkable(u->tgid, task);
+	u->v8 = !u->java && (task ? v8_walkable(u->tgid, task) : v8_walkable_of_current(u->tgid));
 	if (remote) {
 		copy_stack(u, task);
 		bpf_loop(MAX_STACK_DEPTH, unwind_step_task, &t, 0);

@@ -268,7 +268,7 @@ __noinline int java_code_at(__u64 a, __u64 b, __u64 c)
 static __always_inline int java_cut(struct unwind_state *u, __u64 *ips, __u32 idx, __u32 why)
 {
 	ips[idx & MAX_STACK_DEPTH] = JAVA_WORD(JAVA_CUT_MARK) | why;
-	u->java_frames++;
+	u->rt_frames++;
 	count(why == JAVA_CUT_RUNNING ? CNT_JAVA_CUT_RUNNING : CNT_JAVA_CUT_UNREADABLE);
 	u->truncated = true;
 	u->unprovable = true;
@@ -414,7 +414,7 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 		u->bp = JAVA_SLOT(js, 0);
 		u->bp_restored = true;
 		u->pc = JAVA_SLOT(js, 8);
-		u->java_frames++;
+		u->rt_frames++;
 		java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
 		return u->pc ? JAVA_NEXT : JAVA_END;
 	}
@@ -489,7 +489,7 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 			((1 << JAVA_CHECK_BITS) - 1))
 			<< 47 |
 		(js->pc & ((1ULL << 47) - 1));
-	u->java_frames++;
+	u->rt_frames++;
 	java_notice(js, u->tgid, ips[idx & MAX_STACK_DEPTH]);
 	if (size <= 0) {
 		/* Other blobs without a frame size keep no frame pointer of

@@ -237,15 +237,14 @@ struct ucache {
 	__u16 gap_frames;
 	/* Past the highest slot: sp + top is where the slots end. */
 	__u32 top;
-	/* Java frames (see java.h). */
-	__u16 java_frames;
+	/* Java or JavaScript frames (see java.h, v8.h), and which. */
+	__u16 rt_frames;
 	/* Walked by the runtime build (runtimes_on): a walk kept by the
 	 * build without the runtimes' walkers proves nothing to the one with
 	 * them (a JVM's frames). */
 	__u16 runtimes;
-	/* JavaScript frames (see v8.h). */
-	__u16 v8_frames;
-	__u16 _pad;
+	__u8 v8;
+	__u8 _pad[3];
 	/* Slot k: at sp + off[k], the walk read val[k]. */
 	__u32 off[UCACHE_SLOTS];
 	__u64 val[UCACHE_SLOTS];

@@ -208,8 +208,8 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->truncated = u->truncated;
 	e->fp_frames = u->fp_frames;
 	e->gap_frames = u->gap_frames;
-	e->java_frames = u->java_frames;
-	e->v8_frames = u->v8_frames;
+	e->rt_frames = u->rt_frames;
+	e->v8 = u->v8;
 	e->runtimes = runtimes_on;
 	e->stack_id = id;
 }

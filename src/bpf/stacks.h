@@ -125,13 +125,10 @@ static __always_inline void count_n(__u32 which, __u64 n)
 			count_n(CNT_UNWIND_FP_FRAMES, (w)->fp_frames);      \
 		if ((w)->gap_frames)                                        \
 			count_n(CNT_UNWIND_GAP_FRAMES, (w)->gap_frames);    \
-		if ((w)->java_frames) {                                     \
-			count(CNT_JAVA_STACKS);                             \
-			count_n(CNT_JAVA_FRAMES, (w)->java_frames);         \
-		}                                                           \
-		if ((w)->v8_frames) {                                       \
-			count(CNT_V8_STACKS);                               \
-			count_n(CNT_V8_FRAMES, (w)->v8_frames);             \
+		if ((w)->rt_frames) {                                       \
+			count((w)->v8 ? CNT_V8_STACKS : CNT_JAVA_STACKS);   \
+			count_n((w)->v8 ? CNT_V8_FRAMES : CNT_JAVA_FRAMES,  \
+				(w)->rt_frames);                            \
 		}                                                           \
 	} while (0)
 

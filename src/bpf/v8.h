@@ -98,6 +98,15 @@ static __always_inline bool v8_walkable(__u32 tgid, struct task_struct *task)
 	return true;
 }
 
+/* v8_walkable() of the current task: a global function, so that its
+ * reads' room on the stack is not the caller's (on 6.1 the chain of calls
+ * from the switch hook through the walk is at the verifier's bound of 512
+ * bytes). */
+__noinline int v8_walkable_of_current(__u32 tgid)
+{
+	return v8_walkable(tgid, NULL);
+}
+
 /* The frame's slot `off` bytes from its frame pointer (masked: a bound
  * for the verifier; the frame's slots are the first NODE_FRAME_WORDS). */
 #define V8_SLOT(vs, off) ((vs)->frame[(((off) - NODE_FRAME_LOW) >> 3) & 15])
@@ -154,7 +163,7 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 			ips[idx & MAX_STACK_DEPTH] = (__u64)V8_FRAME_MARK << 60 |
 						     ((vs->shared >> 3) & ((1ULL << 44) - 1)) << 16 |
 						     at;
-			u->v8_frames++;
+			u->rt_frames++;
 			runtime_notice_once(TASK_EVENT_V8CODE, u->tgid, vs->pid, vs->process_start,
 					    n->mm, ips[idx & MAX_STACK_DEPTH], CNT_V8_EVENTS_LOST);
 		}
@@ -171,22 +180,6 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 	u->bp_restored = true;
 	u->pc = V8_SLOT(vs, 8);
 	return u->pc ? V8_NEXT : V8_END;
-}
-
-/*
- * v8_step() in the walk of the current task's stack (see
- * java_step_of_current()): a global function, checked once.
- */
-__noinline int v8_step_of_current(__u32 idx)
-{
-	__u32 zero = 0;
-	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
-	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
-	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
-
-	if (!ips || !s)
-		return V8_END;
-	return v8_step(&s->st, ips, idx, NULL, pr, NULL);
 }
 
 #endif /* __OFFCPUTIME_V8_H__ */
