@@ -634,6 +634,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		case JAVA_END:
 			return 1;
 		case JAVA_BY_FP:
+			u->in_gap = false;
 			goto by_fp;
 		default:
 			break;
@@ -732,12 +733,15 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		}
 		u->sp = cfa;
 	} else {
+		/* In the state, not a register: it would be kept on the
+		 * stack across the reads and calls below (see unwind_state). */
+		u->in_gap = !!(rule & RULE_GAP);
 		/* V8's code in a Node.js process (v8.h): its frames as V8
 		 * lays them out, a JavaScript frame named by its function.
 		 * Not where the thread stopped: the frame may not be set up
 		 * there. */
 		if (v8_on && u->v8 && i != u->exact_at) {
-			switch (v8_step(u, ips, idx, c, pr, task)) {
+			switch (c ? v8_step(u, ips, idx, c, pr, task) : v8_step_of_current(idx)) {
 			case V8_NEXT:
 				return 0;
 			case V8_END:
@@ -755,9 +759,6 @@ by_fp:
 			u->bp_used = true;
 		if (!u->bp)
 			return 1;
-		/* In the state, not a register: it would be kept on the
-		 * stack across the read (see unwind_state). */
-		u->in_gap = !!(rule & RULE_GAP);
 		if (read_user(frame, sizeof(frame), (void *)u->bp, task, c)) {
 			u->unprovable = true;
 			return 1;

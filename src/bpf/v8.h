@@ -182,4 +182,21 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 	return u->pc ? V8_NEXT : V8_END;
 }
 
+/*
+ * v8_step() in the walk of the current task's stack, whose state is in
+ * file_scratch (`st`), its frames in `scratch`: a global function, so that
+ * its stack is not the walk's step's (see java_step_of_current()).
+ */
+__noinline int v8_step_of_current(__u32 idx)
+{
+	__u32 zero = 0;
+	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
+	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
+	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
+
+	if (!ips || !s)
+		return V8_END;
+	return v8_step(&s->st, ips, idx, NULL, pr, NULL);
+}
+
 #endif /* __OFFCPUTIME_V8_H__ */
