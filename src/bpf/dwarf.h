@@ -741,7 +741,9 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		 * Not where the thread stopped: the frame may not be set up
 		 * there. */
 		if (v8_on && u->v8 && i != u->exact_at) {
-			switch (c ? v8_step(u, ips, idx, c, pr, task) : v8_step_of_current(idx)) {
+			/* The frame's index as `i`, not idx: the compiler would
+			 * keep idx on the stack across the calls before. */
+			switch (c ? v8_step(u, ips, idx, c, pr, task) : v8_step_of_current(i)) {
 			case V8_NEXT:
 				return 0;
 			case V8_END:

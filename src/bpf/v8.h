@@ -187,7 +187,7 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
  * file_scratch (`st`), its frames in `scratch`: a global function, so that
  * its stack is not the walk's step's (see java_step_of_current()).
  */
-__noinline int v8_step_of_current(__u32 idx)
+__noinline int v8_step_of_current(__u32 i)
 {
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
@@ -196,7 +196,7 @@ __noinline int v8_step_of_current(__u32 idx)
 
 	if (!ips || !s)
 		return V8_END;
-	return v8_step(&s->st, ips, idx, NULL, pr, NULL);
+	return v8_step(&s->st, ips, i, NULL, pr, NULL);
 }
 
 #endif /* __OFFCPUTIME_V8_H__ */

@@ -523,11 +523,7 @@ pub(super) fn configure(
         rodata.runtimes_on = opts.runtimes();
         rodata.python_on = opts.python && opts.user_stacks;
         rodata.java_on = opts.java && opts.user_stacks;
-        // Before 6.2 the V8 step's room on the stack takes the chain of
-        // calls from the switch hook through the walk past the verifier's
-        // 512 bytes (seen on 6.1): JavaScript frames are read from 6.2.
-        rodata.v8_on =
-            opts.node && opts.user_stacks && kernel::version().is_some_and(|v| v >= (6, 2));
+        rodata.v8_on = opts.node && opts.user_stacks;
         rodata.want_states = opts.states;
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
