@@ -149,9 +149,10 @@ pub fn walk(
             pc.wrapping_sub(1)
         };
         let rule = rule(mappings, rows, at);
-        // Code without tables: a runtime's (a JVM's Java code) where the
-        // runtime steps over it.
-        if let (Rule::Untabled, Some(step)) = (&rule, runtime) {
+        // Code without tables: a runtime's (a JVM's Java code, V8's code
+        // and its builtins, in a gap of node's tables) where the runtime
+        // steps over it.
+        if let (Rule::Untabled | Rule::Gap, Some(step)) = (&rule, runtime) {
             let here = CopyAt {
                 pc,
                 sp,

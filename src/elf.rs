@@ -215,6 +215,28 @@ impl Elf {
         Ok(data)
     }
 
+    /// The bytes of symbol table `table` and of its string table; None
+    /// where the file has no such table.
+    fn symbol_table(&self, file: &File, table: SymbolTable) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let kind = match table {
+            SymbolTable::Dynamic => SHT_DYNSYM,
+            SymbolTable::Full => SHT_SYMTAB,
+        };
+        let Some(&symbols) = self.sections.iter().find(|s| s.kind == kind) else {
+            return Ok(None);
+        };
+        let strings = self
+            .sections
+            .get(symbols.link as usize)
+            .filter(|s| symbols.link != 0 && s.kind == SHT_STRTAB)
+            .copied()
+            .context("malformed ELF: a symbol table without its string table")?;
+        Ok(Some((
+            self.read_section(file, symbols)?,
+            self.read_section(file, strings)?,
+        )))
+    }
+
     /// The first defined symbol of each of `names` in one symbol table
     /// (None where there is none, or where the file has no such table).
     /// The table and its string table are read whole, each bounded by
@@ -229,21 +251,9 @@ impl Elf {
         names: &[&str],
     ) -> Result<Vec<Option<Symbol>>> {
         let mut found = vec![None; names.len()];
-        let kind = match table {
-            SymbolTable::Dynamic => SHT_DYNSYM,
-            SymbolTable::Full => SHT_SYMTAB,
-        };
-        let Some(&symbols) = self.sections.iter().find(|s| s.kind == kind) else {
+        let Some((symbols, strings)) = self.symbol_table(file, table)? else {
             return Ok(found);
         };
-        let strings = self
-            .sections
-            .get(symbols.link as usize)
-            .filter(|s| symbols.link != 0 && s.kind == SHT_STRTAB)
-            .copied()
-            .context("malformed ELF: a symbol table without its string table")?;
-        let symbols = self.read_section(file, symbols)?;
-        let strings = self.read_section(file, strings)?;
         let mut left = names.len();
         for sym in symbols.chunks_exact(SYM_SIZE as usize) {
             if left == 0 {
@@ -286,21 +296,9 @@ impl Elf {
         prefix: &str,
     ) -> Result<Vec<(String, Symbol, bool)>> {
         let mut found = Vec::new();
-        let kind = match table {
-            SymbolTable::Dynamic => SHT_DYNSYM,
-            SymbolTable::Full => SHT_SYMTAB,
-        };
-        let Some(&symbols) = self.sections.iter().find(|s| s.kind == kind) else {
+        let Some((symbols, strings)) = self.symbol_table(file, table)? else {
             return Ok(found);
         };
-        let strings = self
-            .sections
-            .get(symbols.link as usize)
-            .filter(|s| symbols.link != 0 && s.kind == SHT_STRTAB)
-            .copied()
-            .context("malformed ELF: a symbol table without its string table")?;
-        let symbols = self.read_section(file, symbols)?;
-        let strings = self.read_section(file, strings)?;
         for sym in symbols.chunks_exact(SYM_SIZE as usize) {
             let shndx = u16_at(sym, 6);
             if shndx == 0 {

@@ -111,7 +111,7 @@ pub const RUNTIMES: &[Spec] = &[
         colour: [(20, 40.0), (150, 50.0), (150, 50.0)],
         procs_map: Some("node_procs"),
         processes: "Node.js",
-        native: "V8",
+        native: "V8 engine",
         new: || Box::<node::Nodes>::default(),
         // V8's generated code keeps frame pointers.
         jit_without_frame_pointers: &[],
@@ -447,6 +447,14 @@ impl Runtimes {
 pub trait Memory {
     /// Fills `buf` from `addr`; a short read is an error.
     fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()>;
+}
+
+/// How a runtime opens a process's memory (a made-up memory in tests).
+pub type Opener = fn(u32) -> std::io::Result<Box<dyn Memory>>;
+
+/// A process's memory through `/proc/PID/mem` (the runtimes' [`Opener`]).
+pub fn open_process(pid: u32) -> std::io::Result<Box<dyn Memory>> {
+    Ok(Box::new(ProcMem::open(pid)?))
 }
 
 /// A process's memory through `/proc/PID/mem`, opened once.

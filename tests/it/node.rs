@@ -9,6 +9,7 @@
 //! of it.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -40,6 +41,23 @@ fn node(major: u32) -> Option<PathBuf> {
     None
 }
 
+/// The workload's node process, killed with its process group (the exec
+/// worker's `sleep`) when dropped.
+struct Workload(KillOnDrop);
+
+impl Workload {
+    fn pid(&self) -> u32 {
+        self.0 .0.id()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the group the workload leads.
+        unsafe { libc::kill(-(self.pid() as i32), libc::SIGKILL) };
+    }
+}
+
 /// A thread's JavaScript frames as V8 reports them, innermost first: its
 /// label, then each frame's function name as `CallSite.getFunctionName()`
 /// gives it (`<anonymous>` for none).
@@ -48,21 +66,24 @@ type Reported = Vec<(String, Vec<String>)>;
 /// Starts the workload under `node` (its FIFO in `dir`) and waits until
 /// its threads are blocked; returns the process and what its threads
 /// reported.
-fn start(node: &Path, dir: &Path) -> (KillOnDrop, Reported) {
+fn start(node: &Path, dir: &Path) -> (Workload, Reported) {
     let fifo = dir.join("fifo");
-    let ok = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
-    assert!(ok.success(), "mkfifo failed");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/node_blockers.js");
-    let mut child = KillOnDrop(
+    let mut child = Workload(KillOnDrop(
         Command::new(node)
             .arg(&script)
             .arg(&fifo)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
+            // A group of its own: the exec worker's child goes with it.
+            .process_group(0)
             .spawn()
             .expect("start node"),
-    );
-    let out = BufReader::new(child.0.stdout.take().unwrap());
+    ));
+    let out = BufReader::new(child.0 .0.stdout.take().unwrap());
     let mut reported: Reported = Vec::new();
     for line in out.lines() {
         let line = line.expect("read the workload");
@@ -156,6 +177,68 @@ fn folded(args: &[&str]) -> (Vec<u8>, String) {
     )
 }
 
+/// One run of `-p PID` in several formats, and the other paths that walk
+/// user stacks: pprof has the workload's functions with their script, the
+/// flame graph shows JavaScript functions in their own colour (teal),
+/// `--grep` on a JavaScript function keeps the stacks through it, and with
+/// `--wakers`, `-i` and `--on-cpu` every thread's JavaScript frames are
+/// V8's.
+fn every_output_has_v8s_view(pid: &str, reported: &Reported) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let out = profile(&["-p", pid, "-o", &path("a.pb.gz"), "-o", &path("a.svg"), "2"]);
+    let read = |name: &str| std::fs::read(path(name)).unwrap();
+    let mut gz = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&read("a.pb.gz")[..]),
+        &mut gz,
+    )
+    .unwrap();
+    let pprof: offcputime::output::profile_proto::Profile =
+        prost::Message::decode(&gz[..]).unwrap();
+    let s = |i: i64| pprof.string_table[i as usize].as_str();
+    for name in ["readInner", "readOuter", "waitHere", "runChild"] {
+        let f = pprof.function.iter().find(|f| s(f.name) == name);
+        assert!(
+            f.is_some_and(|f| s(f.filename).ends_with("tests/workloads/node_blockers.js")),
+            "pprof: no function {name} of node_blockers.js\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // JavaScript functions teal: green and blue over red.
+    let svg = parse_svg(&String::from_utf8(read("a.svg")).unwrap());
+    let functions: Vec<&SvgFrame> = svg
+        .frames
+        .iter()
+        .filter(|f| f.name == "readInner" || f.name == "waitHere")
+        .collect();
+    assert!(!functions.is_empty());
+    for f in functions {
+        let (r, g, b) = f.fill;
+        assert!(
+            g > r + 40 && b > r + 40,
+            "{} is not teal: {:?}",
+            f.name,
+            f.fill
+        );
+    }
+    let out = profile(&["-p", pid, "-f", "--grep", "waitHere", "1"]);
+    let lines = parse_folded(&out.stdout);
+    assert!(
+        !lines.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(lines.iter().all(|l| l.has("waitHere")));
+    for how in [&["--wakers"][..], &["--on-cpu"], &["-i", "1"]] {
+        let mut args = vec!["-p", pid, "-f"];
+        args.extend_from_slice(how);
+        args.push("2");
+        let (out, stderr) = folded(&args);
+        frames_are_v8s(&out, reported, &format!("{how:?}\n{stderr}"));
+    }
+}
+
 /// One node release's checks: `-p` with its walk counted (`-v`), the
 /// whole system, `--snapshot`, and `--no-node`'s native view.
 fn javascript_frames_are_v8s(major: u32) {
@@ -164,7 +247,7 @@ fn javascript_frames_are_v8s(major: u32) {
     };
     let dir = tempfile::tempdir().unwrap();
     let (proc_, reported) = start(&node, dir.path());
-    let pid = proc_.0.id().to_string();
+    let pid = proc_.pid().to_string();
     let what = |how: &str| format!("Node.js {major} {how}");
 
     let (out, stderr) = folded(&["-p", &pid, "-f", "2"]);
@@ -174,6 +257,10 @@ fn javascript_frames_are_v8s(major: u32) {
 
     let (out, _) = folded(&["-f", "1"]);
     frames_are_v8s(&out, &reported, &what("system-wide"));
+
+    if major == 20 {
+        every_output_has_v8s_view(&pid, &reported);
+    }
 
     let out = profile(&["--snapshot", "-p", &pid, "-f"]);
     frames_are_v8s(&out.stdout, &reported, &what("--snapshot"));
@@ -221,3 +308,107 @@ fn javascript_frames_are_v8s_own_view_node22_and_24() {
     javascript_frames_are_v8s(22);
     javascript_frames_are_v8s(24);
 }
+
+/// A node process (Node.js 22) started while the whole system is traced,
+/// and killed before the end: its blocked threads' JavaScript frames are
+/// V8's, named while it ran. Its first blocks, before its unwind tables
+/// are written (no walks through the tables of the files it maps:
+/// `OFFCPUTIME_NO_FILE_TABLES`), are copied and walked in userspace: their
+/// JavaScript frames too.
+#[test]
+fn a_node_started_during_the_trace_is_walked() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let Some(node) = node(22) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut reported = None;
+    let (out, _, _) =
+        profile_during_with(&["-f", "6"], &[("OFFCPUTIME_NO_FILE_TABLES", "1")], |_| {
+            let (proc_, r) = start(&node, dir.path());
+            reported = Some(r);
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            drop(proc_);
+        });
+    let reported = reported.expect("node started");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("node: 1 processes walked (V8 12."),
+        "{stderr}"
+    );
+    frames_are_v8s(&out.stdout, &reported, "started during the trace");
+    // `N with a runtime's frames: M frames` of the copies walked.
+    let copied = stderr
+        .split_once(" with a runtime's frames: ")
+        .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(
+        copied.is_some_and(|n| n > 0),
+        "no copied stack with JavaScript frames:\n{stderr}"
+    );
+}
+
+/// The kernel matrix's node cell (`scripts/vmtest`: Debian's node 20 and
+/// the workload at their paths here): one node process traced with `-p`,
+/// each thread's JavaScript frames V8's, the process walked. Where the walk
+/// needs what the kernel lacks (before 5.17, or with
+/// OFFCPUTIME_TEST_LEGACY), the profiler says that it does not read
+/// JavaScript frames, and each thread keeps its native stack, no
+/// JavaScript function in it.
+#[test]
+fn debian_node_20_in_the_matrix() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let Some(node) = node(20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (proc_, reported) = start(&node, dir.path());
+    let pid = proc_.pid().to_string();
+    let (out, stderr) = folded(&["-p", &pid, "-f", "2"]);
+    if frame_pointers_only(&stderr) {
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("JavaScript frames are not read"))
+            .collect();
+        assert!(
+            said.len() == 1 && said[0].contains(" 1 Node.js "),
+            "not said once that the process's JavaScript frames are not read:\n{stderr}"
+        );
+        let lines = parse_folded(&out);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.frames.iter().any(|f| f.starts_with("node::fs::Read"))),
+            "no native stack of the main thread's read:\n{}",
+            String::from_utf8_lossy(&out)
+        );
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.has("readInner") || l.has("waitHere")),
+            "JavaScript frames where none are read:\n{}",
+            String::from_utf8_lossy(&out)
+        );
+        eprintln!("matrix: node 20 -p: {NO_NODE_WALK}");
+        return;
+    }
+    frames_are_v8s(&out, &reported, "-p");
+    assert!(
+        stderr.contains("node: 1 processes walked (V8 11."),
+        "{stderr}"
+    );
+    eprintln!(
+        "matrix: node 20 -p: the JavaScript frames of {} threads V8's",
+        reported.len()
+    );
+}
+
+/// What [`debian_node_20_in_the_matrix`] says on a kernel without the
+/// walk (before 5.17: no bpf_loop); `scripts/vmtest` takes it only from
+/// such a kernel.
+const NO_NODE_WALK: &str = "n/a (no JavaScript walk before 5.17)";

@@ -645,7 +645,9 @@ fn e2e_node_jit_frames_named_from_perf_map() {
     // Past the interpreter: the loop compiled (its perf map grows).
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let p = pid.to_string();
-    let out = profile(&["-f", "-s", "-p", &p, "2"]);
+    // --no-node: V8 itself would name the functions (tests/it/node.rs);
+    // here the perf map must.
+    let out = profile(&["-f", "-s", "--no-node", "-p", &p, "2"]);
     drop(child);
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     let lines = parse_folded(&out.stdout);

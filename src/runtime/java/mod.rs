@@ -26,7 +26,7 @@ use crate::bpf::types;
 use crate::elf::{Elf, Segment, SymbolTable};
 use crate::raw::{LossCounters, Proc};
 use crate::runtime::{
-    Frame, FrameName, Kind, Memory, NativeAt, Placed, ProcEntry, ProcMem, Runtime,
+    open_process, Frame, FrameName, Kind, Memory, NativeAt, Opener, Placed, ProcEntry, Runtime,
 };
 use code::Heap;
 use vmstructs::{Symbols, VmStructs, SYMBOLS};
@@ -158,13 +158,6 @@ impl Jvm {
             .collect();
         digits.parse().ok()
     }
-}
-
-/// How a process's memory is opened (a fake in tests).
-type Opener = fn(u32) -> std::io::Result<Box<dyn crate::runtime::Memory>>;
-
-fn open_process(pid: u32) -> std::io::Result<Box<dyn crate::runtime::Memory>> {
-    Ok(Box::new(ProcMem::open(pid)?))
 }
 
 /// What the profiler knows of JVMs.

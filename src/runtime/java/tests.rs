@@ -5,7 +5,7 @@
 
 use super::vmstructs::{read, Unreadable, SYMBOLS};
 use super::*;
-use crate::runtime::Memory;
+use crate::runtime::{Memory, ProcMem};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

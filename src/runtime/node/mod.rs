@@ -26,7 +26,8 @@ use crate::bpf::types;
 use crate::elf::{Elf, Segment};
 use crate::raw::{LossCounters, Proc};
 use crate::runtime::{
-    Frame, FrameName, Kind, Memory, NativeAt, Placed, ProcEntry, ProcMem, Runtime,
+    open_process, CopyAt, CopyStep, Frame, FrameName, Kind, Memory, NativeAt, Opener, Placed,
+    ProcEntry, Runtime,
 };
 
 /// Bits 63..60 of a JavaScript frame's word (`V8_FRAME_MARK`).
@@ -70,15 +71,11 @@ pub struct Binary {
     release: String,
 }
 
-type Opener = fn(u32) -> std::io::Result<Box<dyn Memory>>;
-
-fn open_process(pid: u32) -> std::io::Result<Box<dyn Memory>> {
-    Ok(Box::new(ProcMem::open(pid)?))
-}
-
 /// One Node.js process whose frames are walked.
 struct NodeProcess {
     binary: Arc<Binary>,
+    /// Where its binary is loaded: the file's addresses plus this.
+    bias: u64,
     mem: Option<Box<dyn Memory>>,
 }
 
@@ -265,7 +262,7 @@ impl Runtime for Nodes {
         };
         let mem = (self.open)(p.tgid).ok();
         self.releases.insert(binary.release.clone());
-        self.procs.insert(p, NodeProcess { binary, mem });
+        self.procs.insert(p, NodeProcess { binary, bias, mem });
         Some(ProcEntry {
             kind: Kind::Node,
             // SAFETY: a plain C struct of the BPF program's types.
@@ -352,6 +349,19 @@ impl Runtime for Nodes {
         })
     }
 
+    fn step_copy(
+        &self,
+        p: Proc,
+        _mark: Option<u64>,
+        at: CopyAt,
+        read: &dyn Fn(u64) -> Option<u64>,
+    ) -> CopyStep {
+        match self.procs.get(&p) {
+            Some(np) => step_copy(np, at, read),
+            None => CopyStep::NotMine,
+        }
+    }
+
     fn report(&self, c: &LossCounters, verbose: bool) -> Vec<String> {
         let spec = Kind::Node.spec();
         let mut lines = Vec::new();
@@ -394,5 +404,70 @@ impl Runtime for Nodes {
             ));
         }
         lines
+    }
+}
+
+/// The BPF walk's `v8_step()` over a stack copied before its process's
+/// tables were written (a process's first blocks), walked in userspace a
+/// while later: the frame at `at` of process `np`, whose slots come from
+/// the copy (`read`). A JavaScript frame's function object is read from
+/// the process now, and taken only where it still holds the frame's
+/// context; otherwise the frame keeps its native word, as the BPF walk
+/// leaves a frame it cannot read.
+fn step_copy(np: &NodeProcess, at: CopyAt, read: &dyn Fn(u64) -> Option<u64>) -> CopyStep {
+    // Where the thread stopped, the frame may not be set up.
+    if at.exact || at.bp == 0 {
+        return CopyStep::NotMine;
+    }
+    let l = &np.binary.layout;
+    let slot = |off: i64| read(at.bp.wrapping_add_signed(off));
+    let (Some(context), Some(function), Some(saved), Some(ra)) = (
+        slot(l.off_fp_context),
+        slot(l.off_fp_function),
+        slot(0),
+        slot(8),
+    ) else {
+        return CopyStep::NotMine;
+    };
+    let mut word = at.pc;
+    if context & 1 == 0 {
+        // V8's own frame: its type's marker.
+        if context > 255 {
+            return CopyStep::NotMine;
+        }
+    } else {
+        if function & 3 != 1 || function >= 1 << 47 || context >= 1 << 47 {
+            return CopyStep::NotMine;
+        }
+        let shared = np.mem.as_deref().and_then(|mem| {
+            names::Reader::new(l, mem)
+                .frame_shared(function, context)
+                .ok()
+        });
+        if let Some(shared) = shared {
+            let interpreted = l.interpreter_builtins.iter().any(|(_, r)| {
+                let lo = r.start.wrapping_add(np.bias);
+                at.pc >= lo && at.pc < lo.wrapping_add(r.size)
+            });
+            let offset = if interpreted {
+                slot(l.off_fp_bytecode_offset).map(|v| v >> l.smi_shift)
+            } else {
+                None
+            };
+            word = js_word(
+                shared,
+                if interpreted {
+                    Some(offset.unwrap_or(AT_MAX))
+                } else {
+                    None
+                },
+            );
+        }
+    }
+    CopyStep::Next {
+        word,
+        pc: ra,
+        sp: at.bp.wrapping_add(16),
+        bp: saved,
     }
 }

@@ -373,6 +373,23 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// The `SharedFunctionInfo` (tagged) of the function object
+    /// `function` of a frame whose context slot holds `context`, read now
+    /// from the function: only where the object there still holds that
+    /// context (a function object moved by the collector since, and another
+    /// object in its place, would not).
+    pub fn frame_shared(&self, function: u64, context: u64) -> Result<u64> {
+        let addr = self.untag(function)?;
+        if self.u64(addr + self.layout.js_function_context)? != context {
+            return unreadable(format!(
+                "the function object {function:#x} no longer holds its frame's context"
+            ));
+        }
+        let shared = self.u64(addr + self.layout.js_function_shared)?;
+        self.untag(shared)?;
+        Ok(shared)
+    }
+
     /// The function of the SFI `sfi` (a tagged pointer).
     pub fn function(&self, sfi: u64) -> Result<Function> {
         let l = self.layout;
