@@ -244,6 +244,19 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
             began.elapsed().as_secs_f64() * 1e3
         );
     }
+    for e in &raw.runtime_code {
+        if let crate::raw::TaskEvent::RuntimeCode {
+            kind,
+            proc,
+            code,
+            tag,
+            at,
+            ..
+        } = *e
+        {
+            registry.note_runtime_code(kind, proc, code, tag, at);
+        }
+    }
     let mut taken = crate::snapshot::build(&raw, &mut registry, &symbolizer, config.shape);
     if let Some(filter) = &config.filter {
         let before = taken.tasks.len();

@@ -417,6 +417,8 @@ pub enum TaskEvent {
         space: AddressSpace,
         code: u64,
         tag: u32,
+        /// What else the frame says (see `py_code_event`'s `at`).
+        at: u64,
     },
     Forked {
         child: Proc,

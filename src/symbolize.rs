@@ -435,9 +435,10 @@ impl Symbolizer {
         };
         // The runtime's own code (a JVM's stubs) has no file.
         let location = if self.opts.lines && !c.file.is_empty() {
-            match c.line {
-                Some(line) => format!(" ({}:{line})", c.file),
-                None => format!(" ({})", c.file),
+            match (c.line, c.column) {
+                (Some(line), Some(column)) => format!(" ({}:{line}:{column})", c.file),
+                (Some(line), None) => format!(" ({}:{line})", c.file),
+                _ => format!(" ({})", c.file),
             }
         } else {
             String::new()

@@ -225,8 +225,9 @@ impl<'t> Collector<'t> {
                     proc,
                     code,
                     tag,
+                    at,
                     ..
-                } => registry.note_runtime_code(kind, proc, code, tag),
+                } => registry.note_runtime_code(kind, proc, code, tag, at),
                 TaskEvent::Exited(p) => {
                     registry.read_perf_map_after_exit(p);
                     self.exits.exited(p);

@@ -150,7 +150,7 @@ static __always_inline bool java_walkable(__u32 tgid, struct task_struct *task)
 static __always_inline void java_notice(struct java_scratch *js, __u32 tgid, __u64 word)
 {
 	runtime_notice_once(TASK_EVENT_JAVACODE, tgid, js->pid, js->process_start, js->p.mm, word,
-			    CNT_JAVA_EVENTS_LOST);
+			    0, CNT_JAVA_EVENTS_LOST);
 }
 
 #define JAVA_WORD(mark) ((__u64)(mark) << 60)

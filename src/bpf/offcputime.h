@@ -441,12 +441,15 @@ struct node_proc {
 	__s16 fp_context;
 	__s16 fp_function;
 	__s16 fp_bytecode_offset;
+	/* An interpreted frame's BytecodeArray (for userspace: where in
+	 * its source the frame is). */
+	__s16 fp_bytecode_array;
 	/* JSFunction's SharedFunctionInfo field, in bytes from the object's
 	 * start (its tagged pointer less the tag). */
 	__u16 function_shared;
 	/* A small integer's value: the word shifted right so many bits. */
 	__u8 smi_shift;
-	__u8 _pad[7];
+	__u8 _pad[5];
 };
 
 /* A frame's slots read at once: from its frame pointer -64 up to +16 (the
@@ -462,7 +465,8 @@ enum node_limits {
  * the frame's SharedFunctionInfo (the function's code-independent part,
  * which names it) >> 3, bits 15..0 where in it: for an interpreted frame
  * V8_AT_BYTECODE | its bytecode offset as the frame keeps it (up to
- * V8_AT_MAX; V8_AT_MAX itself: not known), 0 for compiled code.
+ * V8_AT_MAX; V8_AT_MAX itself: not known), for generated code a hash of
+ * its return address (up to V8_AT_MAX; the address is in the notice).
  */
 enum v8_frame_special {
 	V8_FRAME_MARK = 0xd,
@@ -476,6 +480,9 @@ struct py_code_event {
 	__u64 code;
 	__u32 tag;
 	__u32 _pad;
+	/* What else the frame says: of a V8 frame, its BytecodeArray
+	 * (interpreted) or its return address (generated code). */
+	__u64 at;
 };
 
 /*

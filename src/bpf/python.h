@@ -183,7 +183,7 @@ static __always_inline void py_notice(struct py_walk *w, __u64 code, __u32 tag)
 	if (!s || (s->code == code && s->tgid == w->tgid && s->tag == tag))
 		return;
 	if (!runtime_notice(TASK_EVENT_PYCODE, w->tgid, w->pid, w->process_start, w->p.mm, code,
-			    tag, CNT_PY_EVENTS_LOST))
+			    tag, 0, CNT_PY_EVENTS_LOST))
 		return;
 	s->code = code;
 	s->tgid = w->tgid;

@@ -119,7 +119,7 @@ struct {
  * (counted in `lost`; what the code names is then read at the report).
  */
 static __always_inline bool runtime_notice(__u32 kind, __u32 tgid, __u32 pid, __u64 start,
-					   __u64 mm, __u64 code, __u32 tag, __u32 lost)
+					   __u64 mm, __u64 code, __u32 tag, __u64 at, __u32 lost)
 {
 	struct py_code_event *ev;
 
@@ -144,6 +144,7 @@ static __always_inline bool runtime_notice(__u32 kind, __u32 tgid, __u32 pid, __
 	ev->code = code;
 	ev->tag = tag;
 	ev->_pad = 0;
+	ev->at = at;
 	bpf_ringbuf_submit(ev, 0);
 	return true;
 }
@@ -166,10 +167,11 @@ struct {
 } rt_seen SEC(".maps");
 
 /* Tells userspace of a runtime's frame word `word` of process `tgid`
- * (runtime_notice()'s event `kind`) if this CPU has not told it of it
- * lately: what it names is read while the process runs. */
+ * (runtime_notice()'s event `kind`, with `at`: what else the frame says)
+ * if this CPU has not told it of it lately: what it names is read while
+ * the process runs. */
 static __always_inline void runtime_notice_once(__u32 kind, __u32 tgid, __u32 pid, __u64 start,
-						__u64 mm, __u64 word, __u32 lost)
+						__u64 mm, __u64 word, __u64 at, __u32 lost)
 {
 	__u32 slot = (__u32)((word >> 3) ^ (word >> 19) ^ (word >> 40) ^ tgid) &
 		     (RT_SEEN_SLOTS - 1);
@@ -177,7 +179,7 @@ static __always_inline void runtime_notice_once(__u32 kind, __u32 tgid, __u32 pi
 
 	if (!s || (s->word == word && s->tgid == tgid))
 		return;
-	if (!runtime_notice(kind, tgid, pid, start, mm, word, 0, lost))
+	if (!runtime_notice(kind, tgid, pid, start, mm, word, 0, at, lost))
 		return;
 	s->word = word;
 	s->tgid = tgid;

@@ -10,7 +10,11 @@
  * keeps its context and its JSFunction there; its word names the
  * function's SharedFunctionInfo (read from the JSFunction now: the
  * function object may move or die, its shared part is what userspace
- * names), with the bytecode offset of an interpreted frame.  A frame of
+ * names), with the bytecode offset of an interpreted frame (or a hash of
+ * a compiled frame's return address); its notice to userspace carries the
+ * frame's BytecodeArray (or its return address), from which userspace
+ * reads where in its source the frame is and, for optimized code, the
+ * functions inlined there.  A frame of
  * V8's own (entry, exit, stub, construct frames) keeps a marker of its
  * type in the context's slot and stays a native frame (its builtin's
  * name).  Either way the caller is through the frame pointer, as V8 lays
@@ -129,7 +133,8 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 {
 	struct v8_scratch *vs = v8_scratch_of(task != NULL);
 	struct node_proc *n;
-	__u64 context, function, at = 0, off;
+	__u64 context, function, at, extra, off, bytecode;
+	bool interpreted;
 	__u32 w;
 
 	if (!vs || !u->bp)
@@ -152,20 +157,39 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 			/* Left as the native walk has it: counted, said. */
 			count(CNT_V8_UNREADABLE);
 		} else {
+			/* Generated code: the word keeps a hash of the return
+			 * address, told in full with the notice (userspace finds
+			 * the code there, its inlined functions, its position). */
+			at = (u->pc ^ u->pc >> 15 ^ u->pc >> 30 ^ u->pc >> 45) & V8_AT_MAX;
+			extra = u->pc;
+			/* Interpreted: its pc in one of the interpreter's entry
+			 * builtins, or (where V8 runs a copy of its builtins
+			 * near its code, not the binary's) a small integer in
+			 * the bytecode offset's slot beside a heap object in
+			 * the BytecodeArray's (a baseline frame keeps its
+			 * feedback there; userspace checks the array's type). */
+			off = V8_SLOT(vs, n->fp_bytecode_offset);
+			bytecode = V8_SLOT(vs, n->fp_bytecode_array);
+			interpreted = !(off & ((1ULL << (n->smi_shift & 63)) - 1)) &&
+				      (off >> (n->smi_shift & 63)) < 0x100000 &&
+				      (bytecode & 3) == 1 && bytecode < (1ULL << 47);
 #pragma clang loop unroll(full)
 			for (w = 0; w < NODE_INTERP_RANGES; w++) {
-				if (u->pc >= n->interp_lo[w] && u->pc < n->interp_hi[w]) {
-					off = V8_SLOT(vs, n->fp_bytecode_offset) >>
-					      (n->smi_shift & 63);
-					at = V8_AT_BYTECODE | (off < V8_AT_MAX ? off : V8_AT_MAX);
-				}
+				if (u->pc >= n->interp_lo[w] && u->pc < n->interp_hi[w])
+					interpreted = true;
+			}
+			if (interpreted) {
+				off >>= n->smi_shift & 63;
+				at = V8_AT_BYTECODE | (off < V8_AT_MAX ? off : V8_AT_MAX);
+				extra = bytecode;
 			}
 			ips[idx & MAX_STACK_DEPTH] = (__u64)V8_FRAME_MARK << 60 |
 						     ((vs->shared >> 3) & ((1ULL << 44) - 1)) << 16 |
 						     at;
 			u->rt_frames++;
 			runtime_notice_once(TASK_EVENT_V8CODE, u->tgid, vs->pid, vs->process_start,
-					    n->mm, ips[idx & MAX_STACK_DEPTH], CNT_V8_EVENTS_LOST);
+					    n->mm, ips[idx & MAX_STACK_DEPTH], extra,
+					    CNT_V8_EVENTS_LOST);
 		}
 	}
 	/* The frame's slots proved as one: they lie together (the caller's

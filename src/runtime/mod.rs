@@ -215,6 +215,8 @@ pub struct FrameName<'a> {
     pub file: &'a str,
     /// The line the frame was at, where known.
     pub line: Option<u32>,
+    /// And its column, where the runtime says one (JavaScript).
+    pub column: Option<u32>,
 }
 
 /// What the BPF program is told of a process of a runtime: where the
@@ -325,9 +327,10 @@ pub trait Runtime {
     /// Whether stack word `word` is one of this runtime's frames.
     fn owns(&self, word: u64) -> bool;
 
-    /// The BPF program's walk met code `code` (with `tag`) in process `p`:
-    /// read what it names now, while the process runs.
-    fn note_code(&mut self, p: Proc, code: u64, tag: u32);
+    /// The BPF program's walk met code `code` (with `tag`, and `at`: what
+    /// else the frame says) in process `p`: read what it names now, while
+    /// the process runs.
+    fn note_code(&mut self, p: Proc, code: u64, tag: u32, at: u64);
 
     /// Reads what the runtime frames of stack `addrs` of process `p` name
     /// that was not read yet (its notice was lost), while the process

@@ -432,6 +432,7 @@ pub(super) fn task_event(data: &[u8]) -> Option<TaskEvent> {
                 space,
                 code: c.code,
                 tag: c.tag,
+                at: c.at,
             }
         }
         K::TASK_EVENT_FORKED => TaskEvent::Forked {

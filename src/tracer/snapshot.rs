@@ -52,6 +52,10 @@ pub struct RawSnapshot {
     pub user_stacks: bool,
     /// When the first task was seen, CLOCK_MONOTONIC ns (0: no task).
     pub seen_ns: u64,
+    /// The runtimes' notices of the frames the walks met
+    /// ([`crate::raw::TaskEvent::RuntimeCode`]), with what else the frames
+    /// said (an optimized JavaScript frame's return address).
+    pub runtime_code: Vec<crate::raw::TaskEvent>,
 }
 
 /// Takes the snapshot: the program loaded with only its snapshot iterator,
@@ -157,6 +161,27 @@ fn try_snapshot(
         .collect();
     ids.sort_unstable();
     ids.dedup();
+    // The notices the walks sent (the rest of the ring's news is of no use
+    // here: nothing is traced).
+    let runtime_code = std::cell::RefCell::new(Vec::new());
+    {
+        let mut builder = libbpf_rs::RingBufferBuilder::new();
+        builder
+            .add(&skel.maps.events, |data: &[u8]| {
+                if let Some(e @ crate::raw::TaskEvent::RuntimeCode { .. }) =
+                    super::read::task_event(data)
+                {
+                    runtime_code.borrow_mut().push(e);
+                }
+                0
+            })
+            .context("failed to set up the event ring buffer")?;
+        builder
+            .build()
+            .context("failed to set up the event ring buffer")?
+            .consume()
+            .context("failed to read the event ring buffer")?;
+    }
     let mut stacks = crate::raw::Stacks::default();
     for id in ids {
         if let Some(frames) = read_stack(&skel, id)? {
@@ -169,6 +194,7 @@ fn try_snapshot(
         counters: read_counters(&skel)?,
         user_stacks: user,
         seen_ns,
+        runtime_code: runtime_code.into_inner(),
     })
 }
 

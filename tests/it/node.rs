@@ -63,10 +63,19 @@ impl Drop for Workload {
 /// gives it (`<anonymous>` for none).
 type Reported = Vec<(String, Vec<String>)>;
 
+/// The same frames' places: `file:line:column` each, as V8 reports them.
+type Places = Vec<Vec<String>>;
+
 /// Starts the workload under `node` (its FIFO in `dir`) and waits until
 /// its threads are blocked; returns the process and what its threads
 /// reported.
 fn start(node: &Path, dir: &Path) -> (Workload, Reported) {
+    let (w, reported, _) = start_placed(node, dir);
+    (w, reported)
+}
+
+/// [`start`], with where each reported frame was.
+fn start_placed(node: &Path, dir: &Path) -> (Workload, Reported, Places) {
     let fifo = dir.join("fifo");
     let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path.
@@ -74,6 +83,9 @@ fn start(node: &Path, dir: &Path) -> (Workload, Reported) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads/node_blockers.js");
     let mut child = Workload(KillOnDrop(
         Command::new(node)
+            // The hot function optimized for certain (the workload's
+            // `%OptimizeFunctionOnNextCall`).
+            .arg("--allow-natives-syntax")
             .arg(&script)
             .arg(&fifo)
             .stdout(Stdio::piped())
@@ -85,22 +97,31 @@ fn start(node: &Path, dir: &Path) -> (Workload, Reported) {
     ));
     let out = BufReader::new(child.0 .0.stdout.take().unwrap());
     let mut reported: Reported = Vec::new();
+    let mut places: Places = Vec::new();
     for line in out.lines() {
         let line = line.expect("read the workload");
-        if let Some(label) = line.strip_prefix("THREAD ") {
+        if let Some(said) = line.strip_prefix("OPTIMIZED hotLoop ") {
+            assert!(
+                said.starts_with("true"),
+                "{}: V8 did not optimize the hot function: {said}",
+                node.display()
+            );
+        } else if let Some(label) = line.strip_prefix("THREAD ") {
             reported.push((label.to_string(), Vec::new()));
+            places.push(Vec::new());
         } else if let Some(frame) = line.strip_prefix("FRAME ") {
-            let (name, _at) = frame.rsplit_once(' ').expect("a FRAME line");
+            let (name, at) = frame.rsplit_once(' ').expect("a FRAME line");
             reported
                 .last_mut()
                 .expect("a THREAD line first")
                 .1
                 .push(name.to_string());
+            places.last_mut().unwrap().push(at.to_string());
         } else if line == "READY" {
             assert_eq!(reported.len(), 4, "{reported:?}");
             // Its read is the main thread's next call: let it block.
             std::thread::sleep(std::time::Duration::from_millis(300));
-            return (child, reported);
+            return (child, reported, places);
         }
     }
     panic!("{}: the workload ended before READY", node.display());
@@ -116,18 +137,14 @@ fn native(f: &str) -> bool {
 /// Checks that each thread the workload reported has a stack in folded
 /// output `out` whose JavaScript frames are V8's, outermost first, with
 /// only native frames between two of them, and deeper V8's exit into the
-/// blocking call's C++. For the hot
-/// thread, whose innermost function may be inlined into its caller's
-/// optimized code, the frames from that caller out. `what` says which
-/// run, for failures.
+/// blocking call's C++ (the hot thread's innermost function among them,
+/// inlined in its caller's optimized code). `what` says which run, for
+/// failures.
 fn frames_are_v8s(out: &[u8], reported: &Reported, what: &str) {
     let lines = parse_folded(out);
     let mut missing = String::new();
     for (label, frames) in reported {
-        let mut want: Vec<&str> = frames.iter().rev().map(String::as_str).collect();
-        if label == "hot" {
-            want.pop();
-        }
+        let want: Vec<&str> = frames.iter().rev().map(String::as_str).collect();
         let found = lines.iter().any(|l| {
             let f: Vec<&str> = l.frames.iter().map(String::as_str).collect();
             (0..f.len()).any(|start| {
@@ -163,6 +180,63 @@ fn frames_are_v8s(out: &[u8], reported: &Reported, what: &str) {
                 "{label}: V8 says (outermost first)\n  {}\nthe profiler:\n  {}\n",
                 want.join(";"),
                 ours.join("\n  ")
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{what}:\n{missing}");
+}
+
+/// Checks folded output `out` of `--lines`: each thread's JavaScript
+/// frames at V8's places, outermost first: a frame at its call, as V8
+/// reports it, and the innermost a line below where it reported from (the
+/// workload blocks on the line after its report).
+fn lines_are_v8s(out: &[u8], reported: &Reported, places: &Places, what: &str) {
+    let lines = parse_folded(out);
+    let mut missing = String::new();
+    for ((label, frames), at) in reported.iter().zip(places) {
+        let mut want: Vec<String> = frames
+            .iter()
+            .zip(at)
+            .map(|(name, at)| format!("{name} ({at})"))
+            .collect();
+        let (file_line, _column) = at[0].rsplit_once(':').unwrap();
+        let (file, line) = file_line.rsplit_once(':').unwrap();
+        want[0] = format!(
+            "{} ({file}:{}:",
+            frames[0],
+            line.parse::<u32>().unwrap() + 1
+        );
+        want.reverse();
+        let last = want.len() - 1;
+        let found = lines.iter().any(|l| {
+            let mut k = 0;
+            for f in &l.frames {
+                let hit = if k == last {
+                    f.starts_with(&want[k])
+                } else {
+                    *f == want[k]
+                };
+                if hit {
+                    k += 1;
+                    if k == want.len() {
+                        return true;
+                    }
+                } else if k > 0 && !native(f) {
+                    k = 0;
+                }
+            }
+            false
+        });
+        if !found {
+            missing.push_str(&format!(
+                "{label}: V8 says (outermost first)\n  {}\nthe profiler:\n  {}\n",
+                want.join(";"),
+                lines
+                    .iter()
+                    .filter(|l| l.frames.iter().any(|f| f.starts_with("processTimers")))
+                    .map(|l| l.frames.join(";"))
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
             ));
         }
     }
@@ -246,7 +320,7 @@ fn javascript_frames_are_v8s(major: u32) {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (proc_, reported) = start(&node, dir.path());
+    let (proc_, reported, places) = start_placed(&node, dir.path());
     let pid = proc_.pid().to_string();
     let what = |how: &str| format!("Node.js {major} {how}");
 
@@ -254,6 +328,23 @@ fn javascript_frames_are_v8s(major: u32) {
     frames_are_v8s(&out, &reported, &what("-p"));
     assert!(stderr.contains("node: 1 processes walked (V8 "), "{stderr}");
     assert!(!stderr.contains("could not be named"), "{stderr}");
+    assert!(
+        !stderr.contains("could not have their code read"),
+        "{stderr}"
+    );
+    // The hot thread's optimized frame, its callee inlined: said so.
+    let inlined = stderr
+        .split_once(" functions inlined in them shown")
+        .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(inlined.is_some_and(|n| n >= 1), "{stderr}");
+
+    let (out, stderr) = folded(&["-p", &pid, "-f", "--lines", "1"]);
+    lines_are_v8s(
+        &out,
+        &reported,
+        &places,
+        &what(&format!("--lines\n{stderr}")),
+    );
 
     let (out, _) = folded(&["-f", "1"]);
     frames_are_v8s(&out, &reported, &what("system-wide"));

@@ -8,34 +8,36 @@
 //   hot       a worker whose hot function, optimized with a callee
 //             inlined into it, ends up blocking in Atomics.wait
 // Output: `THREAD label` then `FRAME name file:line:column` lines,
-// innermost first; `READY` after the main thread's, which blocks last.
+// innermost first (each thread blocks on the line after the one it
+// reports from); `READY` after the main thread's, which blocks last;
+// `OPTIMIZED hotLoop true|false` before the hot thread's (whether V8 says
+// the hot function is optimized by TurboFan: run node with
+// --allow-natives-syntax for it to be said and to be so for certain).
 'use strict';
 const { Worker, isMainThread, workerData, parentPort } = require('worker_threads');
 const fs = require('fs');
 const cp = require('child_process');
 
 // The calling thread's stack as V8 reports it, innermost first, without
-// this function's own frame.
+// this function's own frame: a `FRAME name file:line:column` line each.
+// (Error.prepareStackTrace is set once, and the lines are made with no
+// object or array of this program's: under the hot function's optimized
+// code a shape that changes would have V8 deoptimize it.)
+Error.prepareStackTrace = (_, sites) => sites;
 function ownStack() {
-  const prepare = Error.prepareStackTrace;
-  Error.prepareStackTrace = (_, sites) => sites;
   const sites = new Error().stack;
-  Error.prepareStackTrace = prepare;
-  return sites.slice(1).map((s) => ({
-    name: s.getFunctionName() || '<anonymous>',
-    file: s.getFileName(),
-    line: s.getLineNumber(),
-    column: s.getColumnNumber(),
-  }));
+  let out = '';
+  for (let k = 1; k < sites.length; k++) {
+    const s = sites[k];
+    out += `FRAME ${s.getFunctionName() || '<anonymous>'} ${s.getFileName()}:${s.getLineNumber()}:${s.getColumnNumber()}\n`;
+  }
+  return out;
 }
 
 // Printed at once (a worker's console goes through the main thread, which
 // blocks); the main thread, which blocks last, says READY after.
-function report(label, frames) {
-  let out = `THREAD ${label}\n`;
-  for (const f of frames) out += `FRAME ${f.name} ${f.file}:${f.line}:${f.column}\n`;
-  if (label === 'main') out += 'READY\n';
-  fs.writeSync(1, out);
+function report(label, frames, fd = 1) {
+  fs.writeSync(fd, `THREAD ${label}\n${frames}${label === 'main' ? 'READY\n' : ''}`);
 }
 
 function readInner(fd) {
@@ -66,26 +68,51 @@ function execMain() {
   runChild();
 }
 
-// Inlined into hotLoop once optimized; blocks when told to.
-function hotStep(cells, i) {
-  if (i < 0) {
-    report('hot', ownStack());
-    Atomics.wait(cells, 0, 0);
+// V8's own test functions (`%OptimizeFunctionOnNextCall`), where node runs
+// with --allow-natives-syntax: the hot function optimized for certain.
+const natives = process.execArgv.includes('--allow-natives-syntax');
+const native = (name) => (natives ? new Function('f', `return %${name}(f)`) : () => 0);
+const prepare = native('PrepareFunctionForOptimization');
+const optimizeNext = native('OptimizeFunctionOnNextCall');
+const neverOptimize = native('NeverOptimizeFunction');
+const status = native('GetOptimizationStatus');
+// Waits for the optimizations under way on other threads.
+const finish = natives ? new Function('%FinalizeOptimization()') : () => 0;
+
+// Inlined into hotLoop once optimized. Every 1024th step it reports the
+// thread's stack to `fd` and waits on cell 0 while it holds `expect`:
+// warming up, /dev/null and a value the cell does not hold (the wait
+// returns at once), so that the optimized code has been through every
+// path it takes when it blocks and is not deoptimized on the way.
+function hotStep(cells, i, expect, fd) {
+  if ((i & 1023) === 0) {
+    report('hot', ownStack(), fd);
+    Atomics.wait(cells, 0, expect);
   }
   return (i * 7) & 1023;
 }
 
-function hotLoop(cells, rounds) {
+function hotLoop(cells, rounds, expect, fd) {
   let sum = 0;
-  for (let i = rounds; i >= -1; i--) sum += hotStep(cells, i);
+  for (let i = rounds; i >= 0; i--) sum += hotStep(cells, i, expect, fd);
   return sum;
 }
 
 function hotMain() {
   const cells = new Int32Array(workerData.shared);
-  // Warm up until optimized, then run once more to block.
-  for (let k = 0; k < 200; k++) hotLoop(cells, 5000 + k);
-  hotLoop(cells, 5000);
+  const devnull = fs.openSync('/dev/null', 'w');
+  neverOptimize(hotMain);
+  prepare(hotLoop);
+  for (let k = 0; k < (natives ? 3 : 300); k++) {
+    hotLoop(cells, 4096, 1, devnull);
+    finish();
+  }
+  optimizeNext(hotLoop);
+  hotLoop(cells, 4096, 1, devnull);
+  finish();
+  // V8's kTurboFanned bit, said before the stack (0 without natives).
+  fs.writeSync(1, `OPTIMIZED hotLoop ${(status(hotLoop) & 64) !== 0} ${status(hotLoop)}\n`);
+  hotLoop(cells, 4096, 0, 1);
 }
 
 if (isMainThread) {

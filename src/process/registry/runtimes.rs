@@ -8,9 +8,10 @@ use crate::runtime::{FrameName, Kind, ProcEntry, Runtime};
 
 impl Registry {
     /// A walk of process `p`'s frames of runtime `kind` met code `code`
-    /// with `tag`: what it names is read now, while the process runs.
-    pub fn note_runtime_code(&mut self, kind: Kind, p: Proc, code: u64, tag: u32) {
-        self.runtimes.get_mut(kind).note_code(p, code, tag);
+    /// with `tag` (and `at`): what it names is read now, while the
+    /// process runs.
+    pub fn note_runtime_code(&mut self, kind: Kind, p: Proc, code: u64, tag: u32, at: u64) {
+        self.runtimes.get_mut(kind).note_code(p, code, tag, at);
     }
 
     /// The name of a [`UserFrame::Runtime`] frame's code.

@@ -249,6 +249,7 @@ impl Names {
             } else {
                 walk::line_at(&c.lines, at as i32)
             },
+            column: None,
         })
     }
 }

@@ -437,7 +437,7 @@ impl Runtime for Jvms {
         frames::is_java_word(word)
     }
 
-    fn note_code(&mut self, p: Proc, code: u64, _tag: u32) {
+    fn note_code(&mut self, p: Proc, code: u64, _tag: u32, _at: u64) {
         self.resolve(p, &[code]);
     }
 

@@ -12,6 +12,7 @@
 //! the process runs. A node binary without the metadata is said, its
 //! processes' stacks native only.
 
+pub mod code;
 pub mod names;
 pub mod v8dbg;
 
@@ -37,6 +38,25 @@ const AT_BYTECODE: u64 = 0x8000;
 const AT_MAX: u64 = 0x7fff;
 /// The `SharedFunctionInfo`'s bits (its address >> 3).
 const SHARED_BITS: u32 = 44;
+/// [`Frame::Code`]'s `at` of a frame whose place in its source is not
+/// known.
+const NO_POSITION: u32 = u32::MAX;
+
+/// How the frames' places in their source, and the functions inlined in
+/// optimized frames, were read (for the report).
+#[derive(Default)]
+struct Located {
+    /// Frames of generated code whose code was read; functions shown
+    /// inlined in them.
+    code: u64,
+    inlined: u64,
+    /// Frames of generated code whose code could not be found or read
+    /// (shown as their function alone).
+    code_unread: u64,
+    /// Frames without a line: V8 had not recorded the function's
+    /// positions, or baseline code (its place in the bytecode not read).
+    unplaced: u64,
+}
 
 /// Whether stack word `word` is a JavaScript frame's.
 pub fn is_js_word(word: u64) -> bool {
@@ -45,11 +65,14 @@ pub fn is_js_word(word: u64) -> bool {
 
 /// The word of a JavaScript frame (as the BPF walk writes it): its
 /// function's `SharedFunctionInfo` (a tagged pointer) and, for an
-/// interpreted frame, its bytecode offset as the frame keeps it.
-pub fn js_word(shared: u64, bytecode_offset: Option<u64>) -> u64 {
+/// interpreted frame, its bytecode offset as the frame keeps it, else a
+/// hash of its return address `pc`.
+pub fn js_word(shared: u64, bytecode_offset: Option<u64>, pc: u64) -> u64 {
     FRAME_MARK << 60
         | ((shared >> 3) & ((1 << SHARED_BITS) - 1)) << 16
-        | bytecode_offset.map_or(0, |o| AT_BYTECODE | o.min(AT_MAX))
+        | bytecode_offset.map_or((pc ^ pc >> 15 ^ pc >> 30 ^ pc >> 45) & AT_MAX, |o| {
+            AT_BYTECODE | o.min(AT_MAX)
+        })
 }
 
 /// The `SharedFunctionInfo` (tagged) of word `word`, and where in its
@@ -79,10 +102,12 @@ struct NodeProcess {
     mem: Option<Box<dyn Memory>>,
 }
 
-/// A function named: its name as V8 prints it, its script.
+/// A function named: its name as V8 prints it, its script (its name, and
+/// the object, for the lines of the function's frames).
 struct Named {
     name: Box<str>,
     file: Box<str>,
+    script: Option<u64>,
 }
 
 /// What the profiler knows of Node.js processes.
@@ -98,6 +123,27 @@ pub struct Nodes {
     /// process and `SharedFunctionInfo`.
     functions: Vec<Named>,
     by_shared: HashMap<(Proc, u64), Frame>,
+    /// The frames of a word whose notice said where the frame was (its
+    /// BytecodeArray, or its return address): the functions inlined
+    /// there (innermost first) and the frame's own, each at its place in
+    /// the source ([`Frame::Code`]'s `at`: an index in `positions`).
+    words: HashMap<(Proc, u64), Vec<Frame>>,
+    /// Lines and columns (1-based) of frames.
+    positions: Vec<(u32, u32)>,
+    position_index: HashMap<(u32, u32), u32>,
+    /// Each script's lines, by process and script (None: unreadable).
+    lines: HashMap<(Proc, u64), Option<Arc<names::LineTable>>>,
+    /// The map of each process's instruction streams, once found.
+    istream_maps: HashMap<Proc, u64>,
+    /// Frames of generated code (and how many functions inlined in them
+    /// were shown); frames whose code, or whose place in the source,
+    /// could not be read; words met without their notice.
+    located: Located,
+    unnoticed: std::collections::HashSet<(Proc, u64)>,
+    /// What the frames of copied stacks said besides their word (as a
+    /// notice would: see [`Runtime::note_code`]'s `at`), for their
+    /// resolution.
+    copied: std::sync::Mutex<HashMap<(Proc, u64), u64>>,
     /// Node binaries without the metadata (their paths' names).
     no_metadata: BTreeSet<String>,
     /// Why a binary's metadata could not be used.
@@ -123,6 +169,14 @@ impl Nodes {
             seen: BTreeSet::new(),
             functions: Vec::new(),
             by_shared: HashMap::new(),
+            words: HashMap::new(),
+            positions: Vec::new(),
+            position_index: HashMap::new(),
+            lines: HashMap::new(),
+            istream_maps: HashMap::new(),
+            located: Located::default(),
+            unnoticed: std::collections::HashSet::new(),
+            copied: std::sync::Mutex::new(HashMap::new()),
             no_metadata: BTreeSet::new(),
             unusable: BTreeSet::new(),
             unreadable: 0,
@@ -196,7 +250,143 @@ impl Nodes {
                 f.name.into()
             },
             file: f.script_name.unwrap_or_default().into(),
+            script: f.script,
         })
+    }
+
+    /// The index of the function of `shared` in process `p` (read now if
+    /// not yet).
+    fn function_of(&mut self, p: Proc, shared: u64) -> Option<u32> {
+        if !self.by_shared.contains_key(&(p, shared)) {
+            let frame = match self.read_function(p, shared) {
+                Ok(named) => {
+                    self.functions.push(named);
+                    Frame::Code {
+                        code: (self.functions.len() - 1) as u32,
+                        at: 0,
+                    }
+                }
+                Err(_) => {
+                    self.unreadable += 1;
+                    Frame::Unreadable
+                }
+            };
+            self.by_shared.insert((p, shared), frame);
+        }
+        match self.by_shared.get(&(p, shared)) {
+            Some(&Frame::Code { code, .. }) => Some(code),
+            _ => None,
+        }
+    }
+
+    /// Where the frames of word `word` of process `p` are: its functions
+    /// (the inlined ones first), each with its position in its script,
+    /// from `at` (the frame's BytecodeArray, or its return address).
+    fn locate(&mut self, p: Proc, word: u64, at: u64) -> Result<Vec<code::Located>, String> {
+        let np = self.procs.get(&p).ok_or("not walked")?;
+        let mem = np.mem.as_deref().ok_or("memory not open")?;
+        let r = names::Reader::new(&np.binary.layout, mem);
+        let (shared, offset) = split_word(word);
+        let err = |e: names::Error| e.to_string();
+        if word & AT_BYTECODE != 0 {
+            let position = match offset {
+                Some(o) => r
+                    .bytecode_position(at, np.binary.layout.bytecode_index(i64::from(o)))
+                    .map_err(err)?,
+                None => None,
+            };
+            return Ok(vec![code::Located { shared, position }]);
+        }
+        let mut map = self.istream_maps.get(&p).copied();
+        let found = r.code_at(at, &mut map);
+        if let Some(m) = map {
+            self.istream_maps.insert(p, m);
+        }
+        let c = found.map_err(err)?;
+        if !r.is_optimized(&c) {
+            // Baseline code: its function, not where in it.
+            return Ok(vec![code::Located {
+                shared,
+                position: None,
+            }]);
+        }
+        let frames = r.optimized_frames(&c, at).map_err(err)?;
+        // The code found is the frame's function's (optimized, or
+        // entered on a loop): else it is not the frame's code.
+        if frames.last().map(|f| f.shared) != Some(shared) {
+            return Err("the code at the frame's address is another function's".into());
+        }
+        Ok(frames)
+    }
+
+    /// The line and column of `position` in the script of function
+    /// `function` of process `p`, as an index in `positions`.
+    fn position_of(&mut self, p: Proc, function: u32, position: Option<u32>) -> Option<u32> {
+        let position = position?;
+        let script = self.functions.get(function as usize)?.script?;
+        if !self.lines.contains_key(&(p, script)) {
+            let table = self.procs.get(&p).and_then(|np| {
+                let mem = np.mem.as_deref()?;
+                let r = names::Reader::new(&np.binary.layout, mem);
+                names::LineTable::read(&r, script).ok().map(Arc::new)
+            });
+            self.lines.insert((p, script), table);
+        }
+        let at = self
+            .lines
+            .get(&(p, script))?
+            .as_ref()?
+            .line_column(position)?;
+        let next = self.positions.len() as u32;
+        let i = *self.position_index.entry(at).or_insert(next);
+        if i == next {
+            self.positions.push(at);
+        }
+        Some(i)
+    }
+
+    /// Word `word` of process `p`, told with `at`: its frames, read now.
+    fn note_word(&mut self, p: Proc, word: u64, at: u64) {
+        if self.words.contains_key(&(p, word)) || !self.procs.contains_key(&p) {
+            return;
+        }
+        let compiled = word & AT_BYTECODE == 0;
+        let located = match self.locate(p, word, at) {
+            Ok(l) => l,
+            Err(why) => {
+                if std::env::var_os("OFFCPUTIME_DEBUG_V8").is_some() {
+                    eprintln!("v8 word {word:#x} at {at:#x}: {why}");
+                }
+                if compiled {
+                    self.located.code_unread += 1;
+                } else {
+                    self.located.unplaced += 1;
+                }
+                return;
+            }
+        };
+        let mut frames = Vec::with_capacity(located.len());
+        for (i, l) in located.iter().enumerate() {
+            let Some(code) = self.function_of(p, l.shared) else {
+                frames.push(Frame::Unreadable);
+                continue;
+            };
+            let at = self.position_of(p, code, l.position);
+            if at.is_none() {
+                self.located.unplaced += 1;
+            }
+            if i + 1 < located.len() {
+                self.located.inlined += 1;
+            }
+            frames.push(Frame::Code {
+                code,
+                at: at.unwrap_or(NO_POSITION),
+            });
+        }
+        if compiled {
+            self.located.code += 1;
+        }
+        self.words.insert((p, word), frames);
     }
 }
 
@@ -215,6 +405,7 @@ fn bpf_entry(binary: &Binary, bias: u64) -> Result<types::node_proc, String> {
         fp_context: slot(l.off_fp_context, "the context's slot")?,
         fp_function: slot(l.off_fp_function, "the function's slot")?,
         fp_bytecode_offset: slot(l.off_fp_bytecode_offset, "the bytecode offset's slot")?,
+        fp_bytecode_array: slot(l.off_fp_bytecode_array, "the bytecode array's slot")?,
         function_shared: u16::try_from(l.js_function_shared)
             .map_err(|_| format!("JSFunction's shared at {}", l.js_function_shared))?,
         smi_shift: l.smi_shift as u8,
@@ -288,8 +479,11 @@ impl Runtime for Nodes {
         is_js_word(word)
     }
 
-    fn note_code(&mut self, p: Proc, code: u64, _tag: u32) {
+    fn note_code(&mut self, p: Proc, code: u64, _tag: u32, at: u64) {
         self.resolve(p, &[code]);
+        if is_js_word(code) {
+            self.note_word(p, code, at);
+        }
     }
 
     fn resolve(&mut self, p: Proc, addrs: &[u64]) {
@@ -297,24 +491,21 @@ impl Runtime for Nodes {
             if !is_js_word(word) {
                 continue;
             }
-            let (shared, _) = split_word(word);
-            if self.by_shared.contains_key(&(p, shared)) || !self.procs.contains_key(&p) {
+            if !self.procs.contains_key(&p) {
                 continue;
             }
-            let frame = match self.read_function(p, shared) {
-                Ok(named) => {
-                    self.functions.push(named);
-                    Frame::Code {
-                        code: (self.functions.len() - 1) as u32,
-                        at: 0,
-                    }
-                }
-                Err(_) => {
-                    self.unreadable += 1;
-                    Frame::Unreadable
-                }
-            };
-            self.by_shared.insert((p, shared), frame);
+            let (shared, _) = split_word(word);
+            self.function_of(p, shared);
+            let copied = self
+                .copied
+                .lock()
+                .map_or(None, |mut c| c.remove(&(p, word)));
+            if let Some(at) = copied {
+                self.note_word(p, word, at);
+            }
+            if !self.words.contains_key(&(p, word)) {
+                self.unnoticed.insert((p, word));
+            }
         }
     }
 
@@ -323,29 +514,34 @@ impl Runtime for Nodes {
             .iter()
             .enumerate()
             .take(native.len())
-            .map(|(i, &word)| {
+            .flat_map(|(i, &word)| {
                 if !is_js_word(word) {
-                    return Placed::Native(i);
+                    return vec![Placed::Native(i)];
                 }
-                let (shared, at) = split_word(word);
-                match self.by_shared.get(&(p, shared)) {
+                if let Some(frames) = self.words.get(&(p, word)) {
+                    return frames.iter().map(|&f| Placed::Runtime(f)).collect();
+                }
+                let (shared, _) = split_word(word);
+                vec![match self.by_shared.get(&(p, shared)) {
                     Some(&Frame::Code { code, .. }) => Placed::Runtime(Frame::Code {
                         code,
-                        at: at.unwrap_or(u32::MAX),
+                        at: NO_POSITION,
                     }),
                     Some(&f) => Placed::Runtime(f),
                     None => Placed::Runtime(Frame::Unreadable),
-                }
+                }]
             })
             .collect()
     }
 
-    fn name(&self, code: u32, _at: u32) -> Option<FrameName<'_>> {
+    fn name(&self, code: u32, at: u32) -> Option<FrameName<'_>> {
         let f = self.functions.get(code as usize)?;
+        let at = self.positions.get(at as usize);
         Some(FrameName {
             name: &f.name,
             file: &f.file,
-            line: None,
+            line: at.map(|a| a.0),
+            column: at.map(|a| a.1),
         })
     }
 
@@ -357,7 +553,15 @@ impl Runtime for Nodes {
         read: &dyn Fn(u64) -> Option<u64>,
     ) -> CopyStep {
         match self.procs.get(&p) {
-            Some(np) => step_copy(np, at, read),
+            Some(np) => {
+                let (step, said) = step_copy(np, at, read);
+                if let (CopyStep::Next { word, .. }, Some(said)) = (step, said) {
+                    if let Ok(mut c) = self.copied.lock() {
+                        c.insert((p, word), said);
+                    }
+                }
+                step
+            }
             None => CopyStep::NotMine,
         }
     }
@@ -384,6 +588,28 @@ impl Runtime for Nodes {
                 c.v8_unreadable
             ));
         }
+        let l = &self.located;
+        if l.code_unread > 0 {
+            lines.push(format!(
+                "{} frames of V8's generated code could not have their code read (freed, or \
+                 never found): shown as their function alone, without the functions inlined \
+                 in them or their line",
+                l.code_unread
+            ));
+        }
+        let unnoticed = self
+            .unnoticed
+            .iter()
+            .filter(|k| !self.words.contains_key(k))
+            .count();
+        if unnoticed > 0 {
+            lines.push(format!(
+                "{} JavaScript frames were met only in stacks (their notice lost, or a stack \
+                 copied before its process was known): shown as their function alone, \
+                 without the functions inlined in them or their line",
+                unnoticed
+            ));
+        }
         if self.unreadable > 0 {
             lines.push(format!(
                 "{} JavaScript functions could not be named (gone, or not a function's by the \
@@ -394,13 +620,18 @@ impl Runtime for Nodes {
         if verbose && !self.releases.is_empty() {
             lines.push(format!(
                 "node: {} processes walked ({}); {} user stacks with JavaScript frames, {} \
-                 frames; {} functions named ({} notices of new frames lost)",
+                 frames; {} functions named ({} notices of new frames lost); {} frames of \
+                 optimized or baseline code read, {} functions inlined in them shown; {} frames \
+                 without a line (positions not recorded by V8, or baseline code)",
                 self.seen.len(),
                 self.releases.iter().cloned().collect::<Vec<_>>().join(", "),
                 c.v8_stacks,
                 c.v8_frames,
                 self.functions.len(),
-                c.v8_events_lost
+                c.v8_events_lost,
+                l.code,
+                l.inlined,
+                l.unplaced
             ));
         }
         lines
@@ -414,10 +645,14 @@ impl Runtime for Nodes {
 /// the process now, and taken only where it still holds the frame's
 /// context; otherwise the frame keeps its native word, as the BPF walk
 /// leaves a frame it cannot read.
-fn step_copy(np: &NodeProcess, at: CopyAt, read: &dyn Fn(u64) -> Option<u64>) -> CopyStep {
+fn step_copy(
+    np: &NodeProcess,
+    at: CopyAt,
+    read: &dyn Fn(u64) -> Option<u64>,
+) -> (CopyStep, Option<u64>) {
     // Where the thread stopped, the frame may not be set up.
     if at.exact || at.bp == 0 {
-        return CopyStep::NotMine;
+        return (CopyStep::NotMine, None);
     }
     let l = &np.binary.layout;
     let slot = |off: i64| read(at.bp.wrapping_add_signed(off));
@@ -427,17 +662,18 @@ fn step_copy(np: &NodeProcess, at: CopyAt, read: &dyn Fn(u64) -> Option<u64>) ->
         slot(0),
         slot(8),
     ) else {
-        return CopyStep::NotMine;
+        return (CopyStep::NotMine, None);
     };
     let mut word = at.pc;
+    let mut said = None;
     if context & 1 == 0 {
         // V8's own frame: its type's marker.
         if context > 255 {
-            return CopyStep::NotMine;
+            return (CopyStep::NotMine, None);
         }
     } else {
         if function & 3 != 1 || function >= 1 << 47 || context >= 1 << 47 {
-            return CopyStep::NotMine;
+            return (CopyStep::NotMine, None);
         }
         let shared = np.mem.as_deref().and_then(|mem| {
             names::Reader::new(l, mem)
@@ -445,29 +681,37 @@ fn step_copy(np: &NodeProcess, at: CopyAt, read: &dyn Fn(u64) -> Option<u64>) ->
                 .ok()
         });
         if let Some(shared) = shared {
-            let interpreted = l.interpreter_builtins.iter().any(|(_, r)| {
+            // Interpreted as the BPF walk tells (see v8.h).
+            let in_builtin = l.interpreter_builtins.iter().any(|(_, r)| {
                 let lo = r.start.wrapping_add(np.bias);
                 at.pc >= lo && at.pc < lo.wrapping_add(r.size)
             });
-            let offset = if interpreted {
-                slot(l.off_fp_bytecode_offset).map(|v| v >> l.smi_shift)
+            let offset = slot(l.off_fp_bytecode_offset);
+            let bytecode = slot(l.off_fp_bytecode_array);
+            let by_slots = matches!((offset, bytecode), (Some(o), Some(b))
+                if o & ((1 << l.smi_shift) - 1) == 0 && (o >> l.smi_shift) < 0x10_0000
+                    && b & 3 == 1 && b < 1 << 47);
+            let interpreted = in_builtin || by_slots;
+            word = if interpreted {
+                said = bytecode;
+                js_word(
+                    shared,
+                    Some(offset.and_then(|o| l.smi(o)).map_or(AT_MAX, |v| v as u64)),
+                    at.pc,
+                )
             } else {
-                None
+                said = Some(at.pc);
+                js_word(shared, None, at.pc)
             };
-            word = js_word(
-                shared,
-                if interpreted {
-                    Some(offset.unwrap_or(AT_MAX))
-                } else {
-                    None
-                },
-            );
         }
     }
-    CopyStep::Next {
-        word,
-        pc: ra,
-        sp: at.bp.wrapping_add(16),
-        bp: saved,
-    }
+    (
+        CopyStep::Next {
+            word,
+            pc: ra,
+            sp: at.bp.wrapping_add(16),
+            bp: saved,
+        },
+        said,
+    )
 }

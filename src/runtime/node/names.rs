@@ -57,7 +57,7 @@ impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-fn unreadable<T>(why: impl Into<String>) -> Result<T> {
+pub(super) fn unreadable<T>(why: impl Into<String>) -> Result<T> {
     Err(Error::Unreadable(why.into()))
 }
 
@@ -98,9 +98,9 @@ pub struct Function {
 
 /// A heap object read: its untagged address and instance type.
 #[derive(Clone, Copy, Debug)]
-struct Object {
-    addr: u64,
-    kind: u16,
+pub(super) struct Object {
+    pub addr: u64,
+    pub kind: u16,
 }
 
 /// Reads V8 objects from a process's memory with one release's layout.
@@ -114,31 +114,31 @@ impl<'a> Reader<'a> {
         Reader { layout, mem }
     }
 
-    fn bytes(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+    pub(super) fn bytes(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         self.mem
             .read(addr, buf)
             .or_else(|e| unreadable(format!("{} bytes at {addr:#x}: {e}", buf.len())))
     }
 
-    fn u64(&self, addr: u64) -> Result<u64> {
+    pub(super) fn u64(&self, addr: u64) -> Result<u64> {
         let mut b = [0u8; 8];
         self.bytes(addr, &mut b)?;
         Ok(u64::from_le_bytes(b))
     }
 
-    fn u32(&self, addr: u64) -> Result<u32> {
+    pub(super) fn u32(&self, addr: u64) -> Result<u32> {
         let mut b = [0u8; 4];
         self.bytes(addr, &mut b)?;
         Ok(u32::from_le_bytes(b))
     }
 
-    fn u16(&self, addr: u64) -> Result<u16> {
+    pub(super) fn u16(&self, addr: u64) -> Result<u16> {
         let mut b = [0u8; 2];
         self.bytes(addr, &mut b)?;
         Ok(u16::from_le_bytes(b))
     }
 
-    fn untag(&self, tagged: u64) -> Result<u64> {
+    pub(super) fn untag(&self, tagged: u64) -> Result<u64> {
         // Beyond any user address (57 bits with 5-level paging): so that
         // an object's address plus any offset read at does not overflow.
         if !self.layout.is_heap_object(tagged) || tagged >> 57 != 0 {
@@ -149,7 +149,7 @@ impl<'a> Reader<'a> {
 
     /// The heap object `tagged` points to, its type from its map (whose
     /// own map must be the meta map: a map's type is `MAP_TYPE`).
-    fn object(&self, tagged: u64) -> Result<Object> {
+    pub(super) fn object(&self, tagged: u64) -> Result<Object> {
         let addr = self.untag(tagged)?;
         let map = self.u64(addr + self.layout.heap_object_map)?;
         let map_addr = self.untag(map)?;
@@ -162,7 +162,7 @@ impl<'a> Reader<'a> {
         Ok(Object { addr, kind })
     }
 
-    fn typed(&self, tagged: u64, kind: u16, what: &str) -> Result<Object> {
+    pub(super) fn typed(&self, tagged: u64, kind: u16, what: &str) -> Result<Object> {
         let o = self.object(tagged)?;
         if o.kind != kind {
             return unreadable(format!(
@@ -173,11 +173,11 @@ impl<'a> Reader<'a> {
         Ok(o)
     }
 
-    fn field(&self, o: Object, offset: u64) -> Result<u64> {
+    pub(super) fn field(&self, o: Object, offset: u64) -> Result<u64> {
         self.u64(o.addr + offset)
     }
 
-    fn smi(&self, v: u64, what: &str) -> Result<i64> {
+    pub(super) fn smi(&self, v: u64, what: &str) -> Result<i64> {
         self.layout
             .smi(v)
             .map_or_else(|| unreadable(format!("{what} {v:#x} is not a Smi")), Ok)

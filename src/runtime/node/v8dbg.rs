@@ -464,6 +464,156 @@ pub struct Layout {
     /// The interpreter's entry builtins (see [`INTERPRETER_BUILTINS`]) that
     /// the file's full symbol table has, by name.
     pub interpreter_builtins: Vec<(String, CodeRange)>,
+
+    /// Where a frame is in its function's source, and which functions are
+    /// inlined there: None for a V8 version whose layouts of these are
+    /// not known (the reason).
+    pub code: std::result::Result<CodeLayout, String>,
+}
+
+/// The layouts of what says where in its source a frame is: a
+/// BytecodeArray's source position table, and a function's generated code
+/// (V8's `Code`, its `InstructionStream`, its `DeoptimizationData`), read
+/// for an optimized frame's inlined functions and position. Most come
+/// from the metadata; what the metadata leaves out (a BytecodeArray's
+/// table, the Code's fields before its `instruction_start` in 12 and 13)
+/// is known per V8 version, in [`CodeLayout::from_metadata`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeLayout {
+    /// A BytecodeArray's `source_position_table`.
+    pub bytecode_positions: u64,
+    /// An InstructionStream's instructions, from its start (its map, then
+    /// its Code, `istream_code`, before them).
+    pub istream_header: u64,
+    pub istream_code: u64,
+    /// The Code's fields.
+    pub code_deopt: u64,
+    pub code_positions: u64,
+    pub code_istream: u64,
+    pub code_start: u64,
+    pub code_flags: u64,
+    pub code_size: u64,
+    /// The code's kind, in its flags: `(flags >> shift) & mask`; kinds
+    /// above `kind_baseline` are the optimizing compilers' (Maglev,
+    /// TurboFan).
+    pub kind_mask: u32,
+    pub kind_shift: u32,
+    pub kind_baseline: u32,
+    /// DeoptimizationData's elements: how many functions are inlined,
+    /// the literals (the inlined functions' SFIs first), the optimized
+    /// function's SFI (in 13, in a wrapper: its field `wrapper_shared`),
+    /// the inlining positions.
+    pub deopt_inlined_count: u64,
+    pub deopt_literals: u64,
+    pub deopt_shared: u64,
+    pub wrapper_shared: Option<u64>,
+    pub deopt_inlining: u64,
+    pub type_code: u16,
+    pub type_istream: u16,
+    /// A position table's types: ByteArray, and from 12.4 TrustedByteArray.
+    pub types_byte_array: Vec<u16>,
+}
+
+impl CodeLayout {
+    fn from_metadata(m: &Metadata) -> Result<CodeLayout> {
+        let Some(v) = m.version else {
+            bail!("V8 of unknown version");
+        };
+        let field = |class: &str, names: &[&str]| -> Result<Option<u64>> {
+            m.field(class, names)
+                .map(|o| offset(o, class, names[0]))
+                .transpose()
+        };
+        // A BytecodeArray: in 11 a FixedArrayBase (map, length, constant
+        // pool, handler table, then the positions); from 12.4 a trusted
+        // object (map, length, wrapper, then the positions).
+        let bytecode_positions = match (v.major, v.minor) {
+            (11, _) => 32,
+            (12, 4..) | (13, _) => 24,
+            _ => bail!("V8 {v}: where a BytecodeArray keeps its source positions"),
+        };
+        let istream_header = m.need_field("InstructionStream", &["instruction_start"])?;
+        let code_start = field("Code", &["instruction_start"])?;
+        let (code_deopt, code_positions, code_start, code_flags, code_size) = match v.major {
+            // 11: the metadata has the fields up to the instruction
+            // stream (8 bytes after the positions); the start, the flags
+            // (32 bits, then two of 16) and the size follow.
+            11 => {
+                let positions = m.need_field("Code", &["source_position_table"])?;
+                let start = code_start.unwrap_or(positions + 16);
+                (
+                    m.need_field("Code", &["deoptimization_data"])?,
+                    positions,
+                    start,
+                    field("Code", &["flags"])?.unwrap_or(start + 8),
+                    field("Code", &["instruction_size"])?.unwrap_or(start + 16),
+                )
+            }
+            // 12 and 13: the metadata has the start, the flags, the size;
+            // the deoptimization data (or a baseline code's bytecode) and
+            // the position table are the first fields after the map.
+            12 | 13 => (
+                8,
+                16,
+                code_start.context("V8 metadata: no Code instruction_start")?,
+                m.need_field("Code", &["flags"])?,
+                m.need_field("Code", &["instruction_size"])?,
+            ),
+            _ => bail!("V8 {v}: the layout of its generated code's objects"),
+        };
+        let code_istream = field("Code", &["instruction_stream"])?.unwrap_or(code_start - 8);
+        let index = |name: &str| -> Result<u64> {
+            let i = m.need(&format!("DeoptimizationData{name}Index"))?;
+            if !(0..64).contains(&i) {
+                bail!("V8 metadata: DeoptimizationData{name}Index is {i}");
+            }
+            Ok(i as u64)
+        };
+        let (deopt_shared, wrapper_shared) = match index("SharedFunctionInfo") {
+            Ok(i) => (i, None),
+            Err(_) => (
+                index("WrappedSharedFunctionInfo")?,
+                Some(m.need_field("SharedFunctionInfoWrapper", &["shared_info"])?),
+            ),
+        };
+        let kind = |name: &str| -> Result<u32> {
+            let k = m.need(&format!("CodeKind{name}"))?;
+            u32::try_from(k).with_context(|| format!("V8 metadata: CodeKind{name} is {k}"))
+        };
+        Ok(CodeLayout {
+            bytecode_positions,
+            istream_header,
+            istream_code: 8,
+            code_deopt,
+            code_positions,
+            code_istream,
+            code_start,
+            code_flags,
+            code_size,
+            kind_mask: kind("FieldMask")?,
+            kind_shift: m.get("CodeKindFieldShift").map_or(Ok(0), |s| {
+                u32::try_from(s)
+                    .ok()
+                    .filter(|&s| s < 32)
+                    .context("V8 metadata: CodeKindFieldShift")
+            })?,
+            kind_baseline: kind("Baseline")?,
+            deopt_inlined_count: index("InlinedFunctionCount")?,
+            deopt_literals: index("LiteralArray")?,
+            deopt_shared,
+            wrapper_shared,
+            deopt_inlining: index("InliningPositions")?,
+            type_code: m.need_type("Code")?,
+            type_istream: m.need_type("InstructionStream")?,
+            types_byte_array: [
+                m.instance_type("ByteArray"),
+                m.instance_type("TrustedByteArray"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        })
+    }
 }
 
 impl Layout {
@@ -612,6 +762,7 @@ impl Layout {
             .concat(),
             strings,
             interpreter_builtins: Vec::new(),
+            code: CodeLayout::from_metadata(m).map_err(|e| format!("{e:#}")),
         })
     }
 

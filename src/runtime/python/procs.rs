@@ -442,7 +442,7 @@ impl Runtime for Pythons {
         is_python_word(word)
     }
 
-    fn note_code(&mut self, p: Proc, code: u64, tag: u32) {
+    fn note_code(&mut self, p: Proc, code: u64, tag: u32, _at: u64) {
         self.code(p, code, tag);
     }
 
@@ -526,6 +526,7 @@ impl Runtime for Pythons {
             name: &c.qualname,
             file: &c.filename,
             line: c.line(at),
+            column: None,
         })
     }
 
