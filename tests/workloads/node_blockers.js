@@ -35,9 +35,13 @@ function ownStack() {
 }
 
 // Printed at once (a worker's console goes through the main thread, which
-// blocks); the main thread, which blocks last, says READY after.
+// blocks); the main thread, which blocks last, says READY after. A worker
+// then tells the main thread that it blocks next (the hot one tells it
+// before its last run: its optimized code is not to meet a path it has
+// not taken).
 function report(label, frames, fd = 1) {
   fs.writeSync(fd, `THREAD ${label}\n${frames}${label === 'main' ? 'READY\n' : ''}`);
+  if (label === 'atomics' || label === 'exec') parentPort.postMessage(label);
 }
 
 function readInner(fd) {
@@ -111,7 +115,8 @@ function hotMain() {
   hotLoop(cells, 4096, 1, devnull);
   finish();
   // V8's kTurboFanned bit, said before the stack (0 without natives).
-  fs.writeSync(1, `OPTIMIZED hotLoop ${(status(hotLoop) & 64) !== 0} ${status(hotLoop)}\n`);
+  fs.writeSync(1, `OPTIMIZED hotLoop ${(status(hotLoop) & 64) !== 0}\n`);
+  parentPort.postMessage('hot');
   hotLoop(cells, 4096, 0, 1);
 }
 
@@ -131,9 +136,8 @@ if (isMainThread) {
     });
   }
 } else {
-  // Told the main thread first: the blocking call comes right after.
+  // Each tells the main thread when it is about to block (see report).
   const { role } = workerData;
-  parentPort.postMessage(role);
   setTimeout(() => {
     if (role === 'atomics') atomicsMain();
     else if (role === 'exec') execMain();

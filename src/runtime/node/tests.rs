@@ -310,6 +310,7 @@ fn garbage_is_an_error_never_a_panic() {
         .collect();
     let mut state = 0x9e37_79b9_7f4a_7c15;
     for layout in &layouts {
+        assert!(layout.code.is_ok(), "{:?}", layout.code);
         for round in 0..200 {
             // Random bytes, some rounds with small values that look like
             // tagged pointers, Smis and instance types.
@@ -332,7 +333,18 @@ fn garbage_is_an_error_never_a_panic() {
                 let _ = reader.function(sfi);
                 let _ = LineTable::read(&reader, sfi);
                 let _ = reader.string(sfi, 1 << 16);
+                let _ = reader.bytecode_position(sfi, (v >> 40) as i64 % 300);
+                let code = super::code::Code {
+                    code: sfi,
+                    start: v >> 20,
+                    size: v >> 50,
+                    kind: 15,
+                };
+                let _ = reader.optimized_frames(&code, code.start + (v & 0xff) + 1);
             }
+            // A search for a return address's code, through garbage.
+            let mut map = None;
+            let _ = reader.code_at(xorshift(&mut state) & 0xffff_ffff_fff0, &mut map);
         }
         let _ = reader_loops(layout);
     }
