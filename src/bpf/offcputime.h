@@ -447,9 +447,14 @@ struct node_proc {
 	/* JSFunction's SharedFunctionInfo field, in bytes from the object's
 	 * start (its tagged pointer less the tag). */
 	__u16 function_shared;
+	/* A map's instance type (a heap object's map is its first word),
+	 * and a BytecodeArray's: an interpreted frame's array checked where
+	 * its pc does not say (V8 running a copy of its builtins). */
+	__u16 map_instance_type;
+	__u16 type_bytecode_array;
 	/* A small integer's value: the word shifted right so many bits. */
 	__u8 smi_shift;
-	__u8 _pad[5];
+	__u8 _pad[1];
 };
 
 /* A frame's slots read at once: from its frame pointer -64 up to +16 (the

@@ -40,6 +40,10 @@ struct v8_scratch {
 	struct node_proc p;
 	__u64 frame[16];
 	__u64 shared;
+	/* An interpreted frame's BytecodeArray's map, and its type. */
+	__u64 map;
+	__u16 type;
+	__u16 _pad16[3];
 	/* The thread walked (for the notices of new words). */
 	__u64 process_start;
 	__u32 pid;
@@ -165,19 +169,25 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 			/* Interpreted: its pc in one of the interpreter's entry
 			 * builtins, or (where V8 runs a copy of its builtins
 			 * near its code, not the binary's) a small integer in
-			 * the bytecode offset's slot beside a heap object in
-			 * the BytecodeArray's (a baseline frame keeps its
-			 * feedback there; userspace checks the array's type). */
+			 * the bytecode offset's slot beside a BytecodeArray (by
+			 * its map's type: a baseline frame keeps its feedback
+			 * there, an optimized one what it spills). */
 			off = V8_SLOT(vs, n->fp_bytecode_offset);
 			bytecode = V8_SLOT(vs, n->fp_bytecode_array);
-			interpreted = !(off & ((1ULL << (n->smi_shift & 63)) - 1)) &&
-				      (off >> (n->smi_shift & 63)) < 0x100000 &&
-				      (bytecode & 3) == 1 && bytecode < (1ULL << 47);
+			interpreted = false;
 #pragma clang loop unroll(full)
 			for (w = 0; w < NODE_INTERP_RANGES; w++) {
 				if (u->pc >= n->interp_lo[w] && u->pc < n->interp_hi[w])
 					interpreted = true;
 			}
+			if (!interpreted && !(off & ((1ULL << (n->smi_shift & 63)) - 1)) &&
+			    (off >> (n->smi_shift & 63)) < 0x100000 && (bytecode & 3) == 1 &&
+			    bytecode < (1ULL << 47) &&
+			    !read_user(&vs->map, 8, (void *)(bytecode - 1), task, c) &&
+			    (vs->map & 3) == 1 && vs->map < (1ULL << 47) &&
+			    !read_user(&vs->type, 2, (void *)(vs->map - 1 + n->map_instance_type),
+				       task, c))
+				interpreted = vs->type == n->type_bytecode_array;
 			if (interpreted) {
 				off >>= n->smi_shift & 63;
 				at = V8_AT_BYTECODE | (off < V8_AT_MAX ? off : V8_AT_MAX);

@@ -421,7 +421,8 @@ fn a_node_started_during_the_trace_is_walked() {
         profile_during_with(&["-f", "6"], &[("OFFCPUTIME_NO_FILE_TABLES", "1")], |_| {
             let (proc_, r) = start(&node, dir.path());
             reported = Some(r);
-            std::thread::sleep(std::time::Duration::from_secs(1));
+            // Its copies walked (and their frames read) while it lives.
+            std::thread::sleep(std::time::Duration::from_secs(2));
             drop(proc_);
         });
     let reported = reported.expect("node started");

@@ -148,6 +148,12 @@ impl Reader<'_> {
         self.field(o, l.fixed_array_data + 8 * i)
     }
 
+    /// Whether `tagged` points to a BytecodeArray.
+    pub fn is_bytecode_array(&self, tagged: u64) -> bool {
+        self.object(tagged)
+            .is_ok_and(|o| o.kind == self.layout.type_bytecode_array)
+    }
+
     /// The script position of an interpreted frame: of bytecode `index` of
     /// BytecodeArray `bytecode` (tagged). None where V8 has not recorded
     /// the function's positions (it does when something asks, such as a

@@ -409,8 +409,14 @@ fn bpf_entry(binary: &Binary, bias: u64) -> Result<types::node_proc, String> {
         function_shared: u16::try_from(l.js_function_shared)
             .map_err(|_| format!("JSFunction's shared at {}", l.js_function_shared))?,
         smi_shift: l.smi_shift as u8,
+        map_instance_type: u16::try_from(l.map_instance_type)
+            .map_err(|_| format!("a map's instance type at {}", l.map_instance_type))?,
+        type_bytecode_array: l.type_bytecode_array,
         ..Default::default()
     };
+    if l.heap_object_map != 0 {
+        return Err(format!("a heap object's map at {}", l.heap_object_map));
+    }
     if e.interp_lo.len() < l.interpreter_builtins.len() {
         return Err(format!(
             "{} interpreter entries",
@@ -689,8 +695,10 @@ fn step_copy(
             let offset = slot(l.off_fp_bytecode_offset);
             let bytecode = slot(l.off_fp_bytecode_array);
             let by_slots = matches!((offset, bytecode), (Some(o), Some(b))
-                if o & ((1 << l.smi_shift) - 1) == 0 && (o >> l.smi_shift) < 0x10_0000
-                    && b & 3 == 1 && b < 1 << 47);
+            if o & ((1 << l.smi_shift) - 1) == 0 && (o >> l.smi_shift) < 0x10_0000
+                && np.mem.as_deref().is_some_and(|mem| {
+                    names::Reader::new(l, mem).is_bytecode_array(b)
+                }));
             let interpreted = in_builtin || by_slots;
             word = if interpreted {
                 said = bytecode;
