@@ -162,26 +162,30 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 /* The hash of a range slot's UCACHE_RANGE_WORDS words `w` (struct
  * ucache): a change of any of them changes it but for a chance of one in
  * 2^64. */
-static __always_inline __u64 ucache_range_hash(const __u64 *w)
+static __always_inline __u64 ucache_range_hash(const __u64 *w, __u64 skip)
 {
 	__u64 h = 0xcbf29ce484222325ULL;
 	int i;
 
 #pragma clang loop unroll(full)
 	for (i = 0; i < UCACHE_RANGE_WORDS; i++) {
+		if (i < skip)
+			continue;
 		h = (h ^ w[i]) * 0x100000001b3ULL;
 		h ^= h >> 29;
 	}
-	return h;
+	return (h & ~UCACHE_RANGE_SKIP_MASK) | skip << UCACHE_RANGE_SKIP_SHIFT;
 }
 
 /* The walk read the UCACHE_RANGE bytes `w` at `addr`: proved as one slot
- * (see UCACHE_RANGE_BIT). */
+ * (see UCACHE_RANGE_BIT), but for its first `skip` words (what the walk
+ * did not use, such as the spill slots of a V8 frame, which change while
+ * the frame's place in its code does not). */
 static __always_inline void note_range(struct ucache *pr, struct unwind_state *u, __u64 addr,
-				       const __u64 *w)
+				       const __u64 *w, __u64 skip)
 {
 	if (pr)
-		note_proof(pr, u, addr, ucache_range_hash(w), UCACHE_RANGE, UCACHE_RANGE_BIT);
+		note_proof(pr, u, addr, ucache_range_hash(w, skip), UCACHE_RANGE, UCACHE_RANGE_BIT);
 }
 
 /* Reads the user memory of the current task, or of `task` from the copy

@@ -381,7 +381,7 @@ static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 i
 			      c))
 			return java_cut(u, ips, idx, JAVA_CUT_UNREADABLE);
 		/* The frame's slots proved as one: they lie together. */
-		note_range(pr, u, u->bp + JAVA_FRAME_LOW, js->frame);
+		note_range(pr, u, u->bp + JAVA_FRAME_LOW, js->frame, 0);
 		method = JAVA_SLOT(js, j->interp_method);
 		sender = JAVA_SLOT(js, j->interp_sender_sp);
 		/* The caller's stack pointer before this frame extended it

@@ -222,6 +222,10 @@ struct {
 #define UCACHE_RANGE_BIT (1U << 31)
 #define UCACHE_RANGE_WORDS 10
 #define UCACHE_RANGE (UCACHE_RANGE_WORDS * 8)
+/* A range slot's hash keeps in its top bits how many of the range's first
+ * words it leaves out (see note_range()). */
+#define UCACHE_RANGE_SKIP_SHIFT 60
+#define UCACHE_RANGE_SKIP_MASK (15ULL << UCACHE_RANGE_SKIP_SHIFT)
 struct ucache {
 	/* The stack's id in `stacks`; 0: nothing kept. */
 	__u64 stack_id;

@@ -58,7 +58,7 @@ __noinline int ucache_window_read(__u64 addr, __u64 top)
 /* The hash of the UCACHE_RANGE bytes at `off` in the window (a range
  * slot's, see ucache_range_hash()).  A global function: unrolled, the
  * hash took half of a step's verification, and range slots are few. */
-__noinline __u64 ucache_window_hash(__u64 off)
+__noinline __u64 ucache_window_hash(__u64 off, __u64 skip)
 {
 	struct ucache_window *w;
 	__u32 zero = 0;
@@ -66,7 +66,7 @@ __noinline __u64 ucache_window_hash(__u64 off)
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
 	if (!w)
 		return 0;
-	return ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))));
+	return ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))), skip);
 }
 
 static long ucache_slots_step(__u32 i, void *arg)
@@ -113,7 +113,8 @@ static long ucache_slots_step(__u32 i, void *arg)
 		*(volatile __u64 *)&w->off = off;
 		off = *(volatile __u64 *)&w->off;
 		if (at & UCACHE_RANGE_BIT) {
-			if (ucache_window_hash(off) != e->val[k])
+			if (ucache_window_hash(off, e->val[k] >> UCACHE_RANGE_SKIP_SHIFT) !=
+			    e->val[k])
 				goto fails;
 		} else if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k]) {
 			goto fails;

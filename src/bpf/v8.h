@@ -117,7 +117,9 @@ __noinline int v8_walkable_of_current(__u32 tgid)
 
 /* The frame's slot `off` bytes from its frame pointer (masked: a bound
  * for the verifier; the frame's slots are the first NODE_FRAME_WORDS). */
-#define V8_SLOT(vs, off) ((vs)->frame[(((off) - NODE_FRAME_LOW) >> 3) & 15])
+#define V8_SLOT(vs, off) ((vs)->frame[V8_INDEX(off)])
+#define V8_INDEX(off) ((((off) - NODE_FRAME_LOW) >> 3) & 15)
+#define V8_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* v8_step()'s answers. */
 #define V8_NOT_V8 0
@@ -137,7 +139,7 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 {
 	struct v8_scratch *vs = v8_scratch_of(task != NULL);
 	struct node_proc *n;
-	__u64 context, function, at, extra, off, bytecode;
+	__u64 context, function, at, extra, off, bytecode, skip;
 	bool interpreted;
 	__u32 w;
 
@@ -148,6 +150,10 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 	n = &vs->p;
 	context = V8_SLOT(vs, n->fp_context);
 	function = V8_SLOT(vs, n->fp_function);
+	/* What the proof of the walk leaves out: the slots below those the
+	 * frame is read by (an optimized frame's spills, an interpreted
+	 * frame's registers change while it stays where it is). */
+	skip = V8_MIN(V8_INDEX(n->fp_context), V8_INDEX(n->fp_function));
 	if (!(context & 1)) {
 		/* V8's own frame: its type's marker (a small even number). */
 		if (context > 255)
@@ -160,6 +166,7 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 		    (vs->shared & 3) != 1 || vs->shared >= (1ULL << 47)) {
 			/* Left as the native walk has it: counted, said. */
 			count(CNT_V8_UNREADABLE);
+			skip = 0;
 		} else {
 			/* Generated code: the word keeps a hash of the return
 			 * address, told in full with the notice (userspace finds
@@ -189,6 +196,8 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 				       task, c))
 				interpreted = vs->type == n->type_bytecode_array;
 			if (interpreted) {
+				skip = V8_MIN(skip, V8_MIN(V8_INDEX(n->fp_bytecode_offset),
+							   V8_INDEX(n->fp_bytecode_array)));
 				off >>= n->smi_shift & 63;
 				at = V8_AT_BYTECODE | (off < V8_AT_MAX ? off : V8_AT_MAX);
 				extra = bytecode;
@@ -208,7 +217,7 @@ static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx
 	 * walk then checks. */
 	if (!u->bp_restored)
 		u->bp_used = true;
-	note_range(pr, u, u->bp + NODE_FRAME_LOW, vs->frame);
+	note_range(pr, u, u->bp + NODE_FRAME_LOW, vs->frame, skip);
 	u->sp = u->bp + 16;
 	u->bp = V8_SLOT(vs, 0);
 	u->bp_restored = true;
