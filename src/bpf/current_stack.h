@@ -130,8 +130,8 @@ __noinline int send_mapped(__u64 mm, __u64 exec_vm, __u64 pid_tgid, __u64 start,
 __noinline __u64 user_stack_by_files(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	struct ucache *e = NULL, *pr = NULL;
-	struct ucache_ways *set;
+	struct ucache_ways *set = NULL;
+	struct ucache *pr;
 	struct file_scratch *s;
 	__u32 zero = 0, idx, way = 0;
 	__u64 *ips, *files_gen, exec_vm, mm, gen, id;
@@ -154,17 +154,13 @@ __noinline __u64 user_stack_by_files(bool cache)
 	gen = 1ULL << 63 | (*files_gen & 0x7fffffff) << 32 | (exec_vm & 0xffffffff);
 	if (ucache_on && cache) {
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (set) {
+		if (set)
 			way = ucache_way(set, &s->st);
-			e = &set->way[way & 1];
-			set->last = way & 1;
-		}
-		if (e && !(way & UCACHE_NEW_WAY) && ucache_holds(e, way, &s->st, mm, gen)) {
+		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen))) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_BY_FILE);
 			count(CNT_UNWIND_CACHED);
-			COUNT_WALK(e);
-			return e->stack_id;
+			return id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 		if (pr) {
@@ -198,8 +194,8 @@ __noinline __u64 user_stack_by_files(bool cache)
 	send_mapped(mm, exec_vm, bpf_get_current_pid_tgid(),
 		    task_process_start(task, true), false);
 	id = store_stack(s->st.nr * sizeof(__u64), true);
-	if (e)
-		ucache_keep(e, pr, &s->st, mm, gen, id);
+	if (set)
+		ucache_keep(way & (UCACHE_WAYS - 1), mm, gen, id);
 	return id;
 }
 
@@ -253,16 +249,12 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 	gen = p->gen;
 	if (ucache_on && cache) {
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (set) {
+		if (set)
 			way = ucache_way(set, u);
-			e = &set->way[way & 1];
-			set->last = way & 1;
-		}
-		if (e && !(way & UCACHE_NEW_WAY) && ucache_holds(e, way, u, mm, gen)) {
+		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen))) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);
-			COUNT_WALK(e);
-			return e->stack_id;
+			return id;
 		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 		if (pr) {
@@ -275,8 +267,8 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 	}
 	walk_with_tables(u, p, NULL);
 	id = store_stack(u->nr * sizeof(__u64), true);
-	if (e)
-		ucache_keep(e, pr, u, mm, gen, id);
+	if (set)
+		ucache_keep(way & (UCACHE_WAYS - 1), mm, gen, id);
 	return id;
 }
 

@@ -255,13 +255,26 @@ struct ucache {
 };
 
 /* A thread's kept walks: one per starting pc and sp; a new one replaces
- * the one proved or kept less recently. */
-#define UCACHE_WAYS 2
+ * the one proved or kept least recently.  The first two are kept here,
+ * with what tells each of the UCACHE_WAYS apart; the others in
+ * ucache_more, which only a thread that blocks in more than two places in
+ * turn is given (two worker threads passing the turn back and forth: a
+ * wait, and a wake-up preempted in two places). */
+#define UCACHE_WAYS 4
 struct ucache_ways {
-	struct ucache way[UCACHE_WAYS];
-	/* The way proved or kept last. */
-	__u32 last;
-	__u32 _pad;
+	struct ucache way[2];
+	/* Of each way: the registers its walk started from (where its bit is
+	 * in `kept`), and when it was proved or kept last (a count of the
+	 * thread's walks, `tick`). */
+	__u64 pc[UCACHE_WAYS];
+	__u64 sp[UCACHE_WAYS];
+	__u32 used[UCACHE_WAYS];
+	__u32 tick;
+	__u32 kept;
+};
+
+struct ucache_pair {
+	struct ucache way[2];
 };
 
 struct {
@@ -270,6 +283,14 @@ struct {
 	__type(key, int);
 	__type(value, struct ucache_ways);
 } ucache_storage SEC(".maps");
+
+/* Ways 2 and 3 of the threads that have used them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ucache_pair);
+} ucache_more SEC(".maps");
 
 /* The slots of the walk under way on this CPU, kept once it succeeds. */
 struct {

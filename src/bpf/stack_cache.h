@@ -69,24 +69,39 @@ __noinline __u64 ucache_window_hash(__u64 off, __u64 skip)
 	return ucache_range_hash((__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))), skip);
 }
 
+/* The current thread's kept walk `way`, or NULL (its storage created where
+ * `create`). */
+static __always_inline struct ucache *ucache_entry(__u32 way, bool create)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 flags = create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0;
+	struct ucache_ways *set;
+	struct ucache_pair *more;
+
+	if (way & 2) {
+		more = bpf_task_storage_get(&ucache_more, task, 0, flags);
+		return more ? &more->way[way & 1] : NULL;
+	}
+	set = bpf_task_storage_get(&ucache_storage, task, 0, flags);
+	return set ? &set->way[way & 1] : NULL;
+}
+
 static long ucache_slots_step(__u32 i, void *arg)
 {
 	__u32 way = *(__u32 *)arg;
-	struct ucache_ways *set;
 	struct ucache_window *w;
 	__u64 addr, off, span;
 	__u32 zero = 0, k, at, j;
 	struct ucache *e;
 
-	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
+	e = ucache_entry(way, false);
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
 	if (!w)
 		return 1;
-	if (!set) {
+	if (!e) {
 		w->holds = 0;
 		return 1;
 	}
-	e = &set->way[way & 1];
 	for (j = 0; j < UCACHE_STEP; j++) {
 		k = w->k;
 		if (k >= UCACHE_SLOTS || k >= e->n) {
@@ -136,7 +151,6 @@ fails:
 __noinline int ucache_slots_hold(__u32 way)
 {
 	struct ucache_window *w;
-	struct ucache_ways *set;
 	struct ucache *e;
 	__u32 zero = 0;
 
@@ -149,10 +163,9 @@ __noinline int ucache_slots_hold(__u32 way)
 	w->holds = -1;
 	/* The window from the first slot on, here (the steps call a
 	 * function only where a slot is past it). */
-	set = bpf_task_storage_get(&ucache_storage, bpf_get_current_task_btf(), 0, 0);
-	if (!set)
+	e = ucache_entry(way, false);
+	if (!e)
 		return false;
-	e = &set->way[way & 1];
 	if (e->n && ucache_read(w, e->sp + (e->off[0] & ~UCACHE_RANGE_BIT), e->sp + e->top))
 		return false;
 	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &way, 0);
@@ -160,40 +173,85 @@ __noinline int ucache_slots_hold(__u32 way)
 	return w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS);
 }
 
-/* Whether the current thread's kept walk `e`, its way `way`, holds for the
- * registers in `u`, the address space `mm` and the tables of generation
- * `gen`: the proof of struct ucache. */
-static __always_inline bool ucache_holds(struct ucache *e, __u32 way, struct unwind_state *u,
-					 __u64 mm, __u64 gen)
-{
-	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtimes_on ||
-	    e->pc != u->pc ||
-	    e->sp != u->sp || (e->bp_used && e->bp != u->bp))
-		return false;
-	return ucache_slots_hold(way);
-}
-
 /* The way of `set` kept from the registers in `u` (its index), else the
- * one to keep a new walk in, UCACHE_NEW_WAY added: the one proved or kept
- * less recently. */
+ * one to keep a new walk in, UCACHE_NEW_WAY added: one not used yet, else
+ * the one proved or kept least recently. */
 #define UCACHE_NEW_WAY 0x100
 static __always_inline __u32 ucache_way(struct ucache_ways *set, struct unwind_state *u)
 {
-	if (set->way[0].stack_id && set->way[0].pc == u->pc && set->way[0].sp == u->sp)
-		return 0;
-	if (set->way[1].stack_id && set->way[1].pc == u->pc && set->way[1].sp == u->sp)
-		return 1;
-	return UCACHE_NEW_WAY | ((set->last ^ 1) & 1);
+	__u32 i, old = 0, way = UCACHE_NEW_WAY;
+
+	for (i = 0; i < UCACHE_WAYS; i++) {
+		if (set->kept & 1U << i && set->pc[i] == u->pc && set->sp[i] == u->sp) {
+			way = i;
+			break;
+		}
+		if (set->tick - set->used[i] > set->tick - set->used[old])
+			old = i;
+	}
+	if (way == UCACHE_NEW_WAY)
+		way |= old;
+	set->used[way & (UCACHE_WAYS - 1)] = ++set->tick;
+	return way;
 }
 
-/* Keeps the walk in `u` (its slots in `pr`), whose frames were stored as
- * `id`, in the thread's `e`, or nothing where it cannot be proved again. */
-static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
-					struct unwind_state *u, __u64 mm, __u64 gen, __u64 id)
+/*
+ * The stack id of the current thread's kept walk `way` where it holds for
+ * the registers of the walk under way (struct file_scratch), the address
+ * space `mm` and the tables of generation `gen` (the proof of struct
+ * ucache), its frames counted; else 0.  A global function: the two
+ * storages of the ways checked once.
+ */
+__noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen)
 {
-	e->stack_id = 0;
-	if (!pr || u->unprovable || !(id & STACK_ID_HASH_BIT))
-		return;
+	struct file_scratch *s;
+	struct unwind_state *u;
+	struct ucache *e;
+	__u32 zero = 0;
+
+	s = bpf_map_lookup_elem(&file_scratch, &zero);
+	e = ucache_entry(way, false);
+	if (!s || !e)
+		return 0;
+	u = &s->st;
+	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtimes_on ||
+	    e->pc != u->pc || e->sp != u->sp || (e->bp_used && e->bp != u->bp))
+		return 0;
+	if (!ucache_slots_hold(way))
+		return 0;
+	COUNT_WALK(e);
+	return e->stack_id;
+}
+
+/*
+ * Keeps the walk under way (struct file_scratch; its slots in
+ * ucache_scratch), whose frames were stored as `id`, as the current
+ * thread's way `way`, or nothing where it cannot be proved again.  A
+ * global function, like ucache_proved().
+ */
+__noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct ucache_ways *set;
+	struct file_scratch *s;
+	struct ucache *e, *pr;
+	struct unwind_state *u;
+	__u32 zero = 0, bit = 1U << (way & (UCACHE_WAYS - 1));
+
+	set = bpf_task_storage_get(&ucache_storage, task, 0, 0);
+	if (!set)
+		return 0;
+	set->kept &= ~bit;
+	s = bpf_map_lookup_elem(&file_scratch, &zero);
+	pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
+	if (!s || !pr)
+		return 0;
+	u = &s->st;
+	if (u->unprovable || !(id & STACK_ID_HASH_BIT))
+		return 0;
+	e = ucache_entry(way, true);
+	if (!e)
+		return 0;
 	/* All of them: straight-line code, which the verifier checks once
 	 * (a loop up to n would be checked once per slot). */
 	__builtin_memcpy(e->off, pr->off, sizeof(e->off));
@@ -213,6 +271,10 @@ static __always_inline void ucache_keep(struct ucache *e, struct ucache *pr,
 	e->v8 = u->v8;
 	e->runtimes = runtimes_on;
 	e->stack_id = id;
+	set->pc[way & (UCACHE_WAYS - 1)] = pr->pc;
+	set->sp[way & (UCACHE_WAYS - 1)] = pr->sp;
+	set->kept |= bit;
+	return 0;
 }
 
 #endif /* __OFFCPUTIME_STACK_CACHE_H__ */

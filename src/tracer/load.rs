@@ -715,6 +715,10 @@ pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -
         .set_autocreate(false)
         .context("stack cache map")?;
     open.maps
+        .ucache_more
+        .set_autocreate(false)
+        .context("stack cache map")?;
+    open.maps
         .run_storage
         .set_autocreate(false)
         .context("running time map")?;

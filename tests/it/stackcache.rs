@@ -123,16 +123,7 @@ fn cache_checks_the_last_slot_of_a_walk() {
     for fp in ["-fomit-frame-pointer", "-fno-omit-frame-pointer"] {
         let exe = compile(&clang, fp, dir.path());
         let wl = Running::start(&exe);
-        let tid = std::fs::read_dir(format!("/proc/{}/task", wl.pid))
-            .expect("the workload's threads")
-            .flatten()
-            .find(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "ends")
-            })
-            .expect("the thread ends")
-            .file_name()
-            .into_string()
-            .unwrap();
+        let tid = thread_named(wl.pid, "ends");
         let (out, _) = profile_window(&["-t", &tid, "--state", "1", "-U", "-f", "3"], &[]);
         drop(wl);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -155,6 +146,60 @@ fn cache_checks_the_last_slot_of_a_walk() {
             "{fp}: thread ends has {a} us under its \"a\" stack and {b} us under \"b\""
         );
     }
+}
+
+/// The thread `turns` alone (`-t`, its sleeps only): it blocks in four
+/// places in turn, each at a stack pointer of its own. The cache keeps
+/// four walks of a thread, so after the first round each block is proved
+/// unchanged (a cache of fewer would walk every one); and each place has
+/// a quarter of the time.
+#[test]
+fn cache_keeps_four_places_of_a_thread() {
+    if !require_root() {
+        return;
+    }
+    let Some(clang) = require_tool("clang", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = compile(&clang, "-fomit-frame-pointer", dir.path());
+    let wl = Running::start(&exe);
+    let tid = thread_named(wl.pid, "turns");
+    let (out, _) = profile_window(&["-t", &tid, "--state", "1", "-U", "-f", "3"], &[]);
+    drop(wl);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
+    println!("stackcache: turns: {proved} of {walked} stacks proved unchanged");
+    assert!(walked > 1000, "only {walked} stacks walked:\n{stderr}");
+    assert!(
+        proved * 20 >= walked * 19,
+        "{proved} of {walked} stacks of a thread blocking in four places in turn proved \
+         unchanged: the cache did not keep four walks"
+    );
+    let lines = parse_folded(&out.stdout);
+    let depth = |l: &Folded| l.frames.iter().filter(|f| *f == "turn").count();
+    let total = sum_us_where(&lines, |l| depth(l) > 0);
+    for d in 1..=4 {
+        let share = sum_us_where(&lines, |l| depth(l) == d) as f64 / total.max(1) as f64;
+        assert!(
+            (share - 0.25).abs() < 0.04,
+            "{:.1}% of the time of turns under {d} frames of turn, not a quarter",
+            share * 100.0
+        );
+    }
+}
+
+/// The id of the thread named `name` of process `pid`.
+fn thread_named(pid: u32, name: &str) -> String {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the workload's threads")
+        .flatten()
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .unwrap_or_else(|| panic!("the thread {name}"))
+        .file_name()
+        .into_string()
+        .unwrap()
 }
 
 /// From `-v`: "... N stacks walked with them (...".

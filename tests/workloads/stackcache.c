@@ -22,6 +22,10 @@
  *          the outermost frame: "b").  The two walks read the same slots,
  *          and differ only in the last one.
  *
+ * And a thread `turns` blocks in four places in turn (1 ms under one,
+ * two, three and four frames of `turn`): a thread the cache must keep
+ * four walks of, each proved at its next turn.
+ *
  * Prints its pid, then runs until killed.  Built by the test with
  * -fno-optimize-sibling-calls (no tail calls), with and without frame
  * pointers.
@@ -181,6 +185,26 @@ static void *run(void *arg)
 	return NULL;
 }
 
+NOINLINE int turn(int n)
+{
+	int r = n > 0 ? turn(n - 1) : block(1);
+
+	__asm__ volatile("" ::: "memory");
+	return r + 1;
+}
+
+static void *turns(void *arg)
+{
+	int i;
+
+	(void)arg;
+	prctl(PR_SET_NAME, "turns");
+	prctl(PR_SET_TIMERSLACK, 1UL);
+	for (i = 0;; i = (i + 1) % 4)
+		sink += turn(i);
+	return NULL;
+}
+
 int main(void)
 {
 	static const struct pair pairs[] = {
@@ -189,11 +213,12 @@ int main(void)
 		{ "paths", path_a1, path_b1 },
 		{ "ends", ends_a, ends_b },
 	};
-	pthread_t t[4];
+	pthread_t t[5];
 	int i;
 
 	for (i = 0; i < 4; i++)
 		pthread_create(&t[i], NULL, run, (void *)&pairs[i]);
+	pthread_create(&t[4], NULL, turns, NULL);
 	printf("%d\n", getpid());
 	fflush(stdout);
 	pthread_join(t[0], NULL);
