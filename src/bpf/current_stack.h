@@ -156,7 +156,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (set)
 			way = ucache_way(set, &s->st);
-		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen))) {
+		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, s->st.bp))) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_BY_FILE);
 			count(CNT_UNWIND_CACHED);
@@ -251,7 +251,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (set)
 			way = ucache_way(set, u);
-		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen))) {
+		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, u->bp))) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);
 			return id;

@@ -305,7 +305,7 @@ struct {
  * bytes at a time. */
 #define UCACHE_WINDOW 4096
 struct ucache_window {
-	/* The stack memory read last (ucache_slots_hold). */
+	/* The stack memory read last (ucache_proved()). */
 	__u8 bytes[UCACHE_WINDOW + UCACHE_RANGE];
 	/* The check under way (ucache_slots_step()): `have` bytes from
 	 * `base` in `bytes`, the next slot, and whether every slot held

@@ -41,7 +41,7 @@ static __always_inline int ucache_read(struct ucache_window *w, __u64 addr, __u6
 }
 
 /* ucache_read() where a slot lies past the window (the first read is
- * ucache_slots_hold()'s): a global function, which the verifier checks
+ * ucache_proved()'s): a global function, which the verifier checks
  * once, not within each slot of a step (inline, the slots of a step were a
  * seventh of the switch hook's verification). */
 __noinline int ucache_window_read(__u64 addr, __u64 top)
@@ -142,37 +142,6 @@ fails:
 	return 1;
 }
 
-/* Whether the stack memory of the current thread's kept walk `way` (struct
- * ucache) still holds the values its slots were proved with: the stack is
- * read a window at a time, from a slot up to the end of the highest (up
- * to UCACHE_WINDOW bytes: the slots of a walk usually lie in less); where
- * that would cross into memory that cannot be read, the slot alone.  In a
- * global function: checked by the verifier once. */
-__noinline int ucache_slots_hold(__u32 way)
-{
-	struct ucache_window *w;
-	struct ucache *e;
-	__u32 zero = 0;
-
-	w = bpf_map_lookup_elem(&ucache_window, &zero);
-	if (!w)
-		return false;
-	w->base = 0;
-	w->have = 0;
-	w->k = 0;
-	w->holds = -1;
-	/* The window from the first slot on, here (the steps call a
-	 * function only where a slot is past it). */
-	e = ucache_entry(way, false);
-	if (!e)
-		return false;
-	if (e->n && ucache_read(w, e->sp + (e->off[0] & ~UCACHE_RANGE_BIT), e->sp + e->top))
-		return false;
-	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &way, 0);
-	/* Undecided after every step: all UCACHE_SLOTS slots held. */
-	return w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS);
-}
-
 /* The way of `set` kept from the registers in `u` (its index), else the
  * one to keep a new walk in, UCACHE_NEW_WAY added: one not used yet, else
  * the one proved or kept least recently. */
@@ -197,27 +166,39 @@ static __always_inline __u32 ucache_way(struct ucache_ways *set, struct unwind_s
 
 /*
  * The stack id of the current thread's kept walk `way` where it holds for
- * the registers of the walk under way (struct file_scratch), the address
- * space `mm` and the tables of generation `gen` (the proof of struct
- * ucache), its frames counted; else 0.  A global function: the two
- * storages of the ways checked once.
+ * the walk under way (struct ucache: its pc and sp already matched by
+ * ucache_way(), its frame pointer `bp`), the address space `mm` and the
+ * tables of generation `gen`, its frames counted; else 0.  The slots'
+ * stack memory is read a window at a time, from a slot up to the end of
+ * the highest (up to UCACHE_WINDOW bytes: the slots of a walk usually lie
+ * in less); where that would cross into memory that cannot be read, the
+ * slot alone.  In a global function: checked by the verifier once, for
+ * both storages of the ways.
  */
-__noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen)
+__noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 {
-	struct file_scratch *s;
-	struct unwind_state *u;
+	struct ucache_window *w;
 	struct ucache *e;
 	__u32 zero = 0;
 
-	s = bpf_map_lookup_elem(&file_scratch, &zero);
+	w = bpf_map_lookup_elem(&ucache_window, &zero);
 	e = ucache_entry(way, false);
-	if (!s || !e)
+	if (!w || !e)
 		return 0;
-	u = &s->st;
 	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtimes_on ||
-	    e->pc != u->pc || e->sp != u->sp || (e->bp_used && e->bp != u->bp))
+	    (e->bp_used && e->bp != bp))
 		return 0;
-	if (!ucache_slots_hold(way))
+	w->base = 0;
+	w->have = 0;
+	w->k = 0;
+	w->holds = -1;
+	/* The window from the first slot on, here (the steps call a
+	 * function only where a slot is past it). */
+	if (e->n && ucache_read(w, e->sp + (e->off[0] & ~UCACHE_RANGE_BIT), e->sp + e->top))
+		return 0;
+	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &way, 0);
+	/* Undecided after every step: all UCACHE_SLOTS slots held. */
+	if (!(w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS)))
 		return 0;
 	COUNT_WALK(e);
 	return e->stack_id;
