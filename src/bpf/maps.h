@@ -212,8 +212,8 @@ struct {
  * The initial frame pointer is part of the proof only where the walk used
  * it before restoring it from the stack (code without frame pointers
  * keeps anything in that register).  A thread keeps UCACHE_WAYS walks:
- * one that blocks in two places in turn (a read that waits, a write
- * preempted on its way back to user mode) is proved at both.
+ * one that blocks in up to that many places in turn (a read that waits, a
+ * write preempted on its way back to user mode) is proved at each.
  */
 #define UCACHE_SLOTS 128
 /* A slot whose offset has this bit holds a hash of the UCACHE_RANGE bytes
