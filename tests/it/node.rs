@@ -106,6 +106,12 @@ fn start_placed(node: &Path, dir: &Path) -> (Workload, Reported, Places) {
                 "{}: V8 did not optimize the hot function: {said}",
                 node.display()
             );
+        } else if let Some(said) = line.strip_prefix("BASELINE execMain ") {
+            assert!(
+                said.starts_with("true"),
+                "{}: V8 did not compile execMain to baseline code: {said}",
+                node.display()
+            );
         } else if let Some(label) = line.strip_prefix("THREAD ") {
             reported.push((label.to_string(), Vec::new()));
             places.push(Vec::new());
@@ -337,6 +343,13 @@ fn javascript_frames_are_v8s(major: u32) {
         .split_once(" functions inlined in them shown")
         .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<u64>().ok());
     assert!(inlined.is_some_and(|n| n >= 1), "{stderr}");
+    // The exec thread's baseline frame (execMain), whose line --lines
+    // checks below.
+    let baseline = stderr
+        .split_once(" baseline), ")
+        .and_then(|(before, _)| before.rsplit('(').next()?.parse::<u64>().ok());
+    assert!(baseline.is_some_and(|n| n >= 1), "{stderr}");
+    assert!(stderr.contains(" 0 frames without a line"), "{stderr}");
 
     let (out, stderr) = folded(&["-p", &pid, "-f", "--lines", "1"]);
     lines_are_v8s(

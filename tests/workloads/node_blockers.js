@@ -4,7 +4,8 @@
 // until killed.
 //   main      a synchronous read of a FIFO (fs.readSync), argv[2]
 //   atomics   a worker in Atomics.wait
-//   exec      a worker in child_process.execSync
+//   exec      a worker in child_process.execSync, under a function of
+//             baseline code (Sparkplug's)
 //   hot       a worker whose hot function, optimized with a callee
 //             inlined into it, ends up blocking in Atomics.wait
 // Output: `THREAD label` then `FRAME name file:line:column` lines,
@@ -12,7 +13,8 @@
 // reports from); `READY` after the main thread's, which blocks last;
 // `OPTIMIZED hotLoop true|false` before the hot thread's (whether V8 says
 // the hot function is optimized by TurboFan: run node with
-// --allow-natives-syntax for it to be said and to be so for certain).
+// --allow-natives-syntax for it to be said and to be so for certain);
+// `BASELINE execMain true|false` likewise before the exec thread's.
 'use strict';
 const { Worker, isMainThread, workerData, parentPort } = require('worker_threads');
 const fs = require('fs');
@@ -68,8 +70,11 @@ function runChild() {
   cp.execSync('sleep 100000', { stdio: 'ignore' });
 }
 
+// Baseline code: the statement after the call has a position of its own,
+// so that a frame placed one bytecode off is on the wrong line.
 function execMain() {
   runChild();
+  return 1;
 }
 
 // V8's own test functions (`%OptimizeFunctionOnNextCall`), where node runs
@@ -80,6 +85,7 @@ const prepare = native('PrepareFunctionForOptimization');
 const optimizeNext = native('OptimizeFunctionOnNextCall');
 const neverOptimize = native('NeverOptimizeFunction');
 const status = native('GetOptimizationStatus');
+const compileBaseline = native('CompileBaseline');
 // Waits for the optimizations under way on other threads.
 const finish = natives ? new Function('%FinalizeOptimization()') : () => 0;
 
@@ -140,7 +146,12 @@ if (isMainThread) {
   const { role } = workerData;
   setTimeout(() => {
     if (role === 'atomics') atomicsMain();
-    else if (role === 'exec') execMain();
+    else if (role === 'exec') {
+      compileBaseline(execMain);
+      // V8's kBaseline bit.
+      fs.writeSync(1, `BASELINE execMain ${(status(execMain) & 32768) !== 0}\n`);
+      execMain();
+    }
     else hotMain();
   }, 50);
 }

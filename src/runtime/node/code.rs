@@ -29,7 +29,7 @@
 //! never a frame named wrong.
 
 use super::names::{unreadable, Reader, Result};
-use super::v8dbg::CodeLayout;
+use super::v8dbg::{CodeLayout, BYTECODE_PREFIXES};
 
 /// The most a search goes back from a return address for its code's
 /// start: V8's largest optimized functions are a few hundred KiB.
@@ -70,8 +70,9 @@ fn split_position(raw: i64) -> (Option<u32>, Option<usize>) {
     (offset.checked_sub(1), inlining.checked_sub(1))
 }
 
-/// A zigzag VLQ number at `table[*at..]`.
-fn vlq(table: &[u8], at: &mut usize) -> Option<i64> {
+/// An unsigned VLQ number at `table[*at..]` (seven bits a byte, the
+/// lowest first, the top bit set on every byte but the last).
+fn vlq_unsigned(table: &[u8], at: &mut usize) -> Option<u64> {
     let mut u: u64 = 0;
     let mut shift = 0;
     loop {
@@ -79,14 +80,63 @@ fn vlq(table: &[u8], at: &mut usize) -> Option<i64> {
         *at += 1;
         u |= u64::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
-            break;
+            return Some(u);
         }
         shift += 7;
         if shift > 63 {
             return None;
         }
     }
+}
+
+/// A zigzag VLQ number at `table[*at..]`.
+fn vlq(table: &[u8], at: &mut usize) -> Option<i64> {
+    let u = vlq_unsigned(table, at)?;
     Some((u >> 1) as i64 ^ -((u & 1) as i64))
+}
+
+/// The size of the bytecode at `bytecodes[at..]`, with its prefix if it
+/// has one (a prefix widens the operands of the bytecode after it), by
+/// `sizes` (see [`super::v8dbg::Layout::bytecode_sizes`]).
+fn bytecode_size(bytecodes: &[u8], at: usize, sizes: &[u8]) -> Option<usize> {
+    let n = sizes.len() / 3;
+    let b = usize::from(*bytecodes.get(at)?);
+    if b >= BYTECODE_PREFIXES {
+        return sizes.get(b).map(|&s| usize::from(s)).filter(|_| b < n);
+    }
+    // Wide and DebugBreakWide: double; the extra wide ones: quadruple.
+    let row = if b % 2 == 0 { 1 } else { 2 };
+    let next = usize::from(*bytecodes.get(at + 1)?);
+    if next < BYTECODE_PREFIXES || next >= n {
+        return None;
+    }
+    Some(1 + usize::from(sizes[row * n + next]))
+}
+
+/// The bytecode (its offset in `bytecodes`; -1: the function's entry) of
+/// baseline code at `pc_offset` from its start, as V8's
+/// `Code::GetBytecodeOffsetForBaselinePC` finds it: the code's bytecode
+/// offset table holds the end of each bytecode's machine code (unsigned
+/// VLQ deltas, the function's prologue first), the bytecodes in order.
+/// None where the table or the bytecodes end before the address.
+pub fn baseline_bytecode(
+    table: &[u8],
+    bytecodes: &[u8],
+    sizes: &[u8],
+    pc_offset: u64,
+) -> Option<i64> {
+    let mut at = 0;
+    let mut end = vlq_unsigned(table, &mut at)?;
+    let (mut bytecode, mut next) = (-1i64, 0usize);
+    while end < pc_offset {
+        end = end.checked_add(vlq_unsigned(table, &mut at)?)?;
+        if next >= bytecodes.len() {
+            return None;
+        }
+        bytecode = next as i64;
+        next += bytecode_size(bytecodes, next, sizes)?;
+    }
+    Some(bytecode)
 }
 
 /// The JavaScript position (raw `SourcePosition`) of the last entry of
@@ -262,6 +312,42 @@ impl Reader<'_> {
             .is_ok_and(|c| code.kind > c.kind_baseline)
     }
 
+    /// Whether `code` is baseline code (Sparkplug's).
+    pub fn is_baseline(&self, code: &Code) -> bool {
+        self.code_layout()
+            .is_ok_and(|c| code.kind == c.kind_baseline)
+    }
+
+    /// The script position of a baseline frame at return address `pc` in
+    /// `code` (baseline): its bytecode, found with the code's bytecode
+    /// offset table and its BytecodeArray (where an optimized code's
+    /// deoptimization data would be), then that bytecode's position as
+    /// for an interpreted frame. None where V8 has not recorded the
+    /// function's positions.
+    pub fn baseline_position(&self, code: &Code, pc: u64) -> Result<Option<u32>> {
+        let c = self.code_layout()?;
+        let l = self.layout;
+        let sizes = l.bytecode_sizes.as_ref().map_err(|_| {
+            super::names::Error::Unknown("where a baseline frame is in its bytecode")
+        })?;
+        let o = self.typed(code.code, c.type_code, "Code")?;
+        let bytecode = self.field(o, c.code_deopt)?;
+        let b = self.typed(bytecode, l.type_bytecode_array, "BytecodeArray")?;
+        let length = self.smi(self.field(b, l.fixed_array_length)?, "bytecode length")?;
+        if !(1..=MAX_TABLE).contains(&length) {
+            return unreadable(format!("{length} bytes of bytecode"));
+        }
+        let mut bytecodes = vec![0u8; length as usize];
+        self.bytes(b.addr + l.bytecode_array_data, &mut bytecodes)?;
+        let table = self.byte_array(self.field(o, c.code_positions)?, "a bytecode offset table")?;
+        let Some(index) = baseline_bytecode(&table, &bytecodes, sizes, pc - code.start) else {
+            return unreadable(format!(
+                "{pc:#x} past its baseline code's bytecode offset table"
+            ));
+        };
+        self.bytecode_position(bytecode, index)
+    }
+
     /// The functions of an optimized frame at return address `pc` in
     /// `code`, innermost first (the inlined ones, then the optimized
     /// function itself), each with its script position where the code's
@@ -411,6 +497,53 @@ mod tests {
                 })
                 .collect();
             let _ = position_at(&t, (seed >> 40) as i64 % 500);
+        }
+    }
+
+    /// Bytecodes of sizes 1 (bytecode 4), 2 (5) and 3 (6), 5 and 9 wide.
+    fn sizes() -> Vec<u8> {
+        let mut s = vec![1u8; 3 * 8];
+        for (b, single) in [(5usize, 2u8), (6, 3)] {
+            s[b] = single;
+            s[8 + b] = 1 + 2 * (single - 1);
+            s[16 + b] = 1 + 4 * (single - 1);
+        }
+        s
+    }
+
+    #[test]
+    fn a_baseline_address_gives_its_bytecode() {
+        // Bytecodes: 4 at 0, 5 at 1, Wide-prefixed 6 at 3 (1 + 5 bytes),
+        // 4 at 9. Machine code: a prologue of 10 bytes, then 4, 6, 8, 2.
+        let bytecodes = [4, 5, 0, 0, 6, 0, 0, 0, 0, 4];
+        let table = [10, 4, 6, 8, 2];
+        let at = |pc| baseline_bytecode(&table, &bytecodes, &sizes(), pc);
+        assert_eq!(at(0), Some(-1));
+        assert_eq!(at(10), Some(-1));
+        assert_eq!(at(11), Some(0));
+        assert_eq!(at(14), Some(0));
+        assert_eq!(at(15), Some(1));
+        assert_eq!(at(20), Some(1));
+        assert_eq!(at(21), Some(3));
+        assert_eq!(at(28), Some(3));
+        assert_eq!(at(30), Some(9));
+        assert_eq!(at(31), None);
+    }
+
+    #[test]
+    fn garbage_bytecodes_end() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u8
+        };
+        for _ in 0..2000 {
+            let t: Vec<u8> = (0..32).map(|_| next()).collect();
+            let b: Vec<u8> = (0..32).map(|_| next() % 10).collect();
+            let pc = u64::from(next()) * 8;
+            let _ = baseline_bytecode(&t, &b, &sizes(), pc);
         }
     }
 }

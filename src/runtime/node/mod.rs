@@ -53,8 +53,10 @@ struct Located {
     /// Frames of generated code whose code could not be found or read
     /// (shown as their function alone).
     code_unread: u64,
+    /// Of `code`, frames of baseline code.
+    baseline: u64,
     /// Frames without a line: V8 had not recorded the function's
-    /// positions, or baseline code (its place in the bytecode not read).
+    /// positions, or a baseline frame's bytecode could not be found.
     unplaced: u64,
 }
 
@@ -281,8 +283,14 @@ impl Nodes {
 
     /// Where the frames of word `word` of process `p` are: its functions
     /// (the inlined ones first), each with its position in its script,
-    /// from `at` (the frame's BytecodeArray, or its return address).
-    fn locate(&mut self, p: Proc, word: u64, at: u64) -> Result<Vec<code::Located>, String> {
+    /// from `at` (the frame's BytecodeArray, or its return address); and
+    /// whether the frame is of baseline code.
+    fn locate(
+        &mut self,
+        p: Proc,
+        word: u64,
+        at: u64,
+    ) -> Result<(Vec<code::Located>, bool), String> {
         let np = self.procs.get(&p).ok_or("not walked")?;
         let mem = np.mem.as_deref().ok_or("memory not open")?;
         let r = names::Reader::new(&np.binary.layout, mem);
@@ -295,7 +303,7 @@ impl Nodes {
                     .map_err(err)?,
                 None => None,
             };
-            return Ok(vec![code::Located { shared, position }]);
+            return Ok((vec![code::Located { shared, position }], false));
         }
         let mut map = self.istream_maps.get(&p).copied();
         let found = r.code_at(at, &mut map);
@@ -303,12 +311,34 @@ impl Nodes {
             self.istream_maps.insert(p, m);
         }
         let c = found.map_err(err)?;
+        if r.is_baseline(&c) {
+            // Not found: the frame without a line (counted).
+            let position = r.baseline_position(&c, at).unwrap_or_else(|e| {
+                if std::env::var_os("OFFCPUTIME_DEBUG_V8").is_some() {
+                    eprintln!("v8 baseline frame at {at:#x}: {e}");
+                }
+                None
+            });
+            // The code found is the frame's function's where the position
+            // is in the function's source (where the function says where
+            // that is): else it is not the frame's code.
+            let f = r.function(shared).map_err(err)?;
+            if let (Some(p), Some(start), Some(end)) = (position, f.start_position, f.end_position)
+            {
+                if p < start || p > end {
+                    return Err("the code at the frame's address is another function's".into());
+                }
+            }
+            return Ok((vec![code::Located { shared, position }], true));
+        }
         if !r.is_optimized(&c) {
-            // Baseline code: its function, not where in it.
-            return Ok(vec![code::Located {
-                shared,
-                position: None,
-            }]);
+            return Ok((
+                vec![code::Located {
+                    shared,
+                    position: None,
+                }],
+                false,
+            ));
         }
         let frames = r.optimized_frames(&c, at).map_err(err)?;
         // The code found is the frame's function's (optimized, or
@@ -316,7 +346,7 @@ impl Nodes {
         if frames.last().map(|f| f.shared) != Some(shared) {
             return Err("the code at the frame's address is another function's".into());
         }
-        Ok(frames)
+        Ok((frames, false))
     }
 
     /// The line and column of `position` in the script of function
@@ -352,7 +382,10 @@ impl Nodes {
         }
         let compiled = word & AT_BYTECODE == 0;
         let located = match self.locate(p, word, at) {
-            Ok(l) => l,
+            Ok((l, baseline)) => {
+                self.located.baseline += u64::from(baseline);
+                l
+            }
             Err(why) => {
                 if std::env::var_os("OFFCPUTIME_DEBUG_V8").is_some() {
                     eprintln!("v8 word {word:#x} at {at:#x}: {why}");
@@ -627,8 +660,9 @@ impl Runtime for Nodes {
             lines.push(format!(
                 "node: {} processes walked ({}); {} user stacks with JavaScript frames, {} \
                  frames; {} functions named ({} notices of new frames lost); {} frames of \
-                 optimized or baseline code read, {} functions inlined in them shown; {} frames \
-                 without a line (positions not recorded by V8, or baseline code)",
+                 optimized or baseline code read ({} baseline), {} functions inlined in them shown; \
+                 {} frames without a line (positions not recorded by V8, or a baseline frame's \
+                 bytecode not found)",
                 self.seen.len(),
                 self.releases.iter().cloned().collect::<Vec<_>>().join(", "),
                 c.v8_stacks,
@@ -636,6 +670,7 @@ impl Runtime for Nodes {
                 self.functions.len(),
                 c.v8_events_lost,
                 l.code,
+                l.baseline,
                 l.inlined,
                 l.unplaced
             ));

@@ -94,6 +94,8 @@ pub struct Function {
     /// function, where its parameters begin). None where not recorded
     /// or not known how to read.
     pub start_position: Option<u32>,
+    /// Where it ends (`SharedFunctionInfo::EndPosition()`), where known.
+    pub end_position: Option<u32>,
 }
 
 /// A heap object read: its untagged address and instance type.
@@ -396,6 +398,7 @@ impl<'a> Reader<'a> {
         let o = self.typed(sfi, l.type_shared_function_info, "SharedFunctionInfo")?;
         let nosi = self.field(o, l.sfi_name_or_scope_info)?;
         let (mut name, mut inferred, mut start_position) = (String::new(), String::new(), None);
+        let mut end_position = None;
         if l.is_smi(nosi) {
             // kNoSharedNameSentinel: no name of its own.
             self.smi(nosi, "a name")?;
@@ -419,6 +422,7 @@ impl<'a> Reader<'a> {
                 }
                 inferred = info.inferred_name;
                 start_position = info.start_position;
+                end_position = info.end_position;
             } else if self.is_string(n) {
                 name = self.string(nosi, MAX_NAME)?;
             } else {
@@ -450,6 +454,7 @@ impl<'a> Reader<'a> {
             script,
             script_name,
             start_position,
+            end_position,
         })
     }
 
@@ -530,7 +535,7 @@ impl<'a> Reader<'a> {
         }
         let locals = locals as u64;
         let mut i = l.scope_info_idx_first_vars;
-        let mut start_position = None;
+        let (mut start_position, mut end_position) = (None, None);
         let has_positions = [
             f.function_scope,
             f.script_scope,
@@ -545,6 +550,7 @@ impl<'a> Reader<'a> {
                 return Err(Error::Unknown("a ScopeInfo's positions"));
             }
             start_position = self.position(self.slot(o, l.scope_info_idx_ncontextlocals + 1)?)?;
+            end_position = self.position(self.slot(o, l.scope_info_idx_ncontextlocals + 2)?)?;
             if scope_type == f.module_scope {
                 i += 1;
             }
@@ -574,11 +580,13 @@ impl<'a> Reader<'a> {
         }
         if f.smi_tagged && has_positions {
             start_position = self.position(self.slot(o, i)?)?;
+            end_position = self.position(self.slot(o, i + 1)?)?;
         }
         Ok(ScopeInfoNames {
             name,
             inferred_name,
             start_position,
+            end_position,
             function_kind: (scope_type == f.function_scope).then_some(function_kind),
         })
     }
@@ -598,6 +606,7 @@ struct ScopeInfoNames {
     name: String,
     inferred_name: String,
     start_position: Option<u32>,
+    end_position: Option<u32>,
     /// A function scope's `FunctionKind`.
     function_kind: Option<u32>,
 }

@@ -69,6 +69,12 @@ fn layouts_of_the_installed_nodes() {
             l.interpreter_builtins
         );
         assert!(l.frame_types.interpreted != l.frame_types.baseline);
+        let sizes = l.bytecode_sizes.as_ref().expect("the bytecodes' sizes");
+        // Single, double and quadruple width: LdaSmi (an 8-bit operand
+        // scaled) grows; the prefixes do not.
+        let n = sizes.len() / 3;
+        assert!(n > 150, "{n} bytecodes");
+        assert_eq!([sizes[0], sizes[n], sizes[2 * n]], [1, 1, 1]);
     }
 }
 

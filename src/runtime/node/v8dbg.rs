@@ -465,6 +465,13 @@ pub struct Layout {
     /// the file's full symbol table has, by name.
     pub interpreter_builtins: Vec<(String, CodeRange)>,
 
+    /// V8's `Bytecodes::kBytecodeSizes` (from the file's full symbol
+    /// table): the size of each bytecode with its operands, in three rows
+    /// of one byte a bytecode, for operands of single, double and
+    /// quadruple width. Where a baseline frame is in its bytecode is read
+    /// by walking its bytecodes; not known (the reason) without it.
+    pub bytecode_sizes: std::result::Result<Vec<u8>, String>,
+
     /// Where a frame is in its function's source, and which functions are
     /// inlined there: None for a V8 version whose layouts of these are
     /// not known (the reason).
@@ -622,6 +629,7 @@ impl Layout {
         let m = Metadata::read(path)?;
         let mut layout = Layout::from_metadata(&m)?;
         layout.interpreter_builtins = interpreter_builtins(path)?;
+        layout.bytecode_sizes = bytecode_sizes(path)?;
         Ok(layout)
     }
 
@@ -762,6 +770,7 @@ impl Layout {
             .concat(),
             strings,
             interpreter_builtins: Vec::new(),
+            bytecode_sizes: Err("not read".into()),
             code: CodeLayout::from_metadata(m).map_err(|e| format!("{e:#}")),
         })
     }
@@ -786,6 +795,50 @@ impl Layout {
     pub fn bytecode_index(&self, frame_offset: i64) -> i64 {
         frame_offset - (self.bytecode_array_data as i64 - self.heap_object_tag as i64)
     }
+}
+
+/// V8's symbol for the bytecodes' sizes.
+const BYTECODE_SIZES: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
+/// The prefix bytecodes (`Wide`, `ExtraWide`, `DebugBreakWide`,
+/// `DebugBreakExtraWide`): the first four, each of one byte.
+pub const BYTECODE_PREFIXES: usize = 4;
+
+/// The bytecodes' sizes of the file (see [`Layout::bytecode_sizes`]): the
+/// reason they are not known where the symbol is missing or its table
+/// does not look like V8's.
+fn bytecode_sizes(path: &Path) -> Result<std::result::Result<Vec<u8>, String>> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let elf = Elf::read(&file)?;
+    let Some(sym) = elf.symbols(&file, SymbolTable::Full, &[BYTECODE_SIZES])?[0] else {
+        return Ok(Err(
+            "no table of the bytecodes' sizes (a stripped binary)".into()
+        ));
+    };
+    let count = sym.size / 3;
+    if sym.size % 3 != 0 || !(BYTECODE_PREFIXES as u64 + 1..=1024).contains(&count) {
+        return Ok(Err(format!(
+            "a table of bytecodes' sizes of {} bytes",
+            sym.size
+        )));
+    }
+    let segments = elf.load_segments(&file)?;
+    let Some(table) = read_at_vaddr(&file, &segments, sym.value, sym.size as usize) else {
+        return Ok(Err(
+            "the table of the bytecodes' sizes not in the file".into()
+        ));
+    };
+    // The prefixes are one byte in every width; no bytecode is empty.
+    let n = count as usize;
+    if table.contains(&0)
+        || (0..3).any(|row| {
+            table[row * n..][..BYTECODE_PREFIXES]
+                .iter()
+                .any(|&b| b != 1)
+        })
+    {
+        return Ok(Err("a table of bytecodes' sizes unlike V8's".into()));
+    }
+    Ok(Ok(table))
 }
 
 /// The interpreter's entry builtins in the file's full symbol table (none
