@@ -98,11 +98,14 @@ fn start_placed(node: &Path, dir: &Path) -> (Workload, Reported, Places) {
     let out = BufReader::new(child.0 .0.stdout.take().unwrap());
     let mut reported: Reported = Vec::new();
     let mut places: Places = Vec::new();
+    let mut workers = 0;
     for line in out.lines() {
         let line = line.expect("read the workload");
-        if let Some(said) = line.strip_prefix("OPTIMIZED hotLoop ") {
+        if let Some(n) = line.strip_prefix("WORKERS ") {
+            workers = n.parse().expect("WORKERS n");
+        } else if let Some(said) = line.strip_prefix("OPTIMIZED ") {
             assert!(
-                said.starts_with("true"),
+                said.ends_with(" true"),
                 "{}: V8 did not optimize the hot function: {said}",
                 node.display()
             );
@@ -124,7 +127,7 @@ fn start_placed(node: &Path, dir: &Path) -> (Workload, Reported, Places) {
                 .push(name.to_string());
             places.last_mut().unwrap().push(at.to_string());
         } else if line == "READY" {
-            assert_eq!(reported.len(), 4, "{reported:?}");
+            assert_eq!(reported.len(), workers + 1, "{reported:?}");
             // Its read is the main thread's next call: let it block.
             std::thread::sleep(std::time::Duration::from_millis(300));
             return (child, reported, places);
@@ -338,11 +341,15 @@ fn javascript_frames_are_v8s(major: u32) {
         !stderr.contains("could not have their code read"),
         "{stderr}"
     );
-    // The hot thread's optimized frame, its callee inlined: said so.
+    // The hot thread's optimized frame, its callee inlined: said so; and
+    // the maglev thread's where there is one (Node 24).
+    let maglev = reported.iter().any(|(label, _)| label == "maglev");
+    assert_eq!(maglev, major >= 24, "Node.js {major}: {reported:?}");
     let inlined = stderr
         .split_once(" functions inlined in them shown")
         .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<u64>().ok());
-    assert!(inlined.is_some_and(|n| n >= 1), "{stderr}");
+    let optimized = if maglev { 2 } else { 1 };
+    assert!(inlined.is_some_and(|n| n >= optimized), "{stderr}");
     // The exec thread's baseline frame (execMain), whose line --lines
     // checks below.
     let baseline = stderr

@@ -8,12 +8,15 @@
 //             baseline code (Sparkplug's)
 //   hot       a worker whose hot function, optimized with a callee
 //             inlined into it, ends up blocking in Atomics.wait
-// Output: `THREAD label` then `FRAME name file:line:column` lines,
+//   maglev    the same under functions of its own, optimized by Maglev
+//             (where V8 has Maglev on by default: Node 24)
+// Output: `WORKERS n` first, then `THREAD label` then `FRAME name file:line:column` lines,
 // innermost first (each thread blocks on the line after the one it
 // reports from); `READY` after the main thread's, which blocks last;
 // `OPTIMIZED hotLoop true|false` before the hot thread's (whether V8 says
 // the hot function is optimized by TurboFan: run node with
-// --allow-natives-syntax for it to be said and to be so for certain);
+// --allow-natives-syntax for it to be said and to be so for certain), and
+// `OPTIMIZED maglevLoop ...` before the maglev thread's (by Maglev);
 // `BASELINE execMain true|false` likewise before the exec thread's.
 'use strict';
 const { Worker, isMainThread, workerData, parentPort } = require('worker_threads');
@@ -83,6 +86,7 @@ const natives = process.execArgv.includes('--allow-natives-syntax');
 const native = (name) => (natives ? new Function('f', `return %${name}(f)`) : () => 0);
 const prepare = native('PrepareFunctionForOptimization');
 const optimizeNext = native('OptimizeFunctionOnNextCall');
+const optimizeMaglevNext = native('OptimizeMaglevOnNextCall');
 const neverOptimize = native('NeverOptimizeFunction');
 const status = native('GetOptimizationStatus');
 const compileBaseline = native('CompileBaseline');
@@ -108,27 +112,57 @@ function hotLoop(cells, rounds, expect, fd) {
   return sum;
 }
 
-function hotMain() {
+// The same for Maglev.
+function maglevStep(cells, i, expect, fd) {
+  if ((i & 1023) === 0) {
+    report('maglev', ownStack(), fd);
+    Atomics.wait(cells, 0, expect);
+  }
+  return (i * 7) & 1023;
+}
+
+function maglevLoop(cells, rounds, expect, fd) {
+  let sum = 0;
+  for (let i = rounds; i >= 0; i--) sum += maglevStep(cells, i, expect, fd);
+  return sum;
+}
+
+// Warms `loop` up, has it optimized (by TurboFan, or by Maglev where
+// `maglev`), says whether V8 says so (its kTurboFanned or kMaglevved bit;
+// 0 without natives), then runs it to its block.
+function optimizeAndBlock(loop, maglev) {
   const cells = new Int32Array(workerData.shared);
   const devnull = fs.openSync('/dev/null', 'w');
-  neverOptimize(hotMain);
-  prepare(hotLoop);
+  prepare(loop);
   for (let k = 0; k < (natives ? 3 : 300); k++) {
-    hotLoop(cells, 4096, 1, devnull);
+    loop(cells, 4096, 1, devnull);
     finish();
   }
-  optimizeNext(hotLoop);
-  hotLoop(cells, 4096, 1, devnull);
+  (maglev ? optimizeMaglevNext : optimizeNext)(loop);
+  loop(cells, 4096, 1, devnull);
   finish();
-  // V8's kTurboFanned bit, said before the stack (0 without natives).
-  fs.writeSync(1, `OPTIMIZED hotLoop ${(status(hotLoop) & 64) !== 0}\n`);
-  parentPort.postMessage('hot');
-  hotLoop(cells, 4096, 0, 1);
+  fs.writeSync(1, `OPTIMIZED ${loop.name} ${(status(loop) & (maglev ? 32 : 64)) !== 0}\n`);
+  parentPort.postMessage(loop.name);
+  loop(cells, 4096, 0, 1);
+}
+
+function hotMain() {
+  neverOptimize(hotMain);
+  optimizeAndBlock(hotLoop, false);
+}
+
+function maglevMain() {
+  neverOptimize(maglevMain);
+  optimizeAndBlock(maglevLoop, true);
 }
 
 if (isMainThread) {
   const shared = new SharedArrayBuffer(16);
-  const workers = ['atomics', 'exec', 'hot'].map(
+  // Maglev where V8 turns it on by default (V8 13: Node 24).
+  const maglev = Number(process.versions.v8.split('.')[0]) >= 13;
+  const roles = ['atomics', 'exec', 'hot'].concat(maglev ? ['maglev'] : []);
+  fs.writeSync(1, `WORKERS ${roles.length}\n`);
+  const workers = roles.map(
     (role) => new Worker(__filename, { workerData: { role, shared } })
   );
   let ready = 0;
@@ -152,6 +186,7 @@ if (isMainThread) {
       fs.writeSync(1, `BASELINE execMain ${(status(execMain) & 32768) !== 0}\n`);
       execMain();
     }
-    else hotMain();
+    else if (role === 'hot') hotMain();
+    else maglevMain();
   }, 50);
 }
