@@ -340,7 +340,10 @@ impl Reader<'_> {
         let mut bytecodes = vec![0u8; length as usize];
         self.bytes(b.addr + l.bytecode_array_data, &mut bytecodes)?;
         let table = self.byte_array(self.field(o, c.code_positions)?, "a bytecode offset table")?;
-        let Some(index) = baseline_bytecode(&table, &bytecodes, sizes, pc - code.start) else {
+        let Some(index) = pc
+            .checked_sub(code.start)
+            .and_then(|offset| baseline_bytecode(&table, &bytecodes, sizes, offset))
+        else {
             return unreadable(format!(
                 "{pc:#x} past its baseline code's bytecode offset table"
             ));

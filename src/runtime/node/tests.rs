@@ -347,6 +347,11 @@ fn garbage_is_an_error_never_a_panic() {
                     kind: 15,
                 };
                 let _ = reader.optimized_frames(&code, code.start + (v & 0xff) + 1);
+                let baseline = super::code::Code {
+                    kind: layout.code.as_ref().unwrap().kind_baseline,
+                    ..code
+                };
+                let _ = reader.baseline_position(&baseline, code.start + (v & 0xff) + 1);
             }
             // A search for a return address's code, through garbage.
             let mut map = None;
