@@ -291,6 +291,64 @@ fn at_switches_the_same_as_the_kernels_kprobe() {
 
 /// The flags `tests/workloads/tunread.c` is built with (and by
 /// scripts/vmtest for the kernel matrix).
+/// A thread whose kernel stacks differ only in their outer frames
+/// (`tests/workloads/kouter.c`: poll and ppoll in turn, six inner frames
+/// the same), traced at switch-in where kernel stacks are proved rather
+/// than walked: every proved stack is compared with the kernel's own walk
+/// (`OFFCPUTIME_TEST_KSTACK_CHECK`), none may differ, and the thread's
+/// time is half under each system call, as the workload spends it. A
+/// proof that ignored the stack's deeper words would take one for the
+/// other at most of its blocks.
+#[test]
+fn proofs_tell_outer_frames_apart() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("kouter", &["-O2", "-g", "-pthread"], dir.path());
+    let mut wl = Child::spawn(
+        std::process::Command::new(&exe)
+            .arg("60")
+            .stdout(std::process::Stdio::piped()),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(wl.0.stdout.take().expect("its output")),
+        &mut ready,
+    )
+    .expect("read kouter's output");
+    assert_eq!(ready, "ready\n", "kouter did not start");
+    let pid = wl.0.id().to_string();
+    let (out, _) = profile_window(
+        &["-f", "-p", &pid, "2"],
+        &[("OFFCPUTIME_TEST_KSTACK_CHECK", "1")],
+    );
+    drop(wl);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let number_before = |what: &str| count_before(&stderr, what);
+    let proved = number_before(" proved the same as one of the thread's last walks");
+    let compared = number_before(" stacks compared with the kernel's walk");
+    let differ = number_before(" differ\n");
+    let under = |call: &str| sum_us_where(&lines, |l| l.comm() == "wl-poll" && l.has(call));
+    let (poll, ppoll) = (under("__x64_sys_poll"), under("__x64_sys_ppoll"));
+    let share = poll as f64 / (poll + ppoll).max(1) as f64;
+    eprintln!(
+        "kouter: {proved} proved, {differ} of {compared} differ; poll {poll} us, ppoll {ppoll} us"
+    );
+    assert_eq!(differ, 0, "{stderr}");
+    assert!(compared >= 2, "{compared} compared: {stderr}");
+    if !frame_pointers_only(&stderr) {
+        assert!(proved >= 1_000, "{proved} proved: {stderr}");
+    }
+    assert!(
+        (0.35..=0.65).contains(&share),
+        "wl-poll: {poll} us under poll and {ppoll} us under ppoll, where the workload waits \
+         as long in each"
+    );
+}
+
 const TUNREAD_FLAGS: &[&str] = &["-O2", "-g", "-pthread", "-fomit-frame-pointer"];
 
 /// Threads waiting in the tun driver's read, a module in Debian's kernels
