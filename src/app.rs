@@ -18,6 +18,7 @@ use crate::process::Registry;
 use crate::profile::{self, Profile};
 use crate::raw::{StackRef, TaskEvent};
 use crate::symbolize::{SymbolizeOptions, Symbolizer};
+use crate::text::count;
 use crate::tracer::{check_environment, Tracer};
 use crate::unwind::Unwinder;
 
@@ -238,8 +239,8 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
     eprintln!("{}", config.status_line());
     if config.verbose {
         eprintln!(
-            "offcputime: snapshot of {} tasks at CLOCK_MONOTONIC {:.6}, {:.1} ms after start",
-            raw.tasks.len(),
+            "offcputime: snapshot of {} at CLOCK_MONOTONIC {:.6}, {:.1} ms after start",
+            count(raw.tasks.len() as u64, "task", "tasks"),
             raw.seen_ns as f64 / 1e9,
             began.elapsed().as_secs_f64() * 1e3
         );
@@ -262,9 +263,15 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
         let before = taken.tasks.len();
         let dropped = taken.retain(filter, config.shape);
         if before > 0 && dropped == before {
-            eprintln!("offcputime: no task was left by --grep/--exclude ({before} tasks left out)");
+            eprintln!(
+                "offcputime: no task was left by --grep/--exclude ({} left out)",
+                count(before as u64, "task", "tasks")
+            );
         } else if config.verbose {
-            eprintln!("offcputime: --grep/--exclude left out {dropped} of {before} tasks");
+            eprintln!(
+                "offcputime: --grep/--exclude left out {dropped} of {}",
+                count(before as u64, "task", "tasks")
+            );
         }
     }
     let profile = taken.profile();
@@ -286,7 +293,11 @@ pub fn snapshot(config: &Config, snap: &SnapshotConfig, began: Instant) -> Resul
         config,
         unreadable,
         raw.user_stacks,
-        "tasks show no user stack:",
+        crate::text::noun(
+            unreadable as u64,
+            "task shows no user stack:",
+            "tasks show no user stack:",
+        ),
     );
     report_missed(
         &profile,
@@ -359,9 +370,15 @@ fn filter_profile(filter: &crate::filter::StackFilter, profile: &mut Profile, co
     let before = profile.samples.len();
     let dropped = filter.apply(profile, config.shape);
     if before > 0 && dropped == before {
-        eprintln!("offcputime: no stack was left by --grep/--exclude ({before} stacks left out)");
+        eprintln!(
+            "offcputime: no stack was left by --grep/--exclude ({} left out)",
+            count(before as u64, "stack", "stacks")
+        );
     } else if config.verbose {
-        eprintln!("offcputime: --grep/--exclude left out {dropped} of {before} stacks");
+        eprintln!(
+            "offcputime: --grep/--exclude left out {dropped} of {}",
+            count(before as u64, "stack", "stacks")
+        );
     }
 }
 

@@ -38,6 +38,7 @@ pub mod shape;
 pub mod snapshot;
 pub mod symbolize;
 pub mod test_env;
+pub mod text;
 pub mod tracer;
 pub mod unwind;
 pub mod unwind_table;

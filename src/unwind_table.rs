@@ -208,6 +208,7 @@ pub fn build_within(
         }
     }
     if out.too_many {
+        // wording: a count never 1
         anyhow::bail!("more than {MAX_ROWS} unwind rows");
     }
     if out.too_slow {

@@ -201,11 +201,10 @@ impl Intervals {
     pub(super) fn report_late(&self) {
         if self.splitter.late.ns > 0 {
             eprintln!(
-                "offcputime: {:.3} ms of time in {} intervals was counted after the \
-                 interval was written (switches the tracepoint did not report) and is left \
-                 out",
+                "offcputime: {:.3} ms of time in {} was counted after the interval was \
+                 written (switches the tracepoint did not report) and is left out",
                 self.splitter.late.ns as f64 / 1e6,
-                self.splitter.late.intervals
+                count(self.splitter.late.intervals, "interval", "intervals")
             );
         }
     }
@@ -237,18 +236,18 @@ impl Intervals {
 fn report_push(url: &str, api: crate::push::PushApi, s: &crate::push::PushStats, verbose: bool) {
     if s.rejected_profiles > 0 {
         eprintln!(
-            "offcputime: {url} rejected {} profiles of the intervals it took (last reason: {})",
-            s.rejected_profiles,
+            "offcputime: {url} rejected {} of the intervals it took (last reason: {})",
+            count(s.rejected_profiles, "profile", "profiles"),
             s.rejection.as_deref().unwrap_or("none")
         );
     }
     let total = s.sent + s.failed + s.dropped;
     if s.failed + s.dropped > 0 {
         eprintln!(
-            "offcputime: {} of {total} intervals could not be pushed to {url} ({} failed after \
-             retries or at the end's {} s deadline, {} given up for a full queue; last error: \
-             {})",
+            "offcputime: {} of {} could not be pushed to {url} ({} failed after retries or at \
+             the end's {} s deadline, {} given up for a full queue; last error: {})",
             s.failed + s.dropped,
+            count(total, "interval", "intervals"),
             s.failed,
             PUSH_DEADLINE.as_secs(),
             s.dropped,
@@ -256,8 +255,8 @@ fn report_push(url: &str, api: crate::push::PushApi, s: &crate::push::PushStats,
         );
     } else if verbose {
         eprintln!(
-            "offcputime: pushed {} intervals ({} bytes of {}) to {url}",
-            s.sent,
+            "offcputime: pushed {} ({} bytes of {}) to {url}",
+            count(s.sent, "interval", "intervals"),
             s.bytes,
             api.payload()
         );

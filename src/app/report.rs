@@ -2,6 +2,7 @@
 //! not be read or walked, `-v`'s summaries and the periodic statistics line.
 
 use super::*;
+use crate::text::{count, noun};
 
 /// `--on-cpu`: samples left out, and with `-v` what the samples were.
 /// `running_ns`: with `-i`, the running time of every interval (`profile`
@@ -12,32 +13,37 @@ pub(super) fn report_on_cpu(profile: &Profile, running_ns: Option<u64>, config: 
     };
     let c = &profile.counters;
     if c.oncpu_untimed > 0 {
+        let n = c.oncpu_untimed;
         eprintln!(
-            "offcputime: {} runs are left out of their threads' running time: the \
-             tracepoint did not report their switch-in, and the scheduler could not date it \
-             (threads outside CFS: real-time, deadline)",
-            c.oncpu_untimed
+            "offcputime: {} {} left out of {} running time: the tracepoint did not report \
+             {} switch-in, and the scheduler could not date it (threads outside CFS: \
+             real-time, deadline)",
+            count(n, "run", "runs"),
+            noun(n, "is", "are"),
+            noun(n, "its thread's", "their threads'"),
+            noun(n, "its", "their"),
         );
     }
     if c.oncpu_orphan_samples > 0 {
+        let n = c.oncpu_orphan_samples;
         eprintln!(
-            "offcputime: {} on-CPU samples of threads whose running time was not counted are \
-             left out",
-            c.oncpu_orphan_samples
+            "offcputime: {} of threads whose running time was not counted {} left out",
+            count(n, "on-CPU sample", "on-CPU samples"),
+            noun(n, "is", "are"),
         );
     }
     if config.verbose {
         let running =
             running_ns.unwrap_or_else(|| profile.running().map(|s| s.total_ns).sum::<u64>());
         eprintln!(
-            "offcputime: on-CPU: {} samples at {hz} Hz on each CPU ({} outside the window left \
-             out); {:.3} s running in total, of which {:.3} s of {} threads (per interval, with \
-             -i) that no sample caught",
-            c.oncpu_samples,
+            "offcputime: on-CPU: {} at {hz} Hz on each CPU ({} outside the window left \
+             out); {:.3} s running in total, of which {:.3} s of {} (per interval, with -i) \
+             that no sample caught",
+            count(c.oncpu_samples, "sample", "samples"),
             c.oncpu_outside,
             running as f64 / 1e9,
             c.oncpu_unsampled_ns as f64 / 1e9,
-            c.oncpu_unsampled_threads,
+            count(c.oncpu_unsampled_threads, "thread", "threads"),
         );
     }
 }
@@ -76,9 +82,9 @@ pub(super) fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config
     }
     if symbolizer.unparsable() > 0 {
         eprintln!(
-            "offcputime: the symbols of {} files could not be parsed (malformed): their frames \
-             are named by file and offset",
-            symbolizer.unparsable()
+            "offcputime: the symbols of {} could not be parsed (malformed): their frames are \
+             named by file and offset",
+            count(symbolizer.unparsable() as u64, "file", "files")
         );
     }
     if let Some(note) = registry.replaced_note() {
@@ -90,16 +96,16 @@ pub(super) fn report_denied(registry: &Registry, symbolizer: &Symbolizer, config
     let d = registry.denied();
     if !d.processes.is_empty() {
         eprintln!(
-            "offcputime: the memory maps of {} processes of other users could not be read \
-             (that needs CAP_SYS_PTRACE): their user frames are [unknown]",
-            d.processes.len()
+            "offcputime: the memory maps of {} of other users could not be read (that needs \
+             CAP_SYS_PTRACE): their user frames are [unknown]",
+            count(d.processes.len() as u64, "process", "processes")
         );
     }
     if let Some((first, why)) = d.files.first() {
         eprintln!(
-            "offcputime: {} files mapped by traced processes could not be opened ({first}: \
+            "offcputime: {} mapped by traced processes could not be opened ({first}: \
              {why}{}): their frames are unnamed, their stacks walked with frame pointers",
-            d.files.len(),
+            count(d.files.len() as u64, "file", "files"),
             if d.files.len() > 1 {
                 ", and others"
             } else {
@@ -128,13 +134,25 @@ pub(super) fn report_losses(
         config,
         unreadable,
         could,
-        if at_switch_in {
-            "stacks of threads blocked since before tracing started, or still blocked at its \
-             end (the kprobe hook takes a block's stacks when it ends), show no user stack: \
-             they are counted, but"
-        } else {
-            "stacks of threads blocked since before tracing started show no user stack: they \
-             are counted from the start, but"
+        match (at_switch_in, unreadable) {
+            (true, 1) => {
+                "stack of threads blocked since before tracing started, or still blocked at its \
+                 end (the kprobe hook takes a block's stacks when it ends), shows no user stack: \
+                 it is counted, but"
+            }
+            (true, _) => {
+                "stacks of threads blocked since before tracing started, or still blocked at its \
+                 end (the kprobe hook takes a block's stacks when it ends), show no user stack: \
+                 they are counted, but"
+            }
+            (false, 1) => {
+                "stack of threads blocked since before tracing started shows no user stack: it \
+                 is counted from the start, but"
+            }
+            (false, _) => {
+                "stacks of threads blocked since before tracing started show no user stack: they \
+                 are counted from the start, but"
+            }
         },
     );
     report_missed(profile, missed, config, unreadable);
@@ -154,12 +172,16 @@ pub(super) fn report_kernel_stacks(
     let lacking = c.kstack_no_sched + c.kstack_moved + c.kstack_not_walked;
     if lacking > 0 {
         eprintln!(
-            "offcputime: {lacking} kernel stacks of threads not running lack the scheduler's \
-             frames (schedule, __schedule, ...), which the kernel's own walk leaves out: {} \
-             where the kernel's unwind tables (ORC) could not be used, {} of threads that ran \
-             while they were walked, {} of threads that ran between the kprobe's two end \
-             iterators (the kernel stacks' and the user stacks')",
-            c.kstack_no_sched, c.kstack_moved, c.kstack_not_walked
+            "offcputime: {} of threads not running {} the scheduler's frames (schedule, \
+             __schedule, ...), which the kernel's own walk leaves out: {} where the kernel's \
+             unwind tables (ORC) could not be used, {} of threads that ran while they were \
+             walked, {} of threads that ran between the kprobe's two end iterators (the kernel \
+             stacks' and the user stacks')",
+            count(lacking, "kernel stack", "kernel stacks"),
+            noun(lacking, "lacks", "lack"),
+            c.kstack_no_sched,
+            c.kstack_moved,
+            c.kstack_not_walked
         );
     }
     if c.kstack_unseen > 0 {
@@ -192,10 +214,10 @@ pub(super) fn report_kernel_stacks(
             };
             let differ: Vec<_> = pairs.iter().filter(|(w, h)| !orc.agrees(w, h)).collect();
             eprintln!(
-                "offcputime: kernel stack check: {} stacks compared with the kernel's walk, {} \
-             differ",
-                pairs.len(),
-                differ.len()
+                "offcputime: kernel stack check: {} compared with the kernel's walk, {} {}",
+                count(pairs.len() as u64, "stack", "stacks"),
+                differ.len(),
+                noun(differ.len() as u64, "differs", "differ"),
             );
             for (w, h) in differ.iter().take(3) {
                 eprintln!("offcputime: kernel stack check: walked {w:x?}, the kernel's {h:x?}");
@@ -205,17 +227,21 @@ pub(super) fn report_kernel_stacks(
 }
 
 /// That `unreadable` user stacks, read from another task's context, could
-/// not be read (`lead` says whose they are), and why; `could`: whether this
-/// kernel reads them at all.
+/// not be read (`lead` says whose they are, agreeing with the count), and
+/// why; `could`: whether this kernel reads them at all.
 pub(super) fn report_unreadable(config: &Config, unreadable: usize, could: bool, lead: &str) {
     if unreadable > 0 && config.shape.mode.user() {
         let why = if could {
-            "their process's memory map was locked for writing when tracing started (a \
-             thread in mmap, or one stuck in a page fault), and reading it could have held \
-             up the start"
+            format!(
+                "{} process's memory map was locked for writing when tracing started (a thread \
+                 in mmap, or one stuck in a page fault), and reading it could have held up the \
+                 start",
+                noun(unreadable as u64, "its", "their")
+            )
         } else {
             "this kernel cannot read another thread's user stack from BPF (Linux 5.18 and \
              later can)"
+                .to_string()
         };
         eprintln!("offcputime: {unreadable} {lead} {why}");
     }
@@ -234,9 +260,11 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
     if missed > 0 {
         let full = c.user_stack_full + c.kernel_stack_full > 0;
         let mut causes = vec![format!(
-            "stack storage full: {} user and {} kernel captures; walk failed: {} user and {} \
-             kernel",
-            c.user_stack_full, c.kernel_stack_full, c.user_stack_error, c.kernel_stack_error
+            "stack storage full: {} user and {}; walk failed: {} user and {} kernel",
+            c.user_stack_full,
+            count(c.kernel_stack_full, "kernel capture", "kernel captures"),
+            c.user_stack_error,
+            c.kernel_stack_error
         )];
         let (user, kernel) = (config.shape.mode.user(), config.shape.mode.kernel());
         // (One noun for one, another for more.)
@@ -302,6 +330,7 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
             _ => ("user stacks", "are", "their"),
         };
         eprintln!(
+            // wording: not a count
             "WARNING: {} {stacks} ({:.3} s off-CPU) {are} all [unknown]: none of {their} \
              addresses is in a file {their} process maps, as read from /proc/PID/maps (again at \
              the end while it ran), and no perf map names them.",
@@ -354,6 +383,7 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
     if c.counts_full > 0 {
         let n = c.counts_full;
         eprintln!(
+            // wording: a count never 1
             "WARNING: {n} {} not counted because the table of distinct stacks was full ({} \
              entries, one per thread and pair of stacks: twice --stack-storage-size, at least \
              65536). Consider increasing --stack-storage-size.",
@@ -378,16 +408,6 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
                 "new-process notifications were"
             ),
         );
-    }
-}
-
-/// `one` for a count of 1, else `many`: nouns (and their verbs) that agree
-/// with their numbers.
-fn noun(n: u64, one: &'static str, many: &'static str) -> &'static str {
-    if n == 1 {
-        one
-    } else {
-        many
     }
 }
 
@@ -423,11 +443,13 @@ pub(super) fn report_runtimes(
         for (kind, n) in found {
             let spec = kind.spec();
             eprintln!(
+                // wording: not a count
                 "offcputime: {} frames are not read on Linux {} (their walk needs bpf_loop: \
-                 5.17): the stacks of {n} {} processes show the {}'s frames",
+                 5.17): the stacks of {n} {} {} show the {}'s frames",
                 spec.label,
                 crate::tracer::kernel::release(),
                 spec.processes,
+                noun(n as u64, "process", "processes"),
                 spec.native,
             );
         }
@@ -449,55 +471,67 @@ pub(super) fn report_unwinding(
     let c = &profile.counters;
     if c.unwind_not_ready > 0 {
         eprintln!(
-            "offcputime: {} user stacks were walked with frame pointers because their process's \
-             unwind tables were not ready yet (its first blocks)",
-            c.unwind_not_ready
+            "offcputime: {} {} walked with frame pointers because {} process's unwind tables \
+             were not ready yet (its first blocks)",
+            count(c.unwind_not_ready, "user stack", "user stacks"),
+            noun(c.unwind_not_ready, "was", "were"),
+            noun(c.unwind_not_ready, "its", "their"),
         );
     }
     let d = deferred.stats();
     if d.at_jit > 0 {
         eprintln!(
-            "offcputime: {} user stacks taken before their process's unwind tables were ready \
-             reached a JVM's compiled code, which keeps no frame pointer, before the JVM's \
-             own frames could be read (or with --no-java): cut there",
-            d.at_jit
+            "offcputime: {} taken before {} process's unwind tables were ready reached a \
+             JVM's compiled code, which keeps no frame pointer, before the JVM's own frames \
+             could be read (or with --no-java): cut there",
+            count(d.at_jit as u64, "user stack", "user stacks"),
+            noun(d.at_jit as u64, "its", "their"),
         );
     }
     if d.runtime_cut > 0 {
         eprintln!(
-            "offcputime: {} user stacks taken before their process's unwind tables were ready \
-             stopped in a runtime's code: code compiled since the copy (another method's, \
-             perhaps), or a thread stopped in the middle of it, or a frame that could not be \
-             read (shown as the runtime's frames cut short or unreadable)",
-            d.runtime_cut
+            "offcputime: {} taken before {} process's unwind tables were ready stopped in a \
+             runtime's code: code compiled since the copy (another method's, perhaps), or a \
+             thread stopped in the middle of it, or a frame that could not be read (shown as \
+             the runtime's frames cut short or unreadable)",
+            count(d.runtime_cut as u64, "user stack", "user stacks"),
+            noun(d.runtime_cut as u64, "its", "their"),
         );
     }
     if d.cut > d.at_jit + d.runtime_cut {
+        let n = (d.cut - d.at_jit - d.runtime_cut) as u64;
         eprintln!(
-            "offcputime: {} user stacks taken before their process's unwind tables were ready \
-             were cut short: deeper than the {} KiB of stack copied at the block",
-            d.cut - d.at_jit - d.runtime_cut,
+            "offcputime: {} taken before {} process's unwind tables were ready {} cut short: \
+             deeper than the {} KiB of stack copied at the block",
+            count(n, "user stack", "user stacks"),
+            noun(n, "its", "their"),
+            noun(n, "was", "were"),
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
         );
     }
     let gaps = c.unwind_gap_frames + d.gap_frames as u64;
     if gaps > 0 {
         eprintln!(
-            "offcputime: {gaps} user frames were found through frame pointers in code that its \
-             object's call-frame information does not cover (assembly or a PLT without it, or \
-             code built without unwind tables): they are right only where that code keeps frame \
-             pointers"
+            "offcputime: {} {} found through frame pointers in code that its object's \
+             call-frame information does not cover (assembly or a PLT without it, or code built \
+             without unwind tables): {} right only where that code keeps frame pointers",
+            count(gaps, "user frame", "user frames"),
+            noun(gaps, "was", "were"),
+            noun(gaps, "it is", "they are"),
         );
     }
     let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished) as u64 + c.unwind_defer_lost;
     if missed > 0 {
         eprintln!(
-            "offcputime: {missed} user stacks taken before their process's unwind tables were \
-             ready are missed: {} of processes that exited before their mappings could be read \
-             or whose tables could not be made, {} still waiting for their tables when the \
-             trace ended, {} lost for want of room to copy or keep them (more new threads \
-             blocking at once than the profiler could take in), {} for want of room to store \
-             them (--stack-storage-size)",
+            "offcputime: {} taken before {} process's unwind tables were ready {} missed: {} \
+             of processes that exited before their mappings could be read or whose tables \
+             could not be made, {} still waiting for their tables when the trace ended, {} \
+             lost for want of room to copy or keep them (more new threads blocking at once \
+             than the profiler could take in), {} for want of room to store them \
+             (--stack-storage-size)",
+            count(missed, "user stack", "user stacks"),
+            noun(missed, "its", "their"),
+            noun(missed, "is", "are"),
             d.unwalked,
             d.unfinished,
             c.unwind_defer_lost + d.dropped as u64,
@@ -536,8 +570,12 @@ fn report_not_covered(u: &Unwinder) {
         }
         if missing.len() + more > SHOWN {
             eprintln!(
-                "offcputime: ... and {} more objects or processes without DWARF unwinding",
-                missing.len() + more - SHOWN
+                "offcputime: ... and {} without DWARF unwinding",
+                count(
+                    (missing.len() + more - SHOWN) as u64,
+                    "more object or process",
+                    "more objects or processes"
+                )
             );
         }
     }
@@ -554,52 +592,54 @@ fn report_unwind_stats(
     let row = std::mem::size_of::<crate::bpf::types::unwind_row>();
     let mapping = std::mem::size_of::<crate::bpf::types::unwind_mapping>();
     eprintln!(
-        "offcputime: unwind tables: {} objects ({} without call-frame information), {} rows, \
-         {} mappings of {} processes: {:.1} MiB in {:.1} MiB allocated (at most {:.1}), built in \
-         {:.0} ms; {} stacks walked \
-         with them ({} cut short, {} proved unchanged since one of the thread's last walks), {} \
-         frames through frame pointers ({} in code its object's tables do not cover)",
-        s.objects,
+        "offcputime: unwind tables: {} ({} without call-frame information), {}, {} of {}: \
+         {:.1} MiB in {:.1} MiB allocated (at most {:.1}), built in {:.0} ms; {} walked with \
+         them ({} cut short, {} proved unchanged since one of the thread's last walks), {} \
+         through frame pointers ({} in code its object's tables do not cover)",
+        count(s.objects as u64, "object", "objects"),
         s.objects_without_cfi,
-        s.rows,
-        s.mappings,
-        s.processes,
+        count(s.rows as u64, "row", "rows"),
+        count(s.mappings as u64, "mapping", "mappings"),
+        count(s.processes as u64, "process", "processes"),
         mib(s.rows, row) + mib(s.mappings, mapping),
         mib(s.allocated_bytes, 1),
         mib(s.row_capacity, row) + mib(s.mapping_capacity, mapping),
         s.build_ms,
-        c.unwind_dwarf,
+        count(c.unwind_dwarf, "stack", "stacks"),
         c.unwind_truncated,
         c.unwind_cached,
-        c.unwind_fp_frames,
+        count(c.unwind_fp_frames, "frame", "frames"),
         c.unwind_gap_frames,
     );
     eprintln!(
-        "offcputime: unwind tables: {} new processes used their parent's from the fork \
-         ({} shared by userspace); {} user stacks of processes without tables of their own \
-         walked through those of the files they map ({} files); {} user stacks taken before \
-         their process's tables were ready copied and walked in userspace ({} walked, {} cut \
-         short, {} frames through frame pointers, {} with a runtime's frames: {} frames)",
-        c.unwind_forked,
+        "offcputime: unwind tables: {} used {} parent's from the fork ({} shared by \
+         userspace); {} of processes without tables of their own walked through those of the \
+         files they map ({}); {} taken before {} process's tables were ready copied and walked \
+         in userspace ({} walked, {} cut short, {} through frame pointers, {} with a runtime's \
+         frames: {})",
+        count(c.unwind_forked, "new process", "new processes"),
+        noun(c.unwind_forked, "its", "their"),
         s.processes_forked,
-        c.unwind_by_file,
-        s.files,
-        d.received,
+        count(c.unwind_by_file, "user stack", "user stacks"),
+        count(s.files as u64, "file", "files"),
+        count(d.received as u64, "user stack", "user stacks"),
+        noun(d.received as u64, "its", "their"),
         d.walked,
         d.cut,
-        d.fp_frames,
+        count(d.fp_frames as u64, "frame", "frames"),
         d.runtime_stacks,
-        d.runtime_frames,
+        count(d.runtime_frames as u64, "frame", "frames"),
     );
     eprintln!(
-        "offcputime: unwind tables: {} processes let theirs go for room, not having blocked \
-         for {} s ({} given them again at a later block); {} processes left without some \
-         for want of room got them later; {} tables moved to put free rows together",
-        s.processes_let_go,
+        "offcputime: unwind tables: {} let {} go for room, not having blocked for {} s ({} \
+         given them again at a later block); {} left without some for want of room got them \
+         later; {} moved to put free rows together",
+        count(s.processes_let_go as u64, "process", "processes"),
+        noun(s.processes_let_go as u64, "its", "theirs"),
         crate::unwind::COLD.as_secs(),
         s.processes_taken_back,
-        s.processes_given_room,
-        s.tables_moved,
+        count(s.processes_given_room as u64, "process", "processes"),
+        count(s.tables_moved as u64, "table", "tables"),
     );
 }
 
@@ -615,19 +655,23 @@ pub(super) fn report_counters(
         "offcputime: stack captures lost: storage full {} user / {} kernel, walk failed \
          {} user / {} kernel (no stack is dropped for a hash collision: stacks are keyed by a 64-bit hash of \
          their frames; {} kept in the spill table when the stacks table had no memory at the \
-         moment, {} lost with it full); {} blocks of kernel threads (no user stack); {} blocks untimed \
-         (no task storage); {} new-process notifications dropped; {} switches the \
-         tracepoint did not report (blocks closed where the kernel dates the switch)",
+         moment, {} lost with it full); {} of kernel threads (no user stack); {} untimed (no task \
+         storage); {} dropped; {} the tracepoint did not report (blocks closed where the \
+         kernel dates the switch)",
         c.user_stack_full,
         c.kernel_stack_full,
         c.user_stack_error,
         c.kernel_stack_error,
         c.stacks_spilled,
         c.stacks_no_memory,
-        c.kernel_thread_blocks,
-        c.no_task_storage,
-        c.events_dropped,
-        c.unseen_switch_in,
+        count(c.kernel_thread_blocks, "block", "blocks"),
+        count(c.no_task_storage, "block", "blocks"),
+        count(
+            c.events_dropped,
+            "new-process notification",
+            "new-process notifications"
+        ),
+        count(c.unseen_switch_in, "switch", "switches"),
     );
     if config.tracer.states {
         let mut by_state: std::collections::BTreeMap<_, u64> = Default::default();
@@ -641,28 +685,29 @@ pub(super) fn report_counters(
             .map(|(st, ns)| format!("{} {:.3} s", st.frame(), *ns as f64 / 1e9))
             .collect();
         eprintln!(
-            "offcputime: by state: {}; {} wake-ups split a block, {} blocks ended with none seen",
+            "offcputime: by state: {}; {} a block, {} ended with none seen",
             parts.join(", "),
-            c.wakeups,
-            c.unwoken
+            count(c.wakeups, "wake-up split", "wake-ups split"),
+            count(c.unwoken, "block", "blocks")
         );
     }
     if config.tracer.sample_ns > 0 {
         eprintln!(
-            "offcputime: sampled below {} us: {} short blocks taken (each weighted up to \
-             it), {} left out; times and block counts are estimates",
+            "offcputime: sampled below {} us: {} taken (each weighted up to it), {} left out; \
+             times and block counts are estimates",
             config.tracer.sample_ns / 1000,
-            c.sampled_short,
+            count(c.sampled_short, "short block", "short blocks"),
             c.sampled_out
         );
     }
     if let Some(h) = held {
         eprintln!(
-            "offcputime: {} intervals waited for the stacks copied for them to be walked \
-             before they were written ({} stacks: {} walked, {} given up, {} still waiting \
-             at the {} s bound)",
-            h.intervals,
-            h.stacks,
+            "offcputime: {} for the stacks copied for {} to be walked before {} written \
+             ({}: {} walked, {} given up, {} still waiting at the {} s bound)",
+            count(h.intervals, "interval waited", "intervals waited"),
+            noun(h.intervals, "it", "them"),
+            noun(h.intervals, "it was", "they were"),
+            count(h.stacks, "stack", "stacks"),
             h.walked,
             h.given_up,
             h.late,
@@ -671,8 +716,8 @@ pub(super) fn report_counters(
     }
     if config.tracer.wakers {
         eprintln!(
-            "offcputime: {} wakers recorded ({} distinct), {} lost for a full table",
-            c.wakers,
+            "offcputime: {} recorded ({} distinct), {} lost for a full table",
+            count(c.wakers, "waker", "wakers"),
             profile
                 .samples
                 .iter()
@@ -719,6 +764,7 @@ impl StatsLine {
         let tables = unwinder.map_or(String::new(), |u| {
             let s = u.stats();
             format!(
+                // wording: not a count
                 " objects={} rows={}/{} mappings={}/{} procs={} building={}",
                 s.objects,
                 s.rows,

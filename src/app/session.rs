@@ -478,9 +478,13 @@ impl<'a> Session<'a> {
         let profile = &written.profile;
         let (window_start, window_end) = end.window;
         let (stacks, blocks, total_ns) = match &self.intervals {
-            Some(iv) => (format!("{} intervals", iv.current), iv.blocks, iv.total_ns),
+            Some(iv) => (
+                count(iv.current, "interval", "intervals"),
+                iv.blocks,
+                iv.total_ns,
+            ),
             None => (
-                format!("{} stacks", profile.samples.len()),
+                count(profile.samples.len() as u64, "stack", "stacks"),
                 profile.off_cpu().map(|s| s.count).sum::<u64>(),
                 profile.off_cpu().map(|s| s.total_ns).sum::<u64>(),
             ),
@@ -490,18 +494,22 @@ impl<'a> Session<'a> {
             eprintln!("offcputime: runtimes' walkers: {}", end.runtime_walkers);
         }
         eprintln!(
-            "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {blocks} blocks, \
-             {:.3} s off-CPU in total; {} blocks under way at the start counted from it, {} in \
+            "offcputime: traced {:.3} s (CLOCK_MONOTONIC {:.6} to {:.6}); {stacks}, {}, \
+             {:.3} s off-CPU in total; {} under way at the start counted from it, {} in \
              progress at the end counted up to it; report in {:.1} ms (read {read_ms:.1} ms{}; \
              {:.1} ms of CPU)",
             (window_end - window_start) as f64 / 1e9,
             window_start as f64 / 1e9,
             window_end as f64 / 1e9,
+            count(blocks, "block", "blocks"),
             total_ns as f64 / 1e9,
-            profile.counters.blocks_at_start,
+            count(profile.counters.blocks_at_start, "block", "blocks"),
             profile.counters.blocks_at_end,
             end.ended.elapsed().as_secs_f64() * 1e3,
-            written.built_ms.map_or(String::new(), |b| format!(", symbolized and merged {:.1} ms", b - read_ms)),
+            written.built_ms.map_or(String::new(), |b| format!(
+                ", symbolized and merged {:.1} ms",
+                b - read_ms
+            )),
             process_cpu_ms() - end.ended_cpu,
         );
         report_counters(

@@ -25,9 +25,11 @@ impl Config {
             if !snap.letters.is_empty() {
                 parts.push(format!("state {}", snap.letters));
             }
+            // wording: not a count
             parts.push(format!("{} stacks, tasks now", self.stacks()));
             return parts.join(", ");
         }
+        // wording: not a count
         parts.push(format!("{} stacks", self.stacks()));
         if self.shape.per_container {
             parts.push("by container".to_string());

@@ -254,6 +254,7 @@ impl Args {
             )
         }) {
             bail!(
+                // wording: not a count
                 "--snapshot counts tasks, and {} profiles are of time: write the report, \
                  folded stacks (-f) or a flame graph (--svg)",
                 match f {

@@ -18,6 +18,7 @@ use std::io::{self, Write};
 use super::text::write_stacks;
 use super::Shape;
 use crate::profile::{ns_to_us, Profile};
+use crate::text::count;
 
 pub use crate::shape::GroupSort;
 
@@ -72,13 +73,11 @@ pub fn write(
     }
     for (stack, g) in &groups {
         let processes: BTreeSet<u32> = g.threads.iter().map(|&(tgid, _)| tgid).collect();
-        let plural =
-            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         writeln!(
             w,
             "----- {} in {} -----",
-            plural(g.threads.len(), "thread", "threads"),
-            plural(processes.len(), "process", "processes")
+            count(g.threads.len() as u64, "thread", "threads"),
+            count(processes.len() as u64, "process", "processes")
         )?;
         w.write_all(stack)?;
         let commands: Vec<String> = g
@@ -99,7 +98,7 @@ pub fn write(
             w,
             "    {:<16} {}, {} us\n",
             "total:",
-            plural(g.blocks as usize, "block", "blocks"),
+            count(g.blocks, "block", "blocks"),
             ns_to_us(g.total_ns)
         )?;
     }

@@ -27,6 +27,7 @@ use super::group::GroupSort;
 use super::Shape;
 use crate::profile::Sample;
 use crate::snapshot::{Group, OffCpu, Snapshot, Task};
+use crate::text::count;
 
 /// Seconds with milliseconds.
 fn secs(ns: u64) -> String {
@@ -39,10 +40,6 @@ fn off_cpu(t: &Task) -> String {
         OffCpu::Running => "on a CPU".to_string(),
         OffCpu::Unknown => "off CPU for an unknown time".to_string(),
     }
-}
-
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 pub fn write(
@@ -101,6 +98,7 @@ fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result
     if n == 1 {
         writeln!(w, "----- 1 task -----")?;
     } else {
+        // wording: a count never 1
         writeln!(w, "----- {n} tasks like that -----")?;
     }
     w.write_all(g.stack.as_bytes())?;
@@ -169,16 +167,19 @@ fn write_group(g: &Group<'_>, every_task: bool, w: &mut dyn Write) -> io::Result
             }
             None => {}
         }
-        let count = |what: OffCpu| g.tasks.iter().filter(|t| t.off_cpu == what).count();
-        let (running, unknown) = (count(OffCpu::Running), count(OffCpu::Unknown));
+        let tasks = |what: OffCpu| g.tasks.iter().filter(|t| t.off_cpu == what).count();
+        let (running, unknown) = (tasks(OffCpu::Running), tasks(OffCpu::Unknown));
         let mut why = Vec::new();
         if running > 0 {
-            why.push(format!("{} on a CPU", plural(running, "task", "tasks")));
+            why.push(format!(
+                "{} on a CPU",
+                count(running as u64, "task", "tasks")
+            ));
         }
         if unknown > 0 {
             why.push(format!(
                 "{} whose switch-out the kernel does not date",
-                plural(unknown, "task", "tasks")
+                count(unknown as u64, "task", "tasks")
             ));
         }
         if !why.is_empty() {

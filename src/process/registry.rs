@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use super::maps::{parse_maps, ObjectKey};
 use super::Proc;
 use crate::elf::Segment;
+use crate::text::{count, noun};
 
 // The submodules reach `process::ObjectInfo` as `super::ObjectInfo`, as
 // this file does.
@@ -685,13 +686,14 @@ impl Registry {
     /// the later file there. One line for stderr, if it happened.
     pub fn replaced_note(&self) -> Option<String> {
         let (tgid, before, after) = self.notes.replaced.example?;
+        let n = self.notes.replaced.count as u64;
         Some(format!(
-            "{} executable mappings were replaced by another file at the same addresses while \
-             tracing (an exec, or a library closed and another loaded in its place; first: \
-             {} by {} in process {tgid}): user frames of stacks taken before a replacement \
-             are named, and with DWARF may have been walked, through the later file, and can \
-             be wrong there",
-            self.notes.replaced.count,
+            "{} {} replaced by another file at the same addresses while tracing (an exec, or a \
+             library closed and another loaded in its place; first: {} by {} in process \
+             {tgid}): user frames of stacks taken before a replacement are named, and with \
+             DWARF may have been walked, through the later file, and can be wrong there",
+            count(n, "executable mapping", "executable mappings"),
+            noun(n, "was", "were"),
             self.object_name(before),
             self.object_name(after),
         ))
@@ -755,7 +757,8 @@ mod tests {
         // SAFETY: the page mapped above, unused since.
         unsafe { libc::munmap(at, 4096) };
         assert!(
-            note.starts_with("1 executable mappings") && note.contains("liba.so by libb.so"),
+            note.starts_with("1 executable mapping was replaced")
+                && note.contains("liba.so by libb.so"),
             "{note}"
         );
     }

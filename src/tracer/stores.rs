@@ -54,6 +54,7 @@ impl RuntimeStore {
     pub fn set(&self, tgid: u32, mm: u64, entry: &ProcEntry) -> Result<()> {
         let noted = || format!("failed to note the runtime of process {tgid}");
         let Some(map) = &self.procs[entry.kind as usize] else {
+            // wording: not a count
             bail!("no map of {} processes", entry.kind.spec().label);
         };
         map.update(&tgid.to_ne_bytes(), &entry.for_space(mm), MapFlags::ANY)

@@ -151,6 +151,7 @@ impl Unwinder {
                     req.tgid,
                     &req.name,
                     format!(
+                        // wording: a count never 1
                         "its {} unwind rows do not fit (--unwind-memory)",
                         rows.len()
                     ),
@@ -294,6 +295,7 @@ impl Unwinder {
     ) -> Result<(usize, usize), String> {
         let count = entries.len();
         if count > types::unwind_limits::UNWIND_MAX_PROC_MAPPINGS.0 as usize {
+            // wording: a count never 1
             return Err(format!("{count} executable mappings"));
         }
         let start = self

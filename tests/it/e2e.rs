@@ -1668,7 +1668,7 @@ fn missing_capabilities_are_named() {
         std::fs::set_permissions(blocker_path(), std::fs::Permissions::from_mode(0o700)).unwrap();
         let wl = Workload::start(&["--seconds", "30"]);
         let (err, main) = run(&wl);
-        once(&err, "files mapped by traced processes could not be opened");
+        once(&err, "mapped by traced processes could not be opened");
         assert!(
             err.contains("blocker: permission denied; CAP_SYS_PTRACE opens"),
             "{err}"
@@ -1698,7 +1698,7 @@ fn missing_capabilities_are_named() {
                     &["wl_nanosleep_thread", "wl_block_nanosleep", "do_nanosleep"],
                 );
             } else {
-                once(&err, "files mapped by traced processes could not be opened");
+                once(&err, "mapped by traced processes could not be opened");
                 assert!(
                     err.contains("blocker (deleted): deleted since it was mapped"),
                     "{err}"

@@ -418,18 +418,21 @@ fn intervals_wait_for_the_copied_stacks_they_count() {
     // copies still waiting.
     let line = stderr
         .lines()
-        .find(|l| l.contains("intervals waited for the stacks copied for them"))
+        .find(|l| l.contains(" waited for the stacks copied for "))
         .unwrap_or_else(|| panic!("no line of intervals waiting in:\n{stderr}"));
-    let held = count_before(line, "intervals waited");
+    let held = count_before_any(line, &["interval waited", "intervals waited"]);
     let walked = count_before(line, "walked, ");
     assert!(
         held >= 5 && walked >= 25,
         "{held} intervals waited for {walked} copies walked:\n{stderr}"
     );
     assert_eq!(count_before(line, "still waiting at the"), 0, "{stderr}");
-    let copied = count_before(
+    let copied = count_before_any(
         &stderr,
-        "user stacks taken before their process's tables were ready copied",
+        &[
+            "user stack taken before its process's tables were ready copied",
+            "user stacks taken before their process's tables were ready copied",
+        ],
     );
     // The forker makes 50 children a second (150 in the trace, each with
     // its first stack copied) on an idle machine; beside other tests'

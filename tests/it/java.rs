@@ -399,7 +399,7 @@ fn java_frames_are_the_jvms_own_view_jdk17() {
     let (out, stderr) = folded(&["-p", &pid, "-f", "--lines", "2"]);
     frames_are_the_jvms(&out, &reported, "-p");
     assert!(
-        stderr.contains("java: 1 JVM processes walked") && !stderr.contains("were not walked"),
+        stderr.contains("java: 1 JVM process walked") && !stderr.contains("were not walked"),
         "{stderr}"
     );
     assert!(stderr.contains("java: HotSpot 17."), "{stderr}");
@@ -575,7 +575,7 @@ fn debian_jdk_17_in_the_matrix() {
     }
     frames_are_the_jvms(&out, &reported, "-p");
     assert!(
-        stderr.contains("java: 1 JVM processes walked") && !stderr.contains("were not walked"),
+        stderr.contains("java: 1 JVM process walked") && !stderr.contains("were not walked"),
         "{stderr}"
     );
     assert!(stderr.contains("java: HotSpot 17."), "{stderr}");

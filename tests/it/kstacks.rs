@@ -72,8 +72,14 @@ fn whole_on(hook: &str) {
     let lines = parse_folded(&out.stdout);
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
-    let compared = number_before(" stacks compared with the kernel's walk");
-    let differ = number_before(" differ\n");
+    let compared = count_before_any(
+        &stderr,
+        &[
+            " stack compared with the kernel's walk",
+            " stacks compared with the kernel's walk",
+        ],
+    );
+    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
     eprintln!("{hook}: {walked} walked, {compared} compared, {differ} differ");
     // The four stuck threads at the start: one walk each at least, three
     // stacks (two wait on a futex alike).
@@ -103,7 +109,9 @@ fn whole_on(hook: &str) {
     // second reads user stacks), and blocks whose switch-in the kernel did
     // not report (their stack is taken then) may lack them, all said on
     // stderr: the stuck ones have theirs from the start.
-    let lacking = if stderr.contains("lack the scheduler's frames") {
+    let lacking = if stderr.contains("lack the scheduler's frames")
+        || stderr.contains("lacks the scheduler's frames")
+    {
         assert_eq!(
             number_before(" where the kernel's unwind tables (ORC) could not be used"),
             0,
@@ -229,8 +237,14 @@ fn at_switches_on(hook: &str) {
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
     let proved = number_before(" proved the same as one of the thread's last walks");
-    let compared = number_before(" stacks compared with the kernel's walk");
-    let differ = number_before(" differ\n");
+    let compared = count_before_any(
+        &stderr,
+        &[
+            " stack compared with the kernel's walk",
+            " stacks compared with the kernel's walk",
+        ],
+    );
+    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
     eprintln!("{hook}: {walked} walked, {proved} proved, {compared} compared, {differ} differ");
     eprintln!("matrix: {walked} walked, {proved} proved, {differ} of {compared} differ");
     assert_eq!(differ, 0, "{hook}: {stderr}");
@@ -395,8 +409,14 @@ fn through_a_module_on(hook: &str) {
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
     let spliced = number_before(" finished by the kernel's own walk from a module's");
-    let compared = number_before(" stacks compared with the kernel's walk");
-    let differ = number_before(" differ\n");
+    let compared = count_before_any(
+        &stderr,
+        &[
+            " stack compared with the kernel's walk",
+            " stacks compared with the kernel's walk",
+        ],
+    );
+    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
     eprintln!("{hook}: tun module {module}: {walked} walked, {spliced} finished by the kernel's walk, {differ} of {compared} differ");
     eprintln!("matrix: {walked} walked, {spliced} spliced, {differ} of {compared} differ");
     assert_eq!(differ, 0, "{hook}: {stderr}");

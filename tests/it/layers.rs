@@ -16,6 +16,7 @@ const LAYERS: &[&str] = &[
     "bpf",
     "priority",
     "test_env",
+    "text",
     "raw",
     "oncpu",
     "container",

@@ -33,3 +33,4 @@ pub(crate) mod unwind;
 mod util;
 mod vm;
 mod wakers;
+mod wording;

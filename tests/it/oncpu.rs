@@ -492,7 +492,10 @@ fn on_cpu_on_every_hook() {
 
 /// How many switches the profiler says the tracepoint did not report.
 fn unreported_switches(stderr: &str) -> u64 {
-    let Some(at) = stderr.find(" switches the tracepoint did not report") else {
+    let Some(at) = stderr
+        .find(" switches the tracepoint did not report")
+        .or_else(|| stderr.find(" switch the tracepoint did not report"))
+    else {
         return 0;
     };
     stderr[..at]

@@ -625,9 +625,12 @@ fn runtime_walkers_load_when_a_process_of_one_appears() {
         "no sleep before the walkers loaded (pid {pid}):\n{ours:?}\n{stderr}"
     );
     assert!(
-        count_before(
+        count_before_any(
             &stderr,
-            " user stacks of CPython processes show the interpreter's"
+            &[
+                " user stack of CPython processes shows the interpreter's",
+                " user stacks of CPython processes show the interpreter's"
+            ]
         ) > 0,
         "{unnamed:?} not said:\n{stderr}"
     );

@@ -164,9 +164,12 @@ fn from_start(user: &[String]) -> bool {
 /// How many user stacks `-v` says were walked with frame pointers for want
 /// of tables (the line is there only if some were): all processes'.
 fn fp_walked(stderr: &str) -> u64 {
-    const WHAT: &str = "user stacks were walked with frame pointers because";
-    if stderr.contains(WHAT) {
-        count_before(stderr, WHAT)
+    const WHAT: [&str; 2] = [
+        "user stack was walked with frame pointers because",
+        "user stacks were walked with frame pointers because",
+    ];
+    if WHAT.iter().any(|w| stderr.contains(w)) {
+        count_before_any(stderr, &WHAT)
     } else {
         0
     }
@@ -313,7 +316,13 @@ fn postgres_connection_per_transaction(hook: &str) {
         .copied()
         .filter(|e| !from_start(user_part(e)))
         .collect();
-    let forked = count_before(&stderr, "new processes used their parent's from the fork");
+    let forked = count_before_any(
+        &stderr,
+        &[
+            "new process used its parent's from the fork",
+            "new processes used their parent's from the fork",
+        ],
+    );
     let fp_walked = fp_walked(&stderr);
     let got: Option<Vec<String>> = entries
         .iter()
@@ -434,14 +443,23 @@ fn a_stackfarm_started_with_the_trace() {
         .map(Folded::comm)
         .collect();
     let fp_walked = fp_walked(&stderr);
-    let walked = count_before(&stderr, "stacks walked with them");
-    let copied = count_before(
+    let walked = count_before_any(
         &stderr,
-        "user stacks taken before their process's tables were ready",
+        &[" stack walked with them", " stacks walked with them"],
     );
-    let by_file = count_before(
+    let copied = count_before_any(
         &stderr,
-        "user stacks of processes without tables of their own walked through",
+        &[
+            "user stack taken before its process's tables were ready",
+            "user stacks taken before their process's tables were ready",
+        ],
+    );
+    let by_file = count_before_any(
+        &stderr,
+        &[
+            "user stack of processes without tables of their own walked through",
+            "user stacks of processes without tables of their own walked through",
+        ],
     );
     eprintln!(
         "stackfarm: {whole_us} of {farm_us} us of the farm threads' time under their whole \
@@ -501,10 +519,12 @@ fn a_stackfarm_started_with_the_trace() {
         copied + by_file > 0,
         "no first blocks walked through files' tables or copied:\n{stderr}"
     );
-    let missed_line =
-        "user stacks taken before their process's unwind tables were ready are missed";
-    let missed = if stderr.contains(missed_line) {
-        count_before(&stderr, missed_line)
+    let missed_lines = [
+        "user stack taken before its process's unwind tables were ready is missed",
+        "user stacks taken before their process's unwind tables were ready are missed",
+    ];
+    let missed = if missed_lines.iter().any(|l| stderr.contains(l)) {
+        count_before_any(&stderr, &missed_lines)
     } else {
         0
     };

@@ -96,7 +96,8 @@ fn sampled(hook: &str) {
     let taken = number_before(&stderr, " short blocks taken");
     let left_out = number_before(&stderr, " left out;");
     // Where the kernel runs no DWARF walk (before 5.17) no walk is counted.
-    let walked = try_number_before(&stderr, " stacks walked with them");
+    let walked = try_number_before(&stderr, " stacks walked with them")
+        .or_else(|| try_number_before(&stderr, " stack walked with them"));
     let count_err = (blocks - switches).abs() / switches;
     eprintln!(
         "blocks: {blocks} estimated, {switches:.0} switches by the kernel; {taken} short blocks \

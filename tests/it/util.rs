@@ -467,6 +467,17 @@ pub fn parse_report(stdout: &[u8]) -> Vec<Entry> {
 }
 
 /// The count before `what` in the `-v` output.
+/// As [`count_before`], of the first of `whats` in `stderr`: a message's
+/// words for a count of 1 and for more ("1 user stack was", "2 user stacks
+/// were").
+pub fn count_before_any(stderr: &str, whats: &[&str]) -> u64 {
+    let what = whats
+        .iter()
+        .find(|w| stderr.contains(**w))
+        .unwrap_or_else(|| panic!("none of {whats:?} in:\n{stderr}"));
+    count_before(stderr, what)
+}
+
 pub fn count_before(stderr: &str, what: &str) -> u64 {
     let at = stderr
         .find(what)

@@ -9,6 +9,7 @@ use super::{FileIdentity, Object, Registry};
 use crate::elf::load_segments;
 use crate::process::maps::{debug_file, open_mapped, vdso_copy, MapsLine, ObjectKey};
 use crate::process::Proc;
+use crate::text::{count, noun};
 
 /// The kernel's encoding of a device given as `/proc/PID/maps` shows it
 /// (hexadecimal major:minor).
@@ -209,22 +210,32 @@ impl Registry {
         let bad: usize = self.jit.maps.values().map(|m| m.bad_lines).sum();
         if bad > 0 {
             notes.push(format!(
-                "{bad} lines of JIT perf maps did not parse and were skipped"
+                "{} of JIT perf maps did not parse and {} skipped",
+                count(bad as u64, "line", "lines"),
+                noun(bad as u64, "was", "were"),
             ));
         }
         if self.jit.rewritten > 0 {
+            let n = self.jit.rewritten as u64;
             notes.push(format!(
-                "{} JIT perf maps were not read again after their process exited (written \
-                 anew, or its pid taken by another process): code compiled after they were last \
-                 read while it lived is unnamed",
-                self.jit.rewritten
+                "{} {} not read again after {} process exited (written anew, or its pid taken \
+                 by another process): code compiled after {} last read while it lived is \
+                 unnamed",
+                count(n, "JIT perf map", "JIT perf maps"),
+                noun(n, "was", "were"),
+                noun(n, "its", "their"),
+                noun(n, "it was", "they were"),
             ));
         }
         let cut = self.jit.maps.values().filter(|m| m.truncated).count();
         if cut > 0 {
+            let n = cut as u64;
             notes.push(format!(
-                "{cut} JIT perf maps were larger than {} MiB: only their start was read",
-                crate::jit::MAX_BYTES >> 20
+                "{} {} larger than {} MiB: only {} start was read",
+                count(n, "JIT perf map", "JIT perf maps"),
+                noun(n, "was", "were"),
+                crate::jit::MAX_BYTES >> 20,
+                noun(n, "its", "their"),
             ));
         }
         notes

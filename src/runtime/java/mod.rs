@@ -28,6 +28,7 @@ use crate::raw::{LossCounters, Proc};
 use crate::runtime::{
     open_process, Frame, FrameName, Kind, Memory, NativeAt, Opener, Placed, ProcEntry, Runtime,
 };
+use crate::text::{count, noun};
 use code::Heap;
 use vmstructs::{Symbols, VmStructs, SYMBOLS};
 use walk::WalkLayout;
@@ -335,6 +336,7 @@ impl Jvms {
                 self.seen.insert(p, Some(jvm.release.clone()));
                 let (fields, types, ints, longs) = jvm.structs.counts();
                 self.tables.insert(format!(
+                    // wording: a count never 1
                     "java: HotSpot {}: structure tables of {fields} fields, {types} types, \
                      {ints} int and {longs} long constants",
                     jvm.release
@@ -601,6 +603,7 @@ impl Runtime for Jvms {
                 ("processes", "their")
             };
             lines.push(format!(
+                // wording: not a count
                 "the Java frames of {n} JVM {processes}{releases} were not walked (no code cache \
                  set up yet, or its tables could not be read): {their} stacks show the JVM's \
                  native frames, and the addresses of its code in place of Java methods"
@@ -608,28 +611,33 @@ impl Runtime for Jvms {
         }
         if c.java_cut_running + c.java_cut_unreadable + self.names.unreadable > 0 {
             lines.push(format!(
-                "{} walks of Java frames stopped where the thread was stopped in Java code (not at \
-                 a call, its frame perhaps not set up), {} at a code cache or frame that could not \
-                 be read, and {} Java frames could not be named: shown as {} and {}",
-                c.java_cut_running,
+                "{} of Java frames stopped where the thread was stopped in Java code (not at a \
+                 call, its frame perhaps not set up), {} at a code cache or frame that could not \
+                 be read, and {} could not be named: shown as {} and {}",
+                count(c.java_cut_running, "walk", "walks"),
                 c.java_cut_unreadable,
-                self.names.unreadable,
+                count(self.names.unreadable, "Java frame", "Java frames"),
                 spec.cut_short,
                 spec.unreadable
             ));
         }
         if self.names.deoptimized > 0 {
+            let n = self.names.deoptimized;
             lines.push(format!(
-                "{} compiled Java frames were to be deoptimized and their own pc was not found (the \
-                 JVM's tables do not say where it is kept): shown as {}",
-                self.names.deoptimized, spec.unreadable
+                "{} {} to be deoptimized and {} own pc was not found (the JVM's tables do not say \
+                 where it is kept): shown as {}",
+                count(n, "compiled Java frame", "compiled Java frames"),
+                noun(n, "was", "were"),
+                noun(n, "its", "their"),
+                spec.unreadable
             ));
         }
         if self.names.replaced > 0 {
+            let n = self.names.replaced;
             lines.push(format!(
-                "{} compiled Java frames were in code replaced before it was named (recompiled or \
-                 flushed): shown as {}",
-                self.names.replaced,
+                "{} {} in code replaced before it was named (recompiled or flushed): shown as {}",
+                count(n, "compiled Java frame", "compiled Java frames"),
+                noun(n, "was", "were"),
                 frames::REPLACED
             ));
         }
@@ -652,13 +660,13 @@ impl Runtime for Jvms {
             lines.extend(self.tables.iter().cloned());
             if !self.walked.is_empty() {
                 lines.push(format!(
-                    "java: {} JVM processes walked; {} user stacks through Java code, {} Java \
-                     frames; {} methods named ({} notices of new frames lost)",
-                    self.walked.len(),
-                    c.java_stacks,
-                    c.java_frames,
-                    self.names.methods_read,
-                    c.java_events_lost
+                    "java: {} walked; {} through Java code, {}; {} named ({} of new frames \
+                     lost)",
+                    count(self.walked.len() as u64, "JVM process", "JVM processes"),
+                    count(c.java_stacks, "user stack", "user stacks"),
+                    count(c.java_frames, "Java frame", "Java frames"),
+                    count(self.names.methods_read, "method", "methods"),
+                    count(c.java_events_lost, "notice", "notices")
                 ));
                 let reused = self
                     .thread_names
@@ -666,9 +674,13 @@ impl Runtime for Jvms {
                     .filter(|(_, n)| n.is_none())
                     .count();
                 lines.push(format!(
-                    "java: {} Java thread names read; {reused} thread ids had by two Java \
-                     threads, left with the kernel's names",
-                    self.thread_names.len()
+                    "java: {} read; {} had by two Java threads, left with the kernel's names",
+                    count(
+                        self.thread_names.len() as u64,
+                        "Java thread name",
+                        "Java thread names"
+                    ),
+                    count(reused as u64, "thread id", "thread ids")
                 ));
             }
         }
@@ -744,6 +756,7 @@ fn bpf_entry(w: &Walked, nmethod_vtable: u64) -> Result<types::java_proc, String
     ];
     let low = i64::from(types::java_limits::JAVA_FRAME_LOW.0 as i32) / 8;
     if let Some(s) = slots.iter().find(|&&s| s < low || s >= 2) {
+        // wording: a count never 1
         return Err(format!("an interpreted frame's slot at {s} words"));
     }
     let mut e = types::java_proc {

@@ -216,6 +216,7 @@ fn layout(
     }
     if stride > MAX_STRIDE {
         return Err(Unreadable::Malformed(format!(
+            // wording: not a count
             "{} entries {stride} bytes apart",
             SYMBOLS[first]
         )));
@@ -322,6 +323,7 @@ fn entries(
         }
     }
     Err(Unreadable::Malformed(format!(
+        // wording: a count never 1
         "a table of more than {MAX_ENTRIES} entries"
     )))
 }

@@ -30,6 +30,7 @@ use crate::runtime::{
     open_process, CopyAt, CopyStep, Frame, FrameName, Kind, Memory, NativeAt, Opener, Placed,
     ProcEntry, Runtime,
 };
+use crate::text::{count, noun};
 
 /// Bits 63..60 of a JavaScript frame's word (`V8_FRAME_MARK`).
 pub const FRAME_MARK: u64 = 0xd;
@@ -452,6 +453,7 @@ fn bpf_entry(binary: &Binary, bias: u64) -> Result<types::node_proc, String> {
     }
     if e.interp_lo.len() < l.interpreter_builtins.len() {
         return Err(format!(
+            // wording: a count never 1
             "{} interpreter entries",
             l.interpreter_builtins.len()
         ));
@@ -621,19 +623,26 @@ impl Runtime for Nodes {
             ));
         }
         if c.v8_unreadable > 0 {
+            let n = c.v8_unreadable;
             lines.push(format!(
-                "{} frames of V8's code could not be read as JavaScript frames (their function \
-                 object made no sense): shown as the native walk has them",
-                c.v8_unreadable
+                "{} of V8's code could not be read as JavaScript frames ({} function object made \
+                 no sense): shown as the native walk has {}",
+                count(n, "frame", "frames"),
+                noun(n, "its", "their"),
+                noun(n, "it", "them"),
             ));
         }
         let l = &self.located;
         if l.code_unread > 0 {
+            let n = l.code_unread;
             lines.push(format!(
-                "{} frames of V8's generated code could not have their code read (freed, or \
-                 never found): shown as their function alone, without the functions inlined \
-                 in them or their line",
-                l.code_unread
+                "{} of V8's generated code could not have {} code read (freed, or never found): \
+                 shown as {} function alone, without the functions inlined in {} or {} line",
+                count(n, "frame", "frames"),
+                noun(n, "its", "their"),
+                noun(n, "its", "their"),
+                noun(n, "it", "them"),
+                noun(n, "its", "their"),
             ));
         }
         let unnoticed = self
@@ -642,37 +651,45 @@ impl Runtime for Nodes {
             .filter(|k| !self.words.contains_key(k))
             .count();
         if unnoticed > 0 {
+            let n = unnoticed as u64;
             lines.push(format!(
-                "{} JavaScript frames were met only in stacks (their notice lost, or a stack \
-                 copied before its process was known): shown as their function alone, \
-                 without the functions inlined in them or their line",
-                unnoticed
+                "{} {} met only in stacks ({} notice lost, or a stack copied before its process \
+                 was known): shown as {} function alone, without the functions inlined in {} or \
+                 {} line",
+                count(n, "JavaScript frame", "JavaScript frames"),
+                noun(n, "was", "were"),
+                noun(n, "its", "their"),
+                noun(n, "its", "their"),
+                noun(n, "it", "them"),
+                noun(n, "its", "their"),
             ));
         }
         if self.unreadable > 0 {
+            let n = self.unreadable;
             lines.push(format!(
-                "{} JavaScript functions could not be named (gone, or not a function's by the \
-                 time they were read): shown as {}",
-                self.unreadable, spec.unreadable
+                "{} could not be named (gone, or not a function's by the time {} read): shown \
+                 as {}",
+                count(n, "JavaScript function", "JavaScript functions"),
+                noun(n, "it was", "they were"),
+                spec.unreadable
             ));
         }
         if verbose && !self.releases.is_empty() {
             lines.push(format!(
-                "node: {} processes walked ({}); {} user stacks with JavaScript frames, {} \
-                 frames; {} functions named ({} notices of new frames lost); {} frames of \
-                 optimized or baseline code read ({} baseline), {} functions inlined in them shown; \
-                 {} frames without a line (positions not recorded by V8, or a baseline frame's \
-                 bytecode not found)",
-                self.seen.len(),
+                "node: {} walked ({}); {} with JavaScript frames, {}; {} named ({} of new \
+                 frames lost); {} of optimized or baseline code read ({} baseline), {} inlined \
+                 in them shown; {} without a line (positions not recorded by V8, or a baseline \
+                 frame's bytecode not found)",
+                count(self.seen.len() as u64, "process", "processes"),
                 self.releases.iter().cloned().collect::<Vec<_>>().join(", "),
-                c.v8_stacks,
-                c.v8_frames,
-                self.functions.len(),
-                c.v8_events_lost,
-                l.code,
+                count(c.v8_stacks, "user stack", "user stacks"),
+                count(c.v8_frames, "frame", "frames"),
+                count(self.functions.len() as u64, "function", "functions"),
+                count(c.v8_events_lost, "notice", "notices"),
+                count(l.code, "frame", "frames"),
                 l.baseline,
-                l.inlined,
-                l.unplaced
+                count(l.inlined, "function", "functions"),
+                count(l.unplaced, "frame", "frames")
             ));
         }
         lines

@@ -632,6 +632,7 @@ impl LineTable {
             if a.kind == l.type_fixed_array {
                 let n = r.smi(r.field(a, l.fixed_array_length)?, "a FixedArray's length")?;
                 if !(0..=MAX_LINES as i64).contains(&n) {
+                    // wording: a count never 1
                     return unreadable(format!("a script of {n} lines"));
                 }
                 let mut raw = vec![0u8; n as usize * 8];

@@ -20,6 +20,7 @@ use crate::bpf::types;
 use crate::elf::Segment;
 use crate::raw::{LossCounters, Proc};
 use crate::runtime::{Frame, FrameName, Kind, NativeAt, Placed, ProcEntry, Runtime};
+use crate::text::{count, noun};
 
 /// Bits 63..48 of a Python frame's first word (`PY_FRAME_MARK`).
 const FRAME_MARK: u64 = 0x5059;
@@ -545,34 +546,45 @@ impl Runtime for Pythons {
             .collect();
         let unmatched = self.unmatched.get();
         if unmatched > 0 {
+            let n = unmatched as u64;
             lines.push(format!(
-                "{unmatched} user stacks of CPython processes show the interpreter's \
-                 _PyEval_EvalFrameDefault frames in place of some or all of their Python frames \
-                 (blocks that ended before the interpreter was known, threads whose own state was \
-                 not found, or walks cut short)"
+                // wording: not a count
+                "{} of CPython processes {} the interpreter's _PyEval_EvalFrameDefault frames in \
+                 place of some or all of {} Python frames (blocks that ended before the \
+                 interpreter was known, threads whose own state was not found, or walks cut \
+                 short)",
+                count(n, "user stack", "user stacks"),
+                noun(n, "shows", "show"),
+                noun(n, "its", "their"),
             ));
         }
         if c.py_unreadable + c.py_truncated > 0 {
             lines.push(format!(
-                "{} Python frames could not be read, and {} walks of Python frames \
-                 were cut short for room (--perf-max-stack-depth): shown as {} and {}",
-                c.py_unreadable, c.py_truncated, spec.unreadable, spec.cut_short
+                "{} could not be read, and {} of Python frames {} cut short for room \
+                 (--perf-max-stack-depth): shown as {} and {}",
+                count(c.py_unreadable, "Python frame", "Python frames"),
+                count(c.py_truncated, "walk", "walks"),
+                noun(c.py_truncated, "was", "were"),
+                spec.unreadable,
+                spec.cut_short
             ));
         }
         if verbose && (s.processes > 0 || c.py_stacks > 0) {
             lines.push(format!(
-                "python: {} CPython processes; {} user stacks walked with their Python \
-                 frames ({} frames; {} walked again once their interpreter was known), {} of \
-                 threads without a state of their own; {} code objects named ({} could not be \
-                 read, {} notices lost)",
-                s.processes,
-                c.py_stacks,
-                c.py_frames,
+                // wording: not a count
+                "python: {}; {} walked with {} Python frames ({}; {} walked again once {} \
+                 interpreter was known), {} of threads without a state of their own; {} named \
+                 ({} could not be read, {} lost)",
+                count(s.processes as u64, "CPython process", "CPython processes"),
+                count(c.py_stacks, "user stack", "user stacks"),
+                noun(c.py_stacks, "its", "their"),
+                count(c.py_frames, "frame", "frames"),
                 c.py_refreshed,
+                noun(c.py_refreshed, "its", "their"),
                 c.py_no_thread_state,
-                s.codes_read,
+                count(s.codes_read as u64, "code object", "code objects"),
                 s.codes_unreadable,
-                c.py_events_lost,
+                count(c.py_events_lost, "notice", "notices"),
             ));
         }
         lines
