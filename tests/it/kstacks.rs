@@ -343,8 +343,14 @@ fn proofs_tell_outer_frames_apart() {
     let lines = parse_folded(&out.stdout);
     let number_before = |what: &str| count_before(&stderr, what);
     let proved = number_before(" proved the same as one of the thread's last walks");
-    let compared = number_before(" stacks compared with the kernel's walk");
-    let differ = number_before(" differ\n");
+    let compared = count_before_any(
+        &stderr,
+        &[
+            " stack compared with the kernel's walk",
+            " stacks compared with the kernel's walk",
+        ],
+    );
+    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
     let under = |call: &str| sum_us_where(&lines, |l| l.comm() == "wl-poll" && l.has(call));
     let (poll, ppoll) = (under("__x64_sys_poll"), under("__x64_sys_ppoll"));
     let share = poll as f64 / (poll + ppoll).max(1) as f64;
