@@ -180,6 +180,24 @@ fn max_us(lines: &[&Folded]) -> u64 {
 struct Child(std::process::Child);
 
 impl Child {
+    /// Workload `exe` run for 60 s, once it has said "ready" (else
+    /// `failed`).
+    fn ready(exe: &std::path::Path, failed: &str) -> Child {
+        let mut c = Child::spawn(
+            std::process::Command::new(exe)
+                .arg("60")
+                .stdout(std::process::Stdio::piped()),
+        );
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(c.0.stdout.take().expect("its output")),
+            &mut ready,
+        )
+        .expect("read the workload's output");
+        assert_eq!(ready, "ready\n", "{failed}");
+        c
+    }
+
     fn spawn(cmd: &mut std::process::Command) -> Child {
         use std::os::unix::process::CommandExt;
         Child(cmd.process_group(0).spawn().expect("start a workload"))
@@ -321,18 +339,7 @@ fn proofs_tell_outer_frames_apart() {
     let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let exe = c_workload("kouter", &["-O2", "-g", "-pthread"], dir.path());
-    let mut wl = Child::spawn(
-        std::process::Command::new(&exe)
-            .arg("60")
-            .stdout(std::process::Stdio::piped()),
-    );
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(wl.0.stdout.take().expect("its output")),
-        &mut ready,
-    )
-    .expect("read kouter's output");
-    assert_eq!(ready, "ready\n", "kouter did not start");
+    let wl = Child::ready(&exe, "kouter did not start");
     let pid = wl.0.id().to_string();
     let (out, _) = profile_window(
         &["-f", "-p", &pid, "2"],
@@ -392,18 +399,7 @@ fn through_a_module_on(hook: &str) {
     assert!(module || !in_vm, "tun is not a loaded module in the VM");
     let dir = tempfile::tempdir().expect("temporary directory");
     let exe = c_workload("tunread", TUNREAD_FLAGS, dir.path());
-    let mut tun = Child::spawn(
-        std::process::Command::new(&exe)
-            .arg("60")
-            .stdout(std::process::Stdio::piped()),
-    );
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(tun.0.stdout.take().expect("its output")),
-        &mut ready,
-    )
-    .expect("read tunread's output");
-    assert_eq!(ready, "ready\n", "tunread did not start (no /dev/net/tun?)");
+    let tun = Child::ready(&exe, "tunread did not start (no /dev/net/tun?)");
     let pid = tun.0.id().to_string();
     let (out, _) = profile_window(
         &["--hook", hook, "-f", "-p", &pid, "2"],

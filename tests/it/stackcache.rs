@@ -121,11 +121,7 @@ fn cache_checks_the_last_slot_of_a_walk() {
     let _g = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     for fp in ["-fomit-frame-pointer", "-fno-omit-frame-pointer"] {
-        let exe = compile(&clang, fp, dir.path());
-        let wl = Running::start(&exe);
-        let tid = thread_named(wl.pid, "ends");
-        let (out, _) = profile_window(&["-t", &tid, "--state", "1", "-U", "-f", "3"], &[]);
-        drop(wl);
+        let out = sleeps_of(&clang, fp, dir.path(), "ends");
         let stderr = String::from_utf8_lossy(&out.stderr);
         let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
         let lines = parse_folded(&out.stdout);
@@ -163,11 +159,7 @@ fn cache_keeps_four_places_of_a_thread() {
     };
     let _g = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let exe = compile(&clang, "-fomit-frame-pointer", dir.path());
-    let wl = Running::start(&exe);
-    let tid = thread_named(wl.pid, "turns");
-    let (out, _) = profile_window(&["-t", &tid, "--state", "1", "-U", "-f", "3"], &[]);
-    drop(wl);
+    let out = sleeps_of(&clang, "-fomit-frame-pointer", dir.path(), "turns");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
     println!("stackcache: turns: {proved} of {walked} stacks proved unchanged");
@@ -188,6 +180,17 @@ fn cache_keeps_four_places_of_a_thread() {
             share * 100.0
         );
     }
+}
+
+/// The workload built with `fp` in `dir`, its thread `thread` traced alone
+/// for 3 s, its sleeps only (`--state 1`), with `-v`.
+fn sleeps_of(clang: &Path, fp: &str, dir: &Path, thread: &str) -> std::process::Output {
+    let exe = compile(clang, fp, dir);
+    let wl = Running::start(&exe);
+    let tid = thread_named(wl.pid, thread);
+    let (out, _) = profile_window(&["-t", &tid, "--state", "1", "-U", "-f", "3"], &[]);
+    drop(wl);
+    out
 }
 
 /// The id of the thread named `name` of process `pid`.
