@@ -448,10 +448,13 @@ fn a_node_started_during_the_trace_is_walked() {
         });
     let reported = reported.expect("node started");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("node: 1 process walked (V8 12."),
-        "{stderr}"
+    // Its own, and any other node of this release still exiting from an
+    // earlier test on a loaded machine: at least one.
+    let walked = count_before_any(
+        &stderr,
+        &[" process walked (V8 12.", " processes walked (V8 12."],
     );
+    assert!(walked >= 1, "{stderr}");
     frames_are_v8s(&out.stdout, &reported, "started during the trace");
     // `N with a runtime's frames: M frames` of the copies walked.
     let copied = stderr
