@@ -472,13 +472,34 @@ fn soak_switch_storm_and_short_lived_processes() {
     // than 0.25 KiB per process started since (what is kept of an exited
     // process: its stacks as frames of objects, shared with every other
     // process of the same program). RSS settled after warm-up (the median
-    // of the next fifth of the run) is compared with RSS settled at the end
-    // (the median of the last fifth), as the profiler reports it every 5 s
-    // when no table is being built: a table built for a large program that
-    // starts meanwhile (some other test's, the machine's) takes tens of MB
-    // for a moment and gives them back, which is not growth.
+    // of the first quarter of the stretch compared) is compared with RSS
+    // settled at the end (the median of its last quarter), as the profiler
+    // reports it every 5 s when no table is being built: a table built for
+    // a large program that starts meanwhile (some other test's, the
+    // machine's) takes tens of MB for a moment and gives them back, which
+    // is not growth. The stretch compared begins after the last object new
+    // to the profiler (a program the machine started meanwhile): its
+    // tables are mapped into the profiler, so resident, and they are what
+    // that program needs, not growth per process.
     let stats = stats_lines(&stderr);
     let warm = Duration::from_secs(secs / 5);
+    let end = Duration::from_secs(secs);
+    let mut since = warm;
+    let after: Vec<_> = stats
+        .iter()
+        .filter(|s| s["t"] >= warm.as_secs_f64())
+        .collect();
+    for w in after.windows(2) {
+        if w[1]["objects"] != w[0]["objects"] {
+            since = Duration::from_secs_f64(w[1]["t"]);
+        }
+    }
+    assert!(
+        end.saturating_sub(since) * 5 >= end * 2,
+        "new programs kept starting on the machine until {since:?} of {end:?}: no stretch of the \
+         run long enough to compare memory in: {stats:?}"
+    );
+    let quarter = end.saturating_sub(since) / 4;
     let settled_between = |from: Duration, to: Duration| {
         let mut v: Vec<u64> = stats
             .iter()
@@ -493,18 +514,18 @@ fn soak_switch_storm_and_short_lived_processes() {
         );
         v[v.len() / 2]
     };
-    let at_warm = settled_between(warm, warm * 2);
-    let at_end = settled_between(Duration::from_secs(secs) - warm, Duration::from_secs(secs));
+    let at_warm = settled_between(since, since + quarter);
+    let at_end = settled_between(end - quarter, end);
     let peak = rss.iter().map(|r| r.1).max().unwrap();
     // Processes started between the middles of the two windows.
-    let (mid_warm, mid_end) = (warm * 3 / 2, Duration::from_secs(secs) - warm / 2);
+    let (mid_warm, mid_end) = (since + quarter / 2, end - quarter / 2);
     let later = spawned
         .iter()
         .filter(|t| (mid_warm..mid_end).contains(&t.duration_since(started)))
         .count() as u64;
     eprintln!(
-        "soak: RSS {at_warm} KiB settled after warm-up, {at_end} KiB at the end, peak {peak} KiB; \
-         {} processes started, {later} between the two",
+        "soak: RSS {at_warm} KiB settled at {since:?} (after warm-up and the last new object), \
+         {at_end} KiB at the end, peak {peak} KiB; {} processes started, {later} between the two",
         spawned.len()
     );
     for l in stderr
