@@ -40,6 +40,22 @@ pub fn left_out_names() -> HashSet<String> {
         .collect()
 }
 
+/// `OFFCPUTIME_TEST_KSTACK_CHECK`'s counts in `stderr`: the stacks
+/// compared with the kernel's walk, and those that differ.
+fn checked(stderr: &str) -> (u64, u64) {
+    let compared = count_before_any(
+        stderr,
+        &[
+            " stack compared with the kernel's walk",
+            " stacks compared with the kernel's walk",
+        ],
+    );
+    (
+        compared,
+        count_before_any(stderr, &[" differs\n", " differ\n"]),
+    )
+}
+
 /// The threads of `blocker --io`, each with the start of the name of a
 /// kernel frame its main wait must show (a scheduler frame: in .sched.text;
 /// `io_schedule` or `io_schedule_timeout`). The I/O thread's reads wait for
@@ -72,14 +88,7 @@ fn whole_on(hook: &str) {
     let lines = parse_folded(&out.stdout);
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
-    let compared = count_before_any(
-        &stderr,
-        &[
-            " stack compared with the kernel's walk",
-            " stacks compared with the kernel's walk",
-        ],
-    );
-    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
+    let (compared, differ) = checked(&stderr);
     eprintln!("{hook}: {walked} walked, {compared} compared, {differ} differ");
     // The four stuck threads at the start: one walk each at least, three
     // stacks (two wait on a futex alike).
@@ -255,14 +264,7 @@ fn at_switches_on(hook: &str) {
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
     let proved = number_before(" proved the same as one of the thread's last walks");
-    let compared = count_before_any(
-        &stderr,
-        &[
-            " stack compared with the kernel's walk",
-            " stacks compared with the kernel's walk",
-        ],
-    );
-    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
+    let (compared, differ) = checked(&stderr);
     eprintln!("{hook}: {walked} walked, {proved} proved, {compared} compared, {differ} differ");
     eprintln!("matrix: {walked} walked, {proved} proved, {differ} of {compared} differ");
     assert_eq!(differ, 0, "{hook}: {stderr}");
@@ -350,14 +352,7 @@ fn proofs_tell_outer_frames_apart() {
     let lines = parse_folded(&out.stdout);
     let number_before = |what: &str| count_before(&stderr, what);
     let proved = number_before(" proved the same as one of the thread's last walks");
-    let compared = count_before_any(
-        &stderr,
-        &[
-            " stack compared with the kernel's walk",
-            " stacks compared with the kernel's walk",
-        ],
-    );
-    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
+    let (compared, differ) = checked(&stderr);
     let under = |call: &str| sum_us_where(&lines, |l| l.comm() == "wl-poll" && l.has(call));
     let (poll, ppoll) = (under("__x64_sys_poll"), under("__x64_sys_ppoll"));
     let share = poll as f64 / (poll + ppoll).max(1) as f64;
@@ -411,14 +406,7 @@ fn through_a_module_on(hook: &str) {
     let number_before = |what: &str| count_before(&stderr, what);
     let walked = number_before(" walked with the kernel's ORC");
     let spliced = number_before(" finished by the kernel's own walk from a module's");
-    let compared = count_before_any(
-        &stderr,
-        &[
-            " stack compared with the kernel's walk",
-            " stacks compared with the kernel's walk",
-        ],
-    );
-    let differ = count_before_any(&stderr, &[" differs\n", " differ\n"]);
+    let (compared, differ) = checked(&stderr);
     eprintln!("{hook}: tun module {module}: {walked} walked, {spliced} finished by the kernel's walk, {differ} of {compared} differ");
     eprintln!("matrix: {walked} walked, {spliced} spliced, {differ} of {compared} differ");
     assert_eq!(differ, 0, "{hook}: {stderr}");
