@@ -20,6 +20,9 @@ mod options;
 
 /// `--sample` at most 1 s: the BPF program's weights stay within 64 bits.
 const MAX_SAMPLE_US: u64 = 1_000_000;
+/// `--timeline-min`'s default and its most (an hour).
+const DEFAULT_TIMELINE_MIN_US: u64 = 1000;
+const MAX_TIMELINE_MIN_US: u64 = 3_600_000_000;
 /// `--on-cpu`'s samples per second on each CPU: a few hundred, at a period
 /// (3.236 ms, twice the golden ratio in ms) that no loop timed in whole
 /// milliseconds keeps in step with: 2.004 ms (499 Hz) sampled a loop of
@@ -380,6 +383,20 @@ pub struct Args {
     #[arg(long = "wakers")]
     pub wakers: bool,
 
+    /// Also write a timeline to FILE (Perfetto's trace format: open it in
+    /// ui.perfetto.dev): each block of at least --timeline-min as a slice
+    /// on its thread's track, named by its innermost frame of the
+    /// program's own code, with its stacks, its state and its waker, and
+    /// an arrow from the wake-up (on the waker's track) to the block it
+    /// ended
+    #[arg(long = "timeline", value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+
+    /// --timeline: the shortest block written, in microseconds (default
+    /// 1000)
+    #[arg(long = "timeline-min", value_name = "US")]
+    pub timeline_min: Option<String>,
+
     /// Keep the native view of CPython processes: the interpreter's C
     /// frames only, without the Python functions it was running in their
     /// place
@@ -540,6 +557,8 @@ pub struct Config {
     pub push: Vec<crate::push::PushOptions>,
     /// `--snapshot`: one look at every task instead of tracing.
     pub snapshot: Option<SnapshotConfig>,
+    /// `--timeline`: where the blocks are written, in time.
+    pub timeline: Option<PathBuf>,
 }
 
 /// What `--snapshot` asks for.

@@ -39,6 +39,7 @@ pub mod snapshot;
 pub mod symbolize;
 pub mod test_env;
 pub mod text;
+pub mod timeline;
 pub mod tracer;
 pub mod unwind;
 pub mod unwind_table;
@@ -76,6 +77,7 @@ mod bpf = "offcputime.skel.rs" {
     unsafe impl plain::Plain for types::waker_info {}
     unsafe impl plain::Plain for types::snapshot_task {}
     unsafe impl plain::Plain for types::py_proc {}
+    unsafe impl plain::Plain for types::block_record {}
     unsafe impl plain::Plain for types::korc_pair {}
     unsafe impl plain::Plain for types::py_code_event {}
 }

@@ -12,7 +12,7 @@ mod from_raw;
 mod merge;
 mod sources;
 
-pub use from_raw::build;
+pub use from_raw::{build, build_each};
 use merge::samples_by_name;
 pub use sources::{FrameSource, MappedFrames, NameSource, Names, UserStack};
 

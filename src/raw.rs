@@ -132,6 +132,31 @@ pub struct RawWaker {
     pub kernel_stack: StackRef,
 }
 
+/// `--timeline`: one block as the BPF program sent it when it ended (`struct
+/// block_record`), its part inside the window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawBlock {
+    pub tgid: u32,
+    /// When its process started (see [`Proc`]).
+    pub start: u64,
+    pub pid: u32,
+    pub comm: String,
+    /// CLOCK_MONOTONIC ns: [from, to).
+    pub from_ns: u64,
+    pub to_ns: u64,
+    /// When the wake-up that ended it began, where one was seen.
+    pub waking_ns: Option<u64>,
+    pub user_stack: StackRef,
+    pub kernel_stack: StackRef,
+    /// The state it blocked in.
+    pub state: Option<OffState>,
+    pub waker: WakerRef,
+    /// Under way when the window started (`from_ns` is its start), and
+    /// still under way when it ended (`to_ns` is its end).
+    pub at_start: bool,
+    pub at_end: bool,
+}
+
 /// Why a thread was off the CPU (`--states`): the kernel's `enum
 /// offcpu_state`; or that it was on one (`--on-cpu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -355,6 +380,9 @@ loss_counters! {
         stacks_spilled = CNT_STACKS_SPILLED,
         /// ... and lost, the spill table full too.
         stacks_no_memory = CNT_STACKS_NO_MEMORY,
+        /// `--timeline`: blocks sent, and lost for a full ring buffer.
+        timeline_sent = CNT_TIMELINE_SENT,
+        timeline_lost = CNT_TIMELINE_LOST,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no

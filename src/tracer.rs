@@ -15,8 +15,9 @@ use crate::bpf::types;
 use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
 use crate::process::{ticks_of_ns, Proc};
 use crate::raw::{
-    monotonic_ns, stored_words, AddressSpace, LossCounters, MappedVma, OffState, RawEntry,
-    RawProfile, RawUserStack, RawWaker, StackRef, Stacks, TaskEvent, WakerRef, MAPPED_VMAS,
+    monotonic_ns, stored_words, AddressSpace, LossCounters, MappedVma, OffState, RawBlock,
+    RawEntry, RawProfile, RawUserStack, RawWaker, StackRef, Stacks, TaskEvent, WakerRef,
+    MAPPED_VMAS,
 };
 
 mod attach;
@@ -194,6 +195,9 @@ pub struct TracerOptions {
     /// `--on-cpu`: the running time too, sampled on every CPU at this rate
     /// (Hz); None: off-CPU time only.
     pub on_cpu_hz: Option<u32>,
+    /// `--timeline`: each block at least this long (ns) sent as it ends
+    /// (see [`Tracer::wait`]); None: no records.
+    pub timeline_min_ns: Option<u64>,
     /// What tests and benchmarks asked for through the environment.
     pub test: crate::test_env::TestEnv,
 }
@@ -203,6 +207,12 @@ impl TracerOptions {
     /// [`crate::runtime`]): only in user stacks.
     pub fn runtimes(&self) -> bool {
         (self.python || self.java || self.node) && self.user_stacks
+    }
+
+    /// Whether the waker of each block is kept: `--wakers` counts by it,
+    /// `--timeline` records it.
+    pub fn keeps_wakers(&self) -> bool {
+        self.wakers || self.timeline_min_ns.is_some()
     }
 
     /// Whether the frames of runtime `kind` are read (its `--no-` flag
@@ -327,6 +337,10 @@ pub struct Tracer<'obj> {
     events_left: std::cell::RefCell<Vec<TaskEvent>>,
     /// Runtimes' frames are walked (see [`Tracer::runtime_store`]).
     runtimes: bool,
+    /// `--timeline`: blocks are sent on their ring ...
+    timeline: bool,
+    /// ... and those read, not taken yet (see [`Tracer::take_blocks`]).
+    blocks: std::cell::RefCell<Vec<RawBlock>>,
 }
 
 fn comm_to_string(comm: &[i8]) -> String {
@@ -628,6 +642,8 @@ impl<'obj> Tracer<'obj> {
             deferring: dwarf && modern,
             deferred_left: Default::default(),
             events_left: Default::default(),
+            timeline: opts.timeline_min_ns.is_some(),
+            blocks: Default::default(),
         })
     }
 
@@ -819,6 +835,16 @@ impl<'obj> Tracer<'obj> {
                 0
             })
             .context("failed to set up the event ring buffer")?;
+        if self.timeline {
+            builder
+                .add(&self.skel.maps.block_records, |data: &[u8]| {
+                    if let Some(b) = decode_block(data) {
+                        self.blocks.borrow_mut().push(b);
+                    }
+                    0
+                })
+                .context("failed to set up the block records' ring buffer")?;
+        }
         if self.deferring && with_copies {
             builder
                 .add(&self.skel.maps.deferred_stacks, |data: &[u8]| {
@@ -832,6 +858,12 @@ impl<'obj> Tracer<'obj> {
         builder
             .build()
             .context("failed to set up the event ring buffer")
+    }
+
+    /// `--timeline`: the block records read from their ring so far (by
+    /// [`Tracer::wait`] and [`Tracer::drain`]), taken.
+    pub fn take_blocks(&self) -> Vec<RawBlock> {
+        self.blocks.take()
     }
 
     /// Once the trace is stopped: the news no wait passed on (held over
@@ -1111,6 +1143,11 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
 /// The ring buffer of user stacks copied for userspace to walk (see
 /// [`crate::deferred`]): room for 512 copies of 16 KiB between two reads.
 const DEFERRED_RING_BYTES: u32 = 8 << 20;
+
+/// `--timeline`'s ring buffer of block records: about 80,000 records
+/// (104 bytes each with the ring's header) between two reads, which come
+/// at least every 100 ms and as soon as an eighth of it holds records.
+const TIMELINE_RING_BYTES: u32 = 8 << 20;
 
 /// Files whose tables the BPF program can find by their inode (see
 /// `struct unwind_file`): more than the objects that fit in the rows of a

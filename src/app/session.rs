@@ -44,6 +44,8 @@ pub(super) struct Session<'a> {
     /// Runtimes' frames asked for (not --no-python) where the kernel
     /// cannot walk them: said at the end, if such a process was traced.
     runtimes_unwalked: bool,
+    /// `--timeline`: the blocks sent so far, and where they go.
+    timeline: Option<crate::timeline::Timeline>,
 }
 
 /// What the end of a trace found besides the counts.
@@ -100,6 +102,10 @@ impl<'a> Session<'a> {
         objects: &'o mut crate::tracer::Objects,
     ) -> Result<(Session<'a>, Tracer<'o>)> {
         let outputs = Outputs::open(config)?;
+        let timeline = match &config.timeline {
+            Some(path) => Some(crate::timeline::Timeline::open(path)?),
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let mut symbolizer = symbolizer_for(config);
         let mut registry = Registry::new();
@@ -155,6 +161,7 @@ impl<'a> Session<'a> {
             stopped: None,
             kernel_first: tracer.hook().kernel_first_frame_is_ip(),
             runtimes_unwalked: config.tracer.runtimes() && tracer.runtime_store().is_none(),
+            timeline,
         };
         Ok((session, tracer))
     }
@@ -222,6 +229,7 @@ impl<'a> Session<'a> {
             deferred,
             intervals,
             kernel_first,
+            timeline,
             ..
         } = self;
         let stop = &**stop;
@@ -250,6 +258,9 @@ impl<'a> Session<'a> {
                     }
                 },
             );
+            if let Some(t) = timeline.as_mut() {
+                t.add(tracer.take_blocks());
+            }
             // Intervals taken while copies they count waited: written
             // once those are walked (just now, as a rule).
             if let (Some(iv), None) = (intervals.as_mut(), failed.as_ref()) {
@@ -347,9 +358,19 @@ impl<'a> Session<'a> {
                 self.outputs.parts(),
             )?;
         }
+        // The blocks of the timeline read last (by the end's drain, the
+        // end iterator's among them): their stacks and wakers are read with
+        // the counts'.
+        let also = match self.timeline.as_mut() {
+            Some(t) => {
+                t.add(tracer.take_blocks());
+                t.wanted()
+            }
+            None => Default::default(),
+        };
         let mut raw = match self.intervals {
-            Some(_) => tracer.take_intervals(u32::MAX),
-            None => tracer.read(),
+            Some(_) => tracer.take_intervals_with(u32::MAX, also),
+            None => tracer.read_with(also),
         }?;
         Deferred::complete(&mut raw);
         let read_ms = ended.elapsed().as_secs_f64() * 1e3;
@@ -379,8 +400,12 @@ impl<'a> Session<'a> {
     /// to every output, each file put in place; with `-i`, the intervals
     /// not written yet, the last up to the window's end. Says when nothing
     /// was recorded.
-    pub(super) fn write(&mut self, raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
+    pub(super) fn write(&mut self, mut raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
         let config = self.config;
+        // The timeline first, from the stacks read (the profile lets them
+        // go once built); a failure to write it is returned once the
+        // profile is written.
+        let timeline = self.write_timeline(&mut raw);
         let written = if let Some(iv) = self.intervals.as_mut() {
             let mut profile = iv.write_rest(
                 raw,
@@ -410,7 +435,41 @@ impl<'a> Session<'a> {
         if !written.recorded {
             eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
         }
+        timeline?;
         Ok(written)
+    }
+
+    /// `--timeline`: the blocks written, and said on stderr with what was
+    /// lost.
+    fn write_timeline(&mut self, raw: &mut crate::raw::RawProfile) -> Result<()> {
+        let Some(timeline) = self.timeline.take() else {
+            return Ok(());
+        };
+        let path = self.config.timeline.clone().unwrap_or_default();
+        let lost = raw.counters.timeline_lost;
+        let w = timeline.write(
+            raw,
+            &mut self.registry,
+            &self.symbolizer,
+            self.kernel_first,
+            Deferred::complete,
+        )?;
+        let min_ms = self.config.tracer.timeline_min_ns.unwrap_or(0) as f64 / 1e6;
+        eprintln!(
+            "offcputime: timeline: {} of at least {min_ms} ms and {} written to {} ({:.1} MB)",
+            count(w.blocks, "block", "blocks"),
+            count(w.flows, "wake-up", "wake-ups"),
+            path.display(),
+            w.bytes as f64 / 1e6,
+        );
+        if lost > 0 {
+            eprintln!(
+                "offcputime: timeline: {} lost for a full ring buffer (read too late): the \
+                 timeline lacks them, the profile has them",
+                count(lost, "block", "blocks"),
+            );
+        }
+        Ok(())
     }
 
     /// Without `-i`: the whole trace's profile, written to every output.

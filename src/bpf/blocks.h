@@ -95,13 +95,6 @@ static __always_inline bool sample_block(__u64 seen, struct weight *wt)
 	return true;
 }
 
-/* Whether the block `start` says began before the window (claimed by the
- * start iterator): its stacks and state are start_*. */
-static __always_inline bool began_before_window(__u64 start)
-{
-	return start == START_AT_WINDOW || (start & START_CUT_AT_WINDOW);
-}
-
 /* Where the part of the block not counted yet begins. */
 static __always_inline __u64 counted_from(__u64 start)
 {
@@ -295,7 +288,7 @@ static __always_inline bool close_unseen_block_here(struct task_struct *prev,
 	if (at_switch) {
 		start = swap_start(d, 0, legacy);
 		if (start <= START_SEEN) {
-			if (want_wakers)
+			if (keep_wakers())
 				d->waker_id = 0;
 			return true;
 		}
@@ -331,8 +324,9 @@ static __always_inline bool close_unseen_block_here(struct task_struct *prev,
 		key.kernel_stack_id = STACK_ID_SWITCH_IN_UNSEEN;
 		count(CNT_KSTACK_UNSEEN);
 	}
+	timeline_block(&key, d, state, start, to, in, false);
 	add_block_parts(&key, d, state, from, to, true, &wt);
-	if (want_wakers)
+	if (keep_wakers())
 		d->waker_id = 0;
 	return true;
 }

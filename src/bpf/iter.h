@@ -309,7 +309,7 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 		kstack = kernel_stack_of_task(task, true);
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
-	if (want_states || want_wakers)
+	if (keep_state())
 		d->start_state = offcpu_state(task, state);
 	if (want_states)
 		d->wake_ns = 0;
@@ -422,6 +422,7 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 	if ((variant & VARIANT_TRUSTED) && key.kernel_stack_id == STACK_ID_AT_SWITCH_IN)
 		key.kernel_stack_id = kernel_stack_of_task(task, true);
 	count(CNT_BLOCKS_AT_END);
+	timeline_block(&key, d, state, start, to, trace_end_ns, true);
 	add_block_parts(&key, d, state, from, to, false, &wt);
 }
 

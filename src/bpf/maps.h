@@ -29,8 +29,10 @@ struct task_data {
 	__u64 wake_ns;
 	__u32 state;
 	__u32 start_state;
-	/* --wakers: who woke the open block (a waker id; 0: nobody yet). */
+	/* --wakers, --timeline: who woke the open block (a waker id; 0:
+	 * nobody yet), and when the wake-up began. */
 	__u64 waker_id;
+	__u64 waking_ns;
 	/* Until when (2^20 ns) its Python frames are not looked for: see
 	 * python_stack_at_switch_out. */
 	__u32 py_rest_until;

@@ -61,6 +61,7 @@
 #include "task.h"
 #include "kstack.h"
 #include "notify.h"
+#include "timeline.h"
 #include "blocks.h"
 #include "oncpu.h"
 #include "switch.h"

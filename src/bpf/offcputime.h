@@ -731,6 +731,41 @@ struct snapshot_task {
 	__u32 on_cpu;
 };
 
+/*
+ * --timeline: one block of at least --timeline-min, sent on the
+ * `block_records` ring buffer when it ends (or when the window does): its
+ * part inside the window, the stacks and state it blocked with, and who
+ * woke it.  A block cut at -i's interval ends is sent once, whole.
+ */
+enum block_record_flags {
+	/* Under way when the window started: `from` is the window's start. */
+	BLOCK_AT_START = 1,
+	/* Still under way when the window ended: `to` is the window's end. */
+	BLOCK_AT_END = 2,
+};
+
+struct block_record {
+	__u32 tgid;
+	__u32 pid;
+	/* As in struct offcpu_key. */
+	__u64 process_start;
+	/* The block inside the window, CLOCK_MONOTONIC ns: [from, to). */
+	__u64 from;
+	__u64 to;
+	/* When the wake-up that ended it began (sched_waking), 0 where none
+	 * was seen. */
+	__u64 waking_ns;
+	__u64 user_stack_id;
+	__u64 kernel_stack_id;
+	/* Who woke it: as offcpu_key.waker_id. */
+	__u64 waker_id;
+	char comm[TASK_COMM_LEN];
+	/* enum offcpu_state: the state it blocked in. */
+	__u32 state;
+	/* enum block_record_flags */
+	__u32 flags;
+};
+
 /* Reasons for lost data, counted by the BPF program (array indices). */
 enum offcpu_counter {
 	/* user / kernel stack lost: stacks map full */
@@ -870,6 +905,10 @@ enum offcpu_counter {
 	 * for them at the moment; and those lost, the spill table full too */
 	CNT_STACKS_SPILLED,
 	CNT_STACKS_NO_MEMORY,
+	/* --timeline: blocks sent on the ring buffer, and lost for a full
+	 * ring buffer */
+	CNT_TIMELINE_SENT,
+	CNT_TIMELINE_LOST,
 	CNT_MAX,
 };
 

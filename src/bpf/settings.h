@@ -105,4 +105,11 @@ struct {
 #define START_CUT_AT_WINDOW (1ULL << 62)
 #define START_CUT_FLAGS (START_CUT | START_CUT_AT_WINDOW)
 
+/* Whether the block `start` says began before the window (claimed by the
+ * start iterator): its stacks and state are start_*. */
+static __always_inline bool began_before_window(__u64 start)
+{
+	return start == START_AT_WINDOW || (start & START_CUT_AT_WINDOW);
+}
+
 #endif /* __OFFCPUTIME_SETTINGS_H__ */

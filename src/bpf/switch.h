@@ -74,7 +74,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		count(CNT_NO_TASK_STORAGE);
 		return;
 	}
-	if (want_states || want_wakers) {
+	if (keep_state()) {
 		d->wake_ns = 0;
 		d->state = offcpu_state(prev, state);
 	}
@@ -147,7 +147,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	/* Claimed here or by the end or cut iterator, never both. */
 	start = swap_start(d, starting ? START_SEEN : 0, legacy);
 	if (!block_part(d, start, now, true, &from, &to, &wt)) {
-		if (want_wakers)
+		if (keep_wakers())
 			d->waker_id = 0;
 		return;
 	}
@@ -173,8 +173,9 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}
+	timeline_block(&key, d, state, start, to, now, false);
 	add_block_parts(&key, d, state, from, to, true, &wt);
-	if (want_wakers)
+	if (keep_wakers())
 		d->waker_id = 0;
 }
 

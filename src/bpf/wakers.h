@@ -129,6 +129,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	if (irq) {
 		/* Not the interrupted task's doing: no task, no user stack. */
 		d->waker_id = store_waker(&w);
+		d->waking_ns = bpf_ktime_get_ns();
 		count(CNT_WAKERS);
 		return;
 	}
@@ -142,6 +143,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	if (!legacy && want_user_stack && runtimes_present())
 		w.user_stack_id = runtime_stack_of_current(w.user_stack_id, w.tgid);
 	d->waker_id = store_waker(&w);
+	d->waking_ns = bpf_ktime_get_ns();
 	count(CNT_WAKERS);
 	/* The waker's process may be one that is not traced: its mappings
 	 * are needed to name its user frames. */

@@ -11,7 +11,10 @@ use crate::profile::StackMode;
 use crate::tracer::{Hook, TracerOptions, Unwind, UnwindCapacity, MAX_STACK_DEPTH};
 
 use super::describe::fmt_secs;
-use super::{Args, Config, Format, HookArg, UnwindArg, MAX_SAMPLE_US};
+use super::{
+    Args, Config, Format, HookArg, UnwindArg, DEFAULT_TIMELINE_MIN_US, MAX_SAMPLE_US,
+    MAX_TIMELINE_MIN_US,
+};
 
 pub(super) fn parse_u64(what: &str, s: &str) -> Result<u64> {
     let s = s.trim();
@@ -131,6 +134,7 @@ impl Args {
                 // Looked at as the trace starts.
                 runtimes_running: true,
                 on_cpu_hz: self.on_cpu_hz()?,
+                timeline_min_ns: self.timeline_min_ns()?,
                 test: crate::test_env::TestEnv::from_env(),
             },
             shape: Shape {
@@ -155,6 +159,7 @@ impl Args {
             timestamp: self.timestamp,
             push,
             snapshot,
+            timeline: self.timeline.clone(),
         };
         self.name_flame_graphs(&mut config);
         Ok(config)
@@ -195,6 +200,20 @@ impl Args {
             bail!("--sample must be between 1 and {MAX_SAMPLE_US} microseconds: {sample_us}");
         }
         Ok((min_us, max_us, sample_us))
+    }
+
+    /// `--timeline-min` in ns, where `--timeline` is given.
+    fn timeline_min_ns(&self) -> Result<Option<u64>> {
+        let us = match (&self.timeline, &self.timeline_min) {
+            (None, Some(_)) => bail!("--timeline-min is for --timeline FILE"),
+            (None, None) => return Ok(None),
+            (Some(_), Some(s)) => parse_u64("--timeline-min", s)?,
+            (Some(_), None) => DEFAULT_TIMELINE_MIN_US,
+        };
+        if us > MAX_TIMELINE_MIN_US {
+            bail!("--timeline-min is too long (at most {MAX_TIMELINE_MIN_US} us): {us}");
+        }
+        Ok(Some(us.max(1) * 1000))
     }
 
     /// `--state`.

@@ -222,6 +222,7 @@ impl Args {
             ("--states", self.states),
             ("--on-cpu", self.on_cpu),
             ("--wakers", self.wakers),
+            ("--timeline", self.timeline.is_some()),
             ("-m/--min-block-time", self.min_block_time.is_some()),
             ("-M/--max-block-time", self.max_block_time.is_some()),
             ("--sample", self.sample.is_some()),

@@ -94,6 +94,25 @@ impl Sink {
         }
     }
 
+    /// A scratch file beside a regular file's output (in its directory,
+    /// on its file system), to read and write, gone once closed: unnamed
+    /// where the file system has them, else named and removed at once.
+    /// None for stdout, a device or a pipe.
+    pub fn scratch(&self) -> Option<io::Result<File>> {
+        let Sink::Replace(r) = self else {
+            return None;
+        };
+        Some(match open_unnamed(&r.dir, libc::O_RDWR) {
+            Err(e) if unnamed_unsupported(&e) => {
+                let mut name = r.name.clone();
+                name.push(".scratch");
+                open_named(&r.dir, &name, libc::O_RDWR)
+                    .and_then(|(f, n)| unlinkat(&r.dir, &n).map(|_| f))
+            }
+            opened => opened,
+        })
+    }
+
     /// Nothing is written: an existing file stays as it was and no new one
     /// appears.
     pub fn discard(self) {
@@ -166,10 +185,10 @@ impl Replacement {
             // shell's `>`, not only its directory.
             check_writable(&dir, &name)?;
         }
-        let (tmp, tmp_name) = match open_unnamed(&dir) {
+        let (tmp, tmp_name) = match open_unnamed(&dir, libc::O_WRONLY) {
             Ok(f) => (f, None),
             Err(e) if unnamed_unsupported(&e) => {
-                let (f, n) = open_named(&dir, &name)?;
+                let (f, n) = open_named(&dir, &name, libc::O_WRONLY)?;
                 (f, Some(n))
             }
             Err(e) => return Err(e),
@@ -393,14 +412,14 @@ fn check_writable(dir: &File, name: &OsStr) -> io::Result<()> {
     Ok(())
 }
 
-fn open_unnamed(dir: &File) -> io::Result<File> {
+fn open_unnamed(dir: &File, access: libc::c_int) -> io::Result<File> {
     let dot: &CStr = c".";
     // SAFETY: the path is NUL-terminated, the descriptor open.
     let fd = unsafe {
         libc::openat(
             dir.as_raw_fd(),
             dot.as_ptr(),
-            libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
+            libc::O_TMPFILE | access | libc::O_CLOEXEC,
             0o666 as libc::c_uint,
         )
     };
@@ -419,7 +438,7 @@ fn unnamed_unsupported(e: &io::Error) -> bool {
     )
 }
 
-fn open_named(dir: &File, name: &OsStr) -> io::Result<(File, OsString)> {
+fn open_named(dir: &File, name: &OsStr, access: libc::c_int) -> io::Result<(File, OsString)> {
     let mut last = None;
     for attempt in 0..100u32 {
         let n = temp_name(name, attempt);
@@ -429,7 +448,7 @@ fn open_named(dir: &File, name: &OsStr) -> io::Result<(File, OsString)> {
             libc::openat(
                 dir.as_raw_fd(),
                 c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 0o666 as libc::c_uint,
             )
         };

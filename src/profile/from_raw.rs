@@ -137,6 +137,40 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
     names: &N,
     kernel_first_is_ip: bool,
 ) -> Profile {
+    build_with(
+        raw,
+        source,
+        names,
+        kernel_first_is_ip,
+        Merger::with_capacity(raw.entries.len()),
+    )
+}
+
+/// The same, without merging: one sample for each entry of `raw`, in its
+/// order (the counters and objects as [`build`] has them).
+pub fn build_each<F: FrameSource, N: NameSource<F>>(
+    raw: &RawProfile,
+    source: &mut F,
+    names: &N,
+    kernel_first_is_ip: bool,
+) -> Profile {
+    build_with(
+        raw,
+        source,
+        names,
+        kernel_first_is_ip,
+        Merger::each(raw.entries.len()),
+    )
+}
+
+fn build_with<'a, F: FrameSource, N: NameSource<F>>(
+    raw: &'a RawProfile,
+    source: &mut F,
+    names: &N,
+    kernel_first_is_ip: bool,
+    mut merger: Merger<'a>,
+) -> Profile {
+    let each = merger.keeps_each();
     source.read_thread_names();
     let knames = names.kernel_names(&kernel_addrs(raw, kernel_first_is_ip));
     let (stacks, distinct) = number_user_stacks(raw, source);
@@ -147,7 +181,6 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
     let (objects, object_index) = object_table(source, &distinct);
     let users = UserFrames::new(distinct, unames, object_index, names.addresses(), source);
 
-    let mut merger = Merger::with_capacity(raw.entries.len());
     let user_parts = UserParts::new(source, names, &users).make(raw, &stacks, &mut merger);
     let mut parts = SampleParts {
         raw,
@@ -160,7 +193,11 @@ pub fn build<F: FrameSource, N: NameSource<F>>(
         wakers: ahash::AHashMap::new(),
     };
     add_entries(raw, source, &mut parts, &mut merger, kernel_first_is_ip);
-    let samples = merger.samples();
+    let samples = if each {
+        merger.samples_each()
+    } else {
+        merger.samples()
+    };
     Profile {
         samples,
         counters,

@@ -79,6 +79,9 @@ pub(super) struct Merger<'a> {
     /// Threads' names in their runtimes, by process and thread.
     threads: ahash::AHashMap<(u32, u32), Arc<str>>,
     sums: ahash::AHashMap<SumKey<'a>, (u64, u64)>,
+    /// Each sample added, in order, where they are kept apart (see
+    /// [`Merger::each`]).
+    each: Option<Vec<(SumKey<'a>, (u64, u64))>>,
 }
 
 /// A sample's identity, its parts, waker and container by number.
@@ -107,7 +110,23 @@ impl<'a> Merger<'a> {
             container_list: Vec::new(),
             threads: ahash::AHashMap::new(),
             sums: ahash::AHashMap::with_capacity(samples),
+            each: None,
         }
+    }
+
+    /// A merger that keeps the samples apart: [`Merger::samples_each`]
+    /// gives one for each added, in order (their parts still numbered,
+    /// and shared, once).
+    pub(super) fn each(samples: usize) -> Merger<'a> {
+        Merger {
+            each: Some(Vec::with_capacity(samples)),
+            ..Merger::with_capacity(samples)
+        }
+    }
+
+    /// Whether the samples are kept apart (see [`Merger::each`]).
+    pub(super) fn keeps_each(&self) -> bool {
+        self.each.is_some()
     }
 
     /// The number of `container`: equal containers get one number.
@@ -169,9 +188,44 @@ impl<'a> Merger<'a> {
     }
 
     pub(super) fn add(&mut self, key: SumKey<'a>, ns: u64, count: u64) {
+        if let Some(each) = &mut self.each {
+            each.push((key, (ns, count)));
+            return;
+        }
         let slot = self.sums.entry(key).or_default();
         slot.0 += ns;
         slot.1 += count;
+    }
+
+    /// The samples of a merger made by [`Merger::each`], in the order they
+    /// were added.
+    pub(super) fn samples_each(self) -> Vec<Sample> {
+        let Merger {
+            parts,
+            waker_list,
+            container_list,
+            threads,
+            each,
+            ..
+        } = self;
+        each.unwrap_or_default()
+            .into_iter()
+            .map(
+                |((tgid, pid, comm, u, k, state, w, c), (total_ns, count))| Sample {
+                    comm: comm.to_string(),
+                    tgid,
+                    pid,
+                    thread: threads.get(&(tgid, pid)).cloned(),
+                    user: parts.list[u as usize].clone(),
+                    kernel: parts.list[k as usize].clone(),
+                    state,
+                    waker: w.map(|w| waker_list[w as usize].clone()),
+                    container: c.map(|c| container_list[c as usize].clone()),
+                    total_ns,
+                    count,
+                },
+            )
+            .collect()
     }
 
     /// The merged samples, in the order of [`sort_samples`].

@@ -533,7 +533,11 @@ pub(super) fn configure(
             set_kernel_orc(rodata);
         }
         rodata.test_kstack_check = opts.test.kstack_check;
-        if opts.wakers {
+        if let Some(min) = opts.timeline_min_ns {
+            rodata.timeline_min_ns = min.max(1);
+            rodata.timeline_wake_bytes = TIMELINE_RING_BYTES as u64 / 8;
+        }
+        if opts.keeps_wakers() {
             // Unreadable or hidden: userspace tells interrupts by
             // their frames' names alone.
             let entries = crate::ksyms::InterruptEntries::load().unwrap_or_default();
@@ -553,6 +557,12 @@ pub(super) fn configure(
         rodata.interval_ns = opts
             .interval
             .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+    }
+    if opts.timeline_min_ns.is_some() {
+        open.maps
+            .block_records
+            .set_max_entries(TIMELINE_RING_BYTES)
+            .context("block records ring buffer size")?;
     }
     if opts.unwind == Unwind::Dwarf {
         let cap = opts.unwind_capacity;
@@ -615,7 +625,7 @@ pub(super) fn configure(
     // as stacks; a single one without --wakers.
     open.maps
         .wakers
-        .set_max_entries(if opts.wakers {
+        .set_max_entries(if opts.keeps_wakers() {
             opts.stack_storage_size
         } else {
             1
@@ -665,7 +675,7 @@ pub(super) fn plan_programs(
         hook: Some(hook),
         start_user_stacks,
         states: opts.states,
-        wakers: opts.wakers,
+        wakers: opts.keeps_wakers(),
         // New processes share their parent's unwind tables from the
         // fork.
         forks: dwarf && modern && opts.user_stacks,

@@ -86,6 +86,28 @@ pub(super) fn decode_entry(key_bytes: &[u8], val_bytes: &[u8]) -> Result<RawEntr
     })
 }
 
+/// A block record of the `block_records` ring (`struct block_record`).
+pub(super) fn decode_block(data: &[u8]) -> Option<RawBlock> {
+    let mut r = types::block_record::default();
+    plain::copy_from_bytes(&mut r, data).ok()?;
+    let flags = |f: types::block_record_flags| r.flags & f.0 != 0;
+    Some(RawBlock {
+        tgid: r.tgid,
+        start: ticks_of_ns(r.process_start),
+        pid: r.pid,
+        comm: comm_to_string(&r.comm),
+        from_ns: r.from,
+        to_ns: r.to.max(r.from),
+        waking_ns: (r.waking_ns != 0).then_some(r.waking_ns),
+        user_stack: StackRef::from_raw(r.user_stack_id),
+        kernel_stack: StackRef::from_raw(r.kernel_stack_id),
+        state: OffState::from_raw(r.state),
+        waker: WakerRef::from_raw(r.waker_id).unwrap_or(WakerRef::Unseen),
+        at_start: flags(types::block_record_flags::BLOCK_AT_START),
+        at_end: flags(types::block_record_flags::BLOCK_AT_END),
+    })
+}
+
 /// A stored stack's frames: its addresses up to the first 0.
 pub(super) fn stack_frames(bytes: &[u8]) -> Vec<u64> {
     let (words, len) = stored_words(bytes);
@@ -111,17 +133,38 @@ pub(super) fn read_counters(skel: &OffcputimeSkel<'_>) -> Result<LossCounters> {
 impl Tracer<'_> {
     /// Reads the counts, the stacks they refer to and the loss counters.
     pub fn read(&self) -> Result<RawProfile> {
-        self.read_counts(None)
+        self.read_counts(None, Default::default())
+    }
+
+    /// The same, with the stacks and wakers of `also` (ids the counts may
+    /// not name: `--timeline`'s records) read too.
+    pub fn read_with(&self, also: (Vec<u64>, Vec<u64>)) -> Result<RawProfile> {
+        self.read_counts(None, also)
     }
 
     /// `-i`: takes the counts of intervals up to `last` out of the table
     /// (those of later intervals stay), with the stacks they refer to and
     /// the loss counters so far.
     pub fn take_intervals(&self, last: u32) -> Result<RawProfile> {
-        self.read_counts(Some(last))
+        self.read_counts(Some(last), Default::default())
     }
 
-    pub(super) fn read_counts(&self, take_through: Option<u32>) -> Result<RawProfile> {
+    /// The last intervals (see [`Tracer::take_intervals`]) with the
+    /// stacks and wakers of `also` (see [`Tracer::read_with`]).
+    pub fn take_intervals_with(&self, last: u32, also: (Vec<u64>, Vec<u64>)) -> Result<RawProfile> {
+        self.read_counts(Some(last), also)
+    }
+
+    pub(super) fn read_counts(
+        &self,
+        take_through: Option<u32>,
+        also: (Vec<u64>, Vec<u64>),
+    ) -> Result<RawProfile> {
+        let with_also = |(mut stacks, mut wakers): (Vec<u64>, Vec<u64>)| {
+            stacks.extend_from_slice(&also.0);
+            wakers.extend_from_slice(&also.1);
+            (stacks, wakers)
+        };
         // Once the hooks are detached nothing writes the tables: the
         // stacks are read whole, in batches, on a thread of their own while
         // the counts are read (both are mostly the kernel copying, and the
@@ -141,7 +184,7 @@ impl Tracer<'_> {
                     matches!(outcome, Ok(batch::Outcome::Read)).then_some(all)
                 });
                 let mut profile = RawProfile::default();
-                let wanted = self.read_entries(&mut profile, None)?;
+                let wanted = with_also(self.read_entries(&mut profile, None)?);
                 let all = all
                     .join()
                     .map_err(|_| anyhow!("the stack reader panicked"))?;
@@ -149,7 +192,7 @@ impl Tracer<'_> {
             });
         }
         let mut profile = RawProfile::default();
-        let wanted = self.read_entries(&mut profile, take_through)?;
+        let wanted = with_also(self.read_entries(&mut profile, take_through)?);
         self.finish_read(profile, wanted, None)
     }
 

@@ -40,6 +40,7 @@ const LAYERS: &[&str] = &[
     "filter",
     "snapshot",
     "output",
+    "timeline",
     "push",
     // The binary.
     "cli",

@@ -1,0 +1,846 @@
+//! `--timeline FILE`: the blocks in time. A stage of its own beside the
+//! profile: the BPF program sends each block of at least `--timeline-min`
+//! as it ends ([`RawBlock`]); they are kept here, in a scratch file beside
+//! the output, as they come (memory holds one entry for each distinct
+//! thread, stacks, state and waker, not one for each block); at the end
+//! their stacks are named as the profile's are, and the blocks written as a
+//! Perfetto trace ([`perfetto`]): a track for each process and thread, a
+//! slice for each block, an instant on the waker's track at each wake-up
+//! with an arrow (a flow) to the block it ended.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::output::sink::Sink;
+use crate::profile::{FrameSource, NameSource, OffState, Origin, Part, Profile, Sample, Waker};
+use crate::raw::{Proc, RawBlock, RawEntry, RawProfile, StackRef, WakerRef};
+
+pub mod perfetto;
+
+use perfetto as pf;
+
+/// What makes blocks alike but for their times: each distinct one is
+/// named once.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BlockKey {
+    tgid: u32,
+    start: u64,
+    pid: u32,
+    comm: String,
+    user: StackRef,
+    kernel: StackRef,
+    state: Option<OffState>,
+    waker: WakerRef,
+}
+
+/// A block in the scratch file: its key's number, its times.
+const SPOOLED_BYTES: usize = 4 + 8 + 8 + 8 + 1;
+
+/// The blocks of a trace under way, and where they are written at the end.
+pub struct Timeline {
+    path: PathBuf,
+    /// The trace, opened before anything is measured.
+    sink: Sink,
+    spool: BufWriter<File>,
+    /// The first error writing the scratch file: the timeline fails with
+    /// it at the end (the profile is written all the same).
+    spool_error: Option<io::Error>,
+    keys: HashMap<BlockKey, u32>,
+    key_list: Vec<BlockKey>,
+    blocks: u64,
+}
+
+/// What was written, said on stderr.
+pub struct Written {
+    pub blocks: u64,
+    pub bytes: u64,
+    pub flows: u64,
+}
+
+impl Timeline {
+    /// Opens `path` for the trace (a path that cannot be written fails
+    /// now, before any measurement), and its scratch file in the same
+    /// directory, or in `$TMPDIR` where the trace goes to a device or a
+    /// pipe.
+    pub fn open(path: &Path) -> Result<Timeline> {
+        let sink = Sink::open(Some(path), None)?;
+        let spool = match sink.scratch() {
+            Some(file) => file,
+            None => scratch_in(&std::env::temp_dir()),
+        }
+        .with_context(|| {
+            format!(
+                "cannot make the scratch file of the timeline {}",
+                path.display()
+            )
+        })?;
+        Ok(Timeline {
+            path: path.to_path_buf(),
+            sink,
+            spool: BufWriter::with_capacity(1 << 16, spool),
+            spool_error: None,
+            keys: HashMap::new(),
+            key_list: Vec::new(),
+            blocks: 0,
+        })
+    }
+
+    /// Keeps `blocks` (as read from the program, in any order).
+    pub fn add(&mut self, blocks: Vec<RawBlock>) {
+        for b in blocks {
+            let key = BlockKey {
+                tgid: b.tgid,
+                start: b.start,
+                pid: b.pid,
+                comm: b.comm,
+                user: b.user_stack,
+                kernel: b.kernel_stack,
+                state: b.state,
+                waker: b.waker,
+            };
+            let n = match self.keys.get(&key) {
+                Some(&n) => n,
+                None => {
+                    let n = self.key_list.len() as u32;
+                    self.key_list.push(key.clone());
+                    self.keys.insert(key, n);
+                    n
+                }
+            };
+            let mut rec = [0u8; SPOOLED_BYTES];
+            rec[..4].copy_from_slice(&n.to_le_bytes());
+            rec[4..12].copy_from_slice(&b.from_ns.to_le_bytes());
+            rec[12..20].copy_from_slice(&b.to_ns.to_le_bytes());
+            rec[20..28].copy_from_slice(&b.waking_ns.unwrap_or(0).to_le_bytes());
+            rec[28] = u8::from(b.at_start) | u8::from(b.at_end) << 1;
+            if self.spool_error.is_none() {
+                if let Err(e) = self.spool.write_all(&rec) {
+                    self.spool_error = Some(e);
+                }
+            }
+            self.blocks += 1;
+        }
+    }
+
+    /// The stacks and wakers the blocks name, to be read with the counts'.
+    pub fn wanted(&self) -> (Vec<u64>, Vec<u64>) {
+        let (mut stacks, mut wakers) = (Vec::new(), Vec::new());
+        for k in &self.key_list {
+            for s in [k.user, k.kernel] {
+                if let StackRef::Id(id) = s {
+                    stacks.push(id);
+                }
+            }
+            if let WakerRef::Id(id) = k.waker {
+                wakers.push(id);
+            }
+        }
+        (stacks, wakers)
+    }
+
+    /// Names the blocks' stacks with `source` and `names` (as the profile
+    /// is built: `raw` holds the stacks and wakers read, its entries are
+    /// left as they were) and writes the trace, put in place when whole.
+    /// `window`: the window traced (CLOCK_MONOTONIC ns).
+    pub fn write<F: FrameSource, N: NameSource<F>>(
+        mut self,
+        raw: &mut RawProfile,
+        source: &mut F,
+        names: &N,
+        kernel_first_is_ip: bool,
+        complete: impl Fn(&mut RawProfile),
+    ) -> Result<Written> {
+        let cannot = || format!("cannot write the timeline {}", self.path.display());
+        if let Some(e) = self.spool_error.take() {
+            return Err(e).with_context(cannot);
+        }
+        let entries: Vec<RawEntry> = self.key_list.iter().map(entry_of).collect();
+        let counted = std::mem::replace(&mut raw.entries, entries);
+        complete(raw);
+        let profile = crate::profile::build_each(raw, source, names, kernel_first_is_ip);
+        let wakers: Vec<Option<Proc>> = self
+            .key_list
+            .iter()
+            .map(|k| match k.waker {
+                WakerRef::Id(id) => raw.wakers.get(&id).filter(|w| w.pid != 0).map(|w| Proc {
+                    tgid: w.tgid,
+                    start: w.start,
+                }),
+                _ => None,
+            })
+            .collect();
+        raw.entries = counted;
+        let mut spool = self
+            .spool
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(cannot)?;
+        spool.rewind().with_context(cannot)?;
+        let mut written = None;
+        let blocks = self.blocks;
+        self.sink
+            .write(|out| {
+                let mut counter = Counting { out, bytes: 0 };
+                let flows = Writer::new(&profile, &self.key_list, &wakers).write(
+                    &mut counter,
+                    &mut BufReader::new(spool),
+                    blocks,
+                )?;
+                written = Some(Written {
+                    blocks,
+                    bytes: counter.bytes,
+                    flows,
+                });
+                Ok(())
+            })
+            .with_context(cannot)?;
+        Ok(written.expect("written"))
+    }
+}
+
+/// A scratch file in `dir`, unnamed where the file system allows it, else
+/// named and removed at once.
+fn scratch_in(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(dir)
+    {
+        Ok(f) => Ok(f),
+        Err(_) => {
+            let path = dir.join(format!(".offcputime-timeline-{}", std::process::id()));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
+            std::fs::remove_file(&path)?;
+            Ok(f)
+        }
+    }
+}
+
+/// A block key as a count entry, so that the profile's builder names it.
+fn entry_of(k: &BlockKey) -> RawEntry {
+    RawEntry {
+        tgid: k.tgid,
+        start: k.start,
+        pid: k.pid,
+        comm: k.comm.clone(),
+        user_stack: k.user,
+        kernel_stack: k.kernel,
+        state: k.state,
+        waker: Some(k.waker),
+        interval: 0,
+        span: 1,
+        total_ns: 0,
+        count: 1,
+    }
+}
+
+/// Counts the bytes written through it.
+struct Counting<'a> {
+    out: &'a mut dyn Write,
+    bytes: u64,
+}
+
+impl Write for Counting<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// The one sequence of packets the trace is written in.
+const SEQUENCE: u32 = 1;
+/// The track of wake-ups from interrupts and softirqs (a thread's and a
+/// process's are numbered from 1 up).
+const INTERRUPTS_TRACK: u64 = u64::MAX - 1;
+
+/// Turns the named blocks into packets.
+struct Writer<'a> {
+    profile: &'a Profile,
+    keys: &'a [BlockKey],
+    /// The process of each key's waker (a task's).
+    waker_procs: &'a [Option<Proc>],
+    /// Interned: names, categories, annotation names, functions, files,
+    /// frames, stacks.
+    strings: Interned<String>,
+    categories: Interned<&'static str>,
+    annotations: Interned<&'static str>,
+    functions: Interned<String>,
+    files: Interned<String>,
+    frames: Interned<(u64, u64, u32)>,
+    callstacks: Interned<Vec<u64>>,
+    /// Tracks: processes and threads.
+    processes: HashMap<Proc, (u64, String)>,
+    threads: HashMap<(Proc, u32), (u64, String)>,
+    next_track: u64,
+    buf: Vec<u8>,
+}
+
+/// Values numbered from 1 in the order first met.
+struct Interned<T> {
+    ids: HashMap<T, u64>,
+    list: Vec<T>,
+}
+
+impl<T: std::hash::Hash + Eq + Clone> Interned<T> {
+    fn new() -> Interned<T> {
+        Interned {
+            ids: HashMap::new(),
+            list: Vec::new(),
+        }
+    }
+
+    fn id(&mut self, v: T) -> u64 {
+        if let Some(&id) = self.ids.get(&v) {
+            return id;
+        }
+        self.list.push(v.clone());
+        let id = self.list.len() as u64;
+        self.ids.insert(v, id);
+        id
+    }
+
+    /// Each value with its id.
+    fn each(&self) -> impl Iterator<Item = (u64, &T)> {
+        self.list.iter().enumerate().map(|(i, v)| (i as u64 + 1, v))
+    }
+}
+
+/// What a key's blocks are written with, found once.
+struct Shown {
+    track: u64,
+    name: u64,
+    category: u64,
+    callstack: Option<u64>,
+    state: &'static str,
+    waker: String,
+    waker_tid: Option<u32>,
+    /// The waker's track and its stack, where its wake-ups are shown.
+    waker_track: Option<u64>,
+    waker_callstack: Option<u64>,
+    waker_name: u64,
+}
+
+impl<'a> Writer<'a> {
+    fn new(profile: &'a Profile, keys: &'a [BlockKey], waker_procs: &'a [Option<Proc>]) -> Self {
+        Writer {
+            profile,
+            keys,
+            waker_procs,
+            strings: Interned::new(),
+            categories: Interned::new(),
+            annotations: Interned::new(),
+            functions: Interned::new(),
+            files: Interned::new(),
+            frames: Interned::new(),
+            callstacks: Interned::new(),
+            processes: HashMap::new(),
+            threads: HashMap::new(),
+            next_track: 1,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Writes the trace: the clocks, the tracks, what is interned, then a
+    /// slice for each block of `spool` (`blocks` of them) and the wake-ups.
+    /// Returns the flows written.
+    fn write(mut self, out: &mut dyn Write, spool: &mut dyn Read, blocks: u64) -> io::Result<u64> {
+        let shown: Vec<Shown> = (0..self.keys.len()).map(|i| self.shown(i)).collect();
+        let offset = boottime_offset();
+        self.packet(out, clock_snapshot())?;
+        self.write_tracks(out)?;
+        self.write_interned(out)?;
+        let (state_name, waker_name, waker_tid_name, at_start_name, at_end_name) = (
+            self.annotations.ids["state"],
+            self.annotations.ids["waker"],
+            self.annotations.ids["waker tid"],
+            self.annotations.ids["under way at the start"],
+            self.annotations.ids["under way at the end"],
+        );
+        let mut rec = [0u8; SPOOLED_BYTES];
+        let mut flows = 0u64;
+        for flow in 1..=blocks {
+            spool.read_exact(&mut rec)?;
+            let key = u32::from_le_bytes(rec[..4].try_into().expect("4 bytes")) as usize;
+            let word = |at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().expect("8"));
+            let (from, to, waking) = (word(4), word(12), word(20));
+            let (at_start, at_end) = (rec[28] & 1 != 0, rec[28] & 2 != 0);
+            let Some(s) = shown.get(key) else {
+                return Err(io::Error::other("a block of the scratch file names no key"));
+            };
+            let mut notes = vec![
+                string_note(state_name, s.state),
+                string_note(waker_name, &s.waker),
+            ];
+            if let Some(tid) = s.waker_tid {
+                notes.push(pf::DebugAnnotation {
+                    name_iid: Some(waker_tid_name),
+                    uint_value: Some(tid.into()),
+                    string_value: None,
+                });
+            }
+            for (on, name) in [(at_start, at_start_name), (at_end, at_end_name)] {
+                if on {
+                    notes.push(string_note(name, "yes"));
+                }
+            }
+            // A wake-up seen inside the block: an instant on the waker's
+            // track, and a flow from it to the block's end.
+            let flow = match (s.waker_track, waking) {
+                (Some(track), w) if w != 0 && !at_end => {
+                    let at = w.clamp(from, to.saturating_sub(1).max(from));
+                    self.event(
+                        out,
+                        at + offset,
+                        pf::TrackEvent {
+                            name_iid: Some(s.waker_name),
+                            r#type: Some(pf::TYPE_INSTANT),
+                            track_uuid: Some(track),
+                            flow_ids: vec![flow],
+                            callstack_iid: s.waker_callstack,
+                            ..Default::default()
+                        },
+                    )?;
+                    flows += 1;
+                    Some(flow)
+                }
+                _ => None,
+            };
+            self.event(
+                out,
+                from + offset,
+                pf::TrackEvent {
+                    category_iids: vec![s.category],
+                    name_iid: Some(s.name),
+                    r#type: Some(pf::TYPE_SLICE_BEGIN),
+                    track_uuid: Some(s.track),
+                    callstack_iid: s.callstack,
+                    debug_annotations: notes,
+                    ..Default::default()
+                },
+            )?;
+            self.event(
+                out,
+                to + offset,
+                pf::TrackEvent {
+                    r#type: Some(pf::TYPE_SLICE_END),
+                    track_uuid: Some(s.track),
+                    terminating_flow_ids: flow.into_iter().collect(),
+                    ..Default::default()
+                },
+            )?;
+        }
+        Ok(flows)
+    }
+
+    fn packet(&mut self, out: &mut dyn Write, mut p: pf::TracePacket) -> io::Result<()> {
+        p.trusted_packet_sequence_id = Some(SEQUENCE);
+        pf::write_packet(out, &p, &mut self.buf)
+    }
+
+    fn event(&mut self, out: &mut dyn Write, ts: u64, e: pf::TrackEvent) -> io::Result<()> {
+        self.packet(
+            out,
+            pf::TracePacket {
+                timestamp: Some(ts),
+                track_event: Some(e),
+                sequence_flags: Some(pf::SEQ_NEEDS_INCREMENTAL_STATE),
+                ..Default::default()
+            },
+        )
+    }
+
+    /// How key `i`'s blocks are shown: their track, name, state, stacks
+    /// and waker.
+    fn shown(&mut self, i: usize) -> Shown {
+        let (k, s) = (&self.keys[i], &self.profile.samples[i]);
+        let p = Proc {
+            tgid: k.tgid,
+            start: k.start,
+        };
+        let track = self.thread_track(p, k.pid, s.thread_name());
+        let name = slice_name(s, &self.profile.objects);
+        let name = self.strings.id(name);
+        let state = state_name(k.state);
+        let category = self.categories.id(state);
+        let callstack = self.callstack(&s.user, &s.kernel);
+        let (mut waker, mut waker_tid, mut waker_track, mut waker_callstack) =
+            (String::new(), None, None, None);
+        match &s.waker {
+            Some(Waker::Task {
+                comm,
+                pid,
+                user,
+                kernel,
+            }) => {
+                waker = format!("{comm} ({pid})");
+                waker_tid = Some(*pid);
+                if let Some(wp) = self.waker_procs[i] {
+                    waker_track = Some(self.thread_track(wp, *pid, comm));
+                }
+                waker_callstack = self.callstack(user, kernel);
+            }
+            Some(w @ (Waker::Interrupt { kernel } | Waker::Softirq { kernel })) => {
+                waker = w.name().to_string();
+                waker_track = Some(INTERRUPTS_TRACK);
+                waker_callstack = self.callstack(&Part::Absent, kernel);
+            }
+            Some(w) => waker = w.name().to_string(),
+            None => {}
+        }
+        let waker_name = self.strings.id(format!("wakes {} ({})", k.comm, k.pid));
+        Shown {
+            track,
+            name,
+            category,
+            callstack,
+            state,
+            waker,
+            waker_tid,
+            waker_track,
+            waker_callstack,
+            waker_name,
+        }
+    }
+
+    /// The track of thread `tid` of process `p` (made once, named by the
+    /// first name it is met with).
+    fn thread_track(&mut self, p: Proc, tid: u32, name: &str) -> u64 {
+        if !self.processes.contains_key(&p) {
+            let track = self.next_track;
+            self.next_track += 1;
+            self.processes.insert(p, (track, process_name(p.tgid)));
+        }
+        if tid == p.tgid {
+            // The process's main thread names it where /proc cannot.
+            if let Some((_, pname)) = self.processes.get_mut(&p) {
+                if pname.is_empty() {
+                    *pname = name.to_string();
+                }
+            }
+        }
+        let next = &mut self.next_track;
+        self.threads
+            .entry((p, tid))
+            .or_insert_with(|| {
+                let track = *next;
+                *next += 1;
+                (track, name.to_string())
+            })
+            .0
+    }
+
+    /// The interned stack of `user` and `kernel` (innermost first each):
+    /// the outermost frame first, the user frames before the kernel's;
+    /// None where neither has frames.
+    fn callstack(&mut self, user: &Part, kernel: &Part) -> Option<u64> {
+        let mut ids = Vec::new();
+        for (part, missed) in [
+            (user, crate::shape::MISSED_USER),
+            (kernel, crate::shape::MISSED_KERNEL),
+        ] {
+            match part {
+                Part::Frames(frames) => {
+                    for f in frames.iter().rev() {
+                        let function = self.functions.id(f.name.to_string());
+                        let (file, line) = match (f.origin, &f.file) {
+                            (Origin::Runtime(_), Some(file)) => (
+                                self.files.id(file.to_string()),
+                                u32::try_from(f.addr).unwrap_or(0),
+                            ),
+                            _ => (0, 0),
+                        };
+                        ids.push(self.frames.id((function, file, line)));
+                    }
+                }
+                Part::Missed => {
+                    let function = self.functions.id(missed.to_string());
+                    ids.push(self.frames.id((function, 0, 0)));
+                }
+                Part::Absent => {}
+            }
+        }
+        (!ids.is_empty()).then(|| self.callstacks.id(ids))
+    }
+
+    fn write_tracks(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        let mut processes: Vec<(Proc, (u64, String))> = self
+            .processes
+            .iter()
+            .map(|(p, t)| (*p, t.clone()))
+            .collect();
+        processes.sort_by_key(|(_, (track, _))| *track);
+        for (p, (track, name)) in processes {
+            self.packet(
+                out,
+                track_packet(pf::TrackDescriptor {
+                    uuid: Some(track),
+                    process: Some(pf::ProcessDescriptor {
+                        pid: Some(p.tgid as i32),
+                        process_name: (!name.is_empty()).then_some(name),
+                    }),
+                    ..Default::default()
+                }),
+            )?;
+        }
+        let mut threads: Vec<((Proc, u32), (u64, String))> =
+            self.threads.iter().map(|(t, v)| (*t, v.clone())).collect();
+        threads.sort_by_key(|(_, (track, _))| *track);
+        for ((p, tid), (track, name)) in threads {
+            self.packet(
+                out,
+                track_packet(pf::TrackDescriptor {
+                    uuid: Some(track),
+                    parent_uuid: self.processes.get(&p).map(|(t, _)| *t),
+                    thread: Some(pf::ThreadDescriptor {
+                        pid: Some(p.tgid as i32),
+                        tid: Some(tid.into()),
+                        thread_name: Some(name),
+                    }),
+                    ..Default::default()
+                }),
+            )?;
+        }
+        self.packet(
+            out,
+            track_packet(pf::TrackDescriptor {
+                uuid: Some(INTERRUPTS_TRACK),
+                name: Some("wake-ups from interrupts".into()),
+                ..Default::default()
+            }),
+        )
+    }
+
+    fn write_interned(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        for name in [
+            "state",
+            "waker",
+            "waker tid",
+            "under way at the start",
+            "under way at the end",
+        ] {
+            self.annotations.id(name);
+        }
+        let interned = pf::InternedData {
+            event_categories: (self.categories.each())
+                .map(|(iid, n)| pf::EventCategory {
+                    iid: Some(iid),
+                    name: Some(n.to_string()),
+                })
+                .collect(),
+            event_names: (self.strings.each())
+                .map(|(iid, n)| pf::EventName {
+                    iid: Some(iid),
+                    name: Some(n.clone()),
+                })
+                .collect(),
+            debug_annotation_names: (self.annotations.each())
+                .map(|(iid, n)| pf::DebugAnnotationName {
+                    iid: Some(iid),
+                    name: Some(n.to_string()),
+                })
+                .collect(),
+            function_names: interned_strings(&self.functions),
+            source_paths: interned_strings(&self.files),
+            frames: (self.frames.each())
+                .map(|(iid, &(function, file, line))| pf::Frame {
+                    iid: Some(iid),
+                    function_name_id: Some(function),
+                    source_path_iid: (file != 0).then_some(file),
+                    line_number: (line != 0).then_some(line),
+                })
+                .collect(),
+            callstacks: (self.callstacks.each())
+                .map(|(iid, frames)| pf::Callstack {
+                    iid: Some(iid),
+                    frame_ids: frames.clone(),
+                })
+                .collect(),
+        };
+        self.packet(
+            out,
+            pf::TracePacket {
+                interned_data: Some(interned),
+                sequence_flags: Some(pf::SEQ_INCREMENTAL_STATE_CLEARED),
+                first_packet_on_sequence: Some(true),
+                ..Default::default()
+            },
+        )
+    }
+}
+
+fn track_packet(d: pf::TrackDescriptor) -> pf::TracePacket {
+    pf::TracePacket {
+        track_descriptor: Some(d),
+        ..Default::default()
+    }
+}
+
+fn interned_strings(s: &Interned<String>) -> Vec<pf::InternedString> {
+    s.each()
+        .map(|(iid, v)| pf::InternedString {
+            iid: Some(iid),
+            str: Some(v.as_bytes().to_vec()),
+        })
+        .collect()
+}
+
+fn string_note(name: u64, value: &str) -> pf::DebugAnnotation {
+    pf::DebugAnnotation {
+        name_iid: Some(name),
+        uint_value: None,
+        string_value: Some(value.to_string()),
+    }
+}
+
+/// The state a block is shown in (its category).
+fn state_name(state: Option<OffState>) -> &'static str {
+    match state {
+        Some(OffState::Sleep) => "sleep",
+        Some(OffState::Io) => "io",
+        Some(OffState::Blocked) => "blocked",
+        Some(OffState::RunQueue) => "runqueue",
+        Some(OffState::Stopped) => "stopped",
+        Some(OffState::Running) => "running",
+        None => "off-cpu",
+    }
+}
+
+/// A process's name, as `/proc` has it now ("" where it is gone).
+fn process_name(tgid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{tgid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+/// What a block is named by: the innermost frame of the program's own
+/// code (a runtime's frame: Python, Java, JavaScript; else one of a file
+/// that is not a system library), else its innermost user frame, else its
+/// innermost kernel frame outside the scheduler, else the thread's name.
+fn slice_name(s: &Sample, objects: &[crate::profile::ObjectInfo]) -> String {
+    let frames = |p: &Part| match p {
+        Part::Frames(f) => f.to_vec(),
+        _ => Vec::new(),
+    };
+    let user = frames(&s.user);
+    let known = |f: &&crate::profile::Frame| !f.name.starts_with('[');
+    let runtime = user
+        .iter()
+        .filter(known)
+        .find(|f| matches!(f.origin, Origin::Runtime(_)));
+    let own = || {
+        user.iter().filter(known).find(|f| match f.origin {
+            Origin::Object(i) => objects
+                .get(i as usize)
+                .is_some_and(|o| !is_system_library(&o.path)),
+            _ => false,
+        })
+    };
+    if let Some(f) = runtime.or_else(own).or_else(|| user.iter().find(known)) {
+        return f.name.to_string();
+    }
+    let kernel = frames(&s.kernel);
+    if let Some(f) = kernel
+        .iter()
+        .filter(known)
+        .find(|f| !is_scheduler_frame(&f.name))
+    {
+        return f.name.to_string();
+    }
+    s.thread_name().to_string()
+}
+
+/// Whether `path` is a library of the system's (its C library, loader,
+/// C++ runtime...), not the program's own code.
+fn is_system_library(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let in_lib = [
+        "/lib/",
+        "/lib64/",
+        "/usr/lib/",
+        "/usr/lib64/",
+        "/usr/local/lib/",
+    ]
+    .iter()
+    .any(|d| path.starts_with(d));
+    (in_lib && name.starts_with("lib")) || name.starts_with("ld-linux") || name == "[vdso]"
+}
+
+/// A kernel frame of the scheduler's or of the wait itself: not what a
+/// block is named by.
+fn is_scheduler_frame(name: &str) -> bool {
+    name.contains("schedule")
+        || name.starts_with("__switch_to")
+        || name.starts_with("finish_task_switch")
+        || name.starts_with("__traceiter")
+        || name.starts_with("bpf_")
+}
+
+/// BOOTTIME less CLOCK_MONOTONIC now: what turns the program's times into
+/// the trace's clock.
+fn boottime_offset() -> u64 {
+    let (boot, mono) = (
+        clock_ns(libc::CLOCK_BOOTTIME),
+        clock_ns(libc::CLOCK_MONOTONIC),
+    );
+    boot.saturating_sub(mono)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec; the clocks are Linux's.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The clocks at one moment: the trace's (BOOTTIME), the program's and
+/// the wall clock, which the UI shows times in.
+fn clock_snapshot() -> pf::TracePacket {
+    let clock = |id, clock| pf::Clock {
+        clock_id: Some(id),
+        timestamp: Some(clock_ns(clock)),
+    };
+    pf::TracePacket {
+        clock_snapshot: Some(pf::ClockSnapshot {
+            clocks: vec![
+                clock(pf::CLOCK_BOOTTIME, libc::CLOCK_BOOTTIME),
+                clock(pf::CLOCK_MONOTONIC, libc::CLOCK_MONOTONIC),
+                clock(pf::CLOCK_REALTIME, libc::CLOCK_REALTIME),
+            ],
+            primary_trace_clock: Some(pf::CLOCK_BOOTTIME as i32),
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_libraries_are_told_from_programs() {
+        assert!(is_system_library("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(is_system_library("/lib64/ld-linux-x86-64.so.2"));
+        assert!(!is_system_library("/usr/bin/python3.11"));
+        assert!(!is_system_library("/opt/app/lib/libapp.so"));
+        assert!(!is_system_library("/home/u/target/release/examples/chain"));
+    }
+}
