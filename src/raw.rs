@@ -133,7 +133,8 @@ pub struct RawWaker {
 }
 
 /// `--timeline`: one block as the BPF program sent it when it ended (`struct
-/// block_record`), its part inside the window.
+/// block_record`), its part inside the window; or with `--on-cpu`, one
+/// sample of a thread on a CPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawBlock {
     pub tgid: u32,
@@ -150,11 +151,15 @@ pub struct RawBlock {
     pub kernel_stack: StackRef,
     /// The state it blocked in.
     pub state: Option<OffState>,
-    pub waker: WakerRef,
+    /// Who ended it (None for a sample).
+    pub waker: Option<WakerRef>,
     /// Under way when the window started (`from_ns` is its start), and
     /// still under way when it ended (`to_ns` is its end).
     pub at_start: bool,
     pub at_end: bool,
+    /// `--on-cpu`: not a block, a sample of the thread running at
+    /// `from_ns` (state [`OffState::Running`]).
+    pub sample: bool,
 }
 
 /// Why a thread was off the CPU (`--states`): the kernel's `enum

@@ -73,6 +73,9 @@ pub struct TestEnv {
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of every
     /// program loaded, on stderr.
     pub verifier_stats: bool,
+    /// `OFFCPUTIME_TEST_TIMELINE_RING_KB`: `--timeline`'s ring buffer this
+    /// small (a power of two, at least 4), so that a short storm fills it.
+    pub timeline_ring_kb: Option<u32>,
     /// `OFFCPUTIME_STATS_INTERVAL`: seconds between the statistics lines
     /// of `--stats`.
     pub stats_interval: Option<Duration>,
@@ -110,6 +113,11 @@ impl TestEnv {
             no_kstack_walk: set("OFFCPUTIME_TEST_NO_KSTACK_WALK"),
             kallsyms_names: set("OFFCPUTIME_TEST_KALLSYMS"),
             verifier_stats: set("OFFCPUTIME_VERIFIER_STATS"),
+            timeline_ring_kb: number("OFFCPUTIME_TEST_TIMELINE_RING_KB").map(|kb| {
+                u32::try_from(kb.clamp(4, 1 << 20))
+                    .unwrap_or(4)
+                    .next_power_of_two()
+            }),
             stats_interval: var("OFFCPUTIME_STATS_INTERVAL")
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|s| s.is_finite() && *s > 0.0)

@@ -34,7 +34,7 @@ struct BlockKey {
     user: StackRef,
     kernel: StackRef,
     state: Option<OffState>,
-    waker: WakerRef,
+    waker: Option<WakerRef>,
 }
 
 /// A block in the scratch file: its key's number, its times.
@@ -51,12 +51,15 @@ pub struct Timeline {
     spool_error: Option<io::Error>,
     keys: HashMap<BlockKey, u32>,
     key_list: Vec<BlockKey>,
-    blocks: u64,
+    /// Records kept: blocks and samples.
+    records: u64,
+    samples: u64,
 }
 
 /// What was written, said on stderr.
 pub struct Written {
     pub blocks: u64,
+    pub samples: u64,
     pub bytes: u64,
     pub flows: u64,
 }
@@ -85,7 +88,8 @@ impl Timeline {
             spool_error: None,
             keys: HashMap::new(),
             key_list: Vec::new(),
-            blocks: 0,
+            records: 0,
+            samples: 0,
         })
     }
 
@@ -116,13 +120,14 @@ impl Timeline {
             rec[4..12].copy_from_slice(&b.from_ns.to_le_bytes());
             rec[12..20].copy_from_slice(&b.to_ns.to_le_bytes());
             rec[20..28].copy_from_slice(&b.waking_ns.unwrap_or(0).to_le_bytes());
-            rec[28] = u8::from(b.at_start) | u8::from(b.at_end) << 1;
+            rec[28] = u8::from(b.at_start) | u8::from(b.at_end) << 1 | u8::from(b.sample) << 2;
             if self.spool_error.is_none() {
                 if let Err(e) = self.spool.write_all(&rec) {
                     self.spool_error = Some(e);
                 }
             }
-            self.blocks += 1;
+            self.records += 1;
+            self.samples += u64::from(b.sample);
         }
     }
 
@@ -135,7 +140,7 @@ impl Timeline {
                     stacks.push(id);
                 }
             }
-            if let WakerRef::Id(id) = k.waker {
+            if let Some(WakerRef::Id(id)) = k.waker {
                 wakers.push(id);
             }
         }
@@ -166,10 +171,12 @@ impl Timeline {
             .key_list
             .iter()
             .map(|k| match k.waker {
-                WakerRef::Id(id) => raw.wakers.get(&id).filter(|w| w.pid != 0).map(|w| Proc {
-                    tgid: w.tgid,
-                    start: w.start,
-                }),
+                Some(WakerRef::Id(id)) => {
+                    raw.wakers.get(&id).filter(|w| w.pid != 0).map(|w| Proc {
+                        tgid: w.tgid,
+                        start: w.start,
+                    })
+                }
                 _ => None,
             })
             .collect();
@@ -181,17 +188,18 @@ impl Timeline {
             .with_context(cannot)?;
         spool.rewind().with_context(cannot)?;
         let mut written = None;
-        let blocks = self.blocks;
+        let (records, samples) = (self.records, self.samples);
         self.sink
             .write(|out| {
                 let mut counter = Counting { out, bytes: 0 };
                 let flows = Writer::new(&profile, &self.key_list, &wakers).write(
                     &mut counter,
                     &mut BufReader::new(spool),
-                    blocks,
+                    records,
                 )?;
                 written = Some(Written {
-                    blocks,
+                    blocks: records - samples,
+                    samples,
                     bytes: counter.bytes,
                     flows,
                 });
@@ -238,7 +246,7 @@ fn entry_of(k: &BlockKey) -> RawEntry {
         user_stack: k.user,
         kernel_stack: k.kernel,
         state: k.state,
-        waker: Some(k.waker),
+        waker: k.waker,
         interval: 0,
         span: 1,
         total_ns: 0,
@@ -357,9 +365,9 @@ impl<'a> Writer<'a> {
     }
 
     /// Writes the trace: the clocks, the tracks, what is interned, then a
-    /// slice for each block of `spool` (`blocks` of them) and the wake-ups.
-    /// Returns the flows written.
-    fn write(mut self, out: &mut dyn Write, spool: &mut dyn Read, blocks: u64) -> io::Result<u64> {
+    /// slice for each block of `spool` (`records` of them, with the
+    /// samples) and the wake-ups. Returns the flows written.
+    fn write(mut self, out: &mut dyn Write, spool: &mut dyn Read, records: u64) -> io::Result<u64> {
         let shown: Vec<Shown> = (0..self.keys.len()).map(|i| self.shown(i)).collect();
         let offset = boottime_offset();
         self.packet(out, clock_snapshot())?;
@@ -374,7 +382,7 @@ impl<'a> Writer<'a> {
         );
         let mut rec = [0u8; SPOOLED_BYTES];
         let mut flows = 0u64;
-        for flow in 1..=blocks {
+        for flow in 1..=records {
             spool.read_exact(&mut rec)?;
             let key = u32::from_le_bytes(rec[..4].try_into().expect("4 bytes")) as usize;
             let word = |at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().expect("8"));
@@ -383,6 +391,22 @@ impl<'a> Writer<'a> {
             let Some(s) = shown.get(key) else {
                 return Err(io::Error::other("a block of the scratch file names no key"));
             };
+            if rec[28] & 4 != 0 {
+                // An on-CPU sample: an instant on the thread's track.
+                self.event(
+                    out,
+                    from + offset,
+                    pf::TrackEvent {
+                        category_iids: vec![s.category],
+                        name_iid: Some(s.name),
+                        r#type: Some(pf::TYPE_INSTANT),
+                        track_uuid: Some(s.track),
+                        callstack_iid: s.callstack,
+                        ..Default::default()
+                    },
+                )?;
+                continue;
+            }
             let mut notes = vec![
                 string_note(state_name, s.state),
                 string_note(waker_name, &s.waker),

@@ -455,8 +455,14 @@ impl<'a> Session<'a> {
             Deferred::complete,
         )?;
         let min_ms = self.config.tracer.timeline_min_ns.unwrap_or(0) as f64 / 1e6;
+        let samples = if self.config.tracer.on_cpu_hz.is_some() {
+            format!(", {}", count(w.samples, "on-CPU sample", "on-CPU samples"))
+        } else {
+            String::new()
+        };
         eprintln!(
-            "offcputime: timeline: {} of at least {min_ms} ms and {} written to {} ({:.1} MB)",
+            "offcputime: timeline: {} of at least {min_ms} ms{samples} and {} written to {} \
+             ({:.1} MB)",
             count(w.blocks, "block", "blocks"),
             count(w.flows, "wake-up", "wake-ups"),
             path.display(),
@@ -464,9 +470,9 @@ impl<'a> Session<'a> {
         );
         if lost > 0 {
             eprintln!(
-                "offcputime: timeline: {} lost for a full ring buffer (read too late): the \
-                 timeline lacks them, the profile has them",
-                count(lost, "block", "blocks"),
+                "offcputime: timeline: {} (blocks or samples) lost for a full ring buffer, read \
+                 too late: the timeline lacks them, the profile has them",
+                count(lost, "record", "records"),
             );
         }
         Ok(())

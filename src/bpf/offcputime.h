@@ -742,6 +742,9 @@ enum block_record_flags {
 	BLOCK_AT_START = 1,
 	/* Still under way when the window ended: `to` is the window's end. */
 	BLOCK_AT_END = 2,
+	/* --on-cpu: not a block, a sample of the thread running at `from`
+	 * (= `to`; state OFFCPU_STATE_RUNNING, no waker). */
+	BLOCK_ONCPU_SAMPLE = 4,
 };
 
 struct block_record {

@@ -305,6 +305,8 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 	if (want_kernel_stack)
 		key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	count(CNT_ONCPU_SAMPLES);
+	if (timeline_min_ns)
+		record_sample(&key, now);
 	v = bpf_map_lookup_elem(&counts, &key);
 	if (!v) {
 		err = bpf_map_update_elem(&counts, &key, &init, BPF_NOEXIST);

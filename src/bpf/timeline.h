@@ -40,6 +40,32 @@ static __always_inline bool keep_state(void)
 	return want_states || want_wakers || timeline_min_ns;
 }
 
+/* A record of what `key` tells of, inside the window [from, to). */
+static __always_inline void fill_record(struct block_record *r, struct offcpu_key *key,
+					__u64 from, __u64 to, __u32 flags)
+{
+	r->tgid = key->tgid;
+	r->pid = key->pid;
+	r->process_start = key->process_start;
+	r->from = from;
+	r->to = to;
+	r->user_stack_id = key->user_stack_id;
+	r->kernel_stack_id = key->kernel_stack_id;
+	__builtin_memcpy(r->comm, key->comm, sizeof(r->comm));
+	r->state = key->state;
+	r->flags = flags;
+}
+
+/* Sent, userspace woken once the ring holds timeline_wake_bytes. */
+static __always_inline void send_record(struct block_record *r)
+{
+	bpf_ringbuf_submit(r, bpf_ringbuf_query(&block_records, BPF_RB_AVAIL_DATA) >=
+					      timeline_wake_bytes
+				      ? BPF_RB_FORCE_WAKEUP
+				      : BPF_RB_NO_WAKEUP);
+	count(CNT_TIMELINE_SENT);
+}
+
 /*
  * Sends the block `key` tells of: inside the window [from, to), with
  * `flags` (enum block_record_flags); its waker from `d`.  Lost records are
@@ -64,23 +90,28 @@ static __noinline void record_block(struct offcpu_key *key, struct task_data *d,
 		count(CNT_TIMELINE_LOST);
 		return;
 	}
-	r->tgid = key->tgid;
-	r->pid = key->pid;
-	r->process_start = key->process_start;
-	r->from = from;
-	r->to = to;
+	fill_record(r, key, from, to, flags);
 	r->waking_ns = d->waker_id ? d->waking_ns : 0;
-	r->user_stack_id = key->user_stack_id;
-	r->kernel_stack_id = key->kernel_stack_id;
 	r->waker_id = waker;
-	__builtin_memcpy(r->comm, key->comm, sizeof(r->comm));
-	r->state = key->state;
-	r->flags = flags;
-	bpf_ringbuf_submit(r, bpf_ringbuf_query(&block_records, BPF_RB_AVAIL_DATA) >=
-					      timeline_wake_bytes
-				      ? BPF_RB_FORCE_WAKEUP
-				      : BPF_RB_NO_WAKEUP);
-	count(CNT_TIMELINE_SENT);
+	send_record(r);
+}
+
+/* --on-cpu: the sample `key` tells of, taken at `now`. */
+static __noinline void record_sample(struct offcpu_key *key, __u64 now)
+{
+	struct block_record *r;
+
+	if (!key)
+		return;
+	r = bpf_ringbuf_reserve(&block_records, sizeof(*r), 0);
+	if (!r) {
+		count(CNT_TIMELINE_LOST);
+		return;
+	}
+	fill_record(r, key, now, now, BLOCK_ONCPU_SAMPLE);
+	r->waking_ns = 0;
+	r->waker_id = WAKER_ID_NONE;
+	send_record(r);
 }
 
 /*

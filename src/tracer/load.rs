@@ -535,7 +535,7 @@ pub(super) fn configure(
         rodata.test_kstack_check = opts.test.kstack_check;
         if let Some(min) = opts.timeline_min_ns {
             rodata.timeline_min_ns = min.max(1);
-            rodata.timeline_wake_bytes = TIMELINE_RING_BYTES as u64 / 8;
+            rodata.timeline_wake_bytes = timeline_ring_bytes(opts) as u64 / 8;
         }
         if opts.keeps_wakers() {
             // Unreadable or hidden: userspace tells interrupts by
@@ -561,7 +561,7 @@ pub(super) fn configure(
     if opts.timeline_min_ns.is_some() {
         open.maps
             .block_records
-            .set_max_entries(TIMELINE_RING_BYTES)
+            .set_max_entries(timeline_ring_bytes(opts))
             .context("block records ring buffer size")?;
     }
     if opts.unwind == Unwind::Dwarf {
@@ -861,4 +861,11 @@ fn put_runtime_builds(
             .with_context(|| format!("failed to put the runtimes' build of {} in place", p.name))?;
     }
     Ok(())
+}
+
+/// The size of `--timeline`'s ring buffer (a test may shrink it).
+fn timeline_ring_bytes(opts: &TracerOptions) -> u32 {
+    opts.test
+        .timeline_ring_kb
+        .map_or(TIMELINE_RING_BYTES, |kb| kb.saturating_mul(1024))
 }

@@ -102,9 +102,10 @@ pub(super) fn decode_block(data: &[u8]) -> Option<RawBlock> {
         user_stack: StackRef::from_raw(r.user_stack_id),
         kernel_stack: StackRef::from_raw(r.kernel_stack_id),
         state: OffState::from_raw(r.state),
-        waker: WakerRef::from_raw(r.waker_id).unwrap_or(WakerRef::Unseen),
+        waker: WakerRef::from_raw(r.waker_id),
         at_start: flags(types::block_record_flags::BLOCK_AT_START),
         at_end: flags(types::block_record_flags::BLOCK_AT_END),
+        sample: flags(types::block_record_flags::BLOCK_ONCPU_SAMPLE),
     })
 }
 

@@ -184,42 +184,6 @@ fn max_us(lines: &[&Folded]) -> u64 {
     lines.iter().map(|l| l.us).max().unwrap_or(0)
 }
 
-/// A child process in a process group of its own, the whole group killed
-/// and the child reaped when dropped (`perf bench` forks its workers).
-struct Child(std::process::Child);
-
-impl Child {
-    /// Workload `exe` run for 60 s, once it has said "ready" (else
-    /// `failed`).
-    fn ready(exe: &std::path::Path, failed: &str) -> Child {
-        let mut c = Child::spawn(
-            std::process::Command::new(exe)
-                .arg("60")
-                .stdout(std::process::Stdio::piped()),
-        );
-        let mut ready = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(c.0.stdout.take().expect("its output")),
-            &mut ready,
-        )
-        .expect("read the workload's output");
-        assert_eq!(ready, "ready\n", "{failed}");
-        c
-    }
-
-    fn spawn(cmd: &mut std::process::Command) -> Child {
-        use std::os::unix::process::CommandExt;
-        Child(cmd.process_group(0).spawn().expect("start a workload"))
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
-
 /// At the switches themselves: under the switches of `perf bench sched
 /// pipe`, the blocker's waits and a file-system workload (writes with
 /// fsync, directory walks), with the hook `hook` system-wide. With the
@@ -236,13 +200,13 @@ fn at_switches_on(hook: &str) {
     let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let file = dir.path().join("synced");
-    let pipe = Child::spawn(
+    let pipe = GroupChild::spawn(
         std::process::Command::new(&perf)
             .args(["bench", "sched", "pipe", "-l", "2000000000"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null()),
     );
-    let fs = Child::spawn(std::process::Command::new("sh").args([
+    let fs = GroupChild::spawn(std::process::Command::new("sh").args([
         "-c",
         &format!(
             "while :; do for i in 1 2 3 4; do dd if=/dev/zero of={} bs=4096 \
@@ -341,7 +305,7 @@ fn proofs_tell_outer_frames_apart() {
     let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let exe = c_workload("kouter", &["-O2", "-g", "-pthread"], dir.path());
-    let wl = Child::ready(&exe, "kouter did not start");
+    let wl = GroupChild::ready(&exe, "kouter did not start");
     let pid = wl.0.id().to_string();
     let (out, _) = profile_window(
         &["-f", "-p", &pid, "2"],
@@ -394,7 +358,7 @@ fn through_a_module_on(hook: &str) {
     assert!(module || !in_vm, "tun is not a loaded module in the VM");
     let dir = tempfile::tempdir().expect("temporary directory");
     let exe = c_workload("tunread", TUNREAD_FLAGS, dir.path());
-    let tun = Child::ready(&exe, "tunread did not start (no /dev/net/tun?)");
+    let tun = GroupChild::ready(&exe, "tunread did not start (no /dev/net/tun?)");
     let pid = tun.0.id().to_string();
     let (out, _) = profile_window(
         &["--hook", hook, "-f", "-p", &pid, "2"],

@@ -29,6 +29,7 @@ mod snapshot;
 mod stackcache;
 mod states;
 mod svg;
+mod timeline;
 pub(crate) mod unwind;
 mod util;
 mod vm;

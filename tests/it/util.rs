@@ -1076,3 +1076,39 @@ pub fn build_workload(compiler: &Path, name: &str, flags: &[&str], dir: &Path) -
     );
     exe
 }
+
+/// A child process in a process group of its own, the whole group killed
+/// and the child reaped when dropped (`perf bench` forks its workers).
+pub struct GroupChild(pub std::process::Child);
+
+impl GroupChild {
+    /// Workload `exe` run for 60 s, once it has said "ready" (else
+    /// `failed`).
+    pub fn ready(exe: &std::path::Path, failed: &str) -> GroupChild {
+        let mut c = GroupChild::spawn(
+            std::process::Command::new(exe)
+                .arg("60")
+                .stdout(std::process::Stdio::piped()),
+        );
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(c.0.stdout.take().expect("its output")),
+            &mut ready,
+        )
+        .expect("read the workload's output");
+        assert_eq!(ready, "ready\n", "{failed}");
+        c
+    }
+
+    pub fn spawn(cmd: &mut std::process::Command) -> GroupChild {
+        use std::os::unix::process::CommandExt;
+        GroupChild(cmd.process_group(0).spawn().expect("start a workload"))
+    }
+}
+
+impl Drop for GroupChild {
+    fn drop(&mut self) {
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,506 @@
+//! `--timeline FILE`: the blocks in time, as a Perfetto trace read with
+//! Perfetto's own protos (PyPI's `perfetto`, `tests/perfetto_read.py`,
+//! which also checks what the trace processor needs of a trace). On a chain
+//! of waits with known lengths (`tests/workloads/chain.c`: a producer that
+//! sleeps 20 ms then writes a pipe, a worker that reads it and wakes the
+//! clients through a condition variable): each thread's slices add up to
+//! its off-CPU time in the folded output of the same run, each sleep of the
+//! producer is one slice of 20 ms, and the blocks carry flows from the
+//! wake-ups that ended them, on the waker's track with its stack. Under a
+//! switch storm with the records read too late: those lost are counted and
+//! said, and every block the profile counts is in the trace or among them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::util::*;
+
+/// Where `scripts/setup --test` installs PyPI's perfetto.
+const VENV_PYTHON: &str = "/opt/offcputime-test/perfetto-venv/bin/python3";
+
+/// A Python that imports Perfetto's trace protos. Outside CI, none skips
+/// the test; under CI=true it fails.
+fn perfetto_python() -> Option<PathBuf> {
+    let imports = |p: &Path| {
+        Command::new(p)
+            .args([
+                "-c",
+                "import perfetto.protos.perfetto.trace.perfetto_trace_pb2",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let found = [PathBuf::from(VENV_PYTHON), PathBuf::from("python3")]
+        .into_iter()
+        .find(|p| imports(p));
+    if found.is_none() {
+        if is_ci() {
+            panic!(
+                "Python with the perfetto package is needed and CI=true forbids skipping \
+                 (scripts/setup --test installs it in {VENV_PYTHON})"
+            );
+        }
+        eprintln!("skipped: no Python with perfetto (scripts/setup --test installs it)");
+    }
+    found
+}
+
+/// `tests/perfetto_read.py FILE`: the trace as JSON; the script must accept
+/// it.
+fn read_trace(python: &Path, file: &Path) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/perfetto_read.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(file)
+        .output()
+        .expect("run perfetto_read.py");
+    assert!(
+        out.status.success(),
+        "perfetto_read.py refused {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("perfetto_read.py prints JSON")
+}
+
+/// A slice of the trace.
+#[derive(Debug)]
+struct Slice {
+    tid: u64,
+    ts: u64,
+    dur: u64,
+    name: String,
+    category: String,
+    stack: Vec<String>,
+    args: HashMap<String, Value>,
+    flows_in: Vec<u64>,
+}
+
+impl Slice {
+    fn clipped(&self) -> bool {
+        self.args.contains_key("under way at the start")
+            || self.args.contains_key("under way at the end")
+    }
+
+    /// A wait of its own (not a preemption), whole in the window.
+    fn whole_sleep(&self) -> bool {
+        !self.clipped() && self.category == "sleep"
+    }
+}
+
+/// A wake-up (or an on-CPU sample): an instant on a track.
+#[derive(Debug)]
+struct Instant {
+    track: Value,
+    ts: u64,
+    stack: Vec<String>,
+    category: Option<String>,
+    flows_out: Vec<u64>,
+}
+
+struct Trace {
+    /// Thread name by tid.
+    threads: HashMap<u64, String>,
+    slices: Vec<Slice>,
+    instants: Vec<Instant>,
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn numbers(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default()
+}
+
+impl Trace {
+    fn read(python: &Path, file: &Path) -> Trace {
+        let v = read_trace(python, file);
+        let threads = v["threads"]
+            .as_array()
+            .expect("threads")
+            .iter()
+            .map(|t| {
+                (
+                    t["tid"].as_u64().expect("tid"),
+                    t["name"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        let slices = v["slices"]
+            .as_array()
+            .expect("slices")
+            .iter()
+            .map(|s| Slice {
+                tid: s["tid"].as_u64().expect("tid"),
+                ts: s["ts"].as_u64().expect("ts"),
+                dur: s["dur"].as_u64().expect("dur"),
+                name: s["name"].as_str().unwrap_or("").to_string(),
+                category: s["category"].as_str().unwrap_or("").to_string(),
+                stack: strings(&s["stack"]),
+                args: s["args"]
+                    .as_object()
+                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                    .unwrap_or_default(),
+                flows_in: numbers(&s["flows_in"]),
+            })
+            .collect();
+        let instants = v["instants"]
+            .as_array()
+            .expect("instants")
+            .iter()
+            .map(|i| Instant {
+                track: i["track"].clone(),
+                ts: i["ts"].as_u64().expect("ts"),
+                stack: strings(&i["stack"]),
+                category: i["category"].as_str().map(str::to_string),
+                flows_out: numbers(&i["flows_out"]),
+            })
+            .collect();
+        Trace {
+            threads,
+            slices,
+            instants,
+        }
+    }
+
+    fn slices_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Slice> + 'a {
+        self.slices
+            .iter()
+            .filter(move |s| self.threads.get(&s.tid).is_some_and(|n| n == name))
+    }
+
+    fn tid_of(&self, name: &str) -> u64 {
+        *self
+            .threads
+            .iter()
+            .find(|(_, n)| *n == name)
+            .unwrap_or_else(|| panic!("no thread {name} in the trace"))
+            .0
+    }
+
+    /// The wake-up each flow comes from.
+    fn wakeups(&self) -> HashMap<u64, &Instant> {
+        self.instants
+            .iter()
+            .flat_map(|i| i.flows_out.iter().map(move |f| (*f, i)))
+            .collect()
+    }
+}
+
+const CHAIN_THREADS: [&str; 5] = [
+    "wl-producer",
+    "wl-worker",
+    "wl-client0",
+    "wl-client1",
+    "wl-client2",
+];
+
+/// The share of `slices` (none clipped at the window's ends) that a flow
+/// reaches from a wake-up on `track` whose stack has `frame`.
+fn woken_from(t: &Trace, slices: &[&Slice], track: &Value, frame: &str) -> f64 {
+    let wakeups = t.wakeups();
+    let from = slices
+        .iter()
+        .filter(|s| {
+            s.flows_in.iter().any(|f| {
+                wakeups
+                    .get(f)
+                    .is_some_and(|i| &i.track == track && i.stack.iter().any(|x| x == frame))
+            })
+        })
+        .count();
+    from as f64 / slices.len().max(1) as f64
+}
+
+#[test]
+fn timeline_of_a_chain_of_waits() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = perfetto_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
+    let wl = GroupChild::ready(&exe, "chain did not start");
+    let (folded, svg, trace) = (
+        dir.path().join("chain.folded"),
+        dir.path().join("chain.svg"),
+        dir.path().join("chain.pftrace"),
+    );
+    let out = offcputime()
+        .args(["-p", &wl.0.id().to_string(), "-m", "1000"])
+        .arg("-o")
+        .arg(&folded)
+        .arg("-o")
+        .arg(&svg)
+        .arg("--timeline")
+        .arg(&trace)
+        .arg("4")
+        .output()
+        .expect("run offcputime");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(svg.is_file(), "the flame graph of the same run");
+    let written = count_before_any(&stderr, &[" blocks of at least 1 ms"]);
+    let lines = parse_folded(&std::fs::read(&folded).expect("the folded output"));
+    let t = Trace::read(&python, &trace);
+    assert_eq!(t.slices.len() as u64, written, "{stderr}");
+
+    // Each thread's slices add up to its off-CPU time in the profile.
+    for name in CHAIN_THREADS {
+        let slices_ns: u64 = t.slices_of(name).map(|s| s.dur).sum();
+        let folded_ns = sum_us(&lines, name) * 1000;
+        let off = slices_ns.abs_diff(folded_ns) as f64 / folded_ns.max(1) as f64;
+        assert!(
+            folded_ns > 3_000_000_000 && off <= 0.005,
+            "{name}: slices {slices_ns} ns, folded {folded_ns} ns\n{stderr}"
+        );
+        // Sleeps, and where the machine is busy preemptions (runnable
+        // all along, no waker).
+        for s in t.slices_of(name) {
+            assert_eq!(s.args["state"], s.category.as_str(), "{s:?}");
+            assert!(
+                s.category == "sleep"
+                    || (s.category == "runqueue" && s.args["waker"] == "[preempted]"),
+                "{name}: {s:?}"
+            );
+        }
+    }
+
+    // Each of the producer's sleeps is a slice of 20 ms until its wake-up
+    // (its timer's: then it waits for a CPU until the slice ends), named
+    // by its function, with its whole stack.
+    let wakeups = t.wakeups();
+    let producer: Vec<&Slice> = t
+        .slices_of("wl-producer")
+        .filter(|s| s.whole_sleep())
+        .collect();
+    assert!(producer.len() >= 150, "{} sleeps in 4 s", producer.len());
+    // (A wake-up that interrupts the wake-up hook on its CPU is missed by
+    // the kernel's guard against a program running inside itself: the
+    // block's waker is then unknown.)
+    // A sleep is never shorter than its 20 ms (less the timer's slack);
+    // on a virtual machine, whose CPUs its host may hold up, a few wake
+    // late.
+    let (mut woken, mut on_time) = (0, 0);
+    for s in &producer {
+        if let Some(i) = s.flows_in.first().and_then(|f| wakeups.get(f)) {
+            woken += 1;
+            let to_wake = i.ts - s.ts;
+            assert!(
+                to_wake >= 18_000_000 && to_wake <= s.dur,
+                "a sleep of the producer is 20 ms to its wake-up: {s:?}"
+            );
+            on_time += u64::from(to_wake <= 22_000_000);
+        } else {
+            assert_eq!(s.args["waker"], "[unknown waker]", "{s:?}");
+        }
+        assert_eq!(s.name, "producer_sleep", "{s:?}");
+        let at = |f: &str| s.stack.iter().position(|x| x == f);
+        assert!(
+            at("producer") < at("producer_sleep") && at("producer").is_some(),
+            "the stack, outermost first: {:?}",
+            s.stack
+        );
+        // (A kernel stack due at a switch-in the kernel did not report is
+        // lost, and said.)
+        let last = s.stack.last().map_or("", String::as_str);
+        assert!(
+            last.contains("schedule") || last == "[Missed Kernel Stack]",
+            "the kernel frames last: {:?}",
+            s.stack
+        );
+    }
+    let missed = (t.slices.iter())
+        .filter(|s| s.stack.last().is_some_and(|f| f == "[Missed Kernel Stack]"))
+        .count() as u64;
+    assert!(missed <= unseen_kernel_stacks(&stderr), "{stderr}");
+    // Its timer's interrupt wakes it.
+    let interrupts = Value::String("interrupts".into());
+    let by_timer = woken_from(&t, &producer, &interrupts, "hrtimer_wakeup");
+    assert!(
+        by_timer >= 0.9,
+        "{by_timer} of the producer's sleeps woken by its timer"
+    );
+
+    // The worker's blocks are ended by the producer's writes: flows from
+    // instants on the producer's track, with its stack.
+    assert!(
+        woken as f64 >= producer.len() as f64 * 0.9 && on_time as f64 >= woken as f64 * 0.95,
+        "{woken} of {} sleeps of the producer with their wake-up, {on_time} of them 20 ms \
+         ±2 ms",
+        producer.len()
+    );
+    let mut durations: Vec<u64> = producer.iter().map(|s| s.dur).collect();
+    durations.sort_unstable();
+    let median = durations[durations.len() / 2];
+    assert!(
+        (19_000_000..=21_000_000).contains(&median),
+        "the producer's sleeps last {median} ns"
+    );
+    // (The worker also waits, now and then, for the mutex a client
+    // holds: those blocks are named by the worker's own function.)
+    let worker: Vec<&Slice> = t
+        .slices_of("wl-worker")
+        .filter(|s| s.whole_sleep())
+        .collect();
+    assert!(
+        worker
+            .iter()
+            .all(|s| s.name == "worker_read" || s.name == "worker"),
+        "{worker:?}"
+    );
+    let worker: Vec<&Slice> = worker
+        .into_iter()
+        .filter(|s| s.name == "worker_read")
+        .collect();
+    assert!(worker.len() >= 150, "{} reads in 4 s", worker.len());
+    let producer_track = Value::from(t.tid_of("wl-producer"));
+    let by_producer = woken_from(&t, &worker, &producer_track, "producer");
+    assert!(
+        by_producer >= 0.9,
+        "{by_producer} of the worker's blocks from the producer"
+    );
+    assert!(
+        worker
+            .iter()
+            .all(|s| s.args.get("waker tid") == Some(&producer_track)
+                || s.args["waker"] == "[unknown waker]"),
+        "{worker:?}"
+    );
+    // ... and the clients' by the worker's broadcast.
+    let worker_track = Value::from(t.tid_of("wl-worker"));
+    for c in ["wl-client0", "wl-client1", "wl-client2"] {
+        let client: Vec<&Slice> = t.slices_of(c).filter(|s| s.whole_sleep()).collect();
+        assert!(client.len() >= 150, "{c}: {} blocks", client.len());
+        assert!(client.iter().all(|s| s.name == "client_wait"), "{client:?}");
+        let by_worker = woken_from(&t, &client, &worker_track, "worker");
+        assert!(
+            by_worker >= 0.9,
+            "{by_worker} of {c}'s blocks from the worker"
+        );
+    }
+}
+
+/// With `--on-cpu`, the samples of the threads on their tracks; with `-i`,
+/// a block cut at an interval's end is one slice.
+#[test]
+fn timeline_with_on_cpu_samples_and_intervals() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = perfetto_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
+    let wl = GroupChild::ready(&exe, "chain did not start");
+    let trace = dir.path().join("chain.pftrace");
+    let out = offcputime()
+        .args(["-p", &wl.0.id().to_string(), "-m", "1000", "-f", "--on-cpu"])
+        .args(["-F", "997", "-i", "0.5", "--timeline"])
+        .arg(&trace)
+        .arg("3")
+        .output()
+        .expect("run offcputime");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let samples = count_before_any(&stderr, &[" on-CPU samples and", " on-CPU sample and"]);
+    let t = Trace::read(&python, &trace);
+    let running: Vec<&Instant> = t
+        .instants
+        .iter()
+        .filter(|i| i.category.as_deref() == Some("running"))
+        .collect();
+    assert_eq!(running.len() as u64, samples, "{stderr}");
+    assert!(
+        running.iter().all(|i| !i.stack.is_empty()),
+        "each sample with its stack"
+    );
+    // The profile's intervals, summed per thread, against the slices (a
+    // block cut at an interval's end is one slice: none of the
+    // producer's is cut short).
+    let lines = parse_folded(&out.stdout);
+    for name in CHAIN_THREADS {
+        let slices_ns: u64 = t.slices_of(name).map(|s| s.dur).sum();
+        let folded_ns = sum_us_where(&lines, |l| l.comm() == name && !l.has("[running]")) * 1000;
+        let off = slices_ns.abs_diff(folded_ns) as f64 / folded_ns.max(1) as f64;
+        assert!(
+            off <= 0.005,
+            "{name}: slices {slices_ns} ns, intervals {folded_ns} ns\n{stderr}"
+        );
+    }
+    // The producer's sleeps, whole: none cut at an interval's end.
+    let wakeups = t.wakeups();
+    let producer: Vec<&Slice> = t
+        .slices_of("wl-producer")
+        .filter(|s| s.whole_sleep())
+        .collect();
+    assert!(producer.len() >= 100, "{} sleeps in 3 s", producer.len());
+    assert!(
+        producer
+            .iter()
+            .filter_map(|s| Some((s, wakeups.get(s.flows_in.first()?)?)))
+            .all(|(s, i)| (18_000_000..=22_000_000).contains(&(i.ts - s.ts))),
+        "{producer:?}"
+    );
+}
+
+/// Under a switch storm, the records read too late (the reader stalled)
+/// are lost, counted and said; every block the profile counts is in the
+/// trace or among them.
+#[test]
+fn timeline_records_lost_are_counted_and_said() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = perfetto_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("kouter", &["-O2", "-g", "-pthread"], dir.path());
+    let wl = GroupChild::ready(&exe, "kouter did not start");
+    let trace = dir.path().join("storm.pftrace");
+    let out = offcputime()
+        .args([
+            "-p",
+            &wl.0.id().to_string(),
+            "-f",
+            "-v",
+            "--timeline-min",
+            "1",
+        ])
+        .arg("--timeline")
+        .arg(&trace)
+        .arg("3")
+        .env("OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS", "0")
+        .env("OFFCPUTIME_TEST_TIMELINE_RING_KB", "64")
+        .output()
+        .expect("run offcputime");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let written = count_before_any(&stderr, &[" blocks of at least 0.001 ms"]);
+    let lost = count_before_any(&stderr, &[" records (blocks or samples) lost"]);
+    let counted = count_before_any(&stderr, &[" blocks, "]);
+    assert!(lost > 0, "the ring buffer overflowed: {stderr}");
+    assert_eq!(
+        written + lost,
+        counted,
+        "every block counted is written or lost: {stderr}"
+    );
+    let t = Trace::read(&python, &trace);
+    assert_eq!(t.slices.len() as u64, written);
+}
