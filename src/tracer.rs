@@ -860,6 +860,46 @@ impl<'obj> Tracer<'obj> {
             .context("failed to set up the event ring buffer")
     }
 
+    /// Runs of the wake-up hook (`--wakers`, `--timeline`) the kernel
+    /// skipped: a wake-up from an interrupt that came while the hook ran
+    /// for another on the same CPU (the kernel runs a program once at a
+    /// time on a CPU). Their blocks' wakers are unknown. 0 where the kernel
+    /// does not count them (before 5.12).
+    pub fn wakeups_missed(&self) -> u64 {
+        use libbpf_rs::skel::Skel;
+        use libbpf_rs::AsRawLibbpf;
+        let later = self.later.borrow();
+        let mut objects = vec![self.skel.object()];
+        if let Later::Loaded(skel) = &*later {
+            objects.push(skel.object());
+        }
+        let mut missed = 0;
+        for object in objects {
+            for prog in object.progs() {
+                if !prog.name().to_string_lossy().starts_with("sched_waking") {
+                    continue;
+                }
+                // SAFETY: a program of a live object; -1 where not loaded.
+                let fd = unsafe {
+                    libbpf_rs::libbpf_sys::bpf_program__fd(prog.as_libbpf_object().as_ptr())
+                };
+                if fd < 0 {
+                    continue;
+                }
+                let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+                let mut len = std::mem::size_of_val(&info) as u32;
+                // SAFETY: the info struct and its size, a program's fd.
+                let got = unsafe {
+                    libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len)
+                };
+                if got == 0 {
+                    missed += info.recursion_misses;
+                }
+            }
+        }
+        missed
+    }
+
     /// `--timeline`: the block records read from their ring so far (by
     /// [`Tracer::wait`] and [`Tracer::drain`]), taken.
     pub fn take_blocks(&self) -> Vec<RawBlock> {

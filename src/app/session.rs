@@ -67,6 +67,9 @@ pub(super) struct End {
     kernel_stack_pairs: Option<Result<crate::ksyms::StackPairs>>,
     /// Where the runtimes' walkers were loaded (`-v`).
     runtime_walkers: crate::tracer::RuntimeWalkers,
+    /// Wake-ups whose hook the kernel skipped (see
+    /// [`Tracer::wakeups_missed`]).
+    wakeups_missed: u64,
 }
 
 /// The profile written: the whole trace's, or with `-i` the last
@@ -392,6 +395,7 @@ impl<'a> Session<'a> {
             kernel_stack_pairs: (self.config.tracer.test.kstack_check)
                 .then(|| tracer.kernel_stack_pairs()),
             runtime_walkers: tracer.runtime_walkers(),
+            wakeups_missed: tracer.wakeups_missed(),
         };
         Ok((raw, end))
     }
@@ -528,6 +532,14 @@ impl<'a> Session<'a> {
             &|kind| config.tracer.runtime_on(kind),
         );
         report_namespaces(&self.registry, config.verbose);
+        if end.wakeups_missed > 0 {
+            eprintln!(
+                "offcputime: {} from interrupts came while the wake-up hook ran for another on \
+                 the same CPU, which the kernel does not run it inside: the blocks they ended \
+                 have an unknown waker",
+                count(end.wakeups_missed, "wake-up", "wake-ups"),
+            );
+        }
         report_on_cpu(
             profile,
             self.intervals.as_ref().map(|iv| iv.running_ns),

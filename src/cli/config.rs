@@ -162,6 +162,19 @@ impl Args {
             timeline: self.timeline.clone(),
         };
         self.name_flame_graphs(&mut config);
+        if let Some(t) = &config.timeline {
+            let same = |p: &std::path::Path| {
+                p == t
+                    || std::fs::canonicalize(p)
+                        .is_ok_and(|p| std::fs::canonicalize(t).is_ok_and(|t| p == t))
+            };
+            if config.outputs().any(|(p, _)| p.is_some_and(same)) {
+                bail!(
+                    "--timeline {} is also an output of the profile",
+                    t.display()
+                );
+            }
+        }
         Ok(config)
     }
 

@@ -361,3 +361,21 @@ fn on_cpu_flags() {
     );
     assert_eq!(pprof(&["--format", "pprof"]), (SampleType::Offcpu, false));
 }
+
+#[test]
+fn timeline_flags() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let t = dir.path().join("t.pftrace");
+    let t = t.to_str().unwrap();
+    let c = config(&["--timeline", t, "5"]).unwrap();
+    assert_eq!(c.tracer.timeline_min_ns, Some(1_000_000));
+    assert_eq!(c.timeline.as_deref(), Some(std::path::Path::new(t)));
+    let c = config(&["--timeline", t, "--timeline-min", "250", "5"]).unwrap();
+    assert_eq!(c.tracer.timeline_min_ns, Some(250_000));
+    assert_eq!(config(&["5"]).unwrap().tracer.timeline_min_ns, None);
+    assert!(err(&["--timeline-min", "5"]).contains("--timeline-min is for --timeline FILE"));
+    assert!(err(&["--timeline", t, "--timeline-min", "x"]).contains("--timeline-min"));
+    assert!(err(&["--timeline", t, "--timeline-min", "3600000001"]).contains("too long"));
+    assert!(err(&["--timeline", t, "-o", t]).contains("also an output"));
+    assert!(err(&["--snapshot", "--timeline", t]).contains("--snapshot traces nothing"));
+}
