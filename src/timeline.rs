@@ -423,11 +423,13 @@ impl<'a> Writer<'a> {
                     notes.push(string_note(name, "yes"));
                 }
             }
-            // A wake-up seen inside the block: an instant on the waker's
-            // track, and a flow from it to the block's end.
+            // The wake-up that ended the block: an instant on the waker's
+            // track, and a flow from it to the block's end (which comes
+            // after it; a block under way at the start may have been woken
+            // before the window opened).
             let flow = match (s.waker_track, waking) {
                 (Some(track), w) if w != 0 && !at_end => {
-                    let at = w.clamp(from, to.saturating_sub(1).max(from));
+                    let at = w.min(to.saturating_sub(1));
                     self.event(
                         out,
                         at + offset,

@@ -280,10 +280,29 @@ fn timeline_of_a_chain_of_waits() {
         }
     }
 
+    // A block under way at the end was not woken; every other block's
+    // wake-up came after it began.
+    let wakeups = t.wakeups();
+    for s in &t.slices {
+        if s.args.contains_key("under way at the end") {
+            assert!(
+                s.args["waker"] == "[not woken]" && s.flows_in.is_empty(),
+                "{s:?}"
+            );
+        }
+        for f in &s.flows_in {
+            let i = wakeups.get(f).expect("a flow's wake-up");
+            assert!(
+                (i.ts >= s.ts || s.args.contains_key("under way at the start"))
+                    && i.ts < s.ts + s.dur,
+                "a wake-up outside its block: {i:?} {s:?}"
+            );
+        }
+    }
+
     // Each of the producer's sleeps is a slice of 20 ms until its wake-up
     // (its timer's: then it waits for a CPU until the slice ends), named
     // by its function, with its whole stack.
-    let wakeups = t.wakeups();
     let producer: Vec<&Slice> = t
         .slices_of("wl-producer")
         .filter(|s| s.whole_sleep())
