@@ -62,6 +62,8 @@ pub struct Written {
     pub samples: u64,
     pub bytes: u64,
     pub flows: u64,
+    /// Distinct threads, stacks, states and wakers among the blocks.
+    pub keys: usize,
 }
 
 impl Timeline {
@@ -202,6 +204,7 @@ impl Timeline {
                     samples,
                     bytes: counter.bytes,
                     flows,
+                    keys: self.key_list.len(),
                 });
                 Ok(())
             })

@@ -472,6 +472,12 @@ impl<'a> Session<'a> {
             path.display(),
             w.bytes as f64 / 1e6,
         );
+        if self.config.verbose {
+            eprintln!(
+                "offcputime: timeline: {} (thread, stacks, state and waker) among them",
+                count(w.keys as u64, "distinct block", "distinct blocks"),
+            );
+        }
         if lost > 0 {
             eprintln!(
                 "offcputime: timeline: {} (blocks or samples) lost for a full ring buffer, read \

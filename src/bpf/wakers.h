@@ -45,9 +45,12 @@ int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
  * frames is in a hardware interrupt's entry (x86-64's asm_common_interrupt
  * and asm_sysvec_* stubs, which lie together) or where softirqs are run.
  * Userspace gives both address ranges (0 where kallsyms hides them: then
- * it tells by the frames' names).
+ * it tells by the frames' names).  Returns the frames up to that one
+ * (the interrupt's own; the frames of whatever it interrupted, below,
+ * tell nothing of the wake-up and would make every wake-up of a timer a
+ * waker of its own), or 0 for a task's stack.
  */
-static __always_inline bool interrupt_stack(__u64 *ips, long nr)
+static __always_inline long interrupt_stack(__u64 *ips, long nr)
 {
 	int i;
 
@@ -59,9 +62,9 @@ static __always_inline bool interrupt_stack(__u64 *ips, long nr)
 		ip = ips[i];
 		if ((ip >= irq_entry_start && ip < irq_entry_end) ||
 		    (ip >= softirq_start && ip < softirq_end))
-			return true;
+			return i + 1;
 	}
-	return false;
+	return 0;
 }
 
 /*
@@ -109,10 +112,10 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	__u32 tid = BPF_CORE_READ(p, pid);
 	struct waker_info w = {};
 	struct task_data *d, *wd;
-	bool kthread, irq;
+	bool kthread;
 	__u32 zero = 0;
 	__u64 *buf;
-	long len;
+	long len, irq = 0;
 
 	if (tid == 0 || BPF_CORE_READ(p, on_rq))
 		return;
@@ -124,8 +127,13 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	if (!buf)
 		return;
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), 0);
-	irq = len > 0 && interrupt_stack(buf, len / sizeof(__u64));
-	w.kernel_stack_id = store_stack(len, false);
+	if (len > 0)
+		irq = interrupt_stack(buf, len / sizeof(__u64));
+	/* An interrupt's frames end at its entry (the stored frames end at
+	 * the first 0). */
+	if (irq > 0 && irq <= MAX_INTERRUPT_SCAN)
+		buf[irq] = 0;
+	w.kernel_stack_id = store_stack(irq ? irq * (long)sizeof(__u64) : len, false);
 	if (irq) {
 		/* Not the interrupted task's doing: no task, no user stack. */
 		d->waker_id = store_waker(&w);
