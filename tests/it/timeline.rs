@@ -523,3 +523,110 @@ fn timeline_records_lost_are_counted_and_said() {
     let t = Trace::read(&python, &trace);
     assert_eq!(t.slices.len() as u64, written);
 }
+
+/// The kernel matrix's cell (`scripts/vmtest`): on every hook, the blocks
+/// of `blocker wakers` of at least 1 ms are sent and written with their
+/// wake-ups, exactly the blocks the profile counts with `-m 1000`: none
+/// lost, none made up. The trace is read by the tests above, on this
+/// machine (the VMs have no Python).
+#[test]
+fn timeline_on_every_hook() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let w = Workload::start(&["wakers"]);
+    let pid = w.pid.to_string();
+    let mut hooks = vec!["tp-btf", "raw-tp"];
+    // (Where the kernel has no kprobes, the e2e tests check that the hook
+    // says so; the matrix line names the hooks this test ran.)
+    if has_kprobes() {
+        hooks.push("finish-task-switch");
+    }
+    for hook in &hooks {
+        let trace = dir.path().join(format!("{hook}.pftrace"));
+        let out = offcputime()
+            .args([
+                "-v",
+                "-f",
+                "-m",
+                "1000",
+                "--hook",
+                hook,
+                "-p",
+                &pid,
+                "--timeline",
+            ])
+            .arg(&trace)
+            .arg("2")
+            .output()
+            .expect("run offcputime");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{hook}: {stderr}");
+        let written = count_before_any(&stderr, &[" blocks of at least 1 ms"]);
+        let counted = count_before_any(&stderr, &[" blocks, "]);
+        let wakeups = count_before_any(&stderr, &[" wake-ups written", " wake-up written"]);
+        assert!(
+            written == counted && written >= 20 && wakeups >= 10,
+            "{hook}: {written} blocks written, {counted} counted, {wakeups} wake-ups\n{stderr}"
+        );
+        assert!(
+            !stderr.contains("lost for a full ring buffer"),
+            "{hook}: {stderr}"
+        );
+        let size = std::fs::metadata(&trace).map_or(0, |m| m.len());
+        assert!(size > 1000, "{hook}: the trace is {size} bytes");
+    }
+    eprintln!("matrix: timeline on {}", hooks.join(", "));
+}
+
+/// The filters apply to the timeline as to the profile: `-t`, `--state`
+/// and `-M` keep the producer's and the worker's sleeps of at most 25 ms.
+#[test]
+fn timeline_follows_the_filters() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = perfetto_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
+    let wl = GroupChild::ready(&exe, "chain did not start");
+    let tid = |name: &str| -> u64 {
+        std::fs::read_dir(format!("/proc/{}/task", wl.0.id()))
+            .expect("the workload's threads")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .find(|t| {
+                std::fs::read_to_string(format!("/proc/{}/task/{t}/comm", wl.0.id()))
+                    .is_ok_and(|c| c.trim() == name)
+            })
+            .unwrap_or_else(|| panic!("no thread {name}"))
+    };
+    let (producer, worker) = (tid("wl-producer"), tid("wl-worker"));
+    let trace = dir.path().join("filtered.pftrace");
+    let out = offcputime()
+        .args([
+            "-t",
+            &format!("{producer},{worker}"),
+            "--state",
+            "1",
+            "-M",
+            "25000",
+        ])
+        .arg("--timeline")
+        .arg(&trace)
+        .arg("2")
+        .output()
+        .expect("run offcputime");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let t = Trace::read(&python, &trace);
+    assert!(t.slices.len() >= 150, "{} slices\n{stderr}", t.slices.len());
+    for s in &t.slices {
+        assert!(
+            (s.tid == producer || s.tid == worker) && s.category == "sleep" && s.dur <= 25_000_000,
+            "{s:?}"
+        );
+    }
+}
