@@ -633,15 +633,20 @@ pub struct RawProfile {
     pub counters: LossCounters,
 }
 
-/// CLOCK_MONOTONIC now, in ns: the clock of the BPF program.
+/// CLOCK_MONOTONIC now, in ns: the clock of the BPF program
+/// (bpf_ktime_get_ns()).
 pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// Clock `clock` now, in ns.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC is what
-    // bpf_ktime_get_ns() reads.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid pointer to a timespec; the clocks are Linux's.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

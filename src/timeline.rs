@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 
 use crate::output::sink::Sink;
 use crate::profile::{FrameSource, NameSource, OffState, Origin, Part, Profile, Sample, Waker};
-use crate::raw::{Proc, RawBlock, RawEntry, RawProfile, StackRef, WakerRef};
+use crate::raw::{clock_ns, Proc, RawBlock, RawEntry, RawProfile, StackRef, WakerRef};
 
 pub mod perfetto;
 
@@ -347,6 +347,21 @@ struct Shown {
     waker_name: u64,
 }
 
+impl Shown {
+    /// An event of type `kind` on the key's track, with its name,
+    /// category and stack.
+    fn event(&self, kind: i32) -> pf::TrackEvent {
+        pf::TrackEvent {
+            category_iids: vec![self.category],
+            name_iid: Some(self.name),
+            r#type: Some(kind),
+            track_uuid: Some(self.track),
+            callstack_iid: self.callstack,
+            ..Default::default()
+        }
+    }
+}
+
 impl<'a> Writer<'a> {
     fn new(profile: &'a Profile, keys: &'a [BlockKey], waker_procs: &'a [Option<Proc>]) -> Self {
         Writer {
@@ -396,18 +411,7 @@ impl<'a> Writer<'a> {
             };
             if rec[28] & 4 != 0 {
                 // An on-CPU sample: an instant on the thread's track.
-                self.event(
-                    out,
-                    from + offset,
-                    pf::TrackEvent {
-                        category_iids: vec![s.category],
-                        name_iid: Some(s.name),
-                        r#type: Some(pf::TYPE_INSTANT),
-                        track_uuid: Some(s.track),
-                        callstack_iid: s.callstack,
-                        ..Default::default()
-                    },
-                )?;
+                self.event(out, from + offset, s.event(pf::TYPE_INSTANT))?;
                 continue;
             }
             let mut notes = vec![
@@ -454,13 +458,8 @@ impl<'a> Writer<'a> {
                 out,
                 from + offset,
                 pf::TrackEvent {
-                    category_iids: vec![s.category],
-                    name_iid: Some(s.name),
-                    r#type: Some(pf::TYPE_SLICE_BEGIN),
-                    track_uuid: Some(s.track),
-                    callstack_iid: s.callstack,
                     debug_annotations: notes,
-                    ..Default::default()
+                    ..s.event(pf::TYPE_SLICE_BEGIN)
                 },
             )?;
             self.event(
@@ -828,16 +827,6 @@ fn boottime_offset() -> u64 {
         clock_ns(libc::CLOCK_MONOTONIC),
     );
     boot.saturating_sub(mono)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec; the clocks are Linux's.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The clocks at one moment: the trace's (BOOTTIME), the program's and

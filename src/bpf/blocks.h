@@ -313,6 +313,7 @@ static __always_inline bool close_unseen_block_here(struct task_struct *prev,
 	}
 	if (!block_part(d, start, in, true, &from, &to, &wt))
 		return true;
+	TIMELINE_SEEN(d, start, in, false);
 	fill_key(&key, prev, tid, false);
 	if (is_kthread(prev, false))
 		count(CNT_KTHREAD_BLOCKS);
@@ -324,7 +325,7 @@ static __always_inline bool close_unseen_block_here(struct task_struct *prev,
 		key.kernel_stack_id = STACK_ID_SWITCH_IN_UNSEEN;
 		count(CNT_KSTACK_UNSEEN);
 	}
-	timeline_block(&key, d, state, start, to, in, false);
+	TIMELINE_BLOCK(&key, d, state);
 	add_block_parts(&key, d, state, from, to, true, &wt);
 	if (keep_wakers())
 		d->waker_id = 0;

@@ -395,6 +395,7 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 	start = swap_start(d, 0, legacy);
 	if (!block_part(d, start, trace_end_ns, false, &from, &to, &wt))
 		return;
+	TIMELINE_SEEN(d, start, trace_end_ns, true);
 
 	fill_key(&key, task, tid, false);
 	if (start == START_AT_WINDOW)
@@ -422,8 +423,8 @@ static __always_inline void flush_task(struct task_struct *task, const __u32 var
 	if ((variant & VARIANT_TRUSTED) && key.kernel_stack_id == STACK_ID_AT_SWITCH_IN)
 		key.kernel_stack_id = kernel_stack_of_task(task, true);
 	count(CNT_BLOCKS_AT_END);
-	timeline_block(&key, d, state, start, to, trace_end_ns, true);
 	add_block_parts(&key, d, state, from, to, false, &wt);
+	TIMELINE_BLOCK(&key, d, state);
 }
 
 /*

@@ -33,6 +33,9 @@ struct task_data {
 	 * nobody yet), and when the wake-up began. */
 	__u64 waker_id;
 	__u64 waking_ns;
+	/* --timeline: until when the block being closed was seen, with
+	 * TIMELINE_AT_START and TIMELINE_AT_END (see timeline_block). */
+	__u64 timeline_end;
 	/* Until when (2^20 ns) its Python frames are not looked for: see
 	 * python_stack_at_switch_out. */
 	__u32 py_rest_until;

@@ -151,6 +151,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 			d->waker_id = 0;
 		return;
 	}
+	TIMELINE_SEEN(d, start, now, false);
 
 	fill_key(&key, next, tid, trusted);
 	kthread = is_kthread(next, trusted);
@@ -173,8 +174,8 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 		if (want_kernel_stack)
 			key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
 	}
-	timeline_block(&key, d, state, start, to, now, false);
 	add_block_parts(&key, d, state, from, to, true, &wt);
+	TIMELINE_BLOCK(&key, d, state);
 	if (keep_wakers())
 		d->waker_id = 0;
 }

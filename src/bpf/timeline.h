@@ -66,36 +66,6 @@ static __always_inline void send_record(struct block_record *r)
 	count(CNT_TIMELINE_SENT);
 }
 
-/*
- * Sends the block `key` tells of: inside the window [from, to), with
- * `flags` (enum block_record_flags); its waker from `d`.  Lost records are
- * counted.
- */
-static __noinline void record_block(struct offcpu_key *key, struct task_data *d, __u64 from,
-				    __u64 to, __u32 flags)
-{
-	struct block_record *r;
-	__u64 waker;
-
-	if (!key || !d)
-		return;
-	if (key->state == OFFCPU_STATE_RUNQUEUE)
-		waker = WAKER_ID_PREEMPTED;
-	else if (d->waker_id)
-		waker = d->waker_id;
-	else
-		waker = (flags & BLOCK_AT_END) ? WAKER_ID_NOT_WOKEN : WAKER_ID_UNSEEN;
-	r = bpf_ringbuf_reserve(&block_records, sizeof(*r), 0);
-	if (!r) {
-		count(CNT_TIMELINE_LOST);
-		return;
-	}
-	fill_record(r, key, from, to, flags);
-	r->waking_ns = d->waker_id ? d->waking_ns : 0;
-	r->waker_id = waker;
-	send_record(r);
-}
-
 /* --on-cpu: the sample `key` tells of, taken at `now`. */
 static __noinline void record_sample(struct offcpu_key *key, __u64 now)
 {
@@ -114,39 +84,94 @@ static __noinline void record_sample(struct offcpu_key *key, __u64 now)
 	send_record(r);
 }
 
-/*
- * Where --timeline is asked: the block of `d` that `start` tells of (as
- * task_data.start_ns had it when the block was claimed), counted up to `to`
- * (its end, or the window's) and seen until `now`, with the stacks in `key`
- * and `state` the state it blocked in, is sent if it lasted at least
- * timeline_min_ns, measured as -m measures it (see block_part).  A block
- * cut at -i's interval ends is sent once, whole.  `at_end`: still under way
- * at the window's end.
- */
-static __always_inline void timeline_block(struct offcpu_key *key, struct task_data *d,
-					   __u32 state, __u64 start, __u64 to, __u64 now,
-					   bool at_end)
-{
-	__u64 w = trace_start_ns, began;
-	__u32 kept = key->state, flags = at_end ? BLOCK_AT_END : 0;
+/* task_data.timeline_end: when the block being closed was seen last (its
+ * switch-in, or the window's end), and where it began before the window
+ * (TIMELINE_AT_START: claimed by the start iterator) and whether it is
+ * still under way at the window's end (TIMELINE_AT_END). */
+#define TIMELINE_AT_END (1ULL << 63)
+#define TIMELINE_AT_START (1ULL << 62)
 
-	if (!timeline_min_ns)
+/*
+ * Where --timeline is asked: the block `d` holds, its stacks and the
+ * state it blocked in in `key`, seen until its timeline_end, is sent if it
+ * lasted at least timeline_min_ns, measured as -m measures it (see
+ * block_part): from its switch-out (block_ns, kept whole across -i's cuts:
+ * a cut block is sent once, whole), or from the window's start, to when
+ * it was seen last or the window's end, whichever is first.  The key's
+ * state is put back (OFFCPU_STATE_ANY: the count sets its own).  Lost
+ * records are counted.  Out of line, and given nothing the hook would not
+ * keep anyway (the times are in `d`, written by TIMELINE_SEEN where the
+ * hook has them): the hooks' frames are near the 512 bytes the verifier
+ * allows the deepest chain of calls (before private stacks, 6.13), and
+ * each value a hook keeps across a call takes room there.
+ */
+static __noinline void timeline_block(struct offcpu_key *key, struct task_data *d)
+{
+	__u64 w = trace_start_ns, wend = trace_end_ns, began, to, waker, end, now;
+	struct block_record *r;
+	__u32 flags = 0;
+
+	if (!key || !d || !timeline_min_ns)
 		return;
-	if (began_before_window(start)) {
+	end = d->timeline_end;
+	now = end & ~(TIMELINE_AT_END | TIMELINE_AT_START);
+	if (end & TIMELINE_AT_END)
+		flags |= BLOCK_AT_END;
+	if (end & TIMELINE_AT_START) {
 		began = w;
 		flags |= BLOCK_AT_START;
 	} else {
-		began = (start & START_CUT) ? d->block_ns : start;
+		began = d->block_ns;
 	}
 	if (now <= began || now - began < timeline_min_ns)
-		return;
+		goto out;
 	if (began < w)
 		began = w;
+	to = wend && now > wend ? wend : now;
 	if (to <= began)
-		return;
-	key->state = state;
-	record_block(key, d, began, to, flags);
-	key->state = kept;
+		goto out;
+	if (key->state == OFFCPU_STATE_RUNQUEUE)
+		waker = WAKER_ID_PREEMPTED;
+	else if (d->waker_id)
+		waker = d->waker_id;
+	else
+		waker = (flags & BLOCK_AT_END) ? WAKER_ID_NOT_WOKEN : WAKER_ID_UNSEEN;
+	r = bpf_ringbuf_reserve(&block_records, sizeof(*r), 0);
+	if (!r) {
+		count(CNT_TIMELINE_LOST);
+		goto out;
+	}
+	fill_record(r, key, began, to, flags);
+	r->waking_ns = d->waker_id ? d->waking_ns : 0;
+	r->waker_id = waker;
+	send_record(r);
+out:
+	key->state = OFFCPU_STATE_ANY;
 }
+
+/* Where --timeline is asked (a constant: the verifier drops the code
+ * without it): the block that `start` (as task_data.start_ns had it when
+ * the block was claimed) tells of was seen until `now`; `at_end`: it is
+ * still under way at the window's end.  Where the hook has those at
+ * hand. */
+#define TIMELINE_SEEN(d, start, now, at_end)                                   \
+	do {                                                                   \
+		if (timeline_min_ns)                                           \
+			(d)->timeline_end =                                    \
+				(now) |                                        \
+				(began_before_window(start) ? TIMELINE_AT_START \
+							    : 0) |             \
+				((at_end) ? TIMELINE_AT_END : 0);              \
+	} while (0)
+
+/* ... and once its stacks are known, with the state it blocked in, the
+ * block sent (timeline_block). */
+#define TIMELINE_BLOCK(key, d, state_)                                         \
+	do {                                                                   \
+		if (timeline_min_ns) {                                         \
+			(key)->state = (state_);                               \
+			timeline_block((key), (d));                            \
+		}                                                              \
+	} while (0)
 
 #endif /* __OFFCPUTIME_TIMELINE_H__ */

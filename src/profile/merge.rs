@@ -208,23 +208,10 @@ impl<'a> Merger<'a> {
             each,
             ..
         } = self;
+        let lists = (&threads, &waker_list[..], &container_list[..]);
         each.unwrap_or_default()
             .into_iter()
-            .map(
-                |((tgid, pid, comm, u, k, state, w, c), (total_ns, count))| Sample {
-                    comm: comm.to_string(),
-                    tgid,
-                    pid,
-                    thread: threads.get(&(tgid, pid)).cloned(),
-                    user: parts.list[u as usize].clone(),
-                    kernel: parts.list[k as usize].clone(),
-                    state,
-                    waker: w.map(|w| waker_list[w as usize].clone()),
-                    container: c.map(|c| container_list[c as usize].clone()),
-                    total_ns,
-                    count,
-                },
-            )
+            .map(|(key, totals)| sample(key, totals, |n| parts.list[n as usize].clone(), lists))
             .collect()
     }
 
@@ -287,23 +274,37 @@ impl<'a> Merger<'a> {
                 list[n].clone()
             }
         };
+        let lists = (&threads, &waker_list[..], &container_list[..]);
         sums.into_iter()
-            .map(
-                |((tgid, pid, comm, u, k, state, w, c), (total_ns, count))| Sample {
-                    comm: comm.to_string(),
-                    tgid,
-                    pid,
-                    thread: threads.get(&(tgid, pid)).cloned(),
-                    user: take(u),
-                    kernel: take(k),
-                    state,
-                    waker: w.map(|w| waker_list[w as usize].clone()),
-                    container: c.map(|c| container_list[c as usize].clone()),
-                    total_ns,
-                    count,
-                },
-            )
+            .map(|(key, totals)| sample(key, totals, &mut take, lists))
             .collect()
+    }
+}
+
+/// The sample of `key` with its totals: its parts by `part`, its thread's
+/// name, waker and container from the merger's lists.
+fn sample(
+    (tgid, pid, comm, u, k, state, w, c): SumKey<'_>,
+    (total_ns, count): (u64, u64),
+    mut part: impl FnMut(u32) -> Part,
+    (threads, wakers, containers): (
+        &ahash::AHashMap<(u32, u32), Arc<str>>,
+        &[Waker],
+        &[Arc<Container>],
+    ),
+) -> Sample {
+    Sample {
+        comm: comm.to_string(),
+        tgid,
+        pid,
+        thread: threads.get(&(tgid, pid)).cloned(),
+        user: part(u),
+        kernel: part(k),
+        state,
+        waker: w.map(|w| wakers[w as usize].clone()),
+        container: c.map(|c| containers[c as usize].clone()),
+        total_ns,
+        count,
     }
 }
 

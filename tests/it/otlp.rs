@@ -23,7 +23,7 @@ use offcputime::profile::{Profile, Window};
 use crate::formats::with_addresses;
 use crate::golden::check;
 use crate::push::{Request, Server};
-use crate::util::{is_ci, is_time_line, offcputime, profile, require_root, serial, Workload};
+use crate::util::{is_time_line, offcputime, profile, python_with, require_root, serial, Workload};
 
 /// Where `scripts/setup --test` installs opentelemetry-proto.
 const VENV_PYTHON: &str = "/opt/offcputime-test/otlp-venv/bin/python3";
@@ -31,28 +31,11 @@ const VENV_PYTHON: &str = "/opt/offcputime-test/otlp-venv/bin/python3";
 /// A Python that imports opentelemetry-proto's profiles classes. Outside
 /// CI, none skips the test; under CI=true it fails.
 pub(crate) fn otlp_python() -> Option<PathBuf> {
-    let imports = |p: &Path| {
-        Command::new(p)
-            .args([
-                "-c",
-                "import opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2",
-            ])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let found = [PathBuf::from(VENV_PYTHON), PathBuf::from("python3")]
-        .into_iter()
-        .find(|p| imports(p));
-    if found.is_none() {
-        if is_ci() {
-            panic!(
-                "Python with the opentelemetry-proto package is needed and CI=true forbids \
-                 skipping (scripts/setup --test installs it in {VENV_PYTHON})"
-            );
-        }
-        eprintln!("skipped: no Python with opentelemetry-proto (scripts/setup --test installs it)");
-    }
-    found
+    python_with(
+        VENV_PYTHON,
+        "opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2",
+        "opentelemetry-proto",
+    )
 }
 
 /// `tests/otlp_read.py FILES`: each file's request as JSON; the script must

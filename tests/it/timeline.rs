@@ -24,28 +24,11 @@ const VENV_PYTHON: &str = "/opt/offcputime-test/perfetto-venv/bin/python3";
 /// A Python that imports Perfetto's trace protos. Outside CI, none skips
 /// the test; under CI=true it fails.
 fn perfetto_python() -> Option<PathBuf> {
-    let imports = |p: &Path| {
-        Command::new(p)
-            .args([
-                "-c",
-                "import perfetto.protos.perfetto.trace.perfetto_trace_pb2",
-            ])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let found = [PathBuf::from(VENV_PYTHON), PathBuf::from("python3")]
-        .into_iter()
-        .find(|p| imports(p));
-    if found.is_none() {
-        if is_ci() {
-            panic!(
-                "Python with the perfetto package is needed and CI=true forbids skipping \
-                 (scripts/setup --test installs it in {VENV_PYTHON})"
-            );
-        }
-        eprintln!("skipped: no Python with perfetto (scripts/setup --test installs it)");
-    }
-    found
+    python_with(
+        VENV_PYTHON,
+        "perfetto.protos.perfetto.trace.perfetto_trace_pb2",
+        "perfetto",
+    )
 }
 
 /// `tests/perfetto_read.py FILE`: the trace as JSON; the script must accept
@@ -199,6 +182,58 @@ impl Trace {
     }
 }
 
+/// A workload of `tests/workloads/` started in a directory of its own,
+/// with the Python that reads traces (None: the test is skipped).
+struct Run {
+    dir: tempfile::TempDir,
+    wl: GroupChild,
+    python: PathBuf,
+}
+
+impl Run {
+    fn start(workload: &str) -> Option<Run> {
+        if !require_root() {
+            return None;
+        }
+        let python = perfetto_python()?;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let exe = c_workload(workload, &["-O2", "-g", "-pthread"], dir.path());
+        let wl = GroupChild::ready(&exe, &format!("{workload} did not start"));
+        Some(Run { dir, wl, python })
+    }
+
+    fn pid(&self) -> String {
+        self.wl.0.id().to_string()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `offcputime ARGS --timeline TRACE SECONDS` with `env`, which must
+    /// succeed: its output, its stderr and the trace read.
+    fn profile(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+        seconds: &str,
+    ) -> (std::process::Output, String, Trace) {
+        let trace = self.path("trace.pftrace");
+        let out = offcputime()
+            .args(args)
+            .arg("--timeline")
+            .arg(&trace)
+            .arg(seconds)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run offcputime");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let t = Trace::read(&self.python, &trace);
+        (out, stderr, t)
+    }
+}
+
 const CHAIN_THREADS: [&str; 5] = [
     "wl-producer",
     "wl-worker",
@@ -226,37 +261,28 @@ fn woken_from(t: &Trace, slices: &[&Slice], track: &Value, frame: &str) -> f64 {
 
 #[test]
 fn timeline_of_a_chain_of_waits() {
-    if !require_root() {
-        return;
-    }
-    let Some(python) = perfetto_python() else {
+    let Some(run) = Run::start("chain") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
-    let wl = GroupChild::ready(&exe, "chain did not start");
-    let (folded, svg, trace) = (
-        dir.path().join("chain.folded"),
-        dir.path().join("chain.svg"),
-        dir.path().join("chain.pftrace"),
+    let (folded, svg) = (run.path("chain.folded"), run.path("chain.svg"));
+    let (folded_arg, svg_arg) = (folded.to_str().unwrap(), svg.to_str().unwrap());
+    let (_, stderr, t) = run.profile(
+        &[
+            "-p",
+            &run.pid(),
+            "-m",
+            "1000",
+            "-o",
+            folded_arg,
+            "-o",
+            svg_arg,
+        ],
+        &[],
+        "4",
     );
-    let out = offcputime()
-        .args(["-p", &wl.0.id().to_string(), "-m", "1000"])
-        .arg("-o")
-        .arg(&folded)
-        .arg("-o")
-        .arg(&svg)
-        .arg("--timeline")
-        .arg(&trace)
-        .arg("4")
-        .output()
-        .expect("run offcputime");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
     assert!(svg.is_file(), "the flame graph of the same run");
     let written = count_before_any(&stderr, &[" blocks of at least 1 ms"]);
     let lines = parse_folded(&std::fs::read(&folded).expect("the folded output"));
-    let t = Trace::read(&python, &trace);
     assert_eq!(t.slices.len() as u64, written, "{stderr}");
 
     // Each thread's slices add up to its off-CPU time in the profile.
@@ -418,27 +444,26 @@ fn timeline_of_a_chain_of_waits() {
 /// a block cut at an interval's end is one slice.
 #[test]
 fn timeline_with_on_cpu_samples_and_intervals() {
-    if !require_root() {
-        return;
-    }
-    let Some(python) = perfetto_python() else {
+    let Some(run) = Run::start("chain") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
-    let wl = GroupChild::ready(&exe, "chain did not start");
-    let trace = dir.path().join("chain.pftrace");
-    let out = offcputime()
-        .args(["-p", &wl.0.id().to_string(), "-m", "1000", "-f", "--on-cpu"])
-        .args(["-F", "997", "-i", "0.5", "--timeline"])
-        .arg(&trace)
-        .arg("3")
-        .output()
-        .expect("run offcputime");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (out, stderr, t) = run.profile(
+        &[
+            "-p",
+            &run.pid(),
+            "-m",
+            "1000",
+            "-f",
+            "--on-cpu",
+            "-F",
+            "997",
+            "-i",
+            "0.5",
+        ],
+        &[],
+        "3",
+    );
     let samples = count_before_any(&stderr, &[" on-CPU samples and", " on-CPU sample and"]);
-    let t = Trace::read(&python, &trace);
     let running: Vec<&Instant> = t
         .instants
         .iter()
@@ -483,34 +508,17 @@ fn timeline_with_on_cpu_samples_and_intervals() {
 /// trace or among them.
 #[test]
 fn timeline_records_lost_are_counted_and_said() {
-    if !require_root() {
-        return;
-    }
-    let Some(python) = perfetto_python() else {
+    let Some(run) = Run::start("kouter") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let exe = c_workload("kouter", &["-O2", "-g", "-pthread"], dir.path());
-    let wl = GroupChild::ready(&exe, "kouter did not start");
-    let trace = dir.path().join("storm.pftrace");
-    let out = offcputime()
-        .args([
-            "-p",
-            &wl.0.id().to_string(),
-            "-f",
-            "-v",
-            "--timeline-min",
-            "1",
-        ])
-        .arg("--timeline")
-        .arg(&trace)
-        .arg("3")
-        .env("OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS", "0")
-        .env("OFFCPUTIME_TEST_TIMELINE_RING_KB", "64")
-        .output()
-        .expect("run offcputime");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (_, stderr, t) = run.profile(
+        &["-p", &run.pid(), "-f", "-v", "--timeline-min", "1"],
+        &[
+            ("OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS", "0"),
+            ("OFFCPUTIME_TEST_TIMELINE_RING_KB", "64"),
+        ],
+        "3",
+    );
     let written = count_before_any(&stderr, &[" blocks of at least 0.001 ms"]);
     let lost = count_before_any(&stderr, &[" records (blocks or samples) lost"]);
     let counted = count_before_any(&stderr, &[" blocks, "]);
@@ -520,7 +528,6 @@ fn timeline_records_lost_are_counted_and_said() {
         counted,
         "every block counted is written or lost: {stderr}"
     );
-    let t = Trace::read(&python, &trace);
     assert_eq!(t.slices.len() as u64, written);
 }
 
@@ -584,44 +591,22 @@ fn timeline_on_every_hook() {
 /// and `-M` keep the producer's and the worker's sleeps of at most 25 ms.
 #[test]
 fn timeline_follows_the_filters() {
-    if !require_root() {
-        return;
-    }
-    let Some(python) = perfetto_python() else {
+    let Some(run) = Run::start("chain") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
-    let wl = GroupChild::ready(&exe, "chain did not start");
     let tid = |name: &str| -> u64 {
-        std::fs::read_dir(format!("/proc/{}/task", wl.0.id()))
+        std::fs::read_dir(format!("/proc/{}/task", run.pid()))
             .expect("the workload's threads")
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
             .find(|t| {
-                std::fs::read_to_string(format!("/proc/{}/task/{t}/comm", wl.0.id()))
+                std::fs::read_to_string(format!("/proc/{}/task/{t}/comm", run.pid()))
                     .is_ok_and(|c| c.trim() == name)
             })
             .unwrap_or_else(|| panic!("no thread {name}"))
     };
     let (producer, worker) = (tid("wl-producer"), tid("wl-worker"));
-    let trace = dir.path().join("filtered.pftrace");
-    let out = offcputime()
-        .args([
-            "-t",
-            &format!("{producer},{worker}"),
-            "--state",
-            "1",
-            "-M",
-            "25000",
-        ])
-        .arg("--timeline")
-        .arg(&trace)
-        .arg("2")
-        .output()
-        .expect("run offcputime");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let t = Trace::read(&python, &trace);
+    let threads = format!("{producer},{worker}");
+    let (_, stderr, t) = run.profile(&["-t", &threads, "--state", "1", "-M", "25000"], &[], "2");
     assert!(t.slices.len() >= 150, "{} slices\n{stderr}", t.slices.len());
     for s in &t.slices {
         assert!(

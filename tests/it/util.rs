@@ -1112,3 +1112,28 @@ impl Drop for GroupChild {
         let _ = self.0.wait();
     }
 }
+
+/// A Python that imports `module`: the one in the virtual environment
+/// `scripts/setup --test` makes for package `package` (`venv_python`), or
+/// the system's. Outside CI, none skips the test; under CI=true it fails.
+pub fn python_with(venv_python: &str, module: &str, package: &str) -> Option<PathBuf> {
+    let imports = |p: &Path| {
+        Command::new(p)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let found = [PathBuf::from(venv_python), PathBuf::from("python3")]
+        .into_iter()
+        .find(|p| imports(p));
+    if found.is_none() {
+        if is_ci() {
+            panic!(
+                "Python with the {package} package is needed and CI=true forbids skipping \
+                 (scripts/setup --test installs it in {venv_python})"
+            );
+        }
+        eprintln!("skipped: no Python with {package} (scripts/setup --test installs it)");
+    }
+    found
+}
