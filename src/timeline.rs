@@ -852,6 +852,90 @@ fn clock_snapshot() -> pf::TracePacket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::{Frame, FrameInfo, ObjectInfo};
+
+    fn frame(name: &str, origin: Origin) -> Frame {
+        Frame::new(FrameInfo {
+            origin,
+            ..FrameInfo::named(name)
+        })
+    }
+
+    fn sample(user: Vec<Frame>, kernel: Vec<Frame>) -> Sample {
+        let part = |f: Vec<Frame>| {
+            if f.is_empty() {
+                Part::Absent
+            } else {
+                Part::Frames(f.into())
+            }
+        };
+        Sample {
+            comm: "worker".into(),
+            tgid: 1,
+            pid: 2,
+            thread: None,
+            user: part(user),
+            kernel: part(kernel),
+            state: None,
+            waker: None,
+            container: None,
+            total_ns: 0,
+            count: 1,
+        }
+    }
+
+    fn objects() -> Vec<ObjectInfo> {
+        ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/srv/app/bin/server"]
+            .iter()
+            .map(|p| ObjectInfo {
+                path: p.to_string(),
+                build_id: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_block_is_named_by_its_innermost_frame_of_the_program() {
+        let (libc, app) = (Origin::Object(0), Origin::Object(1));
+        let kernel = vec![
+            frame("__schedule", Origin::Kernel),
+            frame("schedule", Origin::Kernel),
+            frame("do_nanosleep", Origin::Kernel),
+        ];
+        // Past the C library's frames to the program's own.
+        let s = sample(
+            vec![
+                frame("__clock_nanosleep", libc),
+                frame("wait_for_work", app),
+                frame("main", app),
+            ],
+            kernel.clone(),
+        );
+        assert_eq!(slice_name(&s, &objects()), "wait_for_work");
+        // A runtime's frame first, even outside the program's file.
+        let python = Origin::Runtime(crate::runtime::Kind::Python);
+        let s = sample(
+            vec![
+                frame("__clock_nanosleep", libc),
+                frame("[unknown]", Origin::Unknown),
+                frame("time_sleep", app),
+                frame("poll_queue", python),
+            ],
+            Vec::new(),
+        );
+        assert_eq!(slice_name(&s, &objects()), "poll_queue");
+        // Only the system's code: its innermost frame.
+        let s = sample(vec![frame("__clock_nanosleep", libc)], Vec::new());
+        assert_eq!(slice_name(&s, &objects()), "__clock_nanosleep");
+        // A kernel thread: its first frame outside the scheduler.
+        let s = sample(Vec::new(), kernel);
+        assert_eq!(slice_name(&s, &objects()), "do_nanosleep");
+        // Nothing: the thread's name.
+        assert_eq!(
+            slice_name(&sample(Vec::new(), Vec::new()), &objects()),
+            "worker"
+        );
+    }
 
     #[test]
     fn system_libraries_are_told_from_programs() {
