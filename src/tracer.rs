@@ -1184,10 +1184,12 @@ fn wait_readable(fd: i32, timeout: Duration) -> std::io::Result<()> {
 /// [`crate::deferred`]): room for 512 copies of 16 KiB between two reads.
 const DEFERRED_RING_BYTES: u32 = 8 << 20;
 
-/// `--timeline`'s ring buffer of block records: about 80,000 records
+/// `--timeline`'s ring buffer of block records: about 40,000 records
 /// (104 bytes each with the ring's header) between two reads, which come
-/// at least every 100 ms and as soon as an eighth of it holds records.
-const TIMELINE_RING_BYTES: u32 = 8 << 20;
+/// at least every 100 ms and as soon as an eighth of it holds records
+/// (400,000 blocks a second of at least `--timeline-min` before any is
+/// lost). The kernel maps its pages twice: 8 MiB resident once used.
+const TIMELINE_RING_BYTES: u32 = 4 << 20;
 
 /// Files whose tables the BPF program can find by their inode (see
 /// `struct unwind_file`): more than the objects that fit in the rows of a
