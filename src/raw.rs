@@ -703,7 +703,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.stacks_no_memory, u64::from(max));
+        assert_eq!(c.timeline_lost, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

