@@ -494,12 +494,23 @@ fn timeline_with_on_cpu_samples_and_intervals() {
         .filter(|s| s.whole_sleep())
         .collect();
     assert!(producer.len() >= 100, "{} sleeps in 3 s", producer.len());
+    // A sleep cut at an interval's end would be shorter than 18 ms; a
+    // late wake-up is the machine's (a loaded VM wakes a few late), so
+    // 95% are held to 22 ms.
+    let timed: Vec<u64> = producer
+        .iter()
+        .filter_map(|s| Some(wakeups.get(s.flows_in.first()?)?.ts - s.ts))
+        .collect();
+    assert!(timed.len() * 10 >= producer.len() * 9, "{producer:?}");
     assert!(
-        producer
-            .iter()
-            .filter_map(|s| Some((s, wakeups.get(s.flows_in.first()?)?)))
-            .all(|(s, i)| (18_000_000..=22_000_000).contains(&(i.ts - s.ts))),
-        "{producer:?}"
+        producer.iter().all(|s| s.dur >= 18_000_000) && timed.iter().all(|&w| w >= 18_000_000),
+        "none cut short: {producer:?}"
+    );
+    let on_time = timed.iter().filter(|&&w| w <= 22_000_000).count();
+    assert!(
+        on_time * 100 >= timed.len() * 95,
+        "{on_time} of {} on time: {producer:?}",
+        timed.len()
     );
 }
 
