@@ -23,6 +23,9 @@ const MAX_SAMPLE_US: u64 = 1_000_000;
 /// `--timeline-min`'s default and its most (an hour).
 const DEFAULT_TIMELINE_MIN_US: u64 = 1000;
 const MAX_TIMELINE_MIN_US: u64 = 3_600_000_000;
+/// `--chain-depth`'s default and its most.
+const DEFAULT_CHAIN_DEPTH: u32 = 5;
+const MAX_CHAIN_DEPTH: u32 = 32;
 /// `--on-cpu`'s samples per second on each CPU: a few hundred, at a period
 /// (3.236 ms, twice the golden ratio in ms) that no loop timed in whole
 /// milliseconds keeps in step with: 2.004 ms (499 Hz) sampled a loop of
@@ -383,6 +386,21 @@ pub struct Args {
     #[arg(long = "wakers")]
     pub wakers: bool,
 
+    /// Why each block waited, down the chain: a block's wait is followed
+    /// into the thread that woke it (the parts of the wait in which that
+    /// thread was itself blocked, under its stacks, and on to who woke
+    /// it, up to --chain-depth hops), ending in a thread running, waiting
+    /// for a CPU, or a source that is no thread ([timer], [disk],
+    /// [network], [interrupt], [unknown]); folded: each hop after `--`,
+    /// its command first, its stacks outermost first. Threads the filters
+    /// leave out are followed too
+    #[arg(long = "chains")]
+    pub chains: bool,
+
+    /// --chains: the most hops followed (default 5, at most 32)
+    #[arg(long = "chain-depth", value_name = "N")]
+    pub chain_depth: Option<String>,
+
     /// Also write a timeline to FILE (Perfetto's trace format: open it in
     /// ui.perfetto.dev): each block of at least --timeline-min as a slice
     /// on its thread's track, named by its innermost frame of the
@@ -559,6 +577,8 @@ pub struct Config {
     pub snapshot: Option<SnapshotConfig>,
     /// `--timeline`: where the blocks are written, in time.
     pub timeline: Option<PathBuf>,
+    /// `--chains`: the most hops a wait is followed (None: no chains).
+    pub chain_depth: Option<u32>,
 }
 
 /// What `--snapshot` asks for.

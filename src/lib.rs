@@ -16,6 +16,7 @@
 //! stacks) before [`filter`] and [`output`], and [`cli`] and [`app`] last.
 
 pub mod app;
+pub mod chains;
 pub mod cli;
 pub mod container;
 pub mod deferred;
@@ -33,6 +34,7 @@ pub mod process;
 pub mod profile;
 pub mod push;
 pub mod raw;
+pub mod records;
 pub mod runtime;
 pub mod shape;
 pub mod snapshot;

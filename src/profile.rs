@@ -190,6 +190,13 @@ pub enum Waker {
     Unseen,
     /// Lost: the table of wakers was full.
     Missed,
+    /// `--chains`: the block's wait followed down the chain of threads
+    /// that ended it: the frames after the block's own, innermost
+    /// (deepest) first, each hop's command and stacks after a `--` frame,
+    /// ending in a source that is no thread (`[timer]`, ...), `[running]`
+    /// or a blocked stack. The outputs show them as frames beyond the
+    /// block's ([`crate::shape::leaf_first`]).
+    Chain { frames: Part },
 }
 
 impl Waker {
@@ -203,11 +210,12 @@ impl Waker {
             Waker::NotWoken => "[not woken]",
             Waker::Unseen => "[unknown waker]",
             Waker::Missed => "[Missed Waker]",
+            Waker::Chain { .. } => "[chain]",
         }
     }
 
     /// The waker's user and kernel parts (absent for the kinds that have
-    /// no stacks).
+    /// no stacks, and for a chain, whose frames are the block's).
     pub fn parts(&self) -> (&Part, &Part) {
         match self {
             Waker::Task { user, kernel, .. } => (user, kernel),
@@ -232,7 +240,16 @@ impl Waker {
             },
             Waker::Interrupt { kernel } => Waker::Interrupt { kernel: f(kernel) },
             Waker::Softirq { kernel } => Waker::Softirq { kernel: f(kernel) },
+            Waker::Chain { frames } => Waker::Chain { frames: f(frames) },
             other => other.clone(),
+        }
+    }
+
+    /// `--chains`: the frames beyond the block's own, innermost first.
+    pub fn chain(&self) -> Option<&Part> {
+        match self {
+            Waker::Chain { frames } => Some(frames),
+            _ => None,
         }
     }
 

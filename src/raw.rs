@@ -160,6 +160,9 @@ pub struct RawBlock {
     /// `--on-cpu`: not a block, a sample of the thread running at
     /// `from_ns` (state [`OffState::Running`]).
     pub sample: bool,
+    /// Kept by the filters: `--chains` records every thread's blocks, to
+    /// follow waits into them; the profile is made of the kept ones.
+    pub profiled: bool,
 }
 
 /// Why a thread was off the CPU (`--states`): the kernel's `enum

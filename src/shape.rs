@@ -34,7 +34,8 @@ pub const NO_CONTAINER: &str = "[no container]";
 
 /// The frames of one sample as `-U`/`-K` show them, innermost (leaf)
 /// first: the kernel part, then the user part; a part that was lost is
-/// one frame named by its "missed" marker. `-d`'s delimiter is not a
+/// one frame named by its "missed" marker; with `--chains`, the hops
+/// beyond the block's frames first. `-d`'s delimiter is not a
 /// frame here: these stacks are for formats that know which frames are the
 /// kernel's.
 pub fn leaf_first(
@@ -51,6 +52,10 @@ pub fn leaf_first(
         }
     }
     let mut out = Vec::new();
+    // --chains: the hops beyond the block's own frames.
+    if let Some(chain) = sample.waker.as_ref().and_then(|w| w.chain()) {
+        out.extend(part(chain, MISSED_KERNEL));
+    }
     if shape.mode.kernel() {
         out.extend(part(&sample.kernel, MISSED_KERNEL));
     }

@@ -1,59 +1,31 @@
 //! `--timeline FILE`: the blocks in time. A stage of its own beside the
-//! profile: the BPF program sends each block of at least `--timeline-min`
-//! as it ends ([`RawBlock`]); they are kept here, in a scratch file beside
-//! the output, as they come (memory holds one entry for each distinct
-//! thread, stacks, state and waker, not one for each block); at the end
-//! their stacks are named as the profile's are, and the blocks written as a
-//! Perfetto trace ([`perfetto`]): a track for each process and thread, a
-//! slice for each block, an instant on the waker's track at each wake-up
-//! with an arrow (a flow) to the block it ended.
+//! profile, from the blocks' records ([`crate::records`]): their stacks
+//! named as the profile's are, the blocks are written as a Perfetto trace
+//! ([`perfetto`]): a track for each process and thread, a slice for each
+//! block, an instant on the waker's track at each wake-up with an arrow (a
+//! flow) to the block it ended.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Seek, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
 use crate::output::sink::Sink;
-use crate::profile::{FrameSource, NameSource, OffState, Origin, Part, Profile, Sample, Waker};
-use crate::raw::{clock_ns, Proc, RawBlock, RawEntry, RawProfile, StackRef, WakerRef};
+use crate::profile::{OffState, Origin, Part, Profile, Sample, Waker};
+use crate::raw::{clock_ns, Proc};
+use crate::records::{BlockKey, Named, Record};
 
 pub mod perfetto;
 
 use perfetto as pf;
 
-/// What makes blocks alike but for their times: each distinct one is
-/// named once.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct BlockKey {
-    tgid: u32,
-    start: u64,
-    pid: u32,
-    comm: String,
-    user: StackRef,
-    kernel: StackRef,
-    state: Option<OffState>,
-    waker: Option<WakerRef>,
-}
-
-/// A block in the scratch file: its key's number, its times.
-const SPOOLED_BYTES: usize = 4 + 8 + 8 + 8 + 1;
-
-/// The blocks of a trace under way, and where they are written at the end.
+/// Where the trace goes.
 pub struct Timeline {
     path: PathBuf,
     /// The trace, opened before anything is measured.
     sink: Sink,
-    spool: BufWriter<File>,
-    /// The first error writing the scratch file: the timeline fails with
-    /// it at the end (the profile is written all the same).
-    spool_error: Option<io::Error>,
-    keys: HashMap<BlockKey, u32>,
-    key_list: Vec<BlockKey>,
-    /// Records kept: blocks and samples.
-    records: u64,
-    samples: u64,
 }
 
 /// What was written, said on stderr.
@@ -67,193 +39,59 @@ pub struct Written {
 }
 
 impl Timeline {
-    /// Opens `path` for the trace (a path that cannot be written fails
-    /// now, before any measurement), and its scratch file in the same
-    /// directory, or in `$TMPDIR` where the trace goes to a device or a
-    /// pipe.
+    /// Opens `path` for the trace: a path that cannot be written fails
+    /// now, before any measurement.
     pub fn open(path: &Path) -> Result<Timeline> {
         let sink = Sink::open(Some(path), None)?;
-        let spool = match sink.scratch() {
+        Ok(Timeline {
+            path: path.to_path_buf(),
+            sink,
+        })
+    }
+
+    /// A scratch file for the records: in the trace's directory, or in
+    /// `$TMPDIR` where the trace goes to a device or a pipe.
+    pub fn scratch(&self) -> Result<File> {
+        match self.sink.scratch() {
             Some(file) => file,
-            None => scratch_in(&std::env::temp_dir()),
+            None => crate::records::scratch_in(&std::env::temp_dir()),
         }
         .with_context(|| {
             format!(
                 "cannot make the scratch file of the timeline {}",
-                path.display()
+                self.path.display()
             )
-        })?;
-        Ok(Timeline {
-            path: path.to_path_buf(),
-            sink,
-            spool: BufWriter::with_capacity(1 << 16, spool),
-            spool_error: None,
-            keys: HashMap::new(),
-            key_list: Vec::new(),
-            records: 0,
-            samples: 0,
         })
     }
 
-    /// Keeps `blocks` (as read from the program, in any order).
-    pub fn add(&mut self, blocks: Vec<RawBlock>) {
-        for b in blocks {
-            let key = BlockKey {
-                tgid: b.tgid,
-                start: b.start,
-                pid: b.pid,
-                comm: b.comm,
-                user: b.user_stack,
-                kernel: b.kernel_stack,
-                state: b.state,
-                waker: b.waker,
-            };
-            let n = match self.keys.get(&key) {
-                Some(&n) => n,
-                None => {
-                    let n = self.key_list.len() as u32;
-                    self.key_list.push(key.clone());
-                    self.keys.insert(key, n);
-                    n
-                }
-            };
-            let mut rec = [0u8; SPOOLED_BYTES];
-            rec[..4].copy_from_slice(&n.to_le_bytes());
-            rec[4..12].copy_from_slice(&b.from_ns.to_le_bytes());
-            rec[12..20].copy_from_slice(&b.to_ns.to_le_bytes());
-            rec[20..28].copy_from_slice(&b.waking_ns.unwrap_or(0).to_le_bytes());
-            rec[28] = u8::from(b.at_start) | u8::from(b.at_end) << 1 | u8::from(b.sample) << 2;
-            if self.spool_error.is_none() {
-                if let Err(e) = self.spool.write_all(&rec) {
-                    self.spool_error = Some(e);
-                }
-            }
-            self.records += 1;
-            self.samples += u64::from(b.sample);
-        }
-    }
-
-    /// The stacks and wakers the blocks name, to be read with the counts'.
-    pub fn wanted(&self) -> (Vec<u64>, Vec<u64>) {
-        let (mut stacks, mut wakers) = (Vec::new(), Vec::new());
-        for k in &self.key_list {
-            for s in [k.user, k.kernel] {
-                if let StackRef::Id(id) = s {
-                    stacks.push(id);
-                }
-            }
-            if let Some(WakerRef::Id(id)) = k.waker {
-                wakers.push(id);
-            }
-        }
-        (stacks, wakers)
-    }
-
-    /// Names the blocks' stacks with `source` and `names` (as the profile
-    /// is built: `raw` holds the stacks and wakers read, its entries are
-    /// left as they were) and writes the trace, put in place when whole.
-    /// `window`: the window traced (CLOCK_MONOTONIC ns).
-    pub fn write<F: FrameSource, N: NameSource<F>>(
-        mut self,
-        raw: &mut RawProfile,
-        source: &mut F,
-        names: &N,
-        kernel_first_is_ip: bool,
-        complete: impl Fn(&mut RawProfile),
-    ) -> Result<Written> {
+    /// Writes the trace of the records in `named`, put in place when
+    /// whole. `only`: where the records are every thread's blocks
+    /// (`--chains`), those the filters keep that lasted at least this
+    /// long (ns).
+    pub fn write(self, named: &Named, only: Option<u64>) -> Result<Written> {
         let cannot = || format!("cannot write the timeline {}", self.path.display());
-        if let Some(e) = self.spool_error.take() {
-            return Err(e).with_context(cannot);
-        }
-        let entries: Vec<RawEntry> = self.key_list.iter().map(entry_of).collect();
-        let counted = std::mem::replace(&mut raw.entries, entries);
-        complete(raw);
-        let profile = crate::profile::build_each(raw, source, names, kernel_first_is_ip);
-        let wakers: Vec<Option<Proc>> = self
-            .key_list
-            .iter()
-            .map(|k| match k.waker {
-                Some(WakerRef::Id(id)) => {
-                    raw.wakers.get(&id).filter(|w| w.pid != 0).map(|w| Proc {
-                        tgid: w.tgid,
-                        start: w.start,
-                    })
-                }
-                _ => None,
-            })
-            .collect();
-        raw.entries = counted;
-        let mut spool = self
-            .spool
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .with_context(cannot)?;
-        spool.rewind().with_context(cannot)?;
+        let records = named.read().with_context(cannot)?;
+        let keep = |r: &Record| only.is_none_or(|min| r.profiled && (r.sample || r.ns() >= min));
         let mut written = None;
-        let (records, samples) = (self.records, self.samples);
         self.sink
             .write(|out| {
                 let mut counter = Counting { out, bytes: 0 };
-                let flows = Writer::new(&profile, &self.key_list, &wakers).write(
-                    &mut counter,
-                    &mut BufReader::new(spool),
-                    records,
-                )?;
+                let (blocks, samples, flows) =
+                    Writer::new(&named.profile, &named.keys, &named.waker_procs).write(
+                        &mut counter,
+                        records.filter(|r| r.as_ref().map_or(true, keep)),
+                    )?;
                 written = Some(Written {
-                    blocks: records - samples,
+                    blocks,
                     samples,
                     bytes: counter.bytes,
                     flows,
-                    keys: self.key_list.len(),
+                    keys: named.keys.len(),
                 });
                 Ok(())
             })
             .with_context(cannot)?;
         Ok(written.expect("written"))
-    }
-}
-
-/// A scratch file in `dir`, unnamed where the file system allows it, else
-/// named and removed at once.
-fn scratch_in(dir: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .mode(0o600)
-        .open(dir)
-    {
-        Ok(f) => Ok(f),
-        Err(_) => {
-            let path = dir.join(format!(".offcputime-timeline-{}", std::process::id()));
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)?;
-            std::fs::remove_file(&path)?;
-            Ok(f)
-        }
-    }
-}
-
-/// A block key as a count entry, so that the profile's builder names it.
-fn entry_of(k: &BlockKey) -> RawEntry {
-    RawEntry {
-        tgid: k.tgid,
-        start: k.start,
-        pid: k.pid,
-        comm: k.comm.clone(),
-        user_stack: k.user,
-        kernel_stack: k.kernel,
-        state: k.state,
-        waker: k.waker,
-        interval: 0,
-        span: 1,
-        total_ns: 0,
-        count: 1,
     }
 }
 
@@ -383,9 +221,13 @@ impl<'a> Writer<'a> {
     }
 
     /// Writes the trace: the clocks, the tracks, what is interned, then a
-    /// slice for each block of `spool` (`records` of them, with the
-    /// samples) and the wake-ups. Returns the flows written.
-    fn write(mut self, out: &mut dyn Write, spool: &mut dyn Read, records: u64) -> io::Result<u64> {
+    /// slice for each block of `records` (and an instant for each sample)
+    /// and the wake-ups. Returns the blocks, samples and flows written.
+    fn write(
+        mut self,
+        out: &mut dyn Write,
+        records: impl Iterator<Item = io::Result<Record>>,
+    ) -> io::Result<(u64, u64, u64)> {
         let shown: Vec<Shown> = (0..self.keys.len()).map(|i| self.shown(i)).collect();
         let offset = boottime_offset();
         self.packet(out, clock_snapshot())?;
@@ -398,22 +240,19 @@ impl<'a> Writer<'a> {
             self.annotations.ids["under way at the start"],
             self.annotations.ids["under way at the end"],
         );
-        let mut rec = [0u8; SPOOLED_BYTES];
-        let mut flows = 0u64;
-        for flow in 1..=records {
-            spool.read_exact(&mut rec)?;
-            let key = u32::from_le_bytes(rec[..4].try_into().expect("4 bytes")) as usize;
-            let word = |at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().expect("8"));
-            let (from, to, waking) = (word(4), word(12), word(20));
-            let (at_start, at_end) = (rec[28] & 1 != 0, rec[28] & 2 != 0);
-            let Some(s) = shown.get(key) else {
-                return Err(io::Error::other("a block of the scratch file names no key"));
-            };
-            if rec[28] & 4 != 0 {
+        let (mut blocks, mut samples, mut flows) = (0u64, 0u64, 0u64);
+        for (flow, r) in (1..).zip(records) {
+            let r = r?;
+            let (from, to, waking, at_start, at_end) =
+                (r.from, r.to, r.waking, r.at_start, r.at_end);
+            let s = &shown[r.key as usize];
+            if r.sample {
                 // An on-CPU sample: an instant on the thread's track.
                 self.event(out, from + offset, s.event(pf::TYPE_INSTANT))?;
+                samples += 1;
                 continue;
             }
+            blocks += 1;
             let mut notes = vec![
                 string_note(state_name, s.state),
                 string_note(waker_name, &s.waker),
@@ -473,7 +312,7 @@ impl<'a> Writer<'a> {
                 },
             )?;
         }
-        Ok(flows)
+        Ok((blocks, samples, flows))
     }
 
     fn packet(&mut self, out: &mut dyn Write, mut p: pf::TracePacket) -> io::Result<()> {

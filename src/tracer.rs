@@ -198,6 +198,10 @@ pub struct TracerOptions {
     /// `--timeline`: each block at least this long (ns) sent as it ends
     /// (see [`Tracer::wait`]); None: no records.
     pub timeline_min_ns: Option<u64>,
+    /// `--chains`: every thread's blocks sent, whatever the filters (which
+    /// mark those they keep), and no counts kept: the profile is made of
+    /// the records.
+    pub chains: bool,
     /// What tests and benchmarks asked for through the environment.
     pub test: crate::test_env::TestEnv,
 }
@@ -212,7 +216,17 @@ impl TracerOptions {
     /// Whether the waker of each block is kept: `--wakers` counts by it,
     /// `--timeline` records it.
     pub fn keeps_wakers(&self) -> bool {
-        self.wakers || self.timeline_min_ns.is_some()
+        self.wakers || self.records_min_ns().is_some()
+    }
+
+    /// The shortest block sent as a record (`--timeline`, `--chains`:
+    /// all), None: no records.
+    pub fn records_min_ns(&self) -> Option<u64> {
+        if self.chains {
+            Some(1)
+        } else {
+            self.timeline_min_ns
+        }
     }
 
     /// Whether the frames of runtime `kind` are read (its `--no-` flag
@@ -642,7 +656,7 @@ impl<'obj> Tracer<'obj> {
             deferring: dwarf && modern,
             deferred_left: Default::default(),
             events_left: Default::default(),
-            timeline: opts.timeline_min_ns.is_some(),
+            timeline: opts.records_min_ns().is_some(),
             blocks: Default::default(),
         })
     }

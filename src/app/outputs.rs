@@ -42,6 +42,16 @@ impl Outputs {
         Ok(outputs)
     }
 
+    /// A scratch file beside the first output that is a file, else in
+    /// `$TMPDIR`.
+    pub(super) fn scratch(&self) -> Result<std::fs::File> {
+        self.sinks
+            .iter()
+            .find_map(|s| s.scratch())
+            .unwrap_or_else(|| crate::records::scratch_in(&std::env::temp_dir()))
+            .context("cannot make a scratch file for the records of the blocks")
+    }
+
     /// The sinks not yet written, for `-i`'s intervals written one part at
     /// a time (see [`Sink::write_part`]).
     pub(super) fn parts(&mut self) -> &mut [Sink] {

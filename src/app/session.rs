@@ -44,8 +44,10 @@ pub(super) struct Session<'a> {
     /// Runtimes' frames asked for (not --no-python) where the kernel
     /// cannot walk them: said at the end, if such a process was traced.
     runtimes_unwalked: bool,
-    /// `--timeline`: the blocks sent so far, and where they go.
+    /// `--timeline`: where the blocks go.
     timeline: Option<crate::timeline::Timeline>,
+    /// `--timeline`, `--chains`: the blocks sent so far.
+    records: Option<crate::records::Records>,
 }
 
 /// What the end of a trace found besides the counts.
@@ -109,6 +111,11 @@ impl<'a> Session<'a> {
             Some(path) => Some(crate::timeline::Timeline::open(path)?),
             None => None,
         };
+        let records = match (&timeline, config.tracer.records_min_ns()) {
+            (_, None) => None,
+            (Some(t), Some(_)) => Some(crate::records::Records::new(t.scratch()?)),
+            (None, Some(_)) => Some(crate::records::Records::new(outputs.scratch()?)),
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let mut symbolizer = symbolizer_for(config);
         let mut registry = Registry::new();
@@ -165,6 +172,7 @@ impl<'a> Session<'a> {
             kernel_first: tracer.hook().kernel_first_frame_is_ip(),
             runtimes_unwalked: config.tracer.runtimes() && tracer.runtime_store().is_none(),
             timeline,
+            records,
         };
         Ok((session, tracer))
     }
@@ -232,7 +240,7 @@ impl<'a> Session<'a> {
             deferred,
             intervals,
             kernel_first,
-            timeline,
+            records,
             ..
         } = self;
         let stop = &**stop;
@@ -261,8 +269,8 @@ impl<'a> Session<'a> {
                     }
                 },
             );
-            if let Some(t) = timeline.as_mut() {
-                t.add(tracer.take_blocks());
+            if let Some(r) = records.as_mut() {
+                r.add(tracer.take_blocks());
             }
             // Intervals taken while copies they count waited: written
             // once those are walked (just now, as a rule).
@@ -364,10 +372,10 @@ impl<'a> Session<'a> {
         // The blocks of the timeline read last (by the end's drain, the
         // end iterator's among them): their stacks and wakers are read with
         // the counts'.
-        let also = match self.timeline.as_mut() {
-            Some(t) => {
-                t.add(tracer.take_blocks());
-                t.wanted()
+        let also = match self.records.as_mut() {
+            Some(r) => {
+                r.add(tracer.take_blocks());
+                r.wanted()
             }
             None => Default::default(),
         };
@@ -406,10 +414,32 @@ impl<'a> Session<'a> {
     /// was recorded.
     pub(super) fn write(&mut self, mut raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
         let config = self.config;
-        // The timeline first, from the stacks read (the profile lets them
-        // go once built); a failure to write it is returned once the
-        // profile is written.
-        let timeline = self.write_timeline(&mut raw);
+        // The records' stacks named first, from the stacks read (the
+        // profile lets them go once built); then the timeline, whose
+        // failure is returned once the profile is written; then the
+        // chains, the profile's blocks with --chains.
+        let named = match self.records.take() {
+            Some(r) => Some(
+                r.name(
+                    &mut raw,
+                    &mut self.registry,
+                    &self.symbolizer,
+                    self.kernel_first,
+                    Deferred::complete,
+                )
+                .context("cannot read the records of the blocks back")?,
+            ),
+            None => None,
+        };
+        let timeline = match &named {
+            Some(named) => self.write_timeline(named, raw.counters.timeline_lost),
+            None => Ok(()),
+        };
+        let chains = match (&named, config.chain_depth) {
+            (Some(named), Some(depth)) => Some(self.follow_chains(named, depth, &raw)?),
+            _ => None,
+        };
+        drop(named);
         let written = if let Some(iv) = self.intervals.as_mut() {
             let mut profile = iv.write_rest(
                 raw,
@@ -434,7 +464,7 @@ impl<'a> Session<'a> {
                 built_ms: None,
             }
         } else {
-            self.write_whole(raw, end)?
+            self.write_whole(raw, end, chains)?
         };
         if !written.recorded {
             eprintln!("offcputime: no off-CPU time was recorded for the chosen threads");
@@ -445,19 +475,15 @@ impl<'a> Session<'a> {
 
     /// `--timeline`: the blocks written, and said on stderr with what was
     /// lost.
-    fn write_timeline(&mut self, raw: &mut crate::raw::RawProfile) -> Result<()> {
+    fn write_timeline(&mut self, named: &crate::records::Named, lost: u64) -> Result<()> {
         let Some(timeline) = self.timeline.take() else {
             return Ok(());
         };
         let path = self.config.timeline.clone().unwrap_or_default();
-        let lost = raw.counters.timeline_lost;
-        let w = timeline.write(
-            raw,
-            &mut self.registry,
-            &self.symbolizer,
-            self.kernel_first,
-            Deferred::complete,
-        )?;
+        // With --chains the records are every thread's blocks.
+        let only = (self.config.chain_depth.is_some())
+            .then(|| self.config.tracer.timeline_min_ns.unwrap_or(0));
+        let w = timeline.write(named, only)?;
         let min_ms = self.config.tracer.timeline_min_ns.unwrap_or(0) as f64 / 1e6;
         let samples = if self.config.tracer.on_cpu_hz.is_some() {
             format!(", {}", count(w.samples, "on-CPU sample", "on-CPU samples"))
@@ -488,8 +514,69 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Without `-i`: the whole trace's profile, written to every output.
-    fn write_whole(&mut self, mut raw: crate::raw::RawProfile, end: &End) -> Result<Written> {
+    /// `--chains`: the blocks the filters keep, each followed down its
+    /// chain; what was cut or lost said on stderr.
+    fn follow_chains(
+        &self,
+        named: &crate::records::Named,
+        depth: u32,
+        raw: &crate::raw::RawProfile,
+    ) -> Result<Vec<profile::Sample>> {
+        let t = &self.config.tracer;
+        let chains = crate::chains::follow(
+            named,
+            crate::chains::Options {
+                depth,
+                min_ns: t.min_block_ns,
+                max_ns: t.max_block_ns,
+                mode: self.config.shape.mode,
+            },
+        )
+        .context("cannot read the records of the blocks back")?;
+        let share = |ns: u64| 100.0 * ns as f64 / chains.ns.max(1) as f64;
+        if chains.cycle_ns > 0 {
+            eprintln!(
+                "offcputime: chains: {:.1}% of the time followed met a thread already on its \
+                 chain (a cycle): cut there, [cycle]",
+                share(chains.cycle_ns)
+            );
+        }
+        if chains.deep_ns > 0 {
+            eprintln!(
+                "offcputime: chains: {:.1}% of the time followed went deeper than \
+                 --chain-depth {depth}: cut there, [deeper]",
+                share(chains.deep_ns)
+            );
+        }
+        let lost = raw.counters.timeline_lost;
+        if lost > 0 {
+            eprintln!(
+                "offcputime: chains: {} lost for a full ring buffer, read too late: their \
+                 time is missing, and where a wait was followed into them it shows as \
+                 [running]",
+                count(lost, "block", "blocks"),
+            );
+        }
+        if self.config.verbose {
+            eprintln!(
+                "offcputime: chains: {} followed, {} us in all, {:.1}% ending in a wake-up not \
+                 seen",
+                count(chains.blocks, "block", "blocks"),
+                profile::ns_to_us(chains.ns),
+                share(chains.unknown_ns),
+            );
+        }
+        Ok(chains.samples)
+    }
+
+    /// Without `-i`: the whole trace's profile, written to every output
+    /// (`chains`: with `--chains`, its blocks).
+    fn write_whole(
+        &mut self,
+        mut raw: crate::raw::RawProfile,
+        end: &End,
+        chains: Option<Vec<profile::Sample>>,
+    ) -> Result<Written> {
         let config = self.config;
         crate::oncpu::divide(&mut raw, config.shape.mode.user());
         let mut profile = profile::build(
@@ -498,6 +585,11 @@ impl<'a> Session<'a> {
             &self.symbolizer,
             self.kernel_first,
         );
+        if let Some(samples) = chains {
+            // (No counts were kept.)
+            profile.samples = samples;
+            profile::sort_samples(&mut profile.samples);
+        }
         // What was read is let go before the output is made: its frames
         // grow with the stacks, and would be held beside the output's
         // (see BENCHMARKS.md, peak RSS).

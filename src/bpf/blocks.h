@@ -54,6 +54,9 @@ static __always_inline void add_block(struct offcpu_key *key, __u64 delta,
 	struct offcpu_val *v, init = {};
 	int err;
 
+	/* --chains: the profile is made of the records. */
+	if (chains_on)
+		return;
 	/* delta <= seen < sample_ns <= 1 s: no overflow. */
 	if (wt->seen)
 		delta = delta * sample_ns / wt->seen;

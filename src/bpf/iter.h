@@ -260,7 +260,7 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 	__u64 ustack = STACK_ID_NONE, kstack = STACK_ID_NONE, now;
 	struct task_data *d, rec = {};
 	__u32 tid, tgid, state;
-	bool kthread;
+	bool kthread, profiled;
 	long err;
 
 	if (!task) {
@@ -287,7 +287,8 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 		return;
 	tgid = BPF_CORE_READ(task, tgid);
 	kthread = is_kthread(task, false);
-	if (!wanted(task, tgid, tid, kthread, state))
+	profiled = wanted(task, tgid, tid, kthread, state);
+	if (!profiled && !chains_on)
 		return;
 	if (legacy) {
 		/* Switched since the hook was attached: it has a record. */
@@ -309,6 +310,8 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 		kstack = kernel_stack_of_task(task, true);
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
+	if (chains_on)
+		d->flags = (d->flags & ~TD_PROFILED_START) | (profiled ? TD_PROFILED_START : 0);
 	if (keep_state())
 		d->start_state = offcpu_state(task, state);
 	if (want_states)

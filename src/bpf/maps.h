@@ -39,13 +39,18 @@ struct task_data {
 	/* Until when (2^20 ns) its Python frames are not looked for: see
 	 * python_stack_at_switch_out. */
 	__u32 py_rest_until;
-	__u32 _pad;
+	/* --chains: whether the filters keep the open block (TD_PROFILED),
+	 * and the block under way at the start (TD_PROFILED_START). */
+	__u32 flags;
 	/* The kprobe's end: the kernel stack of the open block, walked by
 	 * end_kernel_stacks_by_tid (0: none), and the thread's count of
 	 * switches then (see that iterator). */
 	__u64 end_kstack_id;
 	__u64 end_kstack_switches;
 };
+
+#define TD_PROFILED 1
+#define TD_PROFILED_START 2
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);

@@ -745,6 +745,11 @@ enum block_record_flags {
 	/* --on-cpu: not a block, a sample of the thread running at `from`
 	 * (= `to`; state OFFCPU_STATE_RUNNING, no waker). */
 	BLOCK_ONCPU_SAMPLE = 4,
+	/* Kept by the filters (-p -t -u -k --state --cgroup): --chains
+	 * records every thread's blocks, and follows a block's wait into
+	 * those of the threads the filters leave out; without it, every
+	 * block sent is kept. */
+	BLOCK_PROFILED = 8,
 };
 
 struct block_record {

@@ -35,6 +35,10 @@ const volatile bool ucache_on = false;
  * the files they map (struct unwind_file), where the kernel keeps
  * mappings in a maple tree (6.1 on). */
 const volatile bool unwind_by_file = false;
+/* --chains: every thread's blocks are recorded (block_records), whatever
+ * the filters, which mark the blocks they keep (BLOCK_PROFILED); the
+ * profile is made of the records, the counts are not kept. */
+const volatile bool chains_on = false;
 /* --states: blocks split by thread state, at their wake-up. */
 const volatile bool want_states = false;
 /* --wakers: the stacks of the task that woke each block. */

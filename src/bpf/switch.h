@@ -25,6 +25,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	struct task_data *d;
 
 	bool state_guessed = false;
+	bool profiled;
 
 	/* A wake-up from another CPU may already have begun (TASK_WAKING):
 	 * the state it blocked in is then the one the scheduler read, which
@@ -61,7 +62,10 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 			notify_exit(prev, tgid, tid);
 		return;
 	}
-	if (!wanted(prev, tgid, tid, kthread, state))
+	/* (--chains: every thread's blocks, marked where the filters keep
+	 * them; not the idle tasks', which are never switched in.) */
+	profiled = wanted(prev, tgid, tid, kthread, state);
+	if (!profiled && (!chains_on || tid == 0))
 		return;
 	if (trace_end_ns && now >= trace_end_ns)
 		return;
@@ -78,6 +82,8 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 		d->wake_ns = 0;
 		d->state = offcpu_state(prev, state);
 	}
+	if (chains_on)
+		d->flags = (d->flags & ~TD_PROFILED) | (profiled ? TD_PROFILED : 0);
 	d->block_ns = now;
 	d->start_ns = now;
 	d->user_stack_id = STACK_ID_NONE;
@@ -139,7 +145,7 @@ static __always_inline void on_switch_in(void *ctx, struct task_struct *next, __
 	 * noted, so that the start iterator cannot take it for one blocked
 	 * since before the hook was attached. */
 	if (starting)
-		starting = wanted_thread(next, TASK_READ(trusted, next, tgid), tid,
+		starting = chains_on || wanted_thread(next, TASK_READ(trusted, next, tgid), tid,
 					  is_kthread(next, trusted));
 	d = get_data(next, tid, trusted, starting);
 	if (!d)

@@ -123,6 +123,8 @@ static __noinline void timeline_block(struct offcpu_key *key, struct task_data *
 	} else {
 		began = d->block_ns;
 	}
+	if (!chains_on || (d->flags & ((flags & BLOCK_AT_START) ? TD_PROFILED_START : TD_PROFILED)))
+		flags |= BLOCK_PROFILED;
 	if (now <= began || now - began < timeline_min_ns)
 		goto out;
 	if (began < w)

@@ -12,8 +12,8 @@ use crate::tracer::{Hook, TracerOptions, Unwind, UnwindCapacity, MAX_STACK_DEPTH
 
 use super::describe::fmt_secs;
 use super::{
-    Args, Config, Format, HookArg, UnwindArg, DEFAULT_TIMELINE_MIN_US, MAX_SAMPLE_US,
-    MAX_TIMELINE_MIN_US,
+    Args, Config, Format, HookArg, UnwindArg, DEFAULT_CHAIN_DEPTH, DEFAULT_TIMELINE_MIN_US,
+    MAX_CHAIN_DEPTH, MAX_SAMPLE_US, MAX_TIMELINE_MIN_US,
 };
 
 pub(super) fn parse_u64(what: &str, s: &str) -> Result<u64> {
@@ -135,6 +135,7 @@ impl Args {
                 runtimes_running: true,
                 on_cpu_hz: self.on_cpu_hz()?,
                 timeline_min_ns: self.timeline_min_ns()?,
+                chains: self.chains,
                 test: crate::test_env::TestEnv::from_env(),
             },
             shape: Shape {
@@ -160,6 +161,7 @@ impl Args {
             push,
             snapshot,
             timeline: self.timeline.clone(),
+            chain_depth: self.chain_depth()?,
         };
         self.name_flame_graphs(&mut config);
         if let Some(t) = &config.timeline {
@@ -227,6 +229,37 @@ impl Args {
             bail!("--timeline-min is too long (at most {MAX_TIMELINE_MIN_US} us): {us}");
         }
         Ok(Some(us.max(1) * 1000))
+    }
+
+    /// `--chain-depth`, where `--chains` is given; the flags `--chains`
+    /// does not go with yet.
+    fn chain_depth(&self) -> Result<Option<u32>> {
+        if !self.chains {
+            if self.chain_depth.is_some() {
+                bail!("--chain-depth is for --chains");
+            }
+            return Ok(None);
+        }
+        let not_yet = [
+            ("-i/--interval", self.interval.is_some()),
+            ("--on-cpu", self.on_cpu),
+            ("--wakers", self.wakers),
+            ("--states", self.states),
+            ("--sample", self.sample.is_some()),
+            ("--push", self.push.is_some()),
+            ("--push-otlp", self.push_otlp.is_some()),
+        ];
+        if let Some((flag, _)) = not_yet.iter().find(|f| f.1) {
+            bail!("--chains does not go with {flag} yet");
+        }
+        let depth = match &self.chain_depth {
+            Some(s) => parse_u64("--chain-depth", s)?,
+            None => u64::from(DEFAULT_CHAIN_DEPTH),
+        };
+        if !(1..=u64::from(MAX_CHAIN_DEPTH)).contains(&depth) {
+            bail!("--chain-depth must be between 1 and {MAX_CHAIN_DEPTH}: {depth}");
+        }
+        Ok(Some(depth as u32))
     }
 
     /// `--state`.

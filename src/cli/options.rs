@@ -223,6 +223,7 @@ impl Args {
             ("--on-cpu", self.on_cpu),
             ("--wakers", self.wakers),
             ("--timeline", self.timeline.is_some()),
+            ("--chains", self.chains),
             ("-m/--min-block-time", self.min_block_time.is_some()),
             ("-M/--max-block-time", self.max_block_time.is_some()),
             ("--sample", self.sample.is_some()),

@@ -251,6 +251,18 @@ impl PartTexts {
             }
             self.push(line, &sample.kernel, kernel, annotate);
         }
+        // --chains: the hops, outermost first (as the flame graph
+        // stacks them).
+        if let Some(Part::Frames(chain)) = sample.waker.as_ref().and_then(|w| w.chain()) {
+            for f in chain.iter().rev() {
+                line.push(';');
+                push_clean(line, f.text());
+                if annotate && f.origin == crate::profile::Origin::Kernel {
+                    line.push_str(KERNEL_ANNOTATION);
+                }
+            }
+            return;
+        }
         // The waker, as bcc's offwaketime folds it: its kernel frames,
         // then its user frames, innermost first, and its name last.
         if let Some(waker) = &sample.waker {

@@ -101,7 +101,8 @@ fn labels(s: &Sample, opts: &PprofOptions) -> Vec<(&'static str, String)> {
     // --wakers: the waker's name (its command, or [interrupt], ...); its
     // stacks are not a call chain of the blocked thread's, so they are
     // left to the folded, report, SVG and speedscope outputs.
-    if let Some(waker) = &s.waker {
+    // (--chains: the hops are frames of the stack.)
+    if let Some(waker) = s.waker.as_ref().filter(|w| w.chain().is_none()) {
         l.push(("waker", waker.name().to_string()));
     }
     // Where the process is: its cgroup always (where read), its container

@@ -148,7 +148,8 @@ fn sample_stack(
     }
     // As in the folded output: `--`, then the waker's frames innermost
     // first and its name (`--wakers`).
-    if let Some(waker) = &s.waker {
+    // (--chains: the hops are among the frames above.)
+    if let Some(waker) = s.waker.as_ref().filter(|w| w.chain().is_none()) {
         stack.push(frame_id(super::folded::WAKER_SEPARATOR, None));
         let (user, kernel) = waker.parts();
         let parts = [

@@ -46,7 +46,11 @@ pub(crate) fn write_stacks(w: &mut dyn Write, s: &Sample, shape: Shape) -> io::R
     // The waker first, outermost frame first, so that the stacks read
     // from the waker's start down to the wake-up, then from where the
     // thread blocked out to its start, as the flame graph stacks them.
-    if let Some(waker) = &s.waker {
+    // --chains: the hops first, innermost first, as the block's frames
+    // are.
+    if let Some(chain) = s.waker.as_ref().and_then(|w| w.chain()) {
+        write_part(w, chain, MISSED_KERNEL)?;
+    } else if let Some(waker) = &s.waker {
         match waker {
             Waker::Task { comm, pid, .. } => {
                 writeln!(w, "    {:<16} {} ({})", "waker:", comm, pid)?

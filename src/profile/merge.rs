@@ -180,6 +180,7 @@ impl<'a> Merger<'a> {
             Waker::NotWoken => (4, String::new(), 0, wu, wk),
             Waker::Unseen => (5, String::new(), 0, wu, wk),
             Waker::Missed => (6, String::new(), 0, wu, wk),
+            Waker::Chain { frames } => (7, String::new(), 0, self.parts.number(frames.clone()), wk),
         };
         *self.wakers.entry(key).or_insert_with(|| {
             self.waker_list.push(w);

@@ -533,7 +533,13 @@ pub(super) fn configure(
             set_kernel_orc(rodata);
         }
         rodata.test_kstack_check = opts.test.kstack_check;
-        if let Some(min) = opts.timeline_min_ns {
+        rodata.chains_on = opts.chains;
+        if opts.chains {
+            // -m and -M choose among the records in userspace.
+            rodata.min_block_ns = 1;
+            rodata.max_block_ns = u64::MAX;
+        }
+        if let Some(min) = opts.records_min_ns() {
             rodata.timeline_min_ns = min.max(1);
             rodata.timeline_wake_bytes = timeline_ring_bytes(opts) as u64 / 8;
         }
@@ -558,7 +564,7 @@ pub(super) fn configure(
             .interval
             .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
     }
-    if opts.timeline_min_ns.is_some() {
+    if opts.records_min_ns().is_some() {
         open.maps
             .block_records
             .set_max_entries(timeline_ring_bytes(opts))
@@ -865,7 +871,13 @@ fn put_runtime_builds(
 
 /// The size of `--timeline`'s ring buffer (a test may shrink it).
 fn timeline_ring_bytes(opts: &TracerOptions) -> u32 {
-    opts.test
-        .timeline_ring_kb
-        .map_or(TIMELINE_RING_BYTES, |kb| kb.saturating_mul(1024))
+    opts.test.timeline_ring_kb.map_or(
+        // --chains: every block, four times the room.
+        if opts.chains {
+            4 * TIMELINE_RING_BYTES
+        } else {
+            TIMELINE_RING_BYTES
+        },
+        |kb| kb.saturating_mul(1024),
+    )
 }

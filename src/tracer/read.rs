@@ -106,6 +106,7 @@ pub(super) fn decode_block(data: &[u8]) -> Option<RawBlock> {
         at_start: flags(types::block_record_flags::BLOCK_AT_START),
         at_end: flags(types::block_record_flags::BLOCK_AT_END),
         sample: flags(types::block_record_flags::BLOCK_ONCPU_SAMPLE),
+        profiled: flags(types::block_record_flags::BLOCK_PROFILED),
     })
 }
 

@@ -379,3 +379,21 @@ fn timeline_flags() {
     assert!(err(&["--timeline", t, "-o", t]).contains("also an output"));
     assert!(err(&["--snapshot", "--timeline", t]).contains("--snapshot traces nothing"));
 }
+
+#[test]
+fn chains_flags() {
+    let c = config(&["--chains", "5"]).unwrap();
+    assert_eq!(c.chain_depth, Some(5));
+    assert!(c.tracer.chains);
+    assert_eq!(c.tracer.records_min_ns(), Some(1));
+    let c = config(&["--chains", "--chain-depth", "2", "5"]).unwrap();
+    assert_eq!(c.chain_depth, Some(2));
+    assert_eq!(config(&["5"]).unwrap().chain_depth, None);
+    assert!(!config(&["5"]).unwrap().tracer.chains);
+    assert!(err(&["--chain-depth", "2"]).contains("--chain-depth is for --chains"));
+    assert!(err(&["--chains", "--chain-depth", "0"]).contains("between 1 and 32"));
+    assert!(err(&["--chains", "--chain-depth", "33"]).contains("between 1 and 32"));
+    assert!(err(&["--chains", "-i", "1"]).contains("--chains does not go with -i/--interval"));
+    assert!(err(&["--chains", "--wakers"]).contains("--chains does not go with --wakers"));
+    assert!(err(&["--snapshot", "--chains"]).contains("--snapshot traces nothing"));
+}

@@ -37,6 +37,8 @@ const LAYERS: &[&str] = &[
     // The profile, as the outputs shape and filter it.
     "profile",
     "shape",
+    "records",
+    "chains",
     "filter",
     "snapshot",
     "output",

@@ -4,6 +4,7 @@
 //! they fail instead of skipping); the unwinding acceptance test against
 //! gdb; and the kernel matrix in VMs.
 
+mod chains;
 mod cli;
 mod containers;
 mod docs;
