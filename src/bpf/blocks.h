@@ -54,9 +54,6 @@ static __always_inline void add_block(struct offcpu_key *key, __u64 delta,
 	struct offcpu_val *v, init = {};
 	int err;
 
-	/* --chains: the profile is made of the records. */
-	if (chains_on)
-		return;
 	/* delta <= seen < sample_ns <= 1 s: no overflow. */
 	if (wt->seen)
 		delta = delta * sample_ns / wt->seen;
@@ -150,6 +147,9 @@ static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 t
 {
 	__u64 w = trace_start_ns, len = interval_ns, first, last, whole;
 
+	/* --chains: the profile is made of the records. */
+	if (chains_on)
+		return;
 	if (!len) {
 		add_block(key, to - from, wt);
 		return;

@@ -252,6 +252,16 @@ int runtime_refresh(struct bpf_iter__task *ctx)
  * (the sleepable iterator); else such blocks have no user stack.  Its last
  * call (no task) opens the window.
  */
+/* --chains: wanted(), in a frame of its own: inline, the cgroup walk's
+ * values would grow the iterators' frames. */
+static __noinline bool wanted_apart(struct task_struct *t, __u32 tgid, __u32 tid, bool kthread,
+				    __u32 state)
+{
+	if (!t)
+		return false;
+	return wanted(t, tgid, tid, kthread, state);
+}
+
 static __always_inline void start_task(struct task_struct *task, const __u32 variant)
 {
 	bool trusted = variant & VARIANT_TRUSTED;
@@ -260,7 +270,7 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 	__u64 ustack = STACK_ID_NONE, kstack = STACK_ID_NONE, now;
 	struct task_data *d, rec = {};
 	__u32 tid, tgid, state;
-	bool kthread, profiled;
+	bool kthread;
 	long err;
 
 	if (!task) {
@@ -287,8 +297,10 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 		return;
 	tgid = BPF_CORE_READ(task, tgid);
 	kthread = is_kthread(task, false);
-	profiled = wanted(task, tgid, tid, kthread, state);
-	if (!profiled && !chains_on)
+	/* (--chains: every thread's, the filters' choice noted below: not a
+	 * value of its own across the calls between, which would grow the
+	 * frame.) */
+	if (!wanted(task, tgid, tid, kthread, state) && !chains_on)
 		return;
 	if (legacy) {
 		/* Switched since the hook was attached: it has a record. */
@@ -311,7 +323,8 @@ static __always_inline void start_task(struct task_struct *task, const __u32 var
 	d->start_user_stack_id = ustack;
 	d->start_kernel_stack_id = kstack;
 	if (chains_on)
-		d->flags = (d->flags & ~TD_PROFILED_START) | (profiled ? TD_PROFILED_START : 0);
+		d->flags = (d->flags & ~TD_PROFILED_START) |
+			   (wanted_apart(task, tgid, tid, kthread, state) ? TD_PROFILED_START : 0);
 	if (keep_state())
 		d->start_state = offcpu_state(task, state);
 	if (want_states)

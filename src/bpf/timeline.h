@@ -123,8 +123,6 @@ static __noinline void timeline_block(struct offcpu_key *key, struct task_data *
 	} else {
 		began = d->block_ns;
 	}
-	if (!chains_on || (d->flags & ((flags & BLOCK_AT_START) ? TD_PROFILED_START : TD_PROFILED)))
-		flags |= BLOCK_PROFILED;
 	if (now <= began || now - began < timeline_min_ns)
 		goto out;
 	if (began < w)
@@ -143,6 +141,9 @@ static __noinline void timeline_block(struct offcpu_key *key, struct task_data *
 		count(CNT_TIMELINE_LOST);
 		goto out;
 	}
+	/* (Read here, where nothing more is kept across a call.) */
+	if (!chains_on || (d->flags & ((flags & BLOCK_AT_START) ? TD_PROFILED_START : TD_PROFILED)))
+		flags |= BLOCK_PROFILED;
 	fill_record(r, key, began, to, flags);
 	r->waking_ns = d->waker_id ? d->waking_ns : 0;
 	r->waker_id = waker;

@@ -167,3 +167,68 @@ fn chains_follow_a_wait_down_to_the_timer() {
 fn share_of(lines: &[Folded], keep: impl Fn(&Folded) -> bool) -> f64 {
     sum_us_where(lines, keep) as f64 / sum_us_where(lines, |_| true).max(1) as f64
 }
+
+/// `--chains` on every hook (a cell of the kernel matrix): the blocker's
+/// sleepers, woken by threads that sleep 20 ms on a timer, followed into
+/// them, the futex's waker in another process (outside `-p`) too; the
+/// lines add up to the blocks followed; nothing lost.
+#[test]
+fn chains_on_every_hook() {
+    if !require_root() {
+        return;
+    }
+    let w = Workload::start(&["wakers"]);
+    let pid = w.pid.to_string();
+    let mut hooks = vec!["tp-btf", "raw-tp"];
+    // (Where the kernel has no kprobes, the e2e tests check that the hook
+    // says so; the matrix line names the hooks this test ran.)
+    if has_kprobes() {
+        hooks.push("finish-task-switch");
+    }
+    for hook in &hooks {
+        let out = offcputime()
+            .args(["-v", "-f", "--chains", "--hook", hook, "-p", &pid, "2"])
+            .output()
+            .expect("run offcputime");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{hook}: {stderr}");
+        assert!(
+            !stderr.contains("lost for a full ring buffer"),
+            "{hook}: {stderr}"
+        );
+        let lines = parse_folded(&out.stdout);
+        let followed = count_before(&stderr, " us in all") as i64;
+        let shown = sum_us_where(&lines, |_| true) as i64;
+        assert!(
+            followed > 1_000_000 && (shown - followed).abs() <= lines.len() as i64,
+            "{hook}: the chains hold {shown} us, the blocks followed {followed} us\n{stderr}"
+        );
+        let share = |comm: &str, keep: &dyn Fn(&Folded) -> bool| {
+            sum_us_where(&lines, |l| l.comm() == comm && keep(l)) as f64
+                / sum_us(&lines, comm).max(1) as f64
+        };
+        let timer = |l: &Folded| l.frames.last().is_some_and(|f| f == "[timer]");
+        for (waiter, waits_in, waker) in [
+            ("wl-pipe-wait", "wl_block_written", "wl-writer"),
+            ("wl-cond-wait", "wl_block_signalled", "wl-signaller"),
+            ("wl-futex-wait", "wl_block_shared_futex", "wl-futex-waker"),
+        ] {
+            let s = share(waiter, &|l| {
+                hop_is(l, 0, waiter, waits_in)
+                    && hop_is(l, 1, waker, "nanosleep")
+                    && hops(l).len() == 2
+                    && timer(l)
+            });
+            assert!(
+                s >= 0.75,
+                "{hook}: {s:.3} of {waiter}'s time in {waker}'s sleep\n{stderr}"
+            );
+        }
+        let t = share("wl-timer-wait", &|l| hops(l).len() == 1 && timer(l));
+        assert!(
+            t >= 0.75,
+            "{hook}: wl-timer-wait's own timer {t:.3}\n{stderr}"
+        );
+    }
+    eprintln!("matrix: chains on {}", hooks.join(", "));
+}
