@@ -399,6 +399,7 @@ fn render(
         Format::Pprof(o) => pprof::write(profile, config.shape, o, out),
         Format::Speedscope(o) => speedscope::write(profile, config.shape, o, out),
         Format::Otlp(o) => otlp::write(profile, config.shape, o, out),
+        Format::Dot => crate::output::dot::write(profile, out),
     }
 }
 
@@ -408,7 +409,14 @@ fn processes_to_trace(
     t: &crate::tracer::TracerOptions,
     cgroups: &[std::path::PathBuf],
 ) -> Vec<u32> {
-    if t.kernel_threads_only || !t.user_stacks {
+    if !t.user_stacks {
+        return Vec::new();
+    }
+    // --chains follows threads the filters leave out: all of them.
+    if t.chains {
+        return all_processes();
+    }
+    if t.kernel_threads_only {
         return Vec::new();
     }
     if !t.tgids.is_empty() {
@@ -432,6 +440,11 @@ fn processes_to_trace(
         tgids.dedup();
         return tgids;
     }
+    all_processes()
+}
+
+/// Every process alive now.
+fn all_processes() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

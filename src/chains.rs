@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 
-use crate::profile::{Frame, OffState, Part, Sample, StackMode, Waker};
+use crate::profile::{Frame, OffState, Part, Sample, StackMode, WaitGraph, Waker};
+
+mod graph;
 use crate::records::{Named, Record};
 use crate::shape::{MISSED_KERNEL, MISSED_USER};
 
@@ -33,6 +35,8 @@ pub struct Options {
     pub max_ns: u64,
     /// `-U`, `-K`: the parts of each hop's stacks shown.
     pub mode: StackMode,
+    /// `--graph`: the wait-for graph too, of a window this long (ns).
+    pub graph_of: Option<u64>,
 }
 
 /// The chains' profile, and what was cut.
@@ -49,6 +53,8 @@ pub struct Chains {
     pub deep_ns: u64,
     /// Time ending in a wake-up not seen.
     pub unknown_ns: u64,
+    /// `--graph`.
+    pub graph: Option<WaitGraph>,
 }
 
 /// One block of a thread, as the chains walk it.
@@ -210,6 +216,9 @@ pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
     }
     let sums = std::mem::take(&mut walk.sums);
     let mut out = walk.out;
+    if let Some(window_ns) = opts.graph_of {
+        out.graph = Some(graph::of(&sums, named, window_ns));
+    }
     let mut frames = HopFrames {
         samples,
         comms: &comms,

@@ -76,6 +76,8 @@ pub enum FormatArg {
     /// an OpenTelemetry profiles request (OTLP, protobuf), for OTLP
     /// receivers (Pyroscope, the OpenTelemetry Collector)
     Otlp,
+    /// --graph's wait-for graph in Graphviz's DOT language
+    Dot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -397,6 +399,14 @@ pub struct Args {
     #[arg(long = "chains")]
     pub chains: bool,
 
+    /// The wait-for graph of the window (implies --chains): threads and
+    /// sources that are no thread, an edge from each to those it waited
+    /// for, with the time; its knots (threads that others wait for and
+    /// that wait for nobody else: the bottlenecks) said on stderr, ranked
+    /// by the time waited on them. -o FILE.dot writes the graph (Graphviz)
+    #[arg(long = "graph")]
+    pub graph: bool,
+
     /// --chains: the most hops followed (default 5, at most 32)
     #[arg(long = "chain-depth", value_name = "N")]
     pub chain_depth: Option<String>,
@@ -535,6 +545,8 @@ pub enum Format {
     Speedscope(SpeedscopeOptions),
     /// An OTLP `ExportProfilesServiceRequest` (protobuf).
     Otlp(OtlpOptions),
+    /// `--graph`'s wait-for graph (Graphviz DOT).
+    Dot,
 }
 
 /// What to trace and how to show it, validated.
@@ -579,6 +591,8 @@ pub struct Config {
     pub timeline: Option<PathBuf>,
     /// `--chains`: the most hops a wait is followed (None: no chains).
     pub chain_depth: Option<u32>,
+    /// `--graph`: the wait-for graph too.
+    pub graph: bool,
 }
 
 /// What `--snapshot` asks for.
@@ -603,6 +617,7 @@ pub fn format_by_name(path: &std::path::Path) -> Option<FormatArg> {
         (".otlp", FormatArg::Otlp),
         (".folded", FormatArg::Folded),
         (".txt", FormatArg::Report),
+        (".dot", FormatArg::Dot),
     ]
     .into_iter()
     .find(|(ending, _)| name.len() > ending.len() && name.ends_with(ending))

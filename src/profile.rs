@@ -334,6 +334,51 @@ pub struct Profile {
     pub objects: Vec<ObjectInfo>,
     /// The window traced, where known.
     pub window: Option<Window>,
+    /// `--graph`: who waited for whom (see [`crate::chains`]).
+    pub graph: Option<Arc<WaitGraph>>,
+}
+
+/// `--graph`: the wait-for graph of the window. A node is a thread (or the
+/// threads of one name, where they are many) or a source that is no thread
+/// (`[timer]`, `[disk]`, ...); an edge from a node to another holds the
+/// time the first waited for the second, down the chains (a client that
+/// waited for a worker that waited for a producer waited for both).
+#[derive(Clone, Debug, Default)]
+pub struct WaitGraph {
+    pub nodes: Vec<WaitNode>,
+    /// (from, to, ns), heaviest first.
+    pub edges: Vec<(usize, usize, u64)>,
+    /// The edges that count for the knots: at least this long.
+    pub min_edge_ns: u64,
+    /// Its knots (sets of nodes that wait only for each other, if for
+    /// anyone, and that others wait for), heaviest first.
+    pub knots: Vec<Knot>,
+    pub window_ns: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WaitNode {
+    /// `comm (tid)`, `comm (N threads)`, or the source's name.
+    pub name: String,
+    /// A source that is no thread.
+    pub pseudo: bool,
+    /// Time the chains end at this node: a thread running, waiting for a
+    /// CPU or blocked where it is not followed further; for a source, the
+    /// waits it ended.
+    pub own_ns: u64,
+    /// What most of that time was: `[running]`, or the function a thread
+    /// was blocked in; for a source, the thread and function waiting on
+    /// it the longest.
+    pub what: String,
+}
+
+/// A knot: nodes that wait for nobody outside it (edges of at least
+/// [`WaitGraph::min_edge_ns`]), wPerf's bottleneck.
+#[derive(Clone, Debug, Default)]
+pub struct Knot {
+    pub nodes: Vec<usize>,
+    /// The time other nodes' chains waited on it.
+    pub waited_ns: u64,
 }
 
 /// When the trace was taken.
@@ -405,6 +450,7 @@ impl Profile {
             counters: self.counters.clone(),
             objects: Vec::new(),
             window: self.window,
+            graph: self.graph.clone(),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, Write};
 use std::path::Path;
 
-use crate::profile::{FrameSource, NameSource, OffState, Profile};
+use crate::profile::{FrameSource, NameSource, OffState, Origin, Part, Profile, Sample};
 use crate::raw::{Proc, RawBlock, RawEntry, RawProfile, StackRef, WakerRef};
 
 /// What makes blocks alike but for their times: each distinct one is
@@ -315,6 +315,69 @@ fn entry_of(k: &BlockKey) -> RawEntry {
         total_ns: 0,
         count: 1,
     }
+}
+
+/// What a block is named by: the innermost frame of the program's own
+/// code (a runtime's frame: Python, Java, JavaScript; else one of a file
+/// that is not a system library), else its innermost user frame, else its
+/// innermost kernel frame outside the scheduler, else the thread's name.
+pub fn block_name(s: &Sample, objects: &[crate::profile::ObjectInfo]) -> String {
+    let frames = |p: &Part| match p {
+        Part::Frames(f) => f.to_vec(),
+        _ => Vec::new(),
+    };
+    let user = frames(&s.user);
+    let known = |f: &&crate::profile::Frame| !f.name.starts_with('[');
+    let runtime = user
+        .iter()
+        .filter(known)
+        .find(|f| matches!(f.origin, Origin::Runtime(_)));
+    let own = || {
+        user.iter().filter(known).find(|f| match f.origin {
+            Origin::Object(i) => objects
+                .get(i as usize)
+                .is_some_and(|o| !is_system_library(&o.path)),
+            _ => false,
+        })
+    };
+    if let Some(f) = runtime.or_else(own).or_else(|| user.iter().find(known)) {
+        return f.name.to_string();
+    }
+    let kernel = frames(&s.kernel);
+    if let Some(f) = kernel
+        .iter()
+        .filter(known)
+        .find(|f| !is_scheduler_frame(&f.name))
+    {
+        return f.name.to_string();
+    }
+    s.thread_name().to_string()
+}
+
+/// Whether `path` is a library of the system's (its C library, loader,
+/// C++ runtime...), not the program's own code.
+pub(crate) fn is_system_library(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let in_lib = [
+        "/lib/",
+        "/lib64/",
+        "/usr/lib/",
+        "/usr/lib64/",
+        "/usr/local/lib/",
+    ]
+    .iter()
+    .any(|d| path.starts_with(d));
+    (in_lib && name.starts_with("lib")) || name.starts_with("ld-linux") || name == "[vdso]"
+}
+
+/// A kernel frame of the scheduler's or of the wait itself: not what a
+/// block is named by.
+fn is_scheduler_frame(name: &str) -> bool {
+    name.contains("schedule")
+        || name.starts_with("__switch_to")
+        || name.starts_with("finish_task_switch")
+        || name.starts_with("__traceiter")
+        || name.starts_with("bpf_")
 }
 
 #[cfg(test)]

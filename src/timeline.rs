@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::output::sink::Sink;
-use crate::profile::{OffState, Origin, Part, Profile, Sample, Waker};
+use crate::profile::{OffState, Origin, Part, Profile, Waker};
 use crate::raw::{clock_ns, Proc};
 use crate::records::{BlockKey, Named, Record};
 
@@ -341,7 +341,7 @@ impl<'a> Writer<'a> {
             start: k.start,
         };
         let track = self.thread_track(p, k.pid, s.thread_name());
-        let name = slice_name(s, &self.profile.objects);
+        let name = crate::records::block_name(s, &self.profile.objects);
         let name = self.strings.id(name);
         let state = state_name(k.state);
         let category = self.categories.id(state);
@@ -595,69 +595,6 @@ fn process_name(tgid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// What a block is named by: the innermost frame of the program's own
-/// code (a runtime's frame: Python, Java, JavaScript; else one of a file
-/// that is not a system library), else its innermost user frame, else its
-/// innermost kernel frame outside the scheduler, else the thread's name.
-fn slice_name(s: &Sample, objects: &[crate::profile::ObjectInfo]) -> String {
-    let frames = |p: &Part| match p {
-        Part::Frames(f) => f.to_vec(),
-        _ => Vec::new(),
-    };
-    let user = frames(&s.user);
-    let known = |f: &&crate::profile::Frame| !f.name.starts_with('[');
-    let runtime = user
-        .iter()
-        .filter(known)
-        .find(|f| matches!(f.origin, Origin::Runtime(_)));
-    let own = || {
-        user.iter().filter(known).find(|f| match f.origin {
-            Origin::Object(i) => objects
-                .get(i as usize)
-                .is_some_and(|o| !is_system_library(&o.path)),
-            _ => false,
-        })
-    };
-    if let Some(f) = runtime.or_else(own).or_else(|| user.iter().find(known)) {
-        return f.name.to_string();
-    }
-    let kernel = frames(&s.kernel);
-    if let Some(f) = kernel
-        .iter()
-        .filter(known)
-        .find(|f| !is_scheduler_frame(&f.name))
-    {
-        return f.name.to_string();
-    }
-    s.thread_name().to_string()
-}
-
-/// Whether `path` is a library of the system's (its C library, loader,
-/// C++ runtime...), not the program's own code.
-fn is_system_library(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    let in_lib = [
-        "/lib/",
-        "/lib64/",
-        "/usr/lib/",
-        "/usr/lib64/",
-        "/usr/local/lib/",
-    ]
-    .iter()
-    .any(|d| path.starts_with(d));
-    (in_lib && name.starts_with("lib")) || name.starts_with("ld-linux") || name == "[vdso]"
-}
-
-/// A kernel frame of the scheduler's or of the wait itself: not what a
-/// block is named by.
-fn is_scheduler_frame(name: &str) -> bool {
-    name.contains("schedule")
-        || name.starts_with("__switch_to")
-        || name.starts_with("finish_task_switch")
-        || name.starts_with("__traceiter")
-        || name.starts_with("bpf_")
-}
-
 /// BOOTTIME less CLOCK_MONOTONIC now: what turns the program's times into
 /// the trace's clock.
 fn boottime_offset() -> u64 {
@@ -691,7 +628,7 @@ fn clock_snapshot() -> pf::TracePacket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{Frame, FrameInfo, ObjectInfo};
+    use crate::profile::{Frame, FrameInfo, ObjectInfo, Sample};
 
     fn frame(name: &str, origin: Origin) -> Frame {
         Frame::new(FrameInfo {
@@ -750,7 +687,7 @@ mod tests {
             ],
             kernel.clone(),
         );
-        assert_eq!(slice_name(&s, &objects()), "wait_for_work");
+        assert_eq!(crate::records::block_name(&s, &objects()), "wait_for_work");
         // A runtime's frame first, even outside the program's file.
         let python = Origin::Runtime(crate::runtime::Kind::Python);
         let s = sample(
@@ -762,26 +699,35 @@ mod tests {
             ],
             Vec::new(),
         );
-        assert_eq!(slice_name(&s, &objects()), "poll_queue");
+        assert_eq!(crate::records::block_name(&s, &objects()), "poll_queue");
         // Only the system's code: its innermost frame.
         let s = sample(vec![frame("__clock_nanosleep", libc)], Vec::new());
-        assert_eq!(slice_name(&s, &objects()), "__clock_nanosleep");
+        assert_eq!(
+            crate::records::block_name(&s, &objects()),
+            "__clock_nanosleep"
+        );
         // A kernel thread: its first frame outside the scheduler.
         let s = sample(Vec::new(), kernel);
-        assert_eq!(slice_name(&s, &objects()), "do_nanosleep");
+        assert_eq!(crate::records::block_name(&s, &objects()), "do_nanosleep");
         // Nothing: the thread's name.
         assert_eq!(
-            slice_name(&sample(Vec::new(), Vec::new()), &objects()),
+            crate::records::block_name(&sample(Vec::new(), Vec::new()), &objects()),
             "worker"
         );
     }
 
     #[test]
     fn system_libraries_are_told_from_programs() {
-        assert!(is_system_library("/usr/lib/x86_64-linux-gnu/libc.so.6"));
-        assert!(is_system_library("/lib64/ld-linux-x86-64.so.2"));
-        assert!(!is_system_library("/usr/bin/python3.11"));
-        assert!(!is_system_library("/opt/app/lib/libapp.so"));
-        assert!(!is_system_library("/home/u/target/release/examples/chain"));
+        assert!(crate::records::is_system_library(
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        ));
+        assert!(crate::records::is_system_library(
+            "/lib64/ld-linux-x86-64.so.2"
+        ));
+        assert!(!crate::records::is_system_library("/usr/bin/python3.11"));
+        assert!(!crate::records::is_system_library("/opt/app/lib/libapp.so"));
+        assert!(!crate::records::is_system_library(
+            "/home/u/target/release/examples/chain"
+        ));
     }
 }

@@ -436,7 +436,9 @@ impl<'a> Session<'a> {
             None => Ok(()),
         };
         let chains = match (&named, config.chain_depth) {
-            (Some(named), Some(depth)) => Some(self.follow_chains(named, depth, &raw)?),
+            (Some(named), Some(depth)) => {
+                Some(self.follow_chains(named, depth, &raw, end.window.1 - end.window.0)?)
+            }
             _ => None,
         };
         drop(named);
@@ -521,7 +523,8 @@ impl<'a> Session<'a> {
         named: &crate::records::Named,
         depth: u32,
         raw: &crate::raw::RawProfile,
-    ) -> Result<Vec<profile::Sample>> {
+        window_ns: u64,
+    ) -> Result<(Vec<profile::Sample>, Option<profile::WaitGraph>)> {
         let t = &self.config.tracer;
         let chains = crate::chains::follow(
             named,
@@ -530,6 +533,7 @@ impl<'a> Session<'a> {
                 min_ns: t.min_block_ns,
                 max_ns: t.max_block_ns,
                 mode: self.config.shape.mode,
+                graph_of: self.config.graph.then_some(window_ns),
             },
         )
         .context("cannot read the records of the blocks back")?;
@@ -566,7 +570,10 @@ impl<'a> Session<'a> {
                 share(chains.unknown_ns),
             );
         }
-        Ok(chains.samples)
+        if let Some(g) = &chains.graph {
+            report_knots(g);
+        }
+        Ok((chains.samples, chains.graph))
     }
 
     /// Without `-i`: the whole trace's profile, written to every output
@@ -575,7 +582,7 @@ impl<'a> Session<'a> {
         &mut self,
         mut raw: crate::raw::RawProfile,
         end: &End,
-        chains: Option<Vec<profile::Sample>>,
+        chains: Option<(Vec<profile::Sample>, Option<profile::WaitGraph>)>,
     ) -> Result<Written> {
         let config = self.config;
         crate::oncpu::divide(&mut raw, config.shape.mode.user());
@@ -585,10 +592,11 @@ impl<'a> Session<'a> {
             &self.symbolizer,
             self.kernel_first,
         );
-        if let Some(samples) = chains {
+        if let Some((samples, graph)) = chains {
             // (No counts were kept.)
             profile.samples = samples;
             profile::sort_samples(&mut profile.samples);
+            profile.graph = graph.map(Arc::new);
         }
         // What was read is let go before the output is made: its frames
         // grow with the stacks, and would be held beside the output's
@@ -747,6 +755,40 @@ fn announce(config: &Config, tracer: &Tracer<'_>, began: Instant, started: Insta
              kprobe, where the kernel has kprobes and no --state or -i is asked, walks only the \
              blocks taken)",
             tracer.hook()
+        );
+    }
+}
+
+/// `--graph`: the knots on stderr, heaviest first, each with what its
+/// nodes were doing.
+fn report_knots(g: &profile::WaitGraph) {
+    let secs = |ns: u64| ns as f64 / 1e9;
+    eprintln!(
+        "offcputime: wait-for graph: {}, {}, {} (what others wait for, waiting for nothing \
+         else for {:.0}% of the window or more), by the time waited on them:",
+        count(g.nodes.len() as u64, "node", "nodes"),
+        count(g.edges.len() as u64, "edge", "edges"),
+        count(g.knots.len() as u64, "knot", "knots"),
+        100.0 * g.min_edge_ns as f64 / g.window_ns.max(1) as f64,
+    );
+    for (i, k) in g.knots.iter().enumerate() {
+        let nodes: Vec<String> = (k.nodes.iter())
+            .map(|&n| {
+                let node = &g.nodes[n];
+                if node.what.is_empty() {
+                    node.name.clone()
+                } else if node.pseudo {
+                    format!("{} (from {})", node.name, node.what)
+                } else {
+                    format!("{} ({} {:.3} s)", node.name, node.what, secs(node.own_ns))
+                }
+            })
+            .collect();
+        eprintln!(
+            "offcputime:   {}. {:.3} s waited on {}",
+            i + 1,
+            secs(k.waited_ns),
+            nodes.join(", ")
         );
     }
 }

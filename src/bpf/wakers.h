@@ -93,10 +93,36 @@ static __always_inline __u64 store_waker(struct waker_info *w)
 }
 
 /*
+ * Linux 6.12's delayed dequeue: a task that blocks owing time to the fair
+ * scheduler stays on its run queue (on_rq), marked se.sched_delayed, until
+ * it is picked again or woken.  It is blocked all the same.
+ */
+struct sched_entity___delayed {
+	unsigned char sched_delayed;
+} __attribute__((preserve_access_index));
+
+struct task_struct___delayed {
+	struct sched_entity___delayed se;
+} __attribute__((preserve_access_index));
+
+/* Whether `p` is runnable (on its run queue, not blocked in a delayed
+ * dequeue): a wake-up of it ends no block. */
+static __always_inline bool runnable(struct task_struct *p)
+{
+	struct task_struct___delayed *q = (void *)p;
+
+	if (!BPF_CORE_READ(p, on_rq))
+		return false;
+	if (bpf_core_field_exists(q->se.sched_delayed) && BPF_CORE_READ(q, se.sched_delayed))
+		return false;
+	return true;
+}
+
+/*
  * --wakers: `p` is being woken, in the context of the task that wakes it
  * (current).  Only a wake-up that ends a block is kept: p is off its run
  * queue (it blocked, or is blocking on another CPU right now, its
- * switch-out about to be seen).  The kernel serializes wakers of a task,
+ * switch-out about to be seen), or on it in a delayed dequeue.  The kernel serializes wakers of a task,
  * and only the first finds it asleep: one waker per block.  From an
  * interrupt, current is whatever task was interrupted; userspace tells
  * that from the kernel stack (an interrupt entry frame) and shows the
@@ -117,7 +143,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	__u64 *buf;
 	long len, irq = 0;
 
-	if (tid == 0 || BPF_CORE_READ(p, on_rq))
+	if (tid == 0 || runnable(p))
 		return;
 	d = get_data(p, tid, trusted, false);
 	if (!d)

@@ -135,7 +135,7 @@ impl Args {
                 runtimes_running: true,
                 on_cpu_hz: self.on_cpu_hz()?,
                 timeline_min_ns: self.timeline_min_ns()?,
-                chains: self.chains,
+                chains: self.chains || self.graph,
                 test: crate::test_env::TestEnv::from_env(),
             },
             shape: Shape {
@@ -162,6 +162,7 @@ impl Args {
             snapshot,
             timeline: self.timeline.clone(),
             chain_depth: self.chain_depth()?,
+            graph: self.graph,
         };
         self.name_flame_graphs(&mut config);
         if let Some(t) = &config.timeline {
@@ -234,7 +235,7 @@ impl Args {
     /// `--chain-depth`, where `--chains` is given; the flags `--chains`
     /// does not go with yet.
     fn chain_depth(&self) -> Result<Option<u32>> {
-        if !self.chains {
+        if !self.chains && !self.graph {
             if self.chain_depth.is_some() {
                 bail!("--chain-depth is for --chains");
             }
@@ -250,7 +251,8 @@ impl Args {
             ("--push-otlp", self.push_otlp.is_some()),
         ];
         if let Some((flag, _)) = not_yet.iter().find(|f| f.1) {
-            bail!("--chains does not go with {flag} yet");
+            let what = if self.chains { "--chains" } else { "--graph" };
+            bail!("{what} does not go with {flag} yet");
         }
         let depth = match &self.chain_depth {
             Some(s) => parse_u64("--chain-depth", s)?,

@@ -77,6 +77,9 @@ impl Args {
                 bail!("{flag} is a flame graph option: add --svg");
             }
         }
+        if wants(FormatArg::Dot) && !self.graph {
+            bail!("a DOT file is --graph's wait-for graph: add --graph");
+        }
         let profiles = wants(FormatArg::Pprof) || wants(FormatArg::Otlp);
         if !profiles && self.push.is_none() && self.push_otlp.is_none() {
             let pprof_flags = [
@@ -112,6 +115,7 @@ impl Args {
                     samples: self.pprof_options(),
                     resource: vec![("host.name".to_string(), host_name())],
                 }),
+                FormatArg::Dot => Format::Dot,
             })
             .collect())
     }
@@ -224,6 +228,7 @@ impl Args {
             ("--wakers", self.wakers),
             ("--timeline", self.timeline.is_some()),
             ("--chains", self.chains),
+            ("--graph", self.graph),
             ("-m/--min-block-time", self.min_block_time.is_some()),
             ("-M/--max-block-time", self.max_block_time.is_some()),
             ("--sample", self.sample.is_some()),

@@ -1,5 +1,6 @@
 //! Renderings of a [`Profile`](crate::profile::Profile).
 
+pub mod dot;
 pub mod folded;
 pub mod group;
 pub mod otlp;

@@ -203,6 +203,7 @@ fn build_with<'a, F: FrameSource, N: NameSource<F>>(
         counters,
         objects,
         window: None,
+        graph: None,
     }
 }
 

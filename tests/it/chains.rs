@@ -142,14 +142,72 @@ fn chains_follow_a_wait_down_to_the_timer() {
 
     // One client, one hop: the worker and the producer are left out by
     // the filter, and the worker's block followed all the same; deeper
-    // than that is cut and said.
+    // than that is cut and said. The report and pprof carry the hops.
     let client0 = tids[2].to_string();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let (out, _) = profile_window(
-        &["--chains", "--chain-depth", "1", "-t", &client0, "-f", "2"],
+        &[
+            "--chains",
+            "--chain-depth",
+            "1",
+            "-t",
+            &client0,
+            "-o",
+            &path("c.folded"),
+            "-o",
+            &path("c.txt"),
+            "-o",
+            &path("c.pb.gz"),
+            "2",
+        ],
         &[],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines = parse_folded(&out.stdout);
+    let lines = parse_folded(&std::fs::read(path("c.folded")).expect("the folded file"));
+    // The report: the hops first, innermost first, then the block's own
+    // frames.
+    let report = parse_report(&std::fs::read(path("c.txt")).expect("the report"));
+    let longest = report.iter().max_by_key(|e| e.us).expect("an entry");
+    let at = |f: &str| longest.frames.iter().position(|x| x == f);
+    assert!(
+        at("[deeper]") == Some(0) && at("worker_read") < at("--") && at("--") < at("client_wait"),
+        "{longest:?}"
+    );
+    // pprof: the hops are frames of the sample's stack, leaf first.
+    let mut gz = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&std::fs::read(path("c.pb.gz")).expect("pprof")[..]),
+        &mut gz,
+    )
+    .expect("gunzip");
+    let pprof: offcputime::output::profile_proto::Profile =
+        prost::Message::decode(&gz[..]).expect("a pprof profile");
+    let name_of_location = |id: u64| -> Vec<&str> {
+        let loc = pprof
+            .location
+            .iter()
+            .find(|l| l.id == id)
+            .expect("location");
+        (loc.line.iter())
+            .map(|l| {
+                let f = pprof.function.iter().find(|f| f.id == l.function_id);
+                f.map_or("", |f| pprof.string_table[f.name as usize].as_str())
+            })
+            .collect()
+    };
+    let heaviest = pprof
+        .sample
+        .iter()
+        .max_by_key(|s| s.value[0])
+        .expect("a sample");
+    let names: Vec<&str> = (heaviest.location_id.iter())
+        .flat_map(|&id| name_of_location(id))
+        .collect();
+    let at = |f: &str| names.iter().position(|x| *x == f);
+    assert!(
+        at("[deeper]") == Some(0) && at("worker_read") < at("client_wait"),
+        "{names:?}"
+    );
     assert!(lines.iter().all(|l| l.comm() == "wl-client0"), "{lines:?}");
     let deeper = share_of(&lines, |l| {
         hop_is(l, 1, "wl-worker", "worker_read")
@@ -208,20 +266,24 @@ fn chains_on_every_hook() {
                 / sum_us(&lines, comm).max(1) as f64
         };
         let timer = |l: &Folded| l.frames.last().is_some_and(|f| f == "[timer]");
-        for (waiter, waits_in, waker) in [
-            ("wl-pipe-wait", "wl_block_written", "wl-writer"),
-            ("wl-cond-wait", "wl_block_signalled", "wl-signaller"),
-            ("wl-futex-wait", "wl_block_shared_futex", "wl-futex-waker"),
+        // (The hops by their threads: on 5.10 user stacks are walked
+        // with frame pointers, which the C library has not: the caller
+        // of its read or sleep is not in them.)
+        for (waiter, waker) in [
+            ("wl-pipe-wait", "wl-writer"),
+            ("wl-cond-wait", "wl-signaller"),
+            ("wl-futex-wait", "wl-futex-waker"),
         ] {
             let s = share(waiter, &|l| {
-                hop_is(l, 0, waiter, waits_in)
-                    && hop_is(l, 1, waker, "nanosleep")
-                    && hops(l).len() == 2
-                    && timer(l)
+                hops(l).get(1).is_some_and(|h| h[0] == waker) && hops(l).len() == 2 && timer(l)
             });
+            let mut top: Vec<&Folded> = lines.iter().filter(|l| l.comm() == waiter).collect();
+            top.sort_by_key(|l| std::cmp::Reverse(l.us));
             assert!(
                 s >= 0.75,
-                "{hook}: {s:.3} of {waiter}'s time in {waker}'s sleep\n{stderr}"
+                "{hook}: {s:.3} of {waiter}'s time in {waker}'s sleep; its longest lines: \
+                 {:?}\n{stderr}",
+                &top[..top.len().min(3)]
             );
         }
         let t = share("wl-timer-wait", &|l| hops(l).len() == 1 && timer(l));
@@ -231,4 +293,239 @@ fn chains_on_every_hook() {
         );
     }
     eprintln!("matrix: chains on {}", hooks.join(", "));
+}
+
+/// `tests/workloads/pipeline.c` with `args`, once it says "ready".
+fn pipeline(dir: &std::path::Path, args: &[&str]) -> GroupChild {
+    let exe = c_workload("pipeline", &["-O2", "-g", "-pthread"], dir);
+    let mut c = GroupChild::spawn(
+        std::process::Command::new(&exe)
+            .arg("60")
+            .args(args)
+            .stdout(std::process::Stdio::piped()),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(c.0.stdout.take().expect("its output")),
+        &mut ready,
+    )
+    .expect("read the workload's output");
+    assert_eq!(ready, "ready\n", "pipeline {args:?} did not start");
+    c
+}
+
+/// The nodes of a DOT file that are in a knot, by name (up to " ("), and
+/// its edges with their weights in ms, by the nodes' names.
+fn read_dot(text: &str) -> (Vec<String>, Vec<(String, String, f64)>) {
+    let mut names = std::collections::HashMap::new();
+    let mut knots = Vec::new();
+    let mut edges = Vec::new();
+    for line in text.lines().map(str::trim) {
+        let Some((id, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        if let Some(label) = rest.strip_prefix("[label=\"") {
+            let name = label.split(" (").next().unwrap_or("").to_string();
+            if rest.contains("class=\"knot\"") {
+                knots.push(name.clone());
+            }
+            names.insert(id.to_string(), name);
+        } else if let Some(to) = rest.strip_prefix("-> ") {
+            let (to, attrs) = to.split_once(' ').expect("an edge's attributes");
+            let ms: f64 = attrs
+                .split("label=\"")
+                .nth(1)
+                .and_then(|l| l.split(" ms").next())
+                .and_then(|v| v.parse().ok())
+                .expect("an edge's time");
+            edges.push((names[id].clone(), names[to].clone(), ms));
+        }
+    }
+    (knots, edges)
+}
+
+/// A three-stage pipeline whose middle stage works 2 ms of CPU on each
+/// item: the first stage waits for room, the last for items, both for the
+/// middle one, which waits for nobody: `--graph`'s knot, first on stderr,
+/// the edges into it most of the window. Two threads handing a token back
+/// and forth wait for each other in turn: their knot is both; the chains
+/// keep every block's time whole.
+#[test]
+fn graph_knots_a_slow_stage_and_a_ping_pong() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let wl = pipeline(dir.path(), &[]);
+    let dot = dir.path().join("p.dot");
+    let pid = wl.0.id().to_string();
+    let (out, (from, to)) = profile_window(
+        &["--graph", "-p", &pid, "-o", dot.to_str().unwrap(), "3"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = std::fs::read_to_string(&dot).expect("the DOT file");
+    let (knots, edges) = read_dot(&text);
+    assert_eq!(knots, ["wl-stage2"], "{text}\n{stderr}");
+    let first = stderr
+        .lines()
+        .find(|l| l.contains("  1. "))
+        .unwrap_or_else(|| panic!("no knot said\n{stderr}"));
+    assert!(first.contains("waited on wl-stage2 ("), "{stderr}");
+    let window_ms = (to - from) as f64 / 1e6;
+    for stage in ["wl-stage1", "wl-stage3"] {
+        let ms: f64 = (edges.iter())
+            .filter(|e| e.0 == stage && e.1 == "wl-stage2")
+            .map(|e| e.2)
+            .sum();
+        assert!(
+            ms >= window_ms * 0.5,
+            "{stage} waited {ms} ms of {window_ms} for wl-stage2\n{text}"
+        );
+    }
+    drop(wl);
+
+    let wl = pipeline(dir.path(), &["pingpong"]);
+    let pid = wl.0.id().to_string();
+    let folded = dir.path().join("pp.folded");
+    let (out, _) = profile_window(
+        &[
+            "--graph",
+            "-p",
+            &pid,
+            "-o",
+            dot.to_str().unwrap(),
+            "-o",
+            folded.to_str().unwrap(),
+            "3",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = std::fs::read_to_string(&dot).expect("the DOT file");
+    let (mut knots, edges) = read_dot(&text);
+    knots.sort();
+    assert_eq!(knots, ["wl-ping", "wl-pong"], "{text}\n{stderr}");
+    for (a, b) in [("wl-ping", "wl-pong"), ("wl-pong", "wl-ping")] {
+        assert!(
+            edges.iter().any(|e| e.0 == a && e.1 == b && e.2 > 100.0),
+            "{a} -> {b}\n{text}"
+        );
+    }
+    let lines = parse_folded(&std::fs::read(&folded).expect("the folded file"));
+    let followed = count_before(&stderr, " us in all") as i64;
+    let shown = sum_us_where(&lines, |_| true) as i64;
+    assert!(
+        (shown - followed).abs() <= lines.len() as i64,
+        "the chains hold {shown} us, the blocks followed {followed} us\n{stderr}"
+    );
+}
+
+/// Waiters on a mutex whose holder writes 4 KiB with O_DIRECT and
+/// fdatasync()s it, over and over (tests/workloads/diskwait.c): the
+/// waiters' time is followed into the holder's writes, and from there to
+/// the disk's completions; the graph's heaviest knot is `[disk]`.
+#[test]
+fn chains_end_in_the_disk() {
+    if !require_root() {
+        return;
+    }
+    // On the disk the build is on (a tmpfs has no O_DIRECT).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
+    let exe = c_workload("diskwait", &["-O2", "-g", "-pthread"], dir.path());
+    let mut wl = GroupChild::spawn(
+        std::process::Command::new(&exe)
+            .arg("60")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::piped()),
+    );
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(wl.0.stdout.take().expect("its output")),
+        &mut ready,
+    )
+    .expect("read the workload's output");
+    assert_eq!(ready, "ready\n", "diskwait did not start");
+    let pid = wl.0.id().to_string();
+    let (out, _) = profile_window(&["--graph", "-p", &pid, "-f", "3"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let share = |comm: &str, keep: &dyn Fn(&Folded) -> bool| {
+        sum_us_where(&lines, |l| l.comm() == comm && keep(l)) as f64
+            / sum_us(&lines, comm).max(1) as f64
+    };
+    let disk = |l: &Folded| l.frames.last().is_some_and(|f| f == "[disk]");
+    let in_holder = |l: &Folded| hop_is(l, 1, "wl-holder", "write_through");
+    let own = share("wl-holder", &|l| {
+        hops(l).len() == 1 && l.has("write_through") && disk(l)
+    });
+    eprintln!("wl-holder: {own:.3} of its time its own writes, ending in [disk]");
+    // (Measured on an idle machine: about 0.55 of the holder's time, and
+    // of each waiter's 0.58 in the holder's writes, 0.45 ending in
+    // [disk]; the rest is running and waiting for a CPU, which a loaded
+    // machine makes more of.)
+    assert!(own >= 0.2, "wl-holder: {own:.3}\n{stderr}");
+    for w in ["wl-waiter0", "wl-waiter1"] {
+        let through = share(w, &|l| hop_is(l, 0, w, "wait_turn") && in_holder(l));
+        let to_disk = share(w, &|l| in_holder(l) && disk(l));
+        eprintln!("{w}: {through:.3} in the holder's writes, {to_disk:.3} ending in [disk]");
+        assert!(
+            through >= 0.35 && to_disk >= 0.15,
+            "{w}: {through:.3} in the holder's writes, {to_disk:.3} ending in [disk]\n{stderr}"
+        );
+    }
+    let first = stderr
+        .lines()
+        .find(|l| l.contains("  1. "))
+        .unwrap_or_else(|| panic!("no knot said\n{stderr}"));
+    assert!(first.contains("waited on [disk]"), "{stderr}");
+    // Every wake-up seen: on Linux 6.12 and later a thread blocked in a
+    // delayed dequeue is still on its run queue when it is woken (about
+    // one I/O wait in nine here was taken for no block's end).
+    let unseen: f64 = stderr
+        .split("% ending in a wake-up not seen")
+        .next()
+        .and_then(|s| s.rsplit(", ").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no share of wake-ups not seen\n{stderr}"));
+    assert!(
+        unseen <= 3.0,
+        "{unseen}% of the time ends in a wake-up not seen\n{stderr}"
+    );
+}
+
+/// A thread that sleeps after using more than its share of a CPU: on
+/// Linux 6.12 and later the scheduler leaves it on its run queue (a
+/// delayed dequeue) until its timer wakes it. That wake-up ends its block
+/// all the same: its waker is the timer, not a wake-up unseen (before
+/// this was known, three quarters of its time ended in `[unknown]`; now
+/// none, and about 0.3 in its sleep's `[timer]`, the rest waiting for the
+/// CPU beside the spinner). On older kernels the same holds without the
+/// delay.
+#[test]
+fn wake_ups_of_threads_in_a_delayed_dequeue_are_seen() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("delayed", &["-O2", "-g", "-pthread"], dir.path());
+    let wl = GroupChild::ready(&exe, "delayed did not start");
+    let pid = wl.0.id().to_string();
+    let (out, _) = profile_window(&["--chains", "-p", &pid, "-f", "2"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let total = sum_us(&lines, "wl-burst") as f64;
+    let unknown = sum_us_where(&lines, |l| {
+        l.comm() == "wl-burst" && l.frames.last().is_some_and(|f| f == "[unknown]")
+    }) as f64;
+    let timer = sum_us_where(&lines, |l| {
+        l.comm() == "wl-burst"
+            && l.has("burst_sleep")
+            && l.frames.last().is_some_and(|f| f == "[timer]")
+    }) as f64;
+    assert!(
+        total > 100_000.0 && unknown <= total * 0.02 && timer >= total * 0.15,
+        "wl-burst: {total} us off-CPU, {unknown} us ending in [unknown], {timer} us in its \
+         sleep's [timer]\n{stderr}"
+    );
 }

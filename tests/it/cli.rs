@@ -397,3 +397,15 @@ fn chains_flags() {
     assert!(err(&["--chains", "--wakers"]).contains("--chains does not go with --wakers"));
     assert!(err(&["--snapshot", "--chains"]).contains("--snapshot traces nothing"));
 }
+
+#[test]
+fn graph_flags() {
+    let c = config(&["--graph", "5"]).unwrap();
+    assert!(c.graph && c.tracer.chains);
+    assert_eq!(c.chain_depth, Some(5));
+    let c = config(&["--graph", "-o", "/tmp/g.dot", "5"]).unwrap();
+    assert!(matches!(c.format, offcputime::cli::Format::Dot));
+    assert!(err(&["-o", "/tmp/g.dot", "5"]).contains("add --graph"));
+    assert!(err(&["--graph", "-i", "1"]).contains("--graph does not go with -i/--interval"));
+    assert!(err(&["--snapshot", "--graph"]).contains("--snapshot traces nothing"));
+}
