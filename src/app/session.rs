@@ -552,6 +552,15 @@ impl<'a> Session<'a> {
                 share(chains.deep_ns)
             );
         }
+        if chains.unindexed > 0 {
+            eprintln!(
+                "offcputime: chains: {} after the first {} not followed (the most held in \
+                 memory): their time is missing, and where a wait was followed into them it \
+                 shows as [running]",
+                count(chains.unindexed, "block", "blocks"),
+                crate::chains::MOST_BLOCKS,
+            );
+        }
         let lost = raw.counters.timeline_lost;
         if lost > 0 {
             eprintln!(

@@ -39,6 +39,9 @@ const volatile bool unwind_by_file = false;
  * the filters, which mark the blocks they keep (BLOCK_PROFILED); the
  * profile is made of the records, the counts are not kept. */
 const volatile bool chains_on = false;
+/* The waker's user stack at a wake-up (--wakers, --timeline; --chains
+ * alone follows the waker by its thread, not its stacks). */
+const volatile bool waker_user_stacks = true;
 /* --states: blocks split by thread state, at their wake-up. */
 const volatile bool want_states = false;
 /* --wakers: the stacks of the task that woke each block. */

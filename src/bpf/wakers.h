@@ -172,9 +172,9 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	w.pid = (__u32)id;
 	w.process_start = process_start(waker);
 	bpf_get_current_comm(&w.comm, sizeof(w.comm));
-	if (want_user_stack && !kthread && w.pid)
+	if (want_user_stack && waker_user_stacks && !kthread && w.pid)
 		w.user_stack_id = stack_of_current(ctx, true, legacy, trusted, 0);
-	if (!legacy && want_user_stack && runtimes_present())
+	if (!legacy && want_user_stack && waker_user_stacks && runtimes_present())
 		w.user_stack_id = runtime_stack_of_current(w.user_stack_id, w.tgid);
 	d->waker_id = store_waker(&w);
 	d->waking_ns = bpf_ktime_get_ns();

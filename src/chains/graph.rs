@@ -156,10 +156,10 @@ pub(super) fn of(sums: &HashMap<Vec<Hop>, (u64, u64)>, named: &Named, window_ns:
                 .map_or(String::new(), |(w, _)| w.clone());
             WaitNode {
                 name: match &nodes.list[i] {
-                    Node::Name(name) => match nodes.threads[i].len() {
-                        1 => format!("{name} (1 thread)"),
-                        n => format!("{name} ({n} threads)"),
-                    },
+                    Node::Name(name) => format!(
+                        "{name} ({})",
+                        crate::text::count(nodes.threads[i].len() as u64, "thread", "threads")
+                    ),
                     other => display(other, &names),
                 },
                 pseudo: matches!(nodes.list[i], Node::Source(_)),

@@ -534,6 +534,8 @@ pub(super) fn configure(
         }
         rodata.test_kstack_check = opts.test.kstack_check;
         rodata.chains_on = opts.chains;
+        // --chains alone follows wakers by their threads.
+        rodata.waker_user_stacks = !opts.chains || opts.wakers || opts.timeline_min_ns.is_some();
         if opts.chains {
             // -m and -M choose among the records in userspace.
             rodata.min_block_ns = 1;

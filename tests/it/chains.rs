@@ -237,12 +237,7 @@ fn chains_on_every_hook() {
     }
     let w = Workload::start(&["wakers"]);
     let pid = w.pid.to_string();
-    let mut hooks = vec!["tp-btf", "raw-tp"];
-    // (Where the kernel has no kprobes, the e2e tests check that the hook
-    // says so; the matrix line names the hooks this test ran.)
-    if has_kprobes() {
-        hooks.push("finish-task-switch");
-    }
+    let hooks = hooks_here();
     for hook in &hooks {
         let out = offcputime()
             .args(["-v", "-f", "--chains", "--hook", hook, "-p", &pid, "2"])
@@ -298,20 +293,8 @@ fn chains_on_every_hook() {
 /// `tests/workloads/pipeline.c` with `args`, once it says "ready".
 fn pipeline(dir: &std::path::Path, args: &[&str]) -> GroupChild {
     let exe = c_workload("pipeline", &["-O2", "-g", "-pthread"], dir);
-    let mut c = GroupChild::spawn(
-        std::process::Command::new(&exe)
-            .arg("60")
-            .args(args)
-            .stdout(std::process::Stdio::piped()),
-    );
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(c.0.stdout.take().expect("its output")),
-        &mut ready,
-    )
-    .expect("read the workload's output");
-    assert_eq!(ready, "ready\n", "pipeline {args:?} did not start");
-    c
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    GroupChild::ready_with(&exe, &args, "pipeline did not start")
 }
 
 /// The nodes of a DOT file that are in a knot, by name (up to " ("), and
@@ -433,19 +416,7 @@ fn chains_end_in_the_disk() {
     // On the disk the build is on (a tmpfs has no O_DIRECT).
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
     let exe = c_workload("diskwait", &["-O2", "-g", "-pthread"], dir.path());
-    let mut wl = GroupChild::spawn(
-        std::process::Command::new(&exe)
-            .arg("60")
-            .arg(dir.path())
-            .stdout(std::process::Stdio::piped()),
-    );
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(wl.0.stdout.take().expect("its output")),
-        &mut ready,
-    )
-    .expect("read the workload's output");
-    assert_eq!(ready, "ready\n", "diskwait did not start");
+    let wl = GroupChild::ready_with(&exe, &[dir.path().as_os_str()], "diskwait did not start");
     let pid = wl.0.id().to_string();
     let (out, _) = profile_window(&["--graph", "-p", &pid, "-f", "3"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);

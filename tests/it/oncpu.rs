@@ -414,12 +414,7 @@ fn on_cpu_on_every_hook() {
     let dir = tempfile::tempdir().unwrap();
     let w = start(dir.path());
     let pid = w.pid.to_string();
-    let mut hooks = vec!["tp-btf", "raw-tp"];
-    // (Where the kernel has no kprobes, the e2e tests check that the hook
-    // says so; this test's matrix line names the hooks it ran.)
-    if has_kprobes() {
-        hooks.push("finish-task-switch");
-    }
+    let hooks = hooks_here();
     let tids: Vec<u32> = THREADS.iter().map(|t| w.tids[*t]).collect();
     // The matrix's VMs run with the tests' workloads built beforehand.
     let in_vm = std::env::var_os("OFFCPUTIME_TEST_WORKLOADS").is_some();

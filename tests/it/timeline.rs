@@ -555,12 +555,7 @@ fn timeline_on_every_hook() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let w = Workload::start(&["wakers"]);
     let pid = w.pid.to_string();
-    let mut hooks = vec!["tp-btf", "raw-tp"];
-    // (Where the kernel has no kprobes, the e2e tests check that the hook
-    // says so; the matrix line names the hooks this test ran.)
-    if has_kprobes() {
-        hooks.push("finish-task-switch");
-    }
+    let hooks = hooks_here();
     for hook in &hooks {
         let trace = dir.path().join(format!("{hook}.pftrace"));
         let out = offcputime()

@@ -1085,9 +1085,19 @@ impl GroupChild {
     /// Workload `exe` run for 60 s, once it has said "ready" (else
     /// `failed`).
     pub fn ready(exe: &std::path::Path, failed: &str) -> GroupChild {
+        GroupChild::ready_with(exe, &[], failed)
+    }
+
+    /// The same, with `args` after the 60.
+    pub fn ready_with(
+        exe: &std::path::Path,
+        args: &[&std::ffi::OsStr],
+        failed: &str,
+    ) -> GroupChild {
         let mut c = GroupChild::spawn(
             std::process::Command::new(exe)
                 .arg("60")
+                .args(args)
                 .stdout(std::process::Stdio::piped()),
         );
         let mut ready = String::new();
@@ -1136,4 +1146,15 @@ pub fn python_with(venv_python: &str, module: &str, package: &str) -> Option<Pat
         eprintln!("skipped: no Python with {package} (scripts/setup --test installs it)");
     }
     found
+}
+
+/// The hooks this kernel has: the tracepoints', and the kprobe where it
+/// has kprobes (where it has not, the e2e tests check that the hook says
+/// so; a matrix line names the hooks its test ran).
+pub fn hooks_here() -> Vec<&'static str> {
+    let mut hooks = vec!["tp-btf", "raw-tp"];
+    if has_kprobes() {
+        hooks.push("finish-task-switch");
+    }
+    hooks
 }
