@@ -37,6 +37,10 @@ pub struct Options {
     pub mode: StackMode,
     /// `--graph`: the wait-for graph too, of a window this long (ns).
     pub graph_of: Option<u64>,
+    /// The window followed (CLOCK_MONOTONIC ns, [start, end)): the whole
+    /// trace's, or with `-i` an interval's; blocks are cut at its edges,
+    /// and a wake-up after its end is none (not woken by then).
+    pub window: (u64, u64),
 }
 
 /// The chains' profile, and what was cut.
@@ -57,6 +61,23 @@ pub struct Chains {
     pub graph: Option<WaitGraph>,
     /// Blocks beyond [`MOST_BLOCKS`], neither followed nor followed into.
     pub unindexed: u64,
+    /// Blocks that ended before the window (with `-i`: read after their
+    /// interval was written), left out.
+    pub late: u64,
+}
+
+impl Chains {
+    /// Adds what `o` followed and cut to these counts (`-i`: the whole
+    /// trace's, said at its end).
+    pub fn add_counts(&mut self, o: &Chains) {
+        self.blocks += o.blocks;
+        self.ns += o.ns;
+        self.cycle_ns += o.cycle_ns;
+        self.deep_ns += o.deep_ns;
+        self.unknown_ns += o.unknown_ns;
+        self.unindexed += o.unindexed;
+        self.late += o.late;
+    }
 }
 
 /// The most blocks the chains hold in memory (32 bytes each: 256 MiB);
@@ -65,13 +86,22 @@ pub struct Chains {
 /// CPUs are about two million).
 pub const MOST_BLOCKS: u64 = 8 << 20;
 
-/// One block of a thread, as the chains walk it.
+/// One block of a thread, as the chains walk it: its part in the window.
 #[derive(Clone, Copy, Debug)]
 struct Block {
     from: u64,
     to: u64,
+    /// The wake-up, 0 where none came inside the window.
     waking: u64,
     key: u32,
+    /// Not woken inside the window (under way at its end, or woken
+    /// after it): its waker not followed.
+    not_woken: bool,
+    /// Followed: kept by the filters, and by `-m`/`-M`.
+    root: bool,
+    /// Sent at an interval's end, under way: the block's record sent when
+    /// it ends stands for it where both came.
+    cut: bool,
 }
 
 /// A step of a chain.
@@ -79,8 +109,11 @@ struct Block {
 enum Hop {
     /// A thread blocked, under the stacks of this key.
     Blocked(u32),
-    /// A thread running (by its tid).
+    /// A thread running (by its tid), not sampled there.
     Running(u32),
+    /// A thread running, sampled (`--on-cpu`) under the stacks of this
+    /// key.
+    Sampled(u32),
     /// Where the chain ends, outside any thread.
     End(End),
 }
@@ -88,7 +121,9 @@ enum Hop {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum End {
     Timer,
-    Disk,
+    /// A block I/O completion, of this disk where known (the kernel's
+    /// `MKDEV(major, minor)`; 0 where not).
+    Disk(u32),
     Network,
     Interrupt,
     Unknown,
@@ -98,22 +133,25 @@ enum End {
 }
 
 impl End {
-    fn frame(self) -> &'static str {
-        match self {
+    fn frame(self) -> std::borrow::Cow<'static, str> {
+        let name = match self {
+            End::Disk(dev) if dev != 0 => return format!("[disk {}]", disk_name(dev)).into(),
             End::Timer => "[timer]",
-            End::Disk => "[disk]",
+            End::Disk(_) => "[disk]",
             End::Network => "[network]",
             End::Interrupt => "[interrupt]",
             End::Unknown => "[unknown]",
             End::NotWoken => "[not woken]",
             End::Cycle => "[cycle]",
             End::Deeper => "[deeper]",
-        }
+        };
+        name.into()
     }
 
     /// The source of a wake-up from an interrupt or a softirq, by its
-    /// kernel frames.
-    fn of_interrupt(kernel: &Part) -> End {
+    /// kernel frames (a block I/O completion's of disk `dev`, where the
+    /// BPF program saw one just before on the same CPU).
+    fn of_interrupt(kernel: &Part, dev: u32) -> End {
         let Part::Frames(frames) = kernel else {
             return End::Interrupt;
         };
@@ -140,7 +178,7 @@ impl End {
             "scsi_",
             "ata_",
         ]) {
-            End::Disk
+            End::Disk(dev)
         } else if any(&[
             "net_rx_action",
             "napi_",
@@ -168,16 +206,26 @@ enum Next {
 /// The chains of the blocks in `named` that the filters keep.
 pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
     let samples = &named.profile.samples;
-    let nexts: Vec<Next> = (named.keys.iter().zip(samples))
-        .map(|(k, s)| next_of(k.state, s.waker.as_ref()))
+    let nexts: Vec<Next> = (named.keys.iter().zip(samples).zip(&named.waker_devs))
+        .map(|((k, s), &dev)| next_of(k.state, s.waker.as_ref(), dev))
         .collect();
     // Each thread's blocks in time order, and the blocks followed.
     let mut threads: HashMap<u32, Vec<Block>> = HashMap::new();
-    let mut roots: Vec<(u32, Block, bool)> = Vec::new();
-    let (mut held, mut unindexed) = (0u64, 0u64);
+    // --on-cpu: each thread's samples (when, key).
+    let mut sampled: HashMap<u32, Vec<(u64, u32)>> = HashMap::new();
+    let (w0, w1) = opts.window;
+    let (mut held, mut unindexed, mut late) = (0u64, 0u64, 0u64);
     for r in named.read()? {
         let r: Record = r?;
-        if r.sample || r.to <= r.from {
+        let tid = named.keys[r.key as usize].pid;
+        if r.sample {
+            if r.from < w0 || r.from >= w1 {
+                continue;
+            }
+        } else if r.to <= w0 {
+            late += u64::from(r.to > r.from);
+            continue;
+        } else if r.to <= r.from || r.from >= w1 {
             continue;
         }
         if held >= MOST_BLOCKS {
@@ -185,20 +233,33 @@ pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
             continue;
         }
         held += 1;
-        let b = Block {
-            from: r.from,
-            to: r.to,
-            waking: r.waking,
-            key: r.key,
-        };
-        let tid = named.keys[r.key as usize].pid;
-        threads.entry(tid).or_default().push(b);
-        if r.profiled && passes(&r, opts) {
-            roots.push((tid, b, r.at_end));
+        if r.sample {
+            sampled.entry(tid).or_default().push((r.from, r.key));
+            continue;
         }
+        let woken_inside = r.waking != 0 && r.waking < w1;
+        threads.entry(tid).or_default().push(Block {
+            from: r.from.max(w0),
+            to: r.to.min(w1),
+            waking: if woken_inside { r.waking } else { 0 },
+            key: r.key,
+            not_woken: !woken_inside && (r.at_end || r.cut || r.to > w1),
+            root: r.profiled && passes(&r, opts),
+            cut: r.cut,
+        });
     }
+    // A block's record and its records at the cuts start alike: one is
+    // kept, the whole one where it came.
     for blocks in threads.values_mut() {
-        blocks.sort_unstable_by_key(|b| b.from);
+        in_order(blocks);
+    }
+    let mut roots: Vec<(u32, Block)> = Vec::new();
+    for (&tid, blocks) in &threads {
+        roots.extend(blocks.iter().filter(|b| b.root).map(|&b| (tid, b)));
+    }
+    roots.sort_unstable_by_key(|&(tid, b)| (b.from, tid));
+    for samples in sampled.values_mut() {
+        samples.sort_unstable();
     }
     // The names of the threads met running.
     let mut comms: HashMap<u32, Arc<str>> = HashMap::new();
@@ -212,6 +273,7 @@ pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
     }
     let mut walk = Walk {
         threads: &threads,
+        sampled: &sampled,
         nexts: &nexts,
         depth: opts.depth,
         path: Vec::new(),
@@ -219,7 +281,7 @@ pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
         sums: HashMap::new(),
         out: Chains::default(),
     };
-    for (tid, b, _) in &roots {
+    for (tid, b) in &roots {
         walk.out.blocks += 1;
         walk.out.ns += b.to - b.from;
         walk.path.push(Hop::Blocked(b.key));
@@ -231,6 +293,7 @@ pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
     let sums = std::mem::take(&mut walk.sums);
     let mut out = walk.out;
     out.unindexed = unindexed;
+    out.late = late;
     if let Some(window_ns) = opts.graph_of {
         out.graph = Some(graph::of(&sums, named, window_ns));
     }
@@ -266,6 +329,14 @@ pub fn follow(named: &Named, opts: Options) -> io::Result<Chains> {
     Ok(out)
 }
 
+/// A thread's blocks in time order, each once: a block's record sent at a
+/// cut (under way) and the one sent when it ended start alike, and the
+/// whole one is kept where both came.
+fn in_order(blocks: &mut Vec<Block>) {
+    blocks.sort_unstable_by_key(|b| (b.from, b.cut));
+    blocks.dedup_by(|later, earlier| later.from == earlier.from);
+}
+
 /// Whether a block passes `-m`/`-M` as the BPF program measures them
 /// (see `block_part`): one under way at the start or at the end is only
 /// known to be at least as long as what was seen of it.
@@ -281,14 +352,14 @@ fn passes(r: &Record, opts: Options) -> bool {
     }
 }
 
-fn next_of(state: Option<OffState>, waker: Option<&Waker>) -> Next {
+fn next_of(state: Option<OffState>, waker: Option<&Waker>, dev: u32) -> Next {
     if state == Some(OffState::RunQueue) {
         return Next::RunQueue;
     }
     match waker {
         Some(Waker::Task { pid, .. }) => Next::Thread(*pid),
         Some(Waker::Interrupt { kernel } | Waker::Softirq { kernel }) => {
-            Next::End(End::of_interrupt(kernel))
+            Next::End(End::of_interrupt(kernel, dev))
         }
         Some(Waker::Preempted) => Next::RunQueue,
         Some(Waker::NotWoken) => Next::End(End::NotWoken),
@@ -299,6 +370,7 @@ fn next_of(state: Option<OffState>, waker: Option<&Waker>) -> Next {
 /// A walk down the chains, summing each distinct chain's time.
 struct Walk<'a> {
     threads: &'a HashMap<u32, Vec<Block>>,
+    sampled: &'a HashMap<u32, Vec<(u64, u32)>>,
     nexts: &'a [Next],
     depth: u32,
     /// The chain so far, and the threads on it.
@@ -330,7 +402,10 @@ impl Walk<'_> {
     /// The part [a, b) of block `b` (the last hop of the path): its wait
     /// until the wake-up followed into the waker, the rest its own.
     fn block(&mut self, blk: &Block, a: u64, b: u64) {
-        let next = self.nexts[blk.key as usize];
+        let next = match self.nexts[blk.key as usize] {
+            _ if blk.not_woken => Next::End(End::NotWoken),
+            next => next,
+        };
         // Waiting until the wake-up (all of it where none was seen).
         let woken = match next {
             Next::RunQueue => a,
@@ -372,7 +447,7 @@ impl Walk<'_> {
             }
             let (ya, yb) = (blk.from.max(a), blk.to.min(b));
             if ya > at {
-                self.add(Some(Hop::Running(tid)), ya - at);
+                self.running(tid, at, ya);
             }
             if yb > ya {
                 self.path.push(Hop::Blocked(blk.key));
@@ -383,9 +458,43 @@ impl Walk<'_> {
         }
         self.on_path.pop();
         if at < b {
-            self.add(Some(Hop::Running(tid)), b - at);
+            self.running(tid, at, b);
         }
     }
+
+    /// [a, b) waited for thread `tid` running: shared evenly among its
+    /// samples there (`--on-cpu`), each under its stacks; `[running]`
+    /// where it has none.
+    fn running(&mut self, tid: u32, a: u64, b: u64) {
+        let sampled = self.sampled;
+        let samples: &[(u64, u32)] = sampled.get(&tid).map_or(&[], |v| v.as_slice());
+        let (lo, hi) = (
+            samples.partition_point(|s| s.0 < a),
+            samples.partition_point(|s| s.0 < b),
+        );
+        let n = (hi - lo) as u64;
+        if n == 0 {
+            self.add(Some(Hop::Running(tid)), b - a);
+            return;
+        }
+        let ns = b - a;
+        for (i, &(_, key)) in samples[lo..hi].iter().enumerate() {
+            let share = ns / n + u64::from((i as u64) < ns % n);
+            self.add(Some(Hop::Sampled(key)), share);
+        }
+    }
+}
+
+/// A disk's name by its number (the kernel's `MKDEV`): its block device's
+/// in sysfs (`/sys/dev/block/MAJOR:MINOR` links to its directory), else
+/// the numbers.
+fn disk_name(dev: u32) -> String {
+    let (major, minor) = (dev >> 20, dev & 0xf_ffff);
+    std::fs::read_link(format!("/sys/dev/block/{major}:{minor}"))
+        .ok()
+        .and_then(|p| Some(p.file_name()?.to_str()?.to_string()))
+        .filter(|n| !n.is_empty() && n.len() <= 64 && !n.contains(';'))
+        .unwrap_or_else(|| format!("{major}:{minor}"))
 }
 
 /// The frames of hops, made once for each key.
@@ -410,10 +519,13 @@ impl HopFrames<'_> {
         }
         let mut f = Vec::new();
         match hop {
-            Hop::Blocked(key) => {
+            Hop::Blocked(key) | Hop::Sampled(key) => {
                 let s = &self.samples[key as usize];
                 f.push(Frame::named(HOP_SEPARATOR));
                 f.push(Frame::named(s.thread_name()));
+                if let Hop::Sampled(_) = hop {
+                    f.push(Frame::named(RUNNING));
+                }
                 let mut part = |p: &Part, missed: &str| match p {
                     Part::Absent => {}
                     Part::Missed => f.push(Frame::named(missed)),
@@ -432,7 +544,7 @@ impl HopFrames<'_> {
                 f.push(Frame::named(comm));
                 f.push(Frame::named(RUNNING));
             }
-            Hop::End(end) => f.push(Frame::named(end.frame())),
+            Hop::End(end) => f.push(Frame::named(end.frame().as_ref())),
         }
         chain.extend(f.iter().cloned());
         self.named.insert(hop, f);
@@ -449,13 +561,19 @@ mod tests {
             to,
             waking,
             key,
+            not_woken: false,
+            root: false,
+            cut: false,
         }
     }
 
     /// A walk from thread 1's block of key 0, five hops deep.
     fn walk_of<'a>(threads: &'a HashMap<u32, Vec<Block>>, nexts: &'a [Next]) -> Walk<'a> {
+        static NONE: std::sync::OnceLock<HashMap<u32, Vec<(u64, u32)>>> =
+            std::sync::OnceLock::new();
         Walk {
             threads,
+            sampled: NONE.get_or_init(HashMap::new),
             nexts,
             depth: 5,
             path: vec![Hop::Blocked(0)],
@@ -487,6 +605,44 @@ mod tests {
         assert_eq!(total, 100);
     }
 
+    /// With --on-cpu, B's running time goes to its samples there, evenly;
+    /// a run with none stays [running].
+    #[test]
+    fn running_time_goes_to_the_samples_in_it() {
+        let mut threads = HashMap::new();
+        threads.insert(2, vec![blk(10, 60, 50, 1)]);
+        let nexts = [Next::Thread(2), Next::End(End::Timer)];
+        let mut sampled = HashMap::new();
+        // Two samples in B's run [60, 90), none in [0, 10).
+        sampled.insert(2, vec![(65, 7), (80, 8)]);
+        let mut walk = walk_of(&threads, &nexts);
+        walk.sampled = &sampled;
+        walk.block(&blk(0, 100, 90, 0), 0, 100);
+        let get = |p: &[Hop]| walk.sums.get(p).map_or(0, |s| s.0);
+        let a = Hop::Blocked(0);
+        assert_eq!(get(&[a, Hop::Running(2)]), 10);
+        assert_eq!(get(&[a, Hop::Sampled(7)]), 15);
+        assert_eq!(get(&[a, Hop::Sampled(8)]), 15);
+        let total: u64 = walk.sums.values().map(|s| s.0).sum();
+        assert_eq!(total, 100);
+    }
+
+    /// A block under way at a cut, and the same block's whole record read
+    /// before the interval was written: once, the whole one.
+    #[test]
+    fn a_block_sent_at_a_cut_and_whole_is_kept_once() {
+        let cut = Block {
+            cut: true,
+            not_woken: true,
+            ..blk(10, 100, 0, 3)
+        };
+        let whole = blk(10, 100, 95, 4);
+        let mut blocks = vec![blk(100, 120, 0, 5), cut, blk(0, 5, 0, 1), whole];
+        in_order(&mut blocks);
+        let keys: Vec<u32> = blocks.iter().map(|b| b.key).collect();
+        assert_eq!(keys, [1, 4, 5]);
+    }
+
     #[test]
     fn cycles_and_depth_are_cut() {
         let mut threads = HashMap::new();
@@ -508,31 +664,40 @@ mod tests {
     fn interrupts_are_named_by_their_frames() {
         let part = |names: &[&str]| Part::Frames(names.iter().map(|n| Frame::named(*n)).collect());
         assert_eq!(
-            End::of_interrupt(&part(&[
-                "try_to_wake_up",
-                "hrtimer_wakeup",
-                "__hrtimer_run_queues"
-            ])),
+            End::of_interrupt(
+                &part(&["try_to_wake_up", "hrtimer_wakeup", "__hrtimer_run_queues"]),
+                0
+            ),
             End::Timer
         );
         assert_eq!(
-            End::of_interrupt(&part(&[
-                "try_to_wake_up",
-                "blk_mq_end_request",
-                "virtblk_done"
-            ])),
-            End::Disk
+            End::of_interrupt(
+                &part(&["try_to_wake_up", "blk_mq_end_request", "virtblk_done"]),
+                0
+            ),
+            End::Disk(0)
+        );
+        // A disk is named only where the frames are a completion's.
+        let vda = 253 << 20;
+        assert_eq!(
+            End::of_interrupt(&part(&["try_to_wake_up", "bio_endio"]), vda),
+            End::Disk(vda)
         );
         assert_eq!(
-            End::of_interrupt(&part(&[
-                "try_to_wake_up",
-                "sock_def_readable",
-                "net_rx_action"
-            ])),
+            End::of_interrupt(&part(&["try_to_wake_up", "hrtimer_wakeup"]), vda),
+            End::Timer
+        );
+        assert_eq!(End::Disk(0).frame(), "[disk]");
+        assert!(End::Disk(vda).frame().starts_with("[disk "));
+        assert_eq!(
+            End::of_interrupt(
+                &part(&["try_to_wake_up", "sock_def_readable", "net_rx_action"]),
+                0
+            ),
             End::Network
         );
         assert_eq!(
-            End::of_interrupt(&part(&["try_to_wake_up", "irq_work_run"])),
+            End::of_interrupt(&part(&["try_to_wake_up", "irq_work_run"]), 0),
             End::Interrupt
         );
     }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use crate::raw::{RawEntry, RawProfile, StackRef};
+use crate::records::Records;
 
 /// When the intervals end, on CLOCK_MONOTONIC.
 #[derive(Clone, Copy, Debug)]
@@ -148,7 +149,7 @@ fn merge(entries: Vec<RawEntry>) -> Vec<RawEntry> {
 /// once every copy it counts is walked or given up, in order, and at the
 /// latest [`Held::WAIT`] after it was taken; the tracing loop goes on
 /// meanwhile, and walks them.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Held {
     queue: VecDeque<HeldInterval>,
     /// Frames of copies walked since, that a held interval counts.
@@ -156,9 +157,10 @@ pub struct Held {
     stats: HeldStats,
 }
 
-#[derive(Debug)]
 struct HeldInterval {
     raw: RawProfile,
+    /// `--chains`: the blocks of the interval.
+    records: Option<Records>,
     /// The copies it counts that are not walked yet.
     missing: HashSet<u64>,
     taken: Instant,
@@ -185,15 +187,17 @@ impl Held {
     /// tables.
     pub const WAIT: Duration = Duration::from_secs(5);
 
-    /// Interval `raw`, taken at `now`: it waits for the copies it counts
-    /// that are not among its stacks, and behind the intervals waiting
-    /// already.
-    pub fn push(&mut self, raw: RawProfile, now: Instant) {
+    /// Interval `raw`, taken at `now` (with `--chains`, its blocks'
+    /// `records`): it waits for the copies it counts that are not among its
+    /// stacks, and behind the intervals waiting already.
+    pub fn push(&mut self, raw: RawProfile, records: Option<Records>, now: Instant) {
+        let recorded = records.as_ref().map(|r| r.wanted().0).unwrap_or_default();
         let ids = raw
             .entries
             .iter()
             .map(|e| e.user_stack)
-            .chain(raw.wakers.values().map(|w| w.user_stack));
+            .chain(raw.wakers.values().map(|w| w.user_stack))
+            .chain(recorded.into_iter().map(StackRef::Id));
         let missing: HashSet<u64> = ids
             .filter_map(|r| match r {
                 StackRef::Id(id)
@@ -210,6 +214,7 @@ impl Held {
         }
         self.queue.push_back(HeldInterval {
             raw,
+            records,
             missing,
             taken: now,
         });
@@ -233,7 +238,11 @@ impl Held {
     /// walked or no longer `waiting` (given up), or that waited
     /// [`Held::WAIT`] by `now`. The copies walked are among their stacks;
     /// those given up or late are not.
-    pub fn ready(&mut self, waiting: &dyn Fn(u64) -> bool, now: Instant) -> Vec<RawProfile> {
+    pub fn ready(
+        &mut self,
+        waiting: &dyn Fn(u64) -> bool,
+        now: Instant,
+    ) -> Vec<(RawProfile, Option<Records>)> {
         let mut out = Vec::new();
         while let Some(h) = self.queue.front_mut() {
             let walked = &self.walked;
@@ -256,7 +265,7 @@ impl Held {
             }
             self.stats.late += h.missing.len() as u64;
             if let Some(h) = self.queue.pop_front() {
-                out.push(h.raw);
+                out.push((h.raw, h.records));
             }
         }
         let queue = &self.queue;
@@ -437,8 +446,8 @@ mod tests {
         let mut held = Held::default();
         // Interval 0 counts a stored stack and two copies, one walked at
         // once; interval 1 counts nothing copied, but comes after it.
-        held.push(raw_of(&[5 << 32, COPY | 1, COPY | 2], &[5 << 32]), t0);
-        held.push(raw_of(&[6 << 32], &[6 << 32]), t0);
+        held.push(raw_of(&[5 << 32, COPY | 1, COPY | 2], &[5 << 32]), None, t0);
+        held.push(raw_of(&[6 << 32], &[6 << 32]), None, t0);
         held.walked(COPY | 1, &[0x40_1000, 0x40_2000, 0, 0]);
         // A copy no interval counts is not kept.
         held.walked(COPY | 9, &[0x40_1000]);
@@ -451,11 +460,11 @@ mod tests {
         let out = held.ready(&waiting, t0);
         assert_eq!(out.len(), 2);
         assert_eq!(
-            out[0].stacks.get(&(COPY | 1)),
+            out[0].0.stacks.get(&(COPY | 1)),
             Some(&[0x40_1000, 0x40_2000][..])
         );
-        assert_eq!(out[0].stacks.get(&(COPY | 2)), Some(&[0x40_3000][..]));
-        assert!(out[1].entries[0].user_stack == StackRef::Id(6 << 32));
+        assert_eq!(out[0].0.stacks.get(&(COPY | 2)), Some(&[0x40_3000][..]));
+        assert!(out[1].0.entries[0].user_stack == StackRef::Id(6 << 32));
         assert!(held.is_empty() && held.walked.is_empty());
         let s = held.stats();
         assert_eq!(
@@ -480,22 +489,23 @@ mod tests {
                 comm: "w".into(),
                 user_stack: StackRef::Id(COPY | 2),
                 kernel_stack: StackRef::None,
+                dev: 0,
             },
         );
-        held.push(raw, t0);
+        held.push(raw, None, t0);
         // Copy 1 is given up; copy 2 still waits, until the bound.
         let waiting = |id: u64| id == COPY | 2;
         assert!(held.ready(&waiting, t0 + Duration::from_secs(1)).is_empty());
         let out = held.ready(&waiting, t0 + Held::WAIT);
         assert_eq!(out.len(), 1);
-        assert!(out[0].stacks.is_empty());
+        assert!(out[0].0.stacks.is_empty());
         let s = held.stats();
         assert_eq!(
             (s.intervals, s.stacks, s.walked, s.given_up, s.late),
             (1, 2, 0, 1, 1)
         );
         // Stacks the BPF program stored are not copies: nothing to wait for.
-        held.push(raw_of(&[7 << 32, 1 << 63 | 5], &[]), t0);
+        held.push(raw_of(&[7 << 32, 1 << 63 | 5], &[]), None, t0);
         assert_eq!(held.ready(&|_| true, t0).len(), 1);
         assert_eq!(held.stats().intervals, 1);
     }

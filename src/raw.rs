@@ -130,6 +130,9 @@ pub struct RawWaker {
     pub comm: String,
     pub user_stack: StackRef,
     pub kernel_stack: StackRef,
+    /// A wake-up from an interrupt, with `--chains`: the disk whose request
+    /// completed just before on its CPU (the kernel's `MKDEV`), or 0.
+    pub dev: u32,
 }
 
 /// `--timeline`: one block as the BPF program sent it when it ended (`struct
@@ -163,6 +166,9 @@ pub struct RawBlock {
     /// Kept by the filters: `--chains` records every thread's blocks, to
     /// follow waits into them; the profile is made of the kept ones.
     pub profiled: bool,
+    /// `--chains` with `-i`: a block under way at an interval's end
+    /// (`to_ns`), sent again whole when it ends.
+    pub cut: bool,
 }
 
 /// Why a thread was off the CPU (`--states`): the kernel's `enum

@@ -47,6 +47,8 @@ pub struct Record {
     pub sample: bool,
     /// Kept by the filters (see [`RawBlock::profiled`]).
     pub profiled: bool,
+    /// Sent at an interval's end, under way (see [`RawBlock::cut`]).
+    pub cut: bool,
 }
 
 /// A record in the scratch file: its key's number, its times, its flags.
@@ -62,7 +64,8 @@ impl Record {
         rec[28] = u8::from(self.at_start)
             | u8::from(self.at_end) << 1
             | u8::from(self.sample) << 2
-            | u8::from(self.profiled) << 3;
+            | u8::from(self.profiled) << 3
+            | u8::from(self.cut) << 4;
         rec
     }
 
@@ -77,6 +80,7 @@ impl Record {
             at_end: rec[28] & 2 != 0,
             sample: rec[28] & 4 != 0,
             profiled: rec[28] & 8 != 0,
+            cut: rec[28] & 16 != 0,
         }
     }
 
@@ -144,6 +148,7 @@ impl Records {
                 at_end: b.at_end,
                 sample: b.sample,
                 profiled: b.profiled,
+                cut: b.cut,
             };
             if self.spool_error.is_none() {
                 if let Err(e) = self.spool.write_all(&rec.to_bytes()) {
@@ -203,12 +208,21 @@ impl Records {
                 _ => None,
             })
             .collect();
+        let waker_devs = self
+            .key_list
+            .iter()
+            .map(|k| match k.waker {
+                Some(WakerRef::Id(id)) => raw.wakers.get(&id).map_or(0, |w| w.dev),
+                _ => 0,
+            })
+            .collect();
         raw.entries = counted;
         let spool = self.spool.into_inner().map_err(|e| e.into_error())?;
         Ok(Named {
             profile,
             keys: self.key_list,
             waker_procs,
+            waker_devs,
             spool,
             records: self.records,
             samples: self.samples,
@@ -223,6 +237,9 @@ pub struct Named {
     pub keys: Vec<BlockKey>,
     /// The process of each key's waker (a task's).
     pub waker_procs: Vec<Option<Proc>>,
+    /// The disk of each key's waker, where it was an interrupt that
+    /// completed a block I/O request (see [`crate::raw::RawWaker::dev`]).
+    pub waker_devs: Vec<u32>,
     spool: File,
     /// Records kept: blocks and samples.
     pub records: u64,
@@ -395,6 +412,7 @@ mod tests {
             at_end: true,
             sample: false,
             profiled: true,
+            cut: true,
         };
         assert_eq!(Record::of_bytes(&r.to_bytes()), r);
         assert_eq!(r.ns(), 5);

@@ -71,7 +71,8 @@ impl Timeline {
     pub fn write(self, named: &Named, only: Option<u64>) -> Result<Written> {
         let cannot = || format!("cannot write the timeline {}", self.path.display());
         let records = named.read().with_context(cannot)?;
-        let keep = |r: &Record| only.is_none_or(|min| r.profiled && (r.sample || r.ns() >= min));
+        let keep =
+            |r: &Record| !r.cut && only.is_none_or(|min| r.profiled && (r.sample || r.ns() >= min));
         let mut written = None;
         self.sink
             .write(|out| {

@@ -920,6 +920,28 @@ impl<'obj> Tracer<'obj> {
         self.blocks.take()
     }
 
+    /// The same, with the records in their ring now read first (`-i`'s
+    /// cut: the blocks that ended before it).
+    pub fn take_blocks_now(&self) -> Result<Vec<RawBlock>> {
+        if self.timeline {
+            let mut builder = RingBufferBuilder::new();
+            builder
+                .add(&self.skel.maps.block_records, |data: &[u8]| {
+                    if let Some(b) = decode_block(data) {
+                        self.blocks.borrow_mut().push(b);
+                    }
+                    0
+                })
+                .context("failed to set up the block records' ring buffer")?;
+            builder
+                .build()
+                .context("failed to set up the block records' ring buffer")?
+                .consume()
+                .context("failed to read the block records' ring buffer")?;
+        }
+        Ok(self.take_blocks())
+    }
+
     /// Once the trace is stopped: the news no wait passed on (held over
     /// from the last, and left in the rings) handed to `on_events` in one
     /// round, so that the processes it tells of get their tables before

@@ -32,6 +32,52 @@ pub(super) struct Intervals {
     /// User stacks all `[unknown]`, and their time, in every interval
     /// (see [`crate::raw::LossCounters::user_unmapped_stacks`]).
     pub(super) unmapped: (u64, u64),
+    /// `--chains`: the blocks of the interval under way ...
+    pub(super) records: Option<IntervalRecords>,
+    /// ... and what the chains of every interval followed and cut.
+    pub(super) chains: crate::chains::Chains,
+}
+
+/// `--chains` with `-i`: the records of the blocks of the interval under
+/// way, in a scratch file of its own; each interval's chains are followed
+/// in its blocks alone, cut at its edges, as the profile is.
+pub(super) struct IntervalRecords {
+    pub(super) batch: crate::records::Records,
+    /// Blocks read before the interval's cut that reach past its end (they
+    /// ended while it was cut): the next interval's too.
+    carry: Vec<crate::raw::RawBlock>,
+    /// The end of the interval under way.
+    end: u64,
+}
+
+impl IntervalRecords {
+    pub(super) fn new(batch: crate::records::Records, end: u64) -> IntervalRecords {
+        IntervalRecords {
+            batch,
+            carry: Vec::new(),
+            end,
+        }
+    }
+
+    /// Blocks sent (in any order).
+    pub(super) fn add(&mut self, blocks: Vec<crate::raw::RawBlock>) {
+        for b in &blocks {
+            if b.to_ns > self.end || (b.sample && b.from_ns >= self.end) {
+                self.carry.push(b.clone());
+            }
+        }
+        self.batch.add(blocks);
+    }
+
+    /// The interval under way is cut: its records, taken; the next
+    /// (ending at `next_end`) is kept in `scratch`.
+    pub(super) fn cut(&mut self, next_end: u64, scratch: std::fs::File) -> crate::records::Records {
+        let done = std::mem::replace(&mut self.batch, crate::records::Records::new(scratch));
+        self.end = next_end;
+        let carry = std::mem::take(&mut self.carry);
+        self.add(carry);
+        done
+    }
 }
 
 impl Intervals {
@@ -60,15 +106,19 @@ impl Intervals {
             total_ns: 0,
             running_ns: 0,
             unmapped: (0, 0),
+            records: None,
+            chains: Default::default(),
         }))
     }
 
     /// Writes the current interval from what was taken from the table
-    /// (`raw`: its entries and earlier ones), up to its end or `end`, and
-    /// goes on to the next. Returns the interval's profile.
+    /// (`raw`: its entries and earlier ones; with `--chains`, `named`: the
+    /// records of its blocks), up to its end or `end`, and goes on to the
+    /// next. Returns the interval's profile.
     pub(super) fn write(
         &mut self,
         raw: crate::raw::RawProfile,
+        named: Option<&crate::records::Named>,
         end: Option<u64>,
         kernel_first: bool,
         (registry, symbolizer): (&mut Registry, &Symbolizer),
@@ -79,10 +129,21 @@ impl Intervals {
         let i = self.current;
         let start = self.schedule.start_of(i);
         let end = end.unwrap_or_else(|| self.schedule.end_of(i));
+        let chains = match (named, config.chain_depth) {
+            (Some(named), Some(depth)) => {
+                let chains = follow(named, depth, config, (start, end), false)?;
+                self.chains.add_counts(&chains);
+                Some(chains.samples)
+            }
+            _ => None,
+        };
         let entries = self.splitter.interval(raw.entries, i);
         let mut raw = crate::raw::RawProfile { entries, ..raw };
         crate::oncpu::divide(&mut raw, config.shape.mode.user());
         let mut profile = profile::build(&raw, registry, symbolizer, kernel_first);
+        if let Some(samples) = chains {
+            with_chains(&mut profile, samples);
+        }
         let window = profile::Window::from_monotonic(start, end);
         let end_unix = window.start_unix_ns + window.duration_ns;
         profile.window = Some(window);
@@ -144,10 +205,24 @@ impl Intervals {
             return Ok(());
         }
         let waiting = deferred.waiting_ids();
-        for mut raw in self.held.ready(&|id| waiting.contains(&id), Instant::now()) {
+        for (mut raw, records) in self.held.ready(&|id| waiting.contains(&id), Instant::now()) {
             Deferred::complete(&mut raw);
+            let named = match records {
+                Some(r) => Some(
+                    r.name(
+                        &mut raw,
+                        &mut *registry,
+                        symbolizer,
+                        kernel_first,
+                        Deferred::complete,
+                    )
+                    .context("cannot read the records of the blocks back")?,
+                ),
+                None => None,
+            };
             self.write(
                 raw,
+                named.as_ref(),
                 None,
                 kernel_first,
                 (&mut *registry, symbolizer),
@@ -159,12 +234,14 @@ impl Intervals {
     }
 
     /// The end of the trace: the intervals not written yet, from what was
-    /// read at the end (`raw`), the last up to the window's end
-    /// (`window_end`): more than one when the trace ended while an interval
-    /// was being written. Returns the last one's profile.
+    /// read at the end (`raw`; with `--chains`, `named`: the records of
+    /// their blocks), the last up to the window's end (`window_end`): more
+    /// than one when the trace ended while an interval was being written.
+    /// Returns the last one's profile.
     pub(super) fn write_rest(
         &mut self,
         raw: crate::raw::RawProfile,
+        named: Option<&crate::records::Named>,
         window_end: u64,
         kernel_first: bool,
         (registry, symbolizer): (&mut Registry, &Symbolizer),
@@ -183,6 +260,7 @@ impl Intervals {
             let taken = raw.take().unwrap_or_else(|| base.clone());
             written = self.write(
                 taken,
+                named,
                 end,
                 kernel_first,
                 (&mut *registry, symbolizer),

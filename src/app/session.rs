@@ -111,9 +111,12 @@ impl<'a> Session<'a> {
             Some(path) => Some(crate::timeline::Timeline::open(path)?),
             None => None,
         };
+        // With -i, the chains' records are kept interval by interval.
+        let by_interval = config.interval.is_some() && config.chain_depth.is_some();
         let records = match (&timeline, config.tracer.records_min_ns()) {
             (_, None) => None,
             (Some(t), Some(_)) => Some(crate::records::Records::new(t.scratch()?)),
+            (None, Some(_)) if by_interval => None,
             (None, Some(_)) => Some(crate::records::Records::new(outputs.scratch()?)),
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -150,7 +153,11 @@ impl<'a> Session<'a> {
         if config.interval.is_some() {
             symbolizer.keep_user_names();
         }
-        let intervals = Intervals::start(config, &tracer)?;
+        let mut intervals = Intervals::start(config, &tracer)?;
+        if let Some(iv) = intervals.as_mut().filter(|_| by_interval) {
+            let batch = crate::records::Records::new(outputs.scratch()?);
+            iv.records = Some(IntervalRecords::new(batch, iv.schedule.end_of(0)));
+        }
         // Copied stacks follow the frames of the runtimes the BPF program
         // walks.
         let walked = tracer.runtime_store().is_some();
@@ -269,9 +276,7 @@ impl<'a> Session<'a> {
                     }
                 },
             );
-            if let Some(r) = records.as_mut() {
-                r.add(tracer.take_blocks());
-            }
+            hand_blocks(tracer.take_blocks(), records, intervals);
             // Intervals taken while copies they count waited: written
             // once those are walked (just now, as a rule).
             if let (Some(iv), None) = (intervals.as_mut(), failed.as_ref()) {
@@ -305,9 +310,9 @@ impl<'a> Session<'a> {
     /// taken from the table, to be written once the copies of stacks it
     /// counts are walked.
     fn cut(&mut self, tracer: &Tracer<'_>, cut: u64) -> Result<()> {
-        let Some(iv) = self.intervals.as_mut() else {
+        if self.intervals.is_none() {
             return Ok(());
-        };
+        }
         if let Some(stall) = self.config.tracer.test.stall_before_cut {
             // For tests: the interval's end passed, its blocks under way
             // not cut yet for this long (a loaded machine's late wake-up).
@@ -317,7 +322,25 @@ impl<'a> Session<'a> {
         // A switch-in that began before the cut may still be adding to
         // the interval on another CPU: a program runs for microseconds.
         std::thread::sleep(Duration::from_millis(2));
-        let taken = tracer.take_intervals(iv.taken);
+        // --chains: the interval's blocks are those read by now (the cut
+        // iterator's among them).
+        let by_interval = self
+            .intervals
+            .as_ref()
+            .is_some_and(|iv| iv.records.is_some());
+        if by_interval {
+            let blocks = tracer.take_blocks_now()?;
+            hand_blocks(blocks, &mut self.records, &mut self.intervals);
+        }
+        let Some(iv) = self.intervals.as_mut() else {
+            return Ok(());
+        };
+        let records = match iv.records.as_mut() {
+            Some(r) => Some(r.cut(iv.schedule.end_of(iv.taken + 1), self.outputs.scratch()?)),
+            None => None,
+        };
+        let also = records.as_ref().map(|r| r.wanted()).unwrap_or_default();
+        let taken = tracer.take_intervals_with(iv.taken, also);
         iv.taken += 1;
         let raw = taken?;
         // The copies of stacks its blocks were counted under were put on
@@ -327,7 +350,7 @@ impl<'a> Session<'a> {
             Ok(stacks) => self.deferred.add(stacks, &|p| self.registry.copy_mark(p)),
             Err(e) => eprintln!("offcputime: {e:#}"),
         }
-        iv.held.push(raw, Instant::now());
+        iv.held.push(raw, records, Instant::now());
         iv.write_held(
             &self.deferred,
             self.kernel_first,
@@ -372,13 +395,16 @@ impl<'a> Session<'a> {
         // The blocks of the timeline read last (by the end's drain, the
         // end iterator's among them): their stacks and wakers are read with
         // the counts'.
-        let also = match self.records.as_mut() {
-            Some(r) => {
-                r.add(tracer.take_blocks());
-                r.wanted()
-            }
+        hand_blocks(tracer.take_blocks(), &mut self.records, &mut self.intervals);
+        let mut also: (Vec<u64>, Vec<u64>) = match self.records.as_ref() {
+            Some(r) => r.wanted(),
             None => Default::default(),
         };
+        if let Some(r) = self.intervals.as_ref().and_then(|iv| iv.records.as_ref()) {
+            let (stacks, wakers) = r.batch.wanted();
+            also.0.extend(stacks);
+            also.1.extend(wakers);
+        }
         let mut raw = match self.intervals {
             Some(_) => tracer.take_intervals_with(u32::MAX, also),
             None => tracer.read_with(also),
@@ -436,15 +462,31 @@ impl<'a> Session<'a> {
             None => Ok(()),
         };
         let chains = match (&named, config.chain_depth) {
-            (Some(named), Some(depth)) => {
-                Some(self.follow_chains(named, depth, &raw, end.window.1 - end.window.0)?)
+            (Some(named), Some(depth)) if self.intervals.is_none() => {
+                Some(self.follow_chains(named, depth, &raw, end.window)?)
             }
             _ => None,
         };
         drop(named);
         let written = if let Some(iv) = self.intervals.as_mut() {
+            // --chains: the blocks of the intervals not written yet.
+            let named = match iv.records.take() {
+                Some(r) => Some(
+                    r.batch
+                        .name(
+                            &mut raw,
+                            &mut self.registry,
+                            &self.symbolizer,
+                            self.kernel_first,
+                            Deferred::complete,
+                        )
+                        .context("cannot read the records of the blocks back")?,
+                ),
+                None => None,
+            };
             let mut profile = iv.write_rest(
                 raw,
+                named.as_ref(),
                 end.window.1,
                 self.kernel_first,
                 (&mut self.registry, &self.symbolizer),
@@ -454,6 +496,14 @@ impl<'a> Session<'a> {
             self.outputs.finish_parts(config)?;
             iv.finish_push(config.verbose);
             iv.report_late();
+            if let Some(depth) = config.chain_depth {
+                report_chains(
+                    &iv.chains,
+                    profile.counters.timeline_lost,
+                    depth,
+                    config.verbose,
+                );
+            }
             // What every interval had, not the last one's alone.
             (
                 profile.counters.user_unmapped_stacks,
@@ -517,68 +567,21 @@ impl<'a> Session<'a> {
     }
 
     /// `--chains`: the blocks the filters keep, each followed down its
-    /// chain; what was cut or lost said on stderr.
+    /// chain over the window; what was cut or lost said on stderr.
     fn follow_chains(
         &self,
         named: &crate::records::Named,
         depth: u32,
         raw: &crate::raw::RawProfile,
-        window_ns: u64,
+        window: (u64, u64),
     ) -> Result<(Vec<profile::Sample>, Option<profile::WaitGraph>)> {
-        let t = &self.config.tracer;
-        let chains = crate::chains::follow(
-            named,
-            crate::chains::Options {
-                depth,
-                min_ns: t.min_block_ns,
-                max_ns: t.max_block_ns,
-                mode: self.config.shape.mode,
-                graph_of: self.config.graph.then_some(window_ns),
-            },
-        )
-        .context("cannot read the records of the blocks back")?;
-        let share = |ns: u64| 100.0 * ns as f64 / chains.ns.max(1) as f64;
-        if chains.cycle_ns > 0 {
-            eprintln!(
-                "offcputime: chains: {:.1}% of the time followed met a thread already on its \
-                 chain (a cycle): cut there, [cycle]",
-                share(chains.cycle_ns)
-            );
-        }
-        if chains.deep_ns > 0 {
-            eprintln!(
-                "offcputime: chains: {:.1}% of the time followed went deeper than \
-                 --chain-depth {depth}: cut there, [deeper]",
-                share(chains.deep_ns)
-            );
-        }
-        if chains.unindexed > 0 {
-            eprintln!(
-                "offcputime: chains: {} after the first {} not followed (the most held in \
-                 memory): their time is missing, and where a wait was followed into them it \
-                 shows as [running]",
-                count(chains.unindexed, "block", "blocks"),
-                crate::chains::MOST_BLOCKS,
-            );
-        }
-        let lost = raw.counters.timeline_lost;
-        if lost > 0 {
-            eprintln!(
-                "offcputime: chains: {} lost for a full ring buffer, read too late: their \
-                 time is missing, and where a wait was followed into them it shows as \
-                 [running]",
-                count(lost, "block", "blocks"),
-            );
-        }
-        if self.config.verbose {
-            eprintln!(
-                "offcputime: chains: {} followed, {} us in all, {:.1}% ending in a wake-up not \
-                 seen",
-                count(chains.blocks, "block", "blocks"),
-                profile::ns_to_us(chains.ns),
-                share(chains.unknown_ns),
-            );
-        }
+        let chains = follow(named, depth, self.config, window, self.config.graph)?;
+        report_chains(
+            &chains,
+            raw.counters.timeline_lost,
+            depth,
+            self.config.verbose,
+        );
         if let Some(g) = &chains.graph {
             report_knots(g);
         }
@@ -602,9 +605,7 @@ impl<'a> Session<'a> {
             self.kernel_first,
         );
         if let Some((samples, graph)) = chains {
-            // (No counts were kept.)
-            profile.samples = samples;
-            profile::sort_samples(&mut profile.samples);
+            with_chains(&mut profile, samples);
             profile.graph = graph.map(Arc::new);
         }
         // What was read is let go before the output is made: its frames
@@ -799,5 +800,112 @@ fn report_knots(g: &profile::WaitGraph) {
             secs(k.waited_ns),
             nodes.join(", ")
         );
+    }
+}
+
+/// `--chains`: the blocks of `named` that the filters keep followed down
+/// their chains inside `window` (`graph`: the wait-for graph too).
+pub(super) fn follow(
+    named: &crate::records::Named,
+    depth: u32,
+    config: &Config,
+    window: (u64, u64),
+    graph: bool,
+) -> Result<crate::chains::Chains> {
+    let t = &config.tracer;
+    crate::chains::follow(
+        named,
+        crate::chains::Options {
+            depth,
+            min_ns: t.min_block_ns,
+            max_ns: t.max_block_ns,
+            mode: config.shape.mode,
+            graph_of: graph.then_some(window.1 - window.0),
+            window,
+        },
+    )
+    .context("cannot read the records of the blocks back")
+}
+
+/// The profile's blocks are the chains' `samples` (no counts of blocks were
+/// kept); with `--on-cpu` its running time stays.
+pub(super) fn with_chains(profile: &mut Profile, samples: Vec<profile::Sample>) {
+    profile
+        .samples
+        .retain(|s| s.state == Some(profile::OffState::Running));
+    profile.samples.extend(samples);
+    profile::sort_samples(&mut profile.samples);
+}
+
+/// What the chains cut or could not follow, said on stderr (`lost`: the
+/// records lost for a full ring); with `verbose`, what they followed.
+pub(super) fn report_chains(chains: &crate::chains::Chains, lost: u64, depth: u32, verbose: bool) {
+    let share = |ns: u64| 100.0 * ns as f64 / chains.ns.max(1) as f64;
+    if chains.cycle_ns > 0 {
+        eprintln!(
+            "offcputime: chains: {:.1}% of the time followed met a thread already on its \
+             chain (a cycle): cut there, [cycle]",
+            share(chains.cycle_ns)
+        );
+    }
+    if chains.deep_ns > 0 {
+        eprintln!(
+            "offcputime: chains: {:.1}% of the time followed went deeper than \
+             --chain-depth {depth}: cut there, [deeper]",
+            share(chains.deep_ns)
+        );
+    }
+    if chains.unindexed > 0 {
+        eprintln!(
+            "offcputime: chains: {} after the first {} not followed (the most held in \
+             memory): their time is missing, and where a wait was followed into them it \
+             shows as [running]",
+            count(chains.unindexed, "block", "blocks"),
+            crate::chains::MOST_BLOCKS,
+        );
+    }
+    if chains.late > 0 {
+        eprintln!(
+            "offcputime: chains: {} read after their interval was written: their time \
+             there is missing, and where a wait was followed into them it shows as [running]",
+            count(chains.late, "block", "blocks"),
+        );
+    }
+    if lost > 0 {
+        eprintln!(
+            "offcputime: chains: {} lost for a full ring buffer, read too late: their \
+             time is missing, and where a wait was followed into them it shows as \
+             [running]",
+            count(lost, "block", "blocks"),
+        );
+    }
+    if verbose {
+        eprintln!(
+            "offcputime: chains: {} followed, {} us in all, {:.1}% ending in a wake-up not \
+             seen",
+            count(chains.blocks, "block", "blocks"),
+            profile::ns_to_us(chains.ns),
+            share(chains.unknown_ns),
+        );
+    }
+}
+
+/// Blocks read from the program: to the records of the whole trace
+/// (`--timeline`, `--chains` without `-i`) and to the interval's (`--chains`
+/// with `-i`).
+fn hand_blocks(
+    blocks: Vec<crate::raw::RawBlock>,
+    records: &mut Option<crate::records::Records>,
+    intervals: &mut Option<Intervals>,
+) {
+    let by_interval = intervals.as_mut().and_then(|iv| iv.records.as_mut());
+    match (records.as_mut(), by_interval) {
+        (Some(r), Some(i)) => {
+            i.add(blocks.clone());
+            r.add(blocks);
+        }
+        (Some(r), None) => r.add(blocks),
+        (None, Some(i)) => i.add(blocks),
+        (None, None) => {}
     }
 }

@@ -147,8 +147,9 @@ static __always_inline void add_span(struct offcpu_key *key, __u64 from, __u64 t
 {
 	__u64 w = trace_start_ns, len = interval_ns, first, last, whole;
 
-	/* --chains: the profile is made of the records. */
-	if (chains_on)
+	/* --chains: the profile's blocks are made of the records (its
+	 * running time, with --on-cpu, is counted). */
+	if (chains_on && key->state != OFFCPU_STATE_RUNNING)
 		return;
 	if (!len) {
 		add_block(key, to - from, wt);

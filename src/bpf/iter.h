@@ -555,6 +555,16 @@ static __always_inline void cut_task(struct task_struct *task, const __u32 varia
 	 * kernel_stack_of_task). */
 	if (trusted && key.kernel_stack_id == STACK_ID_AT_SWITCH_IN)
 		key.kernel_stack_id = kernel_stack_of_task(task, true);
+	/* --chains: the block as far as it went, read where it is kept (its
+	 * waits are followed interval by interval, and this one is not over).
+	 * Should the thread have run since it was claimed, its block's record
+	 * comes soon after, and stands for this one; one begun since lies
+	 * after the cut and is not sent. */
+	if (chains_on) {
+		key.state = state;
+		timeline_block(&key, d, cut | TIMELINE_AT_END | TIMELINE_AT_CUT |
+					(began_before_window(start) ? TIMELINE_AT_START : 0));
+	}
 	add_block_parts(&key, &seen, state, from, to, false, &wt);
 }
 

@@ -65,6 +65,7 @@
 #include "blocks.h"
 #include "oncpu.h"
 #include "switch.h"
+#include "chains.h"
 #include "wakers.h"
 #include "iter.h"
 #include "snapshot.h"

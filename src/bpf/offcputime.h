@@ -96,6 +96,10 @@ struct waker_info {
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
 	char comm[TASK_COMM_LEN];
+	/* --chains, a wake-up from an interrupt: the disk whose request was
+	 * completed just before on its CPU (MKDEV(major, minor)), or 0. */
+	__u32 dev;
+	__u32 _pad;
 };
 
 /*
@@ -735,7 +739,8 @@ struct snapshot_task {
  * --timeline: one block of at least --timeline-min, sent on the
  * `block_records` ring buffer when it ends (or when the window does): its
  * part inside the window, the stacks and state it blocked with, and who
- * woke it.  A block cut at -i's interval ends is sent once, whole.
+ * woke it.  A block cut at -i's interval ends is sent once, whole (and
+ * with --chains, also as far as it went at each cut: BLOCK_CUT).
  */
 enum block_record_flags {
 	/* Under way when the window started: `from` is the window's start. */
@@ -750,6 +755,10 @@ enum block_record_flags {
 	 * those of the threads the filters leave out; without it, every
 	 * block sent is kept. */
 	BLOCK_PROFILED = 8,
+	/* --chains with -i: a block under way at an interval's end (`to`),
+	 * sent by the interval iterator; the block is sent again, whole, when
+	 * it ends.  The timeline leaves it out. */
+	BLOCK_CUT = 16,
 };
 
 struct block_record {

@@ -278,7 +278,7 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 	struct offcpu_key key = {};
 	struct offcpu_val *v, init = {};
 	__u32 tid, tgid;
-	bool kthread;
+	bool kthread, profiled;
 	int err;
 
 	tid = TASK_READ(trusted, t, pid);
@@ -286,7 +286,10 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 		return;
 	tgid = TASK_READ(trusted, t, tgid);
 	kthread = is_kthread(t, trusted);
-	if (!wanted_thread(t, tgid, tid, kthread))
+	/* --chains samples every thread: where a wait is followed into a
+	 * thread running, its samples there are its stacks. */
+	profiled = wanted_thread(t, tgid, tid, kthread);
+	if (!profiled && !chains_on)
 		return;
 	if (!w || now < w || (end && now >= end)) {
 		count(CNT_ONCPU_OUTSIDE);
@@ -304,9 +307,11 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 	}
 	if (want_kernel_stack)
 		key.kernel_stack_id = stack_of_current(ctx, false, legacy, false, 0);
-	count(CNT_ONCPU_SAMPLES);
 	if (timeline_min_ns)
-		record_sample(&key, now);
+		record_sample(&key, now, profiled);
+	if (!profiled)
+		return;
+	count(CNT_ONCPU_SAMPLES);
 	v = bpf_map_lookup_elem(&counts, &key);
 	if (!v) {
 		err = bpf_map_update_elem(&counts, &key, &init, BPF_NOEXIST);

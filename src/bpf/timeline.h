@@ -66,8 +66,9 @@ static __always_inline void send_record(struct block_record *r)
 	count(CNT_TIMELINE_SENT);
 }
 
-/* --on-cpu: the sample `key` tells of, taken at `now`. */
-static __noinline void record_sample(struct offcpu_key *key, __u64 now)
+/* --on-cpu: the sample `key` tells of, taken at `now`; `profiled`: of a
+ * thread the filters keep (--chains samples every thread). */
+static __noinline void record_sample(struct offcpu_key *key, __u64 now, bool profiled)
 {
 	struct block_record *r;
 
@@ -78,7 +79,7 @@ static __noinline void record_sample(struct offcpu_key *key, __u64 now)
 		count(CNT_TIMELINE_LOST);
 		return;
 	}
-	fill_record(r, key, now, now, BLOCK_ONCPU_SAMPLE);
+	fill_record(r, key, now, now, BLOCK_ONCPU_SAMPLE | (profiled ? BLOCK_PROFILED : 0));
 	r->waking_ns = 0;
 	r->waker_id = WAKER_ID_NONE;
 	send_record(r);
@@ -90,6 +91,8 @@ static __noinline void record_sample(struct offcpu_key *key, __u64 now)
  * still under way at the window's end (TIMELINE_AT_END). */
 #define TIMELINE_AT_END (1ULL << 63)
 #define TIMELINE_AT_START (1ULL << 62)
+/* ... and sent at an interval's end, under way (BLOCK_CUT). */
+#define TIMELINE_AT_CUT (1ULL << 61)
 
 /*
  * Where --timeline is asked: the block `d` holds, its stacks and the
@@ -103,9 +106,11 @@ static __noinline void record_sample(struct offcpu_key *key, __u64 now)
  * keep anyway (the times are in `d`, written by TIMELINE_SEEN where the
  * hook has them): the hooks' frames are near the 512 bytes the verifier
  * allows the deepest chain of calls (before private stacks, 6.13), and
- * each value a hook keeps across a call takes room there.
+ * each value a hook keeps across a call takes room there.  `cut_end`, where
+ * not 0, stands for timeline_end (--chains with -i: the block under way at
+ * a cut, TIMELINE_AT_CUT).
  */
-static __noinline void timeline_block(struct offcpu_key *key, struct task_data *d)
+static __noinline void timeline_block(struct offcpu_key *key, struct task_data *d, __u64 cut_end)
 {
 	__u64 w = trace_start_ns, wend = trace_end_ns, began, to, waker, end, now;
 	struct block_record *r;
@@ -113,10 +118,12 @@ static __noinline void timeline_block(struct offcpu_key *key, struct task_data *
 
 	if (!key || !d || !timeline_min_ns)
 		return;
-	end = d->timeline_end;
-	now = end & ~(TIMELINE_AT_END | TIMELINE_AT_START);
+	end = cut_end ? cut_end : d->timeline_end;
+	now = end & ~(TIMELINE_AT_END | TIMELINE_AT_START | TIMELINE_AT_CUT);
 	if (end & TIMELINE_AT_END)
 		flags |= BLOCK_AT_END;
+	if (end & TIMELINE_AT_CUT)
+		flags |= BLOCK_CUT;
 	if (end & TIMELINE_AT_START) {
 		began = w;
 		flags |= BLOCK_AT_START;
@@ -173,7 +180,7 @@ out:
 	do {                                                                   \
 		if (timeline_min_ns) {                                         \
 			(key)->state = (state_);                               \
-			timeline_block((key), (d));                            \
+			timeline_block((key), (d), 0);                         \
 		}                                                              \
 	} while (0)
 

@@ -140,7 +140,7 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	struct task_data *d, *wd;
 	bool kthread;
 	__u32 zero = 0;
-	__u64 *buf;
+	__u64 *buf, now;
 	long len, irq = 0;
 
 	if (tid == 0 || runnable(p))
@@ -162,8 +162,10 @@ static __always_inline void on_waking(void *ctx, struct task_struct *p, const __
 	w.kernel_stack_id = store_stack(irq ? irq * (long)sizeof(__u64) : len, false);
 	if (irq) {
 		/* Not the interrupted task's doing: no task, no user stack. */
+		now = bpf_ktime_get_ns();
+		w.dev = disk_just_done(now);
 		d->waker_id = store_waker(&w);
-		d->waking_ns = bpf_ktime_get_ns();
+		d->waking_ns = now;
 		count(CNT_WAKERS);
 		return;
 	}

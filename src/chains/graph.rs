@@ -68,6 +68,7 @@ pub(super) fn of(sums: &HashMap<Vec<Hop>, (u64, u64)>, named: &Named, window_ns:
             match *hop {
                 Hop::Blocked(k) => met.insert(named.keys[k as usize].pid),
                 Hop::Running(tid) => met.insert(tid),
+                Hop::Sampled(k) => met.insert(named.keys[k as usize].pid),
                 Hop::End(_) => false,
             };
         }
@@ -102,7 +103,15 @@ pub(super) fn of(sums: &HashMap<Vec<Hop>, (u64, u64)>, named: &Named, window_ns:
                     nodes.threads[id].insert(tid);
                     (id, super::RUNNING.to_string())
                 }
-                Hop::End(e @ (End::Timer | End::Disk | End::Network | End::Interrupt)) => {
+                Hop::Sampled(k) => {
+                    let tid = named.keys[k as usize].pid;
+                    let id = nodes.id(thread(tid));
+                    nodes.threads[id].insert(tid);
+                    let name =
+                        crate::records::block_name(&samples[k as usize], &named.profile.objects);
+                    (id, format!("{} {name}", super::RUNNING))
+                }
+                Hop::End(e @ (End::Timer | End::Disk(_) | End::Network | End::Interrupt)) => {
                     let w = match seq.last() {
                         Some(&p) => format!("{} in {what}", display(&nodes.list[p], &names)),
                         None => String::new(),

@@ -241,9 +241,10 @@ impl Args {
             }
             return Ok(None);
         }
+        if self.graph && self.interval.is_some() {
+            bail!("--graph is the whole window's: it does not go with -i/--interval");
+        }
         let not_yet = [
-            ("-i/--interval", self.interval.is_some()),
-            ("--on-cpu", self.on_cpu),
             ("--wakers", self.wakers),
             ("--states", self.states),
             ("--sample", self.sample.is_some()),

@@ -19,6 +19,7 @@ pub(super) fn attach_hooks(
         (Role::Wakeup, "sched_wakeup"),
         (Role::Waking, "sched_waking"),
         (Role::Fork, "sched_process_fork"),
+        (Role::DiskDone, "block_rq_complete"),
     ] {
         if let Some(p) = plan.program(role) {
             let prog = program_of(skel, p)?;

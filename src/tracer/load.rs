@@ -702,6 +702,8 @@ pub(super) fn plan_programs(
             && modern
             && !opts.runtimes_running,
         on_cpu: opts.on_cpu_hz.is_some(),
+        // The disk of a wake-up from a block I/O completion.
+        chains: opts.chains,
     };
     for mut prog in open.open_object_mut().progs_mut() {
         prog.set_autoload(false);

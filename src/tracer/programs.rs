@@ -47,6 +47,9 @@ pub enum Role {
     RuntimeRefresh,
     /// `--on-cpu`'s sampler, on a cpu-clock perf event.
     OnCpu,
+    /// `--chains`: block I/O completions, which name the disk of a
+    /// wake-up from one.
+    DiskDone,
 }
 
 /// Which of a start's objects a program is loaded in. One start opens the
@@ -82,9 +85,13 @@ impl Role {
             // The end iterator beside the switch hook: the start
             // iterator takes about as long to verify as the two together,
             // and the two objects load side by side.
-            Role::Switch | Role::Wakeup | Role::Waking | Role::Fork | Role::OnCpu | Role::End => {
-                Part::Hooks
-            }
+            Role::Switch
+            | Role::Wakeup
+            | Role::Waking
+            | Role::Fork
+            | Role::OnCpu
+            | Role::DiskDone
+            | Role::End => Part::Hooks,
             Role::Start | Role::EndKernelStacks | Role::Cut | Role::Snapshot => Part::Iterators,
             Role::RuntimeRefresh => Part::Later,
         }
@@ -175,6 +182,7 @@ pub const PROGRAMS: &[Program] = &[
     program("runtime_refresh", Role::RuntimeRefresh, &[TaskStorage], None, true, Attach::Iterator),
     program("on_cpu", Role::OnCpu, &[TaskStorage, ByTid], None, false, Attach::PerfEvent),
     program("on_cpu_legacy", Role::OnCpu, &[Legacy], None, false, Attach::PerfEvent),
+    program("block_rq_complete", Role::DiskDone, &[TaskStorage, ByTid, Legacy], None, false, Attach::RawTp("block_rq_complete")),
 ];
 
 /// The table's entry of a program of the object.
@@ -204,6 +212,8 @@ pub struct Plan {
     /// a runtime is noted (no such process ran at the start).
     pub runtimes_later: bool,
     pub on_cpu: bool,
+    /// `--chains`.
+    pub chains: bool,
 }
 
 impl Plan {
@@ -220,6 +230,7 @@ impl Plan {
             runtime_refresh: false,
             runtimes_later: false,
             on_cpu: false,
+            chains: false,
         }
     }
 
@@ -251,6 +262,7 @@ impl Plan {
             Role::Cut => tracing && self.cut,
             Role::RuntimeRefresh => tracing && self.runtime_refresh,
             Role::OnCpu => tracing && self.on_cpu,
+            Role::DiskDone => tracing && self.chains,
             Role::Snapshot => !tracing,
         }
     }
@@ -285,7 +297,7 @@ mod tests {
     use super::*;
 
     const HOOKS: [Hook; 3] = [Hook::TpBtf, Hook::RawTp, Hook::FinishTaskSwitch];
-    const ROLES: [Role; 11] = [
+    const ROLES: [Role; 12] = [
         Role::Switch,
         Role::Wakeup,
         Role::Waking,
@@ -297,6 +309,7 @@ mod tests {
         Role::Snapshot,
         Role::RuntimeRefresh,
         Role::OnCpu,
+        Role::DiskDone,
     ];
 
     /// Every plan the tracer can make: a build per hook (task storage on
@@ -310,7 +323,7 @@ mod tests {
                     Hook::TpBtf => TaskStorage,
                     _ => ByTid,
                 };
-                for bits in 0..256u32 {
+                for bits in 0..512u32 {
                     let bit = |i: u32| bits & (1 << i) != 0;
                     // As the tracer makes them: no sleepable iterators,
                     // forks, -i or Python refresh in the legacy build;
@@ -328,6 +341,7 @@ mod tests {
                         runtime_refresh: refresh,
                         runtimes_later: bit(7) && refresh,
                         on_cpu: bit(6),
+                        chains: bit(8),
                     });
                 }
             }
@@ -429,6 +443,7 @@ mod tests {
                     "runtime_refresh" => plan.runtime_refresh,
                     "on_cpu" => plan.on_cpu && modern,
                     "on_cpu_legacy" => plan.on_cpu && legacy,
+                    "block_rq_complete" => plan.chains,
                     other => panic!("no rule for {other}"),
                 }
             };

@@ -107,6 +107,7 @@ pub(super) fn decode_block(data: &[u8]) -> Option<RawBlock> {
         at_end: flags(types::block_record_flags::BLOCK_AT_END),
         sample: flags(types::block_record_flags::BLOCK_ONCPU_SAMPLE),
         profiled: flags(types::block_record_flags::BLOCK_PROFILED),
+        cut: flags(types::block_record_flags::BLOCK_CUT),
     })
 }
 
@@ -371,6 +372,7 @@ impl Tracer<'_> {
             comm: comm_to_string(&w.comm),
             user_stack: StackRef::from_raw(w.user_stack_id),
             kernel_stack: StackRef::from_raw(w.kernel_stack_id),
+            dev: w.dev,
         }))
     }
 

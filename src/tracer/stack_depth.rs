@@ -268,6 +268,9 @@ fn every_chain_of_frames_fits_the_verifiers_bound() {
     let chains = deepest_chains();
     let mut over = Vec::new();
     for (program, bytes, chain) in &chains {
+        if std::env::var_os("SHOW_FRAMES").is_some() {
+            eprintln!("{program}: {bytes} bytes: {}", show(chain));
+        }
         if *bytes > MAX_BPF_STACK {
             over.push(format!("{program}: {bytes} bytes: {}", show(chain)));
         }

@@ -8,24 +8,6 @@ use std::time::Duration;
 use crate::newprocs::{build_forker, in_order};
 use crate::util::*;
 
-/// The intervals of `-T` output: each time line and the folded lines after
-/// it.
-fn split_intervals(stdout: &[u8]) -> Vec<(String, Vec<Folded>)> {
-    let text = String::from_utf8_lossy(stdout);
-    let mut out: Vec<(String, Vec<Folded>)> = Vec::new();
-    for line in text.lines() {
-        if is_time_line(line) {
-            out.push((line.to_string(), Vec::new()));
-        } else {
-            let last = out
-                .last_mut()
-                .unwrap_or_else(|| panic!("a line before the first time line: {line:?}"));
-            last.1.extend(parse_folded(line.as_bytes()));
-        }
-    }
-    out
-}
-
 const STUCK: [&str; 4] = [
     "wl-stuck-cond",
     "wl-stuck-pipe",

@@ -1158,3 +1158,21 @@ pub fn hooks_here() -> Vec<&'static str> {
     }
     hooks
 }
+
+/// The intervals of `-T` output: each time line and the folded lines after
+/// it.
+pub fn split_intervals(stdout: &[u8]) -> Vec<(String, Vec<Folded>)> {
+    let text = String::from_utf8_lossy(stdout);
+    let mut out: Vec<(String, Vec<Folded>)> = Vec::new();
+    for line in text.lines() {
+        if is_time_line(line) {
+            out.push((line.to_string(), Vec::new()));
+        } else {
+            let last = out
+                .last_mut()
+                .unwrap_or_else(|| panic!("a line before the first time line: {line:?}"));
+            last.1.extend(parse_folded(line.as_bytes()));
+        }
+    }
+    out
+}

@@ -683,6 +683,7 @@ fn wakers_classified() {
         comm: format!("waker{pid}"),
         user_stack: user,
         kernel_stack: StackRef::Id(kernel),
+        dev: 0,
     };
     raw.wakers
         .insert(task, waker(99, StackRef::Id(USER), KERNEL));
