@@ -391,11 +391,12 @@ pub struct Args {
     /// Why each block waited, down the chain: a block's wait is followed
     /// into the thread that woke it (the parts of the wait in which that
     /// thread was itself blocked, under its stacks, and on to who woke
-    /// it, up to --chain-depth hops), ending in a thread running, waiting
-    /// for a CPU, or a source that is no thread ([timer], [disk],
-    /// [network], [interrupt], [unknown]); folded: each hop after `--`,
-    /// its command first, its stacks outermost first. Threads the filters
-    /// leave out are followed too
+    /// it, up to --chain-depth hops), ending in a thread running (with
+    /// --on-cpu, its sampled stacks), waiting for a CPU, or a source that
+    /// is no thread ([timer], [disk DEV], [network], [interrupt],
+    /// [unknown]); folded: each hop after `--`, its command first, its
+    /// stacks outermost first. Threads the filters leave out are followed
+    /// too; with -i, each interval's waits inside it
     #[arg(long = "chains")]
     pub chains: bool,
 
