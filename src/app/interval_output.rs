@@ -117,8 +117,7 @@ impl Intervals {
     /// next. Returns the interval's profile.
     pub(super) fn write(
         &mut self,
-        raw: crate::raw::RawProfile,
-        named: Option<&crate::records::Named>,
+        (raw, named): (crate::raw::RawProfile, Option<&crate::records::Named>),
         end: Option<u64>,
         kernel_first: bool,
         (registry, symbolizer): (&mut Registry, &Symbolizer),
@@ -221,8 +220,7 @@ impl Intervals {
                 None => None,
             };
             self.write(
-                raw,
-                named.as_ref(),
+                (raw, named.as_ref()),
                 None,
                 kernel_first,
                 (&mut *registry, symbolizer),
@@ -240,8 +238,7 @@ impl Intervals {
     /// Returns the last one's profile.
     pub(super) fn write_rest(
         &mut self,
-        raw: crate::raw::RawProfile,
-        named: Option<&crate::records::Named>,
+        (raw, named): (crate::raw::RawProfile, Option<&crate::records::Named>),
         window_end: u64,
         kernel_first: bool,
         (registry, symbolizer): (&mut Registry, &Symbolizer),
@@ -259,8 +256,7 @@ impl Intervals {
             let end = (self.current == last).then_some(window_end);
             let taken = raw.take().unwrap_or_else(|| base.clone());
             written = self.write(
-                taken,
-                named,
+                (taken, named),
                 end,
                 kernel_first,
                 (&mut *registry, symbolizer),

@@ -485,8 +485,7 @@ impl<'a> Session<'a> {
                 None => None,
             };
             let mut profile = iv.write_rest(
-                raw,
-                named.as_ref(),
+                (raw, named.as_ref()),
                 end.window.1,
                 self.kernel_first,
                 (&mut self.registry, &self.symbolizer),

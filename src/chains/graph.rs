@@ -10,7 +10,8 @@ use super::{End, Hop};
 use crate::profile::{Knot, WaitGraph, WaitNode, Waker};
 use crate::records::Named;
 
-/// Beyond this many threads, the threads of one name are one node.
+/// Beyond this many threads, the threads of one name are one node (a
+/// pool's: the name without its number, see [`pool_name`]).
 const MOST_THREAD_NODES: usize = 40;
 
 /// An edge counts for the knots where its source waited at least this
@@ -76,7 +77,7 @@ pub(super) fn of(sums: &HashMap<Vec<Hop>, (u64, u64)>, named: &Named, window_ns:
     let grouped = met.len() > MOST_THREAD_NODES;
     let thread = |tid: u32| {
         if grouped {
-            Node::Name(names.get(&tid).copied().unwrap_or("?").to_string())
+            Node::Name(pool_name(names.get(&tid).copied().unwrap_or("?")).to_string())
         } else {
             Node::Thread(tid)
         }
@@ -186,6 +187,21 @@ pub(super) fn of(sums: &HashMap<Vec<Hop>, (u64, u64)>, named: &Named, window_ns:
     }
 }
 
+/// The name of a pool that a thread named `comm` is one of: its name
+/// without the numbers and separators it ends in (`worker-12`, `kworker/1:2`,
+/// `pool-3-thread-7`: `worker`, `kworker`, `pool-3-thread`); the name itself
+/// where nothing else is left.
+fn pool_name(comm: &str) -> &str {
+    let stem = comm.trim_end_matches(|c: char| {
+        c.is_ascii_digit() || matches!(c, '-' | '_' | '/' | ':' | '.' | '#' | ' ')
+    });
+    if stem.is_empty() {
+        comm
+    } else {
+        stem
+    }
+}
+
 fn display(n: &Node, names: &HashMap<u32, &str>) -> String {
     match n {
         Node::Thread(tid) => format!("{} ({tid})", names.get(tid).copied().unwrap_or("?")),
@@ -268,6 +284,15 @@ fn sink_components(n: usize, edges: &[(usize, usize)]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pools_are_named_without_their_numbers() {
+        assert_eq!(pool_name("wl-client12"), "wl-client");
+        assert_eq!(pool_name("kworker/1:2"), "kworker");
+        assert_eq!(pool_name("pool-3-thread-7"), "pool-3-thread");
+        assert_eq!(pool_name("tokio-runtime-w"), "tokio-runtime-w");
+        assert_eq!(pool_name("1234"), "1234");
+    }
 
     #[test]
     fn sink_components_are_the_knots() {

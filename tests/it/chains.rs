@@ -438,7 +438,47 @@ fn pipeline(dir: &std::path::Path, args: &[&str]) -> GroupChild {
     GroupChild::ready_with(&exe, &args, "pipeline did not start")
 }
 
-/// The nodes of a DOT file that are in a knot, by name (up to " ("), and
+/// Where the chains meet many threads, the threads of a pool are one node
+/// of the graph: 48 clients of `chain.c` ("wl-client0" to "wl-client47")
+/// are the node "wl-client (48 threads)", whose wait for the worker holds
+/// most of their time; the producer's timer is the knot.
+#[test]
+fn graph_groups_a_pool_of_threads() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
+    let wl = GroupChild::ready_with(&exe, &["48".as_ref()], "chain did not start");
+    let pid = wl.0.id().to_string();
+    let dot = dir.path().join("g.dot");
+    let (out, (from, to)) = profile_window(
+        &["--graph", "-p", &pid, "-o", dot.to_str().unwrap(), "3"],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = std::fs::read_to_string(&dot).expect("the DOT file");
+    assert!(
+        text.contains("wl-client (48 threads)"),
+        "no node of the 48 clients\n{text}\n{stderr}"
+    );
+    assert!(!text.contains("wl-client0"), "a client of its own\n{text}");
+    let (knots, edges) = read_dot(&text);
+    assert_eq!(knots, ["[timer]"], "{text}\n{stderr}");
+    let window_ms = (to - from) as f64 / 1e6;
+    let waited: f64 = (edges.iter())
+        .filter(|e| e.0 == "wl-client" && e.1 == "wl-worker")
+        .map(|e| e.2)
+        .sum();
+    // (Each client waits nearly all the window for the worker.)
+    assert!(
+        waited >= 48.0 * window_ms * 0.5,
+        "the clients waited {waited} ms for the worker in a {window_ms} ms window\n{text}"
+    );
+}
+
+/// The nodes of a DOT file that are in a knot, by name (up to " (" or the
+/// label's first line's end), and
 /// its edges with their weights in ms, by the nodes' names.
 fn read_dot(text: &str) -> (Vec<String>, Vec<(String, String, f64)>) {
     let mut names = std::collections::HashMap::new();
@@ -449,7 +489,12 @@ fn read_dot(text: &str) -> (Vec<String>, Vec<(String, String, f64)>) {
             continue;
         };
         if let Some(label) = rest.strip_prefix("[label=\"") {
-            let name = label.split(" (").next().unwrap_or("").to_string();
+            let name = label
+                .split(" (")
+                .next()
+                .and_then(|n| n.split("\\n").next())
+                .unwrap_or("")
+                .to_string();
             if rest.contains("class=\"knot\"") {
                 knots.push(name.clone());
             }

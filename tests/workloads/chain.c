@@ -7,8 +7,9 @@
  * clients' by the worker's broadcast: the clients' time is the producer's
  * sleep, through the worker.
  *
- *   chain SECONDS
+ *   chain SECONDS [CLIENTS]
  *
+ * CLIENTS: how many clients (3 unless given, at most 200).
  * Prints "ready" once every thread runs, exits after SECONDS.
  */
 #define _GNU_SOURCE
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #define CLIENTS 3
+#define MOST_CLIENTS 200
 
 static int pipefd[2];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -92,15 +94,15 @@ static void *client(void *arg)
 int main(int argc, char **argv)
 {
 	pthread_t t;
-	long i;
+	long i, clients = argc > 2 ? atol(argv[2]) : CLIENTS;
 
-	if (argc < 2 || pipe(pipefd))
+	if (argc < 2 || clients < 1 || clients > MOST_CLIENTS || pipe(pipefd))
 		return 1;
 	alarm(atoi(argv[1]));
-	pthread_barrier_init(&started, NULL, CLIENTS + 3);
+	pthread_barrier_init(&started, NULL, clients + 3);
 	pthread_create(&t, NULL, producer, NULL);
 	pthread_create(&t, NULL, worker, NULL);
-	for (i = 0; i < CLIENTS; i++)
+	for (i = 0; i < clients; i++)
 		pthread_create(&t, NULL, client, (void *)i);
 	pthread_barrier_wait(&started);
 	printf("ready\n");
