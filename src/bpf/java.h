@@ -236,12 +236,24 @@ __noinline int java_code_at(__u64 a, __u64 b, __u64 c)
 	    JAVA_BYTE(15) == 0x4d && JAVA_BYTE(16) == 0x89 && JAVA_BYTE(17) == 0x97 &&
 	    JAVA_BYTE(22) == 0xe9)
 		return JAVA_FRAME_RETURN;
+	/* At the stub's mov or jmp, told by the instruction before the mov;
+	 * at the jmp by its last byte alone: the top byte of the lea's
+	 * displacement (the poll's pc, before the stub: 0xff) or of the
+	 * mov's address (0x00).  After xor r10,r10, no pc is stored: no poll
+	 * stub's, not known. */
 	if (JAVA_BYTE(8) == 0x4d && JAVA_BYTE(9) == 0x89 && JAVA_BYTE(10) == 0x97 &&
-	    JAVA_BYTE(15) == 0xe9)
+	    JAVA_BYTE(15) == 0xe9) {
+		if (JAVA_BYTE(5) == 0x4d && (JAVA_BYTE(6) == 0x33 || JAVA_BYTE(6) == 0x31) &&
+		    JAVA_BYTE(7) == 0xd2)
+			return JAVA_FRAME_UNKNOWN;
 		return JAVA_FRAME_RETURN;
+	}
 	if (JAVA_BYTE(1) == 0x4d && JAVA_BYTE(2) == 0x89 && JAVA_BYTE(3) == 0x97 &&
-	    JAVA_BYTE(8) == 0xe9)
-		return JAVA_FRAME_RETURN;
+	    JAVA_BYTE(8) == 0xe9) {
+		if (JAVA_BYTE(0) == 0x00 || JAVA_BYTE(0) == 0xff)
+			return JAVA_FRAME_RETURN;
+		return JAVA_FRAME_UNKNOWN;
+	}
 	if (JAVA_BYTE(0) == 0x5d && JAVA_BYTE(1) == 0x49 && JAVA_BYTE(2) == 0x3b &&
 	    JAVA_BYTE(3) == 0xa7 && JAVA_BYTE(8) == 0x0f && JAVA_BYTE(9) == 0x82)
 		return JAVA_FRAME_RETURN;

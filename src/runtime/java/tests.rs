@@ -130,6 +130,33 @@ fn sample() -> Fake {
     )
 }
 
+/// A return poll's stub at its mov and its jmp, told from the same `mov
+/// [r15+d],r10; jmp` after `xor r10,r10` (no pc stored: not known).
+#[test]
+fn poll_stubs_are_told_from_stores_of_zero() {
+    use walk::FrameAt;
+    // 8 bytes before the pc, then 16 from it.
+    let at = |before: &[u8], from: &[u8]| {
+        let mut code = [0x90u8; 24];
+        code[8 - before.len()..8].copy_from_slice(before);
+        code[8..8 + from.len()].copy_from_slice(from);
+        walk::frame_at(&code)
+    };
+    let mov = [0x4d, 0x89, 0x97, 0x00, 0x05, 0x00, 0x00];
+    let jmp = [0xe9, 0x10, 0x20, 0x00, 0x00];
+    // lea r10,[rip-0x80] before: at the mov, at the jmp.
+    let lea = [0x4c, 0x8d, 0x15, 0x80, 0xff, 0xff, 0xff];
+    assert_eq!(
+        at(&lea[6..], &[&mov[..], &jmp[..]].concat()),
+        FrameAt::Return
+    );
+    assert_eq!(at(&[&lea[6..], &mov[..]].concat(), &jmp), FrameAt::Return);
+    // xor r10,r10 before.
+    let xor = [0x4d, 0x33, 0xd2];
+    assert_eq!(at(&xor, &[&mov[..], &jmp[..]].concat()), FrameAt::Unknown);
+    assert_eq!(at(&[&xor[2..], &mov[..]].concat(), &jmp), FrameAt::Unknown);
+}
+
 #[test]
 fn reads_the_four_tables() {
     let s = read(&sample(), &symbols()).unwrap();
@@ -1014,6 +1041,14 @@ fn epilogues_are_told(major: u32, jvm: &Jvm, mem: &ProcMem, nmethod_vtable: u64,
                 // looks the same).
                 let lea = code[p - 7..p - 4] == [0x4c, 0x8d, 0x15];
                 let movabs = code[p - 10..p - 8] == [0x49, 0xba];
+                // After `xor r10,r10` (seen in JDK 21's code on a loaded
+                // machine): no pc stored, no poll stub's: not known.
+                let zeroed = matches!(code[p - 3..p], [0x4d, 0x33, 0xd2] | [0x4d, 0x31, 0xd2]);
+                if zeroed {
+                    assert_eq!(at(p), walk::FrameAt::Unknown, "JDK {major} +{p}");
+                    assert_eq!(at(p + 7), walk::FrameAt::Unknown, "JDK {major} +{p}");
+                    continue;
+                }
                 assert!(
                     lea || movabs,
                     "JDK {major}: mov [r15+d],r10; jmp at +{p} not in a poll stub: {:02x?}",

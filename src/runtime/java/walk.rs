@@ -755,13 +755,24 @@ pub fn frame_at(code: &[u8; 24]) -> FrameAt {
     // A return's safepoint poll taken: its stub (in the code, before the
     // stubs' section from JDK 17), reached with the frame torn down: `lea
     // r10,[rip+d]` (or `mov r10,imm64`, below); `mov [r15+d],r10; jmp`.
+    // At its `mov` or its `jmp`, the stub is told by the instruction
+    // before the mov: where it is not in view (at the jmp), by that
+    // instruction's last byte, the top byte of the lea's displacement (the
+    // poll's pc, before the stub: 0xff) or of the mov's address (0x00).
+    // A `mov [r15+d],r10; jmp` after `xor r10,r10` stores no pc: no poll
+    // stub's, and not known.
+    let mov_jmp_at_mov = code[8..11] == [0x4d, 0x89, 0x97] && code[15] == 0xe9;
+    let mov_jmp_at_jmp = code[1..4] == [0x4d, 0x89, 0x97] && code[8] == 0xe9;
+    let r10_zeroed = matches!(code[5..8], [0x4d, 0x33, 0xd2] | [0x4d, 0x31, 0xd2]);
     let poll_stub = (code[8..11] == [0x4c, 0x8d, 0x15]
         && code[15..18] == [0x4d, 0x89, 0x97]
         && code[22] == 0xe9)
-        || (code[8..11] == [0x4d, 0x89, 0x97] && code[15] == 0xe9)
-        || (code[1..4] == [0x4d, 0x89, 0x97] && code[8] == 0xe9);
+        || (mov_jmp_at_mov && !r10_zeroed)
+        || (mov_jmp_at_jmp && matches!(code[0], 0x00 | 0xff));
     if add_pop_before || reserved_check || poll_stub || ret_tail(code, 8) {
         FrameAt::Return
+    } else if mov_jmp_at_mov || mov_jmp_at_jmp {
+        FrameAt::Unknown
     } else if code[8] == 0x5d {
         if ret_tail(code, 9) || code[4..7] == [0x48, 0x83, 0xc4] || code[1..4] == [0x48, 0x81, 0xc4]
         {
