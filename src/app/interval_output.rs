@@ -206,19 +206,12 @@ impl Intervals {
         let waiting = deferred.waiting_ids();
         for (mut raw, records) in self.held.ready(&|id| waiting.contains(&id), Instant::now()) {
             Deferred::complete(&mut raw);
-            let named = match records {
-                Some(r) => Some(
-                    r.name(
-                        &mut raw,
-                        &mut *registry,
-                        symbolizer,
-                        kernel_first,
-                        Deferred::complete,
-                    )
-                    .context("cannot read the records of the blocks back")?,
-                ),
-                None => None,
-            };
+            let named = name_records(
+                records,
+                &mut raw,
+                (&mut *registry, symbolizer),
+                kernel_first,
+            )?;
             self.write(
                 (raw, named.as_ref()),
                 None,

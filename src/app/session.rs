@@ -444,19 +444,12 @@ impl<'a> Session<'a> {
         // profile lets them go once built); then the timeline, whose
         // failure is returned once the profile is written; then the
         // chains, the profile's blocks with --chains.
-        let named = match self.records.take() {
-            Some(r) => Some(
-                r.name(
-                    &mut raw,
-                    &mut self.registry,
-                    &self.symbolizer,
-                    self.kernel_first,
-                    Deferred::complete,
-                )
-                .context("cannot read the records of the blocks back")?,
-            ),
-            None => None,
-        };
+        let named = name_records(
+            self.records.take(),
+            &mut raw,
+            (&mut self.registry, &self.symbolizer),
+            self.kernel_first,
+        )?;
         let timeline = match &named {
             Some(named) => self.write_timeline(named, raw.counters.timeline_lost),
             None => Ok(()),
@@ -470,20 +463,12 @@ impl<'a> Session<'a> {
         drop(named);
         let written = if let Some(iv) = self.intervals.as_mut() {
             // --chains: the blocks of the intervals not written yet.
-            let named = match iv.records.take() {
-                Some(r) => Some(
-                    r.batch
-                        .name(
-                            &mut raw,
-                            &mut self.registry,
-                            &self.symbolizer,
-                            self.kernel_first,
-                            Deferred::complete,
-                        )
-                        .context("cannot read the records of the blocks back")?,
-                ),
-                None => None,
-            };
+            let named = name_records(
+                iv.records.take().map(|r| r.batch),
+                &mut raw,
+                (&mut self.registry, &self.symbolizer),
+                self.kernel_first,
+            )?;
             let mut profile = iv.write_rest(
                 (raw, named.as_ref()),
                 end.window.1,
@@ -907,4 +892,18 @@ fn hand_blocks(
         (None, Some(i)) => i.add(blocks),
         (None, None) => {}
     }
+}
+
+/// The stacks of `records` named from what was read (`raw`), as the
+/// profile's are.
+pub(super) fn name_records(
+    records: Option<crate::records::Records>,
+    raw: &mut crate::raw::RawProfile,
+    (registry, symbolizer): (&mut Registry, &Symbolizer),
+    kernel_first: bool,
+) -> Result<Option<crate::records::Named>> {
+    records
+        .map(|r| r.name(raw, registry, symbolizer, kernel_first, Deferred::complete))
+        .transpose()
+        .context("cannot read the records of the blocks back")
 }

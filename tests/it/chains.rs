@@ -33,6 +33,29 @@ fn chain_workload(dir: &std::path::Path) -> (GroupChild, Vec<u32>) {
     (wl, tids)
 }
 
+/// Each of [`THREADS`]' lines add up to its off-CPU time in the window by
+/// the kernel's accounting (within 0.5% of the window, what a switch may
+/// take, and time stolen by the host where the lines hold less).
+fn each_adds_up(lines: &[Folded], cpu: &CpuSamples, (from, to): (u64, u64), stderr: &str) {
+    let window_us = (to - from) as f64 / 1e3;
+    let per_switch_us = if emulated() { 1000.0 } else { 12.0 };
+    for (i, comm) in THREADS.iter().enumerate() {
+        let total = sum_us(lines, comm) as f64;
+        let off = cpu.off_cpu_us(i, from, to);
+        let switches = cpu.switches(i, from, to);
+        let stolen = if total < off {
+            cpu.stolen_us(from, to)
+        } else {
+            0.0
+        };
+        assert!(
+            (total - off).abs() <= window_us * 0.005 + switches * per_switch_us + stolen,
+            "{comm}: its chains add up to {total} us, the kernel's off-CPU time is {off:.0} us \
+             ({switches} switches)\n{stderr}"
+        );
+    }
+}
+
 /// The hops of a folded line: the frames of each, split at `--` (the
 /// block's own first, its command first).
 fn hops(l: &Folded) -> Vec<&[String]> {
@@ -66,23 +89,7 @@ fn chains_follow_a_wait_down_to_the_timer() {
     let cpu = clock.finish();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines = parse_folded(&out.stdout);
-    let window_us = (to - from) as f64 / 1e3;
-    let per_switch_us = if emulated() { 1000.0 } else { 12.0 };
-    for (i, comm) in THREADS.iter().enumerate() {
-        let total = sum_us(&lines, comm) as f64;
-        let off = cpu.off_cpu_us(i, from, to);
-        let switches = cpu.switches(i, from, to);
-        let stolen = if total < off {
-            cpu.stolen_us(from, to)
-        } else {
-            0.0
-        };
-        assert!(
-            (total - off).abs() <= window_us * 0.005 + switches * per_switch_us + stolen,
-            "{comm}: its chains add up to {total} us, the kernel's off-CPU time is {off:.0} us \
-             ({switches} switches)\n{stderr}"
-        );
-    }
+    each_adds_up(&lines, &cpu, (from, to), &stderr);
     // Each block's time shared out whole: the lines add up to the blocks'.
     let followed = count_before(&stderr, " us in all") as i64;
     let shown = sum_us_where(&lines, |_| true) as i64;
@@ -266,22 +273,7 @@ fn chains_are_cut_at_interval_edges() {
         }
         all.extend(lines.iter().cloned());
     }
-    let per_switch_us = if emulated() { 1000.0 } else { 12.0 };
-    for (i, comm) in THREADS.iter().enumerate() {
-        let total = sum_us(&all, comm) as f64;
-        let off = cpu.off_cpu_us(i, from, to);
-        let switches = cpu.switches(i, from, to);
-        let stolen = if total < off {
-            cpu.stolen_us(from, to)
-        } else {
-            0.0
-        };
-        assert!(
-            (total - off).abs() <= window_us * 0.005 + switches * per_switch_us + stolen,
-            "{comm}: its chains add up to {total} us over the intervals, the kernel's off-CPU \
-             time is {off:.0} us ({switches} switches)\n{stderr}"
-        );
-    }
+    each_adds_up(&all, &cpu, (from, to), &stderr);
 }
 
 /// With `--on-cpu`, where a wait is followed into a thread running, that
@@ -315,16 +307,34 @@ fn chains_follow_into_running_samples() {
         lines.iter().all(|l| l.comm() == "wl-stage1"),
         "only the thread traced: {lines:?}"
     );
-    // (Measured on an idle machine: 0.83 in the second stage's work, 0.13
-    // in its runs without a sample.)
-    let in_work = share_of(&lines, |l| {
-        hops(l).get(1).is_some_and(|h| {
-            h.first().is_some_and(|c| c == "wl-stage2")
-                && h.get(1).is_some_and(|f| f == "[running]")
-                && h.iter().any(|f| f == "work")
-        })
+    // Its waits go to the second stage: running, sampled or not, or (on a
+    // busy machine) waiting for a CPU itself; where it was sampled, in its
+    // work. (Measured on an idle machine: 0.97 of the time to the second
+    // stage, 0.84 to its samples, 0.83 in its work; on a loaded one, more
+    // of its runs are too short for a sample.)
+    let stage2 = |l: &Folded| {
+        hops(l)
+            .get(1)
+            .filter(|h| h.first().is_some_and(|c| c == "wl-stage2"))
+            .map(|h| h.to_vec())
+    };
+    let running = |h: &[String]| h.get(1).is_some_and(|f| f == "[running]");
+    let on_stage2 = share_of(&lines, |l| stage2(l).is_some());
+    let ran = share_of(&lines, |l| stage2(l).is_some_and(|h| running(&h)));
+    let sampled = share_of(&lines, |l| {
+        stage2(l).is_some_and(|h| running(&h) && h.len() > 2)
     });
-    assert!(in_work >= 0.5, "{in_work:.3} in wl-stage2's work\n{stderr}");
+    let in_work = share_of(&lines, |l| {
+        stage2(l).is_some_and(|h| running(&h) && h.iter().any(|f| f == "work"))
+    });
+    eprintln!(
+        "to wl-stage2 {on_stage2:.3}, running {ran:.3}, sampled {sampled:.3}, in work {in_work:.3}"
+    );
+    assert!(
+        on_stage2 >= 0.6 && sampled >= ran * 0.3 && in_work >= sampled * 0.9,
+        "to wl-stage2 {on_stage2:.3}, running {ran:.3}, sampled {sampled:.3}, in its work \
+         {in_work:.3}\n{stderr}"
+    );
     // Its own running time, sampled, as --on-cpu shows it; all its time
     // is there, running and waiting.
     let own = share_of(&lines, |l| {
