@@ -634,9 +634,9 @@ fn chains_end_in_the_disk() {
     // [disk]; the rest is running and waiting for a CPU, which a loaded
     // machine makes more of.)
     assert!(own >= 0.2, "wl-holder: {own:.3}\n{stderr}");
-    // The disk named: that of the file written (measured: 0.9 to 0.97 of
-    // the time ending in a disk; the rest, a flush's completion whose disk
-    // was not seen, is [disk]).
+    // The disk named: that of the file written (measured: 99.9% of the
+    // time ending in a disk; the rest, a flush's completion whose disk was
+    // not seen, is [disk]).
     let named_share =
         sum_us_where(&lines, on_named) as f64 / sum_us_where(&lines, |l| disk(l)).max(1) as f64;
     assert!(
