@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use crate::raw::{RawEntry, RawProfile, StackRef};
-use crate::records::Records;
 
 /// When the intervals end, on CLOCK_MONOTONIC.
 #[derive(Clone, Copy, Debug)]
@@ -149,18 +148,17 @@ fn merge(entries: Vec<RawEntry>) -> Vec<RawEntry> {
 /// once every copy it counts is walked or given up, in order, and at the
 /// latest [`Held::WAIT`] after it was taken; the tracing loop goes on
 /// meanwhile, and walks them.
-#[derive(Default)]
-pub struct Held {
-    queue: VecDeque<HeldInterval>,
+pub struct Held<T = ()> {
+    queue: VecDeque<HeldInterval<T>>,
     /// Frames of copies walked since, that a held interval counts.
     walked: HashMap<u64, Vec<u64>>,
     stats: HeldStats,
 }
 
-struct HeldInterval {
+struct HeldInterval<T> {
     raw: RawProfile,
-    /// `--chains`: the blocks of the interval.
-    records: Option<Records>,
+    /// What else is written with it (`--chains`: its blocks' records).
+    extra: Option<T>,
     /// The copies it counts that are not walked yet.
     missing: HashSet<u64>,
     taken: Instant,
@@ -182,22 +180,38 @@ pub struct HeldStats {
     pub late: u64,
 }
 
-impl Held {
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            queue: VecDeque::new(),
+            walked: HashMap::new(),
+            stats: HeldStats::default(),
+        }
+    }
+}
+
+impl<T> Held<T> {
     /// How long an interval waits at most, as the end of a trace waits for
     /// tables.
     pub const WAIT: Duration = Duration::from_secs(5);
 
-    /// Interval `raw`, taken at `now` (with `--chains`, its blocks'
-    /// `records`): it waits for the copies it counts that are not among its
-    /// stacks, and behind the intervals waiting already.
-    pub fn push(&mut self, raw: RawProfile, records: Option<Records>, now: Instant) {
-        let recorded = records.as_ref().map(|r| r.wanted().0).unwrap_or_default();
+    /// Interval `raw`, taken at `now`, with what else is written with it
+    /// (`extra`, which names the stacks `extra_stacks`): it waits for the
+    /// copies it counts that are not among its stacks, and behind the
+    /// intervals waiting already.
+    pub fn push(
+        &mut self,
+        raw: RawProfile,
+        extra: Option<T>,
+        extra_stacks: Vec<u64>,
+        now: Instant,
+    ) {
         let ids = raw
             .entries
             .iter()
             .map(|e| e.user_stack)
             .chain(raw.wakers.values().map(|w| w.user_stack))
-            .chain(recorded.into_iter().map(StackRef::Id));
+            .chain(extra_stacks.into_iter().map(StackRef::Id));
         let missing: HashSet<u64> = ids
             .filter_map(|r| match r {
                 StackRef::Id(id)
@@ -214,7 +228,7 @@ impl Held {
         }
         self.queue.push_back(HeldInterval {
             raw,
-            records,
+            extra,
             missing,
             taken: now,
         });
@@ -242,7 +256,7 @@ impl Held {
         &mut self,
         waiting: &dyn Fn(u64) -> bool,
         now: Instant,
-    ) -> Vec<(RawProfile, Option<Records>)> {
+    ) -> Vec<(RawProfile, Option<T>)> {
         let mut out = Vec::new();
         while let Some(h) = self.queue.front_mut() {
             let walked = &self.walked;
@@ -265,7 +279,7 @@ impl Held {
             }
             self.stats.late += h.missing.len() as u64;
             if let Some(h) = self.queue.pop_front() {
-                out.push((h.raw, h.records));
+                out.push((h.raw, h.extra));
             }
         }
         let queue = &self.queue;
@@ -443,11 +457,16 @@ mod tests {
     fn intervals_wait_for_their_copies_in_order() {
         const COPY: u64 = 1 << 62;
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let mut held: Held = Held::default();
         // Interval 0 counts a stored stack and two copies, one walked at
         // once; interval 1 counts nothing copied, but comes after it.
-        held.push(raw_of(&[5 << 32, COPY | 1, COPY | 2], &[5 << 32]), None, t0);
-        held.push(raw_of(&[6 << 32], &[6 << 32]), None, t0);
+        held.push(
+            raw_of(&[5 << 32, COPY | 1, COPY | 2], &[5 << 32]),
+            None,
+            vec![],
+            t0,
+        );
+        held.push(raw_of(&[6 << 32], &[6 << 32]), None, vec![], t0);
         held.walked(COPY | 1, &[0x40_1000, 0x40_2000, 0, 0]);
         // A copy no interval counts is not kept.
         held.walked(COPY | 9, &[0x40_1000]);
@@ -477,7 +496,7 @@ mod tests {
     fn copies_given_up_or_late_are_not_waited_for() {
         const COPY: u64 = 1 << 62;
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let mut held: Held = Held::default();
         // A waker's copy counts as well as a blocked thread's.
         let mut raw = raw_of(&[COPY | 1], &[]);
         raw.wakers.insert(
@@ -492,11 +511,11 @@ mod tests {
                 dev: 0,
             },
         );
-        held.push(raw, None, t0);
+        held.push(raw, None, vec![], t0);
         // Copy 1 is given up; copy 2 still waits, until the bound.
         let waiting = |id: u64| id == COPY | 2;
         assert!(held.ready(&waiting, t0 + Duration::from_secs(1)).is_empty());
-        let out = held.ready(&waiting, t0 + Held::WAIT);
+        let out = held.ready(&waiting, t0 + Held::<()>::WAIT);
         assert_eq!(out.len(), 1);
         assert!(out[0].0.stacks.is_empty());
         let s = held.stats();
@@ -505,7 +524,7 @@ mod tests {
             (1, 2, 0, 1, 1)
         );
         // Stacks the BPF program stored are not copies: nothing to wait for.
-        held.push(raw_of(&[7 << 32, 1 << 63 | 5], &[]), None, t0);
+        held.push(raw_of(&[7 << 32, 1 << 63 | 5], &[]), None, vec![], t0);
         assert_eq!(held.ready(&|_| true, t0).len(), 1);
         assert_eq!(held.stats().intervals, 1);
     }

@@ -17,7 +17,7 @@ pub(super) struct Intervals {
     /// The interval to take from the table next: later than `current`
     /// while intervals wait for their copied stacks (`held`).
     pub(super) taken: u32,
-    pub(super) held: crate::intervals::Held,
+    pub(super) held: crate::intervals::Held<crate::records::Records>,
     pub(super) splitter: crate::intervals::Splitter,
     /// Some interval had off-CPU time.
     pub(super) recorded: bool,

@@ -711,7 +711,7 @@ pub(super) fn report_counters(
             h.walked,
             h.given_up,
             h.late,
-            crate::intervals::Held::WAIT.as_secs()
+            crate::intervals::Held::<()>::WAIT.as_secs()
         );
     }
     if config.tracer.wakers {

@@ -350,7 +350,8 @@ impl<'a> Session<'a> {
             Ok(stacks) => self.deferred.add(stacks, &|p| self.registry.copy_mark(p)),
             Err(e) => eprintln!("offcputime: {e:#}"),
         }
-        iv.held.push(raw, records, Instant::now());
+        let stacks = records.as_ref().map(|r| r.wanted().0).unwrap_or_default();
+        iv.held.push(raw, records, stacks, Instant::now());
         iv.write_held(
             &self.deferred,
             self.kernel_first,

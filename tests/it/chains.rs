@@ -70,9 +70,10 @@ fn hop_is(l: &Folded, i: usize, comm: &str, f: &str) -> bool {
 }
 
 /// Clients wait on the worker, which waits on the producer, which sleeps:
-/// at least 90% of each client's time ends in the producer's sleep and its
-/// timer, through the worker's read; the worker's in the producer's
-/// sleep; each thread's lines add up to its off-CPU time by the kernel's
+/// at least 90% of each client's time (but for what it and the threads it
+/// waits for spent waiting for a CPU, by the kernel's accounting) ends in
+/// the producer's sleep and its timer, through the worker's read; the
+/// worker's in the producer's sleep; each thread's lines add up to its off-CPU time by the kernel's
 /// accounting. With the filter on one client (the worker and the
 /// producer filtered out, followed all the same) and one hop, the rest is
 /// cut and said.
@@ -105,9 +106,27 @@ fn chains_follow_a_wait_down_to_the_timer() {
             .all(|l| THREADS.contains(&l.comm()) || l.comm() == "chain"),
         "{lines:?}"
     );
+    // Of a thread's time, the share its lines `keep` keep, left out the
+    // time it and the threads it waits for (by their places in THREADS)
+    // waited for a CPU, by the kernel's accounting (schedstat): after a
+    // wake-up, that time stays at the waiting thread's stack, and a busy
+    // machine makes more of it.
+    let waited = |i: usize| cpu.waited_us(i, from, to) + cpu.wait_under_way_us(i, to);
+    let share_of_chain = |comm: &str, on: &[usize], keep: &dyn Fn(&Folded) -> bool| {
+        let waiting: f64 = on.iter().map(|&i| waited(i)).sum();
+        let total = sum_us(&lines, comm) as f64;
+        let kept = sum_us_where(&lines, |l| l.comm() == comm && keep(l)) as f64;
+        eprintln!("{comm}: {kept} us of {total}, {waiting:.0} us waiting for CPUs down its chain");
+        kept / (total - waiting).max(1.0)
+    };
     let share = |comm: &str, keep: &dyn Fn(&Folded) -> bool| {
-        sum_us_where(&lines, |l| l.comm() == comm && keep(l)) as f64
-            / sum_us(&lines, comm).max(1) as f64
+        let i = THREADS.iter().position(|t| *t == comm).expect("a thread");
+        let on: Vec<usize> = match i {
+            0 => vec![0],
+            1 => vec![1, 0],
+            _ => vec![i, 1, 0],
+        };
+        share_of_chain(comm, &on, keep)
     };
     let timer = |l: &Folded| l.frames.last().is_some_and(|f| f == "[timer]");
     // The producer's own sleeps end in its timer.
