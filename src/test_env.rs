@@ -23,6 +23,11 @@ pub struct TestEnv {
     /// thread traced is left unhandled by the hook, as the kernel leaves
     /// some unreported.
     pub drop_switch_in: u32,
+    /// `OFFCPUTIME_TEST_RUN_CLOCK_STEP_US=N`: each new reading of a
+    /// thread's run time (by which a switch-in the tracepoint did not
+    /// report is dated) falls 0, N or 2N us short of the last, as a tick
+    /// between two readings moves the kernel's count of it.
+    pub run_clock_step_us: u32,
     /// `OFFCPUTIME_TEST_SPILL_STACKS`: the stacks table refuses every
     /// stack for want of memory, as its allocator does at moments: all
     /// go to its spill table.
@@ -98,6 +103,8 @@ impl TestEnv {
             no_start_user_stacks: set("OFFCPUTIME_TEST_NO_START_USER_STACKS"),
             drop_switch_in: number("OFFCPUTIME_TEST_DROP_SWITCH_IN")
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            run_clock_step_us: number("OFFCPUTIME_TEST_RUN_CLOCK_STEP_US")
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             spill_stacks: set("OFFCPUTIME_TEST_SPILL_STACKS"),
             runtimes_at_start: number("OFFCPUTIME_TEST_RUNTIMES_AT_START").map(|n| n != 0),
             stall_before_window: ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS"),
@@ -140,6 +147,7 @@ mod tests {
         let env = TestEnv::from_vars(|name| {
             Some(match name {
                 "OFFCPUTIME_TEST_DROP_SWITCH_IN" => "20".into(),
+                "OFFCPUTIME_TEST_RUN_CLOCK_STEP_US" => "1500".into(),
                 "OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS" => "150".into(),
                 "OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS" => "1000".into(),
                 "OFFCPUTIME_STATS_INTERVAL" => "0.5".into(),
@@ -154,6 +162,7 @@ mod tests {
         assert!(env.kstack_check && env.no_kstack_walk && env.spill_stacks);
         assert!(env.kallsyms_names);
         assert_eq!(env.drop_switch_in, 20);
+        assert_eq!(env.run_clock_step_us, 1500);
         assert_eq!(env.runtimes_at_start, Some(false));
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
         assert_eq!(env.stall_news_after, Some(Duration::from_secs(1)));

@@ -256,13 +256,34 @@ static __always_inline bool is_cfs(struct task_struct *t)
  * that began before `after`, which can only be an earlier run: the thread
  * is being switched out right now.
  */
+/* (Tests: see test_run_clock_step_ns.) */
+__u64 test_run_clock_reads = 0;
+
 static __always_inline __u64 run_began(struct task_struct *t, __u64 now, __u64 after)
 {
-	__u64 ran;
+	__u32 zero = 0, tid = BPF_CORE_READ(t, pid);
+	struct ran_read *last;
+	__u64 ran, step;
 
 	if (!is_cfs(t))
 		return 0;
-	ran = BPF_CORE_READ(t, se.sum_exec_runtime) - BPF_CORE_READ(t, se.prev_sum_exec_runtime);
+	/* The same thread at the same moment: the same reading (ran_reads). */
+	last = bpf_map_lookup_elem(&ran_reads, &zero);
+	if (last && last->tid == tid && last->now == now) {
+		ran = last->ran;
+	} else {
+		ran = BPF_CORE_READ(t, se.sum_exec_runtime) -
+		      BPF_CORE_READ(t, se.prev_sum_exec_runtime);
+		if (test_run_clock_step_ns) {
+			step = test_run_clock_step_ns * (test_run_clock_reads++ % 3);
+			ran = ran > step ? ran - step : 0;
+		}
+		if (last) {
+			last->now = now;
+			last->ran = ran;
+			last->tid = tid;
+		}
+	}
 	if (ran >= now || now - ran < after)
 		return 0;
 	return now - ran;

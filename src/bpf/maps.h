@@ -167,6 +167,26 @@ struct {
 	__type(value, struct waker_info);
 } wakers SEC(".maps");
 
+/* run_began's last reading of a thread's run time on this CPU: an
+ * iterator that finds a thread running after a switch-in the tracepoint
+ * did not report dates both its run (run_cut, run_at_end) and the block
+ * before it (close_unseen_block) by it; read twice, a tick on the thread's
+ * CPU between the reads would move the second date back and leave the time
+ * between the two in neither. */
+struct ran_read {
+	__u64 now;
+	__u64 ran;
+	__u32 tid;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ran_read);
+} ran_reads SEC(".maps");
+
 /* One more slot than a stack needs, so that a frame index masked with
  * MAX_STACK_DEPTH (2^7 - 1) is in bounds. */
 struct {

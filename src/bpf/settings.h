@@ -59,6 +59,10 @@ const volatile __u64 softirq_end = 0;
  * unhandled, as if the tracepoint had not reported it (see
  * close_unseen_block); 0: none. */
 const volatile __u32 test_drop_switch_in = 0;
+/* Tests: each new reading of a thread's run time (run_began) falls 0, 1 or
+ * 2 of these short of the kernel's, as a tick between two readings would
+ * move it; 0: none. */
+const volatile __u64 test_run_clock_step_ns = 0;
 /* Tests: every stack stored as if the stacks table had no memory at the
  * moment (see stacks_spill). */
 const volatile bool test_spill_stacks = false;

@@ -528,6 +528,7 @@ pub(super) fn configure(
         rodata.want_wakers = opts.wakers;
         rodata.on_cpu_on = opts.on_cpu_hz.is_some();
         rodata.test_drop_switch_in = opts.test.drop_switch_in;
+        rodata.test_run_clock_step_ns = u64::from(opts.test.run_clock_step_us) * 1000;
         rodata.test_spill_stacks = opts.test.spill_stacks;
         if opts.kernel_stacks && !opts.test.no_kstack_walk {
             set_kernel_orc(rodata);

@@ -470,7 +470,14 @@ fn on_cpu_on_every_hook() {
     // out within a few milliseconds of an interval's end.)
     drop(w);
     let bursts = start_as(dir.path(), &["bursts"], &BURSTS);
-    let drop = [("OFFCPUTIME_TEST_DROP_SWITCH_IN", "1")];
+    // Each such run and the block before it are dated by one reading of
+    // the thread's run time: a second one, with a tick on the thread's CPU
+    // between, would leave time in neither (each reading here falls short
+    // of the last by 0, 1.5 or 3 ms, as such a tick would make it).
+    let drop = [
+        ("OFFCPUTIME_TEST_DROP_SWITCH_IN", "1"),
+        ("OFFCPUTIME_TEST_RUN_CLOCK_STEP_US", "1500"),
+    ];
     let (short, stderr) = check_intervals(&bursts.pid.to_string(), &BURSTS, &drop, 100, 1_000);
     assert!(
         unreported_switches(&stderr) > 20,
