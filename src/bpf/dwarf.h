@@ -628,7 +628,10 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 	 * there): its frame as the JVM lays it out (java.h), or through its
 	 * frame pointer where its code keeps one (the call stub). */
 	rule = UNWIND_NONE;
-	if (u->java) {
+	/* (The constants first: where no runtime's walker is loaded, the
+	 * verifier has none of this to check, which a field alone would not
+	 * tell it.) */
+	if (runtimes_on && java_on && u->java) {
 		/* c: another task's walk (its stack copied), a constant in
 		 * the current task's (NULL), so that each keeps one. */
 		switch (c ? java_step(u, ips, idx, i == u->exact_at, c, pr, task)
@@ -744,7 +747,7 @@ static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *
 		 * lays them out, a JavaScript frame named by its function.
 		 * Not where the thread stopped: the frame may not be set up
 		 * there. */
-		if (v8_on && u->v8 && i != u->exact_at) {
+		if (runtimes_on && v8_on && u->v8 && i != u->exact_at) {
 			/* The frame's index as `i`, not idx: the compiler would
 			 * keep idx on the stack across the calls before. */
 			switch (c ? v8_step(u, ips, idx, c, pr, task) : v8_step_of_current(i)) {

@@ -10,7 +10,7 @@
  * step, not all UCACHE_SLOTS of them (an unrolled check of every slot was
  * half of the switch hook's verification); a step is a call and two
  * lookups, for UCACHE_STEP slots. */
-#define UCACHE_STEP 16
+#define UCACHE_STEP 4
 
 /* Reads the stack from `addr` into the window `w` (struct ucache_window),
  * up to `top` (the end of the walk's highest slot) and at most
@@ -86,22 +86,23 @@ static __always_inline struct ucache *ucache_entry(__u32 way, bool create)
 	return set ? &set->way[way & 1] : NULL;
 }
 
+/* What each step checks: the kept walk and the window (looked up once, by
+ * ucache_proved()). */
+struct ucache_step_ctx {
+	struct ucache *e;
+	struct ucache_window *w;
+};
+
 static long ucache_slots_step(__u32 i, void *arg)
 {
-	__u32 way = *(__u32 *)arg;
-	struct ucache_window *w;
+	struct ucache_step_ctx *c = arg;
+	struct ucache_window *w = c->w;
+	struct ucache *e = c->e;
 	__u64 addr, off, span;
-	__u32 zero = 0, k, at, j;
-	struct ucache *e;
+	__u32 k, at, j;
 
-	e = ucache_entry(way, false);
-	w = bpf_map_lookup_elem(&ucache_window, &zero);
-	if (!w)
+	if (!w || !e)
 		return 1;
-	if (!e) {
-		w->holds = 0;
-		return 1;
-	}
 	for (j = 0; j < UCACHE_STEP; j++) {
 		k = w->k;
 		if (k >= UCACHE_SLOTS || k >= e->n) {
@@ -177,6 +178,7 @@ static __always_inline __u32 ucache_way(struct ucache_ways *set, struct unwind_s
  */
 __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 {
+	struct ucache_step_ctx c;
 	struct ucache_window *w;
 	struct ucache *e;
 	__u32 zero = 0;
@@ -196,7 +198,9 @@ __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 	 * function only where a slot is past it). */
 	if (e->n && ucache_read(w, e->sp + (e->off[0] & ~UCACHE_RANGE_BIT), e->sp + e->top))
 		return 0;
-	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &way, 0);
+	c.e = e;
+	c.w = w;
+	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &c, 0);
 	/* Undecided after every step: all UCACHE_SLOTS slots held. */
 	if (!(w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS)))
 		return 0;
