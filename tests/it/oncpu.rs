@@ -484,8 +484,7 @@ fn on_cpu_on_every_hook() {
         drop.push(("OFFCPUTIME_TEST_RUN_CLOCK_STEP_US", "1500"));
     }
     let slack_us = if in_vm { 5_000 } else { 1_000 };
-    let (short, stderr) =
-        check_intervals(&bursts.pid.to_string(), &BURSTS, &drop, 100, slack_us);
+    let (short, stderr) = check_intervals(&bursts.pid.to_string(), &BURSTS, &drop, 100, slack_us);
     assert!(
         unreported_switches(&stderr) > 20,
         "-i: the dropped switch-ins were not seen: {stderr}"
@@ -566,13 +565,15 @@ fn check_intervals(
             // (A part counted after its interval was written is left out
             // of it, and said, as for off-CPU time.)
             if ((run + off) as f64 - (ms * 1000) as f64).abs() >= slack_us as f64 {
-                let own: Vec<&String> =
-                    blocks[i].iter().filter(|l| l.starts_with(comm)).collect();
+                let own: Vec<&String> = blocks[i].iter().filter(|l| l.starts_with(comm)).collect();
                 panic!(
                     "-i {env:?}: {comm} {run} + {off} us in a {ms} ms interval (interval {i}; \
                      each: {}); its lines there:\n{}\n{stderr}",
                     series(comm),
-                    own.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n")
+                    own.iter()
+                        .map(|l| l.as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n")
                 );
             }
         }
