@@ -248,6 +248,9 @@ static __always_inline bool is_cfs(struct task_struct *t)
 	return policy == SCHED_NORMAL || policy == SCHED_BATCH || policy == SCHED_IDLE;
 }
 
+/* (Tests: see test_run_clock_step_ns.) */
+__u64 test_run_clock_reads = 0;
+
 /*
  * When a thread's current run on a CPU began, as CFS dates it: `now` less
  * its run time since it was last picked (the kernel's task clock, which
@@ -256,9 +259,6 @@ static __always_inline bool is_cfs(struct task_struct *t)
  * that began before `after`, which can only be an earlier run: the thread
  * is being switched out right now.
  */
-/* (Tests: see test_run_clock_step_ns.) */
-__u64 test_run_clock_reads = 0;
-
 static __always_inline __u64 run_began(struct task_struct *t, __u64 now, __u64 after)
 {
 	__u32 zero = 0, tid = BPF_CORE_READ(t, pid);
