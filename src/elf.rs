@@ -205,6 +205,15 @@ impl Elf {
         Some(&rest[..rest.iter().position(|&b| b == 0)?])
     }
 
+    /// Where section `s` lies in the file (offset, size), where it lies
+    /// within it.
+    pub fn section_extent(&self, s: Section) -> Option<(u64, u64)> {
+        s.offset
+            .checked_add(s.size)
+            .is_some_and(|e| e <= self.len)
+            .then_some((s.offset, s.size))
+    }
+
     pub fn read_section(&self, file: &File, s: Section) -> Result<Vec<u8>> {
         if s.offset.checked_add(s.size).is_none_or(|e| e > self.len) {
             bail!("malformed ELF: a section lies beyond the end of the file");
@@ -331,6 +340,23 @@ impl Elf {
             ));
         }
         Ok(found)
+    }
+
+    /// Every function of the full symbol table with an address (tests
+    /// that look at every function of a library).
+    #[cfg(test)]
+    pub fn function_symbols(&self, file: &File) -> Result<Vec<Symbol>> {
+        let Some((symbols, _)) = self.symbol_table(file, SymbolTable::Full)? else {
+            return Ok(Vec::new());
+        };
+        Ok(symbols
+            .chunks_exact(SYM_SIZE as usize)
+            .filter(|s| s[4] & 0xf == 2 && u64_at(s, 8) != 0)
+            .map(|s| Symbol {
+                value: u64_at(s, 8),
+                size: u64_at(s, 16),
+            })
+            .collect())
     }
 
     /// The loadable segments (`PT_LOAD`).

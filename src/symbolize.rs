@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::elf::Segment;
+
+mod compressed;
 use crate::ksyms::{KernelSymbols, PrintedSym};
 pub use crate::process::registry::{ExecMapping, Registry, UserFrame};
 use crate::process::Proc;
@@ -599,35 +601,98 @@ pub(crate) fn names_in_file(
     offsets: &[u64],
     opts: SymbolizeOptions,
 ) -> Option<Vec<Option<Resolved>>> {
+    names_in_file_by(path, segments, offsets, opts, Dwarf::AnyReader)
+}
+
+/// Which DWARF reader [`names_in_file_by`] may use.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dwarf {
+    /// Compressed DWARF a unit at a time where it can be, else blazesym's.
+    AnyReader,
+    /// blazesym's alone (the unit-at-a-time reader's tests compare the two).
+    #[cfg(test)]
+    General,
+}
+
+fn names_in_file_by(
+    path: &Path,
+    segments: Option<&[Segment]>,
+    offsets: &[u64],
+    opts: SymbolizeOptions,
+    reader: Dwarf,
+) -> Option<Vec<Option<Resolved>>> {
     std::panic::catch_unwind(|| {
         let inner = blazesym_symbolizer(opts);
+        // The file's addresses of the offsets, by `segments` or by the
+        // file's own (u64::MAX where none holds an offset).
+        let addrs = |segments: &[Segment]| -> Vec<u64> {
+            offsets
+                .iter()
+                .map(|&o| {
+                    segments
+                        .iter()
+                        .find(|s| o >= s.offset && o - s.offset < s.filesz)
+                        .map_or(u64::MAX, |s| (o - s.offset).wrapping_add(s.vaddr))
+                })
+                .collect()
+        };
         let symbolize = |debug_syms: bool| {
             let mut elf = Elf::new(path);
             elf.debug_syms = debug_syms;
             let src = Source::Elf(elf);
             match segments {
                 None => inner.symbolize(&src, Input::FileOffset(offsets)),
-                Some(segments) => {
-                    let addrs: Vec<u64> = offsets
-                        .iter()
-                        .map(|&o| {
-                            segments
-                                .iter()
-                                .find(|s| o >= s.offset && o - s.offset < s.filesz)
-                                .map_or(u64::MAX, |s| (o - s.offset).wrapping_add(s.vaddr))
-                        })
-                        .collect();
-                    inner.symbolize(&src, Input::VirtOffset(&addrs))
-                }
+                Some(segments) => inner.symbolize(&src, Input::VirtOffset(&addrs(segments))),
             }
         };
         // Function names from the symbol tables: fully qualified, where
         // DWARF can have a bare name (Rust at debuginfo=line-tables-only).
         let mut found = resolved(symbolize(false), offsets.len(), false);
         // DWARF only for what the symbol tables lack: inlined functions
-        // and source lines.
+        // and source lines. Compressed DWARF (a distribution's debug file)
+        // is read a unit at a time where every frame has its function
+        // from the symbol tables (the general reader names the others).
         if opts.inline || opts.lines {
-            let dwarf = resolved(symbolize(true), offsets.len(), opts.lines);
+            let compressed = (reader == Dwarf::AnyReader && found.iter().all(Option::is_some))
+                .then(|| {
+                    let file = File::open(path).ok()?;
+                    let elf = crate::elf::Elf::read(&file).ok()?;
+                    let own;
+                    let segments = match segments {
+                        Some(s) => s,
+                        None => {
+                            own = elf.load_segments(&file).ok()?;
+                            &own
+                        }
+                    };
+                    compressed::find(&file, &elf, &addrs(segments))
+                })
+                .flatten();
+            let dwarf = match compressed {
+                Some(found) => found
+                    .into_iter()
+                    .map(|d| {
+                        let at = |l: Option<&compressed::Loc>| match l {
+                            Some(l) => location_text(&l.file, l.line, opts.lines),
+                            None => String::new(),
+                        };
+                        Some(Resolved {
+                            name: String::new(),
+                            offset: 0,
+                            size: None,
+                            module: None,
+                            location: at(d.location.as_ref()),
+                            inlined: d
+                                .inlined
+                                .iter()
+                                .rev()
+                                .map(|(name, l)| format!("{name}{}", at(l.as_ref())))
+                                .collect(),
+                        })
+                    })
+                    .collect(),
+                None => resolved(symbolize(true), offsets.len(), opts.lines),
+            };
             for (f, d) in found.iter_mut().zip(dwarf) {
                 match (f.as_mut(), d) {
                     (Some(f), Some(d)) => {
@@ -654,6 +719,27 @@ fn lookup_at(offset: u64, kind: AddrKind) -> u64 {
     }
 }
 
+/// ` (file.c:12)` for a frame at line 12 of `dir/file.c` (` (file.c)`
+/// where the line is not known), empty unless `lines`.
+fn location_text(
+    file: &(impl AsRef<std::ffi::OsStr> + ?Sized),
+    line: Option<u32>,
+    lines: bool,
+) -> String {
+    if !lines {
+        return String::new();
+    }
+    let file = file.as_ref();
+    let file = Path::new(file)
+        .file_name()
+        .unwrap_or(file)
+        .to_string_lossy();
+    match line {
+        Some(l) => format!(" ({file}:{l})"),
+        None => format!(" ({file})"),
+    }
+}
+
 /// (name, offset of the address into the symbol) of each result, `len`
 /// of them.
 fn resolved(
@@ -662,17 +748,8 @@ fn resolved(
     lines: bool,
 ) -> Vec<Option<Resolved>> {
     let location = |c: Option<&CodeInfo<'_>>| match c {
-        Some(c) if lines => {
-            let file = Path::new(&c.file)
-                .file_name()
-                .unwrap_or(&c.file)
-                .to_string_lossy();
-            match c.line {
-                Some(l) => format!(" ({file}:{l})"),
-                None => format!(" ({file})"),
-            }
-        }
-        _ => String::new(),
+        Some(c) => location_text(&c.file, c.line, lines),
+        None => String::new(),
     };
     match results {
         Ok(r) => r
@@ -702,6 +779,103 @@ fn resolved(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every function of libc, at its start and a few places inside it,
+    /// named the same by the unit-at-a-time reader of compressed DWARF as
+    /// by blazesym's: inlined frames and source lines (libc6-dbg, which
+    /// Debian ships compressed; under CI a machine without it fails).
+    #[test]
+    fn compressed_dwarf_reads_as_blazesym_does() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let libc = crate::process::maps::parse_maps(&maps)
+            .into_iter()
+            .find(|l| l.path.ends_with("/libc.so.6"))
+            .map(|l| PathBuf::from(l.path))
+            .expect("libc mapped");
+        let Some(debug) = crate::process::maps::debug_file(&libc) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "no debug file for {libc:?} (libc6-dbg)"
+            );
+            eprintln!("skipped: no debug file for {libc:?} (libc6-dbg)");
+            return;
+        };
+        let file = File::open(&libc).unwrap();
+        let elf = crate::elf::Elf::read(&file).unwrap();
+        let segments = elf.load_segments(&file).unwrap();
+        let dfile = File::open(&debug).unwrap();
+        let delf = crate::elf::Elf::read(&dfile).unwrap();
+        assert!(
+            delf.section(".debug_info")
+                .is_some_and(|s| s.flags & 0x800 != 0),
+            "{debug:?}: .debug_info not compressed, so not what this compares"
+        );
+        // File offsets of places in every function of the symbol table.
+        let mut offsets = Vec::new();
+        for sym in delf.function_symbols(&dfile).unwrap() {
+            for k in [0, 1, 5, 17, 40, 99, 250] {
+                if k < sym.size.max(1) {
+                    let vaddr = sym.value + k;
+                    if let Some(s) = segments
+                        .iter()
+                        .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+                    {
+                        offsets.push(vaddr - s.vaddr + s.offset);
+                    }
+                }
+            }
+        }
+        assert!(offsets.len() > 5000, "{} places", offsets.len());
+        // The reader answers for them itself (it does not leave them to
+        // blazesym's).
+        let addrs: Vec<u64> = offsets
+            .iter()
+            .map(|&o| {
+                let s = segments
+                    .iter()
+                    .find(|s| o >= s.offset && o - s.offset < s.filesz)
+                    .unwrap();
+                o - s.offset + s.vaddr
+            })
+            .collect();
+        let direct = compressed::find(&dfile, &delf, &addrs).expect("read a unit at a time");
+        assert!(direct.iter().filter(|f| !f.inlined.is_empty()).count() > 1000);
+        for opts in [
+            SymbolizeOptions {
+                inline: true,
+                lines: false,
+                ..SymbolizeOptions::default()
+            },
+            SymbolizeOptions {
+                inline: true,
+                lines: true,
+                ..SymbolizeOptions::default()
+            },
+        ] {
+            let ours = names_in_file_by(&debug, Some(&segments), &offsets, opts, Dwarf::AnyReader)
+                .unwrap();
+            let theirs =
+                names_in_file_by(&debug, Some(&segments), &offsets, opts, Dwarf::General).unwrap();
+            let mut differ = Vec::new();
+            let mut inlined = 0;
+            for ((o, a), b) in offsets.iter().zip(&ours).zip(&theirs) {
+                let a = a.as_ref().map(|r| (&r.name, &r.location, &r.inlined));
+                let b = b.as_ref().map(|r| (&r.name, &r.location, &r.inlined));
+                inlined += b.is_some_and(|b| !b.2.is_empty()) as usize;
+                if a != b {
+                    differ.push(format!("{o:#x}: {a:?} against {b:?}"));
+                }
+            }
+            assert!(inlined > 1000, "{inlined} places with inlined frames");
+            assert!(
+                differ.is_empty(),
+                "{} of {} differ, first: {:#?}",
+                differ.len(),
+                offsets.len(),
+                &differ[..differ.len().min(10)]
+            );
+        }
+    }
 
     #[test]
     fn vdso_frames_are_named() {

@@ -1,0 +1,833 @@
+//! Inlined frames and source lines from DWARF in compressed sections (the
+//! separate debug files distributions ship: libc6-dbg's `.debug_info` is
+//! 2.3 MB in the file and 5.8 MB inflated). A general DWARF reader inflates
+//! every section whole and indexes every unit, about 14 MB resident to name
+//! a handful of libc frames. Here `.debug_aranges` says which compilation
+//! units hold the addresses asked about, `.debug_info` is inflated as a
+//! stream of which only those units are kept (and the stream left once the
+//! last is read), and each unit is read on its own.
+//!
+//! The answers are those of blazesym's DWARF reader, which the caller uses
+//! for every other file: the same function by address, the same chain of
+//! inlined calls, the same line-table row and call sites. Where this reader
+//! cannot be sure of that (an address no range list places, a reference
+//! into another unit, a section it does not know how to inflate), it says
+//! so with `None`, and the caller reads the file the general way.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use gimli::{EndianSlice, LittleEndian, SectionId};
+
+use crate::elf::{Elf, Section};
+
+/// A source location: the file's name as the line table has it, and the
+/// line (None where the table says 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Loc {
+    pub file: String,
+    pub line: Option<u32>,
+}
+
+/// What DWARF says of one address: where it is (None where no line-table
+/// row covers it, and then nothing else is said) and the functions inlined
+/// there, outermost first, each with where it is in the one it was inlined
+/// into... as blazesym gives them (each inlined function carries the
+/// location inside it, the function outside them the call site of the
+/// outermost).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Found {
+    pub location: Option<Loc>,
+    pub inlined: Vec<(String, Option<Loc>)>,
+}
+
+/// `SHF_COMPRESSED`, and the one compression this reads (`ELFCOMPRESS_ZLIB`).
+const SHF_COMPRESSED: u64 = 0x800;
+const ELFCOMPRESS_ZLIB: u32 = 1;
+/// The size of an `Elf64_Chdr`.
+const CHDR_BYTES: u64 = 24;
+/// No section this reads is larger inflated (a hostile header says what it
+/// likes; the buffers grow with what actually comes out).
+const MAX_INFLATED: u64 = 1 << 30;
+/// Compressed bytes read from the file at a time, and inflated bytes made
+/// at a time.
+const CHUNK: usize = 64 << 10;
+
+/// Why this reader does not answer: the caller reads the file the general
+/// way.
+type Answer<T> = Option<T>;
+
+/// The DWARF of each of `addrs` (addresses of the file's own layout) in the
+/// ELF file `file`, or None where it cannot be read this way.
+pub(super) fn find(file: &File, elf: &Elf, addrs: &[u64]) -> Answer<Vec<Found>> {
+    if addrs.is_empty() {
+        return Some(Vec::new());
+    }
+    let info = elf.section(".debug_info")?;
+    if info.flags & SHF_COMPRESSED == 0 {
+        return None;
+    }
+    let aranges = whole(file, elf, ".debug_aranges")?;
+    let (units, aranged) = units_of(&aranges, addrs)?;
+    drop(aranges);
+    let mut wanted: Vec<u64> = units.iter().flatten().copied().collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    // An address no arange holds is in no unit only if every unit has
+    // aranges (one without is placed by its own ranges): then the whole
+    // stream is walked to see that.
+    let mut units = units;
+    let every_unit = units.iter().any(Option::is_none);
+    let (mut kept, others) =
+        inflate_units(file, elf, info, &wanted, every_unit.then_some(&aranged[..]))?;
+    let sections = Sections::read(file, elf)?;
+    // The units without aranges place addresses by their own ranges (or,
+    // without any, their line tables' sequences), as the general reader's.
+    for (offset, bytes) in others {
+        let dwarf = sections.dwarf(&bytes);
+        let header = dwarf.units().next().ok()??;
+        let unit = dwarf.unit(header).ok()?;
+        let ranges = unit_ranges(unit.unit_ref(&dwarf))?;
+        let mut holds = false;
+        for (i, &a) in addrs.iter().enumerate() {
+            if units[i].is_none() && ranges.iter().any(|&(b, e)| b <= a && a < e) {
+                units[i] = Some(offset);
+                holds = true;
+            }
+        }
+        if holds {
+            kept.push((offset, bytes));
+        }
+    }
+    let mut found = vec![Found::default(); addrs.len()];
+    for (offset, bytes) in kept {
+        let dwarf = sections.dwarf(&bytes);
+        let mut headers = dwarf.units();
+        let header = headers.next().ok()??;
+        if !matches!(header.type_(), gimli::UnitType::Compilation) {
+            return None;
+        }
+        let unit = dwarf.unit(header).ok()?;
+        let unit = unit.unit_ref(&dwarf);
+        let lines = Lines::read(unit)?;
+        let functions = functions(unit)?;
+        for (i, &addr) in addrs.iter().enumerate() {
+            if units[i] == Some(offset) {
+                found[i] = find_in_unit(unit, &lines, &functions, addr)?;
+            }
+        }
+    }
+    Some(found)
+}
+
+/// The unit (its offset in `.debug_info`) that `.debug_aranges` places each
+/// address in (None where it places it in none), and the units it gives
+/// ranges for, sorted.
+fn units_of(aranges: &[u8], addrs: &[u64]) -> Answer<(Vec<Option<u64>>, Vec<u64>)> {
+    let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
+    let mut aranged = Vec::new();
+    let mut headers = gimli::DebugAranges::new(aranges, LittleEndian).headers();
+    while let Some(h) = headers.next().ok()? {
+        let unit = h.debug_info_offset().0 as u64;
+        let mut entries = h.entries();
+        while let Some(e) = entries.next().ok()? {
+            let r = e.range();
+            if r.begin < r.end {
+                ranges.push((r.begin, r.end, unit));
+                aranged.push(unit);
+            }
+        }
+    }
+    ranges.sort_unstable();
+    aranged.sort_unstable();
+    aranged.dedup();
+    let units = addrs
+        .iter()
+        .map(|&a| {
+            let at = ranges.partition_point(|r| r.0 <= a);
+            // Ranges of different units do not overlap in a sound file;
+            // where they do, the general reader decides.
+            let mut covering = ranges[..at].iter().rev().filter(|r| a < r.1);
+            let Some(first) = covering.next() else {
+                return Some(None);
+            };
+            match covering.next() {
+                Some(other) if other.2 != first.2 => None,
+                _ => Some(Some(first.2)),
+            }
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((units, aranged))
+}
+
+/// A section's bytes, inflated if compressed; None where the file has
+/// none, or where it cannot be read.
+fn whole(file: &File, elf: &Elf, name: &str) -> Answer<Vec<u8>> {
+    let s = elf.section(name)?;
+    let raw = elf.read_section(file, s).ok()?;
+    if s.flags & SHF_COMPRESSED == 0 {
+        return Some(raw);
+    }
+    let size = chdr(&raw)?;
+    let mut out = Vec::with_capacity(size.min(64 << 20) as usize);
+    let mut z = flate2::Decompress::new(true);
+    let mut input = &raw[CHDR_BYTES as usize..];
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let (before_in, before_out) = (z.total_in(), z.total_out());
+        let status = z
+            .decompress(input, &mut chunk, flate2::FlushDecompress::None)
+            .ok()?;
+        let used = (z.total_in() - before_in) as usize;
+        let made = (z.total_out() - before_out) as usize;
+        input = &input[used..];
+        out.extend_from_slice(&chunk[..made]);
+        if out.len() as u64 > size {
+            return None;
+        }
+        match status {
+            flate2::Status::StreamEnd => break,
+            _ if used == 0 && made == 0 => return None,
+            _ => {}
+        }
+    }
+    (out.len() as u64 == size).then_some(out)
+}
+
+/// The inflated size an `Elf64_Chdr` gives, where it is zlib's and sane.
+fn chdr(raw: &[u8]) -> Answer<u64> {
+    let h = raw.get(..CHDR_BYTES as usize)?;
+    let kind = u32::from_le_bytes(h[0..4].try_into().ok()?);
+    let size = u64::from_le_bytes(h[8..16].try_into().ok()?);
+    (kind == ELFCOMPRESS_ZLIB && size <= MAX_INFLATED).then_some(size)
+}
+
+/// Units by offset, each whole.
+type Units = Vec<(u64, Vec<u8>)>;
+
+/// The units of the compressed `.debug_info` that start at `wanted`
+/// (sorted), each whole, by offset: the section inflated as a stream,
+/// read from the file a chunk at a time, the other units' bytes dropped as
+/// they pass, and left once the last wanted unit is read. None where one
+/// is not found at a unit's start. With `aranged` (sorted), the stream is
+/// read to its end, and the units not among those are kept too, apart.
+fn inflate_units(
+    file: &File,
+    elf: &Elf,
+    info: Section,
+    wanted: &[u64],
+    aranged: Option<&[u64]>,
+) -> Answer<(Units, Units)> {
+    let (start, len) = elf.section_extent(info)?;
+    let mut head = [0u8; CHDR_BYTES as usize];
+    file.read_exact_at(&mut head, start).ok()?;
+    let size = chdr(&head)?;
+    let mut split = Splitter::new(wanted, size, aranged);
+    let mut z = flate2::Decompress::new(true);
+    let mut input = vec![0u8; CHUNK];
+    let mut chunk = vec![0u8; CHUNK];
+    let mut at = start + CHDR_BYTES;
+    let end = start + len;
+    let (mut filled, mut used) = (0usize, 0usize);
+    loop {
+        if used == filled && at < end {
+            let n = (end - at).min(CHUNK as u64) as usize;
+            file.read_exact_at(&mut input[..n], at).ok()?;
+            at += n as u64;
+            (filled, used) = (n, 0);
+        }
+        let (before_in, before_out) = (z.total_in(), z.total_out());
+        let status = z
+            .decompress(
+                &input[used..filled],
+                &mut chunk,
+                flate2::FlushDecompress::None,
+            )
+            .ok()?;
+        let took = (z.total_in() - before_in) as usize;
+        let made = (z.total_out() - before_out) as usize;
+        used += took;
+        if split.feed(&chunk[..made])? {
+            return Some((split.kept, split.others));
+        }
+        match status {
+            flate2::Status::StreamEnd => return split.ended(),
+            _ if took == 0 && made == 0 && at >= end => return None,
+            _ => {}
+        }
+    }
+}
+
+/// Splits the inflated `.debug_info` into its units as it comes, keeping
+/// the wanted ones.
+struct Splitter<'a> {
+    wanted: &'a [u64],
+    /// Where the units not among these are kept too: to the stream's end.
+    aranged: Option<&'a [u64]>,
+    /// The inflated size the section's header gives: no unit ends past it.
+    size: u64,
+    /// Offset of the next byte fed.
+    pos: u64,
+    /// The current unit's start, and its end once its length is read.
+    unit: u64,
+    end: Option<u64>,
+    /// The current unit's length field, as it comes.
+    length: Vec<u8>,
+    /// The current unit's bytes so far, where it is kept, and whether
+    /// among the others.
+    keeping: Option<(Vec<u8>, bool)>,
+    kept: Units,
+    others: Units,
+}
+
+impl<'a> Splitter<'a> {
+    fn new(wanted: &'a [u64], size: u64, aranged: Option<&'a [u64]>) -> Self {
+        Splitter {
+            wanted,
+            aranged,
+            size,
+            pos: 0,
+            unit: 0,
+            end: None,
+            length: Vec::with_capacity(12),
+            keeping: None,
+            kept: Vec::new(),
+            others: Vec::new(),
+        }
+    }
+
+    /// Takes the next inflated bytes: Some(true) once every wanted unit is
+    /// kept, None where the units' lengths do not add up.
+    fn feed(&mut self, mut data: &[u8]) -> Answer<bool> {
+        while !data.is_empty() {
+            let Some(end) = self.end else {
+                self.length.push(data[0]);
+                data = &data[1..];
+                self.pos += 1;
+                self.end = self.unit_end()?;
+                if let Some(end) = self.end {
+                    let other = self
+                        .aranged
+                        .is_some_and(|u| u.binary_search(&self.unit).is_err());
+                    if other || self.wanted.binary_search(&self.unit).is_ok() {
+                        let mut bytes =
+                            Vec::with_capacity((end - self.unit).min(16 << 20) as usize);
+                        bytes.extend_from_slice(&self.length);
+                        self.keeping = Some((bytes, other));
+                    }
+                }
+                continue;
+            };
+            let n = ((end - self.pos) as usize).min(data.len());
+            if let Some((bytes, _)) = self.keeping.as_mut() {
+                bytes.extend_from_slice(&data[..n]);
+            }
+            data = &data[n..];
+            self.pos += n as u64;
+            if self.pos == end {
+                match self.keeping.take() {
+                    Some((bytes, true)) => self.others.push((self.unit, bytes)),
+                    Some((bytes, false)) => {
+                        self.kept.push((self.unit, bytes));
+                        if self.kept.len() == self.wanted.len() && self.aranged.is_none() {
+                            return Some(true);
+                        }
+                    }
+                    None => {}
+                }
+                self.unit = end;
+                self.end = None;
+                self.length.clear();
+            }
+        }
+        Some(false)
+    }
+
+    /// At the stream's end: the units kept, if they are all that were
+    /// wanted and the stream ends where a unit does.
+    fn ended(self) -> Answer<(Units, Units)> {
+        let whole = self.end.is_none() && self.length.is_empty() && self.pos == self.size;
+        (whole && self.kept.len() == self.wanted.len()).then_some((self.kept, self.others))
+    }
+
+    /// The current unit's end, once its length field is whole (4 bytes,
+    /// or 12 for 64-bit DWARF); Some(None) while it is not.
+    fn unit_end(&self) -> Answer<Option<u64>> {
+        let l = &self.length;
+        let body = match l.len() {
+            4 => match u32::from_le_bytes(l[..4].try_into().ok()?) {
+                0xffff_ffff => return Some(None),
+                n if n >= 0xffff_fff0 => return None,
+                n => 4 + n as u64,
+            },
+            12 => 12 + u64::from_le_bytes(l[4..12].try_into().ok()?),
+            _ => return Some(None),
+        };
+        let end = self.unit.checked_add(body)?;
+        (end <= self.size).then_some(Some(end))
+    }
+}
+
+/// The sections other than `.debug_info` a unit refers to, inflated whole
+/// (together about a third of `.debug_info` in libc6-dbg).
+struct Sections {
+    abbrev: Vec<u8>,
+    line: Vec<u8>,
+    line_str: Vec<u8>,
+    str: Vec<u8>,
+    str_offsets: Vec<u8>,
+    addr: Vec<u8>,
+    ranges: Vec<u8>,
+    rnglists: Vec<u8>,
+}
+
+impl Sections {
+    fn read(file: &File, elf: &Elf) -> Answer<Sections> {
+        // A section the file lacks is empty; one it has that cannot be
+        // read is a reason not to answer.
+        let read = |name: &str| match elf.section(name) {
+            None => Some(Vec::new()),
+            Some(_) => whole(file, elf, name),
+        };
+        Some(Sections {
+            abbrev: read(".debug_abbrev")?,
+            line: read(".debug_line")?,
+            line_str: read(".debug_line_str")?,
+            str: read(".debug_str")?,
+            str_offsets: read(".debug_str_offsets")?,
+            addr: read(".debug_addr")?,
+            ranges: read(".debug_ranges")?,
+            rnglists: read(".debug_rnglists")?,
+        })
+    }
+
+    /// These sections, with `unit` as the whole of `.debug_info` (its
+    /// offsets within the unit are its own, as they are in the file).
+    fn dwarf<'a>(&'a self, unit: &'a [u8]) -> gimli::Dwarf<EndianSlice<'a, LittleEndian>> {
+        let none: Result<_, ()> = gimli::Dwarf::load(|id| {
+            let bytes: &[u8] = match id {
+                SectionId::DebugInfo => unit,
+                SectionId::DebugAbbrev => &self.abbrev,
+                SectionId::DebugLine => &self.line,
+                SectionId::DebugLineStr => &self.line_str,
+                SectionId::DebugStr => &self.str,
+                SectionId::DebugStrOffsets => &self.str_offsets,
+                SectionId::DebugAddr => &self.addr,
+                SectionId::DebugRanges => &self.ranges,
+                SectionId::DebugRngLists => &self.rnglists,
+                _ => &[],
+            };
+            Ok(EndianSlice::new(bytes, LittleEndian))
+        });
+        match none {
+            Ok(d) => d,
+            Err(()) => unreachable!("the loader does not fail"),
+        }
+    }
+}
+
+type R<'a> = EndianSlice<'a, LittleEndian>;
+type UnitRef<'u, 'a> = gimli::UnitRef<'u, R<'a>>;
+
+/// A unit's line table: its sequences (start, end, rows of address, file
+/// index and line, one row per address: the last for it), sorted, and the
+/// program's header for file names.
+struct Lines<'a> {
+    sequences: Vec<(u64, u64, Vec<(u64, u64, u32)>)>,
+    header: Option<gimli::LineProgramHeader<R<'a>>>,
+}
+
+impl<'a> Lines<'a> {
+    fn read(unit: UnitRef<'_, 'a>) -> Answer<Lines<'a>> {
+        let Some(program) = unit.line_program.clone() else {
+            return Some(Lines {
+                sequences: Vec::new(),
+                header: None,
+            });
+        };
+        let mut sequences = Vec::new();
+        let mut rows: Vec<(u64, u64, u32)> = Vec::new();
+        let mut program_rows = program.rows();
+        while let Some((_, row)) = program_rows.next_row().ok()? {
+            if row.end_sequence() {
+                if let Some(&(start, _, _)) = rows.first() {
+                    sequences.push((start, row.address(), std::mem::take(&mut rows)));
+                }
+                continue;
+            }
+            let line = row.line().map_or(0, |l| l.get() as u32);
+            match rows.last_mut() {
+                Some(last) if last.0 == row.address() => {
+                    *last = (row.address(), row.file_index(), line)
+                }
+                _ => rows.push((row.address(), row.file_index(), line)),
+            }
+        }
+        sequences.sort_unstable_by_key(|s| s.0);
+        Some(Lines {
+            sequences,
+            header: Some(program_rows.header().clone()),
+        })
+    }
+
+    /// The row covering `addr`: its file index and line.
+    fn row(&self, addr: u64) -> Option<(u64, u32)> {
+        let s = self
+            .sequences
+            .binary_search_by(|s| {
+                if addr < s.0 {
+                    std::cmp::Ordering::Greater
+                } else if addr >= s.1 {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
+            .ok()?;
+        let rows = &self.sequences[s].2;
+        let i = match rows.binary_search_by_key(&addr, |r| r.0) {
+            Ok(i) => i,
+            Err(0) => return None,
+            Err(i) => i - 1,
+        };
+        Some((rows[i].1, rows[i].2))
+    }
+
+    /// The name of file `index` of the table (empty for index 0 where the
+    /// table has no such entry, as in DWARF 4); None where there is none.
+    fn file(&self, unit: UnitRef<'_, 'a>, index: u64) -> Answer<Option<String>> {
+        let Some(header) = &self.header else {
+            return Some(None);
+        };
+        // The entries are numbered without a gap: one past a missing one
+        // is not a file either.
+        if (1..index).any(|i| header.file(i).is_none()) {
+            return Some(None);
+        }
+        match header.file(index) {
+            Some(f) => {
+                let name = unit.attr_string(f.path_name()).ok()?;
+                Some(Some(name.to_string_lossy().into_owned()))
+            }
+            None if index == 0 => Some(Some(String::new())),
+            None => Some(None),
+        }
+    }
+
+    fn loc(&self, unit: UnitRef<'_, 'a>, file: u64, line: u32) -> Answer<Option<Loc>> {
+        Some(self.file(unit, file)?.map(|file| Loc {
+            file,
+            line: (line != 0).then_some(line),
+        }))
+    }
+}
+
+/// The ranges of an entry (low and high pc, or a range list), each begun
+/// before it ends.
+#[derive(Default)]
+struct Ranges {
+    low: Option<u64>,
+    high: Option<u64>,
+    size: Option<u64>,
+    list: Option<gimli::RangeListsOffset>,
+}
+
+impl Ranges {
+    /// Notes `attr` if it is one of the range attributes; whether it was.
+    fn note<'a>(&mut self, unit: UnitRef<'_, 'a>, attr: &gimli::Attribute<R<'a>>) -> Answer<bool> {
+        use gimli::AttributeValue as V;
+        match (attr.name(), attr.value()) {
+            (gimli::DW_AT_low_pc, V::Addr(a)) => self.low = Some(a),
+            (gimli::DW_AT_low_pc, V::DebugAddrIndex(i)) => self.low = Some(unit.address(i).ok()?),
+            (gimli::DW_AT_high_pc, V::Addr(a)) => self.high = Some(a),
+            (gimli::DW_AT_high_pc, V::DebugAddrIndex(i)) => self.high = Some(unit.address(i).ok()?),
+            (gimli::DW_AT_high_pc, V::Udata(n)) => self.size = Some(n),
+            (gimli::DW_AT_ranges, v) => self.list = unit.attr_ranges_offset(v).ok()?,
+            (gimli::DW_AT_low_pc | gimli::DW_AT_high_pc, _) => {}
+            _ => return Some(false),
+        }
+        Some(true)
+    }
+
+    fn each(&self, unit: UnitRef<'_, '_>, mut f: impl FnMut(u64, u64)) -> Answer<()> {
+        if let Some(list) = self.list {
+            let mut ranges = unit.ranges(list).ok()?;
+            while let Some(r) = ranges.next().ok()? {
+                if r.begin < r.end {
+                    f(r.begin, r.end);
+                }
+            }
+        } else if let (Some(low), Some(high)) = (self.low, self.high) {
+            if low < high {
+                f(low, high);
+            }
+        } else if let (Some(low), Some(size)) = (self.low, self.size) {
+            let high = low.wrapping_add(size);
+            if low < high {
+                f(low, high);
+            }
+        }
+        Some(())
+    }
+}
+
+/// The ranges of a unit's code: its own entry's, else its line table's
+/// sequences.
+fn unit_ranges(unit: UnitRef<'_, '_>) -> Answer<Vec<(u64, u64)>> {
+    let mut entries = unit.entries_raw(None).ok()?;
+    let abbrev = entries.read_abbreviation().ok()??;
+    let mut ranges = Ranges::default();
+    for spec in abbrev.attributes() {
+        let attr = entries.read_attribute(*spec).ok()?;
+        ranges.note(unit, &attr)?;
+    }
+    let mut found = Vec::new();
+    ranges.each(unit, |b, e| found.push((b, e)))?;
+    if found.is_empty() {
+        let lines = Lines::read(unit)?;
+        found.extend(lines.sequences.iter().map(|s| (s.0, s.1)));
+    }
+    Some(found)
+}
+
+/// The unit's functions (`DW_TAG_subprogram` entries with code, at any
+/// depth): each range as (begin, end, the entry's offset), by begin.
+fn functions(unit: UnitRef<'_, '_>) -> Answer<Vec<(u64, u64, gimli::UnitOffset)>> {
+    let mut found = Vec::new();
+    let mut entries = unit.entries_raw(None).ok()?;
+    while !entries.is_empty() {
+        let offset = entries.next_offset();
+        let Some(abbrev) = entries.read_abbreviation().ok()? else {
+            continue;
+        };
+        if abbrev.tag() != gimli::DW_TAG_subprogram {
+            entries.skip_attributes(abbrev.attributes()).ok()?;
+            continue;
+        }
+        let mut ranges = Ranges::default();
+        for spec in abbrev.attributes() {
+            let attr = entries.read_attribute(*spec).ok()?;
+            ranges.note(unit, &attr)?;
+            refuse_other_units(&attr)?;
+        }
+        ranges.each(unit, |b, e| found.push((b, e, offset)))?;
+    }
+    found.sort_unstable_by_key(|f| f.0);
+    Some(found)
+}
+
+/// None for a reference into another unit (or another file): this
+/// reader holds one unit at a time.
+fn refuse_other_units(attr: &gimli::Attribute<R<'_>>) -> Answer<()> {
+    match attr.value() {
+        gimli::AttributeValue::DebugInfoRef(_)
+        | gimli::AttributeValue::DebugInfoRefSup(_)
+        | gimli::AttributeValue::DebugTypesRef(_) => None,
+        _ => Some(()),
+    }
+}
+
+/// The name of the entry at `offset`: its linkage name, else its name,
+/// else that of the entry it is an instance or the definition of, at most
+/// `depth` references away.
+fn name_at(unit: UnitRef<'_, '_>, offset: gimli::UnitOffset, depth: u32) -> Answer<Option<String>> {
+    if depth == 0 {
+        return Some(None);
+    }
+    let mut entries = unit.entries_raw(Some(offset)).ok()?;
+    let abbrev = entries.read_abbreviation().ok()??;
+    let (mut name, mut next) = (None, None);
+    for spec in abbrev.attributes() {
+        let attr = entries.read_attribute(*spec).ok()?;
+        refuse_other_units(&attr)?;
+        match attr.name() {
+            gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
+                if let Ok(s) = unit.attr_string(attr.value()) {
+                    return Some(Some(s.to_string_lossy().into_owned()));
+                }
+            }
+            gimli::DW_AT_name => {
+                if let Ok(s) = unit.attr_string(attr.value()) {
+                    name = Some(s.to_string_lossy().into_owned());
+                }
+            }
+            gimli::DW_AT_abstract_origin | gimli::DW_AT_specification => next = Some(attr.value()),
+            _ => {}
+        }
+    }
+    if name.is_some() {
+        return Some(name);
+    }
+    match next {
+        Some(gimli::AttributeValue::UnitRef(o)) => name_at(unit, o, depth - 1),
+        _ => Some(None),
+    }
+}
+
+/// An inlined call: the name of what was inlined, its call site (file
+/// index and line), how deep it is, and its ranges.
+struct Inlined {
+    name: Option<String>,
+    call_file: Option<u64>,
+    call_line: u32,
+    depth: usize,
+    ranges: Vec<(u64, u64)>,
+}
+
+/// The calls inlined in the function at `offset`, at every depth (through
+/// lexical blocks; not into functions defined within it).
+fn inlined_in(unit: UnitRef<'_, '_>, offset: gimli::UnitOffset) -> Answer<Vec<Inlined>> {
+    let mut entries = unit.entries_raw(Some(offset)).ok()?;
+    let top = entries.next_depth();
+    let abbrev = entries.read_abbreviation().ok()??;
+    entries.skip_attributes(abbrev.attributes()).ok()?;
+    let mut found = Vec::new();
+    // The depth in the tree of each open inlined call, innermost last.
+    let mut open: Vec<isize> = Vec::new();
+    // Below this depth, a nested function's entries, skipped.
+    let mut skipping: Option<isize> = None;
+    while entries.next_depth() > top {
+        let depth = entries.next_depth();
+        let Some(abbrev) = entries.read_abbreviation().ok()? else {
+            continue;
+        };
+        if skipping.is_some_and(|d| depth > d) {
+            entries.skip_attributes(abbrev.attributes()).ok()?;
+            continue;
+        }
+        skipping = None;
+        while open.last().is_some_and(|&d| d >= depth) {
+            open.pop();
+        }
+        match abbrev.tag() {
+            gimli::DW_TAG_subprogram => {
+                entries.skip_attributes(abbrev.attributes()).ok()?;
+                skipping = Some(depth);
+            }
+            gimli::DW_TAG_inlined_subroutine => {
+                let mut ranges = Ranges::default();
+                let mut name = None;
+                let (mut call_file, mut call_line) = (None, 0);
+                for spec in abbrev.attributes() {
+                    let attr = entries.read_attribute(*spec).ok()?;
+                    refuse_other_units(&attr)?;
+                    if ranges.note(unit, &attr)? {
+                        continue;
+                    }
+                    match attr.name() {
+                        gimli::DW_AT_linkage_name | gimli::DW_AT_MIPS_linkage_name => {
+                            if let Ok(s) = unit.attr_string(attr.value()) {
+                                name = Some(s.to_string_lossy().into_owned());
+                            }
+                        }
+                        gimli::DW_AT_name if name.is_none() => {
+                            name = unit
+                                .attr_string(attr.value())
+                                .ok()
+                                .map(|s| s.to_string_lossy().into_owned());
+                        }
+                        gimli::DW_AT_abstract_origin | gimli::DW_AT_specification
+                            if name.is_none() =>
+                        {
+                            if let gimli::AttributeValue::UnitRef(o) = attr.value() {
+                                name = name_at(unit, o, 16)?;
+                            }
+                        }
+                        gimli::DW_AT_call_file => {
+                            if let gimli::AttributeValue::FileIndex(f) = attr.value() {
+                                if f > 0 || unit.header.version() >= 5 {
+                                    call_file = Some(f);
+                                }
+                            }
+                        }
+                        gimli::DW_AT_call_line => {
+                            call_line = attr.udata_value().unwrap_or(0) as u32
+                        }
+                        _ => {}
+                    }
+                }
+                let mut rs = Vec::new();
+                ranges.each(unit, |b, e| rs.push((b, e)))?;
+                found.push(Inlined {
+                    name,
+                    call_file,
+                    call_line,
+                    depth: open.len(),
+                    ranges: rs,
+                });
+                open.push(depth);
+            }
+            _ => entries.skip_attributes(abbrev.attributes()).ok()?,
+        }
+    }
+    Some(found)
+}
+
+/// What the unit says of `addr`.
+fn find_in_unit<'a>(
+    unit: UnitRef<'_, 'a>,
+    lines: &Lines<'a>,
+    functions: &[(u64, u64, gimli::UnitOffset)],
+    addr: u64,
+) -> Answer<Found> {
+    let Some((file, line)) = lines.row(addr) else {
+        return Some(Found::default());
+    };
+    let mut location = lines.loc(unit, file, line)?;
+    let Some(function) = covering(functions, addr) else {
+        return Some(Found {
+            location,
+            inlined: Vec::new(),
+        });
+    };
+    let calls = inlined_in(unit, function)?;
+    // The chain of calls covering addr, outermost first: at each depth, the
+    // one whose range holds it.
+    let mut chain: Vec<&Inlined> = Vec::new();
+    while let Some(c) = calls
+        .iter()
+        .find(|c| c.depth == chain.len() && c.ranges.iter().any(|&(b, e)| b <= addr && addr < e))
+    {
+        chain.push(c);
+    }
+    let mut inlined: Vec<(String, Option<Loc>)> = Vec::with_capacity(chain.len());
+    for c in chain {
+        let mut at = match c.call_file {
+            Some(f) => lines.loc(unit, f, c.call_line)?.map(|mut l| {
+                // A call site's line is kept as given, 0 included.
+                l.line = Some(c.call_line);
+                l
+            }),
+            None => None,
+        };
+        // Each location moves up a level: the function outside gets the
+        // call site of the outermost inlined call, each call that of the
+        // one inside it, and the innermost the address's own row.
+        match inlined.last_mut() {
+            Some(last) => std::mem::swap(&mut at, &mut last.1),
+            None => {
+                if let (Some(a), Some(l)) = (at.as_mut(), location.as_mut()) {
+                    std::mem::swap(a, l);
+                }
+            }
+        }
+        inlined.push((c.name.clone().unwrap_or_default(), at));
+    }
+    Some(Found { location, inlined })
+}
+
+/// The entry of the function whose range holds `addr`.
+fn covering(functions: &[(u64, u64, gimli::UnitOffset)], addr: u64) -> Option<gimli::UnitOffset> {
+    functions
+        .binary_search_by(|&(b, e, _)| {
+            if addr < b {
+                std::cmp::Ordering::Greater
+            } else if addr >= e {
+                std::cmp::Ordering::Less
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .ok()
+        .map(|i| functions[i].2)
+}
