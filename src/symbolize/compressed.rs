@@ -432,8 +432,11 @@ type UnitRef<'u, 'a> = gimli::UnitRef<'u, R<'a>>;
 /// A unit's line table: its sequences (start, end, rows of address, file
 /// index and line, one row per address: the last for it), sorted, and the
 /// program's header for file names.
+/// A line-table row: address, file index, line.
+type Row = (u64, u64, u32);
+
 struct Lines<'a> {
-    sequences: Vec<(u64, u64, Vec<(u64, u64, u32)>)>,
+    sequences: Vec<(u64, u64, Vec<Row>)>,
     header: Option<gimli::LineProgramHeader<R<'a>>>,
 }
 
@@ -446,7 +449,7 @@ impl<'a> Lines<'a> {
             });
         };
         let mut sequences = Vec::new();
-        let mut rows: Vec<(u64, u64, u32)> = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
         let mut program_rows = program.rows();
         while let Some((_, row)) = program_rows.next_row().ok()? {
             if row.end_sequence() {
