@@ -78,30 +78,33 @@ pub(super) fn find(file: &File, elf: &Elf, addrs: &[u64]) -> Answer<Vec<Found>> 
     // stream is walked to see that.
     let mut units = units;
     let every_unit = units.iter().any(Option::is_none);
-    let (mut kept, others) =
+    let (kept, others) =
         inflate_units(file, elf, info, &wanted, every_unit.then_some(&aranged[..]))?;
     let sections = Sections::read(file, elf)?;
+    let mut kept = pieces(file, elf, kept)?;
     // The units without aranges place addresses by their own ranges (or,
     // without any, their line tables' sequences), as the general reader's.
-    for (offset, bytes) in others {
-        let dwarf = sections.dwarf(&bytes);
+    for piece in pieces(file, elf, others)? {
+        let dwarf = sections.dwarf(&piece);
         let header = dwarf.units().next().ok()??;
         let unit = dwarf.unit(header).ok()?;
         let ranges = unit_ranges(unit.unit_ref(&dwarf))?;
         let mut holds = false;
         for (i, &a) in addrs.iter().enumerate() {
             if units[i].is_none() && ranges.iter().any(|&(b, e)| b <= a && a < e) {
-                units[i] = Some(offset);
+                units[i] = Some(piece.offset);
                 holds = true;
             }
         }
+        drop(dwarf);
         if holds {
-            kept.push((offset, bytes));
+            kept.push(piece);
         }
     }
     let mut found = vec![Found::default(); addrs.len()];
-    for (offset, bytes) in kept {
-        let dwarf = sections.dwarf(&bytes);
+    for piece in &kept {
+        let offset = piece.offset;
+        let dwarf = sections.dwarf(piece);
         let mut headers = dwarf.units();
         let header = headers.next().ok()??;
         if !matches!(header.type_(), gimli::UnitType::Compilation) {
@@ -368,11 +371,10 @@ impl<'a> Splitter<'a> {
     }
 }
 
-/// The sections other than `.debug_info` a unit refers to, inflated whole
-/// (together about a third of `.debug_info` in libc6-dbg).
+/// The small sections a unit refers to, inflated whole (together under
+/// half a MB in libc6-dbg; `.debug_abbrev` and `.debug_line` are ten
+/// times that, and are read a unit's part at a time, see [`pieces`]).
 struct Sections {
-    abbrev: Vec<u8>,
-    line: Vec<u8>,
     line_str: Vec<u8>,
     str: Vec<u8>,
     str_offsets: Vec<u8>,
@@ -390,8 +392,6 @@ impl Sections {
             Some(_) => whole(file, elf, name),
         };
         Some(Sections {
-            abbrev: read(".debug_abbrev")?,
-            line: read(".debug_line")?,
             line_str: read(".debug_line_str")?,
             str: read(".debug_str")?,
             str_offsets: read(".debug_str_offsets")?,
@@ -401,14 +401,16 @@ impl Sections {
         })
     }
 
-    /// These sections, with `unit` as the whole of `.debug_info` (its
-    /// offsets within the unit are its own, as they are in the file).
-    fn dwarf<'a>(&'a self, unit: &'a [u8]) -> gimli::Dwarf<EndianSlice<'a, LittleEndian>> {
+    /// These sections, with `piece` as the whole of `.debug_info`,
+    /// `.debug_abbrev` and `.debug_line` (its offsets within the unit are
+    /// its own, as they are in the file; those of its abbreviations and line
+    /// table are 0 in its copy).
+    fn dwarf<'a>(&'a self, piece: &'a Piece) -> gimli::Dwarf<EndianSlice<'a, LittleEndian>> {
         let none: Result<_, ()> = gimli::Dwarf::load(|id| {
             let bytes: &[u8] = match id {
-                SectionId::DebugInfo => unit,
-                SectionId::DebugAbbrev => &self.abbrev,
-                SectionId::DebugLine => &self.line,
+                SectionId::DebugInfo => &piece.info,
+                SectionId::DebugAbbrev => &piece.abbrev,
+                SectionId::DebugLine => &piece.line,
                 SectionId::DebugLineStr => &self.line_str,
                 SectionId::DebugStr => &self.str,
                 SectionId::DebugStrOffsets => &self.str_offsets,
@@ -422,6 +424,265 @@ impl Sections {
         match none {
             Ok(d) => d,
             Err(()) => unreachable!("the loader does not fail"),
+        }
+    }
+}
+
+/// A unit, with its abbreviations and its line table: the three as
+/// sections of their own, the unit's references to the other two
+/// rewritten to 0.
+struct Piece {
+    offset: u64,
+    info: Vec<u8>,
+    abbrev: Vec<u8>,
+    line: Vec<u8>,
+}
+
+/// Each unit with its abbreviations and line table, read from the
+/// sections as streams (see [`spans`]).
+fn pieces(file: &File, elf: &Elf, units: Units) -> Answer<Vec<Piece>> {
+    if units.is_empty() {
+        return Some(Vec::new());
+    }
+    // Where each unit's abbreviations are; 0 in its copy.
+    let mut at = Vec::with_capacity(units.len());
+    let mut units = units;
+    for (_, info) in units.iter_mut() {
+        let field = abbrev_field(info)?;
+        let offset = u32::from_le_bytes(info.get(field..field + 4)?.try_into().ok()?);
+        info[field..field + 4].fill(0);
+        at.push(offset as u64);
+    }
+    let abbrevs = spans(file, elf, ".debug_abbrev", &at, abbrev_table_len)?;
+    // Where each unit's line table is (None where it has none); 0 in its
+    // copy.
+    let mut pieces = Vec::with_capacity(units.len());
+    let mut lines = Vec::new();
+    for ((offset, mut info), a) in units.into_iter().zip(at) {
+        let abbrev = abbrevs.iter().find(|s| s.0 == a)?.1.clone();
+        let stmt = stmt_list(&info, &abbrev)?;
+        if let Some((field, line)) = stmt {
+            info[field..field + 4].fill(0);
+            lines.push(line);
+        }
+        pieces.push((
+            Piece {
+                offset,
+                info,
+                abbrev,
+                line: Vec::new(),
+            },
+            stmt.map(|s| s.1),
+        ));
+    }
+    let tables = spans(file, elf, ".debug_line", &lines, length_prefixed)?;
+    pieces
+        .into_iter()
+        .map(|(mut piece, line)| {
+            if let Some(line) = line {
+                piece.line = tables.iter().find(|s| s.0 == line)?.1.clone();
+            }
+            Some(piece)
+        })
+        .collect()
+}
+
+/// Where a unit's header holds its abbreviations' offset: a 32-bit unit
+/// of DWARF 2 to 4, or a compilation unit of DWARF 5.
+fn abbrev_field(info: &[u8]) -> Answer<usize> {
+    if info.get(..4)? == [0xff; 4] {
+        return None;
+    }
+    match u16::from_le_bytes(info.get(4..6)?.try_into().ok()?) {
+        2..=4 => Some(6),
+        // DW_UT_compile
+        5 if *info.get(6)? == 1 => Some(8),
+        _ => None,
+    }
+}
+
+/// Where the unit's first entry holds its `DW_AT_stmt_list` (4 bytes),
+/// and the line table's offset it gives; None inside where it has none.
+fn stmt_list(info: &[u8], abbrev: &[u8]) -> Answer<Option<(usize, u64)>> {
+    let header = gimli::DebugInfo::new(info, LittleEndian)
+        .units()
+        .next()
+        .ok()??;
+    let abbrevs = header
+        .abbreviations(&gimli::DebugAbbrev::new(abbrev, LittleEndian))
+        .ok()?;
+    let mut entries = header.entries_raw(&abbrevs, None).ok()?;
+    let first = entries.read_abbreviation().ok()??;
+    for spec in first.attributes() {
+        let field = entries.next_offset().0;
+        let attr = entries.read_attribute(*spec).ok()?;
+        if attr.name() != gimli::DW_AT_stmt_list {
+            continue;
+        }
+        if !matches!(
+            spec.form(),
+            gimli::DW_FORM_sec_offset | gimli::DW_FORM_data4
+        ) {
+            return None;
+        }
+        return match attr.value() {
+            gimli::AttributeValue::DebugLineRef(o) => Some(Some((field, o.0 as u64))),
+            gimli::AttributeValue::Data4(o) => Some(Some((field, o as u64))),
+            gimli::AttributeValue::SecOffset(o) => Some(Some((field, o as u64))),
+            _ => None,
+        };
+    }
+    Some(None)
+}
+
+/// The bytes from each of `starts` of section `name` to the end of what
+/// begins there, as `len` tells (None: malformed; Some(None): more bytes
+/// needed): the section inflated as a stream (where compressed) and left
+/// once the last is whole.
+fn spans(
+    file: &File,
+    elf: &Elf,
+    name: &str,
+    starts: &[u64],
+    len: fn(&[u8]) -> Answer<Option<usize>>,
+) -> Answer<Units> {
+    let mut starts = starts.to_vec();
+    starts.sort_unstable();
+    starts.dedup();
+    let s = elf.section(name)?;
+    let mut done = Vec::with_capacity(starts.len());
+    if s.flags & SHF_COMPRESSED == 0 {
+        let all = elf.read_section(file, s).ok()?;
+        for &st in &starts {
+            let rest = all.get(st as usize..)?;
+            let n = len(rest)??;
+            done.push((st, rest[..n].to_vec()));
+        }
+        return Some(done);
+    }
+    let (start, size) = elf.section_extent(s)?;
+    let mut head = [0u8; CHDR_BYTES as usize];
+    file.read_exact_at(&mut head, start).ok()?;
+    let inflated = chdr(&head)?;
+    let mut z = flate2::Decompress::new(true);
+    let mut input = vec![0u8; CHUNK];
+    let mut chunk = vec![0u8; CHUNK];
+    let (mut at, end) = (start + CHDR_BYTES, start + size);
+    let (mut filled, mut used) = (0usize, 0usize);
+    let (mut pos, mut next) = (0u64, 0usize);
+    let mut open: Vec<(u64, Vec<u8>)> = Vec::new();
+    loop {
+        if used == filled && at < end {
+            let n = (end - at).min(CHUNK as u64) as usize;
+            file.read_exact_at(&mut input[..n], at).ok()?;
+            at += n as u64;
+            (filled, used) = (n, 0);
+        }
+        let (before_in, before_out) = (z.total_in(), z.total_out());
+        let status = z
+            .decompress(
+                &input[used..filled],
+                &mut chunk,
+                flate2::FlushDecompress::None,
+            )
+            .ok()?;
+        let took = (z.total_in() - before_in) as usize;
+        let made = (z.total_out() - before_out) as usize;
+        used += took;
+        let bytes = &chunk[..made];
+        for (_, b) in open.iter_mut() {
+            b.extend_from_slice(bytes);
+        }
+        while next < starts.len() && starts[next] < pos + made as u64 {
+            open.push((
+                starts[next],
+                bytes[(starts[next] - pos) as usize..].to_vec(),
+            ));
+            next += 1;
+        }
+        pos += made as u64;
+        let mut i = 0;
+        while i < open.len() {
+            match len(&open[i].1)? {
+                Some(n) if n <= open[i].1.len() => {
+                    let (st, mut b) = open.swap_remove(i);
+                    b.truncate(n);
+                    done.push((st, b));
+                }
+                _ if open[i].1.len() as u64 > inflated => return None,
+                _ => i += 1,
+            }
+        }
+        if next == starts.len() && open.is_empty() {
+            return Some(done);
+        }
+        match status {
+            flate2::Status::StreamEnd => return None,
+            _ if took == 0 && made == 0 && at >= end => return None,
+            _ => {}
+        }
+    }
+}
+
+/// The length of a unit-like record (a line table): its 32-bit length
+/// field and what it counts.
+fn length_prefixed(b: &[u8]) -> Answer<Option<usize>> {
+    let Some(l) = b.get(..4) else {
+        return Some(None);
+    };
+    match u32::from_le_bytes(l.try_into().ok()?) {
+        n if n >= 0xffff_fff0 => None,
+        n => Some(Some(4 + n as usize)),
+    }
+}
+
+/// The length of the abbreviation table `b` begins with: declarations
+/// (code, tag, children, then name and form pairs up to 0, 0, with a value
+/// after each `DW_FORM_implicit_const`) up to a 0 code.
+fn abbrev_table_len(b: &[u8]) -> Answer<Option<usize>> {
+    let mut at = 0;
+    // A LEB128 number's length at `at`; None where b ends within it.
+    let leb = |at: usize| -> Option<(u64, usize)> {
+        let mut v = 0u64;
+        for (i, &byte) in b.get(at..)?.iter().enumerate().take(10) {
+            v |= ((byte & 0x7f) as u64) << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some((v, i + 1));
+            }
+        }
+        None
+    };
+    loop {
+        let Some((code, n)) = leb(at) else {
+            return Some(None);
+        };
+        at += n;
+        if code == 0 {
+            return Some(Some(at));
+        }
+        let Some((_, n)) = leb(at) else {
+            return Some(None);
+        };
+        // The tag, and the children byte.
+        at += n + 1;
+        loop {
+            let Some((name, n)) = leb(at) else {
+                return Some(None);
+            };
+            at += n;
+            let Some((form, n)) = leb(at) else {
+                return Some(None);
+            };
+            at += n;
+            if name == 0 && form == 0 {
+                break;
+            }
+            if form == gimli::DW_FORM_implicit_const.0 as u64 {
+                let Some((_, n)) = leb(at) else {
+                    return Some(None);
+                };
+                at += n;
+            }
         }
     }
 }
