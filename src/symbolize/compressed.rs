@@ -167,34 +167,93 @@ fn units_of(aranges: &[u8], addrs: &[u64]) -> Answer<(Vec<Option<u64>>, Vec<u64>
 /// none, or where it cannot be read.
 fn whole(file: &File, elf: &Elf, name: &str) -> Answer<Vec<u8>> {
     let s = elf.section(name)?;
-    let raw = elf.read_section(file, s).ok()?;
     if s.flags & SHF_COMPRESSED == 0 {
-        return Some(raw);
+        return elf.read_section(file, s).ok();
     }
-    let size = chdr(&raw)?;
-    let mut out = Vec::with_capacity(size.min(64 << 20) as usize);
-    let mut z = flate2::Decompress::new(true);
-    let mut input = &raw[CHDR_BYTES as usize..];
-    let mut chunk = vec![0u8; CHUNK];
-    loop {
-        let (before_in, before_out) = (z.total_in(), z.total_out());
-        let status = z
-            .decompress(input, &mut chunk, flate2::FlushDecompress::None)
-            .ok()?;
-        let used = (z.total_in() - before_in) as usize;
-        let made = (z.total_out() - before_out) as usize;
-        input = &input[used..];
-        out.extend_from_slice(&chunk[..made]);
-        if out.len() as u64 > size {
-            return None;
-        }
-        match status {
-            flate2::Status::StreamEnd => break,
-            _ if used == 0 && made == 0 => return None,
-            _ => {}
+    let mut stream = Stream::open(file, elf, s)?;
+    let mut out = Vec::with_capacity(stream.size.min(64 << 20) as usize);
+    while let Some(bytes) = stream.next()? {
+        out.extend_from_slice(bytes);
+    }
+    Some(out)
+}
+
+/// A compressed section, read from the file and inflated a chunk at a
+/// time.
+struct Stream<'f> {
+    file: &'f File,
+    z: flate2::Decompress,
+    /// The inflated size its header gives (more is refused).
+    size: u64,
+    /// Where the compressed bytes not yet read are in the file, and end.
+    at: u64,
+    end: u64,
+    input: Vec<u8>,
+    filled: usize,
+    used: usize,
+    chunk: Vec<u8>,
+    ended: bool,
+}
+
+impl<'f> Stream<'f> {
+    fn open(file: &'f File, elf: &Elf, s: Section) -> Answer<Stream<'f>> {
+        let (start, len) = elf.section_extent(s)?;
+        let mut head = [0u8; CHDR_BYTES as usize];
+        file.read_exact_at(&mut head, start).ok()?;
+        Some(Stream {
+            file,
+            z: flate2::Decompress::new(true),
+            size: chdr(&head)?,
+            at: start.checked_add(CHDR_BYTES)?,
+            end: start + len,
+            input: vec![0u8; CHUNK],
+            filled: 0,
+            used: 0,
+            chunk: vec![0u8; CHUNK],
+            ended: false,
+        })
+    }
+
+    /// The next inflated bytes (Some(None) once the stream has ended
+    /// where its header says it does); None where it cannot be read.
+    fn next(&mut self) -> Answer<Option<&[u8]>> {
+        loop {
+            if self.ended {
+                return (self.z.total_out() == self.size).then_some(None);
+            }
+            if self.used == self.filled && self.at < self.end {
+                let n = (self.end - self.at).min(CHUNK as u64) as usize;
+                self.file
+                    .read_exact_at(&mut self.input[..n], self.at)
+                    .ok()?;
+                self.at += n as u64;
+                (self.filled, self.used) = (n, 0);
+            }
+            let (before_in, before_out) = (self.z.total_in(), self.z.total_out());
+            let status = self
+                .z
+                .decompress(
+                    &self.input[self.used..self.filled],
+                    &mut self.chunk,
+                    flate2::FlushDecompress::None,
+                )
+                .ok()?;
+            let took = (self.z.total_in() - before_in) as usize;
+            let made = (self.z.total_out() - before_out) as usize;
+            self.used += took;
+            if self.z.total_out() > self.size {
+                return None;
+            }
+            match status {
+                flate2::Status::StreamEnd => self.ended = true,
+                _ if took == 0 && made == 0 && self.at >= self.end => return None,
+                _ => {}
+            }
+            if made > 0 {
+                return Some(Some(&self.chunk[..made]));
+            }
         }
     }
-    (out.len() as u64 == size).then_some(out)
 }
 
 /// The inflated size an `Elf64_Chdr` gives, where it is zlib's and sane.
@@ -221,44 +280,14 @@ fn inflate_units(
     wanted: &[u64],
     aranged: Option<&[u64]>,
 ) -> Answer<(Units, Units)> {
-    let (start, len) = elf.section_extent(info)?;
-    let mut head = [0u8; CHDR_BYTES as usize];
-    file.read_exact_at(&mut head, start).ok()?;
-    let size = chdr(&head)?;
-    let mut split = Splitter::new(wanted, size, aranged);
-    let mut z = flate2::Decompress::new(true);
-    let mut input = vec![0u8; CHUNK];
-    let mut chunk = vec![0u8; CHUNK];
-    let mut at = start + CHDR_BYTES;
-    let end = start + len;
-    let (mut filled, mut used) = (0usize, 0usize);
-    loop {
-        if used == filled && at < end {
-            let n = (end - at).min(CHUNK as u64) as usize;
-            file.read_exact_at(&mut input[..n], at).ok()?;
-            at += n as u64;
-            (filled, used) = (n, 0);
-        }
-        let (before_in, before_out) = (z.total_in(), z.total_out());
-        let status = z
-            .decompress(
-                &input[used..filled],
-                &mut chunk,
-                flate2::FlushDecompress::None,
-            )
-            .ok()?;
-        let took = (z.total_in() - before_in) as usize;
-        let made = (z.total_out() - before_out) as usize;
-        used += took;
-        if split.feed(&chunk[..made])? {
+    let mut stream = Stream::open(file, elf, info)?;
+    let mut split = Splitter::new(wanted, stream.size, aranged);
+    while let Some(bytes) = stream.next()? {
+        if split.feed(bytes)? {
             return Some((split.kept, split.others));
         }
-        match status {
-            flate2::Status::StreamEnd => return split.ended(),
-            _ if took == 0 && made == 0 && at >= end => return None,
-            _ => {}
-        }
     }
+    split.ended()
 }
 
 /// Splits the inflated `.debug_info` into its units as it comes, keeping
@@ -549,6 +578,9 @@ fn spans(
     let mut starts = starts.to_vec();
     starts.sort_unstable();
     starts.dedup();
+    if starts.is_empty() {
+        return Some(Vec::new());
+    }
     let s = elf.section(name)?;
     let mut done = Vec::with_capacity(starts.len());
     if s.flags & SHF_COMPRESSED == 0 {
@@ -560,47 +592,23 @@ fn spans(
         }
         return Some(done);
     }
-    let (start, size) = elf.section_extent(s)?;
-    let mut head = [0u8; CHDR_BYTES as usize];
-    file.read_exact_at(&mut head, start).ok()?;
-    let inflated = chdr(&head)?;
-    let mut z = flate2::Decompress::new(true);
-    let mut input = vec![0u8; CHUNK];
-    let mut chunk = vec![0u8; CHUNK];
-    let (mut at, end) = (start + CHDR_BYTES, start + size);
-    let (mut filled, mut used) = (0usize, 0usize);
+    let mut stream = Stream::open(file, elf, s)?;
+    let inflated = stream.size;
     let (mut pos, mut next) = (0u64, 0usize);
     let mut open: Vec<(u64, Vec<u8>)> = Vec::new();
-    loop {
-        if used == filled && at < end {
-            let n = (end - at).min(CHUNK as u64) as usize;
-            file.read_exact_at(&mut input[..n], at).ok()?;
-            at += n as u64;
-            (filled, used) = (n, 0);
-        }
-        let (before_in, before_out) = (z.total_in(), z.total_out());
-        let status = z
-            .decompress(
-                &input[used..filled],
-                &mut chunk,
-                flate2::FlushDecompress::None,
-            )
-            .ok()?;
-        let took = (z.total_in() - before_in) as usize;
-        let made = (z.total_out() - before_out) as usize;
-        used += took;
-        let bytes = &chunk[..made];
+    while let Some(bytes) = stream.next()? {
         for (_, b) in open.iter_mut() {
             b.extend_from_slice(bytes);
         }
-        while next < starts.len() && starts[next] < pos + made as u64 {
+        let made = bytes.len() as u64;
+        while next < starts.len() && starts[next] < pos + made {
             open.push((
                 starts[next],
                 bytes[(starts[next] - pos) as usize..].to_vec(),
             ));
             next += 1;
         }
-        pos += made as u64;
+        pos += made;
         let mut i = 0;
         while i < open.len() {
             match len(&open[i].1)? {
@@ -616,12 +624,8 @@ fn spans(
         if next == starts.len() && open.is_empty() {
             return Some(done);
         }
-        match status {
-            flate2::Status::StreamEnd => return None,
-            _ if took == 0 && made == 0 && at >= end => return None,
-            _ => {}
-        }
     }
+    None
 }
 
 /// The length of a unit-like record (a line table): its 32-bit length
