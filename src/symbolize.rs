@@ -665,7 +665,7 @@ fn names_in_file_by(
                             &own
                         }
                     };
-                    compressed::find(&file, &elf, &addrs(segments))
+                    compressed::find(&file, &elf, &addrs(segments), opts.inline)
                 })
                 .flatten();
             let dwarf = match compressed {
@@ -838,7 +838,7 @@ mod tests {
                 o - s.offset + s.vaddr
             })
             .collect();
-        let direct = compressed::find(&dfile, &delf, &addrs).expect("read a unit at a time");
+        let direct = compressed::find(&dfile, &delf, &addrs, true).expect("read a unit at a time");
         assert!(direct.iter().filter(|f| !f.inlined.is_empty()).count() > 1000);
         for opts in [
             SymbolizeOptions {
@@ -848,6 +848,12 @@ mod tests {
             },
             SymbolizeOptions {
                 inline: true,
+                lines: true,
+                ..SymbolizeOptions::default()
+            },
+            // Source lines without inlined frames: the row's own.
+            SymbolizeOptions {
+                inline: false,
                 lines: true,
                 ..SymbolizeOptions::default()
             },
@@ -866,7 +872,10 @@ mod tests {
                     differ.push(format!("{o:#x}: {a:?} against {b:?}"));
                 }
             }
-            assert!(inlined > 1000, "{inlined} places with inlined frames");
+            assert!(
+                inlined > 1000 || !opts.inline,
+                "{inlined} places with inlined frames"
+            );
             assert!(
                 differ.is_empty(),
                 "{} of {} differ, first: {:#?}",

@@ -43,6 +43,11 @@ pub(super) struct Found {
 
 /// `SHF_COMPRESSED`, and the one compression this reads (`ELFCOMPRESS_ZLIB`).
 const SHF_COMPRESSED: u64 = 0x800;
+/// A relocatable object's type (`ET_REL`).
+const ET_REL: u16 = 1;
+/// No abbreviation table or line table is longer (a hostile file's may
+/// never end).
+const MAX_SPAN: u64 = 64 << 20;
 const ELFCOMPRESS_ZLIB: u32 = 1;
 /// The size of an `Elf64_Chdr`.
 const CHDR_BYTES: u64 = 24;
@@ -59,12 +64,21 @@ type Answer<T> = Option<T>;
 
 /// The DWARF of each of `addrs` (addresses of the file's own layout) in the
 /// ELF file `file`, or None where it cannot be read this way.
-pub(super) fn find(file: &File, elf: &Elf, addrs: &[u64]) -> Answer<Vec<Found>> {
+pub(super) fn find(file: &File, elf: &Elf, addrs: &[u64], inline: bool) -> Answer<Vec<Found>> {
     if addrs.is_empty() {
         return Some(Vec::new());
     }
     let info = elf.section(".debug_info")?;
     if info.flags & SHF_COMPRESSED == 0 {
+        return None;
+    }
+    // Not read here: a supplementary file's strings and entries (dwz), and
+    // an object file's relocations.
+    if elf.e_type == ET_REL
+        || [".gnu_debugaltlink", ".debug_sup"]
+            .iter()
+            .any(|n| elf.section(n).is_some())
+    {
         return None;
     }
     let aranges = whole(file, elf, ".debug_aranges")?;
@@ -111,12 +125,15 @@ pub(super) fn find(file: &File, elf: &Elf, addrs: &[u64]) -> Answer<Vec<Found>> 
             return None;
         }
         let unit = dwarf.unit(header).ok()?;
+        if unit.dwo_id.is_some() {
+            return None;
+        }
         let unit = unit.unit_ref(&dwarf);
         let lines = Lines::read(unit)?;
         let functions = functions(unit)?;
         for (i, &addr) in addrs.iter().enumerate() {
             if units[i] == Some(offset) {
-                found[i] = find_in_unit(unit, &lines, &functions, addr)?;
+                found[i] = find_in_unit(unit, &lines, &functions, addr, inline)?;
             }
         }
     }
@@ -154,10 +171,7 @@ fn units_of(aranges: &[u8], addrs: &[u64]) -> Answer<(Vec<Option<u64>>, Vec<u64>
             let Some(first) = covering.next() else {
                 return Some(None);
             };
-            match covering.next() {
-                Some(other) if other.2 != first.2 => None,
-                _ => Some(Some(first.2)),
-            }
+            covering.all(|r| r.2 == first.2).then_some(Some(first.2))
         })
         .collect::<Option<Vec<_>>>()?;
     Some((units, aranged))
@@ -392,7 +406,7 @@ impl<'a> Splitter<'a> {
                 n if n >= 0xffff_fff0 => return None,
                 n => 4 + n as u64,
             },
-            12 => 12 + u64::from_le_bytes(l[4..12].try_into().ok()?),
+            12 => 12u64.checked_add(u64::from_le_bytes(l[4..12].try_into().ok()?))?,
             _ => return Some(None),
         };
         let end = self.unit.checked_add(body)?;
@@ -542,26 +556,29 @@ fn stmt_list(info: &[u8], abbrev: &[u8]) -> Answer<Option<(usize, u64)>> {
         .ok()?;
     let mut entries = header.entries_raw(&abbrevs, None).ok()?;
     let first = entries.read_abbreviation().ok()??;
+    let mut found = None;
     for spec in first.attributes() {
         let field = entries.next_offset().0;
         let attr = entries.read_attribute(*spec).ok()?;
         if attr.name() != gimli::DW_AT_stmt_list {
             continue;
         }
-        if !matches!(
+        // One, of 4 bytes (gimli would take the last of several).
+        let four = matches!(
             spec.form(),
             gimli::DW_FORM_sec_offset | gimli::DW_FORM_data4
-        ) {
+        );
+        if found.is_some() || !four {
             return None;
         }
-        return match attr.value() {
-            gimli::AttributeValue::DebugLineRef(o) => Some(Some((field, o.0 as u64))),
-            gimli::AttributeValue::Data4(o) => Some(Some((field, o as u64))),
-            gimli::AttributeValue::SecOffset(o) => Some(Some((field, o as u64))),
-            _ => None,
-        };
+        found = Some(match attr.value() {
+            gimli::AttributeValue::DebugLineRef(o) => (field, o.0 as u64),
+            gimli::AttributeValue::Data4(o) => (field, o as u64),
+            gimli::AttributeValue::SecOffset(o) => (field, o as u64),
+            _ => return None,
+        });
     }
-    Some(None)
+    Some(found)
 }
 
 /// The bytes from each of `starts` of section `name` to the end of what
@@ -588,7 +605,7 @@ fn spans(
         for &st in &starts {
             let rest = all.get(st as usize..)?;
             let n = len(rest)??;
-            done.push((st, rest[..n].to_vec()));
+            done.push((st, rest.get(..n)?.to_vec()));
         }
         return Some(done);
     }
@@ -611,13 +628,18 @@ fn spans(
         pos += made;
         let mut i = 0;
         while i < open.len() {
+            let have = open[i].1.len();
             match len(&open[i].1)? {
-                Some(n) if n <= open[i].1.len() => {
+                // Past the section's end, or too long to be one.
+                Some(n) if open[i].0.checked_add(n as u64)? > inflated || n as u64 > MAX_SPAN => {
+                    return None;
+                }
+                Some(n) if n <= have => {
                     let (st, mut b) = open.swap_remove(i);
                     b.truncate(n);
                     done.push((st, b));
                 }
-                _ if open[i].1.len() as u64 > inflated => return None,
+                None if have as u64 > MAX_SPAN => return None,
                 _ => i += 1,
             }
         }
@@ -645,7 +667,13 @@ fn length_prefixed(b: &[u8]) -> Answer<Option<usize>> {
 /// after each `DW_FORM_implicit_const`) up to a 0 code.
 fn abbrev_table_len(b: &[u8]) -> Answer<Option<usize>> {
     let mut at = 0;
-    // A LEB128 number's length at `at`; None where b ends within it.
+    // A LEB128 number and its length at `at`; None where b ends within
+    // it, and at the next step, where it is longer than a number's ten
+    // bytes (malformed).
+    let bad = |at: usize| {
+        b.get(at..)
+            .is_some_and(|r| r.len() >= 10 && r[..10].iter().all(|&x| x & 0x80 != 0))
+    };
     let leb = |at: usize| -> Option<(u64, usize)> {
         let mut v = 0u64;
         for (i, &byte) in b.get(at..)?.iter().enumerate().take(10) {
@@ -658,24 +686,24 @@ fn abbrev_table_len(b: &[u8]) -> Answer<Option<usize>> {
     };
     loop {
         let Some((code, n)) = leb(at) else {
-            return Some(None);
+            return (!bad(at)).then_some(None);
         };
         at += n;
         if code == 0 {
             return Some(Some(at));
         }
         let Some((_, n)) = leb(at) else {
-            return Some(None);
+            return (!bad(at)).then_some(None);
         };
         // The tag, and the children byte.
         at += n + 1;
         loop {
             let Some((name, n)) = leb(at) else {
-                return Some(None);
+                return (!bad(at)).then_some(None);
             };
             at += n;
             let Some((form, n)) = leb(at) else {
-                return Some(None);
+                return (!bad(at)).then_some(None);
             };
             at += n;
             if name == 0 && form == 0 {
@@ -683,7 +711,7 @@ fn abbrev_table_len(b: &[u8]) -> Answer<Option<usize>> {
             }
             if form == gimli::DW_FORM_implicit_const.0 as u64 {
                 let Some((_, n)) = leb(at) else {
-                    return Some(None);
+                    return (!bad(at)).then_some(None);
                 };
                 at += n;
             }
@@ -890,6 +918,7 @@ fn refuse_other_units(attr: &gimli::Attribute<R<'_>>) -> Answer<()> {
     match attr.value() {
         gimli::AttributeValue::DebugInfoRef(_)
         | gimli::AttributeValue::DebugInfoRefSup(_)
+        | gimli::AttributeValue::DebugStrRefSup(_)
         | gimli::AttributeValue::DebugTypesRef(_) => None,
         _ => Some(()),
     }
@@ -1037,11 +1066,20 @@ fn find_in_unit<'a>(
     lines: &Lines<'a>,
     functions: &[(u64, u64, gimli::UnitOffset)],
     addr: u64,
+    inline: bool,
 ) -> Answer<Found> {
     let Some((file, line)) = lines.row(addr) else {
         return Some(Found::default());
     };
     let mut location = lines.loc(unit, file, line)?;
+    if !inline {
+        // The row's own location, as blazesym gives it without inlined
+        // functions.
+        return Some(Found {
+            location,
+            inlined: Vec::new(),
+        });
+    }
     let Some(function) = covering(functions, addr) else {
         return Some(Found {
             location,
