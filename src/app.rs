@@ -168,7 +168,10 @@ impl crate::tracer::StartTables for StartingTables<'_> {
         for &tgid in &self.noted {
             if let Some(start) = self.registry.start_of(tgid) {
                 // The address space is claimed by the first walk.
-                note_runtime(&store, self.registry, Proc { tgid, start }, 0);
+                let p = Proc { tgid, start };
+                if note_runtime(&store, self.registry, p, 0) {
+                    self.registry.note_runtime_at_start(p);
+                }
             }
         }
     }
@@ -221,7 +224,7 @@ pub fn trace(config: &Config, began: Instant) -> Result<()> {
     // The report, raised as start-up is (see priority.rs): on a busy
     // machine at the user's priority it waits seconds for a CPU (measured
     // under examples/stackfarm: docs/benchmarks-history.md).
-    let _raised = crate::priority::raise();
+    let _raised = crate::priority::raise_start();
     let (raw, end) = session.end(tracer)?;
     let written = session.write(raw, &end)?;
     session.report(&written, end);
@@ -325,7 +328,7 @@ fn take_snapshot(
     check_environment()?;
     check_targets(&config.tracer)?;
     set_libbpf_logging(config.verbose);
-    let raised = crate::priority::raise();
+    let raised = crate::priority::raise_start();
     let taken = crate::tracer::take_snapshot(
         &config.tracer,
         snap.states,

@@ -249,8 +249,11 @@ pub enum RuntimeWalkers {
     /// No runtime's frames are read.
     Off,
     /// With the hooks: a runtime's process was running at the start (or
-    /// the hooks have no builds without them).
-    WithTheHooks,
+    /// the hooks have no builds without them). `refreshed`: the refresh
+    /// of blocks walked before their process's runtime was noted loaded
+    /// (a process noted while tracing), which those noted at the start do
+    /// not need.
+    WithTheHooks { refreshed: bool },
     /// Not at all: no runtime's process was noted.
     NotNeeded,
     /// Their load failed when the first runtime's process was noted: no
@@ -265,7 +268,15 @@ impl std::fmt::Display for RuntimeWalkers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RuntimeWalkers::Off => write!(f, "none read"),
-            RuntimeWalkers::WithTheHooks => write!(f, "loaded with the hooks"),
+            RuntimeWalkers::WithTheHooks { refreshed } => write!(
+                f,
+                "loaded with the hooks; the refresh of the blocks walked before their process's \
+                 runtime was noted {}",
+                match refreshed {
+                    true => "loaded (a process noted while tracing)",
+                    false => "not needed",
+                }
+            ),
             RuntimeWalkers::NotNeeded => {
                 write!(f, "not loaded (no process of a runtime was noted)")
             }
@@ -1153,7 +1164,9 @@ impl<'obj> Tracer<'obj> {
             self.walkers_loaded.get(),
         ) {
             (false, _, _) => RuntimeWalkers::Off,
-            (true, false, _) => RuntimeWalkers::WithTheHooks,
+            (true, false, _) => RuntimeWalkers::WithTheHooks {
+                refreshed: self.later.borrow().loaded(),
+            },
             (true, true, None) if self.walkers_failed.get() => RuntimeWalkers::Failed,
             (true, true, None) => RuntimeWalkers::NotNeeded,
             (true, true, Some((began, took))) => RuntimeWalkers::Later {

@@ -31,7 +31,12 @@ pub(super) struct Collector<'t> {
     pub(super) refresh_failed: bool,
     /// Processes whose mappings were read, to be looked at for a runtime
     /// (with their address space).
-    pub(super) runtime_later: Vec<(Proc, u64)>,
+    /// (Whether the mappings changed: an exec.)
+    pub(super) runtime_later: Vec<(Proc, u64, bool)>,
+    /// The hooks loaded with the runtimes' walkers (the start iterator
+    /// too): the processes whose runtime was noted before the window
+    /// opened have theirs in every walk.
+    pub(super) walkers_from_start: bool,
     /// For tests: that waits until this file exists (as if reading the
     /// runtime took that long: its first blocks are then walked before it
     /// is known).
@@ -57,6 +62,7 @@ impl<'t> Collector<'t> {
         config: &Config,
         stats: StatsLine,
         runtimes: Option<crate::tracer::RuntimeStore>,
+        walkers_from_start: bool,
     ) -> Collector<'t> {
         Collector {
             exits: Exits::default(),
@@ -67,6 +73,7 @@ impl<'t> Collector<'t> {
             refreshing: HashMap::new(),
             refresh_failed: false,
             runtime_later: Vec::new(),
+            walkers_from_start,
             runtime_gate: config.tracer.test.python_gate.clone(),
             runtime_retry: Instant::now(),
             runtime_threads: Instant::now(),
@@ -86,6 +93,7 @@ impl<'t> Collector<'t> {
             refreshing: self.refreshing,
             refresh_failed: self.refresh_failed,
             runtime_later: self.runtime_later,
+            walkers_from_start: self.walkers_from_start,
             runtime_gate: self.runtime_gate,
             runtime_retry: self.runtime_retry,
             runtime_threads: self.runtime_threads,
@@ -103,8 +111,14 @@ impl<'t> Collector<'t> {
             return;
         }
         let now = Instant::now();
-        for (p, mm) in std::mem::take(&mut self.runtime_later) {
-            if note_runtime(store, registry, p, mm) {
+        for (p, mm, changed) in std::mem::take(&mut self.runtime_later) {
+            // A process noted before the window opened is news once, with
+            // its address space, at its first walk: where the hooks have
+            // the walkers, none of its blocks was walked without its
+            // runtime's frames, and the refresh (an object of its own to
+            // load: 52,000 instructions to verify) has nothing to do.
+            let walked = registry.take_runtime_at_start(p) && !changed && self.walkers_from_start;
+            if note_runtime(store, registry, p, mm) && !walked {
                 self.refreshing.insert(p.tgid, now);
             }
         }
@@ -209,14 +223,14 @@ impl<'t> Collector<'t> {
                     self.stats.processes += 1;
                     let now = registry.note_process(p.tgid, Some(p.start), false);
                     if now {
-                        self.runtime_later.push((p, space.mm));
+                        self.runtime_later.push((p, space.mm, false));
                     }
                     spaces.push(now.then_some(space));
                 }
                 TaskEvent::Changed(p, space) => {
                     let now = registry.note_process(p.tgid, Some(p.start), true);
                     if now {
-                        self.runtime_later.push((p, space.mm));
+                        self.runtime_later.push((p, space.mm, true));
                     }
                     spaces.push(now.then_some(space));
                 }

@@ -123,9 +123,11 @@ impl<'a> Session<'a> {
         let mut symbolizer = symbolizer_for(config);
         let mut registry = Registry::new();
         let mut unwinder: Option<Unwinder> = None;
-        let raised = crate::priority::raise();
+        let mut raised = crate::priority::raise_start();
         crate::hold_freed_memory(true);
         let (tracer, started) = start_tracer(config, &stop, objects, &mut registry, &mut unwinder)?;
+        // The window is open: the threads measured are not kept from a CPU.
+        raised.leave_realtime();
         let tracer = fall_back(tracer, &mut unwinder);
         announce(config, &tracer, began, started);
         crate::hold_freed_memory(false);
@@ -147,6 +149,7 @@ impl<'a> Session<'a> {
         let lookout = Some(crate::priority::Lookout::start(
             tracer.copies_lost_counter(),
             tracer.news_waiting(),
+            deadline,
         ));
         drop(raised);
 
@@ -189,7 +192,15 @@ impl<'a> Session<'a> {
     /// cut as it ends, and written once its copied stacks are walked.
     pub(super) fn run(&mut self, tracer: &mut Tracer<'_>) -> Result<()> {
         let stats = self.stats.take().expect("the event loop runs once");
-        let mut collector = Collector::new(self.config, stats, tracer.runtime_store());
+        let mut collector = Collector::new(
+            self.config,
+            stats,
+            tracer.runtime_store(),
+            matches!(
+                tracer.runtime_walkers(),
+                crate::tracer::RuntimeWalkers::WithTheHooks { .. }
+            ),
+        );
         loop {
             // With -i, the end of the current interval, unless the window
             // ends first.

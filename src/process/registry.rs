@@ -150,6 +150,9 @@ pub struct Registry {
     /// The runtimes whose frames are walked (the BPF program's walk, and
     /// so the walk of copied stacks): none until said.
     walked_runtimes: Vec<crate::runtime::Kind>,
+    /// The runtimes' processes noted before the window opened (see
+    /// [`Registry::note_runtime_at_start`]).
+    runtimes_at_start: std::collections::HashSet<Proc>,
 }
 
 /// Mapping snapshots of the processes seen.
@@ -262,6 +265,7 @@ impl Registry {
             runtimes: Default::default(),
             places: Places::default(),
             walked_runtimes: Vec::new(),
+            runtimes_at_start: Default::default(),
         }
     }
 

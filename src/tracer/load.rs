@@ -311,6 +311,7 @@ pub(super) fn load_side_by_side<'a, 'obj>(
                 .spawn_scoped(s, move || {
                     // The whole wrapper moves, not just its field.
                     let open = open;
+                    crate::priority::join_raise();
                     let began = Instant::now();
                     let loaded = (open.0)().and_then(|(open, logs)| load(open, &logs, stats));
                     SendOpen((loaded, began.elapsed()))

@@ -178,6 +178,7 @@ impl Tracer<'_> {
             let stacks = batch::Table::of(&self.skel.maps.stacks);
             return std::thread::scope(|scope| {
                 let all = scope.spawn(move || {
+                    crate::priority::join_raise();
                     let mut all = Stacks::default();
                     let outcome = batch::for_each_entry(stacks, |k, v| {
                         let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));

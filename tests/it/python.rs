@@ -276,7 +276,17 @@ fn cpython(version: &str, prefix: &str) {
         );
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    traced("started before", "2", &[]);
+    let stderr = traced("started before", "2", &[]);
+    // Noted before the window opened, with the walkers in the hooks: its
+    // blocks had their Python frames from the start, and the refresh (an
+    // object of its own to verify and load) was not loaded for it.
+    assert!(
+        stderr.contains(
+            "runtimes' walkers: loaded with the hooks; the refresh of the blocks walked before \
+             their process's runtime was noted not needed"
+        ),
+        "{version}: {stderr}"
+    );
     if version == "3.12" {
         // Every stack kept in the spill table (as where the stacks table
         // has no memory at the moment): the Python frames put in the

@@ -92,6 +92,20 @@ impl Registry {
         self.walked().find_map(|r| r.copy_mark(p))
     }
 
+    /// Process `p`'s runtime was told to the BPF program before the
+    /// window opened: where the hooks load with the runtimes' walkers,
+    /// every walk of it has its runtime's frames, the start iterator's
+    /// too.
+    pub fn note_runtime_at_start(&mut self, p: Proc) {
+        self.runtimes_at_start.insert(p);
+    }
+
+    /// Whether process `p`'s runtime was told to the BPF program before
+    /// the window opened (once: the mark is taken).
+    pub fn take_runtime_at_start(&mut self, p: Proc) -> bool {
+        self.runtimes_at_start.remove(&p)
+    }
+
     /// The runtimes whose frames the BPF program walks (`on`): those
     /// whose frames the walks of copied stacks follow too.
     pub fn walk_runtimes(&mut self, on: &dyn Fn(Kind) -> bool) {
