@@ -169,7 +169,7 @@ impl crate::tracer::StartTables for StartingTables<'_> {
             if let Some(start) = self.registry.start_of(tgid) {
                 // The address space is claimed by the first walk.
                 let p = Proc { tgid, start };
-                if note_runtime(&store, self.registry, p, 0) {
+                if note_runtime(&store, self.registry, p, 0).is_some() {
                     self.registry.note_runtime_at_start(p);
                 }
             }
@@ -179,23 +179,23 @@ impl crate::tracer::StartTables for StartingTables<'_> {
 
 /// Tells the BPF program where the runtime of process `p` (its mappings
 /// just read) keeps its threads' frames, if it runs a runtime whose frames
-/// can be read (see [`crate::runtime`]).
+/// can be read (see [`crate::runtime`]); returns that runtime, if told.
 fn note_runtime(
     store: &crate::tracer::RuntimeStore,
     registry: &mut Registry,
     p: Proc,
     mm: u64,
-) -> bool {
+) -> Option<crate::runtime::Kind> {
     let Some(entry) = registry.note_runtime(p) else {
         // No runtime (any more: an exec into another program).
         store.remove(p.tgid);
-        return false;
+        return None;
     };
     match store.set(p.tgid, mm, &entry) {
-        Ok(()) => true,
+        Ok(()) => Some(entry.kind),
         Err(e) => {
             eprintln!("offcputime: {e:#}");
-            false
+            None
         }
     }
 }

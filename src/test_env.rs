@@ -32,10 +32,12 @@ pub struct TestEnv {
     /// stack for want of memory, as its allocator does at moments: all
     /// go to its spill table.
     pub spill_stacks: bool,
-    /// `OFFCPUTIME_TEST_RUNTIMES_AT_START=1|0`: the hooks load with the
-    /// runtimes' walkers (1), or without them and their builds with them
-    /// when the first runtime's process is noted (0), whatever runs.
-    pub runtimes_at_start: Option<bool>,
+    /// `OFFCPUTIME_TEST_RUNTIMES_AT_START=1|0|NAMES`: the hooks load with
+    /// every runtime's walker (1), or without them and their builds with
+    /// them when the first runtime's process is noted (0), or with those
+    /// of the runtimes named (`python,java`) and the build with every one
+    /// when a process of another is noted, whatever runs.
+    pub runtimes_at_start: Option<String>,
     /// `OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS`: the hook attached and the
     /// window not open yet for this long (a loaded machine's start-up).
     pub stall_before_window: Option<Duration>,
@@ -106,7 +108,8 @@ impl TestEnv {
             run_clock_step_us: number("OFFCPUTIME_TEST_RUN_CLOCK_STEP_US")
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             spill_stacks: set("OFFCPUTIME_TEST_SPILL_STACKS"),
-            runtimes_at_start: number("OFFCPUTIME_TEST_RUNTIMES_AT_START").map(|n| n != 0),
+            runtimes_at_start: var("OFFCPUTIME_TEST_RUNTIMES_AT_START")
+                .map(|v| v.trim().to_string()),
             stall_before_window: ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS"),
             stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
             stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),
@@ -163,7 +166,7 @@ mod tests {
         assert!(env.kallsyms_names);
         assert_eq!(env.drop_switch_in, 20);
         assert_eq!(env.run_clock_step_us, 1500);
-        assert_eq!(env.runtimes_at_start, Some(false));
+        assert_eq!(env.runtimes_at_start.as_deref(), Some("0"));
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
         assert_eq!(env.stall_news_after, Some(Duration::from_secs(1)));
         assert_eq!(env.stats_interval, Some(Duration::from_millis(500)));

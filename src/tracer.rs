@@ -143,6 +143,70 @@ impl UnwindCapacity {
     }
 }
 
+/// Which runtimes' walkers: a build's (`.rodata`), or the runtimes whose
+/// processes may run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeKinds {
+    pub python: bool,
+    pub java: bool,
+    pub node: bool,
+}
+
+impl RuntimeKinds {
+    pub const ALL: RuntimeKinds = RuntimeKinds {
+        python: true,
+        java: true,
+        node: true,
+    };
+
+    pub fn has(self, kind: crate::runtime::Kind) -> bool {
+        use crate::runtime::Kind;
+        match kind {
+            Kind::Python => self.python,
+            Kind::Java => self.java,
+            Kind::Node => self.node,
+        }
+    }
+
+    /// The kinds that `has` says.
+    pub fn of(has: impl Fn(crate::runtime::Kind) -> bool) -> RuntimeKinds {
+        use crate::runtime::Kind;
+        RuntimeKinds {
+            python: has(Kind::Python),
+            java: has(Kind::Java),
+            node: has(Kind::Node),
+        }
+    }
+
+    pub fn any(self) -> bool {
+        self.python || self.java || self.node
+    }
+
+    /// Those of both.
+    pub fn and(self, other: RuntimeKinds) -> RuntimeKinds {
+        RuntimeKinds {
+            python: self.python && other.python,
+            java: self.java && other.java,
+            node: self.node && other.node,
+        }
+    }
+
+    /// Whose walkers they are, for stderr: "Python's walker", "Python's
+    /// and Java's walkers".
+    pub fn names(self) -> String {
+        let names: Vec<String> = crate::runtime::RUNTIMES
+            .iter()
+            .filter(|s| self.has(s.kind))
+            .map(|s| format!("{}'s", s.label))
+            .collect();
+        match names.as_slice() {
+            [one] => format!("{one} walker"),
+            [first @ .., last] => format!("{} and {last} walkers", first.join(", ")),
+            [] => "no walker".into(),
+        }
+    }
+}
+
 /// What the BPF program is told at load time.
 #[derive(Clone, Debug)]
 pub struct TracerOptions {
@@ -187,11 +251,13 @@ pub struct TracerOptions {
     /// The JavaScript frames of Node.js processes (V8's) in their user
     /// stacks (off with `--no-node`).
     pub node: bool,
-    /// A process of a runtime whose frames are read may be running (see
-    /// [`crate::runtime::maybe_running`]): the hooks load with the
-    /// runtimes' walkers. Otherwise they load without them, and their
-    /// builds with them load when the first such process is noted.
-    pub runtimes_running: bool,
+    /// The runtimes whose processes may be running (see
+    /// [`crate::runtime::maybe_running`]): the hooks load with their
+    /// walkers only. Where they are not all those whose frames are read,
+    /// the build with every one loads when the first process of another is
+    /// noted (with none: without any, their builds with them when the
+    /// first runtime's process is noted).
+    pub runtimes_running: RuntimeKinds,
     /// `--on-cpu`: the running time too, sampled on every CPU at this rate
     /// (Hz); None: off-CPU time only.
     pub on_cpu_hz: Option<u32>,
@@ -211,6 +277,11 @@ impl TracerOptions {
     /// [`crate::runtime`]): only in user stacks.
     pub fn runtimes(&self) -> bool {
         (self.python || self.java || self.node) && self.user_stacks
+    }
+
+    /// The runtimes whose frames are read.
+    pub fn runtime_kinds(&self) -> RuntimeKinds {
+        RuntimeKinds::of(|k| self.runtime_on(k))
     }
 
     /// Whether the waker of each block is kept: `--wakers` counts by it,
@@ -254,14 +325,21 @@ pub enum RuntimeWalkers {
     /// (a process noted while tracing), which those noted at the start do
     /// not need.
     WithTheHooks { refreshed: bool },
-    /// Not at all: no runtime's process was noted.
-    NotNeeded,
-    /// Their load failed when the first runtime's process was noted: no
-    /// runtime's frames were read.
-    Failed,
-    /// When the first runtime's process was noted, this long after the
+    /// Where the hooks loaded without some or all of them (`hooks`: the
+    /// walkers they have, of the runtimes whose processes ran at the
+    /// start), the build with every one:
+    /// not at all: no process of another runtime was noted;
+    NotNeeded { hooks: RuntimeKinds },
+    /// its load failed when the first such process was noted: no other
+    /// runtime's frames were read;
+    Failed { hooks: RuntimeKinds },
+    /// loaded when the first such process was noted, this long after the
     /// window opened; the load took `took`.
-    Later { after: Duration, took: Duration },
+    Later {
+        hooks: RuntimeKinds,
+        after: Duration,
+        took: Duration,
+    },
 }
 
 impl std::fmt::Display for RuntimeWalkers {
@@ -277,21 +355,44 @@ impl std::fmt::Display for RuntimeWalkers {
                     false => "not needed",
                 }
             ),
-            RuntimeWalkers::NotNeeded => {
+            RuntimeWalkers::NotNeeded { hooks } if hooks.any() => write!(
+                f,
+                "{} loaded with the hooks (a process of theirs ran at the start); every \
+                 runtime's not loaded (no other process of a runtime was noted)",
+                hooks.names()
+            ),
+            RuntimeWalkers::NotNeeded { .. } => {
                 write!(f, "not loaded (no process of a runtime was noted)")
             }
-            RuntimeWalkers::Failed => write!(
+            RuntimeWalkers::Failed { hooks } if hooks.any() => write!(
+                f,
+                "{} loaded with the hooks; every runtime's could not be loaded when another \
+                 process of a runtime was noted (said above): no other runtime's frames were read",
+                hooks.names()
+            ),
+            RuntimeWalkers::Failed { .. } => write!(
                 f,
                 "could not be loaded when the first process of a runtime was noted (said \
                  above): no runtime's frames were read"
             ),
-            RuntimeWalkers::Later { after, took } => write!(
-                f,
-                "loaded when the first process of a runtime was noted, {:.1} ms into the trace, in \
-                 {:.1} ms (the blocks of its processes that ended before lack its frames)",
-                after.as_secs_f64() * 1e3,
-                took.as_secs_f64() * 1e3
-            ),
+            RuntimeWalkers::Later { hooks, after, took } => {
+                if hooks.any() {
+                    write!(
+                        f,
+                        "{} loaded with the hooks (a process of theirs ran at the start); every \
+                         runtime's ",
+                        hooks.names()
+                    )?;
+                }
+                write!(
+                    f,
+                    "loaded when the first process of a runtime was noted, {:.1} ms into the \
+                     trace, in {:.1} ms (the blocks of its processes that ended before lack its \
+                     frames)",
+                    after.as_secs_f64() * 1e3,
+                    took.as_secs_f64() * 1e3
+                )
+            }
         }
     }
 }
@@ -327,6 +428,8 @@ pub struct Tracer<'obj> {
     /// When the runtimes' builds of the hooks began to load, and how long
     /// that took (see [`Plan::runtimes_later`]).
     walkers_loaded: std::cell::Cell<Option<(Instant, Duration)>>,
+    /// The runtimes' walkers the hooks loaded with.
+    hooks_runtimes: RuntimeKinds,
     /// Their load failed (said when it did).
     walkers_failed: std::cell::Cell<bool>,
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of each
@@ -530,21 +633,18 @@ impl<'obj> Tracer<'obj> {
 
         let modern = !legacy;
         let plan = plan_programs(&mut open, opts, hook, start_user_stacks, legacy, dwarf)?;
-        let runtime_settings = {
+        let (runtime_settings, hooks_runtimes) = {
             let rodata = open
                 .maps
                 .rodata_data
                 .as_deref_mut()
                 .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
-            if plan.runtimes_later {
-                RuntimeSettings::leave_out(rodata)
+            let later = if plan.runtimes_later {
+                RuntimeKinds::leave_out(rodata, opts.runtimes_running)
             } else {
-                RuntimeSettings {
-                    python: rodata.python_on,
-                    java: rodata.java_on,
-                    node: rodata.v8_on,
-                }
-            }
+                RuntimeKinds::of_build(rodata)
+            };
+            (later, RuntimeKinds::of_build(rodata))
         };
         let hooks_logs = choose_programs(&mut open, &plan, Some(Part::Hooks))?;
 
@@ -650,6 +750,7 @@ impl<'obj> Tracer<'obj> {
             skel,
             iterators,
             later: std::cell::RefCell::new(later),
+            hooks_runtimes,
             walkers_loaded: Default::default(),
             walkers_failed: Default::default(),
             verifier_stats: opts.test.verifier_stats,
@@ -1156,6 +1257,12 @@ impl<'obj> Tracer<'obj> {
             .context("failed to run the runtimes' frames iterator")
     }
 
+    /// The runtimes' walkers the hooks (and the start iterator) loaded
+    /// with.
+    pub fn hooks_runtimes(&self) -> RuntimeKinds {
+        self.hooks_runtimes
+    }
+
     /// Where the runtimes' walkers are (see [`Plan::runtimes_later`]).
     pub fn runtime_walkers(&self) -> RuntimeWalkers {
         match (
@@ -1167,9 +1274,14 @@ impl<'obj> Tracer<'obj> {
             (true, false, _) => RuntimeWalkers::WithTheHooks {
                 refreshed: self.later.borrow().loaded(),
             },
-            (true, true, None) if self.walkers_failed.get() => RuntimeWalkers::Failed,
-            (true, true, None) => RuntimeWalkers::NotNeeded,
+            (true, true, None) if self.walkers_failed.get() => RuntimeWalkers::Failed {
+                hooks: self.hooks_runtimes,
+            },
+            (true, true, None) => RuntimeWalkers::NotNeeded {
+                hooks: self.hooks_runtimes,
+            },
             (true, true, Some((began, took))) => RuntimeWalkers::Later {
+                hooks: self.hooks_runtimes,
                 after: began.saturating_duration_since(self.window_started_at),
                 took,
             },

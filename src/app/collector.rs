@@ -33,10 +33,10 @@ pub(super) struct Collector<'t> {
     /// (with their address space).
     /// (Whether the mappings changed: an exec.)
     pub(super) runtime_later: Vec<(Proc, u64, bool)>,
-    /// The hooks loaded with the runtimes' walkers (the start iterator
-    /// too): the processes whose runtime was noted before the window
-    /// opened have theirs in every walk.
-    pub(super) walkers_from_start: bool,
+    /// The runtimes' walkers the hooks loaded with (the start iterator
+    /// too): the processes of those runtimes noted before the window
+    /// opened have their frames in every walk.
+    pub(super) walkers_from_start: crate::tracer::RuntimeKinds,
     /// For tests: that waits until this file exists (as if reading the
     /// runtime took that long: its first blocks are then walked before it
     /// is known).
@@ -62,7 +62,7 @@ impl<'t> Collector<'t> {
         config: &Config,
         stats: StatsLine,
         runtimes: Option<crate::tracer::RuntimeStore>,
-        walkers_from_start: bool,
+        walkers_from_start: crate::tracer::RuntimeKinds,
     ) -> Collector<'t> {
         Collector {
             exits: Exits::default(),
@@ -117,8 +117,11 @@ impl<'t> Collector<'t> {
             // the walkers, none of its blocks was walked without its
             // runtime's frames, and the refresh (an object of its own to
             // load: 52,000 instructions to verify) has nothing to do.
-            let walked = registry.take_runtime_at_start(p) && !changed && self.walkers_from_start;
-            if note_runtime(store, registry, p, mm) && !walked {
+            let at_start = registry.take_runtime_at_start(p) && !changed;
+            let Some(kind) = note_runtime(store, registry, p, mm) else {
+                continue;
+            };
+            if !(at_start && self.walkers_from_start.has(kind)) {
                 self.refreshing.insert(p.tgid, now);
             }
         }
@@ -126,7 +129,7 @@ impl<'t> Collector<'t> {
             self.runtime_retry = now + RUNTIME_RETRY_EVERY;
             for p in registry.runtimes_pending() {
                 // The address space is claimed by the process's next walk.
-                if note_runtime(store, registry, p, 0) {
+                if note_runtime(store, registry, p, 0).is_some() {
                     self.refreshing.insert(p.tgid, now);
                 }
             }

@@ -196,10 +196,7 @@ impl<'a> Session<'a> {
             self.config,
             stats,
             tracer.runtime_store(),
-            matches!(
-                tracer.runtime_walkers(),
-                crate::tracer::RuntimeWalkers::WithTheHooks { .. }
-            ),
+            tracer.hooks_runtimes(),
         );
         loop {
             // With -i, the end of the current interval, unless the window
@@ -724,11 +721,18 @@ fn start_tracer<'o>(
     prepare(config, stop)?;
     let started = Instant::now();
     let opts = &config.tracer;
+    use crate::tracer::RuntimeKinds;
+    let running = match opts.test.runtimes_at_start.as_deref() {
+        Some("0") => RuntimeKinds::default(),
+        Some("1") => RuntimeKinds::ALL,
+        Some(names) => RuntimeKinds::of(|k| names.split(',').any(|n| n.trim() == k.spec().name)),
+        None => {
+            let found = crate::runtime::maybe_running(&opts.tgids, &|k| opts.runtime_on(k));
+            RuntimeKinds::of(|k| found.contains(&k))
+        }
+    };
     let opts = crate::tracer::TracerOptions {
-        runtimes_running: opts.runtimes()
-            && opts.test.runtimes_at_start.unwrap_or_else(|| {
-                crate::runtime::maybe_running(&opts.tgids, &|k| opts.runtime_on(k))
-            }),
+        runtimes_running: running.and(opts.runtime_kinds()),
         ..opts.clone()
     };
     let tracer = Tracer::start(

@@ -23,8 +23,7 @@
 #ifndef __OFFCPUTIME_JAVA_H__
 #define __OFFCPUTIME_JAVA_H__
 
-/* Set at load: --no-java leaves it off. */
-const volatile bool java_on = false;
+/* java_on: see runtime.h. */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -273,9 +273,9 @@ struct ucache {
 	__u32 top;
 	/* Java or JavaScript frames (see java.h, v8.h), and which. */
 	__u16 rt_frames;
-	/* Walked by the runtime build (runtimes_on): a walk kept by the
-	 * build without the runtimes' walkers proves nothing to the one with
-	 * them (a JVM's frames). */
+	/* Walked by this build (runtime_build()): a walk kept by a build
+	 * without a runtime's walker proves nothing to one with it (a JVM's
+	 * frames). */
 	__u16 runtimes;
 	__u8 v8;
 	__u8 _pad[3];

@@ -24,8 +24,7 @@
 #ifndef __OFFCPUTIME_PYTHON_H__
 #define __OFFCPUTIME_PYTHON_H__
 
-/* Set at load: --no-python leaves it off. */
-const volatile bool python_on = false;
+/* python_on: see runtime.h. */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -18,6 +18,23 @@
  * Python's off). */
 const volatile bool runtimes_on = false;
 
+/* Set at load: which runtimes' walkers the build has.  --no-python,
+ * --no-java and --no-node leave theirs off; where processes of some
+ * runtimes run when tracing starts, the hooks load with those runtimes'
+ * walkers only, and the build with every one loads later (see
+ * runtimes_later). */
+const volatile bool python_on = false;
+const volatile bool java_on = false;
+const volatile bool v8_on = false;
+
+/* The build, as the stack cache marks the walks it keeps: a walk of one
+ * build proves nothing to a build with another runtime's walker (a JVM's
+ * frames).  A constant to the verifier. */
+static __always_inline __u16 runtime_build(void)
+{
+	return (runtimes_on ? 1 : 0) | (python_on ? 2 : 0) | (java_on ? 4 : 0) | (v8_on ? 8 : 0);
+}
+
 /*
  * The hooks' runtime builds.  Where no runtime's process runs when tracing
  * starts, the hooks load without any runtime's walker (runtimes_on false,

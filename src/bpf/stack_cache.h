@@ -189,7 +189,7 @@ __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 	e = ucache_entry(way, false);
 	if (!w || !e)
 		return 0;
-	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtimes_on ||
+	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtime_build() ||
 	    (e->bp_used && e->bp != bp))
 		return 0;
 	w->base = 0;
@@ -256,7 +256,7 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	e->gap_frames = u->gap_frames;
 	e->rt_frames = u->rt_frames;
 	e->v8 = u->v8;
-	e->runtimes = runtimes_on;
+	e->runtimes = runtime_build();
 	e->stack_id = id;
 	set->pc[way & (UCACHE_WAYS - 1)] = pr->pc;
 	set->sp[way & (UCACHE_WAYS - 1)] = pr->sp;

@@ -23,8 +23,7 @@
 #ifndef __OFFCPUTIME_V8_H__
 #define __OFFCPUTIME_V8_H__
 
-/* Set at load: --no-node leaves it off. */
-const volatile bool v8_on = false;
+/* v8_on (--no-node leaves it off): see runtime.h. */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

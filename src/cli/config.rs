@@ -132,7 +132,7 @@ impl Args {
                 java: !self.no_java,
                 node: !self.no_node,
                 // Looked at as the trace starts.
-                runtimes_running: true,
+                runtimes_running: crate::tracer::RuntimeKinds::ALL,
                 on_cpu_hz: self.on_cpu_hz()?,
                 timeline_min_ns: self.timeline_min_ns()?,
                 chains: self.chains || self.graph,

@@ -120,23 +120,20 @@ pub const RUNTIMES: &[Spec] = &[
     },
 ];
 
-/// Whether a process of a runtime that `on` says is read may be running
-/// now (of `tgids` only, if any): a file its name hints at
+/// The runtimes that `on` says are read whose processes may be running now
+/// (of `tgids` only, if any): a file its name hints at
 /// ([`Spec::mapped_name_hints`]) mapped by a process. A quick look, not the
-/// registry's: it decides only whether the hooks load with the runtimes'
-/// walkers at once or when the first such process is noted (a process
-/// missed here has its runtime's frames from then on; a name that misleads
-/// costs the load of the walkers). Every file read belongs to another
-/// process, and may be gone: what cannot be read is skipped.
-pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> bool {
+/// registry's: it decides only which runtimes' walkers the hooks load with
+/// at once, the others' loading when the first such process is noted (a
+/// process missed here has its runtime's frames from then on; a name that
+/// misleads costs the load of a walker). Every file read belongs to
+/// another process, and may be gone: what cannot be read is skipped.
+pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> Vec<Kind> {
     use std::io::{BufRead, BufReader};
-    let hints: Vec<&str> = RUNTIMES
-        .iter()
-        .filter(|s| on(s.kind))
-        .flat_map(|s| s.mapped_name_hints.iter().copied())
-        .collect();
-    if hints.is_empty() {
-        return false;
+    let mut left: Vec<&Spec> = RUNTIMES.iter().filter(|s| on(s.kind)).collect();
+    let mut found = Vec::new();
+    if left.is_empty() {
+        return found;
     }
     let own = std::process::id();
     let pids: Vec<u32> = if tgids.is_empty() {
@@ -145,36 +142,49 @@ pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> bool {
                 .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
                 .filter(|&pid| pid != own)
                 .collect(),
-            // Not known: as if one ran.
-            Err(_) => return true,
+            // Not known: as if every one ran.
+            Err(_) => return left.iter().map(|s| s.kind).collect(),
         }
     } else {
         tgids.to_vec()
     };
-    let hinted = |line: &str| {
+    // The runtime of `line`'s file, if its name hints at one still left.
+    let hinted = |line: &str, left: &[&Spec]| -> Option<usize> {
         // The path, after five fields; its last component.
         let path = line.splitn(6, ' ').nth(5).unwrap_or("").trim_start();
         let name = path.rsplit('/').next().unwrap_or("");
-        path.starts_with('/') && hints.iter().any(|h| name.contains(h))
+        if !path.starts_with('/') {
+            return None;
+        }
+        left.iter()
+            .position(|s| s.mapped_name_hints.iter().any(|h| name.contains(h)))
     };
-    pids.into_iter().any(|pid| {
+    for pid in pids {
         let Ok(maps) = File::open(format!("/proc/{pid}/maps")) else {
-            return false;
+            continue;
         };
         // Every line: maps are in address order, and a library mapped
         // early lies high, below thousands of later mappings in a
-        // process that has run a while.
+        // process that has run a while. A process runs one runtime.
         let mut lines = BufReader::new(maps);
         let mut line = String::new();
         loop {
             line.clear();
             match lines.read_line(&mut line) {
-                Ok(0) | Err(_) => return false,
-                Ok(_) if hinted(&line) => return true,
-                Ok(_) => {}
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Some(i) = hinted(&line, &left) {
+                        found.push(left.remove(i).kind);
+                        break;
+                    }
+                }
             }
         }
-    })
+        if left.is_empty() {
+            break;
+        }
+    }
+    found
 }
 
 impl Kind {

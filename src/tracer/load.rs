@@ -702,7 +702,7 @@ pub(super) fn plan_programs(
             && trusted
             && start_user_stacks
             && modern
-            && !opts.runtimes_running,
+            && opts.runtimes_running.and(opts.runtime_kinds()) != opts.runtime_kinds(),
         on_cpu: opts.on_cpu_hz.is_some(),
         // The disk of a wake-up from a block I/O completion.
         chains: opts.chains,
@@ -759,39 +759,41 @@ pub(super) enum Later<'obj> {
     None,
     /// Not loaded yet: its room, and the runtimes' settings of the
     /// runtimes' builds (those the hooks loaded without).
-    Unopened(&'obj mut MaybeUninit<OpenObject>, RuntimeSettings),
+    Unopened(&'obj mut MaybeUninit<OpenObject>, RuntimeKinds),
     Loaded(Box<OffcputimeSkel<'obj>>),
     /// Its load failed (said by the first caller).
     Failed,
 }
 
-/// Which runtimes' walkers the runtimes' builds have (`.rodata`).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct RuntimeSettings {
-    pub(super) python: bool,
-    pub(super) java: bool,
-    pub(super) node: bool,
-}
-
-impl RuntimeSettings {
-    /// Leaves the runtimes' walkers out of the build of `rodata`, the
-    /// hooks then calling their runtime builds once loaded; returns what
-    /// those builds are to have.
-    pub(super) fn leave_out(rodata: &mut crate::bpf::types::rodata) -> RuntimeSettings {
-        let settings = RuntimeSettings {
-            python: rodata.python_on,
-            java: rodata.java_on,
-            node: rodata.v8_on,
-        };
-        rodata.runtimes_on = false;
-        rodata.python_on = false;
-        rodata.java_on = false;
-        rodata.v8_on = false;
-        rodata.runtimes_later = true;
-        settings
+impl RuntimeKinds {
+    /// The runtimes' walkers of `rodata`.
+    pub(super) fn of_build(rodata: &crate::bpf::types::rodata) -> RuntimeKinds {
+        RuntimeKinds {
+            python: rodata.runtimes_on && rodata.python_on,
+            java: rodata.runtimes_on && rodata.java_on,
+            node: rodata.runtimes_on && rodata.v8_on,
+        }
     }
 
-    /// The build of `rodata` with the walkers in.
+    /// Leaves the walkers of the runtimes other than `running` out of the
+    /// build of `rodata` (all of them where none runs), the hooks then
+    /// calling their runtime builds once loaded; returns what those
+    /// builds are to have (every runtime's walker that `rodata` had).
+    pub(super) fn leave_out(
+        rodata: &mut crate::bpf::types::rodata,
+        running: RuntimeKinds,
+    ) -> RuntimeKinds {
+        let all = RuntimeKinds::of_build(rodata);
+        let kept = all.and(running);
+        rodata.runtimes_on = kept.any();
+        rodata.python_on = kept.python;
+        rodata.java_on = kept.java;
+        rodata.v8_on = kept.node;
+        rodata.runtimes_later = true;
+        all
+    }
+
+    /// The build of `rodata` with these walkers in.
     fn put_in(self, rodata: &mut crate::bpf::types::rodata) {
         rodata.runtimes_on = true;
         rodata.python_on = self.python;

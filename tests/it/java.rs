@@ -487,9 +487,15 @@ fn a_jvm_started_during_the_trace_is_walked() {
     let dir = tempfile::tempdir().unwrap();
     let lib = build(dir.path());
     let mut reported = None;
+    // The hooks loaded with Python's walker only, as where a CPython
+    // process runs at the start: the build with every runtime's walker
+    // loads once the JVM is noted, and takes the hooks over.
     let (out, _, _) = profile_during_with(
         &["-f", "--lines", "6"],
-        &[("OFFCPUTIME_NO_FILE_TABLES", "1")],
+        &[
+            ("OFFCPUTIME_NO_FILE_TABLES", "1"),
+            ("OFFCPUTIME_TEST_RUNTIMES_AT_START", "python"),
+        ],
         |_| {
             let (jvm, r) = start(&java, dir.path(), &lib);
             reported = Some(r);
@@ -500,6 +506,13 @@ fn a_jvm_started_during_the_trace_is_walked() {
     let reported = reported.expect("the JVM started");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("java: HotSpot 21."), "{stderr}");
+    assert!(
+        stderr.contains(
+            "runtimes' walkers: Python's walker loaded with the hooks (a process of theirs ran at \
+             the start); every runtime's loaded when the first process of a runtime was noted"
+        ),
+        "{stderr}"
+    );
     frames_are_the_jvms(&out.stdout, &reported, "started during the trace");
     // `N with a runtime's frames: M frames` of the copies walked.
     let copied = stderr

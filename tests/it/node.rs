@@ -438,16 +438,34 @@ fn a_node_started_during_the_trace_is_walked() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut reported = None;
-    let (out, _, _) =
-        profile_during_with(&["-f", "6"], &[("OFFCPUTIME_NO_FILE_TABLES", "1")], |_| {
+    // The hooks loaded with Python's walker only, as where a CPython
+    // process runs at the start: the build with every runtime's walker
+    // loads once the node process is noted. Walks the first build kept
+    // (through V8's frames by their frame pointers, without its walker)
+    // prove nothing to the second.
+    let (out, _, _) = profile_during_with(
+        &["-f", "6"],
+        &[
+            ("OFFCPUTIME_NO_FILE_TABLES", "1"),
+            ("OFFCPUTIME_TEST_RUNTIMES_AT_START", "python"),
+        ],
+        |_| {
             let (proc_, r) = start(&node, dir.path());
             reported = Some(r);
             // Its copies walked (and their frames read) while it lives.
             std::thread::sleep(std::time::Duration::from_secs(2));
             drop(proc_);
-        });
+        },
+    );
     let reported = reported.expect("node started");
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "runtimes' walkers: Python's walker loaded with the hooks (a process of theirs ran at \
+             the start); every runtime's loaded when the first process of a runtime was noted"
+        ),
+        "{stderr}"
+    );
     // Its own, and any other node of this release still exiting from an
     // earlier test on a loaded machine: at least one.
     let walked = count_before_any(

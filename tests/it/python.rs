@@ -277,13 +277,14 @@ fn cpython(version: &str, prefix: &str) {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let stderr = traced("started before", "2", &[]);
-    // Noted before the window opened, with the walkers in the hooks: its
-    // blocks had their Python frames from the start, and the refresh (an
-    // object of its own to verify and load) was not loaded for it.
+    // Noted before the window opened, with Python's walker in the hooks
+    // (and no other's: no process of another runtime traced): its blocks
+    // had their Python frames from the start, and the refresh (an object
+    // of its own to verify and load) was not loaded for it.
     assert!(
         stderr.contains(
-            "runtimes' walkers: loaded with the hooks; the refresh of the blocks walked before \
-             their process's runtime was noted not needed"
+            "runtimes' walkers: Python's walker loaded with the hooks (a process of theirs ran \
+             at the start); every runtime's not loaded"
         ),
         "{version}: {stderr}"
     );
