@@ -158,6 +158,8 @@ impl crate::tracer::StartTables for StartingTables<'_> {
     }
 
     fn install_runtimes(&mut self, store: crate::tracer::RuntimeStore) {
+        // Another attempt's store: the marks of the one before are void.
+        self.registry.forget_runtimes_at_start();
         if self.unwinder.is_none() {
             // No tables: the processes are noted here.
             self.noted = processes_to_trace(self.config, self.cgroups);

@@ -40,23 +40,31 @@ static ENDING: AtomicBool = AtomicBool::new(false);
 fn set_realtime(tid: libc::pid_t) -> bool {
     let param = libc::sched_param { sched_priority: 1 };
     // SAFETY: sched_setscheduler reads `param` and changes the policy of
-    // a thread of this process (one that has exited fails harmlessly).
+    // a thread of this process: the calling one, or a helper on the list
+    // (under its lock; a helper leaves it as it ends, see helper_ends).
     unsafe {
         libc::sched_setscheduler(tid, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param) == 0
     }
 }
 
-/// Thread `tid` (0: the calling one) back in the normal class.
+/// Thread `tid` (0: the calling one) back in the normal class. Without
+/// `CAP_SYS_NICE` (in the real-time class by `RLIMIT_RTPRIO`) the kernel
+/// refuses to clear the reset-on-fork flag that [`set_realtime`] set:
+/// the thread then keeps it (its children start at nice 0).
 fn set_normal_class(tid: libc::pid_t) {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: as in set_realtime.
-    unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
+    unsafe {
+        if libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) != 0 {
+            libc::sched_setscheduler(tid, libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK, &param);
+        }
+    }
 }
 
 /// Nice value of thread `tid` of this process (0: the calling one).
 fn set_nice(tid: libc::pid_t, nice: i32) -> bool {
-    // SAFETY: setpriority on a thread id of this process; one that has
-    // exited fails harmlessly.
+    // SAFETY: setpriority on a thread id of this process (as in
+    // set_realtime).
     unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0 }
 }
 
@@ -85,8 +93,9 @@ static START_REALTIME: AtomicBool = AtomicBool::new(false);
 /// 40` (8,200 threads on 2 CPUs) start-up took 1.4–2.2 s to attached and
 /// the report 0.6–0.8 s, against 0.27 s and 0.08 s in the real-time class
 /// (docs/benchmarks-history.md). Nothing is measured meanwhile: the
-/// window opens at the end of start-up, when the caller leaves the class,
-/// and the report starts once it has closed. Threads that start-up and
+/// window opens as start-up ends, microseconds before the caller leaves
+/// the class (the builders idle by then), and the report starts once it
+/// has closed. Threads that start-up and
 /// the report start for their work join it ([`join_raise`]); the table
 /// builders follow [`loading`].
 pub fn raise_start() -> Raised {
@@ -133,11 +142,7 @@ impl Raised {
             // The builders as after start-up: nice -20 (see `settle`),
             // unless the lookout holds them in the real-time class.
             if !REALTIME.load(Ordering::Acquire) {
-                let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
-                for tid in helpers {
-                    set_normal_class(tid);
-                    set_nice(tid, -20);
-                }
+                lower_helpers();
             }
         }
     }
@@ -211,13 +216,13 @@ pub struct Lookout {
 }
 
 impl Lookout {
-    ///
-    /// At `deadline`, the window's end, it raises the loop for the end of
-    /// the trace (the end iterators, the last news) and the report, which
-    /// follows in the real-time class too (see [`raise_start`]): the
-    /// window's end is dated by the BPF program, but a loop at the user's
-    /// priority woke up for it 1–2 s late under `examples/stackfarm
-    /// --procs 200 --depth 40`, and the whole run took that much longer.
+    /// Starts the lookout (see [`Lookout`]). At `deadline`, the window's
+    /// end, it also raises the loop for the end of the trace (the end
+    /// iterators, the last news) and the report, which follows in the
+    /// real-time class too (see [`raise_start`]): the window's end is
+    /// dated by the BPF program, but a loop at the user's priority woke up
+    /// for it 1–2 s late under `examples/stackfarm --procs 200 --depth
+    /// 40`, and the whole run took that much longer.
     pub fn start(
         copies: Option<Box<dyn FnMut() -> u64 + Send>>,
         news: Option<NewsWaiting>,
@@ -257,10 +262,13 @@ impl Lookout {
                         if (now != last || news_late) && !LOOKED_OUT.swap(true, Ordering::AcqRel) {
                             // The table builders too: the copies wait for
                             // the tables they build. They stay raised.
-                            let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
-                            for tid in helpers.into_iter().chain([loop_tid]) {
-                                if !(rt && set_realtime(tid)) {
-                                    set_nice(tid, -20);
+                            // Under the lock: a helper that ended is off
+                            // the list, its tid not another thread's.
+                            if let Ok(h) = HELPERS.lock() {
+                                for &tid in h.1.iter().chain([&loop_tid]) {
+                                    if !(rt && set_realtime(tid)) {
+                                        set_nice(tid, -20);
+                                    }
                                 }
                             }
                             REALTIME.store(rt, Ordering::Release);
@@ -278,11 +286,7 @@ impl Lookout {
     /// (the builders at nice -20, as after start-up).
     pub fn end_raise() {
         if REALTIME.swap(false, Ordering::AcqRel) {
-            let helpers = HELPERS.lock().map(|h| h.1.clone()).unwrap_or_default();
-            for tid in helpers {
-                set_normal_class(tid);
-                set_nice(tid, -20);
-            }
+            lower_helpers();
             if !ENDING.load(Ordering::Acquire) {
                 set_normal_class(0);
             }
@@ -343,7 +347,11 @@ impl Drop for Raised {
         self.leave_realtime();
         if self.active {
             RAISED.store(false, Ordering::Release);
-            set_this_thread(NORMAL.load(Ordering::Relaxed));
+            // Once the window has ended, the loop stays raised for the
+            // trace's end (see [`Lookout::start`]).
+            if !ENDING.load(Ordering::Acquire) {
+                set_this_thread(NORMAL.load(Ordering::Relaxed));
+            }
         }
     }
 }
@@ -391,6 +399,27 @@ pub fn below_loader() {
         set_this_thread(HELPER_NICE.min(NORMAL.load(Ordering::Relaxed)));
     } else {
         join_raise();
+    }
+}
+
+/// The helpers in the normal class at nice -20, as after start-up (under
+/// the list's lock: one that ended is off it, see [`helper_ends`]).
+fn lower_helpers() {
+    if let Ok(h) = HELPERS.lock() {
+        for &tid in &h.1 {
+            set_normal_class(tid);
+            set_nice(tid, -20);
+        }
+    }
+}
+
+/// For a helper thread of [`below_loader`] as it ends: off the list of
+/// those raised and lowered by tid (which another thread may take next).
+pub fn helper_ends() {
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    if let Ok(mut h) = HELPERS.lock() {
+        h.1.retain(|&t| t != me);
     }
 }
 

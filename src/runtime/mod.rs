@@ -124,12 +124,14 @@ pub const RUNTIMES: &[Spec] = &[
 /// (of `tgids` only, if any): a file its name hints at
 /// ([`Spec::mapped_name_hints`]) mapped by a process. A quick look, not the
 /// registry's: it decides only which runtimes' walkers the hooks load with
-/// at once, the others' loading when the first such process is noted (a
-/// process missed here has its runtime's frames from then on; a name that
-/// misleads costs the load of a walker). Every file read belongs to
-/// another process, and may be gone: what cannot be read is skipped.
+/// at once, the others' loading when a runtime's process is noted while
+/// tracing (a process missed here, or started between this look and the
+/// window's start, has its runtime's frames from then on, its blocks under
+/// way at the start without them unless it is a CPython process, which
+/// the refresh walks again; a name that misleads costs the load of a
+/// walker). Every file read belongs to another process, and may be gone:
+/// what cannot be read is skipped.
 pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> Vec<Kind> {
-    use std::io::{BufRead, BufReader};
     let mut left: Vec<&Spec> = RUNTIMES.iter().filter(|s| on(s.kind)).collect();
     let mut found = Vec::new();
     if left.is_empty() {
@@ -148,43 +150,45 @@ pub fn maybe_running(tgids: &[u32], on: &dyn Fn(Kind) -> bool) -> Vec<Kind> {
     } else {
         tgids.to_vec()
     };
-    // The runtime of `line`'s file, if its name hints at one still left.
-    let hinted = |line: &str, left: &[&Spec]| -> Option<usize> {
-        // The path, after five fields; its last component.
-        let path = line.splitn(6, ' ').nth(5).unwrap_or("").trim_start();
-        let name = path.rsplit('/').next().unwrap_or("");
-        if !path.starts_with('/') {
-            return None;
-        }
-        left.iter()
-            .position(|s| s.mapped_name_hints.iter().any(|h| name.contains(h)))
-    };
     for pid in pids {
         let Ok(maps) = File::open(format!("/proc/{pid}/maps")) else {
             continue;
         };
-        // Every line: maps are in address order, and a library mapped
-        // early lies high, below thousands of later mappings in a
-        // process that has run a while. A process runs one runtime.
-        let mut lines = BufReader::new(maps);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match lines.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Some(i) = hinted(&line, &left) {
-                        found.push(left.remove(i).kind);
-                        break;
-                    }
-                }
-            }
-        }
+        hinted_kinds(std::io::BufReader::new(maps), &mut left, &mut found);
         if left.is_empty() {
             break;
         }
     }
     found
+}
+
+/// The runtimes of `left` that the files of `maps` (a process's
+/// `/proc/PID/maps`) hint at, moved to `found`. Every line: maps are in
+/// address order, and a library mapped early lies high, below thousands
+/// of later mappings in a process that has run a while. A process runs
+/// one runtime, but may map a library whose name hints at another (a
+/// JVM's embedded node or Python): every hint is taken.
+fn hinted_kinds(mut maps: impl std::io::BufRead, left: &mut Vec<&Spec>, found: &mut Vec<Kind>) {
+    let mut line = String::new();
+    while !left.is_empty() {
+        line.clear();
+        match maps.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        // The path, after five fields; its last component.
+        let path = line.splitn(6, ' ').nth(5).unwrap_or("").trim();
+        let name = path.rsplit('/').next().unwrap_or("");
+        if !path.starts_with('/') {
+            continue;
+        }
+        if let Some(i) = left
+            .iter()
+            .position(|s| s.mapped_name_hints.iter().any(|h| name.contains(h)))
+        {
+            found.push(left.remove(i).kind);
+        }
+    }
 }
 
 impl Kind {
@@ -501,6 +505,28 @@ impl Memory for ProcMem {
 
 #[cfg(test)]
 mod tests {
+    /// A JVM that maps a library whose name hints at node (Javet's) below
+    /// its libjvm.so: both runtimes are taken, Java's too, and a file
+    /// named for no runtime, or a mapping without a path, is none.
+    #[test]
+    fn every_hint_of_a_process_is_taken() {
+        let maps = "\
+7f1000000000-7f1000100000 r-xp 00000000 08:01 11 /opt/app/libjavet-node-linux-x86_64.so
+7f2000000000-7f2000100000 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f3000000000-7f3000100000 rw-p 00000000 00:00 0 
+7f4000000000-7f4000100000 r-xp 00000000 08:01 13 /usr/lib/jvm/java-17/lib/server/libjvm.so
+";
+        let mut left: Vec<&Spec> = RUNTIMES.iter().collect();
+        let mut found = Vec::new();
+        hinted_kinds(maps.as_bytes(), &mut left, &mut found);
+        assert_eq!(found, vec![Kind::Node, Kind::Java]);
+        assert_eq!(left.len(), 1);
+        // Nothing left to look for: nothing read.
+        let mut none: Vec<&Spec> = Vec::new();
+        hinted_kinds(maps.as_bytes(), &mut none, &mut found);
+        assert_eq!(found.len(), 2);
+    }
+
     use super::*;
 
     /// Each runtime's entry is at its kind's index, and its state says

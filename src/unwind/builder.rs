@@ -86,6 +86,7 @@ impl Builder {
                             }
                             crate::give_back_freed_memory();
                         }
+                        crate::priority::helper_ends();
                     })
                     .ok()
             })

@@ -100,6 +100,11 @@ impl Registry {
         self.runtimes_at_start.insert(p);
     }
 
+    /// Forgets every mark of [`Registry::note_runtime_at_start`].
+    pub fn forget_runtimes_at_start(&mut self) {
+        self.runtimes_at_start.clear();
+    }
+
     /// Whether process `p`'s runtime was told to the BPF program before
     /// the window opened (once: the mark is taken).
     pub fn take_runtime_at_start(&mut self, p: Proc) -> bool {
