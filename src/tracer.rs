@@ -303,13 +303,12 @@ impl TracerOptions {
     /// Whether the frames of runtime `kind` are read (its `--no-` flag
     /// not given).
     pub fn runtime_on(&self, kind: crate::runtime::Kind) -> bool {
-        use crate::runtime::Kind;
-        self.user_stacks
-            && match kind {
-                Kind::Python => self.python,
-                Kind::Java => self.java,
-                Kind::Node => self.node,
-            }
+        let flags = RuntimeKinds {
+            python: self.python,
+            java: self.java,
+            node: self.node,
+        };
+        self.user_stacks && flags.has(kind)
     }
 }
 
