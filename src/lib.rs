@@ -16,6 +16,7 @@
 //! stacks) before [`filter`] and [`output`], and [`cli`] and [`app`] last.
 
 pub mod app;
+mod btf;
 pub mod chains;
 pub mod cli;
 pub mod container;
@@ -82,6 +83,7 @@ mod bpf = "offcputime.skel.rs" {
     unsafe impl plain::Plain for types::block_record {}
     unsafe impl plain::Plain for types::korc_pair {}
     unsafe impl plain::Plain for types::py_code_event {}
+    include!(concat!(env!("OUT_DIR"), "/offcputime.core.rs"));
 }
 }
 

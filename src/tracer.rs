@@ -12,7 +12,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use crate::bpf::types;
-use crate::bpf::{OffcputimeSkel, OffcputimeSkelBuilder};
+use crate::bpf::OffcputimeSkel;
 use crate::process::{ticks_of_ns, Proc};
 use crate::raw::{
     monotonic_ns, stored_words, AddressSpace, LossCounters, MappedVma, OffState, RawBlock,
@@ -22,6 +22,7 @@ use crate::raw::{
 
 mod attach;
 mod batch;
+mod core_btf;
 mod cpuclock;
 pub mod kernel;
 pub use kernel::check_environment;
@@ -612,7 +613,7 @@ impl<'obj> Tracer<'obj> {
         };
         let mut phases = Phases::default();
         let [hooks_room, iterators_room, later_room] = room.each_mut();
-        let builder = OffcputimeSkelBuilder::default();
+        let builder = core_btf::builder();
         let mut open = builder
             .open(hooks_room)
             .context("failed to open the BPF object")?;
@@ -805,6 +806,12 @@ impl<'obj> Tracer<'obj> {
     }
 
     /// How long starting took, step by step.
+    /// What the objects' CO-RE relocations were made against (see
+    /// `core_btf`), for `-v`.
+    pub fn core_relocations() -> String {
+        core_btf::describe()
+    }
+
     pub fn phases(&self) -> &Phases {
         &self.phases
     }

@@ -756,6 +756,7 @@ fn announce(config: &Config, tracer: &Tracer<'_>, began: Instant, started: Insta
             started.elapsed().as_secs_f64() * 1e3,
             tracer.phases(),
         );
+        eprintln!("offcputime: {}", crate::tracer::Tracer::core_relocations());
     }
     eprintln!("{}", config.status_line());
     if config.tracer.sample_ns > 0 && !tracer.hook().stacks_at_switch_in() {

@@ -416,7 +416,7 @@ fn open_on_maps_but<'obj>(
     part: Part,
     rodata: Option<&crate::bpf::types::rodata>,
 ) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
-    let mut open = OffcputimeSkelBuilder::default()
+    let mut open = super::core_btf::builder()
         .open(object)
         .context("failed to open the BPF object")?;
     for mut map in open.open_object_mut().maps_mut() {
@@ -503,6 +503,7 @@ pub(super) fn configure(
             .rodata_data
             .as_deref_mut()
             .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+        rodata.task_struct_kernel_id = super::core_btf::task_struct_id();
         rodata.filter_by_tgid = !opts.tgids.is_empty();
         rodata.filter_by_tid = !opts.tids.is_empty();
         rodata.filter_by_cgroup = !opts.cgroups.is_empty();

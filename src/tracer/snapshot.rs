@@ -13,7 +13,7 @@ use super::{
     load_while, program_of, read_counters, read_stack, Attempt, Objects, Plan, Role, StartTables,
     TracerOptions, Unwind, UnwindStore,
 };
-use crate::bpf::{types, OffcputimeSkelBuilder};
+use crate::bpf::types;
 use crate::process::ticks_of_ns;
 use crate::raw::{LossCounters, StackRef};
 
@@ -109,7 +109,7 @@ fn try_snapshot(
     user: bool,
     tables: &mut dyn StartTables,
 ) -> Result<RawSnapshot> {
-    let mut open = OffcputimeSkelBuilder::default()
+    let mut open = super::core_btf::builder()
         .open(object)
         .context("failed to open the BPF object")?;
     configure(&mut open, opts)?;

@@ -20,6 +20,7 @@ const LAYERS: &[&str] = &[
     "raw",
     "oncpu",
     "container",
+    "btf",
     // Files: object files, the kernel's symbols, unwind tables.
     "elf",
     "ksyms",
