@@ -955,11 +955,9 @@ static __always_inline __u32 walk_user(struct unwind_state *u, struct task_struc
  */
 static __always_inline struct task_struct *task_to_walk(struct task_struct *t)
 {
-	if (!bpf_ksym_exists(bpf_rdonly_cast))
+	if (!bpf_ksym_exists(bpf_rdonly_cast) || !task_struct_kernel_id)
 		return t;
-	if (task_struct_kernel_id)
-		return bpf_rdonly_cast(t, task_struct_kernel_id);
-	return bpf_core_cast(t, struct task_struct);
+	return bpf_rdonly_cast(t, task_struct_kernel_id);
 }
 
 /* Where `task` entered the kernel from user space: its pc, sp and bp

@@ -26,9 +26,9 @@ const volatile bool notify_new_tasks = true;
 const volatile bool switch_has_prev_state = false;
 /* The hook takes stacks at the switch-in (the finish_task_switch kprobe). */
 const volatile bool stacks_at_switch_in = false;
-/* The kernel's BTF id of struct task_struct, where userspace gives libbpf
- * a copy of the kernel's types for CO-RE (their ids are not the kernel's);
- * 0: found by a CO-RE relocation. */
+/* The kernel's BTF id of struct task_struct, from userspace (which gives
+ * libbpf a copy of the kernel's types for CO-RE, whose ids are not the
+ * kernel's); 0 where it could not read it: no cast (see task_to_walk). */
 const volatile __u32 task_struct_kernel_id = 0;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */

@@ -23,24 +23,30 @@ pub(super) struct KernelTypes {
     _file: std::fs::File,
     /// `/proc/self/fd/N`, for libbpf to read.
     pub(super) path: std::path::PathBuf,
-    /// The kernel's id of `struct task_struct` (the BPF program casts to
-    /// it by id: a CO-RE type-id relocation against these types would
-    /// give their own ids).
-    pub(super) task_struct: u32,
     /// How many types these are, of how many.
     pub(super) kept: usize,
     pub(super) of: usize,
 }
 
-static TYPES: OnceLock<std::result::Result<KernelTypes, String>> = OnceLock::new();
+/// What was read of the kernel's BTF: the kernel's id of `struct
+/// task_struct` (0 if unknown), and its types for CO-RE or why there are
+/// none.
+type Read = (u32, std::result::Result<KernelTypes, String>);
+
+static TYPES: OnceLock<Read> = OnceLock::new();
+
+fn read() -> &'static Read {
+    TYPES.get_or_init(|| {
+        let mut task_struct = 0;
+        let types = build(&mut task_struct).map_err(|e| format!("{e:#}"));
+        (task_struct, types)
+    })
+}
 
 /// The kernel's types for CO-RE, or why there are none (each object is
 /// then relocated against the kernel's whole BTF).
 pub(super) fn kernel_types() -> std::result::Result<&'static KernelTypes, &'static str> {
-    TYPES
-        .get_or_init(|| build().map_err(|e| format!("{e:#}")))
-        .as_ref()
-        .map_err(|e| e.as_str())
+    read().1.as_ref().map_err(|e| e.as_str())
 }
 
 /// What `-v` says of the types the objects were relocated against.
@@ -55,19 +61,20 @@ pub(super) fn describe() -> String {
     }
 }
 
-fn build() -> Result<KernelTypes> {
+/// The kernel's types for CO-RE; `task_struct` set to the kernel's id of
+/// `struct task_struct` once known, whatever follows.
+fn build(task_struct: &mut u32) -> Result<KernelTypes> {
     let path = "/sys/kernel/btf/vmlinux";
     let raw = Raw::read(path).with_context(|| format!("could not read {path}"))?;
     let kernel = btf::Btf::parse(raw.bytes()).map_err(|e| anyhow!("{path}: {e}"))?;
+    *task_struct = kernel
+        .find(btf::KIND_STRUCT, "task_struct")
+        .ok_or_else(|| anyhow!("{path}: no struct task_struct"))?;
     let minimal =
         btf::minimal(&kernel, crate::bpf::CORE_TYPES).map_err(|e| anyhow!("{path}: {e}"))?;
-
     if let Some(name) = minimal.missing.first() {
         bail!("the kernel has no type {name}; libbpf looks for it in the modules' types");
     }
-    let task_struct = kernel
-        .find(btf::KIND_STRUCT, "task_struct")
-        .ok_or_else(|| anyhow!("{path}: no struct task_struct"))?;
     // SAFETY: memfd_create with a NUL-terminated name; the descriptor it
     // returns is new and owned by the File made of it.
     let fd = unsafe { libc::memfd_create(c"offcputime-btf".as_ptr(), libc::MFD_CLOEXEC) };
@@ -85,7 +92,6 @@ fn build() -> Result<KernelTypes> {
     Ok(KernelTypes {
         _file: file,
         path,
-        task_struct,
         kept: minimal.types,
         of: kernel.count(),
     })
@@ -104,9 +110,11 @@ pub(super) fn builder() -> crate::bpf::OffcputimeSkelBuilder {
 }
 
 /// The kernel's id of `struct task_struct`, for the object's `.rodata`
-/// (0: the object finds it by a CO-RE relocation).
+/// (the program casts to it by id: a CO-RE type-id relocation against the
+/// types kept would give their own id); 0 if the kernel's BTF could not
+/// be read here.
 pub(super) fn task_struct_id() -> u32 {
-    kernel_types().map_or(0, |t| t.task_struct)
+    read().0
 }
 
 /// A file's bytes: mapped where the file can be (the kernel's BTF, from
@@ -202,21 +210,16 @@ mod tests {
     /// Relocated against the kernel's types kept, every program of the
     /// object is what it is relocated against the kernel's whole BTF:
     /// each instruction the same, but for the descriptors of maps (each
-    /// object creates its own) and the type id of `struct task_struct`
-    /// (the id in the types kept; the program uses the kernel's, from its
-    /// `.rodata`, where they are given). Needs the privilege to create
-    /// maps (root, as under CI).
+    /// object creates its own). Needs the privilege to create maps (root,
+    /// as under CI).
     #[test]
     fn relocations_against_the_types_kept_are_those_against_all() {
         let ci = std::env::var("CI").as_deref() == Ok("true");
-        let types = match kernel_types() {
-            Ok(t) => t,
-            Err(why) => {
-                assert!(!ci, "no kernel types for CO-RE: {why}");
-                eprintln!("skipped: no kernel types for CO-RE: {why}");
-                return;
-            }
-        };
+        if let Err(why) = kernel_types() {
+            assert!(!ci, "no kernel types for CO-RE: {why}");
+            eprintln!("skipped: no kernel types for CO-RE: {why}");
+            return;
+        }
         let whole = match relocated(crate::bpf::OffcputimeSkelBuilder::default()) {
             Ok(p) => p,
             Err(why) => {
@@ -226,14 +229,8 @@ mod tests {
             }
         };
         let kept = relocated(builder()).expect("relocated against the types kept");
-        let raw = std::fs::read(&types.path).unwrap();
-        let own_id = btf::Btf::parse(&raw)
-            .unwrap()
-            .find(btf::KIND_STRUCT, "task_struct")
-            .expect("the types kept have task_struct");
         assert_eq!(whole.len(), kept.len());
         assert!(whole.len() > 20, "{} programs", whole.len());
-        let mut task_ids = 0;
         for ((name, a), (name_b, b)) in whole.iter().zip(&kept) {
             assert_eq!(name, name_b);
             assert_eq!(a.len(), b.len(), "{name}: instruction counts");
@@ -251,15 +248,11 @@ mod tests {
                     i += 2;
                     continue;
                 }
-                if (x.imm, y.imm) == (types.task_struct as i32, own_id as i32) {
-                    task_ids += 1;
-                } else {
-                    assert_eq!(x.imm, y.imm, "{what}");
-                }
+                assert_eq!(x.imm, y.imm, "{what}");
                 i += 1;
             }
         }
-        assert!(task_ids > 0, "the cast to task_struct by id is relocated");
+        assert!(task_struct_id() > 0);
     }
 
     /// The kernel's BTF damaged (cut short, bytes changed) is refused or
