@@ -805,13 +805,13 @@ impl<'obj> Tracer<'obj> {
         Ok((start, (end != 0).then_some(end)))
     }
 
-    /// How long starting took, step by step.
     /// What the objects' CO-RE relocations were made against (see
     /// `core_btf`), for `-v`.
     pub fn core_relocations() -> String {
         core_btf::describe()
     }
 
+    /// How long starting took, step by step.
     pub fn phases(&self) -> &Phases {
         &self.phases
     }
