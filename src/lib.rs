@@ -84,6 +84,38 @@ mod bpf = "offcputime.skel.rs" {
     unsafe impl plain::Plain for types::korc_pair {}
     unsafe impl plain::Plain for types::py_code_event {}
     include!(concat!(env!("OUT_DIR"), "/offcputime.core.rs"));
+    include!(concat!(env!("OUT_DIR"), "/offcputime.plain.rs"));
+
+    std::thread_local! {
+        /// Whether the skeleton opened on this thread now is the plain
+        /// build (see [`opening_plain`]).
+        static PLAIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// The object the skeleton opens (build.rs puts this call in it):
+    /// its own bytes, the general build's, or the plain build's.
+    fn object_bytes(general: &'static [u8]) -> &'static [u8] {
+        if PLAIN.get() {
+            &OBJECT_PLAIN
+        } else {
+            general
+        }
+    }
+
+    /// `open`, the skeleton's opening of the plain build of the object
+    /// where `plain`, else of the general one (build.rs: both have the
+    /// same maps, programs and variables).
+    pub fn opening_plain<T>(plain: bool, open: impl FnOnce() -> T) -> T {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                PLAIN.set(false);
+            }
+        }
+        PLAIN.set(plain);
+        let _reset = Reset;
+        open()
+    }
 }
 }
 

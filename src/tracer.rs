@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{Iter, Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use crate::bpf::types;
@@ -455,6 +455,8 @@ pub struct Tracer<'obj> {
     /// started (sleepable iterator, Linux 5.18).
     plan: Plan,
     phases: Phases,
+    /// Which build of the object the hooks and iterators are.
+    build: Build,
     /// User stacks of processes without tables yet are copied for
     /// userspace to walk (`--unwind dwarf`, not the legacy programs).
     deferring: bool,
@@ -613,10 +615,8 @@ impl<'obj> Tracer<'obj> {
         };
         let mut phases = Phases::default();
         let [hooks_room, iterators_room, later_room] = room.each_mut();
-        let builder = core_btf::builder();
-        let mut open = builder
-            .open(hooks_room)
-            .context("failed to open the BPF object")?;
+        let build = Build::for_run(opts, Some(hook));
+        let mut open = open_build(hooks_room, build)?;
         phases.mark("open");
 
         configure(&mut open, opts)?;
@@ -627,8 +627,10 @@ impl<'obj> Tracer<'obj> {
                 .rodata_data
                 .as_deref_mut()
                 .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
-            rodata.stacks_at_switch_in = hook == Hook::FinishTaskSwitch;
-            rodata.test_refuse_tp_btf = hook == Hook::TpBtf && opts.test.fail_tp_btf;
+            hook_settings(rodata, opts, hook);
+            if Build::of_settings(rodata) != build {
+                bail!("the settings are not those of the {build:?} build the object was opened as");
+            }
         }
 
         let modern = !legacy;
@@ -682,7 +684,7 @@ impl<'obj> Tracer<'obj> {
         let shared = created_maps(open.open_object())?;
         let iterators_open: Opener<'_, 'obj> = {
             let (shared, plan) = (&shared, &plan);
-            Box::new(move || open_on_maps(iterators_room, shared, plan, Part::Iterators))
+            Box::new(move || open_on_maps(iterators_room, shared, plan, Part::Iterators, build))
         };
         let openers: Vec<Opener<'_, 'obj>> =
             vec![Box::new(move || Ok((open, hooks_logs))), iterators_open];
@@ -765,6 +767,7 @@ impl<'obj> Tracer<'obj> {
             runtimes: opts.runtimes() && !legacy,
             plan,
             phases,
+            build,
             deferring: dwarf && modern,
             deferred_left: Default::default(),
             events_left: Default::default(),
@@ -809,6 +812,11 @@ impl<'obj> Tracer<'obj> {
     /// `core_btf`), for `-v`.
     pub fn core_relocations() -> String {
         core_btf::describe()
+    }
+
+    /// Which build of the object was loaded (see `load::Build`), for `-v`.
+    pub fn build(&self) -> String {
+        self.build.describe()
     }
 
     /// How long starting took, step by step.

@@ -757,6 +757,7 @@ fn announce(config: &Config, tracer: &Tracer<'_>, began: Instant, started: Insta
             tracer.phases(),
         );
         eprintln!("offcputime: {}", crate::tracer::Tracer::core_relocations());
+        eprintln!("offcputime: {}", tracer.build());
     }
     eprintln!("{}", config.status_line());
     if config.tracer.sample_ns > 0 && !tracer.hook().stacks_at_switch_in() {

@@ -50,7 +50,6 @@ const volatile __u64 ret_from_fork_asm_at = 0;
  * tracing, kretprobes): the walk stops there. */
 const volatile __u64 ret_trampoline_a = 0;
 const volatile __u64 ret_trampoline_b = 0;
-const volatile bool test_kstack_check = false;
 
 /* The modules loaded at the start (from /proc/modules and kallsyms), by
  * the address of their text, ascending: where their text begins, and

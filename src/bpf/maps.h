@@ -69,16 +69,16 @@ struct {
 } task_data_by_tid SEC(".maps");
 
 /*
- * --on-cpu: when each thread traced began its current run on a CPU, kept
- * apart from task_data (whose size the switch hooks' frames are near 6.1's
- * limit with).  `since` is a switch-in time (or an interval's end, from
- * where the cut iterator counted it), or one of these (a ktime in ns is
- * never this small).  RUN_UNSEEN: a record made at a switch-out, no switch-in
- * seen since the hooks were attached: the thread ran since before.
- * RUN_OFF: off the CPU, or its run counted up to the end.  RUN_AT_WINDOW: on
- * a CPU when the start iterator passed, counted from the window's start.
+ * --on-cpu (on_cpu_on): when each thread traced began its current run on a
+ * CPU, kept apart from task_data (whose size the switch hooks' frames are
+ * near 6.1's limit with).  `since` is a switch-in time (or an interval's
+ * end, from where the cut iterator counted it), or one of these (a ktime in
+ * ns is never this small).  RUN_UNSEEN: a record made at a switch-out, no
+ * switch-in seen since the hooks were attached: the thread ran since
+ * before.  RUN_OFF: off the CPU, or its run counted up to the end.
+ * RUN_AT_WINDOW: on a CPU when the start iterator passed, counted from the
+ * window's start.
  */
-const volatile bool on_cpu_on = false;
 
 #define RUN_UNSEEN 0
 #define RUN_OFF 1

@@ -169,10 +169,14 @@ static __noinline void run_switch_legacy(struct task_struct *prev, struct task_s
 static __always_inline void run_at_start(struct task_struct *t, __u32 tid, bool trusted,
 					 bool legacy)
 {
-	struct run_data *r, at = { .since = RUN_AT_WINDOW };
+	/* Set field by field: an initializer made the compiler keep a
+	 * constant in .rodata.cst16, a map of its own, which the plain build
+	 * (build.rs) would not have. */
+	struct run_data *r, at = {};
 
 	if (!wanted_ids(BPF_CORE_READ(t, tgid), tid, is_kthread(t, false)))
 		return;
+	at.since = RUN_AT_WINDOW;
 	if (legacy) {
 		bpf_map_update_elem(&run_by_tid, &tid, &at, BPF_NOEXIST);
 		return;

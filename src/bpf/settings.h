@@ -74,11 +74,30 @@ const volatile bool test_spill_stacks = false;
  * a kernel whose BTF they cannot use. */
 const volatile bool test_refuse_tp_btf = false;
 
+/* --on-cpu: the threads' runs on a CPU too (see struct run_data in maps.h). */
+const volatile bool on_cpu_on = false;
+/* --timeline: the shortest block recorded (0: --timeline not asked). */
+const volatile __u64 timeline_min_ns = 0;
+/* Userspace is woken once the ring of records holds this many bytes, not
+ * at every record: it reads the ring at least every 100 ms anyway. */
+const volatile __u64 timeline_wake_bytes = 0;
+/* Tests: each whole kernel stack kept beside the helper's (kstack.h). */
+const volatile bool test_kstack_check = false;
+
 /* How long to trace (0: until userspace stops it). */
 const volatile __u64 trace_duration_ns = 0;
 /* -i: the length of an interval (0: one profile for the whole window).
  * Interval i is [trace_start_ns + i * interval_ns, ... + interval_ns). */
 const volatile __u64 interval_ns = 0;
+
+/*
+ * The plain build (build.rs): the settings of a plain run are constants
+ * from here on, and the compiler leaves out the code they turn off.  The
+ * variables above stay, so that both builds have the same .rodata.
+ */
+#ifdef OFFCPUTIME_PLAIN
+#include "plain_settings.h"
+#endif
 
 /*
  * The window.  Its start is set by the start iterator (start_blocked), once

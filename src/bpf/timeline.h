@@ -1,23 +1,17 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /*
  * --timeline: each block of at least timeline_min_ns, sent to userspace as
- * it ends (struct block_record), beside the counts.
+ * it ends (struct block_record), beside the counts (the settings are in
+ * settings.h).
  */
 #ifndef __OFFCPUTIME_TIMELINE_H__
 #define __OFFCPUTIME_TIMELINE_H__
-
-/* The shortest block recorded (0: --timeline not asked). */
-const volatile __u64 timeline_min_ns = 0;
 
 /* Sized by userspace at load (a page without --timeline). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4096);
 } block_records SEC(".maps");
-
-/* Userspace is woken once the ring holds this many bytes of records, not
- * at every record: it reads the ring at least every 100 ms anyway. */
-const volatile __u64 timeline_wake_bytes = 0;
 
 /* bpf_ringbuf_submit()'s flags (uapi bpf.h). */
 #define BPF_RB_NO_WAKEUP 1

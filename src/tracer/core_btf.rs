@@ -179,11 +179,13 @@ mod tests {
     /// created, nothing loaded).
     fn relocated(
         builder: crate::bpf::OffcputimeSkelBuilder,
+        plain: bool,
     ) -> std::result::Result<Vec<(String, Vec<sys::bpf_insn>)>, String> {
         use libbpf_rs::skel::{OpenSkel, SkelBuilder};
         use libbpf_rs::AsRawLibbpf;
         let mut object = std::mem::MaybeUninit::uninit();
-        let mut open = builder.open(&mut object).map_err(|e| e.to_string())?;
+        let mut open = crate::bpf::opening_plain(plain, || builder.open(&mut object))
+            .map_err(|e| e.to_string())?;
         let obj = open.open_object_mut().as_libbpf_object().as_ptr();
         let mut out = Vec::new();
         // SAFETY: an open object, prepared once; its programs and their
@@ -208,27 +210,37 @@ mod tests {
     }
 
     /// Relocated against the kernel's types kept, every program of the
-    /// object is what it is relocated against the kernel's whole BTF:
-    /// each instruction the same, but for the descriptors of maps (each
-    /// object creates its own). Needs the privilege to create maps (root,
-    /// as under CI).
+    /// object (of each build) is what it is relocated against the
+    /// kernel's whole BTF: each instruction the same, but for the
+    /// descriptors of maps (each object creates its own). Needs the
+    /// privilege to create maps (root, as under CI).
     #[test]
     fn relocations_against_the_types_kept_are_those_against_all() {
+        let [general, plain] = [false, true].map(relocations_the_same);
+        // Each build opened as asked: the plain one's switch hook is shorter.
+        assert!(
+            general == 0 || plain < general,
+            "{plain} instructions plain, {general} general"
+        );
+    }
+
+    /// The switch hook's instructions (0 where skipped).
+    fn relocations_the_same(plain: bool) -> usize {
         let ci = std::env::var("CI").as_deref() == Ok("true");
         if let Err(why) = kernel_types() {
             assert!(!ci, "no kernel types for CO-RE: {why}");
             eprintln!("skipped: no kernel types for CO-RE: {why}");
-            return;
+            return 0;
         }
-        let whole = match relocated(crate::bpf::OffcputimeSkelBuilder::default()) {
+        let whole = match relocated(crate::bpf::OffcputimeSkelBuilder::default(), plain) {
             Ok(p) => p,
             Err(why) => {
                 assert!(!ci, "{why} (root needed)");
                 eprintln!("skipped: {why} (root needed)");
-                return;
+                return 0;
             }
         };
-        let kept = relocated(builder()).expect("relocated against the types kept");
+        let kept = relocated(builder(), plain).expect("relocated against the types kept");
         assert_eq!(whole.len(), kept.len());
         assert!(whole.len() > 20, "{} programs", whole.len());
         for ((name, a), (name_b, b)) in whole.iter().zip(&kept) {
@@ -253,6 +265,8 @@ mod tests {
             }
         }
         assert!(task_struct_id() > 0);
+        let hook = whole.iter().find(|(n, _)| n == "sched_switch_btf");
+        hook.expect("sched_switch_btf").1.len()
     }
 
     /// The kernel's BTF damaged (cut short, bytes changed) is refused or

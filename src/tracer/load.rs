@@ -403,8 +403,9 @@ pub(super) fn open_on_maps<'obj>(
     maps: &[SharedMap],
     plan: &Plan,
     part: Part,
+    build: Build,
 ) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
-    open_on_maps_but(object, maps, plan, part, None)
+    open_on_maps_but(object, maps, plan, part, build, None)
 }
 
 /// [`open_on_maps`], but for the `.rodata` of the object's own, a copy of
@@ -414,11 +415,10 @@ fn open_on_maps_but<'obj>(
     maps: &[SharedMap],
     plan: &Plan,
     part: Part,
+    build: Build,
     rodata: Option<&crate::bpf::types::rodata>,
 ) -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> {
-    let mut open = super::core_btf::builder()
-        .open(object)
-        .context("failed to open the BPF object")?;
+    let mut open = open_build(object, build)?;
     for mut map in open.open_object_mut().maps_mut() {
         let own = rodata.is_some() && map.name().to_string_lossy().ends_with(".rodata");
         if own {
@@ -490,6 +490,130 @@ fn set_kernel_orc(rodata: &mut crate::bpf::types::rodata) {
     }
 }
 
+/// Which build of the profiler's object (build.rs): the plain one, where
+/// the settings of a plain run are constants and the code they turn off
+/// is not there to verify, or the general one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Build {
+    Plain,
+    General,
+}
+
+impl Build {
+    /// The build that has `rodata`'s settings.
+    pub(super) fn of_settings(rodata: &crate::bpf::types::rodata) -> Build {
+        match crate::bpf::plain_settings_hold(rodata) {
+            true => Build::Plain,
+            false => Build::General,
+        }
+    }
+
+    /// The build for `opts`, with `hook` (None: the snapshot's iterator).
+    pub(super) fn for_run(opts: &TracerOptions, hook: Option<Hook>) -> Build {
+        // SAFETY: a C struct of integers, bools and arrays of them, all
+        // valid as zero bytes.
+        let mut probe: crate::bpf::types::rodata = unsafe { std::mem::zeroed() };
+        settings(&mut probe, opts);
+        if let Some(hook) = hook {
+            hook_settings(&mut probe, opts, hook);
+        }
+        Build::of_settings(&probe)
+    }
+
+    /// What `-v` says of it.
+    pub(super) fn describe(self) -> String {
+        match self {
+            // wording: a count never 1
+            Build::Plain => format!(
+                "BPF object: the plain build ({} settings of a run without --states, --wakers, \
+                 --chains, --timeline, --on-cpu, -i or --sample fixed when it was compiled)",
+                crate::bpf::PLAIN_SETTINGS
+            ),
+            Build::General => {
+                "BPF object: the general build (every setting read at load, as this run's are \
+                 not a plain run's)"
+                    .into()
+            }
+        }
+    }
+}
+
+/// Opens the profiler's object of `build` in `object`, relocated against
+/// the kernel's types for CO-RE where there are some.
+pub(super) fn open_build(
+    object: &mut MaybeUninit<OpenObject>,
+    build: Build,
+) -> Result<crate::bpf::OpenOffcputimeSkel<'_>> {
+    use libbpf_rs::skel::SkelBuilder;
+    let builder = super::core_btf::builder();
+    crate::bpf::opening_plain(build == Build::Plain, || builder.open(object))
+        .context("failed to open the BPF object")
+}
+
+/// The settings that depend on the hook.
+pub(super) fn hook_settings(
+    rodata: &mut crate::bpf::types::rodata,
+    opts: &TracerOptions,
+    hook: Hook,
+) {
+    rodata.stacks_at_switch_in = hook == Hook::FinishTaskSwitch;
+    rodata.test_refuse_tp_btf = hook == Hook::TpBtf && opts.test.fail_tp_btf;
+}
+
+/// The settings of `opts` in `.rodata`: all but where the kernel's
+/// tables and entry points are (which `configure` reads from kallsyms) and
+/// those of the hook ([`hook_settings`]).
+pub(super) fn settings(rodata: &mut crate::bpf::types::rodata, opts: &TracerOptions) {
+    rodata.task_struct_kernel_id = super::core_btf::task_struct_id();
+    rodata.filter_by_tgid = !opts.tgids.is_empty();
+    rodata.filter_by_tid = !opts.tids.is_empty();
+    rodata.filter_by_cgroup = !opts.cgroups.is_empty();
+    rodata.user_threads_only = opts.user_threads_only;
+    rodata.kernel_threads_only = opts.kernel_threads_only;
+    rodata.filter_by_state = opts.state.is_some();
+    rodata.state_mask = opts.state.unwrap_or(0);
+    rodata.min_block_ns = opts.min_block_ns;
+    rodata.max_block_ns = opts.max_block_ns;
+    rodata.sample_ns = opts.sample_ns;
+    rodata.want_user_stack = opts.user_stacks;
+    rodata.want_kernel_stack = opts.kernel_stacks;
+    rodata.notify_new_tasks = opts.user_stacks;
+    rodata.stack_bytes = opts.max_stack_depth * 8;
+    rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
+    // For measuring and testing the cache against the walk it saves.
+    rodata.ucache_on = !opts.test.no_stack_cache;
+    rodata.unwind_by_file = !opts.test.no_file_tables;
+    rodata.runtimes_on = opts.runtimes();
+    rodata.python_on = opts.python && opts.user_stacks;
+    rodata.java_on = opts.java && opts.user_stacks;
+    rodata.v8_on = opts.node && opts.user_stacks;
+    rodata.want_states = opts.states;
+    rodata.want_wakers = opts.wakers;
+    rodata.on_cpu_on = opts.on_cpu_hz.is_some();
+    rodata.test_drop_switch_in = opts.test.drop_switch_in;
+    rodata.test_run_clock_step_ns = u64::from(opts.test.run_clock_step_us) * 1000;
+    rodata.test_spill_stacks = opts.test.spill_stacks;
+    rodata.test_kstack_check = opts.test.kstack_check;
+    rodata.chains_on = opts.chains;
+    // --chains alone follows wakers by their threads.
+    rodata.waker_user_stacks = !opts.chains || opts.wakers || opts.timeline_min_ns.is_some();
+    if opts.chains {
+        // -m and -M choose among the records in userspace.
+        rodata.min_block_ns = 1;
+        rodata.max_block_ns = u64::MAX;
+    }
+    if let Some(min) = opts.records_min_ns() {
+        rodata.timeline_min_ns = min.max(1);
+        rodata.timeline_wake_bytes = timeline_ring_bytes(opts) as u64 / 8;
+    }
+    rodata.trace_duration_ns = opts
+        .duration
+        .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+    rodata.interval_ns = opts
+        .interval
+        .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
+}
+
 /// The load-time configuration of the program (its `.rodata`) and the
 /// sizes of its maps, as `opts` say: shared by the tracer and the
 /// snapshot.
@@ -503,50 +627,9 @@ pub(super) fn configure(
             .rodata_data
             .as_deref_mut()
             .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
-        rodata.task_struct_kernel_id = super::core_btf::task_struct_id();
-        rodata.filter_by_tgid = !opts.tgids.is_empty();
-        rodata.filter_by_tid = !opts.tids.is_empty();
-        rodata.filter_by_cgroup = !opts.cgroups.is_empty();
-        rodata.user_threads_only = opts.user_threads_only;
-        rodata.kernel_threads_only = opts.kernel_threads_only;
-        rodata.filter_by_state = opts.state.is_some();
-        rodata.state_mask = opts.state.unwrap_or(0);
-        rodata.min_block_ns = opts.min_block_ns;
-        rodata.max_block_ns = opts.max_block_ns;
-        rodata.sample_ns = opts.sample_ns;
-        rodata.want_user_stack = opts.user_stacks;
-        rodata.want_kernel_stack = opts.kernel_stacks;
-        rodata.notify_new_tasks = opts.user_stacks;
-        rodata.stack_bytes = opts.max_stack_depth * 8;
-        rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
-        // For measuring and testing the cache against the walk it saves.
-        rodata.ucache_on = !opts.test.no_stack_cache;
-        rodata.unwind_by_file = !opts.test.no_file_tables;
-        rodata.runtimes_on = opts.runtimes();
-        rodata.python_on = opts.python && opts.user_stacks;
-        rodata.java_on = opts.java && opts.user_stacks;
-        rodata.v8_on = opts.node && opts.user_stacks;
-        rodata.want_states = opts.states;
-        rodata.want_wakers = opts.wakers;
-        rodata.on_cpu_on = opts.on_cpu_hz.is_some();
-        rodata.test_drop_switch_in = opts.test.drop_switch_in;
-        rodata.test_run_clock_step_ns = u64::from(opts.test.run_clock_step_us) * 1000;
-        rodata.test_spill_stacks = opts.test.spill_stacks;
+        settings(rodata, opts);
         if opts.kernel_stacks && !opts.test.no_kstack_walk {
             set_kernel_orc(rodata);
-        }
-        rodata.test_kstack_check = opts.test.kstack_check;
-        rodata.chains_on = opts.chains;
-        // --chains alone follows wakers by their threads.
-        rodata.waker_user_stacks = !opts.chains || opts.wakers || opts.timeline_min_ns.is_some();
-        if opts.chains {
-            // -m and -M choose among the records in userspace.
-            rodata.min_block_ns = 1;
-            rodata.max_block_ns = u64::MAX;
-        }
-        if let Some(min) = opts.records_min_ns() {
-            rodata.timeline_min_ns = min.max(1);
-            rodata.timeline_wake_bytes = timeline_ring_bytes(opts) as u64 / 8;
         }
         if opts.keeps_wakers() {
             // Unreadable or hidden: userspace tells interrupts by
@@ -562,12 +645,6 @@ pub(super) fn configure(
             (rodata.irq_entry_start, rodata.irq_entry_end) = entries.irq;
             (rodata.softirq_start, rodata.softirq_end) = entries.softirq;
         }
-        rodata.trace_duration_ns = opts
-            .duration
-            .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
-        rodata.interval_ns = opts
-            .interval
-            .map_or(0, |d| d.as_nanos().try_into().unwrap_or(u64::MAX).max(1));
     }
     if opts.records_min_ns().is_some() {
         open.maps
@@ -820,15 +897,19 @@ impl<'obj> Later<'obj> {
                 unreachable!("matched above");
             };
             let shared = created_maps(libbpf_rs::skel::Skel::object(maps))?;
+            let hooks_rodata = maps
+                .maps
+                .rodata_data
+                .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+            // The hooks' build: the runtimes' settings are variables of
+            // both.
+            let build = Build::of_settings(hooks_rodata);
             let (open, logs) = if plan.runtimes_later {
-                let mut rodata = *maps
-                    .maps
-                    .rodata_data
-                    .ok_or_else(|| anyhow!("BPF object has no .rodata"))?;
+                let mut rodata = *hooks_rodata;
                 settings.put_in(&mut rodata);
-                open_on_maps_but(room, &shared, plan, Part::Later, Some(&rodata))?
+                open_on_maps_but(room, &shared, plan, Part::Later, build, Some(&rodata))?
             } else {
-                open_on_maps(room, &shared, plan, Part::Later)?
+                open_on_maps(room, &shared, plan, Part::Later, build)?
             };
             let skel = load(open, &logs, stats)
                 .context("failed to load the runtimes' walkers and refresh program")?;

@@ -5,7 +5,6 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{anyhow, Context, Result};
-use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::OpenObject;
 
 use super::{
@@ -109,12 +108,16 @@ fn try_snapshot(
     user: bool,
     tables: &mut dyn StartTables,
 ) -> Result<RawSnapshot> {
-    let mut open = super::core_btf::builder()
-        .open(object)
-        .context("failed to open the BPF object")?;
+    let build = super::load::Build::for_run(opts, None);
+    let mut open = super::load::open_build(object, build)?;
     configure(&mut open, opts)?;
     if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
         rodata.snapshot_states = states;
+        if super::load::Build::of_settings(rodata) != build {
+            anyhow::bail!(
+                "the settings are not those of the {build:?} build the object was opened as"
+            );
+        }
     }
     // Only the one iterator: nothing else is attached.
     let plan = Plan::snapshot(user);

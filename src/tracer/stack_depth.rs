@@ -10,8 +10,17 @@
 
 use std::collections::HashMap;
 
-/// The object as build.rs compiled it.
-const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/offcputime.bpf.o"));
+/// The object as build.rs compiled it: the general build and the plain one.
+const OBJECTS: [(&str, &[u8]); 2] = [
+    (
+        "general",
+        include_bytes!(concat!(env!("OUT_DIR"), "/offcputime.bpf.o")),
+    ),
+    (
+        "plain",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plain/offcputime.bpf.o")),
+    ),
+];
 
 /// The verifier's bound on a chain's stack (MAX_BPF_STACK).
 const MAX_BPF_STACK: u64 = 512;
@@ -55,6 +64,7 @@ struct Function {
 }
 
 struct Object {
+    bytes: &'static [u8],
     sections: Vec<Section>,
     symbols: Vec<Symbol>,
     /// (section, byte offset) → (symbol, relocation type).
@@ -66,7 +76,7 @@ fn c_string(b: &[u8], at: usize) -> String {
     String::from_utf8_lossy(&b[at..end]).into_owned()
 }
 
-fn read_object(b: &[u8]) -> Object {
+fn read_object(b: &'static [u8]) -> Object {
     assert_eq!(&b[..4], b"\x7fELF", "not an ELF object");
     let (shoff, shentsize, shnum, shstrndx) = (
         u64_at(b, 0x28) as usize,
@@ -117,6 +127,7 @@ fn read_object(b: &[u8]) -> Object {
         }
     }
     Object {
+        bytes: b,
         sections,
         symbols,
         relocations,
@@ -126,7 +137,7 @@ fn read_object(b: &[u8]) -> Object {
 impl Object {
     fn insn(&self, f: &Function, i: usize) -> &[u8] {
         let at = self.sections[f.section].data.start + (f.first + i) * 8;
-        &OBJECT[at..at + 8]
+        &self.bytes[at..at + 8]
     }
 
     /// The bytes below r10 the function reaches: the lowest stack offset
@@ -195,9 +206,9 @@ impl Object {
 /// A chain of calls: each function with the bytes its frame reaches.
 type Chain = Vec<(String, u64)>;
 
-/// Every program's deepest chain: (program, bytes, the chain).
-fn deepest_chains() -> Vec<(String, u64, Chain)> {
-    let o = read_object(OBJECT);
+/// Every program's deepest chain in `object`: (program, bytes, the chain).
+fn deepest_chains(object: &'static [u8]) -> Vec<(String, u64, Chain)> {
+    let o = read_object(object);
     let mut functions = HashMap::new();
     let mut by_start = HashMap::new();
     for s in o
@@ -265,14 +276,18 @@ fn show(chain: &[(String, u64)]) -> String {
 
 #[test]
 fn every_chain_of_frames_fits_the_verifiers_bound() {
-    let chains = deepest_chains();
     let mut over = Vec::new();
-    for (program, bytes, chain) in &chains {
-        if std::env::var_os("SHOW_FRAMES").is_some() {
-            eprintln!("{program}: {bytes} bytes: {}", show(chain));
-        }
-        if *bytes > MAX_BPF_STACK {
-            over.push(format!("{program}: {bytes} bytes: {}", show(chain)));
+    for (build, object) in OBJECTS {
+        for (program, bytes, chain) in &deepest_chains(object) {
+            if std::env::var_os("SHOW_FRAMES").is_some() {
+                eprintln!("{build}: {program}: {bytes} bytes: {}", show(chain));
+            }
+            if *bytes > MAX_BPF_STACK {
+                over.push(format!(
+                    "{build}: {program}: {bytes} bytes: {}",
+                    show(chain)
+                ));
+            }
         }
     }
     assert!(
@@ -290,7 +305,13 @@ fn every_chain_of_frames_fits_the_verifiers_bound() {
 /// it may have no stack of its own.
 #[test]
 fn the_chains_are_read_whole() {
-    let chains = deepest_chains();
+    for (_, object) in OBJECTS {
+        chains_read_whole(object);
+    }
+}
+
+fn chains_read_whole(object: &'static [u8]) {
+    let chains = deepest_chains(object);
     assert!(chains.len() >= 20, "{} programs", chains.len());
     let (_, bytes, chain) = chains
         .iter()
@@ -315,4 +336,49 @@ fn the_chains_are_read_whole() {
         show(chain)
     );
     assert!(*bytes > 384, "{bytes}: {}", show(chain));
+}
+
+/// The plain build has the same programs, each with at most the general
+/// build's instructions, and the switch hook and the iterators that walk
+/// user stacks far fewer: the code of the settings it has as constants is
+/// not there (build.rs).
+#[test]
+fn the_plain_build_leaves_out_code() {
+    let size = |object: &'static [u8]| -> HashMap<String, usize> {
+        let o = read_object(object);
+        o.symbols
+            .iter()
+            .filter(|s| s.kind == STT_FUNC && s.size > 0)
+            .filter(|s| o.sections[s.section].name != ".text")
+            .map(|s| (s.name.clone(), (s.size / 8) as usize))
+            .collect()
+    };
+    let (general, plain) = (size(OBJECTS[0].1), size(OBJECTS[1].1));
+    let mut names: Vec<&String> = general.keys().collect();
+    names.sort();
+    assert_eq!(names, {
+        let mut p: Vec<&String> = plain.keys().collect();
+        p.sort();
+        p
+    });
+    for name in names {
+        assert!(
+            plain[name] <= general[name],
+            "{name}: {} > {}",
+            plain[name],
+            general[name]
+        );
+    }
+    for name in [
+        "sched_switch_btf",
+        "start_blocked_user",
+        "flush_in_progress",
+    ] {
+        assert!(
+            plain[name] * 10 < general[name] * 9,
+            "{name}: {} instructions plain, {} general",
+            plain[name],
+            general[name]
+        );
+    }
 }

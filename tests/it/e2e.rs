@@ -180,6 +180,58 @@ fn kprobe_and_tracepoint_agree() {
     eprintln!("matrix: agree, the same {} stacks", a.len().max(b.len()));
 }
 
+/// A plain run loads the plain build of the BPF object (build.rs: the
+/// settings of such a run compiled in, the code they turn off left out),
+/// filters and stack choices included; a run with a setting of its own
+/// loads the general build. Each traces what it should (the other tests
+/// run both: most with plain settings, the modes' with the general build).
+#[test]
+fn plain_runs_load_the_plain_build() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let build = |args: &[&str]| {
+        let out = profile(&[&["-v", "-f"], args, &["0.3"]].concat());
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("offcputime: BPF object: "))
+            .unwrap_or_else(|| panic!("{args:?}: no line of the object's build in:\n{err}"))
+            .to_string();
+        if line.contains("the plain build") {
+            "plain"
+        } else {
+            assert!(line.contains("the general build"), "{line}");
+            "general"
+        }
+    };
+    for args in [
+        &[][..],
+        &["-p", "1"],
+        &["-m", "1000", "-M", "2000000"],
+        &["-U"],
+        &["--state", "0"],
+    ] {
+        assert_eq!(build(args), "plain", "{args:?}");
+    }
+    for args in [
+        &["--states"][..],
+        &["--wakers"],
+        &["-T", "-i", "0.1"],
+        &["--on-cpu"],
+        &["--unwind", "fp"],
+        &["--sample", "1000"],
+    ] {
+        assert_eq!(build(args), "general", "{args:?}");
+    }
+}
+
 /// `--hook auto` takes the first hook that attaches, in the documented
 /// order: tp_btf on every kernel of the matrix (all have BTF); with `-m`,
 /// the kprobe where the kernel has kprobes (it walks stacks only for the
