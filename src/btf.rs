@@ -229,6 +229,52 @@ fn kind_class(kind: u32) -> u32 {
     }
 }
 
+/// Where a type's record refers to other types and to strings, besides
+/// its own name (at 0): byte offsets into the record.
+struct References {
+    /// Type ids.
+    types: Vec<usize>,
+    /// Names of its members, values or parameters.
+    names: Vec<usize>,
+}
+
+/// The references of a record of `kind` with `vlen` entries.
+fn references(kind: u32, vlen: usize) -> References {
+    let mut r = References {
+        types: Vec::new(),
+        names: Vec::new(),
+    };
+    match kind {
+        KIND_PTR | KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG
+        | KIND_FUNC | KIND_VAR | KIND_DECL_TAG => r.types.push(8),
+        // The element's type, then the index's.
+        KIND_ARRAY => r.types.extend([12, 16]),
+        // A member: its name, its type, its offset.
+        KIND_STRUCT | KIND_UNION => {
+            for m in 0..vlen {
+                r.names.push(12 + 12 * m);
+                r.types.push(12 + 12 * m + 4);
+            }
+        }
+        // A variable: its type, its offset, its size.
+        KIND_DATASEC => r.types.extend((0..vlen).map(|m| 12 + 12 * m)),
+        KIND_ENUM | KIND_ENUM64 => {
+            let step = if kind == KIND_ENUM { 8 } else { 12 };
+            r.names.extend((0..vlen).map(|v| 12 + step * v));
+        }
+        // The return type, then each parameter's name and type.
+        KIND_FUNC_PROTO => {
+            r.types.push(8);
+            for p in 0..vlen {
+                r.names.push(12 + 8 * p);
+                r.types.push(12 + 8 * p + 4);
+            }
+        }
+        _ => {}
+    }
+    r
+}
+
 /// A minimal BTF: see [`minimal`].
 pub struct Minimal {
     /// The raw BTF.
@@ -287,39 +333,20 @@ pub fn minimal<'a>(kernel: &Btf<'a>, wanted: &[(u32, &str)]) -> Result<Minimal, 
         let record = kernel.record(id)?;
         let info = u32_at(record, 4)?;
         let kind = kind_of(info);
-        let vlen = vlen_of(info);
-        match kind {
-            KIND_PTR => {
-                let target = u32_at(record, 8)?;
-                let target_kind = if target == 0 { 0 } else { kernel.kind(target)? };
-                if matches!(target_kind, KIND_STRUCT | KIND_UNION) {
-                    fwd_of.entry(target).or_insert_with(|| {
-                        fwds.push((target, target_kind == KIND_UNION));
-                        0
-                    });
-                } else {
-                    todo.push(target);
-                }
+        for at in references(kind, vlen_of(info)).types {
+            let target = u32_at(record, at)?;
+            let target_kind = match (kind, target) {
+                (KIND_PTR, 1..) => kernel.kind(target)?,
+                _ => 0,
+            };
+            if matches!(target_kind, KIND_STRUCT | KIND_UNION) {
+                fwd_of.entry(target).or_insert_with(|| {
+                    fwds.push((target, target_kind == KIND_UNION));
+                    0
+                });
+            } else {
+                todo.push(target);
             }
-            KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG
-            | KIND_FUNC | KIND_VAR | KIND_DECL_TAG => todo.push(u32_at(record, 8)?),
-            KIND_ARRAY => {
-                todo.push(u32_at(record, 12)?);
-                todo.push(u32_at(record, 16)?);
-            }
-            KIND_STRUCT | KIND_UNION | KIND_DATASEC => {
-                let field = if kind == KIND_DATASEC { 0 } else { 4 };
-                for m in 0..vlen {
-                    todo.push(u32_at(record, 12 + 12 * m + field)?);
-                }
-            }
-            KIND_FUNC_PROTO => {
-                todo.push(u32_at(record, 8)?);
-                for p in 0..vlen {
-                    todo.push(u32_at(record, 12 + 8 * p + 4)?);
-                }
-            }
-            _ => {}
         }
     }
     // New ids: the kept types in the kernel's order, then the forward
@@ -362,70 +389,19 @@ pub fn minimal<'a>(kernel: &Btf<'a>, wanted: &[(u32, &str)]) -> Result<Minimal, 
         types.extend_from_slice(record);
         let info = u32_at(record, 4)?;
         let kind = kind_of(info);
-        let vlen = vlen_of(info);
-        put(
-            &mut types,
-            start,
-            add_string(kernel.string(u32_at(record, 0)?)?),
-        );
-        match kind {
-            KIND_PTR => {
-                let target = u32_at(record, 8)?;
-                let to = match fwd_of.get(&target) {
-                    Some(&fwd) => fwd,
-                    None => new_id(target)?,
-                };
-                put(&mut types, start + 8, to);
-            }
-            KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG
-            | KIND_FUNC | KIND_VAR | KIND_DECL_TAG => {
-                put(&mut types, start + 8, new_id(u32_at(record, 8)?)?)
-            }
-            KIND_ARRAY => {
-                put(&mut types, start + 12, new_id(u32_at(record, 12)?)?);
-                put(&mut types, start + 16, new_id(u32_at(record, 16)?)?);
-            }
-            KIND_STRUCT | KIND_UNION => {
-                for m in 0..vlen {
-                    let at = 12 + 12 * m;
-                    put(
-                        &mut types,
-                        start + at,
-                        add_string(kernel.string(u32_at(record, at)?)?),
-                    );
-                    put(&mut types, start + at + 4, new_id(u32_at(record, at + 4)?)?);
-                }
-            }
-            KIND_DATASEC => {
-                for m in 0..vlen {
-                    let at = 12 + 12 * m;
-                    put(&mut types, start + at, new_id(u32_at(record, at)?)?);
-                }
-            }
-            KIND_ENUM | KIND_ENUM64 => {
-                let step = if kind == KIND_ENUM { 8 } else { 12 };
-                for v in 0..vlen {
-                    let at = 12 + step * v;
-                    put(
-                        &mut types,
-                        start + at,
-                        add_string(kernel.string(u32_at(record, at)?)?),
-                    );
-                }
-            }
-            KIND_FUNC_PROTO => {
-                put(&mut types, start + 8, new_id(u32_at(record, 8)?)?);
-                for p in 0..vlen {
-                    let at = 12 + 8 * p;
-                    put(
-                        &mut types,
-                        start + at,
-                        add_string(kernel.string(u32_at(record, at)?)?),
-                    );
-                    put(&mut types, start + at + 4, new_id(u32_at(record, at + 4)?)?);
-                }
-            }
-            _ => {}
+        let refs = references(kind, vlen_of(info));
+        // The type's own name, then its members', values' or parameters'.
+        for at in std::iter::once(0).chain(refs.names) {
+            let name = add_string(kernel.string(u32_at(record, at)?)?);
+            put(&mut types, start + at, name);
+        }
+        for at in refs.types {
+            let target = u32_at(record, at)?;
+            let to = match fwd_of.get(&target) {
+                Some(&fwd) if kind == KIND_PTR => fwd,
+                _ => new_id(target)?,
+            };
+            put(&mut types, start + at, to);
         }
     }
     for &(target, union) in &fwds {
