@@ -12,7 +12,7 @@ mod from_raw;
 mod merge;
 mod sources;
 
-pub use from_raw::{build, build_each};
+pub use from_raw::{build, build_each, kernel_addrs};
 use merge::samples_by_name;
 pub use sources::{FrameSource, MappedFrames, NameSource, Names, UserStack};
 

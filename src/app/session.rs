@@ -420,6 +420,13 @@ impl<'a> Session<'a> {
         }?;
         Deferred::complete(&mut raw);
         let read_ms = ended.elapsed().as_secs_f64() * 1e3;
+        // The profiler's own frames on top of the stacks taken at switches
+        // are its programs', which the kernel names only while they are
+        // loaded (until the tracer is dropped below, and the kernel frees
+        // them a grace period later): named now, so that they are dropped
+        // by name and no kallsyms is read for them.
+        self.symbolizer
+            .kernel(&crate::profile::kernel_addrs(&raw, self.kernel_first));
         let unreadable = raw
             .entries
             .iter()

@@ -273,7 +273,7 @@ fn add_entries<'a, F: FrameSource>(
 
 /// The kernel addresses of a profile to name, all at once: each entry's
 /// kernel stack once, then the wakers'.
-fn kernel_addrs(raw: &RawProfile, kernel_first_is_ip: bool) -> Vec<(u64, AddrKind)> {
+pub fn kernel_addrs(raw: &RawProfile, kernel_first_is_ip: bool) -> Vec<(u64, AddrKind)> {
     let mut kaddrs = Vec::new();
     let mut kernel_ids = ahash::AHashSet::new();
     for e in &raw.entries {
