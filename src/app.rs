@@ -134,6 +134,7 @@ impl crate::tracer::StartTables for StartingTables<'_> {
             self.registry.note_process(tgid, None, false);
             u.note_process(&*self.registry, tgid);
         }
+        self.registry.read_before_the_start(&self.noted);
         *self.unwinder = Some(u);
     }
 
@@ -166,6 +167,7 @@ impl crate::tracer::StartTables for StartingTables<'_> {
             for &tgid in &self.noted {
                 self.registry.note_process(tgid, None, false);
             }
+            self.registry.read_before_the_start(&self.noted);
         }
         for &tgid in &self.noted {
             if let Some(start) = self.registry.start_of(tgid) {

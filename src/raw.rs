@@ -497,6 +497,27 @@ pub struct AddressSpace {
     pub exec_vm: u64,
 }
 
+/// The program image a process ran when its mappings were read, as
+/// `/proc/PID/stat` says (see [`crate::process::image_of`]): the tables of
+/// mappings read before the trace started, when no event said whose they
+/// are, are taken only by an address space of the same image (see
+/// `struct unwind_proc`). [`Image::UNSURE`] where an exec may have come
+/// between the reading and its image's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Image {
+    pub start_code: u64,
+    pub start_stack: u64,
+}
+
+impl Image {
+    /// No address space's: the tables wait for an event to say whose they
+    /// are.
+    pub const UNSURE: Image = Image {
+        start_code: u64::MAX,
+        start_stack: u64::MAX,
+    };
+}
+
 /// A user stack the BPF program copied for userspace to walk, with the
 /// registers the walk starts from (see `struct deferred_stack` and
 /// [`crate::deferred`]).

@@ -38,6 +38,10 @@ pub struct TestEnv {
     /// of the runtimes named (`python,java`) and the build with every one
     /// when a process of another is noted, whatever runs.
     pub runtimes_at_start: Option<String>,
+    /// `OFFCPUTIME_TEST_STALL_BEFORE_ATTACH_MS`: the processes' tables
+    /// installed and the hooks not attached yet for this long (a loaded
+    /// machine's load), said as it begins.
+    pub stall_before_attach: Option<Duration>,
     /// `OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS`: the hook attached and the
     /// window not open yet for this long (a loaded machine's start-up).
     pub stall_before_window: Option<Duration>,
@@ -110,6 +114,7 @@ impl TestEnv {
             spill_stacks: set("OFFCPUTIME_TEST_SPILL_STACKS"),
             runtimes_at_start: var("OFFCPUTIME_TEST_RUNTIMES_AT_START")
                 .map(|v| v.trim().to_string()),
+            stall_before_attach: ms("OFFCPUTIME_TEST_STALL_BEFORE_ATTACH_MS"),
             stall_before_window: ms("OFFCPUTIME_TEST_STALL_BEFORE_WINDOW_MS"),
             stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
             stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),

@@ -724,6 +724,16 @@ impl<'obj> Tracer<'obj> {
         }
 
         phases.mark("tables");
+        if let Some(stall) = opts.test.stall_before_attach {
+            // For tests: the tables of the processes found installed, and
+            // the hooks not attached yet for this long (a loaded machine's
+            // load), said as it begins.
+            eprintln!(
+                "offcputime: test: the hooks attach in {} ms",
+                stall.as_millis()
+            );
+            std::thread::sleep(stall);
+        }
         let (mut links, attached) = attach_hooks(&skel, &plan, hook, kprobe_symbol)?;
         let cpu_clocks = attach_on_cpu(&skel, opts, &plan, &mut links)?;
         phases.mark("attach");

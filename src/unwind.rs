@@ -27,7 +27,7 @@ use anyhow::Result;
 use crate::bpf::types;
 use crate::elf::Segment;
 use crate::process::registry::{ExecMapping, FileIdentity, Registry};
-use crate::raw::AddressSpace;
+use crate::raw::{AddressSpace, Image};
 use crate::unwind_table;
 
 mod builder;
@@ -81,9 +81,15 @@ pub trait TableStore {
     /// Points process `tgid` at `count` mappings from `start`, written
     /// before: the BPF program uses them from its next unwind on, in
     /// address space `space` (unknown, all zero: the first to walk claims
-    /// them).
-    fn set_process(&mut self, tgid: u32, start: u32, count: u32, space: AddressSpace)
-        -> Result<()>;
+    /// them, if it is of `image` where that is not all zero).
+    fn set_process(
+        &mut self,
+        tgid: u32,
+        start: u32,
+        count: u32,
+        space: AddressSpace,
+        image: Image,
+    ) -> Result<()>;
     fn remove_process(&mut self, tgid: u32);
     /// Calls `f` with the rows and the mappings as written.
     fn read(&self, f: &mut dyn FnMut(&[types::unwind_row], &[types::unwind_mapping]))
@@ -108,6 +114,11 @@ pub trait Processes {
     fn object_name(&self, object: u32) -> &str;
     /// How the kernel knows the object's file.
     fn object_identity(&self, object: u32) -> Option<FileIdentity>;
+    /// The image `tgid` ran when its mappings were read before the trace
+    /// started (see [`Registry::image`]).
+    fn image(&self, _tgid: u32) -> Option<Image> {
+        None
+    }
 }
 
 impl Processes for Registry {
@@ -122,6 +133,9 @@ impl Processes for Registry {
     }
     fn object_identity(&self, object: u32) -> Option<FileIdentity> {
         Registry::object_identity(self, object)
+    }
+    fn image(&self, tgid: u32) -> Option<Image> {
+        Registry::image(self, tgid)
     }
 }
 
@@ -266,6 +280,9 @@ pub struct Unwinder {
     /// For each, the sizes of executable mappings events said of the same
     /// address space before (the last [`EARLIER_SPACES`]).
     earlier_spaces: HashMap<u32, Vec<u64>>,
+    /// The image of each process whose mappings were read before the trace
+    /// started (see [`Processes::image`]).
+    images: HashMap<u32, Image>,
     /// Processes that use each slice of mappings (by its start): a forked
     /// process shares its parent's until it has its own.
     slice_users: HashMap<usize, u32>,
@@ -317,6 +334,7 @@ impl Unwinder {
             slice_users: HashMap::new(),
             address_spaces: HashMap::new(),
             earlier_spaces: HashMap::new(),
+            images: HashMap::new(),
             quarantine: VecDeque::new(),
             moved_from: VecDeque::new(),
             not_covered: Vec::new(),
@@ -374,6 +392,10 @@ impl Unwinder {
         }
         let mappings = procs.mappings(tgid);
         let space = self.address_spaces.get(&tgid).copied().unwrap_or_default();
+        match procs.image(tgid) {
+            Some(image) => self.images.insert(tgid, image),
+            None => self.images.remove(&tgid),
+        };
         if mappings.is_empty() {
             self.waiting.remove(&tgid);
             return true;
@@ -399,7 +421,8 @@ impl Unwinder {
                     {
                         // Not a failure if it cannot be said: the BPF
                         // program then copies the stacks for userspace.
-                        let _ = store.set_process(tgid, start as u32, len as u32, space);
+                        let image = image_for(&self.images, tgid, space);
+                        let _ = store.set_process(tgid, start as u32, len as u32, space, image);
                     }
                 }
                 self.waiting.remove(&tgid);
@@ -539,6 +562,7 @@ impl Unwinder {
         self.let_go.remove(&tgid);
         self.address_spaces.remove(&tgid);
         self.earlier_spaces.remove(&tgid);
+        self.images.remove(&tgid);
         if let Some(p) = self.processes.remove(&tgid) {
             if p.slice.is_some() {
                 self.store().remove_process(tgid);
@@ -651,6 +675,15 @@ impl crate::deferred::ProcessTables for Unwinder {
         self.store
             .as_deref()
             .is_some_and(|store| store.read(f).is_ok())
+    }
+}
+
+/// The image the tables of `tgid` in address space `space` are for: that
+/// of its mappings read before the start where no event said the space.
+fn image_for(images: &HashMap<u32, Image>, tgid: u32, space: AddressSpace) -> Image {
+    match space.mm {
+        0 => images.get(&tgid).copied().unwrap_or_default(),
+        _ => Image::default(),
     }
 }
 

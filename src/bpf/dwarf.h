@@ -1010,7 +1010,8 @@ static __always_inline __u64 address_space(struct task_struct *task, __u64 *exec
 /* The unwind tables of process `tgid` if they are ready for its address
  * space `mm` with executable mappings of `exec_vm` pages, else NULL.  The
  * tables describe the mappings they were built for: the first unwind
- * claims them where userspace could not say whose they are, and an exec(),
+ * claims them where userspace could not say whose they are (if it is of
+ * the image they were read from), and an exec(),
  * a library mapped or unmapped, or a reused pid since makes them stale
  * until userspace has built new ones. */
 static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm, __u64 exec_vm)
@@ -1018,6 +1019,12 @@ static __always_inline struct unwind_proc *tables_of(__u32 tgid, __u64 mm, __u64
 	struct unwind_proc *p = bpf_map_lookup_elem(&unwind_procs, &tgid);
 
 	if (p && mm && !p->mm) {
+		struct mm_struct *m = (struct mm_struct *)mm;
+
+		/* Of another image than the mappings read (see start_code). */
+		if (p->start_code && (BPF_CORE_READ(m, start_code) != p->start_code ||
+				      BPF_CORE_READ(m, start_stack) != p->start_stack))
+			return NULL;
 		p->exec_vm = exec_vm;
 		p->mm = mm;
 	}

@@ -660,6 +660,13 @@ struct unwind_proc {
 	 * time it wrote the entry): under pressure userspace lets go the
 	 * tables of the processes that have not blocked for longest. */
 	__u64 used;
+	/* Where mm is 0: the image of the process when userspace read the
+	 * mappings (its mm's start_code and start_stack, as /proc said; 0:
+	 * not known). Only an address space of the same image claims the
+	 * tables: an exec between the reading and the start (no event says
+	 * it) leaves them to the event of the process's first block. */
+	__u64 start_code;
+	__u64 start_stack;
 };
 
 /* How stale `used` of struct unwind_proc may get before a walk writes it

@@ -94,6 +94,8 @@ typedef struct {
 
 struct mm_struct {
 	unsigned long exec_vm;
+	unsigned long start_code;
+	unsigned long start_stack;
 	struct rw_semaphore mmap_lock;
 	struct maple_tree mm_mt;
 	mm_context_t context;

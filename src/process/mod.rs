@@ -50,6 +50,28 @@ pub fn parent_pid(tgid: u32) -> Option<u32> {
     rest.split_whitespace().nth(4 - 3)?.parse().ok()
 }
 
+/// Which program image process `tgid` runs: where its code starts and
+/// where its stack started (fields 26 and 28 of `/proc/PID/stat`, the
+/// kernel's `start_code` and `start_stack`), which an exec sets anew (the
+/// code at another address, with address space randomization; the stack
+/// top with another program's arguments). `None` where they cannot be read
+/// (the kernel shows zeros to a user who may not trace the process).
+pub fn image_of(tgid: u32) -> Option<crate::raw::Image> {
+    let stat = std::fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    parse_image(&stat)
+}
+
+fn parse_image(stat: &str) -> Option<crate::raw::Image> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let start_code: u64 = fields.nth(26 - 3)?.parse().ok()?;
+    let start_stack: u64 = fields.nth(28 - 26 - 1)?.parse().ok()?;
+    (start_code != 0 && start_stack != 0).then_some(crate::raw::Image {
+        start_code,
+        start_stack,
+    })
+}
+
 /// Whether the address space of process `tgid` is gone: it is exiting
 /// (a zombie's mappings read empty), or it has exited.
 pub fn address_space_gone(tgid: u32) -> bool {
@@ -88,6 +110,29 @@ mod tests {
         assert_eq!(parse_start(line), Some(987654));
         assert_eq!(parse_start("1 (x) S 1"), None);
         assert_eq!(parse_start("garbage"), None);
+    }
+
+    #[test]
+    fn image_fields_after_a_command_with_spaces_and_parentheses() {
+        // Fields 3 to 28: the state, 22 more, then start_code (26), end_code
+        // and start_stack (28).
+        let line = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615 94000000000000 94000000100000 \
+                    140720000000000 0 0 0";
+        assert_eq!(
+            parse_image(line),
+            Some(crate::raw::Image {
+                start_code: 94000000000000,
+                start_stack: 140720000000000
+            })
+        );
+        // Zeros (another user's process, not to be traced) say nothing.
+        assert_eq!(parse_image(&line.replace("94000000000000 ", "0 ")), None);
+        assert_eq!(parse_image("1 (x) S 1"), None);
+        // This process's own, read twice: the same image.
+        let me = std::process::id();
+        assert!(image_of(me).is_some());
+        assert_eq!(image_of(me), image_of(me));
     }
 
     #[test]

@@ -171,6 +171,16 @@ struct Snapshots {
     /// Forked processes whose snapshot is still their parent's (see
     /// [`Registry::forked`]): read again at their first notice.
     inherited: HashSet<u32>,
+    /// Processes whose snapshot was taken before the trace started (while
+    /// the BPF program loaded; see [`Registry::read_before_the_start`]):
+    /// read again at their first notice, which comes after it.
+    before_start: HashSet<u32>,
+    /// Whether the trace has started (the snapshots before it are
+    /// [`Snapshots::before_start`]'s).
+    started: bool,
+    /// The image each process ran when its mappings were read before the
+    /// start (see [`Registry::image`]).
+    images: HashMap<u32, crate::raw::Image>,
     /// Each process's parent, as the fork said or, failing that, as /proc
     /// said when the process was first noted: a stack taken between a
     /// vfork (posix_spawn) and the exec that followed is in the parent's
@@ -331,7 +341,8 @@ impl Registry {
             return false;
         }
         let inherited = self.snapshots.inherited.remove(&tgid);
-        let changed = inherited || changed;
+        let before_start = self.snapshots.before_start.remove(&tgid);
+        let changed = inherited || before_start || changed;
         let now = crate::process::start_ticks(tgid);
         let start = start.or(now);
         let Some(start) = start else {
@@ -368,6 +379,26 @@ impl Registry {
         self.note_parent(Proc { tgid, start });
         self.note_place(Proc { tgid, start }, changed);
         self.refresh_process(tgid, inherited)
+    }
+
+    /// The snapshots of processes `tgids` were taken before the trace
+    /// started: an exec between then and the start has no event, and the
+    /// event that notices such a process after it (its first block without
+    /// tables) says the address space of the new image. Each is read again
+    /// at its first notice, so that the mappings it gets tables of are read
+    /// after the event, as those of every other process are.
+    pub fn read_before_the_start(&mut self, tgids: &[u32]) {
+        self.snapshots.before_start.extend(tgids.iter().copied());
+        self.snapshots.started = true;
+    }
+
+    /// The image process `tgid` ran when its mappings were read before the
+    /// trace started (its tables, which no event says the address space
+    /// of, are taken only by that image's: see `struct unwind_proc`);
+    /// `None` where they were read after it, or the image could not be
+    /// read.
+    pub fn image(&self, tgid: u32) -> Option<crate::raw::Image> {
+        self.snapshots.images.get(&tgid).copied()
     }
 
     /// Notes the parent of `p` from /proc where the fork did not say it:
@@ -407,8 +438,24 @@ impl Registry {
     /// stack of this process having been taken through it, as a rule.
     /// Returns whether the mappings could be read.
     fn refresh_process(&mut self, tgid: u32, inherited: bool) -> bool {
+        // Before the start, the image the mappings are of: the same before
+        // and after they are read, or no image's.
+        let image_before = (!self.snapshots.started)
+            .then(|| crate::process::image_of(tgid))
+            .flatten();
         let text = match std::fs::read_to_string(format!("/proc/{tgid}/maps")) {
-            Ok(t) => t,
+            Ok(t) => {
+                if let Some(before) = image_before {
+                    let image = match crate::process::image_of(tgid) {
+                        Some(after) if after == before => before,
+                        _ => crate::raw::Image::UNSURE,
+                    };
+                    self.snapshots.images.insert(tgid, image);
+                } else {
+                    self.snapshots.images.remove(&tgid);
+                }
+                t
+            }
             Err(e) => {
                 // Another user's process, without CAP_SYS_PTRACE (with
                 // it, a process in the middle of an exec can refuse too,

@@ -2,6 +2,7 @@
 //! DWARF unwind tables and the processes of language runtimes.
 
 use super::*;
+use crate::raw::Image;
 use crate::runtime::ProcEntry;
 
 /// Where userspace tells the program of the processes of language runtimes
@@ -514,6 +515,7 @@ impl crate::unwind::TableStore for UnwindStore {
         start: u32,
         count: u32,
         space: AddressSpace,
+        image: Image,
     ) -> Result<()> {
         let proc = types::unwind_proc {
             map_start: start,
@@ -523,6 +525,8 @@ impl crate::unwind::TableStore for UnwindStore {
             gen: self.next_gen,
             // Not cold before it has had the chance to block.
             used: monotonic_ns(),
+            start_code: image.start_code,
+            start_stack: image.start_stack,
         };
         self.next_gen += 1;
         // SAFETY: unwind_proc is plain old data.

@@ -304,8 +304,9 @@ impl Unwinder {
             .ok_or("the unwind tables are full (--unwind-memory)")?;
         let written = self.store().write_mappings(start, entries).and_then(|()| {
             let space = self.address_spaces.get(&tgid).copied().unwrap_or_default();
+            let image = super::image_for(&self.images, tgid, space);
             self.store()
-                .set_process(tgid, start as u32, count as u32, space)
+                .set_process(tgid, start as u32, count as u32, space, image)
         });
         if let Err(e) = written {
             self.mappings.free(start, count);

@@ -162,6 +162,7 @@ impl TableStore for FakeStore {
         start: u32,
         count: u32,
         _space: AddressSpace,
+        _image: Image,
     ) -> Result<()> {
         self.procs.borrow_mut().insert(tgid, (start, count));
         Ok(())

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use crate::util::*;
 
@@ -104,6 +105,71 @@ fn forked_children_walk_with_their_parents_tables(hook: &str) {
     );
     assert!(forked > 50, "{stderr}");
     eprintln!("matrix: forked children {hook}: {whole} of {children} us whole, {forked} forks");
+}
+
+/// A process that execs while the profiler loads, after its mappings were
+/// read for the tables prepared beside the load and before the hooks
+/// attach (no event says that exec): the tables of the image before are not
+/// taken for the new one. The new image's sleep, under way at the start, is
+/// under its whole stack (down to `main` through `forker_child`), with no
+/// frame unnamed, on the plain build and the general one. (Before, the
+/// first walk took the tables for whatever image it met: the stack ended in
+/// `[unknown]` after a frame or two.)
+#[test]
+fn an_exec_while_the_profiler_loads_is_walked_as_the_new_image() {
+    use std::io::Write;
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_forker(dir.path());
+    // The plain build, the general one, and the plain build with no walks
+    // through the files' tables: the stack copied at the start for
+    // userspace, which walks it with the mappings it reads after the
+    // process's first notice.
+    let no_file_tables = ("OFFCPUTIME_NO_FILE_TABLES", "1");
+    let stall = ("OFFCPUTIME_TEST_STALL_BEFORE_ATTACH_MS", "1000");
+    for (mode, env) in [
+        (&[][..], &[stall][..]),
+        (&["--states"][..], &[stall][..]),
+        (&[][..], &[stall, no_file_tables][..]),
+    ] {
+        let mut forker = KillOnDrop(
+            Command::new(&exe)
+                .args(["reexec", "6000"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("start forker"),
+        );
+        let pid = forker.0.id().to_string();
+        // Its first image blocks reading stdin.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut args = vec!["-f", "-p", &pid];
+        args.extend(mode);
+        args.push("2");
+        let (mut child, stdout, lines, stderr) = spawn_lines(&args, env);
+        wait_for_line(&lines, "the hooks attach in");
+        forker.0.stdin.take().unwrap().write_all(b"exec\n").unwrap();
+        assert!(child.wait().unwrap().success());
+        let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+        let lines: Vec<Folded> = parse_folded(&stdout)
+            .into_iter()
+            .filter(|l| l.comm() == "forker")
+            .collect();
+        let (slept, whole) = children_sleep(&lines, |l| l.has("do_nanosleep"));
+        let unnamed = sum_us_where(&lines, |l| l.has("[unknown]"));
+        eprintln!(
+            "{mode:?} {env:?}: {whole} of {slept} us of the new image's sleep under its whole \
+             stack"
+        );
+        assert!(
+            slept > 1_900_000 && whole * 100 >= slept * 99 && unnamed == 0,
+            "{mode:?} {env:?}: {whole} of {slept} us under the whole stack, {unnamed} us with a \
+             frame
+             unnamed: {lines:#?}\n{stderr}"
+        );
+    }
 }
 
 /// Children that exec a new image before they block: their first blocks

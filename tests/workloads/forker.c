@@ -7,6 +7,10 @@
  * program's name), so that it is a new program image, not a copy of its
  * parent's.
  *
+ * "forker reexec CHILD_MS": once a line is read from stdin, execs this
+ * program again as a child that sleeps CHILD_MS: the same process, a new
+ * image.
+ *
  * "forker spawn FIFO": once a line is read from stdin, posix_spawn()s
  * /bin/true with the FIFO to open first, so that the child (which shares
  * its parent's memory until it execs) blocks opening it, and the parent
@@ -84,6 +88,17 @@ int main(int argc, char **argv)
 
 	if (argc > 2 && !strcmp(argv[1], "spawn"))
 		return spawn_stalled(argv[2]);
+	if (argc > 2 && !strcmp(argv[1], "reexec")) {
+		char line[16];
+
+		n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+		if (n <= 0 || !fgets(line, sizeof(line), stdin))
+			return 1;
+		self[n] = 0;
+		execl(self, argv[0], "child", argv[2], (char *)NULL);
+		perror("execl");
+		return 1;
+	}
 	if (argc > 1 && !strcmp(argv[1], "child")) {
 		if (argc > 2)
 			child_ms = atol(argv[2]);
