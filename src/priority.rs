@@ -207,9 +207,14 @@ pub type NewsWaiting = Box<dyn FnMut() -> bool + Send>;
 /// and the farm's blocks of the first seconds were missed. Otherwise nice
 /// -20. Not at every copy: the loop raised whenever a new process appears
 /// disturbs the threads it measures (a thread sleeping 1 ms at a time was
-/// counted 50 ms over the kernel's accounting in 3 s). The loop and the
-/// table builders leave the real-time class once no copy waits (see
-/// [`Lookout::take_raise`] and [`Lookout::end_raise`]).
+/// counted 50 ms over the kernel's accounting in 3 s). Nor where the loop
+/// and the builders get a CPU when they want one (see [`Starving`]):
+/// raised, they would only take it from the threads traced (a new
+/// process blocking thousands of times before its tables were built,
+/// pinned to one CPU of two, ran at half its speed while they were in
+/// the real-time class). The loop and the table builders leave the
+/// real-time class once no copy waits (see [`Lookout::take_raise`] and
+/// [`Lookout::end_raise`]).
 pub struct Lookout {
     stop: std::sync::Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -246,6 +251,8 @@ impl Lookout {
                     }
                     let mut last = copies();
                     let mut late = LateNews::default();
+                    let mut lost_at: Option<std::time::Instant> = None;
+                    let mut starving = Starving::default();
                     while !stop.load(Ordering::Acquire) {
                         std::thread::sleep(std::time::Duration::from_millis(10));
                         if deadline.is_some_and(|d| std::time::Instant::now() >= d)
@@ -259,19 +266,32 @@ impl Lookout {
                             late.check(waiting(), NEWS_TAKEN.load(Ordering::Acquire))
                         });
                         NEWS_LATE.store(news_late, Ordering::Release);
-                        if (now != last || news_late) && !LOOKED_OUT.swap(true, Ordering::AcqRel) {
+                        if now != last {
+                            lost_at = Some(std::time::Instant::now());
+                        }
+                        let wanted =
+                            news_late || lost_at.is_some_and(|at| at.elapsed() < LOSS_WANTS_RAISE);
+                        if !wanted {
+                            starving = Starving::default();
+                        } else if !LOOKED_OUT.load(Ordering::Acquire) {
                             // The table builders too: the copies wait for
                             // the tables they build. They stay raised.
                             // Under the lock: a helper that ended is off
                             // the list, its tid not another thread's.
                             if let Ok(h) = HELPERS.lock() {
-                                for &tid in h.1.iter().chain([&loop_tid]) {
-                                    if !(rt && set_realtime(tid)) {
-                                        set_nice(tid, -20);
+                                let tids: Vec<libc::pid_t> =
+                                    h.1.iter().copied().chain([loop_tid]).collect();
+                                if starving.check(&tids, &waited_ns)
+                                    && !LOOKED_OUT.swap(true, Ordering::AcqRel)
+                                {
+                                    for &tid in &tids {
+                                        if !(rt && set_realtime(tid)) {
+                                            set_nice(tid, -20);
+                                        }
                                     }
+                                    REALTIME.store(rt, Ordering::Release);
                                 }
                             }
-                            REALTIME.store(rt, Ordering::Release);
                         }
                         last = now;
                     }
@@ -309,6 +329,52 @@ impl Lookout {
     /// holds its raise until it is not).
     pub fn news_late() -> bool {
         NEWS_LATE.load(Ordering::Acquire)
+    }
+}
+
+/// How long a copy lost is a reason to raise the loop (the lookout looks
+/// every 10 ms whether the threads it would raise wait for a CPU).
+const LOSS_WANTS_RAISE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long, between two of the lookout's looks (10 ms apart), a thread it
+/// would raise must have waited for a CPU (runnable, not running) for the
+/// raise to be of use.
+const STARVED_NS: u64 = 3_000_000;
+
+/// How long thread `tid` of this process has waited on a run queue, in
+/// ns (`/proc/self/task/TID/schedstat`; None where the kernel keeps no
+/// such count, or the thread is gone).
+fn waited_ns(tid: libc::pid_t) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether the threads the lookout would raise wait for a CPU: where
+/// they get one when they want it, raising them only takes it from the
+/// threads traced. Read only while there is a reason to raise them.
+#[derive(Default)]
+struct Starving {
+    /// Each thread's time waited at the last look.
+    last: Vec<(libc::pid_t, u64)>,
+}
+
+impl Starving {
+    /// Whether any of `tids` waited `STARVED_NS` or more since the last
+    /// look (`waited` reads a thread's time waited). True where no
+    /// thread's can be read: then it cannot be told, and the raise is
+    /// taken as before.
+    fn check(&mut self, tids: &[libc::pid_t], waited: &dyn Fn(libc::pid_t) -> Option<u64>) -> bool {
+        let now: Vec<(libc::pid_t, u64)> =
+            tids.iter().filter_map(|&t| Some((t, waited(t)?))).collect();
+        let starved = now.iter().any(|&(t, w)| {
+            self.last
+                .iter()
+                .find(|&&(u, _)| u == t)
+                .is_some_and(|&(_, before)| w.saturating_sub(before) >= STARVED_NS)
+        });
+        let unknown = now.is_empty();
+        self.last = now;
+        starved || unknown
     }
 }
 
@@ -461,6 +527,83 @@ mod tests {
         // Nothing waiting: not late, and the next wait starts over.
         assert!(!late.check(false, 1));
         assert!(!late.check(true, 1));
+    }
+
+    /// A thread starves once it waited `STARVED_NS` for a CPU between two
+    /// looks; the first look of a thread only notes its time; where no
+    /// thread's time can be read, the raise is taken.
+    #[test]
+    fn starving_is_waiting_for_a_cpu_between_two_looks() {
+        let mut s = Starving::default();
+        let at = |waits: [(libc::pid_t, u64); 2]| {
+            move |t: libc::pid_t| waits.iter().find(|w| w.0 == t).map(|w| w.1)
+        };
+        assert!(!s.check(&[1, 2], &at([(1, 0), (2, 0)])));
+        assert!(!s.check(&[1, 2], &at([(1, STARVED_NS - 1), (2, 5)])));
+        assert!(s.check(&[1, 2], &at([(1, STARVED_NS - 1), (2, 5 + STARVED_NS)])));
+        // A thread seen for the first time: noted, not judged.
+        assert!(!s.check(&[3], &at([(3, 10 * STARVED_NS), (9, 0)])));
+        assert!(s.check(&[], &at([(1, 0), (2, 0)])));
+        assert!(s.check(&[7], &|_| None));
+    }
+
+    /// The lookout's reading of a thread's wait for a CPU: a thread kept
+    /// from its CPU by a real-time one for 30 ms waited that long. Needs
+    /// the kernel's counts (schedstat) and the privilege to enter the
+    /// real-time class (root, as under CI).
+    #[test]
+    fn a_thread_kept_from_its_cpu_is_seen_starving() {
+        let ci = std::env::var_os("CI").is_some();
+        // SAFETY: gettid has no preconditions.
+        if waited_ns(unsafe { libc::gettid() }).is_none() {
+            assert!(!ci, "no schedstat for the threads under CI");
+            eprintln!("skipped: no schedstat");
+            return;
+        }
+        let pin = || {
+            // SAFETY: a CPU set of CPU 0 for the calling thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+            }
+        };
+        let spin = |ms: u64| {
+            let end = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+            while std::time::Instant::now() < end {
+                std::hint::spin_loop();
+            }
+        };
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let victim = std::thread::spawn(move || {
+            assert!(pin());
+            // SAFETY: as above.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            spin(200);
+        });
+        let tid = tid_rx.recv().unwrap();
+        let mut s = Starving::default();
+        // The first look notes the time waited so far.
+        assert!(!s.check(&[tid], &waited_ns));
+        let bully = std::thread::spawn(move || {
+            if !(pin() && set_realtime(0)) {
+                return false;
+            }
+            spin(30);
+            true
+        });
+        let bullied = bully.join().unwrap();
+        if !bullied {
+            victim.join().unwrap();
+            assert!(!ci, "no privilege to enter the real-time class under CI");
+            eprintln!("skipped: no privilege for the real-time class");
+            return;
+        }
+        assert!(
+            s.check(&[tid], &waited_ns),
+            "the victim was not seen waiting"
+        );
+        victim.join().unwrap();
     }
 
     /// The policy and nice value of thread `tid` (0: the calling one).
