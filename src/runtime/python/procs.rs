@@ -244,6 +244,15 @@ pub struct Pythons {
     exited: std::collections::HashSet<Proc>,
     /// `--python-glue`: the call machinery between two Python frames kept.
     keep_glue: bool,
+    /// Processes of `procs` whose interpreter has not started (a program
+    /// that links libpython and starts it late, or never: perf, gdb): no
+    /// entry for the BPF program yet, which would look for their threads'
+    /// states at every switch, nor a reason to load the runtimes' walkers.
+    /// Asked for again a while later ([`Runtime::pending`]).
+    not_started: std::collections::HashSet<Proc>,
+    /// The processes found without an interpreter at their last look,
+    /// those gone too (for `-v`).
+    without_interpreter: std::collections::HashSet<Proc>,
 }
 
 /// What naming Python frames came to, for `-v`.
@@ -341,9 +350,12 @@ impl Pythons {
     }
 
     fn copy_to_child(&mut self, parent: u32, child: Proc) {
-        let Some((_, pp)) = self.procs.iter().find(|(p, _)| p.tgid == parent) else {
+        let Some((&pp_proc, pp)) = self.procs.iter().find(|(p, _)| p.tgid == parent) else {
             return;
         };
+        if self.not_started.contains(&pp_proc) {
+            self.not_started.insert(child);
+        }
         let copy = PyProcess {
             version: pp.version,
             layout: pp.layout,
@@ -352,6 +364,32 @@ impl Pythons {
             mem: None,
         };
         self.procs.insert(child, copy);
+    }
+
+    /// Whether process `p` (in `procs`) has started its interpreter: its
+    /// runtime lists one (`interpreters.head`, made as the interpreter
+    /// starts). Not where it is gone; but where its memory cannot be read
+    /// otherwise (another user's, without CAP_SYS_PTRACE: the BPF program
+    /// reads it all the same), its frames are looked for as before.
+    fn interpreter_started(&mut self, p: Proc) -> bool {
+        use crate::runtime::Memory;
+        let Some(proc) = self.procs.get_mut(&p) else {
+            return false;
+        };
+        if proc.mem.is_none() {
+            proc.mem = ProcMem::open(p.tgid).ok();
+        }
+        let mut head = [0u8; 8];
+        let read = proc.mem.as_ref().map(|mem| {
+            mem.read(
+                proc.runtime + u64::from(proc.layout.interpreters_head),
+                &mut head,
+            )
+        });
+        match read {
+            Some(Ok(())) => u64::from_ne_bytes(head) != 0,
+            _ => !crate::process::address_space_gone(p.tgid),
+        }
     }
 
     /// The index of code object `code` (with `tag`) of process `p`, read
@@ -414,6 +452,13 @@ impl Runtime for Pythons {
     ) -> Option<ProcEntry> {
         let obj = self.objects.get(&object)?.clone()?;
         let entry = self.note_interpreter(p, &obj, start, file_offset)?;
+        if !self.interpreter_started(p) {
+            self.not_started.insert(p);
+            self.without_interpreter.insert(p);
+            return None;
+        }
+        self.not_started.remove(&p);
+        self.without_interpreter.remove(&p);
         Some(ProcEntry {
             kind: Kind::Python,
             // SAFETY: py_proc is plain old data.
@@ -426,13 +471,18 @@ impl Runtime for Pythons {
     }
 
     fn exited(&mut self, p: Proc) {
+        self.not_started.remove(&p);
         if self.procs.remove(&p).is_some() {
             self.exited.insert(p);
         }
     }
 
     fn has_process(&self, p: Proc) -> bool {
-        self.procs.contains_key(&p)
+        self.procs.contains_key(&p) && !self.not_started.contains(&p)
+    }
+
+    fn pending(&self) -> Vec<Proc> {
+        self.not_started.iter().copied().collect()
     }
 
     fn seen(&self, p: Proc) -> bool {
@@ -572,10 +622,14 @@ impl Runtime for Pythons {
         if verbose && (s.processes > 0 || c.py_stacks > 0) {
             lines.push(format!(
                 // wording: not a count
-                "python: {}; {} walked with {} Python frames ({}; {} walked again once {} \
+                "python: {}{}; {} walked with {} Python frames ({}; {} walked again once {} \
                  interpreter was known), {} of threads without a state of their own; {} named \
                  ({} could not be read, {} lost)",
                 count(s.processes as u64, "CPython process", "CPython processes"),
+                match self.without_interpreter.len() {
+                    0 => String::new(),
+                    n => format!(" ({n} with no interpreter started, not walked)"),
+                },
                 count(c.py_stacks, "user stack", "user stacks"),
                 noun(c.py_stacks, "its", "their"),
                 count(c.py_frames, "frame", "frames"),
