@@ -575,11 +575,19 @@ mod tests {
             }
         };
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let victim = std::thread::spawn(move || {
-            assert!(pin());
-            // SAFETY: as above.
-            tid_tx.send(unsafe { libc::gettid() }).unwrap();
-            spin(200);
+        // The victim wants its CPU until told to stop (a spin of a fixed
+        // length could end before a loaded machine starts the bully).
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let victim = std::thread::spawn({
+            let done = done.clone();
+            move || {
+                assert!(pin());
+                // SAFETY: as above.
+                tid_tx.send(unsafe { libc::gettid() }).unwrap();
+                while !done.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+            }
         });
         let tid = tid_rx.recv().unwrap();
         let mut s = Starving::default();
@@ -593,17 +601,16 @@ mod tests {
             true
         });
         let bullied = bully.join().unwrap();
+        let seen = s.check(&[tid], &waited_ns);
+        done.store(true, Ordering::Release);
         if !bullied {
             victim.join().unwrap();
             assert!(!ci, "no privilege to enter the real-time class under CI");
             eprintln!("skipped: no privilege for the real-time class");
             return;
         }
-        assert!(
-            s.check(&[tid], &waited_ns),
-            "the victim was not seen waiting"
-        );
         victim.join().unwrap();
+        assert!(seen, "the victim was not seen waiting");
     }
 
     /// The policy and nice value of thread `tid` (0: the calling one).
