@@ -114,7 +114,11 @@ fn forked_children_walk_with_their_parents_tables(hook: &str) {
 /// under its whole stack (down to `main` through `forker_child`), with no
 /// frame unnamed, on the plain build and the general one. (Before, the
 /// first walk took the tables for whatever image it met: the stack ended in
-/// `[unknown]` after a frame or two.)
+/// `[unknown]` after a frame or two.) Beside it, a process that does not
+/// exec (blocked reading stdin since before the start) is walked with the
+/// tables prepared for it: its stack is whole, and the only user stack
+/// walked otherwise (through the files' tables, or copied for userspace)
+/// is the new image's.
 #[test]
 fn an_exec_while_the_profiler_loads_is_walked_as_the_new_image() {
     use std::io::Write;
@@ -142,10 +146,17 @@ fn an_exec_while_the_profiler_loads_is_walked_as_the_new_image() {
                 .spawn()
                 .expect("start forker"),
         );
-        let pid = forker.0.id().to_string();
-        // Its first image blocks reading stdin.
+        let stay = KillOnDrop(
+            Command::new(&exe)
+                .args(["reexec", "6000"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("start forker"),
+        );
+        let pids = format!("{},{}", forker.0.id(), stay.0.id());
+        // Their first image blocks reading stdin.
         std::thread::sleep(Duration::from_millis(300));
-        let mut args = vec!["-f", "-p", &pid];
+        let mut args = vec!["-f", "-p", &pids];
         args.extend(mode);
         args.push("2");
         let (mut child, stdout, lines, stderr) = spawn_lines(&args, env);
@@ -159,6 +170,33 @@ fn an_exec_while_the_profiler_loads_is_walked_as_the_new_image() {
             .collect();
         let (slept, whole) = children_sleep(&lines, |l| l.has("do_nanosleep"));
         let unnamed = sum_us_where(&lines, |l| l.has("[unknown]"));
+        let stayed = sum_us_where(&lines, |l| l.has("ksys_read"));
+        let stayed_whole = sum_us_where(&lines, |l| l.has("ksys_read") && l.has("main"));
+        let by_files = count_before_any(
+            &stderr,
+            &[
+                "user stack of processes without tables of their own",
+                "user stacks of processes without tables of their own",
+            ],
+        );
+        let copied = count_before_any(
+            &stderr,
+            &[
+                "user stack taken before its process's tables",
+                "user stacks taken before their process's tables",
+            ],
+        );
+        eprintln!(
+            "{mode:?} {env:?}: the process that did not exec {stayed_whole} of {stayed} us under \
+             its whole stack; {by_files} user stacks walked through the files' tables, \
+             {copied} copied"
+        );
+        assert!(
+            stayed > 1_900_000 && stayed_whole == stayed && by_files + copied == 1,
+            "{mode:?} {env:?}: the process that did not exec: {stayed_whole} of {stayed} us \
+             under its whole stack; {by_files} user stacks walked through the files' tables and \
+             {copied} copied, where only the new image's is: {lines:#?}\n{stderr}"
+        );
         eprintln!(
             "{mode:?} {env:?}: {whole} of {slept} us of the new image's sleep under its whole \
              stack"
