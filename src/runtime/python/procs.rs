@@ -368,16 +368,20 @@ impl Pythons {
 
     /// Whether process `p` (in `procs`) has started its interpreter: its
     /// runtime lists one (`interpreters.head`, made as the interpreter
-    /// starts). Not where it is gone; but where its memory cannot be read
-    /// otherwise (another user's, without CAP_SYS_PTRACE: the BPF program
-    /// reads it all the same), its frames are looked for as before.
+    /// starts). Not where its memory is gone (an exited process reads
+    /// nothing); but where it may not be read (another user's, without
+    /// CAP_SYS_PTRACE: the BPF program reads it all the same), its frames
+    /// are looked for as before.
     fn interpreter_started(&mut self, p: Proc) -> bool {
         use crate::runtime::Memory;
         let Some(proc) = self.procs.get_mut(&p) else {
             return false;
         };
         if proc.mem.is_none() {
-            proc.mem = ProcMem::open(p.tgid).ok();
+            match ProcMem::open(p.tgid) {
+                Ok(mem) => proc.mem = Some(mem),
+                Err(e) => return e.kind() == std::io::ErrorKind::PermissionDenied,
+            }
         }
         let mut head = [0u8; 8];
         let read = proc.mem.as_ref().map(|mem| {
@@ -388,7 +392,8 @@ impl Pythons {
         });
         match read {
             Some(Ok(())) => u64::from_ne_bytes(head) != 0,
-            _ => !crate::process::address_space_gone(p.tgid),
+            Some(Err(e)) => e.kind() == std::io::ErrorKind::PermissionDenied,
+            None => false,
         }
     }
 
