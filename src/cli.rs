@@ -325,6 +325,8 @@ pub struct Args {
     pub lines: bool,
 
     /// The number of unique stack traces that can be stored and displayed
+    /// (from Linux 6.1: of each of three lengths, up to 24 frames, up to 56,
+    /// longer)
     #[arg(long = "stack-storage-size", value_name = "N", default_value = "16384")]
     pub stack_storage_size: String,
 

@@ -47,6 +47,11 @@ pub use stores::{RuntimeStore, UnwindStore};
 /// Deepest stack the BPF program can record (`MAX_STACK_DEPTH`).
 pub const MAX_STACK_DEPTH: u32 = 127;
 
+/// The table a stored stack's id names (`STACK_ID_CLASS_SHORT` and
+/// `STACK_ID_CLASS_MID` in offcputime.h: the stacks kept by their length).
+const STACK_ID_CLASS_SHORT: u64 = 1 << 60;
+const STACK_ID_CLASS_MID: u64 = 2 << 60;
+
 /// Present where the kernel can attach kprobes (`CONFIG_KPROBES`).
 const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
 
@@ -1325,20 +1330,28 @@ impl<'obj> Tracer<'obj> {
     /// userspace (see [`crate::deferred`]). False where the table is full
     /// (or refuses it).
     pub fn store_stack(&self, id: u64, frames: &[u64]) -> bool {
-        let size = self.skel.maps.stacks.value_size() as usize;
-        let mut value = vec![0u8; size];
-        for (slot, f) in value.chunks_exact_mut(8).zip(frames) {
-            slot.copy_from_slice(&f.to_ne_bytes());
-        }
+        // In the table of its length, as the program stores its stacks
+        // (where it keeps them by their length: the others are left a
+        // single element then).
+        let m = &self.skel.maps;
+        let table = [&m.stacks_short, &m.stacks_mid]
+            .into_iter()
+            .find(|t| t.max_entries() > 1 && frames.len() <= t.value_size() as usize / 8)
+            .unwrap_or(&m.stacks);
+        let value = |size: u32| {
+            let mut value = vec![0u8; size as usize];
+            for (slot, f) in value.chunks_exact_mut(8).zip(frames) {
+                slot.copy_from_slice(&f.to_ne_bytes());
+            }
+            value
+        };
         let key = id.to_ne_bytes();
-        match self.skel.maps.stacks.update(&key, &value, MapFlags::ANY) {
+        match table.update(&key, &value(table.value_size()), MapFlags::ANY) {
             Ok(()) => true,
             // No memory at the moment (see `stacks_spill`).
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::OutOfMemory => self
-                .skel
-                .maps
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::OutOfMemory => m
                 .stacks_spill
-                .update(&key, &value, MapFlags::ANY)
+                .update(&key, &value(m.stacks_spill.value_size()), MapFlags::ANY)
                 .is_ok(),
             Err(_) => false,
         }

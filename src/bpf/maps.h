@@ -137,6 +137,23 @@ struct {
 	__type(value, __u64[MAX_STACK_DEPTH]);
 } stacks SEC(".maps");
 
+/* The shorter stacks (see STACK_SHORT_DEPTH). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64[STACK_SHORT_DEPTH]);
+} stacks_short SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64[STACK_MID_DEPTH]);
+} stacks_mid SEC(".maps");
+
 /* Stacks `stacks` had no memory for at the moment (its allocator's cache
  * on this CPU empty until refilled: -ENOMEM, not -E2BIG for a full table),
  * under the same ids: allocated whole at load, so a burst of new stacks

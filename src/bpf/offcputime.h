@@ -45,6 +45,21 @@ enum stack_id_special {
 };
 
 #define STACK_ID_HASH_BIT (1ULL << 63)
+/*
+ * Stacks are kept in three tables by their length, each in elements of one
+ * of the kernel allocator's sizes (a hash table's element is its 48-byte
+ * header, the 8-byte key and the value; the allocator adds 8 bytes and
+ * serves 256, 512 or 2048): up to STACK_SHORT_DEPTH frames in
+ * `stacks_short`, up to STACK_MID_DEPTH in `stacks_mid`, more in `stacks`.
+ * A stored stack's id says which (with the stack_classes setting; without
+ * it every stack is in `stacks`).  Most kernel stacks are short; a stack
+ * of 40 frames takes 512 bytes, not the 2048 of one of 127.
+ */
+#define STACK_SHORT_DEPTH 24
+#define STACK_MID_DEPTH 56
+#define STACK_ID_CLASS_MASK (3ULL << 60)
+#define STACK_ID_CLASS_SHORT (1ULL << 60)
+#define STACK_ID_CLASS_MID (2ULL << 60)
 /* A user stack copied for userspace to walk (struct deferred_stack): the
  * rest of the id is the CPU and a count of that CPU's copies. */
 #define STACK_ID_DEFERRED_BIT (1ULL << 62)

@@ -506,7 +506,7 @@ no_state:
 __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 {
 	struct task_struct *task;
-	__u64 pid_tgid, exec_vm, *native, with;
+	__u64 pid_tgid, exec_vm, with;
 	__u32 zero = 0, idx, nr;
 	struct py_proc *p;
 	struct py_ctx c = {};
@@ -533,11 +533,9 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	}
 	task = bpf_get_current_task_btf();
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
-	native = stored_frames(id);
-	if (!c.ips || !native)
+	if (!c.ips || !stored_frames_into(id, c.ips))
 		return id;
 	c.w = w;
-	__builtin_memcpy(c.ips, native, MAX_STACK_DEPTH * sizeof(__u64));
 	for (nr = 0; nr < MAX_STACK_DEPTH; nr++)
 		if (!c.ips[nr])
 			break;
@@ -604,21 +602,41 @@ static __always_inline __u64 python_stack_at_switch_out(struct task_data *d, __u
 	return id;
 }
 
-/* Whether stored stack `id` has Python frames. */
-static __always_inline bool has_python_frames(__u64 id)
+/* Whether frames `f`, up to `n` of them, have Python frames. */
+static __always_inline bool py_marked(const __u64 *f, int n)
 {
-	__u64 *f = stored_frames(id);
 	int i;
 
-	if (!f)
-		return false;
-	for (i = 0; i < MAX_STACK_DEPTH; i++) {
+	for (i = 0; i < n; i++) {
 		if (!f[i])
 			return false;
 		if (f[i] >> 48 == PY_FRAME_MARK >> 48)
 			return true;
 	}
 	return false;
+}
+
+/* Whether stored stack `id` has Python frames (in its length's table, see
+ * STACK_SHORT_DEPTH, or in the spill table). */
+static __always_inline bool has_python_frames(__u64 id)
+{
+	__u64 *f;
+
+	if ((id & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_SHORT) {
+		f = bpf_map_lookup_elem(&stacks_short, &id);
+		if (f)
+			return py_marked(f, STACK_SHORT_DEPTH);
+	} else if ((id & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_MID) {
+		f = bpf_map_lookup_elem(&stacks_mid, &id);
+		if (f)
+			return py_marked(f, STACK_MID_DEPTH);
+	} else {
+		f = bpf_map_lookup_elem(&stacks, &id);
+		if (f)
+			return py_marked(f, MAX_STACK_DEPTH);
+	}
+	f = bpf_map_lookup_elem(&stacks_spill, &id);
+	return f && py_marked(f, MAX_STACK_DEPTH);
 }
 
 /*

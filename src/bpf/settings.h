@@ -31,6 +31,9 @@ const volatile bool stacks_at_switch_in = false;
  * kernel's); 0 where it could not read it: no cast (see task_to_walk). */
 const volatile __u32 task_struct_kernel_id = 0;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
+/* Stacks kept in tables by their length (see STACK_SHORT_DEPTH): where
+ * hash tables allocate their elements as they are added. */
+const volatile bool stack_classes = false;
 /* --unwind dwarf: walk user stacks with the tables in unwind_*. */
 const volatile bool unwind_dwarf = false;
 /* ... and keep each thread's last walks, with their proofs (struct ucache). */

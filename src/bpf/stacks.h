@@ -28,17 +28,64 @@ struct frames {
 	__u64 ip[MAX_STACK_DEPTH + 1];
 };
 
-/* The frames of stored stack `id`, wherever they were stored. */
+/* The frames of stored stack `id` in its length's table (see
+ * STACK_SHORT_DEPTH), or in the spill table; NULL where it is not stored.
+ * Those of a short or middle stack end where their table's value does:
+ * their frames are read by stored_frames_into(), or by a reader that
+ * looks in each table itself (has_python_frames). */
 static __always_inline __u64 *stored_frames(__u64 id)
 {
-	__u64 *f = bpf_map_lookup_elem(&stacks, &id);
+	__u64 *f;
 
+	if ((id & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_SHORT)
+		f = bpf_map_lookup_elem(&stacks_short, &id);
+	else if ((id & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_MID)
+		f = bpf_map_lookup_elem(&stacks_mid, &id);
+	else
+		f = bpf_map_lookup_elem(&stacks, &id);
 	return f ? f : bpf_map_lookup_elem(&stacks_spill, &id);
 }
 
+/* Copies stored stack `id`'s frames into `dst` (room for MAX_STACK_DEPTH
+ * + 1 words), with a 0 after the last; false where it is not stored. */
+static __always_inline bool stored_frames_into(__u64 id, __u64 *dst)
+{
+	__u64 *f;
+
+	if ((id & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_SHORT) {
+		f = bpf_map_lookup_elem(&stacks_short, &id);
+		if (f) {
+			__builtin_memcpy(dst, f, STACK_SHORT_DEPTH * sizeof(__u64));
+			dst[STACK_SHORT_DEPTH] = 0;
+			return true;
+		}
+	} else if ((id & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_MID) {
+		f = bpf_map_lookup_elem(&stacks_mid, &id);
+		if (f) {
+			__builtin_memcpy(dst, f, STACK_MID_DEPTH * sizeof(__u64));
+			dst[STACK_MID_DEPTH] = 0;
+			return true;
+		}
+	} else {
+		f = bpf_map_lookup_elem(&stacks, &id);
+		if (f) {
+			__builtin_memcpy(dst, f, MAX_STACK_DEPTH * sizeof(__u64));
+			dst[MAX_STACK_DEPTH] = 0;
+			return true;
+		}
+	}
+	f = bpf_map_lookup_elem(&stacks_spill, &id);
+	if (!f)
+		return false;
+	__builtin_memcpy(dst, f, MAX_STACK_DEPTH * sizeof(__u64));
+	dst[MAX_STACK_DEPTH] = 0;
+	return true;
+}
+
 /*
- * Store the first `len` bytes of frames `f` in `stacks` (unless already
- * there) and return their id, or one of the STACK_ID_* codes.
+ * Store the first `len` bytes of frames `f` in the table of their length
+ * (unless already there) and return their id, or one of the STACK_ID_*
+ * codes.
  */
 static __always_inline __u64 store_frames(struct frames *f, long len, int user)
 {
@@ -62,11 +109,23 @@ static __always_inline __u64 store_frames(struct frames *f, long len, int user)
 		h *= 0x100000001b3ULL;
 		h ^= h >> 32;
 	}
+	h &= ~STACK_ID_CLASS_MASK;
 	h |= STACK_ID_HASH_BIT;
+	if (stack_classes && nr <= STACK_SHORT_DEPTH)
+		h |= STACK_ID_CLASS_SHORT;
+	else if (stack_classes && nr <= STACK_MID_DEPTH)
+		h |= STACK_ID_CLASS_MID;
 
 	if (stored_frames(h))
 		return h;
-	err = test_spill_stacks ? -ENOMEM : bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
+	if (test_spill_stacks)
+		err = -ENOMEM;
+	else if ((h & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_SHORT)
+		err = bpf_map_update_elem(&stacks_short, &h, f, BPF_NOEXIST);
+	else if ((h & STACK_ID_CLASS_MASK) == STACK_ID_CLASS_MID)
+		err = bpf_map_update_elem(&stacks_mid, &h, f, BPF_NOEXIST);
+	else
+		err = bpf_map_update_elem(&stacks, &h, f, BPF_NOEXIST);
 	if (!err || err == -EEXIST)
 		return h;
 	if (err != -ENOMEM) {

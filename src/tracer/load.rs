@@ -579,6 +579,7 @@ pub(super) fn settings(rodata: &mut crate::bpf::types::rodata, opts: &TracerOpti
     rodata.want_kernel_stack = opts.kernel_stacks;
     rodata.notify_new_tasks = opts.user_stacks;
     rodata.stack_bytes = opts.max_stack_depth * 8;
+    rodata.stack_classes = kernel::hash_maps_grow();
     rodata.unwind_dwarf = opts.unwind == Unwind::Dwarf;
     // For measuring and testing the cache against the walk it saves.
     rodata.ucache_on = !opts.test.no_stack_cache;
@@ -672,6 +673,8 @@ pub(super) fn configure(
         let maps = &mut open.maps;
         for map in [
             &mut maps.stacks,
+            &mut maps.stacks_short,
+            &mut maps.stacks_mid,
             &mut maps.counts,
             &mut maps.wakers,
             &mut maps.korc_entries,
@@ -686,19 +689,20 @@ pub(super) fn configure(
             map.set_map_flags(flags).context("hash map flags")?;
         }
     }
-    let depth_bytes = opts.max_stack_depth * 8;
-    open.maps
-        .stacks
-        .set_value_size(depth_bytes)
-        .context("stacks map value size")?;
+    // The stacks by their length where elements are allocated as they
+    // are added (STACK_SHORT_DEPTH); else all in `stacks`, the others
+    // left a single element. The tables keep their values' sizes whatever
+    // --perf-max-stack-depth says: the program reads a stored stack at
+    // the size of its table's value (a shorter stack ends with a 0).
+    let classes = kernel::hash_maps_grow();
+    for map in [&mut open.maps.stacks_short, &mut open.maps.stacks_mid] {
+        map.set_max_entries(if classes { opts.stack_storage_size } else { 1 })
+            .context("stacks map size")?;
+    }
     open.maps
         .stacks
         .set_max_entries(opts.stack_storage_size)
         .context("stacks map size")?;
-    open.maps
-        .stacks_spill
-        .set_value_size(depth_bytes)
-        .context("stacks spill map value size")?;
     // A few per CPU: each CPU's allocator cache runs dry on its own.
     let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1) as u32;
     open.maps

@@ -52,14 +52,35 @@ impl StackScan<'_> {
 }
 
 /// The frames of the stored stack `id`, innermost first.
-/// (In the stacks table, or in its spill table: see `stacks_spill`.)
+/// (In the table of its length, or in the spill table: see `stacks_spill`.)
 pub(super) fn read_stack(skel: &OffcputimeSkel<'_>, id: u64) -> Result<Option<Vec<u64>>> {
     let key = id.to_ne_bytes();
-    let bytes = match skel.maps.stacks.lookup(&key, MapFlags::ANY)? {
-        Some(b) => Some(b),
-        None => skel.maps.stacks_spill.lookup(&key, MapFlags::ANY)?,
-    };
-    Ok(bytes.map(|bytes| stack_frames(&bytes)))
+    for table in stack_tables(skel, id) {
+        if let Some(bytes) = table.lookup(&key, MapFlags::ANY)? {
+            return Ok(Some(stack_frames(&bytes)));
+        }
+    }
+    Ok(None)
+}
+
+/// The tables a stored stack can be in (`STACK_SHORT_DEPTH` in
+/// offcputime.h), the one its id names first (a stack the program stored;
+/// one stored by userspace, a walked copy, has no table in its id), the
+/// spill table last.
+pub(super) fn stack_tables<'a, 'obj>(
+    skel: &'a OffcputimeSkel<'obj>,
+    id: u64,
+) -> [&'a libbpf_rs::Map<'obj>; 4] {
+    let m = &skel.maps;
+    match id & (STACK_ID_CLASS_SHORT | STACK_ID_CLASS_MID) {
+        c if c == STACK_ID_CLASS_SHORT && id >> 63 == 1 => {
+            [&m.stacks_short, &m.stacks_mid, &m.stacks, &m.stacks_spill]
+        }
+        c if c == STACK_ID_CLASS_MID && id >> 63 == 1 => {
+            [&m.stacks_mid, &m.stacks_short, &m.stacks, &m.stacks_spill]
+        }
+        _ => [&m.stacks, &m.stacks_mid, &m.stacks_short, &m.stacks_spill],
+    }
 }
 
 /// One entry of the table of counts.
@@ -175,17 +196,24 @@ impl Tracer<'_> {
         // BENCHMARKS.md, report time). Taking intervals out while tracing
         // goes key by key.
         if self.stopped && take_through.is_none() {
-            let stacks = batch::Table::of(&self.skel.maps.stacks);
+            let m = &self.skel.maps;
+            let tables = [&m.stacks_short, &m.stacks_mid, &m.stacks].map(batch::Table::of);
             return std::thread::scope(|scope| {
                 let all = scope.spawn(move || {
                     crate::priority::join_raise();
                     let mut all = Stacks::default();
-                    let outcome = batch::for_each_entry(stacks, |k, v| {
-                        let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
-                        all.insert_value(id, v);
-                    });
-                    // Where it failed, the stacks are looked up one by one.
-                    matches!(outcome, Ok(batch::Outcome::Read)).then_some(all)
+                    for table in tables {
+                        let outcome = batch::for_each_entry(table, |k, v| {
+                            let id = u64::from_ne_bytes(k[..8].try_into().expect("8-byte key"));
+                            all.insert_value(id, v);
+                        });
+                        // Where it failed, the stacks are looked up one by
+                        // one.
+                        if !matches!(outcome, Ok(batch::Outcome::Read)) {
+                            return None;
+                        }
+                    }
+                    Some(all)
                 });
                 let mut profile = RawProfile::default();
                 let wanted = with_also(self.read_entries(&mut profile, None)?);

@@ -274,6 +274,110 @@ fn stack_storage_too_small() {
     );
 }
 
+/// The frames of the stacks in each of the stack tables of the running
+/// profiler `pid` (by the tables' names): how many each stack has.
+fn stored_stack_lengths(pid: u32) -> std::collections::BTreeMap<String, Vec<usize>> {
+    use libbpf_rs::MapCore;
+    let mut ids = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the profiler's fds").flatten() {
+        let is_map = std::fs::read_link(fd.path())
+            .is_ok_and(|l| l.to_string_lossy().contains("bpf-map"));
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ));
+        if let (true, Ok(info)) = (is_map, info) {
+            if let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) {
+                ids.insert(id.trim().parse::<u32>().expect("a map id"));
+            }
+        }
+    }
+    let mut found = std::collections::BTreeMap::new();
+    for id in ids {
+        let Ok(map) = libbpf_rs::MapHandle::from_map_id(id) else {
+            continue;
+        };
+        let name = map.name().to_string_lossy().into_owned();
+        if !["stacks", "stacks_short", "stacks_mid"].contains(&name.as_str()) {
+            continue;
+        }
+        let lengths = map
+            .keys()
+            .filter_map(|k| map.lookup(&k, libbpf_rs::MapFlags::ANY).ok().flatten())
+            .map(|v| v.chunks_exact(8).take_while(|w| w.iter().any(|&b| b != 0)).count())
+            .collect();
+        found.insert(name, lengths);
+    }
+    found
+}
+
+/// From Linux 6.1 the stacks are kept in three tables by their length (up
+/// to 24 frames, up to 56, longer: `STACK_SHORT_DEPTH` in offcputime.h),
+/// each in elements of the kernel allocator's sizes. Threads blocked under
+/// every depth from 1 to 100 calls of `farm_level` each have their whole
+/// stack, and each table holds only stacks of its lengths (read from the
+/// profiler's tables while it runs); before 6.1, all are in one.
+#[test]
+fn stacks_are_kept_by_their_length() {
+    if !require_root() {
+        return;
+    }
+    let _g = serial();
+    let mut farm = Reaped(Some(
+        std::process::Command::new(example_path("stackfarm"))
+            .args(["--procs", "1", "--depth", "100", "--seconds", "10"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start stackfarm"),
+    ));
+    let out = farm.0.as_mut().unwrap().stdout.take().unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut ready).expect("read");
+    assert_eq!(ready.trim(), "ready");
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", farm.id()))
+        .expect("the farm's worker");
+    let worker = children.split_whitespace().next().expect("a worker").to_string();
+    let mut tables = Default::default();
+    let (out, _, _) = profile_during(&["-f", "-p", &worker, "2"], |profiler| {
+        std::thread::sleep(Duration::from_millis(1000));
+        tables = stored_stack_lengths(profiler);
+    });
+    let lines = parse_folded(&out.stdout);
+    for depth in 1..=100 {
+        assert!(
+            lines.iter().any(|l| {
+                l.frames.iter().filter(|f| *f == "farm_level").count() == depth
+                    && l.has("start_thread")
+                    && l.has("schedule")
+            }),
+            "no whole stack of {depth} levels: {:?}",
+            lines.iter().map(|l| l.frames.join(";")).collect::<Vec<_>>()
+        );
+    }
+    let of = |name: &str| -> &Vec<usize> {
+        tables
+            .get(name)
+            .unwrap_or_else(|| panic!("no table {name}: {tables:?}"))
+    };
+    if kernel_version() < (6, 1) {
+        assert!(of("stacks_short").is_empty() && of("stacks_mid").is_empty(), "{tables:?}");
+        assert!(of("stacks").len() >= 100, "{tables:?}");
+        return;
+    }
+    for (name, lengths, least) in [
+        ("stacks_short", 1..=24, 10),
+        ("stacks_mid", 25..=56, 25),
+        ("stacks", 57..=127, 40),
+    ] {
+        let stored = of(name);
+        assert!(
+            stored.len() >= least && stored.iter().all(|n| lengths.contains(n)),
+            "{name} holds {} stacks of {stored:?} frames (at least {least} of {lengths:?} wanted)",
+            stored.len()
+        );
+    }
+}
+
 /// Stacks the stacks table has no memory for at the moment (its
 /// allocator's cache empty, as in a burst where it cannot refill) are kept
 /// in its spill table and read as the others: here every one of them.
