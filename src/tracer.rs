@@ -24,6 +24,8 @@ mod attach;
 mod batch;
 mod core_btf;
 mod cpuclock;
+#[cfg(test)]
+mod element_sizes;
 pub mod kernel;
 pub use kernel::check_environment;
 mod load;

@@ -166,6 +166,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 		if (pr) {
 			pr->n = 0;
 			pr->top = 0;
+			pr->hash = UCACHE_HASH_SEED;
 			pr->pc = s->st.pc;
 			pr->sp = s->st.sp;
 			pr->bp = s->st.bp;
@@ -260,6 +261,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 		if (pr) {
 			pr->n = 0;
 			pr->top = 0;
+			pr->hash = UCACHE_HASH_SEED;
 			pr->pc = u->pc;
 			pr->sp = u->sp;
 			pr->bp = u->bp;

@@ -127,41 +127,57 @@ static __always_inline struct file_scratch *file_scratch_of(bool start)
 				   &zero);
 }
 
-/* The walk read `span` bytes at `addr` (8, or UCACHE_RANGE with
- * UCACHE_RANGE_BIT in `flag`), which `val` stands for: slot k of its proof
- * in `pr`. */
-static __always_inline void note_proof(struct ucache *pr, struct unwind_state *u, __u64 addr,
-				       __u64 val, __u32 span, __u32 flag)
+/* The hash of a walk's slots (struct ucache) with one more slot's value
+ * `v`: each step is a bijection of the hash for a given value and of the
+ * value for a given hash, so a change of any one slot changes the end. */
+static __always_inline __u64 ucache_mix(__u64 h, __u64 v)
 {
-	__u32 k;
+	h = (h ^ v) * 0x100000001b3ULL;
+	return h ^ (h >> 29);
+}
+
+/* The walk read `span` bytes at `addr` (8, or UCACHE_RANGE for a range
+ * slot, `range`, leaving out its first `skip` words), which `val` stands
+ * for: slot k of its proof in `pr`. */
+static __always_inline void note_proof(struct ucache *pr, struct unwind_state *u, __u64 addr,
+				       __u64 val, __u32 span, bool range, __u32 skip)
+{
+	__u64 off;
+	__u32 k, at;
 
 	if (!pr)
 		return;
 	k = pr->n;
-	if (k >= UCACHE_SLOTS || addr < pr->sp || addr - pr->sp > 0x7ffffff0ULL) {
+	off = addr - pr->sp;
+	if (k >= UCACHE_SLOTS || addr < pr->sp || (off & 7) ||
+	    (off >> 3) > (range ? UCACHE_RANGE_OFF_MAX : UCACHE_WORD_MAX) ||
+	    skip > UCACHE_RANGE_SKIP_MAX) {
 		u->unprovable = true;
 		return;
 	}
+	at = off >> 3;
+	if (range)
+		at |= UCACHE_RANGE_BIT | skip << UCACHE_RANGE_SKIP_SHIFT;
 	pr->n = k + 1;
 	/* The compiler forgets the bound above (see unwind_step). */
 	asm volatile("" : "+r"(k));
 	k &= UCACHE_SLOTS - 1;
-	pr->off[k] = (addr - pr->sp) | flag;
-	pr->val[k] = val;
-	if (addr - pr->sp + span > pr->top)
-		pr->top = addr - pr->sp + span;
+	pr->off[k] = at;
+	pr->hash = ucache_mix(pr->hash, val);
+	if (off + span > pr->top)
+		pr->top = off + span;
 }
 
 /* The walk read `val` at `addr`. */
 static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
 				      __u64 addr, __u64 val)
 {
-	note_proof(pr, u, addr, val, 8, 0);
+	note_proof(pr, u, addr, val, 8, false, 0);
 }
 
 /* The hash of a range slot's UCACHE_RANGE_WORDS words `w` (struct
- * ucache): a change of any of them changes it but for a chance of one in
- * 2^64. */
+ * ucache) but for the first `skip`: a change of any of them changes it but
+ * for a chance of one in 2^64. */
 static __always_inline __u64 ucache_range_hash(const __u64 *w, __u64 skip)
 {
 	__u64 h = 0xcbf29ce484222325ULL;
@@ -174,7 +190,7 @@ static __always_inline __u64 ucache_range_hash(const __u64 *w, __u64 skip)
 		h = (h ^ w[i]) * 0x100000001b3ULL;
 		h ^= h >> 29;
 	}
-	return (h & ~UCACHE_RANGE_SKIP_MASK) | skip << UCACHE_RANGE_SKIP_SHIFT;
+	return h;
 }
 
 /* The walk read the UCACHE_RANGE bytes `w` at `addr`: proved as one slot
@@ -185,7 +201,7 @@ static __always_inline void note_range(struct ucache *pr, struct unwind_state *u
 				       const __u64 *w, __u64 skip)
 {
 	if (pr)
-		note_proof(pr, u, addr, ucache_range_hash(w, skip), UCACHE_RANGE, UCACHE_RANGE_BIT);
+		note_proof(pr, u, addr, ucache_range_hash(w, skip), UCACHE_RANGE, true, skip);
 }
 
 /* Reads the user memory of the current task, or of `task` from the copy

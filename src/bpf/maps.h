@@ -249,10 +249,12 @@ struct {
  * from, its process's unwind tables and the stack memory it reads: walked
  * again from the same registers, with the same tables, over the same
  * memory, it gives the same frames.  So each thread keeps what its last
- * walks started from and every 8-byte slot they read (where, and what was
- * there).  At its next block, if the registers are those of a walk kept, the tables
- * are (their generation, see struct unwind_proc), and every one of those
- * slots still holds what it held, the stack is the one stored then: it is
+ * walks started from, where each 8-byte slot they read is, and a hash of
+ * what those slots held, in order (ucache_mix(): a change of one slot always
+ * changes it, of several but for a chance of one in 2^64; the stacks
+ * themselves are kept under hashes of that size).  At its next block, if the registers are those of a walk kept, the tables
+ * are (their generation, see struct unwind_proc), and the slots still
+ * hash to what they did, the stack is the one stored then: it is
  * not walked again, and no frame is guessed.  Where the proof cannot be
  * kept (a read that failed, more than UCACHE_SLOTS slots, a stack that
  * could not be stored) the thread keeps nothing and is walked each time.
@@ -263,16 +265,25 @@ struct {
  * write preempted on its way back to user mode) is proved at each.
  */
 #define UCACHE_SLOTS 128
-/* A slot whose offset has this bit holds a hash of the UCACHE_RANGE bytes
- * from there (ucache_range_hash()), not a word: the slots of an
- * interpreted Java frame, proved as one (see java.h). */
-#define UCACHE_RANGE_BIT (1U << 31)
+/* A slot's place, in struct ucache's off[]: its offset from sp in words,
+ * up to UCACHE_WORD_MAX (256 KiB).  A slot with UCACHE_RANGE_BIT stands for
+ * the UCACHE_RANGE bytes from there, hashed (ucache_range_hash()): the
+ * slots of an interpreted Java frame, proved as one (see java.h); its
+ * offset is up to UCACHE_RANGE_OFF_MAX words (16 KiB), and the bits from
+ * UCACHE_RANGE_SKIP_SHIFT say how many of the range's first words it
+ * leaves out (see note_range()).  A slot that does not fit makes the walk
+ * unprovable.  So a way is 336 bytes, and a thread's storage of two ways
+ * fits the kernel allocator's 1024-byte elements (with 128 slots' values
+ * kept, 3288 bytes went into 4096). */
+#define UCACHE_RANGE_BIT 0x8000
+#define UCACHE_WORD_MAX 0x7fff
+#define UCACHE_RANGE_OFF_MAX 0x7ff
+#define UCACHE_RANGE_SKIP_SHIFT 11
+#define UCACHE_RANGE_SKIP_MAX 15
 #define UCACHE_RANGE_WORDS 10
 #define UCACHE_RANGE (UCACHE_RANGE_WORDS * 8)
-/* A range slot's hash keeps in its top bits how many of the range's first
- * words it leaves out (see note_range()). */
-#define UCACHE_RANGE_SKIP_SHIFT 60
-#define UCACHE_RANGE_SKIP_MASK (15ULL << UCACHE_RANGE_SKIP_SHIFT)
+/* Where the hash of a walk's slots starts. */
+#define UCACHE_HASH_SEED 0xcbf29ce484222325ULL
 struct ucache {
 	/* The stack's id in `stacks`; 0: nothing kept. */
 	__u64 stack_id;
@@ -296,9 +307,10 @@ struct ucache {
 	__u16 runtimes;
 	__u8 v8;
 	__u8 _pad[3];
-	/* Slot k: at sp + off[k], the walk read val[k]. */
-	__u32 off[UCACHE_SLOTS];
-	__u64 val[UCACHE_SLOTS];
+	/* What the slots held, in order (ucache_mix()). */
+	__u64 hash;
+	/* Slot k: where it is (UCACHE_RANGE_BIT). */
+	__u16 off[UCACHE_SLOTS];
 };
 
 /* A thread's kept walks: one per starting pc and sp; a new one replaces
@@ -365,6 +377,8 @@ struct ucache_window {
 	__s32 holds;
 	/* Where the slot checked is in `bytes`. */
 	__u64 off;
+	/* What the slots checked so far held (ucache_mix()). */
+	__u64 hash;
 };
 
 struct {

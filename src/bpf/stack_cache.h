@@ -95,12 +95,20 @@ struct ucache_step_ctx {
 	struct ucache_window *w;
 };
 
+/* Where slot `at` of a walk from `sp` is. */
+static __always_inline __u64 ucache_slot_addr(__u64 sp, __u32 at)
+{
+	if (at & UCACHE_RANGE_BIT)
+		return sp + ((__u64)(at & UCACHE_RANGE_OFF_MAX) << 3);
+	return sp + ((__u64)(at & UCACHE_WORD_MAX) << 3);
+}
+
 static long ucache_slots_step(__u32 i, void *arg)
 {
 	struct ucache_step_ctx *c = arg;
 	struct ucache_window *w = c->w;
 	struct ucache *e = c->e;
-	__u64 addr, off, span;
+	__u64 addr, off, span, v;
 	__u32 k, at, j;
 
 	if (!w || !e)
@@ -118,7 +126,7 @@ static long ucache_slots_step(__u32 i, void *arg)
 		k &= UCACHE_SLOTS - 1;
 		at = e->off[k];
 		span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
-		addr = e->sp + (at & ~UCACHE_RANGE_BIT);
+		addr = ucache_slot_addr(e->sp, at);
 		off = addr - w->base;
 		if (addr < w->base || off + span > w->have) {
 			if (ucache_window_read(addr, e->sp + e->top) || span > w->have)
@@ -130,13 +138,12 @@ static long ucache_slots_step(__u32 i, void *arg)
 		 * here. */
 		*(volatile __u64 *)&w->off = off;
 		off = *(volatile __u64 *)&w->off;
-		if (at & UCACHE_RANGE_BIT) {
-			if (ucache_window_hash(off, e->val[k] >> UCACHE_RANGE_SKIP_SHIFT) !=
-			    e->val[k])
-				goto fails;
-		} else if (*(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1))) != e->val[k]) {
-			goto fails;
-		}
+		if (at & UCACHE_RANGE_BIT)
+			v = ucache_window_hash(off, (at >> UCACHE_RANGE_SKIP_SHIFT) &
+							UCACHE_RANGE_SKIP_MAX);
+		else
+			v = *(__u64 *)(w->bytes + (off & (UCACHE_WINDOW - 1)));
+		w->hash = ucache_mix(w->hash, v);
 		w->k = k + 1;
 	}
 	return 0;
@@ -196,15 +203,17 @@ __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 	w->have = 0;
 	w->k = 0;
 	w->holds = -1;
+	w->hash = UCACHE_HASH_SEED;
 	/* The window from the first slot on, here (the steps call a
 	 * function only where a slot is past it). */
-	if (e->n && ucache_read(w, e->sp + (e->off[0] & ~UCACHE_RANGE_BIT), e->sp + e->top))
+	if (e->n && ucache_read(w, ucache_slot_addr(e->sp, e->off[0]), e->sp + e->top))
 		return 0;
 	c.e = e;
 	c.w = w;
 	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &c, 0);
-	/* Undecided after every step: all UCACHE_SLOTS slots held. */
-	if (!(w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS)))
+	/* Undecided after every step: all UCACHE_SLOTS slots read.  The walk
+	 * holds where they hash to what they did. */
+	if (!(w->holds == 1 || (w->holds < 0 && w->k >= UCACHE_SLOTS)) || w->hash != e->hash)
 		return 0;
 	COUNT_WALK(e);
 	return e->stack_id;
@@ -242,7 +251,7 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	/* All of them: straight-line code, which the verifier checks once
 	 * (a loop up to n would be checked once per slot). */
 	__builtin_memcpy(e->off, pr->off, sizeof(e->off));
-	__builtin_memcpy(e->val, pr->val, sizeof(e->val));
+	e->hash = pr->hash;
 	e->n = pr->n;
 	e->top = pr->top;
 	e->mm = mm;
