@@ -214,8 +214,7 @@ struct korc_walk {
 	__u64 win_lo;
 	__u32 win_len;
 	/* The thread's last walk (struct korc_kept, copied here): its
-	 * frames, and the entry each used; `same`: every frame so far is
-	 * that walk's. */
+	 * frames; `same`: every frame so far is that walk's. */
 	__u32 kept_n;
 	__u8 signal, full_regs, done, same;
 	/* Whether the walk can be proved again (struct korc_proof), and
@@ -226,9 +225,6 @@ struct korc_walk {
 	/* korc_proof_holds(): the words read again, and the frame. */
 	__u64 proof_val[KORC_VALS];
 	__u64 kept_ip[KORC_KEPT];
-	struct korc_entry kept_e[KORC_KEPT];
-	/* The entry each frame of this walk used. */
-	struct korc_entry e[KORC_KEPT];
 	/* The walk's frames, then the stack made of them and the helper's. */
 	__u64 ips[MAX_STACK_DEPTH + 1];
 	/* korc_module_search: the entry found, and what it read of the
@@ -402,20 +398,17 @@ static __always_inline bool korc_read(struct korc_walk *w, __u8 *win, __u64 *v, 
 	return bpf_probe_read_kernel(v, sizeof(*v), (void *)addr) == 0;
 }
 
-/* The entry for `ip` (the address looked up) at frame `idx`: the thread's
- * last walk's where that frame is the same, else from korc_entries or the
- * kernel's table. */
+/* The entry for `ip` (the address looked up) at frame `idx`, from
+ * korc_entries or the kernel's table; whether the walk is still the
+ * thread's last (`same`). */
 static __always_inline int korc_entry_of(struct korc_walk *w, __u32 idx, __u64 ip,
 					 struct korc_entry *e)
 {
 	struct korc_entry *known;
 	__u32 i = idx & (KORC_KEPT - 1);
 
-	if (w->same && idx < w->kept_n && idx < KORC_KEPT && w->kept_ip[i] == w->ip) {
-		*e = w->kept_e[i];
-		return 0;
-	}
-	w->same = 0;
+	if (!(idx < w->kept_n && idx < KORC_KEPT && w->kept_ip[i] == w->ip))
+		w->same = 0;
 	known = bpf_map_lookup_elem(&korc_entries, &ip);
 	if (known) {
 		*e = *known;
@@ -699,7 +692,6 @@ static __always_inline int korc_step(__u32 k)
 	} else if (korc_entry_of(w, idx, w->signal ? ip : ip - 1, &e)) {
 		goto stop;
 	}
-	w->e[idx & (KORC_KEPT - 1)] = e;
 	if (e.type == KORC_END) {
 		w->done = KORC_COMPLETE;
 		return 1;
@@ -863,7 +855,7 @@ __noinline __u64 korc_note_pair(__u64 whole, long len, __u32 k)
  * `frame` (thread.sp), on its kernel stack from `stack_lo`, with the state
  * of `k` (KORC_ITER, KORC_SWITCH): 0, or -1 where it cannot be walked
  * here.  `kept` (KORC_WALK_*): the thread's last walk is in the state
- * (kept_n, kept_ip, kept_e), else there is none; the stack from the frame
+ * (kept_n, kept_ip), else there is none; the stack from the frame
  * up is read in one go first, where the caller has not.  A global function: checked once, not at each call in each
  * state of its callers.
  */
@@ -1041,33 +1033,45 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, cons
  * its saved frame is the one it blocked with, and the walk from there is
  * the one of a thread blocked at the start or in a --snapshot, the
  * scheduler's frames included.  Only blocks that are counted (past -m/-M)
- * are walked.  The walk reads the stack in one go and takes the entries
- * of the thread's last walk for as long as its frames are the same
- * (struct korc_kept): the stack's words are read again every time (their
- * place moves, the kernel shifts each system call's stack by a random
- * offset), the tables are not looked up again, and a stack the same as the
- * last is not stored again.  Before that, the proofs of the thread's last
- * walks (struct korc_proof) are checked: where one holds, its stack is
- * taken without a walk.  A thread keeps KORC_WAYS of them: one that blocks
+ * are walked.  The walk reads the stack in one go and takes each frame's
+ * entry from korc_entries; it follows the thread's last walk's frames
+ * (struct korc_kept) to know whether its stack is that one again, which
+ * is then not stored again (the stack's words are read again every time:
+ * their place moves, the kernel shifts each system call's stack by a
+ * random offset).  Before that, the proofs of the thread's last walks
+ * (struct korc_proof, kept as struct korc_kept_proof) are checked: where
+ * one holds, its stack is taken without a walk.  A thread keeps KORC_WAYS of them: one that blocks
  * in two places in turn (a read that waits, a write preempted on its way
  * back to user mode) is proved at both.  With the tracepoint on BTF only
  * (VARIANT_TRUSTED): the helper that takes over where the walk stops needs
  * a task it can trust.
  */
 #define KORC_WAYS 2
+/* A proof as kept (struct korc_proof): the words it needs held are kept
+ * as a hash of them, in order (ucache_mix(), as the stack cache's). */
+struct korc_kept_proof {
+	__u32 n, m;
+	__u32 need;
+	__u32 user;
+	__u32 at[KORC_PROOF];
+	__u32 sp[KORC_PROOF];
+	__u64 hash;
+};
+
 struct korc_way {
 	/* 0: none kept. */
 	__u64 stack_id;
-	struct korc_proof proof;
+	struct korc_kept_proof proof;
 };
 
+/* A thread's: 848 bytes, within the kernel allocator's 1 KiB elements
+ * with task storage's header (src/tracer/element_sizes.rs). */
 struct korc_kept {
 	__u64 stack_id;
 	__u32 n;
 	/* The way proved or kept last. */
 	__u32 last;
 	__u64 ip[KORC_KEPT];
-	struct korc_entry e[KORC_KEPT];
 	struct korc_way way[KORC_WAYS];
 };
 
@@ -1091,12 +1095,26 @@ static __always_inline bool kstack_at_switch_in(const __u32 variant)
  * module. */
 static __always_inline void korc_keep_proof(struct korc_walk *w, struct korc_kept *e, __u64 id)
 {
-	__u32 i = (e->last ^ 1) & (KORC_WAYS - 1);
+	__u32 i = (e->last ^ 1) & (KORC_WAYS - 1), j, n = w->proof.n;
+	struct korc_kept_proof *pr = &e->way[i].proof;
+	__u64 h = UCACHE_HASH_SEED;
 
 	if (!w->provable || w->done != KORC_COMPLETE || !(id & STACK_ID_HASH_BIT))
 		return;
+	for (j = 0; j < KORC_PROOF; j++) {
+		if (j >= n)
+			break;
+		if ((w->proof.need >> j) & 1)
+			h = ucache_mix(h, w->proof.val[j]);
+	}
 	e->way[i].stack_id = id;
-	__builtin_memcpy(&e->way[i].proof, &w->proof, sizeof(e->way[i].proof));
+	pr->n = n;
+	pr->m = w->proof.m;
+	pr->need = w->proof.need;
+	pr->user = w->proof.user;
+	__builtin_memcpy(pr->at, w->proof.at, sizeof(pr->at));
+	__builtin_memcpy(pr->sp, w->proof.sp, sizeof(pr->sp));
+	pr->hash = h;
 	e->last = i;
 }
 
@@ -1109,11 +1127,11 @@ static __always_inline void korc_keep_proof(struct korc_walk *w, struct korc_kep
  * there is then the same: its entries are those of the same addresses.
  * The window is the switch hook's.  A global function: checked once.
  */
-__noinline int korc_proof_holds(struct korc_proof *pr, __u64 frame)
+__noinline int korc_proof_holds(struct korc_kept_proof *pr, __u64 frame)
 {
 	__u32 i, n, m, sym, k = KORC_SWITCH;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
-	__u64 at, v, off, len, sp, last = 0, *val;
+	__u64 at, v, off, len, sp, last = 0, *val, h = UCACHE_HASH_SEED;
 
 	if (!w || !pr)
 		return false;
@@ -1136,11 +1154,13 @@ __noinline int korc_proof_holds(struct korc_proof *pr, __u64 frame)
 			return false;
 		v = *(__u64 *)(w->win + (off & (KSTACK_SIZE - 8)));
 		val[i] = v;
-		if ((pr->need >> i) & 1 && v != pr->val[i])
-			return false;
+		if ((pr->need >> i) & 1)
+			h = ucache_mix(h, v);
 		if ((pr->user >> i) & 1 && v >= KERNEL_SPACE)
 			return false;
 	}
+	if (h != pr->hash)
+		return false;
 	for (i = 0; i < KORC_PROOF; i++) {
 		if (i >= m)
 			return true;
@@ -1197,7 +1217,6 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 	w->kept_n = 0;
 	if (e && e->stack_id && e->n <= KORC_KEPT) {
 		__builtin_memcpy(w->kept_ip, e->ip, sizeof(w->kept_ip));
-		__builtin_memcpy(w->kept_e, e->e, sizeof(w->kept_e));
 		w->kept_n = e->n;
 	}
 	if (korc_walk(frame, lo, KORC_SWITCH, KORC_WALK_KEPT | KORC_WALK_WINDOW)) {
@@ -1224,7 +1243,6 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 			e->stack_id = 0;
 			if (w->done == KORC_COMPLETE && n <= KORC_KEPT && (id & STACK_ID_HASH_BIT)) {
 				__builtin_memcpy(e->ip, w->ips, sizeof(e->ip));
-				__builtin_memcpy(e->e, w->e, sizeof(e->e));
 				e->n = n;
 				e->stack_id = id;
 				korc_keep_proof(w, e, id);

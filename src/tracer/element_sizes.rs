@@ -58,3 +58,13 @@ fn a_threads_storage_fits_its_sizes() {
     assert_eq!(storage(size_of::<types::ucache_pair>()), 1024);
     assert_eq!(storage(size_of::<types::task_data>()), 256);
 }
+
+#[test]
+fn a_threads_kernel_walk_fits_its_size() {
+    use std::mem::size_of;
+    // The last walk's frames and two proofs kept as hashes.
+    assert_eq!(
+        served(STORAGE_HEADER + size_of::<types::korc_kept>()),
+        1024
+    );
+}
