@@ -156,12 +156,6 @@ __noinline __u64 user_stack_by_files(bool cache)
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (set)
 			way = ucache_way(set, &s->st);
-		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, s->st.bp))) {
-			count(CNT_UNWIND_DWARF);
-			count(CNT_UNWIND_BY_FILE);
-			count(CNT_UNWIND_CACHED);
-			return id;
-		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 		if (pr) {
 			pr->n = 0;
@@ -170,6 +164,12 @@ __noinline __u64 user_stack_by_files(bool cache)
 			pr->pc = s->st.pc;
 			pr->sp = s->st.sp;
 			pr->bp = s->st.bp;
+		}
+		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, s->st.bp))) {
+			count(CNT_UNWIND_DWARF);
+			count(CNT_UNWIND_BY_FILE);
+			count(CNT_UNWIND_CACHED);
+			return id;
 		}
 	}
 	s->st.max = clamp_stack_bytes() / sizeof(__u64);
@@ -252,11 +252,6 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (set)
 			way = ucache_way(set, u);
-		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, u->bp))) {
-			count(CNT_UNWIND_DWARF);
-			count(CNT_UNWIND_CACHED);
-			return id;
-		}
 		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 		if (pr) {
 			pr->n = 0;
@@ -265,6 +260,11 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 			pr->pc = u->pc;
 			pr->sp = u->sp;
 			pr->bp = u->bp;
+		}
+		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, u->bp))) {
+			count(CNT_UNWIND_DWARF);
+			count(CNT_UNWIND_CACHED);
+			return id;
 		}
 	}
 	walk_with_tables(u, p, NULL);

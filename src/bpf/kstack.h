@@ -213,10 +213,7 @@ struct korc_walk {
 	 * (win): where it starts, and its length. */
 	__u64 win_lo;
 	__u32 win_len;
-	/* The thread's last walk (struct korc_kept, copied here): its
-	 * frames; `same`: every frame so far is that walk's. */
-	__u32 kept_n;
-	__u8 signal, full_regs, done, same;
+	__u8 signal, full_regs, done, _pad;
 	/* Whether the walk can be proved again (struct korc_proof), and
 	 * what its sp, bp, regs and prev_regs are in its proof (KORC_SYM). */
 	__u8 provable;
@@ -224,7 +221,6 @@ struct korc_walk {
 	struct korc_proof proof;
 	/* korc_proof_holds(): the words read again, and the frame. */
 	__u64 proof_val[KORC_VALS];
-	__u64 kept_ip[KORC_KEPT];
 	/* The walk's frames, then the stack made of them and the helper's. */
 	__u64 ips[MAX_STACK_DEPTH + 1];
 	/* korc_module_search: the entry found, and what it read of the
@@ -398,17 +394,12 @@ static __always_inline bool korc_read(struct korc_walk *w, __u8 *win, __u64 *v, 
 	return bpf_probe_read_kernel(v, sizeof(*v), (void *)addr) == 0;
 }
 
-/* The entry for `ip` (the address looked up) at frame `idx`, from
- * korc_entries or the kernel's table; whether the walk is still the
- * thread's last (`same`). */
-static __always_inline int korc_entry_of(struct korc_walk *w, __u32 idx, __u64 ip,
-					 struct korc_entry *e)
+/* The entry for `ip` (the address looked up), from korc_entries or the
+ * kernel's table. */
+static __always_inline int korc_entry_of(struct korc_walk *w, __u64 ip, struct korc_entry *e)
 {
 	struct korc_entry *known;
-	__u32 i = idx & (KORC_KEPT - 1);
 
-	if (!(idx < w->kept_n && idx < KORC_KEPT && w->kept_ip[i] == w->ip))
-		w->same = 0;
 	known = bpf_map_lookup_elem(&korc_entries, &ip);
 	if (known) {
 		*e = *known;
@@ -684,12 +675,11 @@ static __always_inline int korc_step(__u32 k)
 	w->nr = idx + 1;
 
 	if (in_module) {
-		w->same = 0;
 		w->found_for = 0;
 		/* A module may go: its entries are not kept. */
 		w->provable = 0;
 		e = w->found;
-	} else if (korc_entry_of(w, idx, w->signal ? ip : ip - 1, &e)) {
+	} else if (korc_entry_of(w, w->signal ? ip : ip - 1, &e)) {
 		goto stop;
 	}
 	if (e.type == KORC_END) {
@@ -854,9 +844,8 @@ __noinline __u64 korc_note_pair(__u64 whole, long len, __u32 k)
  * Walks the stack of a task that is not running, from its saved frame at
  * `frame` (thread.sp), on its kernel stack from `stack_lo`, with the state
  * of `k` (KORC_ITER, KORC_SWITCH): 0, or -1 where it cannot be walked
- * here.  `kept` (KORC_WALK_*): the thread's last walk is in the state
- * (kept_n, kept_ip), else there is none; the stack from the frame
- * up is read in one go first, where the caller has not.  A global function: checked once, not at each call in each
+ * here.  `kept` (KORC_WALK_WINDOW): the window is read already, else the
+ * stack from the frame up is read in one go first.  A global function: checked once, not at each call in each
  * state of its callers.
  */
 /* Reads the stack from the saved frame `frame` up into the window of `w`
@@ -905,9 +894,7 @@ __noinline int korc_frame(__u32 k)
 	return korc_step(k) ? 1 : 0;
 }
 
-/* korc_walk's `kept`: the thread's last walk is in the state; the window
- * is read already (korc_window()). */
-#define KORC_WALK_KEPT 1
+/* korc_walk's `kept`: the window is read already (korc_window()). */
 #define KORC_WALK_WINDOW 2
 
 __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
@@ -920,9 +907,6 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 	if (!w || korc_layout() < 0 || !frame)
 		return -1;
 	win = w->win;
-	if (!(kept & KORC_WALK_KEPT))
-		w->kept_n = 0;
-	w->same = 1;
 	if (!(kept & KORC_WALK_WINDOW) || w->win_lo != frame || w->stack_lo != stack_lo) {
 		if (korc_window(w, frame, stack_lo))
 			return -1;
@@ -1033,18 +1017,16 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, cons
  * its saved frame is the one it blocked with, and the walk from there is
  * the one of a thread blocked at the start or in a --snapshot, the
  * scheduler's frames included.  Only blocks that are counted (past -m/-M)
- * are walked.  The walk reads the stack in one go and takes each frame's
- * entry from korc_entries; it follows the thread's last walk's frames
- * (struct korc_kept) to know whether its stack is that one again, which
- * is then not stored again (the stack's words are read again every time:
- * their place moves, the kernel shifts each system call's stack by a
- * random offset).  Before that, the proofs of the thread's last walks
+ * are walked.  The walk reads the stack in one go (the stack's words are
+ * read again every time: their place moves, the kernel shifts each system
+ * call's stack by a random offset) and takes each frame's entry from
+ * korc_entries.  Before that, the proofs of the thread's last walks
  * (struct korc_proof, kept as struct korc_kept_proof) are checked: where
- * one holds, its stack is taken without a walk.  A thread keeps KORC_WAYS of them: one that blocks
- * in two places in turn (a read that waits, a write preempted on its way
- * back to user mode) is proved at both.  With the tracepoint on BTF only
- * (VARIANT_TRUSTED): the helper that takes over where the walk stops needs
- * a task it can trust.
+ * one holds, its stack is taken without a walk.  A thread keeps up to
+ * KORC_WAYS of them: one that blocks in two places in turn (a read that
+ * waits, a write preempted on its way back to user mode) is proved at
+ * both.  With the tracepoint on BTF only (VARIANT_TRUSTED): the helper
+ * that takes over where the walk stops needs a task it can trust.
  */
 #define KORC_WAYS 2
 /* A proof as kept (struct korc_proof): the words it needs held are kept
@@ -1064,15 +1046,19 @@ struct korc_way {
 	struct korc_kept_proof proof;
 };
 
-/* A thread's: 848 bytes, within the kernel allocator's 1 KiB elements
- * with task storage's header (src/tracer/element_sizes.rs). */
+/* A thread's first way, and what tells its ways apart; its second way is
+ * in korc_second, which only a thread that blocks in a second place
+ * again is given (a place met once, a preemption anywhere, is not kept
+ * there).  Each in the kernel allocator's 512-byte elements with task
+ * storage's header (src/tracer/element_sizes.rs). */
 struct korc_kept {
-	__u64 stack_id;
-	__u32 n;
 	/* The way proved or kept last. */
 	__u32 last;
-	__u64 ip[KORC_KEPT];
-	struct korc_way way[KORC_WAYS];
+	__u32 _pad;
+	/* The stack of the last walk that would have taken the second way
+	 * where the thread had none: met again, the second way is made. */
+	__u64 second_for;
+	struct korc_way way;
 };
 
 struct {
@@ -1082,6 +1068,13 @@ struct {
 	__type(value, struct korc_kept);
 } korc_kept_storage SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct korc_way);
+} korc_second SEC(".maps");
+
 /* Whether the switch hook takes kernel stacks at the switch-in (above). */
 static __always_inline bool kstack_at_switch_in(const __u32 variant)
 {
@@ -1090,24 +1083,47 @@ static __always_inline bool kstack_at_switch_in(const __u32 variant)
 }
 
 /* Keeps the proof of the walk in `w`, complete, of the stack stored as
- * `id`, in the thread's `e`, over the way proved or kept less recently;
- * none where it read a word outside its window or went through a
- * module. */
-static __always_inline void korc_keep_proof(struct korc_walk *w, struct korc_kept *e, __u64 id)
+ * `id`, for the thread `task` (its `e`), in its first way where that is
+ * empty, else over the way proved or kept less recently (the second made
+ * where the same stack would have taken it last time); none where it read
+ * a word outside its window or went through a module. */
+static __always_inline void korc_keep_proof(struct korc_walk *w, struct task_struct *task,
+					    struct korc_kept *e, __u64 id)
 {
-	__u32 i = (e->last ^ 1) & (KORC_WAYS - 1), j, n = w->proof.n;
-	struct korc_kept_proof *pr = &e->way[i].proof;
+	__u32 j, n = w->proof.n, second = 0;
+	struct korc_way *way = &e->way, *more;
+	struct korc_kept_proof *pr;
 	__u64 h = UCACHE_HASH_SEED;
 
 	if (!w->provable || w->done != KORC_COMPLETE || !(id & STACK_ID_HASH_BIT))
 		return;
+	if (way->stack_id && way->stack_id != id) {
+		more = bpf_task_storage_get(&korc_second, task, 0, 0);
+		if (!more) {
+			if (e->second_for != id) {
+				e->second_for = id;
+				return;
+			}
+			more = bpf_task_storage_get(&korc_second, task, 0,
+						    BPF_LOCAL_STORAGE_GET_F_CREATE);
+			if (!more)
+				return;
+			second = 1;
+		} else if (more->stack_id == id || e->last == 0) {
+			second = 1;
+		}
+		if (second)
+			way = more;
+	}
+	e->last = second;
+	pr = &way->proof;
 	for (j = 0; j < KORC_PROOF; j++) {
 		if (j >= n)
 			break;
 		if ((w->proof.need >> j) & 1)
 			h = ucache_mix(h, w->proof.val[j]);
 	}
-	e->way[i].stack_id = id;
+	way->stack_id = id;
 	pr->n = n;
 	pr->m = w->proof.m;
 	pr->need = w->proof.need;
@@ -1115,7 +1131,6 @@ static __always_inline void korc_keep_proof(struct korc_walk *w, struct korc_kep
 	__builtin_memcpy(pr->at, w->proof.at, sizeof(pr->at));
 	__builtin_memcpy(pr->sp, w->proof.sp, sizeof(pr->sp));
 	pr->hash = h;
-	e->last = i;
 }
 
 /*
@@ -1182,7 +1197,7 @@ __noinline int korc_proof_holds(struct korc_kept_proof *pr, __u64 frame)
  */
 static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 {
-	__u32 zero = 0, k = KORC_SWITCH, n;
+	__u32 zero = 0, k = KORC_SWITCH;
 	/* Loaded directly: the tracepoint's task is trusted (its stack, a
 	 * pointer, would not be a number to the verifier). */
 	__u64 frame = next->thread.sp;
@@ -1190,6 +1205,7 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 	__u64 *buf = bpf_map_lookup_elem(&scratch, &zero);
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	struct korc_kept *e;
+	struct korc_way *more;
 	long len = 0, whole;
 	__u64 id;
 
@@ -1198,12 +1214,15 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 	e = bpf_task_storage_get(&korc_kept_storage, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (korc_window(w, frame, lo) == 0 && e) {
 		id = 0;
-		if (e->way[0].stack_id && korc_proof_holds(&e->way[0].proof, frame)) {
-			id = e->way[0].stack_id;
+		if (e->way.stack_id && korc_proof_holds(&e->way.proof, frame)) {
+			id = e->way.stack_id;
 			e->last = 0;
-		} else if (e->way[1].stack_id && korc_proof_holds(&e->way[1].proof, frame)) {
-			id = e->way[1].stack_id;
-			e->last = 1;
+		} else {
+			more = bpf_task_storage_get(&korc_second, next, 0, 0);
+			if (more && more->stack_id && korc_proof_holds(&more->proof, frame)) {
+				id = more->stack_id;
+				e->last = 1;
+			}
 		}
 		if (id) {
 			count(CNT_KSTACK_PROVED);
@@ -1214,41 +1233,21 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 			return id;
 		}
 	}
-	w->kept_n = 0;
-	if (e && e->stack_id && e->n <= KORC_KEPT) {
-		__builtin_memcpy(w->kept_ip, e->ip, sizeof(w->kept_ip));
-		w->kept_n = e->n;
-	}
-	if (korc_walk(frame, lo, KORC_SWITCH, KORC_WALK_KEPT | KORC_WALK_WINDOW)) {
+	if (korc_walk(frame, lo, KORC_SWITCH, KORC_WALK_WINDOW)) {
 		count(CNT_KSTACK_NO_SCHED);
 		return store_stack(bpf_get_task_stack(next, buf, clamp_stack_bytes(), 0), false);
 	}
 	if (w->done != KORC_COMPLETE || test_kstack_check)
 		len = bpf_get_task_stack(next, buf, clamp_stack_bytes(), 0);
-	n = w->nr;
-	if (e && w->done == KORC_COMPLETE && w->same && n == w->kept_n && e->stack_id) {
-		/* The thread's last stack again. */
-		count(CNT_KSTACK_PROVED);
-		id = e->stack_id;
-		korc_keep_proof(w, e, id);
-	} else {
-		whole = korc_finish(len, KORC_SWITCH);
-		if (whole < 0) {
-			count(CNT_KSTACK_NO_SCHED);
-			return store_stack(len, false);
-		}
-		count(CNT_KSTACK_WALKED);
-		id = store_korc_stack(whole, KORC_SWITCH);
-		if (e) {
-			e->stack_id = 0;
-			if (w->done == KORC_COMPLETE && n <= KORC_KEPT && (id & STACK_ID_HASH_BIT)) {
-				__builtin_memcpy(e->ip, w->ips, sizeof(e->ip));
-				e->n = n;
-				e->stack_id = id;
-				korc_keep_proof(w, e, id);
-			}
-		}
+	whole = korc_finish(len, KORC_SWITCH);
+	if (whole < 0) {
+		count(CNT_KSTACK_NO_SCHED);
+		return store_stack(len, false);
 	}
+	count(CNT_KSTACK_WALKED);
+	id = store_korc_stack(whole, KORC_SWITCH);
+	if (e)
+		korc_keep_proof(w, next, e, id);
 	if (test_kstack_check)
 		korc_note_pair(id, len, KORC_SWITCH);
 	return id;

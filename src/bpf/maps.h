@@ -314,19 +314,25 @@ struct ucache {
 };
 
 /* A thread's kept walks: one per starting pc and sp; a new one replaces
- * the one proved or kept least recently.  The first two are kept here,
- * with what tells each of the UCACHE_WAYS apart; the others in
- * ucache_more, which only a thread that blocks in more than two places in
- * turn is given (two worker threads passing the turn back and forth: a
- * wait, and a wake-up preempted in two places). */
+ * the one proved or kept least recently.  The first is kept here, with
+ * what tells each of the UCACHE_WAYS apart; the second in ucache_second,
+ * the others in ucache_more, each given only to a thread that blocks
+ * again in as many places in turn (two worker threads passing the turn
+ * back and forth: a wait, and a wake-up preempted in two places), not
+ * for a place met once (a preemption anywhere).  Each storage is one of
+ * the kernel allocator's sizes (src/tracer/element_sizes.rs): this one
+ * and ucache_second 512 bytes, ucache_more 1 KiB. */
 #define UCACHE_WAYS 4
 struct ucache_ways {
-	struct ucache way[2];
+	struct ucache way0;
 	/* Of each way: the registers its walk started from (where its bit is
-	 * in `kept`), and when it was proved or kept last (a count of the
-	 * thread's walks, `tick`). */
-	__u64 pc[UCACHE_WAYS];
-	__u64 sp[UCACHE_WAYS];
+	 * in `kept`; ucache_regs_tag(), the way itself holds them whole), and
+	 * when it was proved or kept last (a count of the thread's walks,
+	 * `tick`). */
+	__u64 regs[UCACHE_WAYS];
+	/* The registers of the last walks that would have been kept in a
+	 * storage the thread did not have: met again, the storage is made. */
+	__u64 wanted[UCACHE_WAYS];
 	__u32 used[UCACHE_WAYS];
 	__u32 tick;
 	__u32 kept;
@@ -342,6 +348,14 @@ struct {
 	__type(key, int);
 	__type(value, struct ucache_ways);
 } ucache_storage SEC(".maps");
+
+/* Way 1 of the threads that have used it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ucache);
+} ucache_second SEC(".maps");
 
 /* Ways 2 and 3 of the threads that have used them. */
 struct {

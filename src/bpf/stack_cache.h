@@ -82,10 +82,34 @@ static __always_inline struct ucache *ucache_entry(__u32 way, bool create)
 
 	if (way & 2) {
 		more = bpf_task_storage_get(&ucache_more, task, 0, flags);
-		return more ? &more->way[way & 1] : NULL;
+		if (!more)
+			return NULL;
+		/* Not to be offset before it is checked (the compiler would
+		 * select between the two after adding). */
+		asm volatile("" : "+r"(more));
+		return &more->way[way & 1];
 	}
+	if (way & 1)
+		return bpf_task_storage_get(&ucache_second, task, 0, flags);
 	set = bpf_task_storage_get(&ucache_storage, task, 0, flags);
-	return set ? &set->way[way & 1] : NULL;
+	return set ? &set->way0 : NULL;
+}
+
+/* Whether `task` has the storage of its way `way`. */
+static __always_inline bool ucache_has(struct task_struct *task, __u32 way)
+{
+	if (way & 2)
+		return bpf_task_storage_get(&ucache_more, task, 0, 0) != NULL;
+	if (way & 1)
+		return bpf_task_storage_get(&ucache_second, task, 0, 0) != NULL;
+	return true;
+}
+
+/* What tells the registers a walk started from apart (struct
+ * ucache_ways' `wanted`): a mix of its pc and sp. */
+static __always_inline __u64 ucache_regs_tag(__u64 pc, __u64 sp)
+{
+	return ucache_mix(ucache_mix(UCACHE_HASH_SEED, pc), sp);
 }
 
 /* What each step checks: the kept walk and the window (looked up once, by
@@ -153,51 +177,60 @@ fails:
 }
 
 /* The way of `set` kept from the registers in `u` (its index), else the
- * one to keep a new walk in, UCACHE_NEW_WAY added: one not used yet, else
- * the one proved or kept least recently. */
+ * one to keep a new walk in, UCACHE_NEW_WAY added: the first that keeps
+ * nothing (so that a thread's ways fill its storages in order), else the
+ * one proved or kept least recently. */
 #define UCACHE_NEW_WAY 0x100
 static __always_inline __u32 ucache_way(struct ucache_ways *set, struct unwind_state *u)
 {
-	__u32 i, old = 0, way = UCACHE_NEW_WAY;
+	__u32 i, old = 0, free = UCACHE_WAYS, way = UCACHE_NEW_WAY;
+	__u64 regs = ucache_regs_tag(u->pc, u->sp);
 
 	for (i = 0; i < UCACHE_WAYS; i++) {
-		if (set->kept & 1U << i && set->pc[i] == u->pc && set->sp[i] == u->sp) {
-			way = i;
-			break;
+		if (set->kept & 1U << i) {
+			if (set->regs[i] == regs) {
+				way = i;
+				break;
+			}
+		} else if (free == UCACHE_WAYS) {
+			free = i;
 		}
 		if (set->tick - set->used[i] > set->tick - set->used[old])
 			old = i;
 	}
 	if (way == UCACHE_NEW_WAY)
-		way |= old;
+		way |= free < UCACHE_WAYS ? free : old;
 	set->used[way & (UCACHE_WAYS - 1)] = ++set->tick;
 	return way;
 }
 
 /*
  * The stack id of the current thread's kept walk `way` where it holds for
- * the walk under way (struct ucache: its pc and sp already matched by
- * ucache_way(), its frame pointer `bp`), the address space `mm` and the
+ * the walk under way (struct ucache: its pc and sp, found by ucache_way()
+ * and in ucache_scratch, its frame pointer `bp`), the address space `mm` and the
  * tables of generation `gen`, its frames counted; else 0.  The slots'
  * stack memory is read a window at a time, from a slot up to the end of
  * the highest (up to UCACHE_WINDOW bytes: the slots of a walk usually lie
  * in less); where that would cross into memory that cannot be read, the
  * slot alone.  In a global function: checked by the verifier once, for
- * both storages of the ways.
+ * every storage of the ways.
  */
 __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 {
 	struct ucache_step_ctx c;
 	struct ucache_window *w;
-	struct ucache *e;
+	struct ucache *e, *pr;
 	__u32 zero = 0;
 
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
+	pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
 	e = ucache_entry(way, false);
-	if (!w || !e)
+	if (!w || !e || !pr)
 		return 0;
-	if (!e->stack_id || e->mm != mm || e->gen != gen || e->runtimes != runtime_build() ||
-	    (e->bp_used && e->bp != bp))
+	/* The way was found by a hash of the registers: they are compared
+	 * whole here (the walk under way's, in ucache_scratch). */
+	if (!e->stack_id || e->pc != pr->pc || e->sp != pr->sp || e->mm != mm || e->gen != gen ||
+	    e->runtimes != runtime_build() || (e->bp_used && e->bp != bp))
 		return 0;
 	w->base = 0;
 	w->have = 0;
@@ -233,6 +266,7 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	struct ucache *e, *pr;
 	struct unwind_state *u;
 	__u32 zero = 0, bit = 1U << (way & (UCACHE_WAYS - 1));
+	__u64 tag;
 
 	set = bpf_task_storage_get(&ucache_storage, task, 0, 0);
 	if (!set)
@@ -245,6 +279,16 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	u = &s->st;
 	if (u->unprovable || !(id & STACK_ID_HASH_BIT))
 		return 0;
+	/* A way in a storage the thread does not have yet: only for
+	 * registers met again among the last such walks. */
+	tag = ucache_regs_tag(pr->pc, pr->sp);
+	if (!ucache_has(task, way)) {
+		if (set->wanted[0] != tag && set->wanted[1] != tag && set->wanted[2] != tag &&
+		    set->wanted[3] != tag) {
+			set->wanted[set->tick & (UCACHE_WAYS - 1)] = tag;
+			return 0;
+		}
+	}
 	e = ucache_entry(way, true);
 	if (!e)
 		return 0;
@@ -267,8 +311,7 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	e->v8 = u->v8;
 	e->runtimes = runtime_build();
 	e->stack_id = id;
-	set->pc[way & (UCACHE_WAYS - 1)] = pr->pc;
-	set->sp[way & (UCACHE_WAYS - 1)] = pr->sp;
+	set->regs[way & (UCACHE_WAYS - 1)] = tag;
 	set->kept |= bit;
 	return 0;
 }

@@ -52,19 +52,16 @@ fn stacks_fit_their_tables_sizes() {
 fn a_threads_storage_fits_its_sizes() {
     use std::mem::size_of;
     let storage = |value: usize| served(STORAGE_HEADER + value);
-    // Two kept walks of the stack cache, each with its 128 slots' places
-    // and the hash of what they held.
-    assert_eq!(storage(size_of::<types::ucache_ways>()), 1024);
+    // The stack cache's kept walks, each with its 128 slots' places and
+    // the hash of what they held: the first with what tells the ways
+    // apart, the second alone (a thread that blocks in one place has
+    // only the first), the third and fourth together.
+    assert_eq!(storage(size_of::<types::ucache_ways>()), 512);
+    assert_eq!(storage(size_of::<types::ucache>()), 512);
     assert_eq!(storage(size_of::<types::ucache_pair>()), 1024);
     assert_eq!(storage(size_of::<types::task_data>()), 256);
-}
-
-#[test]
-fn a_threads_kernel_walk_fits_its_size() {
-    use std::mem::size_of;
-    // The last walk's frames and two proofs kept as hashes.
-    assert_eq!(
-        served(STORAGE_HEADER + size_of::<types::korc_kept>()),
-        1024
-    );
+    // The kernel walk's proofs, their words as a hash: the first with what
+    // tells the two apart, the second alone.
+    assert_eq!(storage(size_of::<types::korc_kept>()), 512);
+    assert_eq!(storage(size_of::<types::korc_way>()), 512);
 }

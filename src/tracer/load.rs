@@ -830,6 +830,14 @@ pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -
         .korc_kept_storage
         .set_autocreate(false)
         .context("kernel stack cache map")?;
+    open.maps
+        .korc_second
+        .set_autocreate(false)
+        .context("kernel stack cache map")?;
+    open.maps
+        .ucache_second
+        .set_autocreate(false)
+        .context("stack cache map")?;
     Ok(())
 }
 
