@@ -151,10 +151,6 @@ enum korc_done {
 	KORC_SPLICE,
 };
 
-/* The frames of a walk whose entries are kept (see struct korc_kept): a
- * power of two. */
-#define KORC_KEPT 32
-
 /*
  * The proof of a walk (see struct korc_kept): every word it read, where it
  * found it and what it held.  The kernel moves the stack of each system
