@@ -332,8 +332,20 @@ fn cpython(version: &str, prefix: &str) {
             "{recurse:?}"
         );
     }
-    // --snapshot: the same, in what each waits in now.
-    let snap = profile(&["--snapshot", "-f", "--lines", "-p", &pid]);
+    // --snapshot: the same, in what each waits in now. The thread that
+    // ticks every 20 ms may be running or waiting for a CPU at that instant
+    // (on a loaded machine, often): then it is taken again, a few times.
+    let tick = format!("{prefix}-tick");
+    let mut snap = profile(&["--snapshot", "-f", "--lines", "-p", &pid]);
+    for _ in 0..5 {
+        let running = parse_folded(&snap.stdout)
+            .iter()
+            .any(|l| l.comm() == tick && l.has("[on CPU]"));
+        if !running {
+            break;
+        }
+        snap = profile(&["--snapshot", "-f", "--lines", "-p", &pid]);
+    }
     check(&format!("{version}, --snapshot"), prefix, &snap, &run, None);
     drop(run);
     // Started while tracing: its threads' blocks come before its
