@@ -1082,9 +1082,11 @@ static __always_inline bool kstack_at_switch_in(const __u32 variant)
  * `id`, for the thread `task` (its `e`), in its first way where that is
  * empty, else over the way proved or kept less recently (the second made
  * where the same stack would have taken it last time); none where it read
- * a word outside its window or went through a module. */
-static __always_inline void korc_keep_proof(struct korc_walk *w, struct task_struct *task,
-					    struct korc_kept *e, __u64 id)
+ * a word outside its window or went through a module.  Out of line: the
+ * switch hook's own frame is at the bound of the calls' stacks (512
+ * bytes, the walk's calls below it) on kernels without private stacks. */
+static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *task,
+				       struct korc_kept *e, __u64 id)
 {
 	__u32 j, n = w->proof.n, second = 0;
 	struct korc_way *way = &e->way, *more;
