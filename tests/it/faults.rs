@@ -279,9 +279,12 @@ fn stack_storage_too_small() {
 fn stored_stack_lengths(pid: u32) -> std::collections::BTreeMap<String, Vec<usize>> {
     use libbpf_rs::MapCore;
     let mut ids = std::collections::BTreeSet::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the profiler's fds").flatten() {
-        let is_map = std::fs::read_link(fd.path())
-            .is_ok_and(|l| l.to_string_lossy().contains("bpf-map"));
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the profiler's fds")
+        .flatten()
+    {
+        let is_map =
+            std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().contains("bpf-map"));
         let info = std::fs::read_to_string(format!(
             "/proc/{pid}/fdinfo/{}",
             fd.file_name().to_string_lossy()
@@ -304,7 +307,11 @@ fn stored_stack_lengths(pid: u32) -> std::collections::BTreeMap<String, Vec<usiz
         let lengths = map
             .keys()
             .filter_map(|k| map.lookup(&k, libbpf_rs::MapFlags::ANY).ok().flatten())
-            .map(|v| v.chunks_exact(8).take_while(|w| w.iter().any(|&b| b != 0)).count())
+            .map(|v| {
+                v.chunks_exact(8)
+                    .take_while(|w| w.iter().any(|&b| b != 0))
+                    .count()
+            })
             .collect();
         found.insert(name, lengths);
     }
@@ -336,7 +343,11 @@ fn stacks_are_kept_by_their_length() {
     assert_eq!(ready.trim(), "ready");
     let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", farm.id()))
         .expect("the farm's worker");
-    let worker = children.split_whitespace().next().expect("a worker").to_string();
+    let worker = children
+        .split_whitespace()
+        .next()
+        .expect("a worker")
+        .to_string();
     let mut tables = Default::default();
     let (out, _, _) = profile_during(&["-f", "-p", &worker, "2"], |profiler| {
         std::thread::sleep(Duration::from_millis(1000));
@@ -360,7 +371,10 @@ fn stacks_are_kept_by_their_length() {
             .unwrap_or_else(|| panic!("no table {name}: {tables:?}"))
     };
     if kernel_version() < (6, 1) {
-        assert!(of("stacks_short").is_empty() && of("stacks_mid").is_empty(), "{tables:?}");
+        assert!(
+            of("stacks_short").is_empty() && of("stacks_mid").is_empty(),
+            "{tables:?}"
+        );
         assert!(of("stacks").len() >= 100, "{tables:?}");
         return;
     }
