@@ -180,15 +180,14 @@ static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
  * for a chance of one in 2^64. */
 static __always_inline __u64 ucache_range_hash(const __u64 *w, __u64 skip)
 {
-	__u64 h = 0xcbf29ce484222325ULL;
+	__u64 h = UCACHE_HASH_SEED;
 	int i;
 
 #pragma clang loop unroll(full)
 	for (i = 0; i < UCACHE_RANGE_WORDS; i++) {
 		if (i < skip)
 			continue;
-		h = (h ^ w[i]) * 0x100000001b3ULL;
-		h ^= h >> 29;
+		h = ucache_mix(h, w[i]);
 	}
 	return h;
 }
