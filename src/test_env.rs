@@ -54,6 +54,10 @@ pub struct TestEnv {
     /// `OFFCPUTIME_TEST_STALL_COPY_WALK_MS`: copied user stacks wait this
     /// long for their walk (as a large new program's tables would).
     pub stall_copy_walk: Option<Duration>,
+    /// `OFFCPUTIME_TEST_STALL_LATER_LOAD_MS`: the runtimes' walkers loaded
+    /// while tracing take this much longer to load (as the verifier does
+    /// on a loaded machine).
+    pub stall_later_load: Option<Duration>,
     /// `OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS`: from this long after the
     /// window opened, the event loop reads none of the program's news
     /// until the trace stops (as where it gets no CPU for that long).
@@ -87,6 +91,9 @@ pub struct TestEnv {
     /// `OFFCPUTIME_TEST_TIMELINE_RING_KB`: `--timeline`'s ring buffer this
     /// small (a power of two, at least 4), so that a short storm fills it.
     pub timeline_ring_kb: Option<u32>,
+    /// `OFFCPUTIME_TEST_COPY_RING_KB`: the ring of copied user stacks this
+    /// small (a power of two, at least 4), so that a short burst fills it.
+    pub copy_ring_kb: Option<u32>,
     /// `OFFCPUTIME_STATS_INTERVAL`: seconds between the statistics lines
     /// of `--stats`.
     pub stats_interval: Option<Duration>,
@@ -119,6 +126,7 @@ impl TestEnv {
             stall_after_attach: ms("OFFCPUTIME_TEST_STALL_AFTER_ATTACH_MS"),
             stall_before_cut: ms("OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS"),
             stall_copy_walk: ms("OFFCPUTIME_TEST_STALL_COPY_WALK_MS"),
+            stall_later_load: ms("OFFCPUTIME_TEST_STALL_LATER_LOAD_MS"),
             stall_news_after: ms("OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS"),
             stall_in_write: ms("OFFCPUTIME_TEST_STALL_IN_WRITE_MS"),
             python_gate: var("OFFCPUTIME_TEST_PYTHON_GATE").map(Into::into),
@@ -128,17 +136,22 @@ impl TestEnv {
             no_kstack_walk: set("OFFCPUTIME_TEST_NO_KSTACK_WALK"),
             kallsyms_names: set("OFFCPUTIME_TEST_KALLSYMS"),
             verifier_stats: set("OFFCPUTIME_VERIFIER_STATS"),
-            timeline_ring_kb: number("OFFCPUTIME_TEST_TIMELINE_RING_KB").map(|kb| {
-                u32::try_from(kb.clamp(4, 1 << 20))
-                    .unwrap_or(4)
-                    .next_power_of_two()
-            }),
+            timeline_ring_kb: number("OFFCPUTIME_TEST_TIMELINE_RING_KB").map(ring_kb),
+            copy_ring_kb: number("OFFCPUTIME_TEST_COPY_RING_KB").map(ring_kb),
             stats_interval: var("OFFCPUTIME_STATS_INTERVAL")
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|s| s.is_finite() && *s > 0.0)
                 .map(Duration::from_secs_f64),
         }
     }
+}
+
+/// A ring buffer's size in KiB as a kernel takes it: a power of two, from
+/// 4 KiB to 1 GiB.
+fn ring_kb(kb: u64) -> u32 {
+    u32::try_from(kb.clamp(4, 1 << 20))
+        .unwrap_or(4)
+        .next_power_of_two()
 }
 
 #[cfg(test)]
@@ -158,6 +171,8 @@ mod tests {
                 "OFFCPUTIME_TEST_RUN_CLOCK_STEP_US" => "1500".into(),
                 "OFFCPUTIME_TEST_STALL_BEFORE_CUT_MS" => "150".into(),
                 "OFFCPUTIME_TEST_STALL_NEWS_AFTER_MS" => "1000".into(),
+                "OFFCPUTIME_TEST_STALL_LATER_LOAD_MS" => "700".into(),
+                "OFFCPUTIME_TEST_COPY_RING_KB" => "300".into(),
                 "OFFCPUTIME_STATS_INTERVAL" => "0.5".into(),
                 "OFFCPUTIME_TEST_PYTHON_GATE" => "/tmp/gate".into(),
                 "OFFCPUTIME_TEST_RUNTIMES_AT_START" => "0".into(),
@@ -174,6 +189,8 @@ mod tests {
         assert_eq!(env.runtimes_at_start.as_deref(), Some("0"));
         assert_eq!(env.stall_before_cut, Some(Duration::from_millis(150)));
         assert_eq!(env.stall_news_after, Some(Duration::from_secs(1)));
+        assert_eq!(env.stall_later_load, Some(Duration::from_millis(700)));
+        assert_eq!(env.copy_ring_kb, Some(512));
         assert_eq!(env.stats_interval, Some(Duration::from_millis(500)));
         assert_eq!(
             env.python_gate.as_deref(),

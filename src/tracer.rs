@@ -442,6 +442,9 @@ pub struct Tracer<'obj> {
     /// `OFFCPUTIME_VERIFIER_STATS`: the verifier's statistics of each
     /// program loaded, said on stderr.
     verifier_stats: bool,
+    /// A test's stall of the later object's load (see
+    /// [`crate::test_env::TestEnv`]).
+    later_stall: Option<Duration>,
     /// `--on-cpu`: what dithers the period of the perf events the sampler
     /// is attached to (their descriptors are the links'): dropped first.
     cpu_clocks: Option<cpuclock::Dither>,
@@ -773,6 +776,7 @@ impl<'obj> Tracer<'obj> {
             walkers_loaded: Default::default(),
             walkers_failed: Default::default(),
             verifier_stats: opts.test.verifier_stats,
+            later_stall: opts.test.stall_later_load,
             links,
             cpu_clocks,
             hook: attached,
@@ -929,6 +933,11 @@ impl<'obj> Tracer<'obj> {
             }
             crate::priority::Lookout::news_taken();
             busy = on_events(&pending.take(), stacks.take());
+            // What the round read of the rings while it worked (see
+            // `reading_news`) is the next round's.
+            pending.borrow_mut().extend(self.events_left.take());
+            stacks.borrow_mut().extend(self.deferred_left.take());
+            more |= !pending.borrow().is_empty() || !stacks.borrow().is_empty();
         }
         self.deferred_left.borrow_mut().extend(stacks.take());
         self.events_left.borrow_mut().extend(pending.take());
@@ -954,6 +963,46 @@ impl<'obj> Tracer<'obj> {
                 .context("failed to watch the ring of copied stacks");
         }
         Ok(())
+    }
+
+    /// Runs `work` with a function that reads the program's rings (waiting
+    /// up to 10 ms for news), for work that would otherwise leave them
+    /// unread long enough to fill (the verifier's hundreds of
+    /// milliseconds on the runtimes' walkers): what they held is the next
+    /// round's of [`Tracer::wait`] (or of [`Tracer::drain`]).
+    fn reading_news<R>(&self, work: impl FnOnce(&mut dyn FnMut()) -> R) -> R {
+        let pending = std::cell::RefCell::new(Vec::new());
+        let stacks = std::cell::RefCell::new(Vec::new());
+        let mut rings: Option<(libbpf_rs::RingBuffer<'_>, bool)> = None;
+        let mut read = || {
+            // The copies' ring mapped only once it holds some, as by
+            // `wait`.
+            let copies = self.copies_waiting();
+            if rings.as_ref().is_none_or(|&(_, with)| copies && !with) {
+                rings = None;
+                rings = self
+                    .news_rings(&pending, &stacks, copies)
+                    .ok()
+                    .map(|r| (r, copies));
+                if let Some((r, false)) = &rings {
+                    let _ = self.wake_on_copies(r.epoll_fd());
+                }
+            }
+            match &rings {
+                Some((r, _)) => {
+                    // A ring that cannot be read now is read by the next
+                    // round.
+                    let _ = wait_readable(r.epoll_fd(), Duration::from_millis(10));
+                    r.consume_raw_n(usize::MAX);
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let out = work(&mut read);
+        drop(rings);
+        self.events_left.borrow_mut().extend(pending.take());
+        self.deferred_left.borrow_mut().extend(stacks.take());
+        out
     }
 
     /// Whether the ring of copied stacks holds any (asked of the kernel,
@@ -1274,7 +1323,9 @@ impl<'obj> Tracer<'obj> {
         }
         let mut later = self.later.borrow_mut();
         let loading = (!later.loaded()).then(Instant::now);
-        let later = match later.load(&self.skel, &self.plan, self.verifier_stats) {
+        let stats = (self.verifier_stats, self.later_stall);
+        let loaded = self.reading_news(|read| later.load(&self.skel, &self.plan, stats, read));
+        let later = match loaded {
             Ok(later) => later,
             Err(e) => {
                 self.walkers_failed.set(self.plan.runtimes_later);

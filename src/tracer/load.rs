@@ -339,6 +339,40 @@ pub(super) fn load_side_by_side<'a, 'obj>(
     })
 }
 
+/// [`load`] on a thread of its own, `meanwhile` called on this one again
+/// and again until it is done (and `stall` after it: a test's).
+fn load_beside<'obj>(
+    open: crate::bpf::OpenOffcputimeSkel<'obj>,
+    logs: VerifierLogs,
+    (stats, stall): (bool, Option<Duration>),
+    meanwhile: &mut dyn FnMut(),
+) -> Result<OffcputimeSkel<'obj>> {
+    let open = SendOpen((open, logs));
+    std::thread::scope(|s| {
+        let loader = std::thread::Builder::new()
+            .name("bpf-load".into())
+            .spawn_scoped(s, move || {
+                // The whole wrapper moves, not just its field.
+                let open = open;
+                crate::priority::join_raise();
+                let (open, logs) = open.0;
+                let loaded = load(open, &logs, stats);
+                if let Some(stall) = stall {
+                    std::thread::sleep(stall);
+                }
+                SendOpen(loaded)
+            })
+            .context("failed to start a loading thread")?;
+        while !loader.is_finished() {
+            meanwhile();
+        }
+        match loader.join() {
+            Ok(SendOpen(loaded)) => loaded,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
 /// Loads `open`, whose programs were given `logs`: their statistics said
 /// if `stats`, and a refusal said as the verifier gave it.
 fn load<'obj>(
@@ -665,7 +699,11 @@ pub(super) fn configure(
             .context("unwind files map size")?;
         open.maps
             .deferred_stacks
-            .set_max_entries(DEFERRED_RING_BYTES)
+            .set_max_entries(
+                opts.test
+                    .copy_ring_kb
+                    .map_or(DEFERRED_RING_BYTES, |kb| kb.saturating_mul(1024)),
+            )
             .context("deferred stacks ring buffer size")?;
     }
     if !kernel::hash_maps_grow() {
@@ -897,12 +935,18 @@ impl RuntimeKinds {
 impl<'obj> Later<'obj> {
     /// The object, loaded now on the maps of `maps` if it was not; the
     /// runtimes' builds of the hooks it holds put where the hooks call
-    /// them (from then on every hook runs its runtime build).
+    /// them (from then on every hook runs its runtime build). The
+    /// verifier runs on a thread of its own while `meanwhile` is called
+    /// on this one, again and again, until it is done (it is to wait a
+    /// little, for news): its hundreds of milliseconds must not leave the
+    /// program's rings unread (a ring that fills loses what it would have
+    /// held).
     pub(super) fn load(
         &mut self,
         maps: &OffcputimeSkel<'_>,
         plan: &Plan,
-        stats: bool,
+        (stats, stall): (bool, Option<Duration>),
+        mut meanwhile: impl FnMut(),
     ) -> Result<&OffcputimeSkel<'obj>> {
         if let Later::Unopened(..) = self {
             let Later::Unopened(room, settings) = std::mem::replace(self, Later::Failed) else {
@@ -923,7 +967,7 @@ impl<'obj> Later<'obj> {
             } else {
                 open_on_maps(room, &shared, plan, Part::Later, build)?
             };
-            let skel = load(open, &logs, stats)
+            let skel = load_beside(open, logs, (stats, stall), &mut meanwhile)
                 .context("failed to load the runtimes' walkers and refresh program")?;
             if plan.runtimes_later {
                 put_runtime_builds(maps, &skel, plan)?;

@@ -489,12 +489,18 @@ fn a_jvm_started_during_the_trace_is_walked() {
     let mut reported = None;
     // The hooks loaded with Python's walker only, as where a CPython
     // process runs at the start: the build with every runtime's walker
-    // loads once the JVM is noted, and takes the hooks over.
+    // loads once the JVM is noted, and takes the hooks over. Its load
+    // made as slow as a loaded machine's (over 500 ms), and the ring of
+    // copied stacks smaller than the JVM's first stacks (as a loaded
+    // machine's start of a JVM fills the whole ring meanwhile): they must
+    // still be read, and walked.
     let (out, _, _) = profile_during_with(
         &["-f", "--lines", "6"],
         &[
             ("OFFCPUTIME_NO_FILE_TABLES", "1"),
             ("OFFCPUTIME_TEST_RUNTIMES_AT_START", "python"),
+            ("OFFCPUTIME_TEST_STALL_LATER_LOAD_MS", "1000"),
+            ("OFFCPUTIME_TEST_COPY_RING_KB", "2048"),
         ],
         |_| {
             let (jvm, r) = start(&java, dir.path(), &lib);
