@@ -519,8 +519,14 @@ struct notified {
 	__u64 exec_vm;
 };
 
+/* Elements allocated as processes are told of, and deleted as they exit
+ * (notify_exit()), where hash maps grow (userspace; an LRU map would be
+ * allocated whole, 1.5 MiB).  Full (more processes than this traced at
+ * once), a process is not kept: each of its threads tells of it once, and
+ * userspace takes the first notice. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, 16384);
 	__type(key, __u32);
 	__type(value, struct notified);

@@ -722,6 +722,7 @@ pub(super) fn configure(
             &mut maps.py_procs,
             &mut maps.unwind_procs,
             &mut maps.unwind_files,
+            &mut maps.notified_procs,
         ] {
             let flags = map.map_flags() & !libbpf_rs::libbpf_sys::BPF_F_NO_PREALLOC;
             map.set_map_flags(flags).context("hash map flags")?;
