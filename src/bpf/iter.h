@@ -180,6 +180,7 @@ SEC("iter.s/task")
 int runtime_refresh(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
+	struct task_local *l;
 	struct task_data *d;
 	__u64 start, block, id;
 	__u32 tgid, nr, more;
@@ -191,7 +192,8 @@ int runtime_refresh(struct bpf_iter__task *ctx)
 	tgid = task->tgid;
 	if (!bpf_map_lookup_elem(&rt_refresh, &tgid))
 		return 0;
-	d = bpf_task_storage_get(&task_data_storage, task, 0, 0);
+	l = bpf_task_storage_get(&task_data_storage, task, 0, 0);
+	d = l ? &l->d : NULL;
 	if (!d || task->on_cpu)
 		return 0;
 	start = d->start_ns;

@@ -164,7 +164,7 @@ enum korc_done {
  * them) are still in order on the stack.  A power of two, at most 32 (the
  * bits of `need`).
  */
-#define KORC_PROOF 32
+/* KORC_PROOF: in maps.h, with the proofs a thread keeps. */
 struct korc_proof {
 	__u32 n, m;
 	__u32 need;
@@ -1025,45 +1025,25 @@ static __always_inline __u64 kernel_stack_of_task(struct task_struct *task, cons
  * that takes over where the walk stops needs a task it can trust.
  */
 #define KORC_WAYS 2
-/* A proof as kept (struct korc_proof): the words it needs held are kept
- * as a hash of them, in order (ucache_mix(), as the stack cache's). */
-struct korc_kept_proof {
-	__u32 n, m;
-	__u32 need;
-	__u32 user;
-	__u32 at[KORC_PROOF];
-	__u32 sp[KORC_PROOF];
-	__u64 hash;
-};
+/* struct korc_kept_proof, korc_way and korc_kept: in maps.h (a thread's
+ * first way is kept in its task_local). */
 
-struct korc_way {
-	/* 0: none kept. */
-	__u64 stack_id;
-	struct korc_kept_proof proof;
-};
+/* The first kept way of `t`, in its record; none where it has no record
+ * (made at its switch-out: a thread blocked since before the hooks, or not
+ * traced then).  Out of line: the switch hook's own frame is at the
+ * bound of the calls' stacks (see korc_keep_proof()). */
+static __noinline struct korc_kept *korc_kept_of(struct task_struct *t)
+{
+	struct task_local *l = bpf_task_storage_get(&task_data_storage, t, 0, 0);
 
-/* A thread's first way, and what tells its ways apart; its second way is
- * in korc_second, which only a thread that blocks in a second place
- * again is given (a place met once, a preemption anywhere, is not kept
- * there).  Each in the kernel allocator's 512-byte elements with task
- * storage's header (src/tracer/element_sizes.rs). */
-struct korc_kept {
-	/* The way proved or kept last. */
-	__u32 last;
-	__u32 _pad;
-	/* The stack of the last walk that would have taken the second way
-	 * where the thread had none: met again, the second way is made. */
-	__u64 second_for;
-	struct korc_way way;
-};
+	return l ? &l->korc : NULL;
+}
 
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct korc_kept);
-} korc_kept_storage SEC(".maps");
-
+/* Notes which of the thread's ways (`e`'s) was proved or kept last. */
+static __always_inline void korc_set_last(struct korc_kept *e, __u32 second)
+{
+	e->second_for = (e->second_for & ~KORC_LAST_BIT) | (second ? KORC_LAST_BIT : 0);
+}
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -1098,8 +1078,9 @@ static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *
 	if (way->stack_id && way->stack_id != id) {
 		more = bpf_task_storage_get(&korc_second, task, 0, 0);
 		if (!more) {
-			if (e->second_for != id) {
-				e->second_for = id;
+			if ((e->second_for & ~KORC_LAST_BIT) != (id & ~KORC_LAST_BIT)) {
+				e->second_for = (id & ~KORC_LAST_BIT) |
+						(e->second_for & KORC_LAST_BIT);
 				return;
 			}
 			more = bpf_task_storage_get(&korc_second, task, 0,
@@ -1107,13 +1088,13 @@ static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *
 			if (!more)
 				return;
 			second = 1;
-		} else if (more->stack_id == id || e->last == 0) {
+		} else if (more->stack_id == id || !(e->second_for & KORC_LAST_BIT)) {
 			second = 1;
 		}
 		if (second)
 			way = more;
 	}
-	e->last = second;
+	korc_set_last(e, second);
 	pr = &way->proof;
 	for (j = 0; j < KORC_PROOF; j++) {
 		if (j >= n)
@@ -1209,17 +1190,17 @@ static __always_inline __u64 kernel_stack_at_switch_in(struct task_struct *next)
 
 	if (!buf || !w)
 		return STACK_ID_MISSED_ERROR;
-	e = bpf_task_storage_get(&korc_kept_storage, next, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	e = korc_kept_of(next);
 	if (korc_window(w, frame, lo) == 0 && e) {
 		id = 0;
 		if (e->way.stack_id && korc_proof_holds(&e->way.proof, frame)) {
 			id = e->way.stack_id;
-			e->last = 0;
+			korc_set_last(e, 0);
 		} else {
 			more = bpf_task_storage_get(&korc_second, next, 0, 0);
 			if (more && more->stack_id && korc_proof_holds(&more->proof, frame)) {
 				id = more->stack_id;
-				e->last = 1;
+				korc_set_last(e, 1);
 			}
 		}
 		if (id) {

@@ -52,11 +52,59 @@ struct task_data {
 #define TD_PROFILED 1
 #define TD_PROFILED_START 2
 
+/*
+ * The kernel walk's proofs a thread keeps (see kstack.h): a proof as kept
+ * (struct korc_proof there), the words it needs held kept as a hash of
+ * them, in order (ucache_mix(), as the stack cache's).  A power of two,
+ * at most 32 (the bits of `need`).
+ */
+#define KORC_PROOF 32
+struct korc_kept_proof {
+	__u32 n, m;
+	__u32 need;
+	__u32 user;
+	__u32 at[KORC_PROOF];
+	__u32 sp[KORC_PROOF];
+	__u64 hash;
+};
+
+struct korc_way {
+	/* 0: none kept. */
+	__u64 stack_id;
+	struct korc_kept_proof proof;
+};
+
+/* Which way was proved or kept last: the top bit of korc_kept's
+ * `second_for`. */
+#define KORC_LAST_BIT (1ULL << 63)
+
+/* A thread's first way, and what tells its ways apart; its second way is
+ * in korc_second, which only a thread that blocks in a second place
+ * again is given (a place met once, a preemption anywhere, is not kept
+ * there). */
+struct korc_kept {
+	/* The stack of the last walk that would have taken the second way
+	 * where the thread had none (its 63 low bits): met again, the second
+	 * way is made.  KORC_LAST_BIT: the way proved or kept last. */
+	__u64 second_for;
+	struct korc_way way;
+};
+
+/* A thread's record in task storage: its block's state and its first kept
+ * kernel walk, together one of the kernel allocator's 512-byte elements
+ * with task storage's header (src/tracer/element_sizes.rs; apart, they
+ * took a 256-byte and a 512-byte one).  The hooks that keep their records
+ * by thread id keep a task_data alone (they walk no kernel stack). */
+struct task_local {
+	struct task_data d;
+	struct korc_kept korc;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, struct task_data);
+	__type(value, struct task_local);
 } task_data_storage SEC(".maps");
 
 /* The same state keyed by thread id, for hooks whose task pointers the

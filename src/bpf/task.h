@@ -116,9 +116,12 @@ static __always_inline struct task_data *get_data(struct task_struct *t, __u32 t
 						  bool trusted, bool create)
 {
 
-	if (trusted)
-		return bpf_task_storage_get(&task_data_storage, t, 0,
-					    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (trusted) {
+		struct task_local *l = bpf_task_storage_get(&task_data_storage, t, 0,
+							    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+
+		return l ? &l->d : NULL;
+	}
 	if (create) {
 		struct task_data *d = bpf_map_lookup_elem(&task_data_by_tid, &tid);
 

@@ -59,9 +59,9 @@ fn a_threads_storage_fits_its_sizes() {
     assert_eq!(storage(size_of::<types::ucache_ways>()), 512);
     assert_eq!(storage(size_of::<types::ucache>()), 512);
     assert_eq!(storage(size_of::<types::ucache_pair>()), 1024);
-    assert_eq!(storage(size_of::<types::task_data>()), 256);
-    // The kernel walk's proofs, their words as a hash: the first with what
-    // tells the two apart, the second alone.
-    assert_eq!(storage(size_of::<types::korc_kept>()), 512);
+    // The thread's record with the kernel walk's first proof (its words
+    // as a hash) and what tells the two apart (with no byte to spare);
+    // the second proof alone.
+    assert_eq!(storage(size_of::<types::task_local>()), 512);
     assert_eq!(storage(size_of::<types::korc_way>()), 512);
 }

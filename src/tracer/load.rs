@@ -866,10 +866,6 @@ pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -
         .set_autocreate(false)
         .context("running time map")?;
     open.maps
-        .korc_kept_storage
-        .set_autocreate(false)
-        .context("kernel stack cache map")?;
-    open.maps
         .korc_second
         .set_autocreate(false)
         .context("kernel stack cache map")?;
