@@ -307,14 +307,17 @@ fn timeline_of_a_chain_of_waits() {
     }
 
     // A block under way at the end was not woken, or was woken and still
-    // waited for a CPU there (its waker named, no flow drawn); every
-    // other block's wake-up came after it began.
+    // waited for a CPU there (its waker named, a thread with its tid, or
+    // the interrupt or softirq that woke it, as a sleep's timer does; no
+    // flow drawn); every other block's wake-up came after it began.
     let wakeups = t.wakeups();
     for s in &t.slices {
         if s.args.contains_key("under way at the end") {
+            let waker = s.args["waker"].as_str().unwrap_or_default();
             assert!(
                 s.flows_in.is_empty()
-                    && (s.args["waker"] == "[not woken]" || s.args.contains_key("waker tid")),
+                    && (["[not woken]", "[interrupt]", "[softirq]"].contains(&waker)
+                        || s.args.contains_key("waker tid")),
                 "{s:?}"
             );
         }
