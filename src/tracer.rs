@@ -294,6 +294,14 @@ impl TracerOptions {
 
     /// Whether the waker of each block is kept: `--wakers` counts by it,
     /// `--timeline` records it.
+    /// Whether counts are keyed whole: where a mode sets a block's state,
+    /// interval or waker (else they are in `counts_plain`, keyed by the
+    /// thread and its stacks alone; see `struct offcpu_key_plain`). As
+    /// the program's COUNTS_WHOLE.
+    pub fn counts_whole(&self) -> bool {
+        self.states || self.wakers || self.interval.is_some() || self.on_cpu_hz.is_some()
+    }
+
     pub fn keeps_wakers(&self) -> bool {
         self.wakers || self.records_min_ns().is_some()
     }

@@ -48,26 +48,51 @@ struct weight {
 	__u64 blocks;
 };
 
-static __always_inline void add_block(struct offcpu_key *key, __u64 delta,
-				      const struct weight *wt)
+/* Whether the mode keys counts whole (see struct offcpu_key_plain). */
+#define COUNTS_WHOLE (want_states || want_wakers || interval_ns || on_cpu_on)
+
+static __always_inline struct offcpu_val *count_in(void *map, struct offcpu_key *key)
 {
 	struct offcpu_val *v, init = {};
 	int err;
 
+	v = bpf_map_lookup_elem(map, key);
+	if (v)
+		return v;
+	err = bpf_map_update_elem(map, key, &init, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		count(CNT_COUNTS_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(map, key);
+}
+
+/*
+ * The count of `key`, made where there is none yet (NULL: the table is
+ * full, counted).  In `counts_plain` where the mode sets none of the
+ * key's last fields, in `counts` otherwise; a key that has any of them
+ * set all the same goes to `counts`, which that mode leaves a single
+ * element: it is counted, not merged with another.
+ */
+static __always_inline struct offcpu_val *count_of(struct offcpu_key *key)
+{
+	if (!COUNTS_WHOLE && !key->state && !key->interval && key->span <= 1 &&
+	    !key->waker_id)
+		return count_in(&counts_plain, key);
+	return count_in(&counts, key);
+}
+
+static __always_inline void add_block(struct offcpu_key *key, __u64 delta,
+				      const struct weight *wt)
+{
+	struct offcpu_val *v;
+
 	/* delta <= seen < sample_ns <= 1 s: no overflow. */
 	if (wt->seen)
 		delta = delta * sample_ns / wt->seen;
-	v = bpf_map_lookup_elem(&counts, key);
-	if (!v) {
-		err = bpf_map_update_elem(&counts, key, &init, BPF_NOEXIST);
-		if (err && err != -EEXIST) {
-			count(CNT_COUNTS_FULL);
-			return;
-		}
-		v = bpf_map_lookup_elem(&counts, key);
-		if (!v)
-			return;
-	}
+	v = count_of(key);
+	if (!v)
+		return;
 	__sync_fetch_and_add(&v->total_ns, delta);
 	__sync_fetch_and_add(&v->count, wt->blocks);
 }

@@ -215,6 +215,10 @@ struct {
 	__type(value, __u64[MAX_STACK_DEPTH]);
 } stacks_spill SEC(".maps");
 
+/* The counts: keyed whole where a mode sets the key's state, interval or
+ * waker, else in `counts_plain` (see count_of() in blocks.h); the table a
+ * mode does not use is left a single element (a count put there all the
+ * same finds it full, and is counted lost). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -222,6 +226,14 @@ struct {
 	__type(key, struct offcpu_key);
 	__type(value, struct offcpu_val);
 } counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct offcpu_key_plain);
+	__type(value, struct offcpu_val);
+} counts_plain SEC(".maps");
 
 /* --wakers: each distinct waker (task and stacks) under a 64-bit hash. */
 struct {

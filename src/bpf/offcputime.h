@@ -74,6 +74,8 @@ struct offcpu_key {
 	__u64 user_stack_id;
 	__u64 kernel_stack_id;
 	char comm[TASK_COMM_LEN];
+	/* Up to here, what every count is keyed by (struct offcpu_key_plain):
+	 * the rest only some modes set (see count_of() in blocks.h). */
 	/* enum offcpu_state: why the thread was off the CPU (--states), or
 	 * OFFCPU_STATE_ANY. */
 	__u32 state;
@@ -87,6 +89,24 @@ struct offcpu_key {
 	__u32 span;
 	__u32 _pad;
 };
+
+/*
+ * The key of `counts_plain`: struct offcpu_key's first fields, all a count
+ * holds where its state, interval and waker are the defaults (no --states,
+ * -i, --wakers or --on-cpu).  48 bytes, where the whole key's 72 take its
+ * elements into the kernel allocator's next size (128 bytes against 192:
+ * src/tracer/element_sizes.rs).
+ */
+struct offcpu_key_plain {
+	__u32 tgid;
+	__u32 pid;
+	__u64 process_start;
+	__u64 user_stack_id;
+	__u64 kernel_stack_id;
+	char comm[TASK_COMM_LEN];
+};
+_Static_assert(sizeof(struct offcpu_key_plain) == __builtin_offsetof(struct offcpu_key, state),
+	       "offcpu_key_plain is the start of offcpu_key");
 
 /* Waker ids in struct offcpu_key that are not a task. */
 enum waker_id_special {

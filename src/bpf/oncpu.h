@@ -280,10 +280,9 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 					: (struct task_struct *)bpf_get_current_task();
 	__u64 now = bpf_ktime_get_ns(), w = trace_start_ns, end = trace_end_ns;
 	struct offcpu_key key = {};
-	struct offcpu_val *v, init = {};
+	struct offcpu_val *v;
 	__u32 tid, tgid;
 	bool kthread, profiled;
-	int err;
 
 	tid = TASK_READ(trusted, t, pid);
 	if (tid == 0)
@@ -316,17 +315,9 @@ static __always_inline void on_cpu_sample(void *ctx, const __u32 variant)
 	if (!profiled)
 		return;
 	count(CNT_ONCPU_SAMPLES);
-	v = bpf_map_lookup_elem(&counts, &key);
-	if (!v) {
-		err = bpf_map_update_elem(&counts, &key, &init, BPF_NOEXIST);
-		if (err && err != -EEXIST) {
-			count(CNT_COUNTS_FULL);
-			return;
-		}
-		v = bpf_map_lookup_elem(&counts, &key);
-		if (!v)
-			return;
-	}
+	v = count_of(&key);
+	if (!v)
+		return;
 	__sync_fetch_and_add(&v->count, 1);
 }
 

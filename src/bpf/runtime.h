@@ -81,9 +81,10 @@ RUNTIME_BUILD_ARRAY(rt_build_on_cpu);
 volatile __u32 rt_any SEC(".data.runtimes") = 0;
 
 /* The processes with an entry in a runtime's map, a bit each by pid
- * (pid_max is at most 2^22): the hooks test a bit, a load, before
- * anything else, so that the switches of other processes pay next to
- * nothing while runtimes' processes run on the machine. */
+ * (pid_max is at most 2^22; userspace sizes it by pid_max at load): the
+ * hooks test a bit, a load, before anything else, so that the switches of
+ * other processes pay next to nothing while runtimes' processes run on the
+ * machine. */
 #define RT_PID_WORDS (1 << 16)
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -93,16 +94,17 @@ struct {
 } rt_pids SEC(".maps");
 
 /* Whether process `tgid` may have an entry in a runtime's map (its bit is
- * set). */
+ * set, or it has none: a pid past the pid_max the table was sized for, the
+ * limit raised since, is looked up in the runtimes' maps). */
 static __always_inline bool runtime_pid(__u32 tgid)
 {
 	__u32 word = tgid >> 6;
 	__u64 *bits;
 
-	if (!runtimes_on || !rt_any || word >= RT_PID_WORDS)
+	if (!runtimes_on || !rt_any)
 		return false;
 	bits = bpf_map_lookup_elem(&rt_pids, &word);
-	return bits && (*bits & (1ULL << (tgid & 63)));
+	return !bits || (*bits & (1ULL << (tgid & 63)));
 }
 
 /* Sets the bit of pid `tgid` (a forked child's, its entry copied). */

@@ -21,7 +21,7 @@ const STORAGE_HEADER: usize = 72;
 /// The size the allocator serves `bytes` from.
 fn served(bytes: usize) -> usize {
     let with_own = bytes + 8;
-    [96, 192, 256, 512, 1024, 2048, 4096, 8192]
+    [16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192]
         .into_iter()
         .find(|&s| s >= with_own)
         .unwrap_or(usize::MAX)
@@ -46,6 +46,16 @@ fn stacks_fit_their_tables_sizes() {
     // One frame more in a class would take the next size.
     assert_eq!(stack(defined("STACK_SHORT_DEPTH") + 1), 512);
     assert_eq!(stack(defined("STACK_MID_DEPTH") + 1), 1024);
+}
+
+#[test]
+fn counts_fit_their_sizes() {
+    use std::mem::size_of;
+    let count = |key: usize| served(HASH_HEADER + key + size_of::<types::offcpu_val>());
+    // A count keyed by the thread and its stacks alone (the default), and
+    // one keyed whole (--states, -i, --wakers, --on-cpu).
+    assert_eq!(count(size_of::<types::offcpu_key_plain>()), 128);
+    assert_eq!(count(size_of::<types::offcpu_key>()), 192);
 }
 
 #[test]

@@ -18,6 +18,16 @@ pub fn lacks_bpf_loop() -> bool {
     )
 }
 
+/// The highest pid the kernel gives, plus one (`kernel.pid_max`); where it
+/// cannot be read, the most it can be (2^22, 64-bit kernels' limit).
+pub fn pid_max() -> u32 {
+    const LIMIT: u32 = 1 << 22;
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .map_or(LIMIT, |n| n.clamp(1, LIMIT))
+}
+
 /// Where the kernel stack walk reads the kernel's ORC tables (see
 /// [`KernelOrc`]): looked up by name by a BPF program from Linux 6.2, else
 /// read from `/proc/kallsyms` (about 50 ms of the kernel's time to write).

@@ -689,9 +689,11 @@ pub(super) fn configure(
     }
     if opts.unwind == Unwind::Dwarf {
         let cap = opts.unwind_capacity;
+        // No more processes than pids (a limit raised while tracing may
+        // fill it: counted and said as any full table).
         open.maps
             .unwind_procs
-            .set_max_entries(cap.processes)
+            .set_max_entries(cap.processes.min(kernel::pid_max()))
             .context("unwind processes map size")?;
         open.maps
             .unwind_files
@@ -714,6 +716,7 @@ pub(super) fn configure(
             &mut maps.stacks_short,
             &mut maps.stacks_mid,
             &mut maps.counts,
+            &mut maps.counts_plain,
             &mut maps.wakers,
             &mut maps.korc_entries,
             &mut maps.korc_pairs,
@@ -748,9 +751,20 @@ pub(super) fn configure(
         .stacks_spill
         .set_max_entries(cpus.saturating_mul(4).clamp(256, 4096))
         .context("stacks spill map size")?;
+    // The counts in the table the mode keys them in; the other left a
+    // single element (see `counts_plain`).
+    let (whole, plain) = if opts.counts_whole() {
+        (counts_capacity(opts.stack_storage_size), 1)
+    } else {
+        (1, counts_capacity(opts.stack_storage_size))
+    };
     open.maps
         .counts
-        .set_max_entries(counts_capacity(opts.stack_storage_size))
+        .set_max_entries(whole)
+        .context("counts map size")?;
+    open.maps
+        .counts_plain
+        .set_max_entries(plain)
         .context("counts map size")?;
     // One slot per distinct waker (task and stacks), at most as many
     // as stacks; a single one without --wakers.
@@ -762,6 +776,11 @@ pub(super) fn configure(
             1
         })
         .context("wakers map size")?;
+    // A bit for each pid the kernel gives now (see `rt_pids`).
+    open.maps
+        .rt_pids
+        .set_max_entries(kernel::pid_max().div_ceil(64))
+        .context("runtimes' pids map size")?;
     open.maps
         .tgids
         .set_max_entries(opts.tgids.len().max(1) as u32)?;

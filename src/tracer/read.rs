@@ -23,10 +23,9 @@ impl StackScan<'_> {
         let mut read = 0;
         for key_bytes in self.keys.by_ref().take(n) {
             read += 1;
-            let mut key = types::offcpu_key::default();
-            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() {
+            let Ok(key) = decode_key(&key_bytes) else {
                 continue;
-            }
+            };
             let p = Proc {
                 tgid: key.tgid,
                 start: ticks_of_ns(key.process_start),
@@ -83,12 +82,26 @@ pub(super) fn stack_tables<'a, 'obj>(
     }
 }
 
-/// One entry of the table of counts.
-pub(super) fn decode_entry(key_bytes: &[u8], val_bytes: &[u8]) -> Result<RawEntry> {
+/// A key of either table of counts: `counts_plain`'s is the start of
+/// `counts`' (struct offcpu_key_plain), the rest its defaults (zeros).
+fn decode_key(key_bytes: &[u8]) -> Result<types::offcpu_key> {
+    let whole = std::mem::size_of::<types::offcpu_key>();
+    let plain = std::mem::size_of::<types::offcpu_key_plain>();
+    if key_bytes.len() != whole && key_bytes.len() != plain {
+        bail!("bad key in counts map: {} bytes", key_bytes.len());
+    }
+    let mut bytes = vec![0u8; whole];
+    bytes[..key_bytes.len()].copy_from_slice(key_bytes);
     let mut key = types::offcpu_key::default();
-    let mut val = types::offcpu_val::default();
-    plain::copy_from_bytes(&mut key, key_bytes)
+    plain::copy_from_bytes(&mut key, &bytes)
         .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
+    Ok(key)
+}
+
+/// One entry of the tables of counts.
+pub(super) fn decode_entry(key_bytes: &[u8], val_bytes: &[u8]) -> Result<RawEntry> {
+    let key = decode_key(key_bytes)?;
+    let mut val = types::offcpu_val::default();
     plain::copy_from_bytes(&mut val, val_bytes)
         .map_err(|e| anyhow!("bad value in counts map: {e:?}"))?;
     Ok(RawEntry {
@@ -235,38 +248,38 @@ impl Tracer<'_> {
         profile: &mut RawProfile,
         take_through: Option<u32>,
     ) -> Result<(Vec<u64>, Vec<u64>)> {
-        let counts = &self.skel.maps.counts;
-        // In batches once nothing writes the table; key by key where the
+        // Both tables (see `counts_plain`): the one the mode does not use
+        // holds at most one count.
+        let tables = [&self.skel.maps.counts_plain, &self.skel.maps.counts];
+        // In batches once nothing writes the tables; key by key where the
         // kernel has no batched lookup or it failed part way.
         let mut batched = Vec::new();
-        let read_whole = self.stopped
-            && take_through.is_none()
-            && self
-                .read_batched(counts, |k, v| {
-                    batched.push(decode_entry(k, v)?);
-                    Ok(())
-                })
-                .unwrap_or(false);
+        let mut read_whole = self.stopped && take_through.is_none();
+        for counts in tables {
+            read_whole = read_whole
+                && self
+                    .read_batched(counts, |k, v| {
+                        batched.push(decode_entry(k, v)?);
+                        Ok(())
+                    })
+                    .unwrap_or(false);
+        }
         if read_whole {
             profile.entries = batched;
         } else {
-            let keys: Vec<Vec<u8>> = counts.keys().collect();
-            for key_bytes in keys {
-                let val_bytes = match take_through {
-                    None => counts.lookup(&key_bytes, MapFlags::ANY)?,
-                    Some(last) => {
-                        let mut key = types::offcpu_key::default();
-                        plain::copy_from_bytes(&mut key, &key_bytes)
-                            .map_err(|e| anyhow!("bad key in counts map: {e:?}"))?;
-                        if key.interval <= last {
+            for counts in tables {
+                let keys: Vec<Vec<u8>> = counts.keys().collect();
+                for key_bytes in keys {
+                    let val_bytes = match take_through {
+                        None => counts.lookup(&key_bytes, MapFlags::ANY)?,
+                        Some(last) if decode_key(&key_bytes)?.interval <= last => {
                             counts.lookup_and_delete(&key_bytes)?
-                        } else {
-                            None
                         }
+                        Some(_) => None,
+                    };
+                    if let Some(val_bytes) = val_bytes {
+                        profile.entries.push(decode_entry(&key_bytes, &val_bytes)?);
                     }
-                };
-                if let Some(val_bytes) = val_bytes {
-                    profile.entries.push(decode_entry(&key_bytes, &val_bytes)?);
                 }
             }
         }
@@ -374,7 +387,9 @@ impl Tracer<'_> {
         // Key by key: the batched lookup of this libbpf-rs version gave
         // keys that matched no process under load (the soak test's
         // exited children lost their names), where the plain walk does not.
-        let keys: Box<dyn Iterator<Item = Vec<u8>> + '_> = Box::new(self.skel.maps.counts.keys());
+        let m = &self.skel.maps;
+        let keys: Box<dyn Iterator<Item = Vec<u8>> + '_> =
+            Box::new(m.counts_plain.keys().chain(m.counts.keys()));
         StackScan {
             procs,
             keys,
