@@ -431,6 +431,13 @@ pub trait StartTables {
 }
 
 /// A loaded and attached profiler.
+/// The rings of the program's news as set up by [`Tracer::news_reader`]:
+/// with the ring of copied stacks (`copies`), or without it yet.
+struct NewsReader<'a> {
+    ring: libbpf_rs::RingBuffer<'a>,
+    copies: bool,
+}
+
 pub struct Tracer<'obj> {
     /// The switch hook and the hooks beside it; its object created the
     /// maps (and maps the global variables in memory).
@@ -707,12 +714,17 @@ impl<'obj> Tracer<'obj> {
         let openers: Vec<Opener<'_, 'obj>> =
             vec![Box::new(move || Ok((open, hooks_logs))), iterators_open];
         let mut room = Ok(());
-        let (loaded, prepared) = load_side_by_side(openers, opts.test.verifier_stats, || {
+        let prepare = || {
             if let Some(arrays) = arrays.as_mut() {
                 tables.prepare(opts.unwind_capacity);
                 room = arrays.first_room();
             }
-        })
+        };
+        let (loaded, prepared) = load_side_by_side(
+            openers,
+            opts.test.verifier_stats,
+            Meanwhile::Once(Box::new(prepare)),
+        )
         .with_context(|| format!("failed to load the BPF program ({what})"))?;
         room?;
         let mut loaded = loaded.into_iter();
@@ -886,14 +898,7 @@ impl<'obj> Tracer<'obj> {
     ) -> Result<()> {
         let pending = std::cell::RefCell::new(self.events_left.take());
         let stacks = std::cell::RefCell::new(Vec::<RawUserStack>::new());
-        // The ring of copied stacks is mapped only once it holds some: its
-        // 2 MiB, mapped twice over by the kernel, would be a fifth of the
-        // profiler's resident memory, and most traces copy none.
-        let mut copies_mapped = self.copies_waiting();
-        let mut ringbuf = self.news_rings(&pending, &stacks, copies_mapped)?;
-        if !copies_mapped {
-            self.wake_on_copies(ringbuf.epoll_fd())?;
-        }
+        let mut news = self.news_reader(&pending, &stacks, None)?;
         let (mut busy, mut more) = (false, !pending.borrow().is_empty());
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -921,16 +926,13 @@ impl<'obj> Tracer<'obj> {
             // must not keep the news that ends it (their processes'
             // mappings, hence tables) from being dealt with.
             if !more {
-                wait_readable(ringbuf.epoll_fd(), timeout)
+                wait_readable(news.ring.epoll_fd(), timeout)
                     .context("failed to poll the event ring buffer")?;
             }
             // A process's first copies come with the news of it, which
             // wakes this wait; the ring is mapped from then on.
-            if !copies_mapped && self.copies_waiting() {
-                copies_mapped = true;
-                ringbuf = self.news_rings(&pending, &stacks, true)?;
-            }
-            let taken = ringbuf.consume_raw_n(RECORDS_PER_ROUND);
+            news = self.news_reader(&pending, &stacks, Some(news))?;
+            let taken = news.ring.consume_raw_n(RECORDS_PER_ROUND);
             if taken < 0 && taken != -libc::EINTR {
                 return Err(std::io::Error::from_raw_os_error(-taken))
                     .context("failed to read the event ring buffer");
@@ -981,36 +983,50 @@ impl<'obj> Tracer<'obj> {
     fn reading_news<R>(&self, work: impl FnOnce(&mut dyn FnMut()) -> R) -> R {
         let pending = std::cell::RefCell::new(Vec::new());
         let stacks = std::cell::RefCell::new(Vec::new());
-        let mut rings: Option<(libbpf_rs::RingBuffer<'_>, bool)> = None;
+        let mut news: Option<NewsReader<'_>> = None;
         let mut read = || {
-            // The copies' ring mapped only once it holds some, as by
-            // `wait`.
-            let copies = self.copies_waiting();
-            if rings.as_ref().is_none_or(|&(_, with)| copies && !with) {
-                rings = None;
-                rings = self
-                    .news_rings(&pending, &stacks, copies)
-                    .ok()
-                    .map(|r| (r, copies));
-                if let Some((r, false)) = &rings {
-                    let _ = self.wake_on_copies(r.epoll_fd());
-                }
-            }
-            match &rings {
-                Some((r, _)) => {
-                    // A ring that cannot be read now is read by the next
-                    // round.
-                    let _ = wait_readable(r.epoll_fd(), Duration::from_millis(10));
-                    r.consume_raw_n(usize::MAX);
+            // A ring that cannot be read now is read by the next round.
+            news = self.news_reader(&pending, &stacks, news.take()).ok();
+            match &news {
+                Some(n) => {
+                    let _ = wait_readable(n.ring.epoll_fd(), Duration::from_millis(10));
+                    n.ring.consume_raw_n(usize::MAX);
                 }
                 None => std::thread::sleep(Duration::from_millis(10)),
             }
         };
         let out = work(&mut read);
-        drop(rings);
+        drop(news);
         self.events_left.borrow_mut().extend(pending.take());
         self.deferred_left.borrow_mut().extend(stacks.take());
         out
+    }
+
+    /// The rings of the program's news, read into `pending` and `stacks`
+    /// (see [`Tracer::news_rings`]): `old` as it is, unless the ring of
+    /// copied stacks has come to hold some since it was set up without.
+    /// That ring is mapped only once it holds some: its 2 MiB, mapped
+    /// twice over by the kernel, would be a fifth of the profiler's
+    /// resident memory, and most traces copy none; until then a wait on
+    /// the others wakes for copies too.
+    fn news_reader<'a>(
+        &'a self,
+        pending: &'a std::cell::RefCell<Vec<TaskEvent>>,
+        stacks: &'a std::cell::RefCell<Vec<RawUserStack>>,
+        old: Option<NewsReader<'a>>,
+    ) -> Result<NewsReader<'a>> {
+        let copies = old.as_ref().is_some_and(|o| o.copies) || self.copies_waiting();
+        if let Some(old) = old {
+            if old.copies == copies {
+                return Ok(old);
+            }
+            // Dropped before the rings are set up again.
+        }
+        let ring = self.news_rings(pending, stacks, copies)?;
+        if !copies {
+            self.wake_on_copies(ring.epoll_fd())?;
+        }
+        Ok(NewsReader { ring, copies })
     }
 
     /// Whether the ring of copied stacks holds any (asked of the kernel,

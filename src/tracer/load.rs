@@ -281,7 +281,11 @@ pub(super) fn load_while<'obj>(
     meanwhile: impl FnOnce(),
 ) -> Result<(OffcputimeSkel<'obj>, (Duration, Duration))> {
     let load = move || Ok((open, logs));
-    let (mut loaded, prepared) = load_side_by_side(vec![Box::new(load)], stats, meanwhile)?;
+    let (mut loaded, prepared) = load_side_by_side(
+        vec![Box::new(load)],
+        stats,
+        Meanwhile::Once(Box::new(meanwhile)),
+    )?;
     let (skel, took) = loaded.pop().expect("one object loaded");
     Ok((skel, (took, prepared)))
 }
@@ -293,6 +297,18 @@ pub(super) fn load_while<'obj>(
 pub(super) type Opener<'a, 'obj> =
     Box<dyn FnOnce() -> Result<(crate::bpf::OpenOffcputimeSkel<'obj>, VerifierLogs)> + 'a>;
 
+/// What the calling thread does while objects load (see
+/// [`load_side_by_side`]).
+pub(super) enum Meanwhile<'m> {
+    /// Runs once; the helper threads it starts are lowered below the
+    /// loading threads until the loads are over (the start: the unwind
+    /// tables prepared beside the verifier).
+    Once(Box<dyn FnOnce() + 'm>),
+    /// Runs again and again until every object is loaded (a load while
+    /// tracing: the rings read meanwhile).
+    Until(&'m mut dyn FnMut()),
+}
+
 /// Opens and loads each object of `openers` on a thread of its own, side
 /// by side, while `meanwhile` runs on this one. Returns the loaded
 /// objects with how long each took to open and load, in order, and how
@@ -300,7 +316,7 @@ pub(super) type Opener<'a, 'obj> =
 pub(super) fn load_side_by_side<'a, 'obj>(
     openers: Vec<Opener<'a, 'obj>>,
     stats: bool,
-    meanwhile: impl FnOnce(),
+    meanwhile: Meanwhile<'_>,
 ) -> Result<(Vec<(OffcputimeSkel<'obj>, Duration)>, Duration)> {
     std::thread::scope(|s| {
         let mut loaders = Vec::new();
@@ -322,11 +338,23 @@ pub(super) fn load_side_by_side<'a, 'obj>(
             }
         }
         let began = Instant::now();
-        crate::priority::loading(true);
-        meanwhile();
+        let lowers = matches!(meanwhile, Meanwhile::Once(_));
+        if lowers {
+            crate::priority::loading(true);
+        }
+        match meanwhile {
+            Meanwhile::Once(work) => work(),
+            Meanwhile::Until(work) => {
+                while !loaders.iter().all(|l| l.is_finished()) {
+                    work();
+                }
+            }
+        }
         let prepared = began.elapsed();
         let joined: Vec<_> = loaders.into_iter().map(|l| l.join()).collect();
-        crate::priority::loading(false);
+        if lowers {
+            crate::priority::loading(false);
+        }
         let mut loaded = Vec::new();
         for j in joined {
             let (skel, took) = match j {
@@ -340,37 +368,21 @@ pub(super) fn load_side_by_side<'a, 'obj>(
 }
 
 /// [`load`] on a thread of its own, `meanwhile` called on this one again
-/// and again until it is done (and `stall` after it: a test's).
+/// and again until it is done (the load made `stall` longer: a test's).
 fn load_beside<'obj>(
     open: crate::bpf::OpenOffcputimeSkel<'obj>,
     logs: VerifierLogs,
     (stats, stall): (bool, Option<Duration>),
     meanwhile: &mut dyn FnMut(),
 ) -> Result<OffcputimeSkel<'obj>> {
-    let open = SendOpen((open, logs));
-    std::thread::scope(|s| {
-        let loader = std::thread::Builder::new()
-            .name("bpf-load".into())
-            .spawn_scoped(s, move || {
-                // The whole wrapper moves, not just its field.
-                let open = open;
-                crate::priority::join_raise();
-                let (open, logs) = open.0;
-                let loaded = load(open, &logs, stats);
-                if let Some(stall) = stall {
-                    std::thread::sleep(stall);
-                }
-                SendOpen(loaded)
-            })
-            .context("failed to start a loading thread")?;
-        while !loader.is_finished() {
-            meanwhile();
+    let opener: Opener<'_, 'obj> = Box::new(move || {
+        if let Some(stall) = stall {
+            std::thread::sleep(stall);
         }
-        match loader.join() {
-            Ok(SendOpen(loaded)) => loaded,
-            Err(p) => std::panic::resume_unwind(p),
-        }
-    })
+        Ok((open, logs))
+    });
+    let (mut loaded, _) = load_side_by_side(vec![opener], stats, Meanwhile::Until(meanwhile))?;
+    Ok(loaded.pop().expect("one object loaded").0)
 }
 
 /// Loads `open`, whose programs were given `logs`: their statistics said
