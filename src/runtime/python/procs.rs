@@ -253,6 +253,44 @@ pub struct Pythons {
     /// The processes found without an interpreter at their last look,
     /// those gone too (for `-v`).
     without_interpreter: std::collections::HashSet<Proc>,
+    /// Processes alive whose interpreter could not be read at their last
+    /// look (not for want of permission), with why: taken as not started,
+    /// their stacks show the interpreter's frames only (said).
+    unreadable: HashMap<Proc, String>,
+}
+
+/// What a look at a CPython process's interpreter found (see
+/// [`Pythons::interpreter_started`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Started {
+    Yes,
+    No,
+    /// Its memory could not be read (why), the process alive.
+    Unreadable(String),
+}
+
+/// Whether a process of pid `tgid` is there (a look at `/proc`; one
+/// that took the pid since is taken for it).
+fn tgid_exists(tgid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{tgid}")).exists()
+}
+
+impl Started {
+    /// From the read of `interpreters.head` (or the opening of the
+    /// process's memory before it): where it may not be read (another
+    /// user's, without CAP_SYS_PTRACE) the BPF program reads it all the
+    /// same, and its frames are looked for; where it failed otherwise,
+    /// `alive` tells a process gone (which reads nothing) from one whose
+    /// interpreter cannot be read.
+    fn of_read(read: std::io::Result<u64>, alive: impl FnOnce() -> bool) -> Started {
+        match read {
+            Ok(head) if head != 0 => Started::Yes,
+            Ok(_) => Started::No,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Started::Yes,
+            Err(e) if alive() => Started::Unreadable(e.to_string()),
+            Err(_) => Started::No,
+        }
+    }
 }
 
 /// What naming Python frames came to, for `-v`.
@@ -372,29 +410,28 @@ impl Pythons {
     /// nothing); but where it may not be read (another user's, without
     /// CAP_SYS_PTRACE: the BPF program reads it all the same), its frames
     /// are looked for as before.
-    fn interpreter_started(&mut self, p: Proc) -> bool {
+    fn interpreter_started(&mut self, p: Proc) -> Started {
         use crate::runtime::Memory;
         let Some(proc) = self.procs.get_mut(&p) else {
-            return false;
+            return Started::No;
         };
         if proc.mem.is_none() {
             match ProcMem::open(p.tgid) {
                 Ok(mem) => proc.mem = Some(mem),
-                Err(e) => return e.kind() == std::io::ErrorKind::PermissionDenied,
+                Err(e) => return Started::of_read(Err(e), || tgid_exists(p.tgid)),
             }
         }
+        let Some(mem) = proc.mem.as_ref() else {
+            return Started::No;
+        };
         let mut head = [0u8; 8];
-        let read = proc.mem.as_ref().map(|mem| {
-            mem.read(
+        let read = mem
+            .read(
                 proc.runtime + u64::from(proc.layout.interpreters_head),
                 &mut head,
             )
-        });
-        match read {
-            Some(Ok(())) => u64::from_ne_bytes(head) != 0,
-            Some(Err(e)) => e.kind() == std::io::ErrorKind::PermissionDenied,
-            None => false,
-        }
+            .map(|()| u64::from_ne_bytes(head));
+        Started::of_read(read, || tgid_exists(p.tgid))
     }
 
     /// The index of code object `code` (with `tag`) of process `p`, read
@@ -457,13 +494,20 @@ impl Runtime for Pythons {
     ) -> Option<ProcEntry> {
         let obj = self.objects.get(&object)?.clone()?;
         let entry = self.note_interpreter(p, &obj, start, file_offset)?;
-        if !self.interpreter_started(p) {
-            self.not_started.insert(p);
-            self.without_interpreter.insert(p);
-            return None;
+        match self.interpreter_started(p) {
+            Started::Yes => {}
+            started => {
+                if let Started::Unreadable(why) = started {
+                    self.unreadable.insert(p, why);
+                }
+                self.not_started.insert(p);
+                self.without_interpreter.insert(p);
+                return None;
+            }
         }
         self.not_started.remove(&p);
         self.without_interpreter.remove(&p);
+        self.unreadable.remove(&p);
         Some(ProcEntry {
             kind: Kind::Python,
             // SAFETY: py_proc is plain old data.
@@ -599,6 +643,16 @@ impl Runtime for Pythons {
                 )
             })
             .collect();
+        if let Some(why) = self.unreadable.values().next() {
+            let n = self.unreadable.len() as u64;
+            lines.push(format!(
+                // wording: not a count
+                "the interpreter of {} could not be read ({why}): {} stacks show the \
+                 interpreter's frames only",
+                count(n, "CPython process", "CPython processes"),
+                noun(n, "its", "their"),
+            ));
+        }
         let unmatched = self.unmatched.get();
         if unmatched > 0 {
             let n = unmatched as u64;
@@ -699,6 +753,40 @@ const GLIBC_SPECIFIC: u16 = 0x310;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A look at an interpreter: its head read (started or not), its
+    /// memory not to be read for want of permission (looked for all the
+    /// same), gone, or not to be read otherwise while the process is
+    /// there, which the report says without -v.
+    #[test]
+    fn an_interpreter_that_cannot_be_read_is_said() {
+        use std::io::{Error, ErrorKind};
+        let alive = || true;
+        assert_eq!(Started::of_read(Ok(0x1000), alive), Started::Yes);
+        assert_eq!(Started::of_read(Ok(0), alive), Started::No);
+        let denied = Error::from(ErrorKind::PermissionDenied);
+        assert_eq!(Started::of_read(Err(denied), alive), Started::Yes);
+        let fault = || Error::from_raw_os_error(libc::EIO);
+        assert_eq!(Started::of_read(Err(fault()), || false), Started::No);
+        let Started::Unreadable(why) = Started::of_read(Err(fault()), alive) else {
+            panic!("an alive process's failed read is unreadable");
+        };
+
+        let mut py = Pythons::default();
+        let none = LossCounters::default();
+        assert!(py.report(&none, false).is_empty());
+        py.unreadable
+            .insert(Proc { tgid: 7, start: 1 }, why.clone());
+        let lines = py.report(&none, false);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "the interpreter of 1 CPython process could not be read ({why}): its stacks"
+            )),
+            "{}",
+            lines[0]
+        );
+    }
 
     fn word(code: u64, tag: u32, instr: u32, flags: u8) -> [u64; 2] {
         [
