@@ -397,6 +397,10 @@ loss_counters! {
         /// `--timeline`: blocks sent, and lost for a full ring buffer.
         timeline_sent = CNT_TIMELINE_SENT,
         timeline_lost = CNT_TIMELINE_LOST,
+        /// Walks (user or kernel) not kept to be proved at the thread's
+        /// next block, the table of the proofs' shapes full: walked
+        /// again instead.
+        shapes_full = CNT_SHAPES_FULL,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -733,7 +737,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.timeline_lost, u64::from(max));
+        assert_eq!(c.shapes_full, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

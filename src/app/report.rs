@@ -204,6 +204,13 @@ pub(super) fn report_kernel_stacks(
             c.kstack_walked, c.kstack_spliced, c.kstack_proved
         );
     }
+    if verbose && c.shapes_full > 0 {
+        eprintln!(
+            "offcputime: {} not kept to be proved at the thread's next block, the table of \
+             the walks' shapes full: walked again instead",
+            count(c.shapes_full, "walk", "walks")
+        );
+    }
     match pairs {
         None => {}
         Some(Err(e)) => eprintln!("offcputime: kernel stack check: {e:#}"),

@@ -131,7 +131,6 @@ __noinline __u64 user_stack_by_files(bool cache)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct ucache_ways *set = NULL;
-	struct ucache *pr;
 	struct file_scratch *s;
 	__u32 zero = 0, idx, way = 0;
 	__u64 *ips, *files_gen, exec_vm, mm, gen, id;
@@ -156,15 +155,7 @@ __noinline __u64 user_stack_by_files(bool cache)
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (set)
 			way = ucache_way(set, &s->st);
-		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
-		if (pr) {
-			pr->n = 0;
-			pr->top = 0;
-			pr->hash = UCACHE_HASH_SEED;
-			pr->pc = s->st.pc;
-			pr->sp = s->st.sp;
-			pr->bp = s->st.bp;
-		}
+		ucache_begin(&s->st);
 		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, s->st.bp))) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_BY_FILE);
@@ -220,7 +211,6 @@ __noinline __u64 user_stack_by_files(bool cache)
 __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 exec_vm)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	struct ucache *e = NULL, *pr = NULL;
 	struct unwind_proc *p;
 	struct ucache_ways *set;
 	struct unwind_state *u;
@@ -252,15 +242,7 @@ __noinline __u64 user_stack_of_current(bool cache, __u64 now, __u64 mm, __u64 ex
 		set = bpf_task_storage_get(&ucache_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (set)
 			way = ucache_way(set, u);
-		pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
-		if (pr) {
-			pr->n = 0;
-			pr->top = 0;
-			pr->hash = UCACHE_HASH_SEED;
-			pr->pc = u->pc;
-			pr->sp = u->sp;
-			pr->bp = u->bp;
-		}
+		ucache_begin(u);
 		if (set && !(way & UCACHE_NEW_WAY) && (id = ucache_proved(way, mm, gen, u->bp))) {
 			count(CNT_UNWIND_DWARF);
 			count(CNT_UNWIND_CACHED);

@@ -139,7 +139,7 @@ static __always_inline __u64 ucache_mix(__u64 h, __u64 v)
 /* The walk read `span` bytes at `addr` (8, or UCACHE_RANGE for a range
  * slot, `range`, leaving out its first `skip` words), which `val` stands
  * for: slot k of its proof in `pr`. */
-static __always_inline void note_proof(struct ucache *pr, struct unwind_state *u, __u64 addr,
+static __always_inline void note_proof(struct ucache_walk *pr, struct unwind_state *u, __u64 addr,
 				       __u64 val, __u32 span, bool range, __u32 skip)
 {
 	__u64 off;
@@ -147,9 +147,9 @@ static __always_inline void note_proof(struct ucache *pr, struct unwind_state *u
 
 	if (!pr)
 		return;
-	k = pr->n;
-	off = addr - pr->sp;
-	if (k >= UCACHE_SLOTS || addr < pr->sp || (off & 7) ||
+	k = pr->e.n;
+	off = addr - pr->e.sp;
+	if (k >= UCACHE_SLOTS || addr < pr->e.sp || (off & 7) ||
 	    (off >> 3) > (range ? UCACHE_RANGE_OFF_MAX : UCACHE_WORD_MAX) ||
 	    skip > UCACHE_RANGE_SKIP_MAX) {
 		u->unprovable = true;
@@ -158,18 +158,19 @@ static __always_inline void note_proof(struct ucache *pr, struct unwind_state *u
 	at = off >> 3;
 	if (range)
 		at |= UCACHE_RANGE_BIT | skip << UCACHE_RANGE_SKIP_SHIFT;
-	pr->n = k + 1;
+	pr->e.n = k + 1;
 	/* The compiler forgets the bound above (see unwind_step). */
 	asm volatile("" : "+r"(k));
 	k &= UCACHE_SLOTS - 1;
-	pr->off[k] = at;
-	pr->hash = ucache_mix(pr->hash, val);
-	if (off + span > pr->top)
-		pr->top = off + span;
+	pr->s.off[k] = at;
+	pr->e.hash = ucache_mix(pr->e.hash, val);
+	pr->e.shape = ucache_mix(pr->e.shape, at);
+	if (off + span > pr->e.top)
+		pr->e.top = off + span;
 }
 
 /* The walk read `val` at `addr`. */
-static __always_inline void note_slot(struct ucache *pr, struct unwind_state *u,
+static __always_inline void note_slot(struct ucache_walk *pr, struct unwind_state *u,
 				      __u64 addr, __u64 val)
 {
 	note_proof(pr, u, addr, val, 8, false, 0);
@@ -196,7 +197,7 @@ static __always_inline __u64 ucache_range_hash(const __u64 *w, __u64 skip)
  * (see UCACHE_RANGE_BIT), but for its first `skip` words (what the walk
  * did not use, such as the spill slots of a V8 frame, which change while
  * the frame's place in its code does not). */
-static __always_inline void note_range(struct ucache *pr, struct unwind_state *u, __u64 addr,
+static __always_inline void note_range(struct ucache_walk *pr, struct unwind_state *u, __u64 addr,
 				       const __u64 *w, __u64 skip)
 {
 	if (pr)
@@ -618,7 +619,7 @@ static __always_inline __u64 file_rule(__u64 addr, struct file_scratch *files, b
  * to stop (bpf_loop callback).
  */
 static __always_inline long unwind_step(__u32 i, struct unwind_state *u, __u64 *ips,
-				       struct stack_copy *c, struct ucache *pr,
+				       struct stack_copy *c, struct ucache_walk *pr,
 				       struct file_scratch *files, struct task_struct *task)
 {
 	__u64 cfa, ra, frame[2], rule, ra_at, bp_at = 0, bp_val = 0;
@@ -822,7 +823,7 @@ __noinline long unwind_step_of_current(__u32 i, bool files)
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
-	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
+	struct ucache_walk *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
 
 	if (!ips || !s)
 		return 1;

@@ -361,7 +361,7 @@ static long java_hop_task(__u32 i, void *arg)
  * stopped, not a return address.
  */
 static __always_inline int java_step(struct unwind_state *u, __u64 *ips, __u32 idx, bool exact,
-				     struct stack_copy *c, struct ucache *pr,
+				     struct stack_copy *c, struct ucache_walk *pr,
 				     struct task_struct *task)
 {
 	struct java_scratch *js = java_scratch_of(task != NULL);
@@ -587,7 +587,7 @@ __noinline int java_step_of_current(__u32 idx, bool exact)
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
-	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
+	struct ucache_walk *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
 
 	if (!ips || !s)
 		return JAVA_END;

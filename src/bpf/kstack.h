@@ -165,15 +165,12 @@ enum korc_done {
  * bits of `need`).
  */
 /* KORC_PROOF: in maps.h, with the proofs a thread keeps. */
+/* Its shape (struct korc_shape, in maps.h): `need`, the words that held a
+ * return address; `user`, the words that held a user-mode ip, where the
+ * walk ended (what matters is only that they still do). */
 struct korc_proof {
-	__u32 n, m;
-	__u32 need;
-	/* Words that held a user-mode ip, where the walk ended: what
-	 * matters is only that they still do. */
-	__u32 user;
-	__u32 at[KORC_PROOF];
+	struct korc_shape s;
 	__u64 val[KORC_PROOF];
-	__u32 sp[KORC_PROOF];
 };
 
 /* A place or a value in a proof: an offset (24 bits, signed) from the
@@ -215,8 +212,12 @@ struct korc_walk {
 	__u8 provable;
 	__u32 sp_sym, bp_sym, regs_sym, prev_regs_sym;
 	struct korc_proof proof;
-	/* korc_proof_holds(): the words read again, and the frame. */
+	/* korc_proof_holds(): the words read again, and the frame; the key
+	 * of the proof's shape, copied here (6.1's verifier takes a map's
+	 * key from the stack or a map, not from a global function's
+	 * argument). */
 	__u64 proof_val[KORC_VALS];
+	__u64 shape_key;
 	/* The walk's frames, then the stack made of them and the helper's. */
 	__u64 ips[MAX_STACK_DEPTH + 1];
 	/* korc_module_search: the entry found, and what it read of the
@@ -357,18 +358,18 @@ static __always_inline int korc_find(__u64 ip, struct korc_entry *e, __u32 entri
  * (`need`: a return address); its own sym, to find places from. */
 static __always_inline __u32 korc_note(struct korc_walk *w, __u32 sym, __u64 v, bool need)
 {
-	__u32 i = w->proof.n;
+	__u32 i = w->proof.s.n;
 
 	if (i >= KORC_PROOF || KORC_SYM_BASE(sym) == KORC_UNKNOWN) {
 		w->provable = 0;
 		return KORC_SYM(KORC_UNKNOWN, 0);
 	}
 	i &= KORC_PROOF - 1;
-	w->proof.at[i] = sym;
+	w->proof.s.at[i] = sym;
 	w->proof.val[i] = v;
 	if (need)
-		w->proof.need |= 1U << i;
-	w->proof.n = i + 1;
+		w->proof.s.need |= 1U << i;
+	w->proof.s.n = i + 1;
 	return KORC_SYM(i, 0);
 }
 
@@ -594,14 +595,14 @@ static __always_inline bool korc_caller_bp(struct korc_walk *w, __u8 *win, struc
 /* Notes the sp the walk went up to (`sym`) in its proof. */
 static __always_inline void korc_note_sp(struct korc_walk *w, __u32 sym)
 {
-	__u32 j = w->proof.m;
+	__u32 j = w->proof.s.m;
 
 	if (j >= KORC_PROOF || KORC_SYM_BASE(sym) == KORC_UNKNOWN) {
 		w->provable = 0;
 		return;
 	}
-	w->proof.sp[j & (KORC_PROOF - 1)] = sym;
-	w->proof.m = j + 1;
+	w->proof.s.sp[j & (KORC_PROOF - 1)] = sym;
+	w->proof.s.m = j + 1;
 }
 
 /* The word read at `sym` (its own) is a user-mode ip (see struct
@@ -611,8 +612,8 @@ static __always_inline void korc_user_ip(struct korc_walk *w, __u32 sym)
 	__u32 i = KORC_SYM_BASE(sym);
 
 	if (i < KORC_PROOF) {
-		w->proof.need &= ~(1U << i);
-		w->proof.user |= 1U << i;
+		w->proof.s.need &= ~(1U << i);
+		w->proof.s.user |= 1U << i;
 	}
 }
 
@@ -909,10 +910,10 @@ __noinline int korc_walk(__u64 frame, __u64 stack_lo, __u32 k, int kept)
 	} else if (frame < stack_lo || frame >= stack_lo + KSTACK_SIZE) {
 		return -1;
 	}
-	w->proof.n = 0;
-	w->proof.m = 0;
-	w->proof.need = 0;
-	w->proof.user = 0;
+	w->proof.s.n = 0;
+	w->proof.s.m = 0;
+	w->proof.s.need = 0;
+	w->proof.s.user = 0;
 	w->provable = 1;
 	w->bp_sym = KORC_SYM(KORC_FRAME, bpf_core_field_offset(struct inactive_task_frame___x, bp));
 	if (!korc_read(w, win, &w->bp,
@@ -1068,10 +1069,11 @@ static __always_inline bool kstack_at_switch_in(const __u32 variant)
 static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *task,
 				       struct korc_kept *e, __u64 id)
 {
-	__u32 j, n = w->proof.n, second = 0;
+	__u32 j, n = w->proof.s.n, m = w->proof.s.m, second = 0;
 	struct korc_way *way = &e->way, *more;
 	struct korc_kept_proof *pr;
-	__u64 h = UCACHE_HASH_SEED;
+	__u64 h = UCACHE_HASH_SEED, key;
+	long err;
 
 	if (!w->provable || w->done != KORC_COMPLETE || !(id & STACK_ID_HASH_BIT))
 		return;
@@ -1096,19 +1098,34 @@ static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *
 	}
 	korc_set_last(e, second);
 	pr = &way->proof;
+	/* The words needed, hashed; the shape, hashed into its key. */
+	key = ucache_mix(ucache_mix(UCACHE_HASH_SEED, (__u64)n << 32 | m),
+			 (__u64)w->proof.s.need << 32 | w->proof.s.user);
 	for (j = 0; j < KORC_PROOF; j++) {
 		if (j >= n)
 			break;
-		if ((w->proof.need >> j) & 1)
+		if ((w->proof.s.need >> j) & 1)
 			h = ucache_mix(h, w->proof.val[j]);
+		key = ucache_mix(key, w->proof.s.at[j]);
+	}
+	for (j = 0; j < KORC_PROOF; j++) {
+		if (j >= m)
+			break;
+		key = ucache_mix(key, w->proof.s.sp[j]);
+	}
+	/* The shape, unless some thread's walk kept it already; its key
+	 * kept where the way's is (not on this function's stack, see
+	 * above). */
+	pr->shape = key;
+	if (!bpf_map_lookup_elem(&korc_shapes, &pr->shape)) {
+		err = bpf_map_update_elem(&korc_shapes, &pr->shape, &w->proof.s, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			way->stack_id = 0;
+			count(CNT_SHAPES_FULL);
+			return;
+		}
 	}
 	way->stack_id = id;
-	pr->n = n;
-	pr->m = w->proof.m;
-	pr->need = w->proof.need;
-	pr->user = w->proof.user;
-	__builtin_memcpy(pr->at, w->proof.at, sizeof(pr->at));
-	__builtin_memcpy(pr->sp, w->proof.sp, sizeof(pr->sp));
 	pr->hash = h;
 }
 
@@ -1126,11 +1143,19 @@ __noinline int korc_proof_holds(struct korc_kept_proof *pr, __u64 frame)
 	__u32 i, n, m, sym, k = KORC_SWITCH;
 	struct korc_walk *w = bpf_map_lookup_elem(&korc_state, &k);
 	__u64 at, v, off, len, sp, last = 0, *val, h = UCACHE_HASH_SEED;
+	struct korc_shape *s;
 
 	if (!w || !pr)
 		return false;
-	n = pr->n;
-	m = pr->m;
+	/* Its shape (a shape kept under the same key but not the same
+	 * would fail the hash of the words but for a chance of one in
+	 * 2^64, as a word changed would). */
+	w->shape_key = pr->shape;
+	s = bpf_map_lookup_elem(&korc_shapes, &w->shape_key);
+	if (!s)
+		return false;
+	n = s->n;
+	m = s->m;
 	len = w->win_len;
 	if (!n || n > KORC_PROOF || !m || m > KORC_PROOF || len < 8 || w->win_lo != frame)
 		return false;
@@ -1141,16 +1166,16 @@ __noinline int korc_proof_holds(struct korc_kept_proof *pr, __u64 frame)
 	for (i = 0; i < KORC_PROOF; i++) {
 		if (i >= n)
 			break;
-		sym = pr->at[i];
+		sym = s->at[i];
 		at = val[KORC_SYM_BASE(sym) & (KORC_VALS - 1)] + KORC_SYM_OFF(sym);
 		off = at - frame;
 		if (off > len - 8 || (off & 7))
 			return false;
 		v = *(__u64 *)(w->win + (off & (KSTACK_SIZE - 8)));
 		val[i] = v;
-		if ((pr->need >> i) & 1)
+		if ((s->need >> i) & 1)
 			h = ucache_mix(h, v);
-		if ((pr->user >> i) & 1 && v >= KERNEL_SPACE)
+		if ((s->user >> i) & 1 && v >= KERNEL_SPACE)
 			return false;
 	}
 	if (h != pr->hash)
@@ -1158,7 +1183,7 @@ __noinline int korc_proof_holds(struct korc_kept_proof *pr, __u64 frame)
 	for (i = 0; i < KORC_PROOF; i++) {
 		if (i >= m)
 			return true;
-		sym = pr->sp[i];
+		sym = s->sp[i];
 		sp = val[KORC_SYM_BASE(sym) & (KORC_VALS - 1)] + KORC_SYM_OFF(sym);
 		if (sp <= last || sp < w->stack_lo || sp >= w->stack_lo + KSTACK_SIZE)
 			return false;

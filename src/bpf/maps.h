@@ -54,17 +54,36 @@ struct task_data {
 
 /*
  * The kernel walk's proofs a thread keeps (see kstack.h): a proof as kept
- * (struct korc_proof there), the words it needs held kept as a hash of
- * them, in order (ucache_mix(), as the stack cache's).  A power of two,
- * at most 32 (the bits of `need`).
+ * (struct korc_proof there) is its shape, the places of the words it read
+ * (struct korc_shape), and a hash of the words it needs held, in order
+ * (ucache_mix(), as the stack cache's).  A shape is the same for every
+ * thread that blocks under the same kernel code path, so it is kept once,
+ * in korc_shapes, under a hash of it (korc_shape_key()), and a thread
+ * keeps only that key.  A power of two, at most 32 (the bits of `need`).
  */
 #define KORC_PROOF 32
-struct korc_kept_proof {
+struct korc_shape {
 	__u32 n, m;
 	__u32 need;
 	__u32 user;
 	__u32 at[KORC_PROOF];
 	__u32 sp[KORC_PROOF];
+};
+
+/* The shapes of the proofs kept (a 64-bit hash of each, see
+ * korc_shape_key(), its key): never changed once added; sized by
+ * userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct korc_shape);
+} korc_shapes SEC(".maps");
+
+struct korc_kept_proof {
+	/* Its shape's key in korc_shapes. */
+	__u64 shape;
 	__u64 hash;
 };
 
@@ -91,10 +110,10 @@ struct korc_kept {
 };
 
 /* A thread's record in task storage: its block's state and its first kept
- * kernel walk, together one of the kernel allocator's 512-byte elements
+ * kernel walk, together one of the kernel allocator's 256-byte elements
  * with task storage's header (src/tracer/element_sizes.rs; apart, they
- * took a 256-byte and a 512-byte one).  The hooks that keep their records
- * by thread id keep a task_data alone (they walk no kernel stack). */
+ * would take two).  The hooks that keep their records by thread id keep a
+ * task_data alone (they walk no kernel stack). */
 struct task_local {
 	struct task_data d;
 	struct korc_kept korc;
@@ -325,16 +344,19 @@ struct {
  * write preempted on its way back to user mode) is proved at each.
  */
 #define UCACHE_SLOTS 128
-/* A slot's place, in struct ucache's off[]: its offset from sp in words,
+/* A slot's place, in struct ucache_shape's off[]: its offset from sp in words,
  * up to UCACHE_WORD_MAX (256 KiB).  A slot with UCACHE_RANGE_BIT stands for
  * the UCACHE_RANGE bytes from there, hashed (ucache_range_hash()): the
  * slots of an interpreted Java frame, proved as one (see java.h); its
  * offset is up to UCACHE_RANGE_OFF_MAX words (16 KiB), and the bits from
  * UCACHE_RANGE_SKIP_SHIFT say how many of the range's first words it
  * leaves out (see note_range()).  A slot that does not fit makes the walk
- * unprovable.  So a way is 336 bytes, and a thread's storage of two ways
- * fits the kernel allocator's 1024-byte elements (with 128 slots' values
- * kept, 3288 bytes went into 4096). */
+ * unprovable.  The places of a walk's slots, its shape, are the same for
+ * every thread that blocks under the same code path (the farm's 8,200
+ * threads have 40): they are kept once, in ucache_shapes, under a hash of
+ * them, and a thread's way keeps that key, so that a way is 88 bytes and
+ * the first with what tells the ways apart fits the kernel allocator's
+ * 256-byte elements (with the places in each way, 512). */
 #define UCACHE_RANGE_BIT 0x8000
 #define UCACHE_WORD_MAX 0x7fff
 #define UCACHE_RANGE_OFF_MAX 0x7ff
@@ -369,8 +391,30 @@ struct ucache {
 	__u8 _pad[3];
 	/* What the slots held, in order (ucache_mix()). */
 	__u64 hash;
-	/* Slot k: where it is (UCACHE_RANGE_BIT). */
+	/* Where they are: its key in ucache_shapes (while walking, the hash
+	 * of the places so far). */
+	__u64 shape;
+};
+
+/* Slot k: where it is (UCACHE_RANGE_BIT). */
+struct ucache_shape {
 	__u16 off[UCACHE_SLOTS];
+};
+
+/* The shapes of the walks kept (see ucache_shape_key()): never changed
+ * once added; sized by userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct ucache_shape);
+} ucache_shapes SEC(".maps");
+
+/* The walk under way: what its way will keep, and its slots' places. */
+struct ucache_walk {
+	struct ucache e;
+	struct ucache_shape s;
 };
 
 /* A thread's kept walks: one per starting pc and sp; a new one replaces
@@ -381,7 +425,7 @@ struct ucache {
  * back and forth: a wait, and a wake-up preempted in two places), not
  * for a place met once (a preemption anywhere).  Each storage is one of
  * the kernel allocator's sizes (src/tracer/element_sizes.rs): this one
- * and ucache_second 512 bytes, ucache_more 1 KiB. */
+ * and ucache_pair 256 bytes, ucache_second 192. */
 #define UCACHE_WAYS 4
 struct ucache_ways {
 	struct ucache way0;
@@ -430,7 +474,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct ucache);
+	__type(value, struct ucache_walk);
 } ucache_scratch SEC(".maps");
 
 /* Checking the slots: the stack is read a window at a time, from a slot up

@@ -968,6 +968,10 @@ enum offcpu_counter {
 	 * ring buffer */
 	CNT_TIMELINE_SENT,
 	CNT_TIMELINE_LOST,
+	/* Walks not kept for proving (user or kernel), the table of the
+	 * proofs' shapes full (ucache_shapes, korc_shapes): walked again
+	 * at the next block */
+	CNT_SHAPES_FULL,
 	CNT_MAX,
 };
 

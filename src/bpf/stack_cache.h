@@ -112,10 +112,11 @@ static __always_inline __u64 ucache_regs_tag(__u64 pc, __u64 sp)
 	return ucache_mix(ucache_mix(UCACHE_HASH_SEED, pc), sp);
 }
 
-/* What each step checks: the kept walk and the window (looked up once, by
- * ucache_proved()). */
+/* What each step checks: the kept walk, its slots' places and the window
+ * (looked up once, by ucache_proved()). */
 struct ucache_step_ctx {
 	struct ucache *e;
+	struct ucache_shape *s;
 	struct ucache_window *w;
 };
 
@@ -131,11 +132,12 @@ static long ucache_slots_step(__u32 i, void *arg)
 {
 	struct ucache_step_ctx *c = arg;
 	struct ucache_window *w = c->w;
+	struct ucache_shape *s = c->s;
 	struct ucache *e = c->e;
 	__u64 addr, off, span, v;
 	__u32 k, at, j;
 
-	if (!w || !e)
+	if (!w || !e || !s)
 		return 1;
 	for (j = 0; j < UCACHE_STEP; j++) {
 		k = w->k;
@@ -148,7 +150,7 @@ static long ucache_slots_step(__u32 i, void *arg)
 		 * bound for). */
 		asm volatile("" : "+r"(k));
 		k &= UCACHE_SLOTS - 1;
-		at = e->off[k];
+		at = s->off[k];
 		span = at & UCACHE_RANGE_BIT ? UCACHE_RANGE : 8;
 		addr = ucache_slot_addr(e->sp, at);
 		off = addr - w->base;
@@ -204,6 +206,25 @@ static __always_inline __u32 ucache_way(struct ucache_ways *set, struct unwind_s
 	return way;
 }
 
+/* Begins the proof of the walk from the registers in `u`, in
+ * ucache_scratch (its slots are noted as they are read, note_proof()). */
+static __always_inline void ucache_begin(struct unwind_state *u)
+{
+	struct ucache_walk *pr;
+	__u32 zero = 0;
+
+	pr = bpf_map_lookup_elem(&ucache_scratch, &zero);
+	if (!pr)
+		return;
+	pr->e.n = 0;
+	pr->e.top = 0;
+	pr->e.hash = UCACHE_HASH_SEED;
+	pr->e.shape = UCACHE_HASH_SEED;
+	pr->e.pc = u->pc;
+	pr->e.sp = u->sp;
+	pr->e.bp = u->bp;
+}
+
 /*
  * The stack id of the current thread's kept walk `way` where it holds for
  * the walk under way (struct ucache: its pc and sp, found by ucache_way()
@@ -219,7 +240,9 @@ __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 {
 	struct ucache_step_ctx c;
 	struct ucache_window *w;
-	struct ucache *e, *pr;
+	struct ucache_walk *pr;
+	struct ucache_shape *s;
+	struct ucache *e;
 	__u32 zero = 0;
 
 	w = bpf_map_lookup_elem(&ucache_window, &zero);
@@ -229,8 +252,14 @@ __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 		return 0;
 	/* The way was found by a hash of the registers: they are compared
 	 * whole here (the walk under way's, in ucache_scratch). */
-	if (!e->stack_id || e->pc != pr->pc || e->sp != pr->sp || e->mm != mm || e->gen != gen ||
-	    e->runtimes != runtime_build() || (e->bp_used && e->bp != bp))
+	if (!e->stack_id || e->pc != pr->e.pc || e->sp != pr->e.sp || e->mm != mm ||
+	    e->gen != gen || e->runtimes != runtime_build() || (e->bp_used && e->bp != bp))
+		return 0;
+	/* Its slots' places, kept under the key the way holds (a place
+	 * not where it was would fail the hash of the slots' values but
+	 * for a chance of one in 2^64, as a value changed would). */
+	s = bpf_map_lookup_elem(&ucache_shapes, &e->shape);
+	if (!s)
 		return 0;
 	w->base = 0;
 	w->have = 0;
@@ -239,9 +268,10 @@ __noinline __u64 ucache_proved(__u32 way, __u64 mm, __u64 gen, __u64 bp)
 	w->hash = UCACHE_HASH_SEED;
 	/* The window from the first slot on, here (the steps call a
 	 * function only where a slot is past it). */
-	if (e->n && ucache_read(w, ucache_slot_addr(e->sp, e->off[0]), e->sp + e->top))
+	if (e->n && ucache_read(w, ucache_slot_addr(e->sp, s->off[0]), e->sp + e->top))
 		return 0;
 	c.e = e;
+	c.s = s;
 	c.w = w;
 	bpf_loop(UCACHE_SLOTS / UCACHE_STEP, ucache_slots_step, &c, 0);
 	/* Undecided after every step: all UCACHE_SLOTS slots read.  The walk
@@ -263,8 +293,10 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct ucache_ways *set;
 	struct file_scratch *s;
-	struct ucache *e, *pr;
+	struct ucache_walk *pr;
 	struct unwind_state *u;
+	struct ucache *e;
+	long err;
 	__u32 zero = 0, bit = 1U << (way & (UCACHE_WAYS - 1));
 	__u64 tag;
 
@@ -281,7 +313,7 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 		return 0;
 	/* A way in a storage the thread does not have yet: only for
 	 * registers met again among the last such walks. */
-	tag = ucache_regs_tag(pr->pc, pr->sp);
+	tag = ucache_regs_tag(pr->e.pc, pr->e.sp);
 	if (!ucache_has(task, way)) {
 		if (set->wanted[0] != tag && set->wanted[1] != tag && set->wanted[2] != tag &&
 		    set->wanted[3] != tag) {
@@ -289,20 +321,29 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 			return 0;
 		}
 	}
+	/* The slots' places, unless some thread's walk kept them already.
+	 * The key is kept where the way's will be (a number the verifier
+	 * knows the place of, not one more on this function's stack). */
+	pr->e.shape = ucache_mix(pr->e.shape, pr->e.n);
+	if (!bpf_map_lookup_elem(&ucache_shapes, &pr->e.shape)) {
+		err = bpf_map_update_elem(&ucache_shapes, &pr->e.shape, &pr->s, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			count(CNT_SHAPES_FULL);
+			return 0;
+		}
+	}
 	e = ucache_entry(way, true);
 	if (!e)
 		return 0;
-	/* All of them: straight-line code, which the verifier checks once
-	 * (a loop up to n would be checked once per slot). */
-	__builtin_memcpy(e->off, pr->off, sizeof(e->off));
-	e->hash = pr->hash;
-	e->n = pr->n;
-	e->top = pr->top;
+	e->hash = pr->e.hash;
+	e->shape = pr->e.shape;
+	e->n = pr->e.n;
+	e->top = pr->e.top;
 	e->mm = mm;
 	e->gen = gen;
-	e->pc = pr->pc;
-	e->sp = pr->sp;
-	e->bp = pr->bp;
+	e->pc = pr->e.pc;
+	e->sp = pr->e.sp;
+	e->bp = pr->e.bp;
 	e->bp_used = u->bp_used;
 	e->truncated = u->truncated;
 	e->fp_frames = u->fp_frames;

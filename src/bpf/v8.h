@@ -133,7 +133,7 @@ __noinline int v8_walkable_of_current(__u32 tgid)
  * frame's, for the native walk's own step.
  */
 static __always_inline int v8_step(struct unwind_state *u, __u64 *ips, __u32 idx,
-				   struct stack_copy *c, struct ucache *pr,
+				   struct stack_copy *c, struct ucache_walk *pr,
 				   struct task_struct *task)
 {
 	struct v8_scratch *vs = v8_scratch_of(task != NULL);
@@ -234,7 +234,7 @@ __noinline int v8_step_of_current(__u32 i)
 	__u32 zero = 0;
 	__u64 *ips = bpf_map_lookup_elem(&scratch, &zero);
 	struct file_scratch *s = bpf_map_lookup_elem(&file_scratch, &zero);
-	struct ucache *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
+	struct ucache_walk *pr = ucache_on ? bpf_map_lookup_elem(&ucache_scratch, &zero) : NULL;
 
 	if (!ips || !s)
 		return V8_END;

@@ -62,16 +62,26 @@ fn counts_fit_their_sizes() {
 fn a_threads_storage_fits_its_sizes() {
     use std::mem::size_of;
     let storage = |value: usize| served(STORAGE_HEADER + value);
-    // The stack cache's kept walks, each with its 128 slots' places and
-    // the hash of what they held: the first with what tells the ways
-    // apart, the second alone (a thread that blocks in one place has
-    // only the first), the third and fourth together.
-    assert_eq!(storage(size_of::<types::ucache_ways>()), 512);
-    assert_eq!(storage(size_of::<types::ucache>()), 512);
-    assert_eq!(storage(size_of::<types::ucache_pair>()), 1024);
-    // The thread's record with the kernel walk's first proof (its words
-    // as a hash) and what tells the two apart (with no byte to spare);
-    // the second proof alone.
-    assert_eq!(storage(size_of::<types::task_local>()), 512);
-    assert_eq!(storage(size_of::<types::korc_way>()), 512);
+    // The stack cache's kept walks, each with the key of its slots'
+    // places and the hash of what they held: the first with what tells
+    // the ways apart, the second alone (a thread that blocks in one place
+    // has only the first), the third and fourth together.
+    assert_eq!(storage(size_of::<types::ucache_ways>()), 256);
+    assert_eq!(storage(size_of::<types::ucache>()), 192);
+    assert_eq!(storage(size_of::<types::ucache_pair>()), 256);
+    // The thread's record with the kernel walk's first proof (the key of
+    // its shape, its words as a hash) and what tells the two apart; the
+    // second proof alone.
+    assert_eq!(storage(size_of::<types::task_local>()), 256);
+    assert_eq!(storage(size_of::<types::korc_way>()), 128);
+}
+
+#[test]
+fn shapes_fit_their_sizes() {
+    use std::mem::size_of;
+    // The places of a walk's slots and of a kernel walk's words, kept
+    // once for every thread that blocks under the same code path.
+    let shape = |value: usize| served(HASH_HEADER + 8 + value);
+    assert_eq!(shape(size_of::<types::ucache_shape>()), 512);
+    assert_eq!(shape(size_of::<types::korc_shape>()), 512);
 }
