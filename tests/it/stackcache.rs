@@ -182,6 +182,43 @@ fn cache_keeps_four_places_of_a_thread() {
     }
 }
 
+/// The thread `widths` alone (`-t`, its sleeps only): it blocks under
+/// `narrow` and `wide` in turn, walks of as many frames and slots whose
+/// slots are at other places. The places are kept once per shape, for
+/// every thread that blocks there: each block after the first two is
+/// proved unchanged (a shape taken for the other's would prove neither);
+/// and each place has half of the time.
+#[test]
+fn cache_keeps_places_of_walks_as_deep_apart() {
+    if !require_root() {
+        return;
+    }
+    let Some(clang) = require_tool("clang", &[]) else {
+        return;
+    };
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = sleeps_of(&clang, "-fomit-frame-pointer", dir.path(), "widths");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
+    println!("stackcache: widths: {proved} of {walked} stacks proved unchanged");
+    assert!(walked > 1000, "only {walked} stacks walked:\n{stderr}");
+    assert!(
+        proved * 20 >= walked * 19,
+        "{proved} of {walked} stacks of a thread blocking in two places of one depth in turn \
+         proved unchanged: the places of one were taken for the other's"
+    );
+    let lines = parse_folded(&out.stdout);
+    let total = sum_us_where(&lines, |l| l.has("narrow") || l.has("wide"));
+    let wide = sum_us_where(&lines, |l| l.has("wide"));
+    let share = wide as f64 / total.max(1) as f64;
+    assert!(
+        (share - 0.5).abs() < 0.04,
+        "{:.1}% of the time of widths under wide, not a half",
+        share * 100.0
+    );
+}
+
 /// The workload built with `fp` in `dir`, its thread `thread` traced alone
 /// for 3 s, its sleeps only (`--state 1`), with `-v`.
 fn sleeps_of(clang: &Path, fp: &str, dir: &Path, thread: &str) -> std::process::Output {

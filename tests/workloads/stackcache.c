@@ -24,7 +24,10 @@
  *
  * And a thread `turns` blocks in four places in turn (1 ms under one,
  * two, three and four frames of `turn`): a thread the cache must keep
- * four walks of, each proved at its next turn.
+ * four walks of, each proved at its next turn.  A thread `widths` blocks
+ * in two places in turn, under `narrow` and `wide`: walks of as many
+ * frames and slots, whose slots are at other places (wide's frame is
+ * larger), each proved at its next turn.
  *
  * Prints its pid, then runs until killed.  Built by the test with
  * -fno-optimize-sibling-calls (no tail calls), with and without frame
@@ -205,6 +208,42 @@ static void *turns(void *arg)
 	return NULL;
 }
 
+NOINLINE int narrow(void)
+{
+	char room[16];
+	int r;
+
+	/* Kept on the stack, its whole size. */
+	__asm__ volatile("" : : "r"(room) : "memory");
+	r = block(1);
+	__asm__ volatile("" : : "r"(room) : "memory");
+	return r;
+}
+
+NOINLINE int wide(void)
+{
+	char room[512];
+	int r;
+
+	/* Kept on the stack, its whole size. */
+	__asm__ volatile("" : : "r"(room) : "memory");
+	r = block(1);
+	__asm__ volatile("" : : "r"(room) : "memory");
+	return r;
+}
+
+static void *widths(void *arg)
+{
+	int i;
+
+	(void)arg;
+	prctl(PR_SET_NAME, "widths");
+	prctl(PR_SET_TIMERSLACK, 1UL);
+	for (i = 0;; i ^= 1)
+		sink += i ? wide() : narrow();
+	return NULL;
+}
+
 int main(void)
 {
 	static const struct pair pairs[] = {
@@ -213,12 +252,13 @@ int main(void)
 		{ "paths", path_a1, path_b1 },
 		{ "ends", ends_a, ends_b },
 	};
-	pthread_t t[5];
+	pthread_t t[6];
 	int i;
 
 	for (i = 0; i < 4; i++)
 		pthread_create(&t[i], NULL, run, (void *)&pairs[i]);
 	pthread_create(&t[4], NULL, turns, NULL);
+	pthread_create(&t[5], NULL, widths, NULL);
 	printf("%d\n", getpid());
 	fflush(stdout);
 	pthread_join(t[0], NULL);
