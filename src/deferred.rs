@@ -367,6 +367,9 @@ pub struct Deferred {
     /// [`crate::runtime::Runtime::copy_mark`]), and when it came, by its
     /// id.
     marks: HashMap<u64, (Option<u64>, Instant)>,
+    /// The first copies still waiting at the end (see
+    /// [`Deferred::unfinished`]).
+    unfinished: Vec<(Proc, AddressSpace)>,
 }
 
 /// How long a copy waits at most for its runtime to be ready to step over
@@ -390,6 +393,7 @@ impl Deferred {
             stall: None,
             hopeless: HashSet::new(),
             marks: HashMap::new(),
+            unfinished: Vec::new(),
         }
     }
 
@@ -654,6 +658,9 @@ impl Deferred {
                 self.stats.unwalked += 1;
             } else {
                 self.stats.unfinished += 1;
+                if self.unfinished.len() < UNFINISHED_KEPT {
+                    self.unfinished.push((s.proc, s.space));
+                }
             }
         }
         self.waiting.clear();
@@ -674,7 +681,17 @@ impl Deferred {
     pub fn stats(&self) -> DeferredStats {
         self.stats
     }
+
+    /// The process and address space of the first copies still waiting
+    /// for their tables when the trace ended ([`UNFINISHED_KEPT`]).
+    pub fn unfinished(&self) -> &[(Proc, AddressSpace)] {
+        &self.unfinished
+    }
 }
+
+/// The copies still waiting at the end whose process and address space
+/// are kept to be said (`-v`).
+const UNFINISHED_KEPT: usize = 3;
 
 #[cfg(test)]
 mod tests {

@@ -629,6 +629,14 @@ impl Stacks {
         self.spans.reserve(more);
     }
 
+    /// How many of the stacks `keep` takes, and their frames.
+    pub fn count_where(&self, keep: impl Fn(u64) -> bool) -> (usize, usize) {
+        self.spans
+            .iter()
+            .filter(|(id, _)| keep(**id))
+            .fold((0, 0), |(n, frames), (_, &(_, len))| (n + 1, frames + len))
+    }
+
     /// How many stacks there are.
     pub fn len(&self) -> usize {
         self.spans.len()

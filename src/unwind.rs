@@ -657,6 +657,46 @@ impl Unwinder {
     pub fn stats(&self) -> UnwindStats {
         self.stats
     }
+
+    /// What the tables of `tgid` are for, in words (`-v`, of a stack
+    /// copied in an address space they did not serve).
+    pub fn describe_process(&self, tgid: u32) -> String {
+        let Some(p) = self.processes.get(&tgid) else {
+            return format!(
+                "never installed{}",
+                if self.waiting.contains(&tgid) {
+                    ", its mappings waited for"
+                } else {
+                    ""
+                }
+            );
+        };
+        let building = p
+            .objects
+            .iter()
+            .filter(|o| self.building.contains_key(o))
+            .count();
+        format!(
+            "{} for address space {:#x} with {} bytes of executable mappings (and {:?} \
+             before it), {} building of {}, {} lacking room{}",
+            if p.slice.is_some() {
+                "installed"
+            } else {
+                "none"
+            },
+            p.space.mm,
+            p.space.exec_vm,
+            p.earlier,
+            building,
+            crate::text::count(p.objects.len() as u64, "object", "objects"),
+            p.lacking.len(),
+            if self.waiting.contains(&tgid) {
+                ", its mappings waited for"
+            } else {
+                ""
+            }
+        )
+    }
 }
 
 impl crate::deferred::ProcessTables for Unwinder {

@@ -545,6 +545,19 @@ pub(super) fn report_unwinding(
             d.unstored
         );
     }
+    if verbose {
+        for (p, space) in deferred.unfinished() {
+            eprintln!(
+                "offcputime: a user stack of process {} still waiting for its tables at the \
+                 end was copied in address space {:#x} with {} bytes of executable mappings; \
+                 the process's tables: {}",
+                p.tgid,
+                space.mm,
+                space.exec_vm,
+                u.describe_process(p.tgid)
+            );
+        }
+    }
     report_not_covered(u);
     if verbose {
         report_unwind_stats(u, &d, c);

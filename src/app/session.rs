@@ -72,6 +72,17 @@ pub(super) struct End {
     /// Wake-ups whose hook the kernel skipped (see
     /// [`Tracer::wakeups_missed`]).
     wakeups_missed: u64,
+    /// What the BPF program's tables held at the end (`-v`).
+    in_use: InUse,
+}
+
+/// The stacks the BPF program stored (not the copies walked here) that
+/// the counts name, their frames, and the counts, read at the end: what
+/// its tables hold (`-v`, for measuring their memory against it).
+struct InUse {
+    stacks: usize,
+    frames: usize,
+    counts: usize,
 }
 
 /// The profile written: the whole trace's, or with `-i` the last
@@ -432,11 +443,18 @@ impl<'a> Session<'a> {
             .iter()
             .filter(|e| e.user_stack == StackRef::NotReadable)
             .count();
+        let (stacks, frames) = raw.stacks.count_where(|id| !crate::deferred::is_copy(id));
+        let in_use = InUse {
+            stacks,
+            frames,
+            counts: raw.entries.len(),
+        };
         let end = End {
             window,
             ended,
             ended_cpu,
             read_ms,
+            in_use,
             unreadable: (
                 unreadable,
                 tracer.start_user_stacks(),
@@ -704,6 +722,25 @@ impl<'a> Session<'a> {
                 b - read_ms
             )),
             process_cpu_ms() - end.ended_cpu,
+        );
+        // At their own sizes: a stack its key and frames, a count its
+        // key (as the mode keys it) and value.
+        let u = &end.in_use;
+        let key = if self.config.tracer.counts_whole() {
+            std::mem::size_of::<crate::bpf::types::offcpu_key>()
+        } else {
+            std::mem::size_of::<crate::bpf::types::offcpu_key_plain>()
+        };
+        let count_bytes = key + std::mem::size_of::<crate::bpf::types::offcpu_val>();
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "offcputime: in use at the end: {} of {} ({:.2} MiB at their own sizes), {} \
+             ({:.2} MiB)",
+            count(u.stacks as u64, "stored stack", "stored stacks"),
+            count(u.frames as u64, "frame", "frames"),
+            mib(u.stacks * 8 + u.frames * 8),
+            count(u.counts as u64, "count", "counts"),
+            mib(u.counts * count_bytes),
         );
         report_counters(
             profile,

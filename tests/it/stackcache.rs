@@ -151,25 +151,9 @@ fn cache_checks_the_last_slot_of_a_walk() {
 /// a quarter of the time.
 #[test]
 fn cache_keeps_four_places_of_a_thread() {
-    if !require_root() {
-        return;
-    }
-    let Some(clang) = require_tool("clang", &[]) else {
+    let Some(lines) = proved_in_turn("turns", "the cache did not keep four walks") else {
         return;
     };
-    let _g = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = sleeps_of(&clang, "-fomit-frame-pointer", dir.path(), "turns");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
-    println!("stackcache: turns: {proved} of {walked} stacks proved unchanged");
-    assert!(walked > 1000, "only {walked} stacks walked:\n{stderr}");
-    assert!(
-        proved * 20 >= walked * 19,
-        "{proved} of {walked} stacks of a thread blocking in four places in turn proved \
-         unchanged: the cache did not keep four walks"
-    );
-    let lines = parse_folded(&out.stdout);
     let depth = |l: &Folded| l.frames.iter().filter(|f| *f == "turn").count();
     let total = sum_us_where(&lines, |l| depth(l) > 0);
     for d in 1..=4 {
@@ -190,25 +174,10 @@ fn cache_keeps_four_places_of_a_thread() {
 /// and each place has half of the time.
 #[test]
 fn cache_keeps_places_of_walks_as_deep_apart() {
-    if !require_root() {
-        return;
-    }
-    let Some(clang) = require_tool("clang", &[]) else {
+    let why = "the places of one were taken for the other's";
+    let Some(lines) = proved_in_turn("widths", why) else {
         return;
     };
-    let _g = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = sleeps_of(&clang, "-fomit-frame-pointer", dir.path(), "widths");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
-    println!("stackcache: widths: {proved} of {walked} stacks proved unchanged");
-    assert!(walked > 1000, "only {walked} stacks walked:\n{stderr}");
-    assert!(
-        proved * 20 >= walked * 19,
-        "{proved} of {walked} stacks of a thread blocking in two places of one depth in turn \
-         proved unchanged: the places of one were taken for the other's"
-    );
-    let lines = parse_folded(&out.stdout);
     let total = sum_us_where(&lines, |l| l.has("narrow") || l.has("wide"));
     let wide = sum_us_where(&lines, |l| l.has("wide"));
     let share = wide as f64 / total.max(1) as f64;
@@ -217,6 +186,30 @@ fn cache_keeps_places_of_walks_as_deep_apart() {
         "{:.1}% of the time of widths under wide, not a half",
         share * 100.0
     );
+}
+
+/// The workload's thread `thread`, which blocks in a few places in turn,
+/// traced alone (`sleeps_of`, without frame pointers): the stacks of all
+/// but a twentieth of its blocks must be proved unchanged (else `why`).
+/// Its profile; None where the test cannot run (said).
+fn proved_in_turn(thread: &str, why: &str) -> Option<Vec<Folded>> {
+    if !require_root() {
+        return None;
+    }
+    let clang = require_tool("clang", &[])?;
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = sleeps_of(&clang, "-fomit-frame-pointer", dir.path(), thread);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (walked, proved) = (walked(&stderr), proved_unchanged(&stderr));
+    println!("stackcache: {thread}: {proved} of {walked} stacks proved unchanged");
+    assert!(walked > 1000, "only {walked} stacks walked:\n{stderr}");
+    assert!(
+        proved * 20 >= walked * 19,
+        "{proved} of {walked} stacks of {thread}, which blocks in a few places in turn, \
+         proved unchanged: {why}"
+    );
+    Some(parse_folded(&out.stdout))
 }
 
 /// The workload built with `fp` in `dir`, its thread `thread` traced alone

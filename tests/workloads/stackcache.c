@@ -208,29 +208,22 @@ static void *turns(void *arg)
 	return NULL;
 }
 
-NOINLINE int narrow(void)
-{
-	char room[16];
-	int r;
+/* A function with a frame of `size` bytes more, calling block(1). */
+#define ROOMY(name, size)                                      \
+	NOINLINE int name(void)                                \
+	{                                                      \
+		char room[size];                               \
+		int r;                                         \
+                                                               \
+		/* Kept on the stack, its whole size. */       \
+		__asm__ volatile("" : : "r"(room) : "memory"); \
+		r = block(1);                                  \
+		__asm__ volatile("" : : "r"(room) : "memory"); \
+		return r;                                      \
+	}
 
-	/* Kept on the stack, its whole size. */
-	__asm__ volatile("" : : "r"(room) : "memory");
-	r = block(1);
-	__asm__ volatile("" : : "r"(room) : "memory");
-	return r;
-}
-
-NOINLINE int wide(void)
-{
-	char room[512];
-	int r;
-
-	/* Kept on the stack, its whole size. */
-	__asm__ volatile("" : : "r"(room) : "memory");
-	r = block(1);
-	__asm__ volatile("" : : "r"(room) : "memory");
-	return r;
-}
+ROOMY(narrow, 16)
+ROOMY(wide, 512)
 
 static void *widths(void *arg)
 {

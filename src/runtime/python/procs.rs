@@ -269,10 +269,22 @@ enum Started {
     Unreadable(String),
 }
 
-/// Whether a process of pid `tgid` is there (a look at `/proc`; one
-/// that took the pid since is taken for it).
-fn tgid_exists(tgid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{tgid}")).exists()
+/// Whether a process of pid `tgid` is there and has not exited (a look
+/// at its state in `/proc`: an exiting process, a zombie, whose memory is
+/// gone, is not; one that took the pid since is taken for it).
+fn tgid_alive(tgid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{tgid}/stat"))
+        .ok()
+        .is_some_and(|stat| alive_in_stat(&stat))
+}
+
+/// Whether the state in a `/proc/PID/stat` line (after the name, which
+/// may hold anything, parentheses too) is that of a process not exited:
+/// not a zombie (`Z`) or dead (`X`, `x`).
+fn alive_in_stat(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| !matches!(state, "Z" | "X" | "x"))
 }
 
 impl Started {
@@ -418,7 +430,7 @@ impl Pythons {
         if proc.mem.is_none() {
             match ProcMem::open(p.tgid) {
                 Ok(mem) => proc.mem = Some(mem),
-                Err(e) => return Started::of_read(Err(e), || tgid_exists(p.tgid)),
+                Err(e) => return Started::of_read(Err(e), || tgid_alive(p.tgid)),
             }
         }
         let Some(mem) = proc.mem.as_ref() else {
@@ -431,7 +443,7 @@ impl Pythons {
                 &mut head,
             )
             .map(|()| u64::from_ne_bytes(head));
-        Started::of_read(read, || tgid_exists(p.tgid))
+        Started::of_read(read, || tgid_alive(p.tgid))
     }
 
     /// The index of code object `code` (with `tag`) of process `p`, read
@@ -786,6 +798,34 @@ mod tests {
             "{}",
             lines[0]
         );
+    }
+
+    /// An exited process whose parent has not reaped it (a zombie: its
+    /// `/proc` entry there, its memory gone) is not taken for one alive,
+    /// whatever its name holds.
+    #[test]
+    fn an_exited_process_is_not_alive() {
+        assert!(alive_in_stat("12 (python3) S 1 12 12 0"));
+        assert!(alive_in_stat("12 (a) Z (b) R 1 12"));
+        assert!(!alive_in_stat("12 (a) R (b) Z 1 12"));
+        assert!(!alive_in_stat("12 (x) X 1"));
+        assert!(!alive_in_stat("garbage"));
+        assert!(tgid_alive(std::process::id()));
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("true starts");
+        let pid = child.id();
+        // Not reaped: a zombie once it has exited.
+        let zombie = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            !tgid_alive(pid)
+        });
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a child not reaped keeps its /proc entry"
+        );
+        child.wait().expect("the child reaped");
+        assert!(zombie, "an exited child not reaped taken for one alive");
     }
 
     fn word(code: u64, tag: u32, instr: u32, flags: u8) -> [u64; 2] {
