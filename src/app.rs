@@ -472,7 +472,7 @@ fn walk_deferred(
     tracer: &Tracer<'_>,
     deferred: &mut Deferred,
     registry: &mut Registry,
-    unwinder: Option<&mut Unwinder>,
+    mut unwinder: Option<&mut Unwinder>,
     walked: &mut dyn FnMut(u64, &[u64]),
 ) {
     match tracer.take_deferred() {
@@ -481,16 +481,20 @@ fn walk_deferred(
         Err(e) => eprintln!("offcputime: {e:#}"),
     }
     deferred.end_stall();
-    if let Some(u) = unwinder {
+    if let Some(u) = unwinder.as_deref_mut() {
         if deferred.is_waiting() {
             u.finish(registry, DEFERRED_TABLES_WAIT);
             collector::walk_copies(u, tracer, registry, deferred, walked, false);
         }
     }
-    deferred.give_up(&|p| {
-        crate::process::start_ticks(p.tgid) != Some(p.start)
-            || crate::process::address_space_gone(p.tgid)
-    });
+    let noted = |p: crate::raw::Proc| unwinder.as_deref().and_then(|u| u.noted_space(p.tgid));
+    deferred.give_up(
+        &|p| {
+            crate::process::start_ticks(p.tgid) != Some(p.start)
+                || crate::process::address_space_gone(p.tgid)
+        },
+        &|p, space| noted(p).is_some_and(|n| n.mm != 0 && n.mm != space.mm),
+    );
 }
 
 /// `--push`: how long the end waits for what is queued to be sent.

@@ -55,6 +55,27 @@ pub struct Walk {
     /// Cut by the runtime: the walk could not go on in its code (see
     /// [`CopyStep::End`]).
     pub runtime_cut: bool,
+    /// Why it was cut, where not at generated code or by the runtime.
+    pub why: Option<Cut>,
+}
+
+/// Why a walk over a copy was cut (see [`Walk::why`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// A word the copy does not hold was needed: this address.
+    Read(u64),
+    /// A rule the walk cannot follow (its kind).
+    Rule(u8),
+    /// The depth limit.
+    Depth,
+}
+
+impl Walk {
+    fn cut(mut self, why: Cut) -> Walk {
+        self.cut = true;
+        self.why = Some(why);
+        self
+    }
 }
 
 /// A language runtime's step over the copy (see
@@ -180,9 +201,11 @@ pub fn walk(
                 }
                 CopyStep::ByFramePointer { word } => {
                     own(word);
-                    let Some((saved, ra)) = fp_step(&read, bp) else {
-                        w.cut = bp != 0;
+                    if bp == 0 {
                         return w;
+                    }
+                    let Some((saved, ra)) = fp_step(&read, bp) else {
+                        return w.cut(Cut::Read(bp));
                     };
                     sp = bp.wrapping_add(16);
                     bp = saved;
@@ -210,8 +233,7 @@ pub fn walk(
                     read(sp.wrapping_add(UCONTEXT_RSP)),
                     read(sp.wrapping_add(UCONTEXT_RIP)),
                 ) else {
-                    w.cut = true;
-                    return w;
+                    return w.cut(Cut::Read(sp.wrapping_add(UCONTEXT_RIP)));
                 };
                 *w.frames.last_mut().expect("pushed above") = unwind_table::SIGNAL_FRAME;
                 exact_at = i + 1;
@@ -230,19 +252,15 @@ pub fn walk(
                     K::UNWIND_CFA_RSP => sp.wrapping_add(r.cfa_off as u64),
                     K::UNWIND_CFA_RBP => bp.wrapping_add(r.cfa_off as u64),
                     K::UNWIND_PLT => sp.wrapping_add(8 + if pc & 15 >= 11 { 8 } else { 0 }),
-                    _ => {
-                        w.cut = true;
-                        return w;
-                    }
+                    _ => return w.cut(Cut::Rule(r.kind)),
                 };
                 let Some(ra) = read(cfa.wrapping_sub(8)) else {
-                    w.cut = true;
-                    return w;
+                    return w.cut(Cut::Read(cfa.wrapping_sub(8)));
                 };
                 if r.rbp_off != 0 {
-                    let Some(v) = read(cfa.wrapping_add((r.rbp_off as i64 * 8) as u64)) else {
-                        w.cut = true;
-                        return w;
+                    let at = cfa.wrapping_add((r.rbp_off as i64 * 8) as u64);
+                    let Some(v) = read(at) else {
+                        return w.cut(Cut::Read(at));
                     };
                     bp = v;
                 }
@@ -262,8 +280,7 @@ pub fn walk(
                     return w;
                 }
                 let Some((saved, ra)) = fp_step(&read, bp) else {
-                    w.cut = true;
-                    return w;
+                    return w.cut(Cut::Read(bp));
                 };
                 sp = bp.wrapping_add(16);
                 bp = saved;
@@ -279,8 +296,7 @@ pub fn walk(
         }
         pc = ra;
     }
-    w.cut = true;
-    w
+    w.cut(Cut::Depth)
 }
 
 /// The frame pointer and return address saved at frame pointer `bp` (0:
@@ -301,6 +317,16 @@ pub struct DeferredStats {
     pub walked: usize,
     /// ... of which cut short.
     pub cut: usize,
+    /// ... of those, for want of stack beyond a whole copy's end (a stack
+    /// deeper than the copy).
+    pub cut_deeper: usize,
+    /// ... at a word the stack does not hold (an address below the
+    /// copy's start, or beyond the top of a stack copied to its top):
+    /// registers or tables that were not those of the stack's moment.
+    pub cut_outside: usize,
+    /// ... at a rule the walk cannot follow, or at the depth limit.
+    pub cut_rule: usize,
+    pub cut_depth: usize,
     /// Frames found through frame pointers in those walks.
     pub fp_frames: usize,
     /// ... of which in an object with tables that do not cover the code.
@@ -321,6 +347,10 @@ pub struct DeferredStats {
     pub unstored: usize,
     /// Let go unwalked: copies waiting took [`MAX_WAITING_BYTES`].
     pub dropped: usize,
+    /// Of an address space an exec replaced before its mappings were
+    /// read, in a process still there at the end (see
+    /// [`Deferred::give_up`]).
+    pub replaced: usize,
     /// Still waiting for their process's tables when the trace ended.
     pub unfinished: usize,
 }
@@ -370,7 +400,30 @@ pub struct Deferred {
     /// The first copies still waiting at the end (see
     /// [`Deferred::unfinished`]).
     unfinished: Vec<(Proc, AddressSpace)>,
+    /// The first walks cut at a word their stack does not hold (see
+    /// [`Deferred::outside`]).
+    outside: Vec<OutsideCut>,
 }
+
+/// A walk over a copy cut at a word the stack does not hold (see
+/// [`DeferredStats::cut_outside`]): what it started from and where it
+/// went, for `-v`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutsideCut {
+    pub proc: Proc,
+    pub space: AddressSpace,
+    pub regs: Regs,
+    /// Bytes copied from the stack pointer's page.
+    pub len: usize,
+    /// The address of the word needed.
+    pub addr: u64,
+    /// The frames found before.
+    pub frames: Vec<u64>,
+}
+
+/// The walks cut at a word their stack does not hold that are kept to be
+/// said (`-v`).
+const OUTSIDE_KEPT: usize = 3;
 
 /// How long a copy waits at most for its runtime to be ready to step over
 /// its frames (see [`crate::runtime::Runtime::copy_ready`]) once its
@@ -394,6 +447,7 @@ impl Deferred {
             hopeless: HashSet::new(),
             marks: HashMap::new(),
             unfinished: Vec::new(),
+            outside: Vec::new(),
         }
     }
 
@@ -513,7 +567,8 @@ impl Deferred {
                     .is_some_and(|&t| now.saturating_duration_since(t) < *d)
             })
         };
-        let mut done: Vec<(u32, u64, Walk)> = Vec::new();
+        let mut done: Vec<(u32, u64, Walk, u64, usize)> = Vec::new();
+        let mut outside = std::mem::take(&mut self.outside);
         tables.read_all(&mut |rows, mappings| {
             for &(tgid, space, (start, len)) in &ready {
                 let Some(mappings) = mappings.get(start..start + len) else {
@@ -549,14 +604,38 @@ impl Deferred {
                         guess,
                         Some(&step),
                     );
-                    done.push((tgid, s.id, w));
+                    if let Some(Cut::Read(addr)) = w.why {
+                        let whole = s.bytes.len() >= COPY_BYTES;
+                        let end = s.base.saturating_add(s.bytes.len() as u64);
+                        if !(whole && addr >= end) && outside.len() < OUTSIDE_KEPT {
+                            outside.push(OutsideCut {
+                                proc: s.proc,
+                                space: s.space,
+                                regs,
+                                len: s.bytes.len(),
+                                addr,
+                                frames: w.frames.clone(),
+                            });
+                        }
+                    }
+                    done.push((tgid, s.id, w, s.base + s.bytes.len() as u64, s.bytes.len()));
                 }
             }
         });
         let mut walked = std::collections::HashSet::new();
-        for (tgid, id, w) in done {
+        self.outside = outside;
+        for (tgid, id, w, end, len) in done {
             self.stats.walked += 1;
             self.stats.cut += usize::from(w.cut);
+            match w.why {
+                Some(Cut::Read(addr)) if len >= COPY_BYTES && addr >= end => {
+                    self.stats.cut_deeper += 1
+                }
+                Some(Cut::Read(_)) => self.stats.cut_outside += 1,
+                Some(Cut::Rule(_)) => self.stats.cut_rule += 1,
+                Some(Cut::Depth) => self.stats.cut_depth += 1,
+                None => {}
+            }
             self.stats.fp_frames += w.fp_frames;
             self.stats.gap_frames += w.gap_frames;
             self.stats.at_jit += usize::from(w.at_jit);
@@ -650,12 +729,20 @@ impl Deferred {
 
     /// Gives up on every copy still waiting (the end of the trace): those
     /// of processes `gone` (exited, or exiting, before their mappings could
-    /// be read: their exits not handled yet) are counted as such, the
-    /// others as still waiting for their tables.
-    pub fn give_up(&mut self, gone: &dyn Fn(Proc) -> bool) {
+    /// be read: their exits not handled yet) are counted as such, those of
+    /// an address space an exec `replaced` in a process still there (its
+    /// mappings never read: the process's last event said another) as
+    /// such, the others as still waiting for their tables.
+    pub fn give_up(
+        &mut self,
+        gone: &dyn Fn(Proc) -> bool,
+        replaced: &dyn Fn(Proc, AddressSpace) -> bool,
+    ) {
         for s in self.waiting.values().flatten() {
             if gone(s.proc) {
                 self.stats.unwalked += 1;
+            } else if replaced(s.proc, s.space) {
+                self.stats.replaced += 1;
             } else {
                 self.stats.unfinished += 1;
                 if self.unfinished.len() < UNFINISHED_KEPT {
@@ -686,6 +773,12 @@ impl Deferred {
     /// for their tables when the trace ended ([`UNFINISHED_KEPT`]).
     pub fn unfinished(&self) -> &[(Proc, AddressSpace)] {
         &self.unfinished
+    }
+
+    /// The first walks cut at a word their stack does not hold
+    /// ([`OUTSIDE_KEPT`]).
+    pub fn outside(&self) -> &[OutsideCut] {
+        &self.outside
     }
 }
 
@@ -980,8 +1073,12 @@ mod tests {
         assert!(d.hopeless.is_empty());
         // The end of the trace: what still waits is counted apart.
         d.add(vec![copy(5, 9, 1, 1)], &|_| None);
-        d.give_up(&|p| p.tgid == 9);
+        d.add(vec![copy(6, 7, 1, 2)], &|_| None);
+        // Process 7's last event said address space 3: its copy of 2 was
+        // of an image an exec replaced.
+        d.give_up(&|p| p.tgid == 9, &|p, s| p.tgid == 7 && s.mm != 3);
         assert_eq!((d.stats().unwalked, d.stats().unfinished), (4, 1));
+        assert_eq!(d.stats().replaced, 1);
         assert!(d.waiting_ids().is_empty());
     }
 

@@ -401,6 +401,8 @@ loss_counters! {
         /// next block, the table of the proofs' shapes full: walked
         /// again instead.
         shapes_full = CNT_SHAPES_FULL,
+        /// User stacks not taken: their thread was inside an exec.
+        user_stack_in_exec = CNT_USTACK_IN_EXEC,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -745,7 +747,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.shapes_full, u64::from(max));
+        assert_eq!(c.user_stack_in_exec, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

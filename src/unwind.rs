@@ -375,6 +375,12 @@ impl Unwinder {
         }
     }
 
+    /// The address space the last event said of `tgid` (see
+    /// [`Unwinder::note_address_space`]).
+    pub fn noted_space(&self, tgid: u32) -> Option<AddressSpace> {
+        self.address_spaces.get(&tgid).copied()
+    }
+
     /// The sizes of executable mappings said of `tgid`'s address space
     /// before its last (see [`Unwinder::note_address_space`]).
     fn earlier_spaces(&self, tgid: u32) -> Vec<u64> {
@@ -661,15 +667,13 @@ impl Unwinder {
     /// What the tables of `tgid` are for, in words (`-v`, of a stack
     /// copied in an address space they did not serve).
     pub fn describe_process(&self, tgid: u32) -> String {
+        let waited = if self.waiting.contains(&tgid) {
+            ", its mappings waited for"
+        } else {
+            ""
+        };
         let Some(p) = self.processes.get(&tgid) else {
-            return format!(
-                "never installed{}",
-                if self.waiting.contains(&tgid) {
-                    ", its mappings waited for"
-                } else {
-                    ""
-                }
-            );
+            return format!("never installed{waited}");
         };
         let building = p
             .objects
@@ -678,7 +682,7 @@ impl Unwinder {
             .count();
         format!(
             "{} for address space {:#x} with {} bytes of executable mappings (and {:?} \
-             before it), {} building of {}, {} lacking room{}",
+             before it), {} building of {}, {} lacking room{waited}",
             if p.slice.is_some() {
                 "installed"
             } else {
@@ -690,11 +694,6 @@ impl Unwinder {
             building,
             crate::text::count(p.objects.len() as u64, "object", "objects"),
             p.lacking.len(),
-            if self.waiting.contains(&tgid) {
-                ", its mappings waited for"
-            } else {
-                ""
-            }
         )
     }
 }

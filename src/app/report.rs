@@ -301,6 +301,16 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
             ),
         );
         cause(
+            user,
+            c.user_stack_in_exec,
+            (
+                "user stack of a thread blocked inside an exec, whose registers were still \
+                 those of the image being replaced",
+                "user stacks of threads blocked inside an exec, whose registers were still \
+                 those of the image being replaced",
+            ),
+        );
+        cause(
             kernel,
             c.missed_no_switch_in,
             (
@@ -505,17 +515,32 @@ pub(super) fn report_unwinding(
             noun(d.runtime_cut as u64, "its", "their"),
         );
     }
-    if d.cut > d.at_jit + d.runtime_cut {
-        let n = (d.cut - d.at_jit - d.runtime_cut) as u64;
-        eprintln!(
-            "offcputime: {} taken before {} process's unwind tables were ready {} cut short: \
-             deeper than the {} KiB of stack copied at the block",
-            count(n, "user stack", "user stacks"),
-            noun(n, "its", "their"),
-            noun(n, "was", "were"),
+    let copies_cut = |n: usize, why: &str| {
+        if n > 0 {
+            let n = n as u64;
+            eprintln!(
+                "offcputime: {} taken before {} process's unwind tables were ready {} cut \
+                 short: {why}",
+                count(n, "user stack", "user stacks"),
+                noun(n, "its", "their"),
+                noun(n, "was", "were"),
+            );
+        }
+    };
+    copies_cut(
+        d.cut_deeper,
+        &format!(
+            "deeper than the {} KiB of stack copied at the block",
             crate::deferred::COPY_BYTES_ABOVE_SP >> 10
-        );
-    }
+        ),
+    );
+    copies_cut(
+        d.cut_outside,
+        "the walk needed a word outside the stack copied (below the stack pointer, or above \
+         the stack's top): registers or tables not of the moment of the copy",
+    );
+    copies_cut(d.cut_rule, "a rule of the tables the walk cannot follow");
+    copies_cut(d.cut_depth, "deeper than --perf-max-stack-depth");
     let gaps = c.unwind_gap_frames + d.gap_frames as u64;
     if gaps > 0 {
         eprintln!(
@@ -527,12 +552,14 @@ pub(super) fn report_unwinding(
             noun(gaps, "it is", "they are"),
         );
     }
-    let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished) as u64 + c.unwind_defer_lost;
+    let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished + d.replaced) as u64
+        + c.unwind_defer_lost;
     if missed > 0 {
         eprintln!(
             "offcputime: {} taken before {} process's unwind tables were ready {} missed: {} \
              of processes that exited before their mappings could be read or whose tables \
-             could not be made, {} still waiting for their tables when the trace ended, {} \
+             could not be made, {} of an image an exec replaced before its mappings could be \
+             read, {} still waiting for their tables when the trace ended, {} \
              lost for want of room to copy or keep them (more new threads blocking at once \
              than the profiler could take in), {} for want of room to store them \
              (--stack-storage-size)",
@@ -540,12 +567,31 @@ pub(super) fn report_unwinding(
             noun(missed, "its", "their"),
             noun(missed, "is", "are"),
             d.unwalked,
+            d.replaced,
             d.unfinished,
             c.unwind_defer_lost + d.dropped as u64,
             d.unstored
         );
     }
     if verbose {
+        for c in deferred.outside() {
+            eprintln!(
+                "offcputime: a copied user stack of process {} (address space {:#x} with {} \
+                 bytes of executable mappings) cut at {:#x}, outside the {} bytes copied from \
+                 {:#x}: pc {:#x}, sp {:#x}, bp {:#x}, frames {:x?}; the process's tables: {}",
+                c.proc.tgid,
+                c.space.mm,
+                c.space.exec_vm,
+                c.addr,
+                c.len,
+                c.regs.sp & !4095,
+                c.regs.pc,
+                c.regs.sp,
+                c.regs.bp,
+                c.frames,
+                u.describe_process(c.proc.tgid)
+            );
+        }
         for (p, space) in deferred.unfinished() {
             eprintln!(
                 "offcputime: a user stack of process {} still waiting for its tables at the \

@@ -73,7 +73,7 @@ pub(super) struct End {
     /// [`Tracer::wakeups_missed`]).
     wakeups_missed: u64,
     /// What the BPF program's tables held at the end (`-v`).
-    in_use: InUse,
+    in_use: Option<InUse>,
 }
 
 /// The stacks the BPF program stored (not the copies walked here) that
@@ -443,12 +443,15 @@ impl<'a> Session<'a> {
             .iter()
             .filter(|e| e.user_stack == StackRef::NotReadable)
             .count();
-        let (stacks, frames) = raw.stacks.count_where(|id| !crate::deferred::is_copy(id));
-        let in_use = InUse {
-            stacks,
-            frames,
-            counts: raw.entries.len(),
-        };
+        // Only said under -v: not counted otherwise.
+        let in_use = self.config.verbose.then(|| {
+            let (stacks, frames) = raw.stacks.count_where(|id| !crate::deferred::is_copy(id));
+            InUse {
+                stacks,
+                frames,
+                counts: raw.entries.len(),
+            }
+        });
         let end = End {
             window,
             ended,
@@ -725,23 +728,24 @@ impl<'a> Session<'a> {
         );
         // At their own sizes: a stack its key and frames, a count its
         // key (as the mode keys it) and value.
-        let u = &end.in_use;
-        let key = if self.config.tracer.counts_whole() {
-            std::mem::size_of::<crate::bpf::types::offcpu_key>()
-        } else {
-            std::mem::size_of::<crate::bpf::types::offcpu_key_plain>()
-        };
-        let count_bytes = key + std::mem::size_of::<crate::bpf::types::offcpu_val>();
-        let mib = |b: usize| b as f64 / (1 << 20) as f64;
-        eprintln!(
-            "offcputime: in use at the end: {} of {} ({:.2} MiB at their own sizes), {} \
-             ({:.2} MiB)",
-            count(u.stacks as u64, "stored stack", "stored stacks"),
-            count(u.frames as u64, "frame", "frames"),
-            mib(u.stacks * 8 + u.frames * 8),
-            count(u.counts as u64, "count", "counts"),
-            mib(u.counts * count_bytes),
-        );
+        if let Some(u) = &end.in_use {
+            let key = if self.config.tracer.counts_whole() {
+                std::mem::size_of::<crate::bpf::types::offcpu_key>()
+            } else {
+                std::mem::size_of::<crate::bpf::types::offcpu_key_plain>()
+            };
+            let count_bytes = key + std::mem::size_of::<crate::bpf::types::offcpu_val>();
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            eprintln!(
+                "offcputime: in use at the end: {} of {} ({:.2} MiB at their own sizes), {} \
+                 ({:.2} MiB)",
+                count(u.stacks as u64, "stored stack", "stored stacks"),
+                count(u.frames as u64, "frame", "frames"),
+                mib(u.stacks * 8 + u.frames * 8),
+                count(u.counts as u64, "count", "counts"),
+                mib(u.counts * count_bytes),
+            );
+        }
         report_counters(
             profile,
             self.config,

@@ -978,12 +978,37 @@ static __always_inline struct task_struct *task_to_walk(struct task_struct *t)
 
 /* Where `task` entered the kernel from user space: its pc, sp and bp
  * (read at the fixed offsets of struct pt_regs, see vmlinux.h). */
+/*
+ * Whether `task` is inside an exec (task_struct's in_execve, set from the
+ * exec's start until the new image's registers are in place): its user
+ * registers are still those of the image being replaced, while its
+ * address space may be the new one already, whose stack is elsewhere.  A
+ * walk from them would read the new image's memory and name frames with
+ * its mappings: its user stack is not taken (counted).
+ */
+struct task_struct___exec {
+	unsigned int in_execve : 1;
+} __attribute__((preserve_access_index));
+
+static __always_inline bool task_in_exec(struct task_struct *task)
+{
+	struct task_struct___exec *t = (void *)task;
+
+	if (!bpf_core_field_exists(t->in_execve))
+		return false;
+	return BPF_CORE_READ_BITFIELD_PROBED(t, in_execve);
+}
+
 static __always_inline int read_user_regs(struct task_struct *task, struct unwind_state *u)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 
 	if (!regs)
 		return -1;
+	if (task_in_exec(task)) {
+		count(CNT_USTACK_IN_EXEC);
+		return -1;
+	}
 	/* Loaded directly: bpf_task_pt_regs() gives a pointer the verifier
 	 * lets a program dereference (see TASK_READ). */
 	u->pc = regs->ip;

@@ -95,6 +95,10 @@ static __always_inline __u64 defer_task_stack(struct task_struct *task, __u32 tg
 	d = bpf_map_lookup_elem(&start_deferred, &zero);
 	if (!d || !regs)
 		return STACK_ID_MISSED_ERROR;
+	if (task_in_exec(task)) {
+		count(CNT_USTACK_IN_EXEC);
+		return STACK_ID_MISSED_ERROR;
+	}
 	d->pc = regs->ip;
 	d->sp = regs->sp;
 	d->bp = regs->bp;

@@ -1073,7 +1073,6 @@ static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *
 	struct korc_way *way = &e->way, *more;
 	struct korc_kept_proof *pr;
 	__u64 h = UCACHE_HASH_SEED, key;
-	long err;
 
 	if (!w->provable || w->done != KORC_COMPLETE || !(id & STACK_ID_HASH_BIT))
 		return;
@@ -1117,13 +1116,9 @@ static __noinline void korc_keep_proof(struct korc_walk *w, struct task_struct *
 	 * kept where the way's is (not on this function's stack, see
 	 * above). */
 	pr->shape = key;
-	if (!bpf_map_lookup_elem(&korc_shapes, &pr->shape)) {
-		err = bpf_map_update_elem(&korc_shapes, &pr->shape, &w->proof.s, BPF_NOEXIST);
-		if (err && err != -EEXIST) {
-			way->stack_id = 0;
-			count(CNT_SHAPES_FULL);
-			return;
-		}
+	if (!keep_shape(&korc_shapes, &pr->shape, &w->proof.s)) {
+		way->stack_id = 0;
+		return;
 	}
 	way->stack_id = id;
 	pr->hash = h;

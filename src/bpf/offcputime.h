@@ -972,6 +972,10 @@ enum offcpu_counter {
 	 * proofs' shapes full (ucache_shapes, korc_shapes): walked again
 	 * at the next block */
 	CNT_SHAPES_FULL,
+	/* user stacks not taken: their thread was inside an exec, its user
+	 * registers still those of the image being replaced, whose memory
+	 * may be gone already (see task_in_exec) */
+	CNT_USTACK_IN_EXEC,
 	CNT_MAX,
 };
 

@@ -6,6 +6,26 @@
 #ifndef __OFFCPUTIME_STACK_CACHE_H__
 #define __OFFCPUTIME_STACK_CACHE_H__
 
+/*
+ * Keeps the shape `val` of a proof under `*key` in the shapes table `map`
+ * (ucache_shapes, korc_shapes), unless some thread's walk kept it already:
+ * a shape is added once and never changed.  False where the table is full
+ * (counted): the walk is not kept.  `key` points into a map's memory, as
+ * the verifiers before 6.1 want a map key to.
+ */
+#define keep_shape(map, key, val)                                                  \
+	({                                                                         \
+		bool kept_ = true;                                                 \
+		if (!bpf_map_lookup_elem(map, key)) {                              \
+			long err_ = bpf_map_update_elem(map, key, val, BPF_NOEXIST); \
+			if (err_ && err_ != -EEXIST) {                             \
+				count(CNT_SHAPES_FULL);                            \
+				kept_ = false;                                     \
+			}                                                          \
+		}                                                                  \
+		kept_;                                                             \
+	})
+
 /* Slots checked per bpf_loop step: the verifier checks the slots of one
  * step, each of them a few times over (an unrolled check of every slot was
  * half of the switch hook's verification; 16 a step, a third).  A step is
@@ -296,7 +316,6 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 	struct ucache_walk *pr;
 	struct unwind_state *u;
 	struct ucache *e;
-	long err;
 	__u32 zero = 0, bit = 1U << (way & (UCACHE_WAYS - 1));
 	__u64 tag;
 
@@ -322,16 +341,11 @@ __noinline int ucache_keep(__u32 way, __u64 mm, __u64 gen, __u64 id)
 		}
 	}
 	/* The slots' places, unless some thread's walk kept them already.
-	 * The key is kept where the way's will be (a number the verifier
-	 * knows the place of, not one more on this function's stack). */
+	 * The key is kept in the walk's scratch (a map's memory, not one
+	 * more word on this function's stack). */
 	pr->e.shape = ucache_mix(pr->e.shape, pr->e.n);
-	if (!bpf_map_lookup_elem(&ucache_shapes, &pr->e.shape)) {
-		err = bpf_map_update_elem(&ucache_shapes, &pr->e.shape, &pr->s, BPF_NOEXIST);
-		if (err && err != -EEXIST) {
-			count(CNT_SHAPES_FULL);
-			return 0;
-		}
-	}
+	if (!keep_shape(&ucache_shapes, &pr->e.shape, &pr->s))
+		return 0;
 	e = ucache_entry(way, true);
 	if (!e)
 		return 0;

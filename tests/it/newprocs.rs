@@ -701,3 +701,63 @@ fn the_tables_go_to_the_processes_that_block_now() {
     assert!(let_go >= 2, "the room went to each in turn:\n{stderr}");
     assert!(given >= 1, "{stderr}");
 }
+
+/// A thread blocked inside an exec has the user registers of the image
+/// being replaced while its address space may be the new one already (the
+/// old one freed inside the call): its user stack is not walked from them
+/// (which gave the old pc alone, named with the new image's mappings), but
+/// missed and said. The forker's `heavy` mode execs itself over and over
+/// from 256 MiB of touched memory, on a CPU it shares with a busy loop, so
+/// that its threads are preempted while the exec frees the old memory.
+#[test]
+fn a_thread_inside_an_exec_is_not_walked_from_the_old_images_registers() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("bigexec");
+    std::fs::rename(build_forker(dir.path()), &exe).expect("rename the workload");
+    let _busy = KillOnDrop(
+        Command::new("taskset")
+            .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+            .spawn()
+            .expect("start a busy loop"),
+    );
+    let execs = KillOnDrop(
+        Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(&exe)
+            .args(["heavy", "256", "100000"])
+            .spawn()
+            .expect("start bigexec"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = execs.0.id().to_string();
+    let (out, _) = profile_window(&["-p", &pid, "-f", "2"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = parse_folded(&out.stdout);
+    let in_exec = |l: &Folded| l.has("__x64_sys_execve");
+    // The old image's stack, where its memory was still there, or none.
+    let right = |l: &Folded| {
+        l.frames.get(1).is_some_and(|f| f == "[Missed User Stack]")
+            || in_order(l, &["main", "heavy", "forker_exec", "execve"])
+    };
+    // Preempted while the old memory is freed: the new address space in
+    // place.
+    let freeing = sum_us_where(&lines, |l| in_exec(l) && l.has("exit_mmap"));
+    let wrong: Vec<String> = lines
+        .iter()
+        .filter(|l| in_exec(l) && !right(l))
+        .map(|l| format!("{} {}", l.frames.join(";"), l.us))
+        .collect();
+    assert!(
+        freeing > 10_000,
+        "{freeing} us inside an exec freeing the old image's memory:\n{stderr}"
+    );
+    assert!(wrong.is_empty(), "{}\n{stderr}", wrong.join("\n"));
+    assert!(
+        stderr.contains("blocked inside an exec"),
+        "the missed stacks are not said:\n{stderr}"
+    );
+}

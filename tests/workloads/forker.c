@@ -17,6 +17,12 @@
  * waits for it inside glibc's clone3 (a vfork), until a writer opens the
  * FIFO.
  *
+ * "forker heavy MB ROUNDS": touches MB MiB of memory and execs itself
+ * again ("forker heavy MB ROUNDS-1") from forker_exec, ROUNDS times, then
+ * exits. Each exec frees the large address space it leaves inside the
+ * execve call, where a thread is preempted on a busy CPU with its user
+ * registers still the old image's.
+ *
  * Built without frame pointers by the tests.
  */
 #include <fcntl.h>
@@ -46,6 +52,33 @@ __attribute__((noinline)) void forker_child(void)
 }
 
 extern char **environ;
+
+__attribute__((noinline)) void forker_exec(const char *self, char *const *args)
+{
+	execv(self, args);
+	asm volatile("");
+}
+
+static int heavy(const char *self, const char *name, long mb, long rounds)
+{
+	char mbs[32], left[32];
+	char *args[] = { (char *)name, "heavy", mbs, left, NULL };
+	char *mem;
+
+	if (rounds <= 0)
+		return 0;
+	mem = malloc(mb << 20);
+	if (!mem)
+		return 1;
+	memset(mem, 1, mb << 20);
+	/* Used, so that the compiler keeps the memory. */
+	asm volatile("" : : "r"(mem) : "memory");
+	snprintf(mbs, sizeof(mbs), "%ld", mb);
+	snprintf(left, sizeof(left), "%ld", rounds - 1);
+	forker_exec(self, args);
+	perror("execv");
+	return 1;
+}
 
 /* Returns once the child has opened the FIFO and exec'd. */
 __attribute__((noinline)) int forker_spawn(const char *fifo, pid_t *pid)
@@ -88,6 +121,13 @@ int main(int argc, char **argv)
 
 	if (argc > 2 && !strcmp(argv[1], "spawn"))
 		return spawn_stalled(argv[2]);
+	if (argc > 3 && !strcmp(argv[1], "heavy")) {
+		n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+		if (n <= 0)
+			return 1;
+		self[n] = 0;
+		return heavy(self, argv[0], atol(argv[2]), atol(argv[3]));
+	}
 	if (argc > 2 && !strcmp(argv[1], "reexec")) {
 		char line[16];
 
