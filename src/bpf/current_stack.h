@@ -269,12 +269,6 @@ static __always_inline __u64 stack_of_current_in(void *ctx, bool user, bool lega
 
 	if (!buf)
 		return STACK_ID_MISSED_ERROR;
-	/* Registers of the image an exec replaces (see task_in_exec): no
-	 * walk, nor bpf_get_stack()'s. */
-	if (user && task_in_exec((struct task_struct *)bpf_get_current_task())) {
-		count(CNT_USTACK_IN_EXEC);
-		return STACK_ID_MISSED_ERROR;
-	}
 	if (user && unwind_dwarf && !legacy) {
 		id = user_stack_of_current(cache, now, mm, exec_vm);
 		if (id == USTACK_NO_TABLES) {
@@ -286,6 +280,12 @@ static __always_inline __u64 stack_of_current_in(void *ctx, bool user, bool lega
 			return id;
 		if (id == USTACK_NO_TABLES)
 			count(CNT_UNWIND_NOT_READY);
+	}
+	/* Registers of the image an exec replaces (see task_in_exec): no
+	 * walk from them, nor bpf_get_stack()'s. */
+	if (user && task_in_exec_read((struct task_struct *)bpf_get_current_task())) {
+		count(CNT_USTACK_IN_EXEC);
+		return STACK_ID_MISSED_ERROR;
 	}
 	len = bpf_get_stack(ctx, buf, clamp_stack_bytes(), user ? BPF_F_USER_STACK : 0);
 	return store_stack(len, user);

@@ -984,13 +984,25 @@ static __always_inline struct task_struct *task_to_walk(struct task_struct *t)
  * registers are still those of the image being replaced, while its
  * address space may be the new one already, whose stack is elsewhere.  A
  * walk from them would read the new image's memory and name frames with
- * its mappings: its user stack is not taken (counted).
+ * its mappings: its user stack is not taken (counted where the stack is
+ * given up: stack_of_current_in(), user_stack_of_task()).  `task`: a
+ * pointer the verifier knows (loaded directly); task_in_exec_read() for
+ * any other.
  */
 struct task_struct___exec {
 	unsigned int in_execve : 1;
 } __attribute__((preserve_access_index));
 
 static __always_inline bool task_in_exec(struct task_struct *task)
+{
+	struct task_struct___exec *t = (void *)task;
+
+	if (!bpf_core_field_exists(t->in_execve))
+		return false;
+	return BPF_CORE_READ_BITFIELD(t, in_execve);
+}
+
+static __always_inline bool task_in_exec_read(struct task_struct *task)
 {
 	struct task_struct___exec *t = (void *)task;
 
@@ -1005,10 +1017,8 @@ static __always_inline int read_user_regs(struct task_struct *task, struct unwin
 
 	if (!regs)
 		return -1;
-	if (task_in_exec(task)) {
-		count(CNT_USTACK_IN_EXEC);
+	if (task_in_exec(task))
 		return -1;
-	}
 	/* Loaded directly: bpf_task_pt_regs() gives a pointer the verifier
 	 * lets a program dereference (see TASK_READ). */
 	u->pc = regs->ip;

@@ -95,10 +95,6 @@ static __always_inline __u64 defer_task_stack(struct task_struct *task, __u32 tg
 	d = bpf_map_lookup_elem(&start_deferred, &zero);
 	if (!d || !regs)
 		return STACK_ID_MISSED_ERROR;
-	if (task_in_exec(task)) {
-		count(CNT_USTACK_IN_EXEC);
-		return STACK_ID_MISSED_ERROR;
-	}
 	d->pc = regs->ip;
 	d->sp = regs->sp;
 	d->bp = regs->bp;
@@ -141,6 +137,10 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		return STACK_ID_MISSED_ERROR;
 	if (!BPF_CORE_READ(task, mm))
 		return STACK_ID_NONE;
+	if (task_in_exec(task)) {
+		count(CNT_USTACK_IN_EXEC);
+		return STACK_ID_MISSED_ERROR;
+	}
 	/* Reading another task's memory takes its mmap lock: if a writer
 	 * holds it or waits for it (a thread stuck in a page fault on a hung
 	 * file system, another in mmap), the iterator could wait as long, and
