@@ -487,13 +487,17 @@ fn walk_deferred(
             collector::walk_copies(u, tracer, registry, deferred, walked, false);
         }
     }
+    // A copy of an address space other than the last its process's
+    // notices said was of an image an exec replaced, unless a notice was
+    // lost (the copy's own image's, perhaps).
     let noted = |p: crate::raw::Proc| unwinder.as_deref().and_then(|u| u.noted_space(p.tgid));
+    let all_news = tracer.no_news_lost();
     deferred.give_up(
         &|p| {
             crate::process::start_ticks(p.tgid) != Some(p.start)
                 || crate::process::address_space_gone(p.tgid)
         },
-        &|p, space| noted(p).is_some_and(|n| n.mm != 0 && n.mm != space.mm),
+        &|p, space| all_news && noted(p).is_some_and(|n| n.mm != 0 && n.mm != space.mm),
     );
 }
 

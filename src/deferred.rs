@@ -76,6 +76,14 @@ impl Walk {
         self.why = Some(why);
         self
     }
+
+    /// Whether it was cut for want of stack beyond the end of copy `s`,
+    /// copied whole ([`COPY_BYTES`]): a stack deeper than the copy. (Cut
+    /// at any other address, the walk needed a word outside the stack.)
+    fn deeper_than(&self, s: &RawUserStack) -> bool {
+        let end = s.base.saturating_add(s.bytes.len() as u64);
+        matches!(self.why, Some(Cut::Read(addr)) if s.bytes.len() >= COPY_BYTES && addr >= end)
+    }
 }
 
 /// A language runtime's step over the copy (see
@@ -204,8 +212,9 @@ pub fn walk(
                     if bp == 0 {
                         return w;
                     }
-                    let Some((saved, ra)) = fp_step(&read, bp) else {
-                        return w.cut(Cut::Read(bp));
+                    let (saved, ra) = match fp_step(&read, bp) {
+                        Ok(pair) => pair,
+                        Err(why) => return w.cut(why),
                     };
                     sp = bp.wrapping_add(16);
                     bp = saved;
@@ -279,8 +288,9 @@ pub fn walk(
                 if bp == 0 {
                     return w;
                 }
-                let Some((saved, ra)) = fp_step(&read, bp) else {
-                    return w.cut(Cut::Read(bp));
+                let (saved, ra) = match fp_step(&read, bp) {
+                    Ok(pair) => pair,
+                    Err(why) => return w.cut(why),
                 };
                 sp = bp.wrapping_add(16);
                 bp = saved;
@@ -299,13 +309,11 @@ pub fn walk(
     w.cut(Cut::Depth)
 }
 
-/// The frame pointer and return address saved at frame pointer `bp` (0:
-/// the stack's end, None), where the copy has them.
-fn fp_step(read: &dyn Fn(u64) -> Option<u64>, bp: u64) -> Option<(u64, u64)> {
-    if bp == 0 {
-        return None;
-    }
-    Some((read(bp)?, read(bp.wrapping_add(8))?))
+/// The frame pointer and return address saved at frame pointer `bp`
+/// (not 0), or the word the copy lacks.
+fn fp_step(read: &dyn Fn(u64) -> Option<u64>, bp: u64) -> Result<(u64, u64), Cut> {
+    let word = |at: u64| read(at).ok_or(Cut::Read(at));
+    Ok((word(bp)?, word(bp.wrapping_add(8))?))
 }
 
 /// What became of the copied stacks, for `-v` and the notes at the end.
@@ -320,12 +328,14 @@ pub struct DeferredStats {
     /// ... of those, for want of stack beyond a whole copy's end (a stack
     /// deeper than the copy).
     pub cut_deeper: usize,
-    /// ... at a word the stack does not hold (an address below the
-    /// copy's start, or beyond the top of a stack copied to its top):
-    /// registers or tables that were not those of the stack's moment.
+    /// ... at a word a copy short of its whole size does not hold (the
+    /// stack's top, or a page that could not be read), or below it: a
+    /// frame pointer guessed through code that keeps none, or registers
+    /// or tables not of the copy's moment.
     pub cut_outside: usize,
-    /// ... at a rule the walk cannot follow, or at the depth limit.
+    /// ... at a rule the walk cannot follow.
     pub cut_rule: usize,
+    /// ... at the depth limit (`--perf-max-stack-depth`).
     pub cut_depth: usize,
     /// Frames found through frame pointers in those walks.
     pub fp_frames: usize,
@@ -413,7 +423,8 @@ pub struct OutsideCut {
     pub proc: Proc,
     pub space: AddressSpace,
     pub regs: Regs,
-    /// Bytes copied from the stack pointer's page.
+    /// Bytes copied from `base` (the stack pointer's page).
+    pub base: u64,
     pub len: usize,
     /// The address of the word needed.
     pub addr: u64,
@@ -567,7 +578,7 @@ impl Deferred {
                     .is_some_and(|&t| now.saturating_duration_since(t) < *d)
             })
         };
-        let mut done: Vec<(u32, u64, Walk, u64, usize)> = Vec::new();
+        let mut done: Vec<(u32, u64, Walk, bool)> = Vec::new();
         let mut outside = std::mem::take(&mut self.outside);
         tables.read_all(&mut |rows, mappings| {
             for &(tgid, space, (start, len)) in &ready {
@@ -604,33 +615,31 @@ impl Deferred {
                         guess,
                         Some(&step),
                     );
-                    if let Some(Cut::Read(addr)) = w.why {
-                        let whole = s.bytes.len() >= COPY_BYTES;
-                        let end = s.base.saturating_add(s.bytes.len() as u64);
-                        if !(whole && addr >= end) && outside.len() < OUTSIDE_KEPT {
+                    let deeper = w.deeper_than(s);
+                    if let (Some(Cut::Read(addr)), false) = (w.why, deeper) {
+                        if outside.len() < OUTSIDE_KEPT {
                             outside.push(OutsideCut {
                                 proc: s.proc,
                                 space: s.space,
                                 regs,
+                                base: s.base,
                                 len: s.bytes.len(),
                                 addr,
                                 frames: w.frames.clone(),
                             });
                         }
                     }
-                    done.push((tgid, s.id, w, s.base + s.bytes.len() as u64, s.bytes.len()));
+                    done.push((tgid, s.id, w, deeper));
                 }
             }
         });
         let mut walked = std::collections::HashSet::new();
         self.outside = outside;
-        for (tgid, id, w, end, len) in done {
+        for (tgid, id, w, deeper) in done {
             self.stats.walked += 1;
             self.stats.cut += usize::from(w.cut);
             match w.why {
-                Some(Cut::Read(addr)) if len >= COPY_BYTES && addr >= end => {
-                    self.stats.cut_deeper += 1
-                }
+                Some(Cut::Read(_)) if deeper => self.stats.cut_deeper += 1,
                 Some(Cut::Read(_)) => self.stats.cut_outside += 1,
                 Some(Cut::Rule(_)) => self.stats.cut_rule += 1,
                 Some(Cut::Depth) => self.stats.cut_depth += 1,
@@ -898,6 +907,30 @@ mod tests {
         let w = walk_from_leaf(&[0, 0x40_2050, 0]);
         assert_eq!(w.frames, vec![0x40_1010, 0x40_2050]);
         assert!(w.cut);
+        // The word needed: mid's return address, beyond the copy's 24
+        // bytes. A copy that short reached the stack's top: the walk
+        // needed a word outside the stack, not a deeper copy.
+        assert!(
+            matches!(w.why, Some(Cut::Read(a)) if a >= 0x7fff_0000 + 24),
+            "{w:?}"
+        );
+        let short = RawUserStack {
+            base: 0x7fff_0000,
+            bytes: vec![0; 24],
+            ..copy(1, 1, 1, 1)
+        };
+        assert!(!w.deeper_than(&short));
+        // A whole copy: the stack went on beyond it.
+        let whole = RawUserStack {
+            bytes: vec![0; COPY_BYTES],
+            ..short.clone()
+        };
+        assert!(!w.deeper_than(&whole));
+        let beyond = Walk {
+            why: Some(Cut::Read(0x7fff_0000 + COPY_BYTES as u64)),
+            ..w.clone()
+        };
+        assert!(beyond.deeper_than(&whole) && !beyond.deeper_than(&short));
     }
 
     #[test]
@@ -928,6 +961,7 @@ mod tests {
         let w = walk(regs, sp, &copy, (&maps, &rows), 2, true, None);
         assert_eq!(w.frames, vec![0x60_0000, 0x50_0000]);
         assert!(w.cut);
+        assert_eq!(w.why, Some(Cut::Depth));
         // In a process whose generated code keeps no frame pointers (a
         // JVM's): cut at the code without tables, not guessed; a gap in a
         // mapped object's rows is still walked by its frame pointers.

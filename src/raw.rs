@@ -401,7 +401,8 @@ loss_counters! {
         /// next block, the table of the proofs' shapes full: walked
         /// again instead.
         shapes_full = CNT_SHAPES_FULL,
-        /// User stacks not taken: their thread was inside an exec.
+        /// User stacks not taken: their thread was inside an exec, its
+        /// registers the replaced image's, its memory the new one's.
         user_stack_in_exec = CNT_USTACK_IN_EXEC,
     }
     user {

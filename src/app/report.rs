@@ -304,10 +304,12 @@ pub(super) fn report_missed(profile: &Profile, missed: usize, config: &Config, u
             user,
             c.user_stack_in_exec,
             (
-                "user stack of a thread blocked inside an exec, whose registers were still \
-                 those of the image being replaced",
-                "user stacks of threads blocked inside an exec, whose registers were still \
-                 those of the image being replaced",
+                "user stack taken inside an exec, past its point of no return: the thread's \
+                 registers were still those of the image being replaced, its memory the new \
+                 image's",
+                "user stacks taken inside an exec, past its point of no return: the threads' \
+                 registers were still those of the image being replaced, their memory the new \
+                 image's",
             ),
         );
         cause(
@@ -536,8 +538,10 @@ pub(super) fn report_unwinding(
     );
     copies_cut(
         d.cut_outside,
-        "the walk needed a word outside the stack copied (below the stack pointer, or above \
-         the stack's top): registers or tables not of the moment of the copy",
+        "the walk needed a word the copy does not hold, short of its whole size: above the \
+         stack's top or a page that could not be read, below the stack pointer, or a frame \
+         pointer guessed through code that keeps none (or registers or tables not of the \
+         moment of the copy)",
     );
     copies_cut(d.cut_rule, "a rule of the tables the walk cannot follow");
     copies_cut(d.cut_depth, "deeper than --perf-max-stack-depth");
@@ -584,7 +588,7 @@ pub(super) fn report_unwinding(
                 c.space.exec_vm,
                 c.addr,
                 c.len,
-                c.regs.sp & !4095,
+                c.base,
                 c.regs.pc,
                 c.regs.sp,
                 c.regs.bp,

@@ -10,7 +10,7 @@
  * The current task's user stack, copied for userspace to walk (see struct
  * deferred_stack): its id, STACK_ID_MISSED_ERROR where the ring buffer has
  * no room (counted), or USTACK_NO_REGS where its registers cannot be
- * read.  The stack is read a page at a time from the page of the stack
+ * read (or are not of its address space, see task_regs_stale()).  The stack is read a page at a time from the page of the stack
  * pointer, up to DEFERRED_STACK_PAGES or the first page that cannot be
  * read (the top of the stack).  A global function, checked once on its
  * own.
@@ -281,9 +281,10 @@ static __always_inline __u64 stack_of_current_in(void *ctx, bool user, bool lega
 		if (id == USTACK_NO_TABLES)
 			count(CNT_UNWIND_NOT_READY);
 	}
-	/* Registers of the image an exec replaces (see task_in_exec): no
-	 * walk from them, nor bpf_get_stack()'s. */
-	if (user && task_in_exec_read((struct task_struct *)bpf_get_current_task())) {
+	/* Registers of the image an exec replaces, over the new image's
+	 * memory (see task_regs_stale): no walk from them, nor
+	 * bpf_get_stack()'s. */
+	if (user && task_regs_stale_read((struct task_struct *)bpf_get_current_task())) {
 		count(CNT_USTACK_IN_EXEC);
 		return STACK_ID_MISSED_ERROR;
 	}

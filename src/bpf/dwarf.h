@@ -976,48 +976,54 @@ static __always_inline struct task_struct *task_to_walk(struct task_struct *t)
 	return bpf_rdonly_cast(t, task_struct_kernel_id);
 }
 
-/* Where `task` entered the kernel from user space: its pc, sp and bp
- * (read at the fixed offsets of struct pt_regs, see vmlinux.h). */
 /*
- * Whether `task` is inside an exec (task_struct's in_execve, set from the
- * exec's start until the new image's registers are in place): its user
- * registers are still those of the image being replaced, while its
- * address space may be the new one already, whose stack is elsewhere.  A
- * walk from them would read the new image's memory and name frames with
- * its mappings: its user stack is not taken (counted where the stack is
- * given up: stack_of_current_in(), user_stack_of_task()).  `task`: a
- * pointer the verifier knows (loaded directly); task_in_exec_read() for
- * any other.
+ * Whether `task`'s user registers are not those of its address space.  A
+ * thread inside an exec (task_struct's in_execve) keeps the registers of
+ * the image being replaced until the new image's are set, at the exec's
+ * end, while its address space is the new one from the exec's point of no
+ * return on (exec_mmap(), which frees the old one: where a busy CPU
+ * preempts it).  The new address space's start_code is 0 until the new
+ * image is loaded, just before its registers are set.  A walk from the old
+ * registers over the new memory would read another stack and name the old
+ * pc with the new mappings: such a stack is not taken (counted where it is
+ * given up: stack_of_current_in(), user_stack_of_task()).  Before the point
+ * of no return (the binary read, the other threads waited for, a vfork
+ * parent woken) registers and memory are both the old image's, and are
+ * walked.  task_regs_stale() loads through a pointer the verifier knows,
+ * task_regs_stale_read() reads through any other.
  */
 struct task_struct___exec {
 	unsigned int in_execve : 1;
 } __attribute__((preserve_access_index));
 
-static __always_inline bool task_in_exec(struct task_struct *task)
-{
-	struct task_struct___exec *t = (void *)task;
+#define TASK_REGS_STALE(t, read_bit, start_code)                                   \
+	(bpf_core_field_exists(((struct task_struct___exec *)(t))->in_execve) &&   \
+	 read_bit((struct task_struct___exec *)(t), in_execve) && !(start_code))
 
-	if (!bpf_core_field_exists(t->in_execve))
-		return false;
-	return BPF_CORE_READ_BITFIELD(t, in_execve);
+static __always_inline bool task_regs_stale(struct task_struct *task)
+{
+	return TASK_REGS_STALE(task, BPF_CORE_READ_BITFIELD, task_to_walk(task)->mm->start_code);
 }
 
-static __always_inline bool task_in_exec_read(struct task_struct *task)
+/* A function of its own: its reads' room on the stack is not added to the
+ * deepest chains of the hooks that call it (src/tracer/stack_depth.rs). */
+static __noinline int task_regs_stale_read(struct task_struct *task)
 {
-	struct task_struct___exec *t = (void *)task;
-
-	if (!bpf_core_field_exists(t->in_execve))
-		return false;
-	return BPF_CORE_READ_BITFIELD_PROBED(t, in_execve);
+	return TASK_REGS_STALE(task, BPF_CORE_READ_BITFIELD_PROBED,
+			       BPF_CORE_READ(task, mm, start_code));
 }
 
+/* Where `task` entered the kernel from user space: its pc, sp and bp
+ * (read at the fixed offsets of struct pt_regs, see vmlinux.h); -1 where
+ * they cannot be read, or are not of its address space (an exec's, see
+ * task_regs_stale()). */
 static __always_inline int read_user_regs(struct task_struct *task, struct unwind_state *u)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 
 	if (!regs)
 		return -1;
-	if (task_in_exec(task))
+	if (task_regs_stale(task))
 		return -1;
 	/* Loaded directly: bpf_task_pt_regs() gives a pointer the verifier
 	 * lets a program dereference (see TASK_READ). */

@@ -137,7 +137,7 @@ static __always_inline __u64 user_stack_of_task(struct task_struct *task, __u32 
 		return STACK_ID_MISSED_ERROR;
 	if (!BPF_CORE_READ(task, mm))
 		return STACK_ID_NONE;
-	if (task_in_exec(task)) {
+	if (task_regs_stale(task)) {
 		count(CNT_USTACK_IN_EXEC);
 		return STACK_ID_MISSED_ERROR;
 	}

@@ -972,9 +972,9 @@ enum offcpu_counter {
 	 * proofs' shapes full (ucache_shapes, korc_shapes): walked again
 	 * at the next block */
 	CNT_SHAPES_FULL,
-	/* user stacks not taken: their thread was inside an exec, its user
-	 * registers still those of the image being replaced, whose memory
-	 * may be gone already (see task_in_exec) */
+	/* user stacks not taken: their thread was inside an exec, past its
+	 * point of no return, its user registers still those of the image
+	 * being replaced, its memory the new one's (see task_regs_stale) */
 	CNT_USTACK_IN_EXEC,
 	CNT_MAX,
 };

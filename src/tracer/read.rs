@@ -470,6 +470,12 @@ impl Tracer<'_> {
     pub(super) fn read_counters(&self) -> Result<LossCounters> {
         read_counters(&self.skel)
     }
+
+    /// Whether every notice of a new process or address space reached
+    /// userspace so far (none dropped for a full ring).
+    pub fn no_news_lost(&self) -> bool {
+        read_counters(&self.skel).is_ok_and(|c| c.events_dropped == 0)
+    }
 }
 
 /// A record of the event ring decoded; None: too short for its kind.

@@ -706,9 +706,11 @@ fn the_tables_go_to_the_processes_that_block_now() {
 /// being replaced while its address space may be the new one already (the
 /// old one freed inside the call): its user stack is not walked from them
 /// (which gave the old pc alone, named with the new image's mappings), but
-/// missed and said. The forker's `heavy` mode execs itself over and over
-/// from 256 MiB of touched memory, on a CPU it shares with a busy loop, so
-/// that its threads are preempted while the exec frees the old memory.
+/// missed and said; before the exec's point of no return, its stack is
+/// the old image's, whole. The forker's `heavy` mode execs itself over
+/// and over from 256 MiB of touched memory, on a CPU it shares with a
+/// busy loop, so that it is preempted while the exec frees the old
+/// memory.
 #[test]
 fn a_thread_inside_an_exec_is_not_walked_from_the_old_images_registers() {
     if !require_root() {
@@ -718,21 +720,33 @@ fn a_thread_inside_an_exec_is_not_walked_from_the_old_images_registers() {
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("bigexec");
     std::fs::rename(build_forker(dir.path()), &exe).expect("rename the workload");
+    // One CPU this test may use, for both.
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let cpu = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .and_then(|l| l.trim().split([',', '-']).next())
+        .expect("the CPUs allowed")
+        .to_string();
     let _busy = KillOnDrop(
         Command::new("taskset")
-            .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+            .args(["-c", &cpu, "sh", "-c", "while :; do :; done"])
             .spawn()
             .expect("start a busy loop"),
     );
-    let execs = KillOnDrop(
+    let mut execs = KillOnDrop(
         Command::new("taskset")
-            .args(["-c", "0"])
+            .args(["-c", &cpu])
             .arg(&exe)
             .args(["heavy", "256", "100000"])
             .spawn()
             .expect("start bigexec"),
     );
     std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        execs.0.try_wait().expect("bigexec's status").is_none(),
+        "bigexec ended before the trace"
+    );
     let pid = execs.0.id().to_string();
     let (out, _) = profile_window(&["-p", &pid, "-f", "2"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -757,7 +771,7 @@ fn a_thread_inside_an_exec_is_not_walked_from_the_old_images_registers() {
     );
     assert!(wrong.is_empty(), "{}\n{stderr}", wrong.join("\n"));
     assert!(
-        stderr.contains("blocked inside an exec"),
+        stderr.contains("taken inside an exec, past its point of no return"),
         "the missed stacks are not said:\n{stderr}"
     );
 }

@@ -59,7 +59,7 @@ __attribute__((noinline)) void forker_exec(const char *self, char *const *args)
 	asm volatile("");
 }
 
-static int heavy(const char *self, const char *name, long mb, long rounds)
+__attribute__((noinline)) int heavy(const char *self, const char *name, long mb, long rounds)
 {
 	char mbs[32], left[32];
 	char *args[] = { (char *)name, "heavy", mbs, left, NULL };
