@@ -129,6 +129,51 @@ pub fn join_raise() {
     }
 }
 
+/// The calling thread's scheduling, for threads it starts to take: a
+/// thread starts in the normal class at nice 0 (the real-time class is
+/// set reset-on-fork), where the report's work wants the class its loop
+/// was raised to.
+#[derive(Clone, Copy)]
+pub struct Class {
+    realtime: bool,
+    nice: i32,
+}
+
+/// The calling thread's class (see [`Class`]).
+pub fn this_class() -> Class {
+    // SAFETY: neither call has preconditions; errno is cleared first, as
+    // getpriority may return -1 as a value.
+    unsafe {
+        let policy = libc::sched_getscheduler(0);
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        let nice = if nice == -1 && *libc::__errno_location() != 0 {
+            0
+        } else {
+            nice
+        };
+        Class {
+            realtime: policy >= 0 && policy & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO,
+            nice,
+        }
+    }
+}
+
+impl Class {
+    /// Whether it is the real-time class.
+    pub fn realtime(self) -> bool {
+        self.realtime
+    }
+
+    /// The calling thread into this class (where allowed: nothing
+    /// changes otherwise).
+    pub fn join(self) {
+        if !(self.realtime && set_realtime(0)) && self.nice < 0 {
+            set_this_thread(self.nice);
+        }
+    }
+}
+
 impl Raised {
     /// Out of the real-time class, still at nice -20 (for the few
     /// steps after the window has opened, before the lookout runs).
@@ -254,7 +299,12 @@ impl Lookout {
                     let mut lost_at: Option<std::time::Instant> = None;
                     let mut starving = Starving::default();
                     while !stop.load(Ordering::Acquire) {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        // Parked, not asleep: the drop wakes it at once
+                        // (the trace's end waits for it). The look that
+                        // follows is taken all the same: past the window's
+                        // end it raises the loop for the end and the
+                        // report, if no look has yet.
+                        std::thread::park_timeout(std::time::Duration::from_millis(10));
                         if deadline.is_some_and(|d| std::time::Instant::now() >= d)
                             && !ENDING.swap(true, Ordering::AcqRel)
                             && !(rt && set_realtime(loop_tid))
@@ -405,6 +455,7 @@ impl Drop for Lookout {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

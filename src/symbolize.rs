@@ -388,14 +388,22 @@ impl Symbolizer {
             }
         }
         let mut found: Vec<Option<Resolved>> = vec![None; unique.len()];
-        for (object, (idx, offsets)) in by_object {
-            for (i, r) in idx
-                .into_iter()
-                .zip(self.by_file_offset(reg, object, &offsets))
-            {
+        let jobs: Vec<NamingJob> = by_object
+            .into_iter()
+            .map(|(object, (idx, offsets))| {
+                let file = file_to_read(reg, object);
+                (idx, offsets, file)
+            })
+            .collect();
+        let named = names_in_files(&jobs, self.opts);
+        for ((idx, offsets, _), names) in jobs.iter().zip(named) {
+            let names = names.unwrap_or_else(|| {
+                self.hostile.set(self.hostile.get() + 1);
+                vec![None; offsets.len()]
+            });
+            for (&i, r) in idx.iter().zip(names) {
                 found[i] = r;
             }
-            crate::give_back_freed_memory();
         }
         unique
             .iter()
@@ -457,43 +465,6 @@ impl Symbolizer {
             name: format!("{}{location}", c.name).into(),
             shown,
         }
-    }
-
-    /// Symbols of file offsets of one object. The file's symbol tables and
-    /// DWARF are parsed by a symbolizer of its own, dropped after: what is
-    /// resident at once is one object's, not every object's.
-    fn by_file_offset(
-        &self,
-        reg: &Registry,
-        object: u32,
-        offsets: &[u64],
-    ) -> Vec<Option<Resolved>> {
-        let object = reg.object(object);
-        let Some(path) = &object.path else {
-            return vec![None; offsets.len()];
-        };
-        // A file found again by its path must still be the one mapped.
-        let reopened;
-        let path = match (&object.handle, &object.mapped) {
-            (None, Some((p, dev, ino))) if path == p => {
-                use std::os::unix::fs::MetadataExt;
-                match File::open(p) {
-                    Ok(f)
-                        if f.metadata()
-                            .is_ok_and(|m| m.dev() == *dev && m.ino() == *ino) =>
-                    {
-                        reopened = f;
-                        PathBuf::from(format!("/proc/self/fd/{}", reopened.as_raw_fd()))
-                    }
-                    _ => return vec![None; offsets.len()],
-                }
-            }
-            _ => path.clone(),
-        };
-        names_in_file(&path, object.segments.as_deref(), offsets, self.opts).unwrap_or_else(|| {
-            self.hostile.set(self.hostile.get() + 1);
-            vec![None; offsets.len()]
-        })
     }
 
     /// The frames of a resolved address, innermost first; `past` is how
@@ -587,6 +558,131 @@ fn blazesym_symbolizer(opts: SymbolizeOptions) -> blazesym::symbolize::Symbolize
         .enable_inlined_fns(opts.inline)
         .enable_demangling(true)
         .build()
+}
+
+/// A file to name offsets of: its path, the device and inode the file
+/// there must still have (where the object was found again by its path),
+/// and the object's segments (its file offsets to its addresses).
+struct FileToRead<'r> {
+    path: &'r Path,
+    same_as: Option<(u64, u64)>,
+    segments: Option<&'r [Segment]>,
+}
+
+/// Where object `object`'s symbols are read from, or None where it has no
+/// file.
+fn file_to_read(reg: &Registry, object: u32) -> Option<FileToRead<'_>> {
+    let object = reg.object(object);
+    let path = object.path.as_ref()?;
+    let same_as = match (&object.handle, &object.mapped) {
+        (None, Some((p, dev, ino))) if path == p => Some((*dev, *ino)),
+        _ => None,
+    };
+    Some(FileToRead {
+        path,
+        same_as,
+        segments: object.segments.as_deref(),
+    })
+}
+
+impl FileToRead<'_> {
+    /// The names of `offsets` (all None where a file found again by its
+    /// path is no longer the one mapped), or None where the file's
+    /// symbols could not be parsed. Opened here, by the thread that reads
+    /// it: one descriptor a thread at a time.
+    fn names(&self, offsets: &[u64], opts: SymbolizeOptions) -> Option<Vec<Option<Resolved>>> {
+        let Some((dev, ino)) = self.same_as else {
+            return names_in_file(self.path, self.segments, offsets, opts);
+        };
+        use std::os::unix::fs::MetadataExt;
+        match File::open(self.path) {
+            Ok(f) if f.metadata().is_ok_and(|m| m.dev() == dev && m.ino() == ino) => {
+                let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+                names_in_file(&path, self.segments, offsets, opts)
+            }
+            _ => Some(vec![None; offsets.len()]),
+        }
+    }
+}
+
+/// One object's frames to name: their places among the frames asked
+/// about, their offsets, and the file to read.
+type NamingJob<'r> = (Vec<usize>, Vec<u64>, Option<FileToRead<'r>>);
+
+/// The names of a file's offsets, None where its symbols could not be
+/// parsed.
+type FileNames = Option<Vec<Option<Resolved>>>;
+
+/// Threads that name the objects' offsets: at most two objects parsed at
+/// once (each file's symbol tables and DWARF are parsed by a symbolizer of
+/// its own, dropped after it), so that a file that takes long (a
+/// distribution's compressed debug file, inflated up to the last unit
+/// asked about) does not hold the others up, and what is resident at once
+/// stays two objects' at most.
+const NAMING_THREADS: usize = 2;
+
+/// The names of each job's offsets (`vec![None; n]` for a job without a
+/// file), in the jobs' order; None for a file whose symbols could not be
+/// parsed. The largest files are taken first.
+fn names_in_files(jobs: &[NamingJob], opts: SymbolizeOptions) -> Vec<FileNames> {
+    let run = |j: usize| -> FileNames {
+        let (_, offsets, file) = &jobs[j];
+        let names = match file {
+            Some(f) => f.names(offsets, opts),
+            None => Some(vec![None; offsets.len()]),
+        };
+        crate::give_back_freed_memory();
+        names
+    };
+    // In the real-time class (the report on a busy machine) a CPU is left
+    // to the machine's own threads: one thread on two CPUs.
+    let class = crate::priority::this_class();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = if class.realtime() { cpus - 1 } else { cpus }
+        .min(NAMING_THREADS)
+        .min(jobs.len());
+    if threads <= 1 {
+        return (0..jobs.len()).map(run).collect();
+    }
+    let size = |j: &usize| {
+        jobs[*j]
+            .2
+            .as_ref()
+            .and_then(|f| std::fs::metadata(f.path).ok())
+            .map_or(0, |m| m.len())
+    };
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|j| std::cmp::Reverse(size(j)));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut named: Vec<FileNames> = vec![None; jobs.len()];
+    let done: Vec<Vec<(usize, FileNames)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    // In the report's class (the real-time one on a busy
+                    // machine): a thread starts in the normal class.
+                    class.join();
+                    let mut mine = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&j) = order.get(k) else { break };
+                        mine.push((j, run(j)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        // names_in_file catches a parser's panic itself: a worker that
+        // panics all the same has its objects named None.
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    for (j, n) in done.into_iter().flatten() {
+        named[j] = n;
+    }
+    named
 }
 
 /// Symbols of file offsets of the ELF file at `path` (with `segments`,
