@@ -82,6 +82,7 @@ fn chains_follow_a_wait_down_to_the_timer() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let (wl, tids) = chain_workload(dir.path());
     let pid = wl.0.id().to_string();
@@ -258,6 +259,7 @@ fn chains_are_cut_at_interval_edges() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let (wl, tids) = chain_workload(dir.path());
     let pid = wl.0.id().to_string();
@@ -305,6 +307,7 @@ fn chains_follow_into_running_samples() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let wl = pipeline(dir.path(), &[]);
     let pid = wl.0.id();
@@ -382,6 +385,7 @@ fn chains_on_every_hook() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let w = Workload::start(&["wakers"]);
     let pid = w.pid.to_string();
     let hooks = hooks_here();
@@ -476,6 +480,7 @@ fn graph_groups_a_pool_of_threads() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let exe = c_workload("chain", &["-O2", "-g", "-pthread"], dir.path());
     let wl = GroupChild::ready_with(&exe, &["48".as_ref()], "chain did not start");
@@ -553,6 +558,7 @@ fn graph_knots_a_slow_stage_and_a_ping_pong() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let wl = pipeline(dir.path(), &[]);
     let dot = dir.path().join("p.dot");
@@ -639,6 +645,7 @@ fn chains_end_in_the_disk() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     // On the disk the build is on (a tmpfs has no O_DIRECT).
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
     let exe = c_workload("diskwait", &["-O2", "-g", "-pthread"], dir.path());
@@ -715,6 +722,7 @@ fn wake_ups_of_threads_in_a_delayed_dequeue_are_seen() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let exe = c_workload("delayed", &["-O2", "-g", "-pthread"], dir.path());
     let wl = GroupChild::ready(&exe, "delayed did not start");

@@ -188,6 +188,9 @@ struct Run {
     dir: tempfile::TempDir,
     wl: GroupChild,
     python: PathBuf,
+    /// One BPF test at a time (util::serial), let go after the workload
+    /// is gone: the last field, dropped last.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Run {
@@ -196,10 +199,16 @@ impl Run {
             return None;
         }
         let python = perfetto_python()?;
+        let serial = serial();
         let dir = tempfile::tempdir().expect("temporary directory");
         let exe = c_workload(workload, &["-O2", "-g", "-pthread"], dir.path());
         let wl = GroupChild::ready(&exe, &format!("{workload} did not start"));
-        Some(Run { dir, wl, python })
+        Some(Run {
+            dir,
+            wl,
+            python,
+            _serial: serial,
+        })
     }
 
     fn pid(&self) -> String {
@@ -557,6 +566,7 @@ fn timeline_on_every_hook() {
     if !require_root() {
         return;
     }
+    let _g = serial();
     let dir = tempfile::tempdir().expect("temporary directory");
     let w = Workload::start(&["wakers"]);
     let pid = w.pid.to_string();

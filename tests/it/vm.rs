@@ -32,11 +32,13 @@ fn kernel_matrix() {
         .output()
         .expect("run scripts/vmtest");
     let table = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{table}");
+    // The cells that failed first (one line each, what a log cut to its
+    // head or its tail keeps), then the table, then what vmtest said
+    // (each failed test's output, which can run to pages).
     assert!(
         out.status.success(),
-        // The table last: what a truncated log keeps.
-        "{}\nkernel matrix failed:\n{table}",
+        "kernel matrix failed: {}\n{table}\n{}",
+        failed_cells(&table),
         String::from_utf8_lossy(&out.stderr)
     );
     // Every kernel of the matrix was booted and reported, and every cell
@@ -67,6 +69,30 @@ fn kernel_matrix() {
                 || (node && kernel == "5.10." && cell == "n/a: no JavaScript walk");
             assert!(ok, "{kernel} {hook}: {cell}\n{table}");
         }
+    }
+}
+
+/// The cells of vmtest's table that did not pass, as "kernel hook: cell"
+/// on one line.
+fn failed_cells(table: &str) -> String {
+    let rows = if table.lines().any(|l| l.starts_with('|')) {
+        matrix_rows(table)
+    } else {
+        return "no table".to_string();
+    };
+    let failed: Vec<String> = rows
+        .iter()
+        .flat_map(|row| {
+            let kernel = row.get("kernel").cloned().unwrap_or_default();
+            row.iter()
+                .filter(|(_, cell)| cell.starts_with("FAIL"))
+                .map(move |(hook, cell)| format!("{kernel} {hook}: {cell}"))
+        })
+        .collect();
+    if failed.is_empty() {
+        "no cell says FAIL".to_string()
+    } else {
+        failed.join("; ")
     }
 }
 

@@ -38,6 +38,11 @@ fn split(l: &Folded) -> (&[String], &[String]) {
     (&l.frames[..at], &l.frames[at + 1..])
 }
 
+/// The profiler's stderr.
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Each sleeper's time by the name of its waker.
 fn by_waker(lines: &[Folded], comm: &str) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
@@ -142,9 +147,17 @@ fn wakers(hook: &str) {
         if woken as f64 <= window_us * 0.7 {
             let mut mine: Vec<&Folded> = lines.iter().filter(|l| l.comm() == sleeper).collect();
             mine.sort_by_key(|l| std::cmp::Reverse(l.us));
+            // What the profiler said of its user stacks first (a log
+            // keeps the end of a failure's output), then the lines.
+            let stderr = stderr_of(&out);
+            let said: Vec<&str> = stderr
+                .lines()
+                .filter(|l| l.contains("unwind") || l.contains("user stack"))
+                .collect();
             panic!(
                 "{sleeper}: {woken} us asleep in {blocks_in} and woken by {function} of \
-                 {waker}; its lines: {:#?}",
+                 {waker}; the profiler said:\n{}\nits lines: {:#?}",
+                said.join("\n"),
                 &mine[..mine.len().min(3)]
             );
         }
