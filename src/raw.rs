@@ -404,6 +404,9 @@ loss_counters! {
         /// User stacks not taken: their thread was inside an exec, its
         /// registers the replaced image's, its memory the new one's.
         user_stack_in_exec = CNT_USTACK_IN_EXEC,
+        /// User stacks of CPython processes whose Python frames were proved
+        /// the same as the thread's last walk of them (in `py_stacks` too).
+        py_proved = CNT_PY_PROVED,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -748,7 +751,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.user_stack_in_exec, u64::from(max));
+        assert_eq!(c.py_proved, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

@@ -976,6 +976,10 @@ enum offcpu_counter {
 	 * point of no return, its user registers still those of the image
 	 * being replaced, its memory the new one's (see task_regs_stale) */
 	CNT_USTACK_IN_EXEC,
+	/* User stacks of CPython processes whose Python frames were proved
+	 * the same as the thread's last walk of them (struct py_kept), not
+	 * walked again: counted in CNT_PY_STACKS too */
+	CNT_PY_PROVED,
 	CNT_MAX,
 };
 

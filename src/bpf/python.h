@@ -79,7 +79,17 @@ struct py_walk {
 	__u32 in_run;
 	__u32 frames;
 	bool done;
-	__u8 _pad[3];
+	/* A frame whose code object's tag could not be read: the walk is
+	 * not kept. */
+	bool tagless;
+	__u8 _pad[2];
+	/* The walk of the current thread: frames and shims followed, and
+	 * the hash of their addresses and the words read of them. */
+	__u32 steps;
+	__u64 hash;
+	/* Its thread state, and the frame found there. */
+	__u64 state;
+	__u64 first;
 	/* The native frames' words: the Python frames' begin there. */
 	__u32 base;
 	/* python_stack_of_current: until when (2^20 ns) the process it
@@ -115,6 +125,55 @@ struct {
 	__type(key, __u32);
 	__type(value, struct py_walk);
 } py_walk_task SEC(".maps");
+
+/*
+ * A thread's last walk of its Python frames, kept to be proved unchanged
+ * rather than walked again at its next block: the walk of the same
+ * interpreter from the same thread state and frame, appended to the same
+ * native stack (itself walked or proved), that follows as many frames,
+ * each at its address with the same words of it (the code object, the
+ * frame below, the instruction, is_entry or owner: all the walk takes of
+ * a frame), is the walk kept.  The code objects' tags are not read again: a frame holds a
+ * reference to its code object, and a code object freed and another made
+ * at its address would have to be run by a frame of the same words in the
+ * same place of the thread's stack, between two of its blocks.
+ */
+struct py_kept {
+	/* The native stack the frames were appended to, and the stack
+	 * stored with them. */
+	__u64 native;
+	__u64 id;
+	__u64 mm;
+	/* The interpreter's GIL-state key (its struct py_proc), the thread
+	 * state and its current frame. */
+	__u64 tss;
+	__u64 state;
+	__u64 frame;
+	__u64 hash;
+	__u32 steps;
+	__u32 frames;
+	__u16 runtimes;
+	__u8 _pad[6];
+};
+
+/* A thread's last walks from two native stacks (a thread that blocks in
+ * two places by turns, as one that reads and writes): the way of the
+ * native stack at hand, else the one not used last is replaced. */
+#define PY_KEPT_WAYS 2
+struct py_kept_set {
+	struct py_kept way[PY_KEPT_WAYS];
+	__u32 last;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct py_kept_set);
+} py_kept SEC(".maps");
+
+#define PY_HASH_SEED 0x9e3779b97f4a7c15ULL
 
 struct py_ctx {
 	struct py_walk *w;
@@ -294,7 +353,35 @@ static __always_inline void py_remember(struct py_walk *w, __u64 code, __u32 tag
 	w->known_nr = i + 1;
 }
 
-static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
+/* Adds the frame being read (at w->frame) to the walk's hash: its address
+ * and the words the walk takes from it (its code object, the frame below,
+ * the instruction, is_entry or owner). */
+static __always_inline void py_hash_frame(struct py_walk *w)
+{
+	__u64 h = ucache_mix(w->hash, w->frame);
+
+	h = ucache_mix(h, py_u64(w, w->p.f_code));
+	h = ucache_mix(h, py_u64(w, w->p.f_previous));
+	h = ucache_mix(h, py_u64(w, w->p.f_instr));
+	w->hash = ucache_mix(h, py_u8(w, w->p.f_entry));
+	w->steps++;
+}
+
+/* The bytes of a frame read: its fields, PY_READ_MAX at most. */
+static __always_inline __u32 py_frame_size(struct py_walk *w)
+{
+	__u32 size = w->p.frame_read;
+
+	if (size > PY_READ_MAX)
+		size = PY_READ_MAX;
+	if (size < 8)
+		size = 8;
+	return size;
+}
+
+/* A step of the walk: the frame at w->frame.  `current`: of the current
+ * thread, hashed. */
+static __always_inline long py_step(struct py_ctx *c, struct task_struct *task, bool current)
 {
 	struct py_walk *w = c->w;
 	__u32 size = w->p.frame_read, tag = 0, instr = 0xffffff, known;
@@ -318,6 +405,8 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 	code = py_u64(w, w->p.f_code);
 	prev = py_u64(w, w->p.f_previous);
 	entry = py_u8(w, w->p.f_entry);
+	if (current)
+		py_hash_frame(w);
 	if (w->p.kind == PY_FRAMES_SHIM && entry == w->p.owner_cstack) {
 		/* The shim below an evaluation call's frames. */
 		if (w->in_run)
@@ -340,9 +429,10 @@ static __always_inline long py_step(struct py_ctx *c, struct task_struct *task)
 	known = task ? PY_KNOWN + 1 : py_known(w, code);
 	if (known < PY_KNOWN)
 		tag = w->known_tag[known];
-	else if (py_read(w->tag, sizeof(w->tag), code + w->p.co_tag, task))
+	else if (py_read(w->tag, sizeof(w->tag), code + w->p.co_tag, task)) {
 		flags |= PY_FLAG_NO_TAG;
-	else
+		w->tagless = true;
+	} else
 		tag = py_tag(w);
 	if (!py_put(c, code, flags, tag, instr))
 		goto full;
@@ -400,7 +490,7 @@ __noinline long py_step_of_current(void)
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
 	if (!c.w || !c.ips)
 		return 1;
-	return py_step(&c, NULL);
+	return py_step(&c, NULL, true);
 }
 
 static long py_step_current(__u32 i, void *arg)
@@ -413,7 +503,7 @@ static long py_step_task(__u32 i, void *arg)
 {
 	struct py_ctx *c = arg;
 
-	return py_step(c, c->task);
+	return py_step(c, c->task, false);
 }
 
 /*
@@ -478,11 +568,16 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	    py_read(&v[4], 8, v[4] + w->p.cframe_frame, task))
 		goto no_state;
 	w->frame = v[4];
+	w->state = v[2];
+	w->first = v[4];
 	w->tgid = tgid;
 	w->pid = pid;
 	w->in_run = 0;
 	w->frames = 0;
 	w->done = false;
+	w->tagless = false;
+	w->steps = 0;
+	w->hash = PY_HASH_SEED;
 	w->win_len = 0;
 	w->known_nr = 0;
 	w->process_start = BPF_CORE_READ(t, group_leader, start_boottime);
@@ -490,6 +585,91 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 no_state:
 	count(CNT_PY_NO_THREAD_STATE);
 	return false;
+}
+
+/* A step of a proof (py_proved): the frame at w->frame, hashed, nothing
+ * written.  Its own callback, of the walk's state alone: one read of the
+ * window, a few words, no map looked up. */
+static long py_prove_step(__u32 i, void *arg)
+{
+	struct py_walk *w = ((struct py_ctx *)arg)->w;
+
+	if (!w || !w->frame)
+		return 1;
+	if (py_frame_bytes(w, py_frame_size(w), NULL))
+		return 1;
+	py_hash_frame(w);
+	w->frame = py_u64(w, w->p.f_previous);
+	return 0;
+}
+
+/*
+ * Whether the current thread's walk kept in `k` holds (struct py_kept),
+ * the interpreter's entry `p` being the one it was walked with: its thread
+ * state read again, and its frames followed, hashed, not written.
+ */
+static __always_inline bool py_proved(struct py_ctx *c, struct py_proc *p, struct py_kept *k,
+				      struct task_struct *task)
+{
+	struct py_walk *w = c->w;
+	__u64 *v = (__u64 *)w->buf;
+
+	w->p = *p;
+	v[1] = BPF_CORE_READ(task, thread.fsbase);
+	v[2] = k->state;
+	if (!v[1] || !py_thread_state(w, v, NULL) || v[3] != v[1])
+		return false;
+	if (w->p.cframe_frame != 0xffff && v[4] &&
+	    py_read(&v[4], 8, v[4] + w->p.cframe_frame, NULL))
+		return false;
+	if (v[4] != k->frame)
+		return false;
+	w->frame = v[4];
+	w->win_len = 0;
+	w->steps = 0;
+	w->hash = PY_HASH_SEED;
+	bpf_loop(PY_MAX_FRAMES, py_prove_step, c, 0);
+	return !w->frame && w->steps == k->steps && w->hash == k->hash;
+}
+
+/* Keeps the walk just made of the current thread (in `w`), appended to
+ * native stack `native` and stored as `id`, to be proved at its next
+ * block from that native stack (py_proved): not a walk cut short, nor one
+ * with a tag that could not be read, nor one whose stack was not stored
+ * (the way of `native` is then let go). */
+static __always_inline void py_keep(struct py_walk *w, struct task_struct *task, __u64 native,
+				    __u64 id, __u64 mm)
+{
+	struct py_kept_set *set;
+	struct py_kept *k;
+	__u32 i;
+
+	set = bpf_task_storage_get(&py_kept, task, 0, 0);
+	if (w->frame || w->tagless || !(id & STACK_ID_HASH_BIT)) {
+		/* The way of this native stack no longer holds. */
+		if (set && set->way[0].native == native)
+			set->way[0].native = 0;
+		if (set && set->way[1].native == native)
+			set->way[1].native = 0;
+		return;
+	}
+	if (!set)
+		set = bpf_task_storage_get(&py_kept, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!set)
+		return;
+	i = set->way[1].native == native ? 1 : set->way[0].native == native ? 0 : !set->last;
+	set->last = i;
+	k = &set->way[i & 1];
+	k->native = native;
+	k->id = id;
+	k->mm = mm;
+	k->tss = w->p.tss;
+	k->state = w->state;
+	k->frame = w->first;
+	k->hash = w->hash;
+	k->steps = w->steps;
+	k->frames = w->frames;
+	k->runtimes = runtime_build();
 }
 
 /*
@@ -506,8 +686,10 @@ no_state:
 __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 {
 	struct task_struct *task;
-	__u64 pid_tgid, exec_vm, with;
+	__u64 pid_tgid, exec_vm, with, mm;
 	__u32 zero = 0, idx, nr;
+	struct py_kept_set *set;
+	struct py_kept *k = NULL;
 	struct py_proc *p;
 	struct py_ctx c = {};
 	struct py_walk *w;
@@ -532,6 +714,23 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 		return id;
 	}
 	task = bpf_get_current_task_btf();
+	mm = task_address_space(task, &exec_vm, true);
+	/* The thread's last walk from this native stack, where it holds. */
+	set = bpf_task_storage_get(&py_kept, task, 0, 0);
+	if (set) {
+		if (set->way[0].native == id)
+			k = &set->way[0];
+		else if (set->way[1].native == id)
+			k = &set->way[1];
+	}
+	if (k && k->native == id && k->mm == mm && p->mm == mm && k->tss == p->tss &&
+	    k->runtimes == runtime_build() && (c.w = w) && py_proved(&c, p, k, task)) {
+		set->last = k == &set->way[1];
+		count(CNT_PY_STACKS);
+		count(CNT_PY_PROVED);
+		count_n(CNT_PY_FRAMES, k->frames);
+		return k->id;
+	}
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
 	if (!c.ips || !stored_frames_into(id, c.ips))
 		return id;
@@ -545,9 +744,7 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	 * verification). */
 	w->nr = nr;
 	nr = *(volatile __u32 *)&w->nr;
-	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid,
-		      task_address_space(task, &exec_vm, true),
-		      NULL)) {
+	if (!py_begin(w, task, pid_tgid >> 32, (__u32)pid_tgid, mm, NULL)) {
 		if (py_resting(p->resting_until, bpf_ktime_get_ns()))
 			w->rest_until = p->resting_until;
 		return id;
@@ -571,6 +768,7 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	}
 	/* Where it cannot be stored, the native stack stays. */
 	with = store_stack(w->nr * sizeof(__u64), true);
+	py_keep(w, task, id, with, mm);
 	return (with & STACK_ID_HASH_BIT) ? with : id;
 }
 

@@ -927,6 +927,10 @@ pub(super) fn skip_task_storage(open: &mut crate::bpf::OpenOffcputimeSkel<'_>) -
         .ucache_second
         .set_autocreate(false)
         .context("stack cache map")?;
+    open.maps
+        .py_kept
+        .set_autocreate(false)
+        .context("Python walk cache map")?;
     Ok(())
 }
 

@@ -236,6 +236,61 @@ fn check(what: &str, prefix: &str, out: &std::process::Output, run: &Running, wh
     assert!(run.file.ends_with("pythreads.py"));
 }
 
+/// The thread that sleeps at three places by turns, from the same native
+/// stack and the same place of its data stack (the workload's lines marked
+/// `# alternate`): each place has its share of the thread's blocked time,
+/// a third each (at least a fifth each, four fifths together). A walk
+/// proved unchanged where the frames changed (the stack cache of Python
+/// walks, struct py_kept) would give one place all of it.
+fn check_alternate(what: &str, prefix: &str, out: &std::process::Output) {
+    let source = std::fs::read_to_string(workload()).expect("the workload's source");
+    let places: Vec<u32> = source
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with("time.sleep(0.002)  # alternate"))
+        .map(|(i, _)| i as u32 + 1)
+        .collect();
+    assert_eq!(places.len(), 3, "the workload's places: {places:?}");
+    let expected = [
+        ("alt_a", places[0]),
+        ("alt_a", places[1]),
+        ("alt_b", places[2]),
+    ];
+    let comm = format!("{prefix}-alternate");
+    let lines = parse_folded(&out.stdout);
+    let mine: Vec<&Folded> = lines.iter().filter(|l| l.comm() == comm).collect();
+    let total: u64 = mine.iter().map(|l| l.us).sum();
+    let dump = || {
+        mine.iter()
+            .map(|l| format!("{} {}", l.frames.join(";"), l.us))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut together = 0;
+    for (function, line) in expected {
+        let us: u64 = mine
+            .iter()
+            .filter(|l| {
+                python_frames(l)
+                    .last()
+                    .is_some_and(|(n, l, _)| n == function && *l == line)
+            })
+            .map(|l| l.us)
+            .sum();
+        assert!(
+            us * 5 >= total,
+            "{what}: {comm} blocked {us} us of {total} at {function} line {line}:\n{}",
+            dump()
+        );
+        together += us;
+    }
+    assert!(
+        together * 5 >= total * 4,
+        "{what}: {comm} blocked {together} us of {total} at its three places:\n{}",
+        dump()
+    );
+}
+
 fn cpython(version: &str, prefix: &str) {
     if !require_root() {
         return;
@@ -274,9 +329,16 @@ fn cpython(version: &str, prefix: &str) {
             &run,
             Some((to - from) / 1000),
         );
+        check_alternate(&format!("{version}, {what}"), prefix, &out);
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let stderr = traced("started before", "2", &[]);
+    // The thread that sleeps every 20 ms in the same frames: its walks
+    // proved the same as its last, not walked again (struct py_kept).
+    assert!(
+        count_before(&stderr, " proved the same as the thread's last walk") >= 10,
+        "{version}: no Python walk proved unchanged:\n{stderr}"
+    );
     // Noted before the window opened, with Python's walker in the hooks
     // (and no other's: no process of another runtime traced): its blocks
     // had their Python frames from the start, and the refresh (an object

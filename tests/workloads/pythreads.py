@@ -6,6 +6,9 @@ lock, and one through a C builtin that calls back into Python (sorted's
 key function) and blocks there; one more blocks under a function recursing
 (the same code object in four frames), and one under such a function sleeps
 20 ms again and again (walked at its switches, not only by the iterators).
+One more ("alternate") sleeps 2 ms at three places by turns, from the same
+native stack and the same place of its data stack: in alt_b, and at two
+lines of alt_a (the places are the lines marked "# alternate").
 Once all are blocked, the program writes
 what it sees of itself (sys._current_frames(), by native thread id) as
 JSON to the file given, prints "ready", and stays blocked until killed.
@@ -96,6 +99,28 @@ def tick_outer():
     tick(3)
 
 
+def alt_a(first):
+    if first:
+        time.sleep(0.002)  # alternate
+    else:
+        time.sleep(0.002)  # alternate
+
+
+def alt_b():
+    time.sleep(0.002)  # alternate
+
+
+def alternate_outer():
+    name_thread("alternate")
+    i = 0
+    while True:
+        if i % 3 == 0:
+            alt_b()
+        else:
+            alt_a(i % 3 == 1)
+        i += 1
+
+
 class Sorter:
     def key_wait(self, x):
         time.sleep(FOREVER)
@@ -130,6 +155,7 @@ def main():
         threading.Thread(target=Sorter().sort_outer, daemon=True),
         threading.Thread(target=recurse_outer, daemon=True),
         threading.Thread(target=tick_outer, daemon=True),
+        threading.Thread(target=alternate_outer, daemon=True),
     ]
     for t in threads:
         t.start()

@@ -693,9 +693,9 @@ impl Runtime for Pythons {
         if verbose && (s.processes > 0 || c.py_stacks > 0) {
             lines.push(format!(
                 // wording: not a count
-                "python: {}{}; {} walked with {} Python frames ({}; {} walked again once {} \
-                 interpreter was known), {} of threads without a state of their own; {} named \
-                 ({} could not be read, {} lost)",
+                "python: {}{}; {} walked with {} Python frames ({}; {} proved the same as the \
+                 thread's last walk, {} walked again once {} interpreter was known), {} of \
+                 threads without a state of their own; {} named ({} could not be read, {} lost)",
                 count(s.processes as u64, "CPython process", "CPython processes"),
                 match self.without_interpreter.len() {
                     0 => String::new(),
@@ -704,6 +704,7 @@ impl Runtime for Pythons {
                 count(c.py_stacks, "user stack", "user stacks"),
                 noun(c.py_stacks, "its", "their"),
                 count(c.py_frames, "frame", "frames"),
+                c.py_proved,
                 c.py_refreshed,
                 noun(c.py_refreshed, "its", "their"),
                 c.py_no_thread_state,
