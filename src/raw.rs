@@ -321,7 +321,8 @@ loss_counters! {
         /// through the tables of the files they map.
         unwind_by_file = CNT_UNWIND_BY_FILE,
         /// User stacks of processes without tables yet copied for userspace to
-        /// walk, and lost for want of room in the ring buffer.
+        /// walk, and lost for want of room in the ring buffer (or in
+        /// userspace's queue).
         unwind_deferred = CNT_UNWIND_DEFERRED,
         unwind_defer_lost = CNT_UNWIND_DEFER_LOST,
         /// User stacks of CPython processes given their Python frames, and
@@ -407,6 +408,9 @@ loss_counters! {
         /// User stacks of CPython processes whose Python frames were proved
         /// the same as the thread's last walk of them (in `py_stacks` too).
         py_proved = CNT_PY_PROVED,
+        /// User stacks not copied for userspace: their CPU had made its
+        /// share of copies (a flood of new threads blocking at once).
+        unwind_defer_paced = CNT_UNWIND_DEFER_PACED,
     }
     user {
         /// ... threads (in an interval, with `-i`) that ran but that no
@@ -751,7 +755,7 @@ mod tests {
         let sums: Vec<u64> = (0..u64::from(max)).map(|i| i + 1).collect();
         let c = LossCounters::from_kernel(&sums);
         assert_eq!(c.user_stack_full, 1);
-        assert_eq!(c.py_proved, u64::from(max));
+        assert_eq!(c.unwind_defer_paced, u64::from(max));
         assert_eq!(c.oncpu_unsampled_ns, 0);
     }
 

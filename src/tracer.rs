@@ -1291,7 +1291,7 @@ impl<'obj> Tracer<'obj> {
         let map = libbpf_rs::MapHandle::try_from(&self.skel.maps.counters).ok()?;
         Some(Box::new(move || {
             use types::offcpu_counter as C;
-            [C::CNT_UNWIND_DEFER_LOST]
+            [C::CNT_UNWIND_DEFER_LOST, C::CNT_UNWIND_DEFER_PACED]
                 .iter()
                 .filter_map(|c| map.lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY).ok()?)
                 .flatten()

@@ -557,15 +557,17 @@ pub(super) fn report_unwinding(
         );
     }
     let missed = (d.unwalked + d.unstored + d.dropped + d.unfinished + d.replaced) as u64
-        + c.unwind_defer_lost;
+        + c.unwind_defer_lost
+        + c.unwind_defer_paced;
     if missed > 0 {
         eprintln!(
             "offcputime: {} taken before {} process's unwind tables were ready {} missed: {} \
              of processes that exited before their mappings could be read or whose tables \
              could not be made, {} of an image an exec replaced before its mappings could be \
-             read, {} still waiting for their tables when the trace ended, {} \
-             lost for want of room to copy or keep them (more new threads blocking at once \
-             than the profiler could take in), {} for want of room to store them \
+             read, {} still waiting for their tables when the trace ended, {} not copied \
+             beyond their CPU's share of copies (more new threads blocking at once than a \
+             switch may copy), {} lost for want of room to copy or keep them (the copies came \
+             faster than the profiler read them), {} for want of room to store them \
              (--stack-storage-size)",
             count(missed, "user stack", "user stacks"),
             noun(missed, "its", "their"),
@@ -573,6 +575,7 @@ pub(super) fn report_unwinding(
             d.unwalked,
             d.replaced,
             d.unfinished,
+            c.unwind_defer_paced,
             c.unwind_defer_lost + d.dropped as u64,
             d.unstored
         );

@@ -37,7 +37,7 @@ __noinline __u64 defer_user_stack(void)
 	if (d->credit_ns > DEFERRED_COPY_NS * DEFERRED_COPY_BURST)
 		d->credit_ns = DEFERRED_COPY_NS * DEFERRED_COPY_BURST;
 	if (d->credit_ns < DEFERRED_COPY_NS) {
-		count(CNT_UNWIND_DEFER_LOST);
+		count(CNT_UNWIND_DEFER_PACED);
 		return STACK_ID_MISSED_ERROR;
 	}
 	d->credit_ns -= DEFERRED_COPY_NS;

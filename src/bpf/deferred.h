@@ -31,8 +31,8 @@ struct deferred_scratch {
  * makes one per DEFERRED_COPY_NS at most, in bursts of up to
  * DEFERRED_COPY_BURST, so that thousands of threads of new processes
  * blocking at once (before userspace has their tables, a few milliseconds)
- * cost a bounded share of it.  The blocks beyond are counted as lost for
- * want of room, as where the ring buffer is full.
+ * cost a bounded share of it.  The blocks beyond are counted apart
+ * (CNT_UNWIND_DEFER_PACED) from those lost for a full ring buffer.
  */
 #define DEFERRED_COPY_NS 250000ULL
 #define DEFERRED_COPY_BURST 512ULL

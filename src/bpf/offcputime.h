@@ -889,7 +889,7 @@ enum offcpu_counter {
 	CNT_UNWIND_FORKED,
 	/* --unwind dwarf: user stacks of processes without tables yet copied
 	 * for userspace to walk (struct deferred_stack), and lost for a full
-	 * ring buffer */
+	 * ring buffer (CNT_UNWIND_DEFER_PACED: beyond the CPU's pace) */
 	CNT_UNWIND_DEFERRED,
 	CNT_UNWIND_DEFER_LOST,
 	/* --unwind dwarf: user stacks of processes without tables of their
@@ -980,6 +980,9 @@ enum offcpu_counter {
 	 * the same as the thread's last walk of them (struct py_kept), not
 	 * walked again: counted in CNT_PY_STACKS too */
 	CNT_PY_PROVED,
+	/* --unwind dwarf: user stacks not copied for userspace because their
+	 * CPU had made its share of copies (DEFERRED_COPY_NS) */
+	CNT_UNWIND_DEFER_PACED,
 	CNT_MAX,
 };
 

@@ -5,6 +5,11 @@ round trip.
 
 Usage: pyping.py ROUNDS [DEPTH [distinct]]
 
+With PYPING_WAIT=1 in the environment, once both threads are under their
+functions it prints "ready" and waits for a line on stdin before it
+times anything: a profiler can be started on the process already running
+(scripts/bench-builds --python-running).
+
 With `distinct`, the DEPTH functions are each a code object of their own
 (level0 ... levelN) rather than one function recursing: as in most real
 stacks, where few frames run the same code.
@@ -56,6 +61,9 @@ def main():
     else:
         t = threading.Thread(target=nest, args=(DEPTH, echo))
     t.start()
+    if os.environ.get("PYPING_WAIT") == "1":
+        print("ready", flush=True)
+        sys.stdin.readline()
     start = time.perf_counter_ns()
     if DISTINCT:
         chain(DEPTH)(ping)
