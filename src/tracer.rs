@@ -430,7 +430,6 @@ pub trait StartTables {
     fn install_runtimes(&mut self, store: RuntimeStore);
 }
 
-/// A loaded and attached profiler.
 /// The rings of the program's news as set up by [`Tracer::news_reader`]:
 /// with the ring of copied stacks (`copies`), or without it yet.
 struct NewsReader<'a> {
@@ -438,6 +437,11 @@ struct NewsReader<'a> {
     copies: bool,
 }
 
+/// The loop's work on news read while the tracer does something long (see
+/// [`Tracer::refresh_runtimes`]): the task events and copied stacks read.
+pub type News<'a> = dyn FnMut(Vec<TaskEvent>, Vec<RawUserStack>) + 'a;
+
+/// A loaded and attached profiler.
 pub struct Tracer<'obj> {
     /// The switch hook and the hooks beside it; its object created the
     /// maps (and maps the global variables in memory).
@@ -978,9 +982,15 @@ impl<'obj> Tracer<'obj> {
     /// Runs `work` with a function that reads the program's rings (waiting
     /// up to 10 ms for news), for work that would otherwise leave them
     /// unread long enough to fill (the verifier's hundreds of
-    /// milliseconds on the runtimes' walkers): what they held is the next
+    /// milliseconds on the runtimes' walkers), and hands what it read to
+    /// `between` (the loop's work on news that cannot wait: new
+    /// processes' tables); what `between` does not take is the next
     /// round's of [`Tracer::wait`] (or of [`Tracer::drain`]).
-    fn reading_news<R>(&self, work: impl FnOnce(&mut dyn FnMut()) -> R) -> R {
+    fn reading_news<R>(
+        &self,
+        between: &mut News<'_>,
+        work: impl FnOnce(&mut dyn FnMut()) -> R,
+    ) -> R {
         let pending = std::cell::RefCell::new(Vec::new());
         let stacks = std::cell::RefCell::new(Vec::new());
         let mut news: Option<NewsReader<'_>> = None;
@@ -994,6 +1004,9 @@ impl<'obj> Tracer<'obj> {
                 }
                 None => std::thread::sleep(Duration::from_millis(10)),
             }
+            // Called with nothing read too: tables built meanwhile are
+            // installed.
+            between(pending.take(), stacks.take());
         };
         let out = work(&mut read);
         drop(news);
@@ -1322,7 +1335,17 @@ impl<'obj> Tracer<'obj> {
     /// was just noted, and `done`: those no longer to be looked at),
     /// walked before their runtime was known, are walked again with their
     /// runtime's frames (the `runtime_refresh` iterator).
-    pub fn refresh_runtimes(&self, tgids: &[u32], done: &[u32]) -> Result<()> {
+    ///
+    /// The walkers' load, where it is the first, takes the verifier
+    /// hundreds of milliseconds: the news read meanwhile is handed to
+    /// `between` as it comes (new processes' tables are not to wait for
+    /// it).
+    pub fn refresh_runtimes(
+        &self,
+        tgids: &[u32],
+        done: &[u32],
+        between: &mut News<'_>,
+    ) -> Result<()> {
         if !self.plan.runtime_refresh {
             return Ok(());
         }
@@ -1348,7 +1371,9 @@ impl<'obj> Tracer<'obj> {
         let mut later = self.later.borrow_mut();
         let loading = (!later.loaded()).then(Instant::now);
         let stats = (self.verifier_stats, self.later_stall);
-        let loaded = self.reading_news(|read| later.load(&self.skel, &self.plan, stats, read));
+        let loaded = self.reading_news(between, |read| {
+            later.load(&self.skel, &self.plan, stats, read)
+        });
         let later = match loaded {
             Ok(later) => later,
             Err(e) => {
@@ -1361,6 +1386,12 @@ impl<'obj> Tracer<'obj> {
         }
         run_iterator(&later.progs.runtime_refresh)
             .context("failed to run the runtimes' frames iterator")
+    }
+
+    /// Whether [`Tracer::refresh_runtimes`] would load the walkers first
+    /// (the verifier's hundreds of milliseconds).
+    pub fn refresh_loads(&self) -> bool {
+        self.plan.runtime_refresh && !self.later.borrow().loaded()
     }
 
     /// The runtimes' walkers the hooks (and the start iterator) loaded

@@ -142,8 +142,19 @@ impl<'t> Collector<'t> {
 
     /// Walks again the blocks under way of the runtimes' processes noted
     /// lately, walked before their runtime was known (after their tables
-    /// are written: the walk needs them).
-    pub(super) fn refresh_runtimes(&mut self, tracer: &Tracer<'_>) {
+    /// are written: the walk needs them). The walkers' first load takes
+    /// the verifier hundreds of milliseconds: the news read meanwhile is
+    /// taken in as it comes, and the tables built meanwhile installed
+    /// ([`Collector::take_in`]), or a new process's first blocks would
+    /// all be copied, and most lost, until it ends.
+    fn refresh_runtimes(
+        &mut self,
+        tracer: &'t Tracer<'_>,
+        registry: &mut Registry,
+        unwinder: &mut Option<Unwinder>,
+        deferred: &mut Deferred,
+        walked: &mut dyn FnMut(u64, &[u64]),
+    ) {
         if self.refreshing.is_empty() {
             return;
         }
@@ -158,17 +169,40 @@ impl<'t> Collector<'t> {
             self.refreshing.remove(tgid);
         }
         let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
-        if let Err(e) = tracer.refresh_runtimes(&tgids, &done) {
+        // While the walkers load, the processes noted lately of a runtime
+        // whose generated code keeps no frame pointers (a JVM) keep their
+        // stacks copied: a copy is walked with their runtime's frames, a
+        // walk of the hooks without the walker stops at that code.
+        if tracer.refresh_loads() {
+            let held = frameless_jit(registry, tgids.iter().copied());
+            registry.hold_tables(held);
+        }
+        let mut between = |events: Vec<TaskEvent>, stacks| {
+            self.take_in(
+                &events, stacks, tracer, registry, unwinder, deferred, walked,
+            );
+            let held = frameless_jit(registry, self.refreshing.keys().copied());
+            registry.hold_tables(held);
+        };
+        let refreshed = tracer.refresh_runtimes(&tgids, &done, &mut between);
+        let held = registry.release_tables();
+        if let Some(u) = unwinder.as_mut() {
+            for tgid in held {
+                u.note_process(registry, tgid);
+            }
+        }
+        if let Err(e) = refreshed {
             if !std::mem::replace(&mut self.refresh_failed, true) {
                 eprintln!("offcputime: {e:#}");
             }
         }
     }
 
-    /// Returns whether work is under way (see [`Tracer::wait`]). `walked`
-    /// is told of each copied stack walked and stored, with its frames.
+    /// Takes in a round's news: the processes and runtimes noted, the
+    /// copies added, the tables built and installed and the copies walked
+    /// with them. Returns whether tables are being built.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn on_events(
+    fn take_in(
         &mut self,
         events: &[TaskEvent],
         stacks: Vec<crate::raw::RawUserStack>,
@@ -185,11 +219,29 @@ impl<'t> Collector<'t> {
         deferred.add(stacks, &|p| registry.copy_mark(p));
         // Tables first: the stacks copied for processes that had none are
         // walked with them, before the processes that exited are let go.
-        let busy = match unwinder.as_mut() {
+        match unwinder.as_mut() {
             None => false,
             Some(u) => update_tables(u, events, spaces, tracer, registry, deferred, walked),
-        };
-        self.refresh_runtimes(tracer);
+        }
+    }
+
+    /// Returns whether work is under way (see [`Tracer::wait`]). `walked`
+    /// is told of each copied stack walked and stored, with its frames.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_events(
+        &mut self,
+        events: &[TaskEvent],
+        stacks: Vec<crate::raw::RawUserStack>,
+        tracer: &'t Tracer<'_>,
+        registry: &mut Registry,
+        unwinder: &mut Option<Unwinder>,
+        deferred: &mut Deferred,
+        walked: &mut dyn FnMut(u64, &[u64]),
+    ) -> bool {
+        let mut busy = self.take_in(events, stacks, tracer, registry, unwinder, deferred, walked);
+        self.refresh_runtimes(tracer, registry, unwinder, deferred, walked);
+        // Tables asked for meanwhile may still be building.
+        busy |= unwinder.as_ref().is_some_and(|u| u.building() > 0);
         self.exits.sweep(registry);
         if self.scan.is_none() {
             self.scan = self.exits.due().map(|gone| tracer.scan_user_stacks(gone));
@@ -310,6 +362,14 @@ impl<'t> Collector<'t> {
 /// address spaces `spaces` says were read), and walks the copied stacks
 /// whose tables are ready, storing each (`walked` is told): whether
 /// tables are still being built.
+/// Those of processes `tgids` that run generated code keeping no frame
+/// pointers (see [`Registry::jit_keeps_frame_pointers`]).
+fn frameless_jit(registry: &Registry, tgids: impl Iterator<Item = u32>) -> Vec<u32> {
+    tgids
+        .filter(|&t| !registry.jit_keeps_frame_pointers(t))
+        .collect()
+}
+
 fn update_tables(
     u: &mut Unwinder,
     events: &[TaskEvent],

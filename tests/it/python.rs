@@ -728,6 +728,104 @@ fn runtime_walkers_load_when_a_process_of_one_appears() {
     );
 }
 
+/// The walkers' first load (hundreds of milliseconds of the verifier; 1.5
+/// s longer here, as on a loaded machine) does not hold back other news:
+/// a native program started meanwhile gets its tables within moments, its
+/// blocks walked with them, not copied (nor missed) until the load ends.
+/// No walks through the files' tables (`OFFCPUTIME_NO_FILE_TABLES`): the
+/// program needs tables of its own.
+#[test]
+fn new_processes_get_their_tables_while_the_walkers_load() {
+    if !require_root() {
+        return;
+    }
+    let Some(python) = interpreter("3.12") else {
+        return;
+    };
+    if kernel_version() < (5, 18) {
+        return;
+    }
+    let _serial = serial();
+    let mut sleeper = None;
+    let (out, _, _) = profile_during_with(
+        &["-f", "4"],
+        &[
+            ("OFFCPUTIME_TEST_RUNTIMES_AT_START", "0"),
+            ("OFFCPUTIME_TEST_STALL_LATER_LOAD_MS", "1500"),
+            ("OFFCPUTIME_NO_FILE_TABLES", "1"),
+        ],
+        |_| {
+            sleeper = Some(KillOnDrop(
+                Command::new(&python)
+                    .args(["-c", "import time; time.sleep(3.5)"])
+                    .spawn()
+                    .expect("start python"),
+            ));
+            // Noted within 100 ms: the load has begun.
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            let status = Command::new(blocker_path())
+                .args(["--seconds", "1"])
+                .stdout(Stdio::null())
+                .status()
+                .expect("run blocker");
+            assert!(status.success());
+        },
+    );
+    drop(sleeper);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // "... noted, 1102.5 ms into the trace, in 1765.4 ms (..."
+    let took = stderr
+        .split_once("runtimes' walkers: loaded when the first process of a runtime was noted")
+        .and_then(|(_, rest)| {
+            rest.split_once(" ms (")?
+                .0
+                .rsplit(' ')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no load of the walkers said:\n{stderr}"));
+    assert!(took >= 1400.0, "the walkers loaded in {took} ms:\n{stderr}");
+    let copied = count_before_any(
+        &stderr,
+        &[
+            " user stack taken before its process's tables were ready copied",
+            " user stacks taken before their process's tables were ready copied",
+        ],
+    );
+    let missed_lines = [
+        " user stack taken before its process's unwind tables were ready is missed",
+        " user stacks taken before their process's unwind tables were ready are missed",
+    ];
+    let missed = if missed_lines.iter().any(|l| stderr.contains(l)) {
+        count_before_any(&stderr, &missed_lines)
+    } else {
+        0
+    };
+    let lines = parse_folded(&out.stdout);
+    let shortsleeps = sum_us_where(&lines, |l| {
+        l.comm() == "wl-shortsleep" && l.has("wl_block_shortsleep") && l.has("wl_shortsleep_thread")
+    });
+    let blocker_missed = sum_us_where(&lines, |l| {
+        l.comm().starts_with("wl-") && l.frames.get(1).is_some_and(|f| f == "[Missed User Stack]")
+    });
+    eprintln!(
+        "walkers loaded in {took} ms; {copied} stacks copied, {missed} missed; wl-shortsleep \
+         {shortsleeps} us under its whole stack, {blocker_missed} us of the blocker missed"
+    );
+    // The blocker blocks over a thousand times in its second, all during
+    // the load: a few dozen before its tables are in place.
+    assert!(
+        copied + missed < 200,
+        "{copied} stacks copied and {missed} missed while the walkers loaded:\n{stderr}"
+    );
+    assert!(
+        shortsleeps >= 500_000 && blocker_missed * 100 <= shortsleeps,
+        "wl-shortsleep {shortsleeps} us under its whole stack, {blocker_missed} us of the \
+         blocker missed:\n{stderr}"
+    );
+}
+
 /// Debian's libpython 3.11, which `tests/workloads/pyembed.c` loads (None,
 /// said, where it is missing: a failure under CI).
 fn debian_libpython() -> Option<&'static Path> {
