@@ -983,12 +983,12 @@ impl<'obj> Tracer<'obj> {
     /// up to 10 ms for news), for work that would otherwise leave them
     /// unread long enough to fill (the verifier's hundreds of
     /// milliseconds on the runtimes' walkers), and hands what it read to
-    /// `between` (the loop's work on news that cannot wait: new
-    /// processes' tables); what `between` does not take is the next
-    /// round's of [`Tracer::wait`] (or of [`Tracer::drain`]).
+    /// `between`, if any (the loop's work on news that cannot wait: new
+    /// processes' tables); without it, what they held is the next round's
+    /// of [`Tracer::wait`] (or of [`Tracer::drain`]).
     fn reading_news<R>(
         &self,
-        between: &mut News<'_>,
+        mut between: Option<&mut News<'_>>,
         work: impl FnOnce(&mut dyn FnMut()) -> R,
     ) -> R {
         let pending = std::cell::RefCell::new(Vec::new());
@@ -1006,7 +1006,9 @@ impl<'obj> Tracer<'obj> {
             }
             // Called with nothing read too: tables built meanwhile are
             // installed.
-            between(pending.take(), stacks.take());
+            if let Some(between) = between.as_deref_mut() {
+                between(pending.take(), stacks.take());
+            }
         };
         let out = work(&mut read);
         drop(news);
@@ -1338,13 +1340,13 @@ impl<'obj> Tracer<'obj> {
     ///
     /// The walkers' load, where it is the first, takes the verifier
     /// hundreds of milliseconds: the news read meanwhile is handed to
-    /// `between` as it comes (new processes' tables are not to wait for
-    /// it).
+    /// `between` as it comes, if given (new processes' tables are not to
+    /// wait for it), or left for the loop's next round.
     pub fn refresh_runtimes(
         &self,
         tgids: &[u32],
         done: &[u32],
-        between: &mut News<'_>,
+        between: Option<&mut News<'_>>,
     ) -> Result<()> {
         if !self.plan.runtime_refresh {
             return Ok(());

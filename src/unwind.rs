@@ -119,11 +119,6 @@ pub trait Processes {
     fn image(&self, _tgid: u32) -> Option<Image> {
         None
     }
-    /// Whether `tgid`'s tables are to wait before they are given to the
-    /// BPF program (built all the same): see [`Registry::hold_tables`].
-    fn tables_held(&self, _tgid: u32) -> bool {
-        false
-    }
 }
 
 impl Processes for Registry {
@@ -138,9 +133,6 @@ impl Processes for Registry {
     }
     fn object_identity(&self, object: u32) -> Option<FileIdentity> {
         Registry::object_identity(self, object)
-    }
-    fn tables_held(&self, tgid: u32) -> bool {
-        Registry::tables_held(self, tgid)
     }
     fn image(&self, tgid: u32) -> Option<Image> {
         Registry::image(self, tgid)
@@ -460,7 +452,7 @@ impl Unwinder {
                 pending = true;
             }
         }
-        if pending || self.store.is_none() || procs.tables_held(tgid) {
+        if pending || self.store.is_none() {
             self.waiting.insert(tgid);
             self.pending.insert(tgid, objects);
             return false;

@@ -169,28 +169,25 @@ impl<'t> Collector<'t> {
             self.refreshing.remove(tgid);
         }
         let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
-        // While the walkers load, the processes noted lately of a runtime
-        // whose generated code keeps no frame pointers (a JVM) keep their
-        // stacks copied: a copy is walked with their runtime's frames, a
-        // walk of the hooks without the walker stops at that code.
-        if tracer.refresh_loads() {
-            let held = frameless_jit(registry, tgids.iter().copied());
-            registry.hold_tables(held);
-        }
+        // The news read while the walkers load waits for its end, as
+        // before, where a process noted lately runs a runtime whose copies
+        // are walked with its frames (a JVM, node): its tables (its own,
+        // or its files') would let the hooks without the walker walk it,
+        // showing the runtime's own frames in place of its functions.
+        let wait = tracer.refresh_loads()
+            && tgids
+                .iter()
+                .any(|&t| registry.copies_carry_runtime_frames(t));
         let mut between = |events: Vec<TaskEvent>, stacks| {
             self.take_in(
                 &events, stacks, tracer, registry, unwinder, deferred, walked,
             );
-            let held = frameless_jit(registry, self.refreshing.keys().copied());
-            registry.hold_tables(held);
         };
-        let refreshed = tracer.refresh_runtimes(&tgids, &done, &mut between);
-        let held = registry.release_tables();
-        if let Some(u) = unwinder.as_mut() {
-            for tgid in held {
-                u.note_process(registry, tgid);
-            }
-        }
+        let between: Option<&mut crate::tracer::News<'_>> = match wait {
+            true => None,
+            false => Some(&mut between),
+        };
+        let refreshed = tracer.refresh_runtimes(&tgids, &done, between);
         if let Err(e) = refreshed {
             if !std::mem::replace(&mut self.refresh_failed, true) {
                 eprintln!("offcputime: {e:#}");
@@ -362,14 +359,6 @@ impl<'t> Collector<'t> {
 /// address spaces `spaces` says were read), and walks the copied stacks
 /// whose tables are ready, storing each (`walked` is told): whether
 /// tables are still being built.
-/// Those of processes `tgids` that run generated code keeping no frame
-/// pointers (see [`Registry::jit_keeps_frame_pointers`]).
-fn frameless_jit(registry: &Registry, tgids: impl Iterator<Item = u32>) -> Vec<u32> {
-    tgids
-        .filter(|&t| !registry.jit_keeps_frame_pointers(t))
-        .collect()
-}
-
 fn update_tables(
     u: &mut Unwinder,
     events: &[TaskEvent],

@@ -153,9 +153,6 @@ pub struct Registry {
     /// The runtimes' processes noted before the window opened (see
     /// [`Registry::note_runtime_at_start`]).
     runtimes_at_start: std::collections::HashSet<Proc>,
-    /// Processes whose unwind tables are held back (see
-    /// [`Registry::hold_tables`]).
-    tables_held: HashSet<u32>,
 }
 
 /// Mapping snapshots of the processes seen.
@@ -279,7 +276,6 @@ impl Registry {
             places: Places::default(),
             walked_runtimes: Vec::new(),
             runtimes_at_start: Default::default(),
-            tables_held: Default::default(),
         }
     }
 

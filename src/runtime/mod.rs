@@ -59,6 +59,9 @@ pub struct Spec {
     /// likes): a walk without the runtime's help stops at such code rather
     /// than guess through it.
     pub jit_without_frame_pointers: &'static [&'static str],
+    /// Whether a copy of a stack of its processes is walked in userspace
+    /// with its frames ([`Runtime::step_copy`]).
+    pub copies_carry_frames: bool,
     /// What the name of a file its processes map holds, most likely (see
     /// [`maybe_running`]): `libpython3.12.so.1.0`, `python3.12`.
     pub mapped_name_hints: &'static [&'static str],
@@ -81,6 +84,7 @@ pub const RUNTIMES: &[Spec] = &[
         colour: [(150, 50.0), (110, 45.0), (205, 45.0)],
         new: || Box::<python::Pythons>::default(),
         jit_without_frame_pointers: &[],
+        copies_carry_frames: false,
         mapped_name_hints: &["python"],
         otel_frame_type: "cpython",
     },
@@ -97,6 +101,7 @@ pub const RUNTIMES: &[Spec] = &[
         native: "JVM",
         new: || Box::<java::Jvms>::default(),
         jit_without_frame_pointers: &["libjvm.so"],
+        copies_carry_frames: true,
         mapped_name_hints: &["libjvm.so"],
         otel_frame_type: "jvm",
     },
@@ -115,6 +120,7 @@ pub const RUNTIMES: &[Spec] = &[
         new: || Box::<node::Nodes>::default(),
         // V8's generated code keeps frame pointers.
         jit_without_frame_pointers: &[],
+        copies_carry_frames: true,
         mapped_name_hints: &["node"],
         otel_frame_type: "v8js",
     },

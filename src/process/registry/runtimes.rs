@@ -100,23 +100,14 @@ impl Registry {
         self.runtimes_at_start.insert(p);
     }
 
-    /// The unwind tables of processes `tgids` are held back: built, not
-    /// given to the BPF program, whose walks would lack their runtime's
-    /// frames while its walker loads, where copies of their stacks are
-    /// walked with them (see [`crate::unwind::Processes::tables_held`]).
-    pub fn hold_tables(&mut self, tgids: impl IntoIterator<Item = u32>) {
-        self.tables_held.extend(tgids);
-    }
-
-    /// Whether process `tgid`'s tables are held back.
-    pub fn tables_held(&self, tgid: u32) -> bool {
-        self.tables_held.contains(&tgid)
-    }
-
-    /// Lets every process's tables go to the BPF program again: returns
-    /// those that were held.
-    pub fn release_tables(&mut self) -> Vec<u32> {
-        self.tables_held.drain().collect()
+    /// Whether process `tgid` runs a runtime whose copied stacks are
+    /// walked with its frames (see
+    /// [`crate::runtime::Spec::copies_carry_frames`]).
+    pub fn copies_carry_runtime_frames(&self, tgid: u32) -> bool {
+        self.snapshots.starts.get(&tgid).is_some_and(|&start| {
+            self.runtime_of(Proc { tgid, start })
+                .is_some_and(|kind| kind.spec().copies_carry_frames)
+        })
     }
 
     /// Forgets every mark of [`Registry::note_runtime_at_start`].
