@@ -160,6 +160,16 @@ if (isMainThread) {
   const shared = new SharedArrayBuffer(16);
   // Maglev where V8 turns it on by default (V8 13: Node 24).
   const maglev = Number(process.versions.v8.split('.')[0]) >= 13;
+  // There, Maglev's code tiers up to TurboFan's of itself once it has run
+  // long enough (on another thread, installed at the next call or at
+  // %FinalizeOptimization): the maglev thread's function was now and then
+  // TurboFan's, not Maglev's, when it blocked. TurboFan only when asked
+  // (flags of the whole process, set before the workers start).
+  if (maglev) {
+    require('v8').setFlagsFromString(
+      '--invocation-count-for-turbofan=100000 --invocation-count-for-osr=100000 --no-osr-from-maglev'
+    );
+  }
   const roles = ['atomics', 'exec', 'hot'].concat(maglev ? ['maglev'] : []);
   fs.writeSync(1, `WORKERS ${roles.length}\n`);
   const workers = roles.map(
