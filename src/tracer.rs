@@ -439,7 +439,8 @@ struct NewsReader<'a> {
 
 /// The loop's work on news read while the tracer does something long (see
 /// [`Tracer::refresh_runtimes`]): the task events and copied stacks read.
-pub type News<'a> = dyn FnMut(Vec<TaskEvent>, Vec<RawUserStack>) + 'a;
+/// What it leaves in them is left for the loop's next round.
+pub type News<'a> = dyn FnMut(&mut Vec<TaskEvent>, &mut Vec<RawUserStack>) + 'a;
 
 /// A loaded and attached profiler.
 pub struct Tracer<'obj> {
@@ -1007,7 +1008,7 @@ impl<'obj> Tracer<'obj> {
             // Called with nothing read too: tables built meanwhile are
             // installed.
             if let Some(between) = between.as_deref_mut() {
-                between(pending.take(), stacks.take());
+                between(&mut pending.borrow_mut(), &mut stacks.borrow_mut());
             }
         };
         let out = work(&mut read);
@@ -1388,12 +1389,6 @@ impl<'obj> Tracer<'obj> {
         }
         run_iterator(&later.progs.runtime_refresh)
             .context("failed to run the runtimes' frames iterator")
-    }
-
-    /// Whether [`Tracer::refresh_runtimes`] would load the walkers first
-    /// (the verifier's hundreds of milliseconds).
-    pub fn refresh_loads(&self) -> bool {
-        self.plan.runtime_refresh && !self.later.borrow().loaded()
     }
 
     /// The runtimes' walkers the hooks (and the start iterator) loaded

@@ -46,6 +46,20 @@ pub(super) struct Collector<'t> {
     pub(super) runtime_retry: Instant,
     /// When the runtimes read their threads' names next.
     pub(super) runtime_threads: Instant,
+    /// News taken in while the walkers loaded, up to the processes noted
+    /// and no further, once a process of a runtime whose copies are walked
+    /// with its frames was among those noted (see
+    /// [`Collector::holds_news`]): the rest of its work is done when the
+    /// load has ended.
+    pub(super) held: Option<Held>,
+}
+
+/// A round's news whose processes are noted, the rest of its work (the
+/// copies added, the tables built and installed) left for later.
+pub(super) struct Held {
+    events: Vec<TaskEvent>,
+    spaces: Vec<Option<crate::raw::AddressSpace>>,
+    stacks: Vec<crate::raw::RawUserStack>,
 }
 
 /// How often the runtimes' processes not ready yet are looked at again.
@@ -77,6 +91,7 @@ impl<'t> Collector<'t> {
             runtime_gate: config.tracer.test.python_gate.clone(),
             runtime_retry: Instant::now(),
             runtime_threads: Instant::now(),
+            held: None,
         }
     }
 
@@ -97,6 +112,7 @@ impl<'t> Collector<'t> {
             runtime_gate: self.runtime_gate,
             runtime_retry: self.runtime_retry,
             runtime_threads: self.runtime_threads,
+            held: self.held,
         }
     }
 
@@ -146,7 +162,9 @@ impl<'t> Collector<'t> {
     /// the verifier hundreds of milliseconds: the news read meanwhile is
     /// taken in as it comes, and the tables built meanwhile installed
     /// ([`Collector::take_in`]), or a new process's first blocks would
-    /// all be copied, and most lost, until it ends.
+    /// all be copied, and most lost, until it ends; but not where a
+    /// process of a runtime whose copies carry its frames is among them
+    /// ([`Collector::holds_news`]).
     fn refresh_runtimes(
         &mut self,
         tracer: &'t Tracer<'_>,
@@ -169,25 +187,23 @@ impl<'t> Collector<'t> {
             self.refreshing.remove(tgid);
         }
         let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
-        // The news read while the walkers load waits for its end, as
-        // before, where a process noted lately runs a runtime whose copies
-        // are walked with its frames (a JVM, node): its tables (its own,
-        // or its files') would let the hooks without the walker walk it,
-        // showing the runtime's own frames in place of its functions.
-        let wait = tracer.refresh_loads()
-            && tgids
-                .iter()
-                .any(|&t| registry.copies_carry_runtime_frames(t));
-        let mut between = |events: Vec<TaskEvent>, stacks| {
+        let mut between = |events: &mut Vec<TaskEvent>, stacks: &mut Vec<_>| {
+            if self.holds_news(registry) {
+                return;
+            }
+            let events = std::mem::take(events);
             self.take_in(
-                &events, stacks, tracer, registry, unwinder, deferred, walked,
+                &events,
+                std::mem::take(stacks),
+                true,
+                tracer,
+                registry,
+                unwinder,
+                deferred,
+                walked,
             );
         };
-        let between: Option<&mut crate::tracer::News<'_>> = match wait {
-            true => None,
-            false => Some(&mut between),
-        };
-        let refreshed = tracer.refresh_runtimes(&tgids, &done, between);
+        let refreshed = tracer.refresh_runtimes(&tgids, &done, Some(&mut between));
         if let Err(e) = refreshed {
             if !std::mem::replace(&mut self.refresh_failed, true) {
                 eprintln!("offcputime: {e:#}");
@@ -195,14 +211,32 @@ impl<'t> Collector<'t> {
         }
     }
 
+    /// Whether the news read while the walkers load is left for after
+    /// the load: where a process noted lately runs a runtime whose copies
+    /// are walked with its frames (a JVM, node), tables installed meanwhile
+    /// (its own, or its files') would let the hooks without the walker
+    /// walk it, showing the runtime's own frames (V8's trampolines, a
+    /// JVM's unnamed code) in place of its functions; its blocks are
+    /// copied instead, and walked with its frames once the load has ended.
+    fn holds_news(&self, registry: &Registry) -> bool {
+        self.held.is_some()
+            || self
+                .refreshing
+                .keys()
+                .any(|&t| registry.copies_carry_runtime_frames(t))
+    }
+
     /// Takes in a round's news: the processes and runtimes noted, the
     /// copies added, the tables built and installed and the copies walked
-    /// with them. Returns whether tables are being built.
+    /// with them; while the walkers load (`loading`), only up to the
+    /// processes noted where the news is then held
+    /// ([`Collector::holds_news`]). Returns whether tables are being built.
     #[allow(clippy::too_many_arguments)]
     fn take_in(
         &mut self,
         events: &[TaskEvent],
         stacks: Vec<crate::raw::RawUserStack>,
+        loading: bool,
         tracer: &'t Tracer<'_>,
         registry: &mut Registry,
         unwinder: &mut Option<Unwinder>,
@@ -213,12 +247,43 @@ impl<'t> Collector<'t> {
         // The runtimes' processes noted before the copies are added: a
         // copy's mark is read from its process's runtime, if known.
         self.note_runtimes(registry);
-        deferred.add(stacks, &|p| registry.copy_mark(p));
-        // Tables first: the stacks copied for processes that had none are
-        // walked with them, before the processes that exited are let go.
+        let hold = loading && self.holds_news(registry);
+        self.held = Some(Held {
+            events: events.to_vec(),
+            spaces,
+            stacks,
+        });
+        !hold && self.release_held(tracer, registry, unwinder, deferred, walked)
+    }
+
+    /// The rest of the work of the news held (see [`Collector::take_in`]),
+    /// if any: the copies added, then the tables built and installed, the
+    /// stacks copied for processes that had none walked with them, before
+    /// the processes that exited are let go. Returns whether tables are
+    /// being built.
+    fn release_held(
+        &mut self,
+        tracer: &'t Tracer<'_>,
+        registry: &mut Registry,
+        unwinder: &mut Option<Unwinder>,
+        deferred: &mut Deferred,
+        walked: &mut dyn FnMut(u64, &[u64]),
+    ) -> bool {
+        let Some(held) = self.held.take() else {
+            return false;
+        };
+        deferred.add(held.stacks, &|p| registry.copy_mark(p));
         match unwinder.as_mut() {
             None => false,
-            Some(u) => update_tables(u, events, spaces, tracer, registry, deferred, walked),
+            Some(u) => update_tables(
+                u,
+                &held.events,
+                held.spaces,
+                tracer,
+                registry,
+                deferred,
+                walked,
+            ),
         }
     }
 
@@ -235,8 +300,13 @@ impl<'t> Collector<'t> {
         deferred: &mut Deferred,
         walked: &mut dyn FnMut(u64, &[u64]),
     ) -> bool {
-        let mut busy = self.take_in(events, stacks, tracer, registry, unwinder, deferred, walked);
+        let mut busy = self.take_in(
+            events, stacks, false, tracer, registry, unwinder, deferred, walked,
+        );
         self.refresh_runtimes(tracer, registry, unwinder, deferred, walked);
+        // What was held while the walkers loaded, older than the news the
+        // load left for the next round.
+        busy |= self.release_held(tracer, registry, unwinder, deferred, walked);
         // Tables asked for meanwhile may still be building.
         busy |= unwinder.as_ref().is_some_and(|u| u.building() > 0);
         self.exits.sweep(registry);
