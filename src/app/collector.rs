@@ -54,6 +54,18 @@ pub(super) struct Collector<'t> {
     pub(super) held: Option<Held>,
 }
 
+/// What the loop's work on the program's news reads and changes (see
+/// [`Collector::on_events`]): the tracer, the processes known, the unwind
+/// tables, the copied stacks, and `walked`, told of each copied stack
+/// walked and stored, with its frames.
+pub(super) struct Work<'a, 't, 'o> {
+    pub(super) tracer: &'t Tracer<'o>,
+    pub(super) registry: &'a mut Registry,
+    pub(super) unwinder: &'a mut Option<Unwinder>,
+    pub(super) deferred: &'a mut Deferred,
+    pub(super) walked: &'a mut dyn FnMut(u64, &[u64]),
+}
+
 /// A round's news whose processes are noted, the rest of its work (the
 /// copies added, the tables built and installed) left for later.
 pub(super) struct Held {
@@ -165,14 +177,7 @@ impl<'t> Collector<'t> {
     /// all be copied, and most lost, until it ends; but not where a
     /// process of a runtime whose copies carry its frames is among them
     /// ([`Collector::holds_news`]).
-    fn refresh_runtimes(
-        &mut self,
-        tracer: &'t Tracer<'_>,
-        registry: &mut Registry,
-        unwinder: &mut Option<Unwinder>,
-        deferred: &mut Deferred,
-        walked: &mut dyn FnMut(u64, &[u64]),
-    ) {
+    fn refresh_runtimes(&mut self, work: &mut Work<'_, 't, '_>) {
         if self.refreshing.is_empty() {
             return;
         }
@@ -187,21 +192,13 @@ impl<'t> Collector<'t> {
             self.refreshing.remove(tgid);
         }
         let tgids: Vec<u32> = self.refreshing.keys().copied().collect();
+        let tracer = work.tracer;
         let mut between = |events: &mut Vec<TaskEvent>, stacks: &mut Vec<_>| {
-            if self.holds_news(registry) {
+            if self.holds_news(work.registry) {
                 return;
             }
             let events = std::mem::take(events);
-            self.take_in(
-                &events,
-                std::mem::take(stacks),
-                true,
-                tracer,
-                registry,
-                unwinder,
-                deferred,
-                walked,
-            );
+            self.take_in(&events, std::mem::take(stacks), true, work);
         };
         let refreshed = tracer.refresh_runtimes(&tgids, &done, Some(&mut between));
         if let Err(e) = refreshed {
@@ -231,29 +228,24 @@ impl<'t> Collector<'t> {
     /// with them; while the walkers load (`loading`), only up to the
     /// processes noted where the news is then held
     /// ([`Collector::holds_news`]). Returns whether tables are being built.
-    #[allow(clippy::too_many_arguments)]
     fn take_in(
         &mut self,
         events: &[TaskEvent],
         stacks: Vec<crate::raw::RawUserStack>,
         loading: bool,
-        tracer: &'t Tracer<'_>,
-        registry: &mut Registry,
-        unwinder: &mut Option<Unwinder>,
-        deferred: &mut Deferred,
-        walked: &mut dyn FnMut(u64, &[u64]),
+        work: &mut Work<'_, 't, '_>,
     ) -> bool {
-        let spaces = self.note_events(events, registry);
+        let spaces = self.note_events(events, work.registry);
         // The runtimes' processes noted before the copies are added: a
         // copy's mark is read from its process's runtime, if known.
-        self.note_runtimes(registry);
-        let hold = loading && self.holds_news(registry);
+        self.note_runtimes(work.registry);
+        let hold = loading && self.holds_news(work.registry);
         self.held = Some(Held {
             events: events.to_vec(),
             spaces,
             stacks,
         });
-        !hold && self.release_held(tracer, registry, unwinder, deferred, walked)
+        !hold && self.release_held(work)
     }
 
     /// The rest of the work of the news held (see [`Collector::take_in`]),
@@ -261,52 +253,46 @@ impl<'t> Collector<'t> {
     /// stacks copied for processes that had none walked with them, before
     /// the processes that exited are let go. Returns whether tables are
     /// being built.
-    fn release_held(
-        &mut self,
-        tracer: &'t Tracer<'_>,
-        registry: &mut Registry,
-        unwinder: &mut Option<Unwinder>,
-        deferred: &mut Deferred,
-        walked: &mut dyn FnMut(u64, &[u64]),
-    ) -> bool {
+    fn release_held(&mut self, work: &mut Work<'_, 't, '_>) -> bool {
         let Some(held) = self.held.take() else {
             return false;
         };
-        deferred.add(held.stacks, &|p| registry.copy_mark(p));
-        match unwinder.as_mut() {
+        let registry = &mut *work.registry;
+        work.deferred.add(held.stacks, &|p| registry.copy_mark(p));
+        match work.unwinder.as_mut() {
             None => false,
             Some(u) => update_tables(
                 u,
                 &held.events,
                 held.spaces,
-                tracer,
+                work.tracer,
                 registry,
-                deferred,
-                walked,
+                work.deferred,
+                work.walked,
             ),
         }
     }
 
-    /// Returns whether work is under way (see [`Tracer::wait`]). `walked`
-    /// is told of each copied stack walked and stored, with its frames.
-    #[allow(clippy::too_many_arguments)]
+    /// Returns whether work is under way (see [`Tracer::wait`]).
     pub(super) fn on_events(
         &mut self,
         events: &[TaskEvent],
         stacks: Vec<crate::raw::RawUserStack>,
-        tracer: &'t Tracer<'_>,
-        registry: &mut Registry,
-        unwinder: &mut Option<Unwinder>,
-        deferred: &mut Deferred,
-        walked: &mut dyn FnMut(u64, &[u64]),
+        work: &mut Work<'_, 't, '_>,
     ) -> bool {
-        let mut busy = self.take_in(
-            events, stacks, false, tracer, registry, unwinder, deferred, walked,
-        );
-        self.refresh_runtimes(tracer, registry, unwinder, deferred, walked);
+        let mut busy = self.take_in(events, stacks, false, work);
+        self.refresh_runtimes(work);
         // What was held while the walkers loaded, older than the news the
         // load left for the next round.
-        busy |= self.release_held(tracer, registry, unwinder, deferred, walked);
+        busy |= self.release_held(work);
+        let Work {
+            tracer,
+            registry,
+            unwinder,
+            deferred,
+            ..
+        } = work;
+        let tracer = *tracer;
         // Tables asked for meanwhile may still be building.
         busy |= unwinder.as_ref().is_some_and(|u| u.building() > 0);
         self.exits.sweep(registry);

@@ -285,14 +285,16 @@ impl<'a> Session<'a> {
             let busy = collector.on_events(
                 events,
                 stacks,
-                tracer,
-                registry,
-                unwinder,
-                deferred,
-                &mut |id, frames| {
-                    if let Some(iv) = intervals.as_mut() {
-                        iv.held.walked(id, frames);
-                    }
+                &mut Work {
+                    tracer,
+                    registry,
+                    unwinder,
+                    deferred,
+                    walked: &mut |id, frames| {
+                        if let Some(iv) = intervals.as_mut() {
+                            iv.held.walked(id, frames);
+                        }
+                    },
                 },
             );
             hand_blocks(tracer.take_blocks(), records, intervals);
