@@ -723,8 +723,9 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 		else if (set->way[1].native == id)
 			k = &set->way[1];
 	}
-	if (k && k->native == id && k->mm == mm && p->mm == mm && k->tss == p->tss &&
-	    k->runtimes == runtime_build() && (c.w = w) && py_proved(&c, p, k, task)) {
+	c.w = w;
+	if (k && k->mm == mm && p->mm == mm && k->tss == p->tss &&
+	    k->runtimes == runtime_build() && py_proved(&c, p, k, task)) {
 		set->last = k == &set->way[1];
 		count(CNT_PY_STACKS);
 		count(CNT_PY_PROVED);
@@ -734,7 +735,6 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	c.ips = bpf_map_lookup_elem(&scratch, &zero);
 	if (!c.ips || !stored_frames_into(id, c.ips))
 		return id;
-	c.w = w;
 	for (nr = 0; nr < MAX_STACK_DEPTH; nr++)
 		if (!c.ips[nr])
 			break;
