@@ -215,12 +215,15 @@ impl<'t> Collector<'t> {
     /// walk it, showing the runtime's own frames (V8's trampolines, a
     /// JVM's unnamed code) in place of its functions; its blocks are
     /// copied instead, and walked with its frames once the load has ended.
+    /// So too where such a process is seen but not ready yet (a JVM
+    /// starting): noted once ready, its tables would be in place already.
     fn holds_news(&self, registry: &Registry) -> bool {
         self.held.is_some()
             || self
                 .refreshing
                 .keys()
                 .any(|&t| registry.copies_carry_runtime_frames(t))
+            || registry.frames_carrying_runtime_pending()
     }
 
     /// Takes in a round's news: the processes and runtimes noted, the
@@ -257,6 +260,17 @@ impl<'t> Collector<'t> {
         let Some(held) = self.held.take() else {
             return false;
         };
+        // The processes that exited in the news held are let go a grace
+        // after their copies are added, not after their exit was read (a
+        // load can outlast the grace).
+        let now = Instant::now();
+        for ev in &held.events {
+            if let TaskEvent::Exited(p) = ev {
+                if let Some(at) = self.exits.pending.get_mut(p) {
+                    *at = now;
+                }
+            }
+        }
         let registry = &mut *work.registry;
         work.deferred.add(held.stacks, &|p| registry.copy_mark(p));
         match work.unwinder.as_mut() {

@@ -110,6 +110,15 @@ impl Registry {
         })
     }
 
+    /// Whether a runtime whose copied stacks are walked with its frames
+    /// has a process seen but not ready yet (a JVM starting: see
+    /// [`Registry::runtimes_pending`]).
+    pub fn frames_carrying_runtime_pending(&self) -> bool {
+        self.runtimes
+            .iter()
+            .any(|r| r.kind().spec().copies_carry_frames && !r.pending().is_empty())
+    }
+
     /// Forgets every mark of [`Registry::note_runtime_at_start`].
     pub fn forget_runtimes_at_start(&mut self) {
         self.runtimes_at_start.clear();
