@@ -728,6 +728,11 @@ impl CpuClock {
             .collect();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
+        // The first sample is taken before `start` returns: a sampler that
+        // got no CPU for a while on a loaded machine (CI's tests beside
+        // it) once took it after the profiler's window had opened, and the
+        // window's start was outside the stretch sampled.
+        let (first, taken) = std::sync::mpsc::channel();
         let handle = std::thread::spawn(move || {
             // Real-time priority, so that the samples stay 10 ms apart on a
             // loaded machine (an emulated VM): the window's edges are
@@ -746,12 +751,17 @@ impl CpuClock {
                     })
                     .collect();
                 samples.push((now, ran, stolen_ticks()));
+                if samples.len() == 1 {
+                    let _ = first.send(());
+                }
                 if flag.load(std::sync::atomic::Ordering::Relaxed) {
                     return samples;
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
+        // A sampler that panicked (a thread gone) says so at `finish`.
+        let _ = taken.recv();
         CpuClock { stop, handle }
     }
 
