@@ -101,6 +101,10 @@ struct py_walk {
 	__u32 win_len;
 	__u64 win_lo;
 	__u32 at;
+	/* Windows read in this walk, and the lowest frame found in the
+	 * first (which a proof of the walk reads alone, see py_kept). */
+	__u32 reads;
+	__u64 low;
 	/* The code objects met in this walk and their tags (py_known):
 	 * the first known_nr of PY_KNOWN. */
 	__u32 known_nr;
@@ -150,6 +154,9 @@ struct py_kept {
 	__u64 state;
 	__u64 frame;
 	__u64 hash;
+	/* The lowest of its frames in the window read for the first: a
+	 * proof reads from there to the first frame's end. */
+	__u64 low;
 	__u32 steps;
 	__u32 frames;
 	__u16 runtimes;
@@ -321,6 +328,7 @@ static __always_inline long py_frame_bytes(struct py_walk *w, __u32 size, struct
 	if (len > PY_WINDOW)
 		len = PY_WINDOW;
 	err = py_read(w->buf, len, lo, task);
+	w->reads++;
 	w->win_len = err ? 0 : len;
 	w->win_lo = lo;
 	w->at = frame - lo;
@@ -353,17 +361,26 @@ static __always_inline void py_remember(struct py_walk *w, __u64 code, __u32 tag
 	w->known_nr = i + 1;
 }
 
-/* Adds the frame being read (at w->frame) to the walk's hash: its address
- * and the words the walk takes from it (its code object, the frame below,
- * the instruction, is_entry or owner). */
+/* The hash `h` of a walk with one more frame, at `frame`, its bytes at
+ * `f`: its address and the words the walk takes from it (its code object,
+ * the instruction, is_entry or owner).  The frame below it is the next
+ * step's address, hashed there (the last's is 0, which a proof checks). */
+static __always_inline __u64 py_mix_frame(__u64 h, __u64 frame, const __u8 *f, __u32 code_off,
+					  __u32 instr_off, __u32 entry_off)
+{
+	h = ucache_mix(h, frame);
+	h = ucache_mix(h, *(__u64 *)&f[code_off & (PY_READ_MAX - 1)]);
+	h = ucache_mix(h, *(__u64 *)&f[instr_off & (PY_READ_MAX - 1)]);
+	return ucache_mix(h, f[entry_off & (PY_READ_MAX - 1)]);
+}
+
+/* Adds the frame being read (at w->frame) to the walk's hash. */
 static __always_inline void py_hash_frame(struct py_walk *w)
 {
-	__u64 h = ucache_mix(w->hash, w->frame);
-
-	h = ucache_mix(h, py_u64(w, w->p.f_code));
-	h = ucache_mix(h, py_u64(w, w->p.f_previous));
-	h = ucache_mix(h, py_u64(w, w->p.f_instr));
-	w->hash = ucache_mix(h, py_u8(w, w->p.f_entry));
+	if (w->reads == 1 && w->frame < w->low)
+		w->low = w->frame;
+	w->hash = py_mix_frame(w->hash, w->frame, &w->buf[w->at & (PY_WINDOW - 1)], w->p.f_code,
+			       w->p.f_instr, w->p.f_entry);
 	w->steps++;
 }
 
@@ -579,6 +596,8 @@ static __always_inline bool py_begin(struct py_walk *w, struct task_struct *t, _
 	w->steps = 0;
 	w->hash = PY_HASH_SEED;
 	w->win_len = 0;
+	w->reads = 0;
+	w->low = v[4];
 	w->known_nr = 0;
 	w->process_start = BPF_CORE_READ(t, group_leader, start_boottime);
 	return true;
@@ -587,20 +606,64 @@ no_state:
 	return false;
 }
 
-/* A step of a proof (py_proved): the frame at w->frame, hashed, nothing
- * written.  Its own callback, of the walk's state alone: one read of the
- * window, a few words, no map looked up. */
+/* The frames a step of a proof follows (py_prove_step). */
+#define PY_PROVE_BATCH 4
+
+/* A step of a proof (py_proved): up to PY_PROVE_BATCH frames from
+ * w->frame, of the current thread's walk in py_walk_scratch, hashed,
+ * nothing written: 0 where the frames go on.  Its state is kept in
+ * registers across its frames: the window read again only for a frame
+ * outside it, a few words a frame, no map looked up.  A global function,
+ * so that the verifier checks its frames once, not for each state its
+ * bpf_loop callback is entered with (four times the switch hook's
+ * verification). */
+__noinline long py_prove_frames(void)
+{
+	__u32 size, code_off, instr_off, entry_off, prev_off, j, steps, zero = 0;
+	__u64 h, frame, lo, len;
+	struct py_walk *w;
+
+	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
+	if (!w)
+		return 1;
+	size = py_frame_size(w);
+	code_off = w->p.f_code;
+	instr_off = w->p.f_instr;
+	entry_off = w->p.f_entry;
+	prev_off = w->p.f_previous & (PY_READ_MAX - 1);
+	h = w->hash;
+	steps = w->steps;
+	frame = w->frame;
+	lo = w->win_lo;
+	len = w->win_len;
+	for (j = 0; j < PY_PROVE_BATCH && frame; j++) {
+		__u32 at;
+
+		if (len && frame >= lo && frame + size > frame && frame + size <= lo + len) {
+			at = frame - lo;
+		} else {
+			w->frame = frame;
+			if (py_frame_bytes(w, size, NULL))
+				break;
+			lo = w->win_lo;
+			len = w->win_len;
+			at = w->at;
+		}
+		at &= PY_WINDOW - 1;
+		h = py_mix_frame(h, frame, &w->buf[at], code_off, instr_off, entry_off);
+		frame = *(__u64 *)&w->buf[at + prev_off];
+		steps++;
+	}
+	w->frame = frame;
+	w->hash = h;
+	w->steps = steps;
+	return j == PY_PROVE_BATCH && frame ? 0 : 1;
+}
+
 static long py_prove_step(__u32 i, void *arg)
 {
-	struct py_walk *w = ((struct py_ctx *)arg)->w;
-
-	if (!w || !w->frame)
-		return 1;
-	if (py_frame_bytes(w, py_frame_size(w), NULL))
-		return 1;
-	py_hash_frame(w);
-	w->frame = py_u64(w, w->p.f_previous);
-	return 0;
+	/* A callback's answer must be known to be 0 or 1. */
+	return py_prove_frames() ? 1 : 0;
 }
 
 /*
@@ -612,10 +675,10 @@ static __always_inline bool py_proved(struct py_ctx *c, struct py_proc *p, struc
 				      struct task_struct *task)
 {
 	struct py_walk *w = c->w;
-	__u64 *v = (__u64 *)w->buf;
+	__u64 *v = (__u64 *)w->buf, len;
 
 	w->p = *p;
-	v[1] = BPF_CORE_READ(task, thread.fsbase);
+	v[1] = task_to_walk(task)->thread.fsbase;
 	v[2] = k->state;
 	if (!v[1] || !py_thread_state(w, v, NULL) || v[3] != v[1])
 		return false;
@@ -626,9 +689,18 @@ static __always_inline bool py_proved(struct py_ctx *c, struct py_proc *p, struc
 		return false;
 	w->frame = v[4];
 	w->win_len = 0;
+	/* The frames' window as the walk found it, from its lowest frame. */
+	len = v[4] + py_frame_size(w) - k->low;
+	asm volatile("" : "+r"(len));
+	if (k->low <= v[4] && len <= PY_WINDOW) {
+		if (py_read(w->buf, len, k->low, NULL))
+			return false;
+		w->win_lo = k->low;
+		w->win_len = len;
+	}
 	w->steps = 0;
 	w->hash = PY_HASH_SEED;
-	bpf_loop(PY_MAX_FRAMES, py_prove_step, c, 0);
+	bpf_loop(PY_MAX_FRAMES / PY_PROVE_BATCH, py_prove_step, c, 0);
 	return !w->frame && w->steps == k->steps && w->hash == k->hash;
 }
 
@@ -667,6 +739,7 @@ static __always_inline void py_keep(struct py_walk *w, struct task_struct *task,
 	k->state = w->state;
 	k->frame = w->first;
 	k->hash = w->hash;
+	k->low = w->low;
 	k->steps = w->steps;
 	k->frames = w->frames;
 	k->runtimes = runtime_build();
@@ -674,8 +747,8 @@ static __always_inline void py_keep(struct py_walk *w, struct task_struct *task,
 
 /*
  * The current task's user stack `id`, just walked (the task of process
- * `tgid`), with its Python frames
- * appended where its process has an interpreter known: the id of that
+ * `tgid`, at `now`, in address space `mm`: each 0 where the caller has not
+ * read it), with its Python frames appended where its process has an interpreter known: the id of that
  * stack, stored, or `id` itself (no interpreter known, no Python frames
  * found, a stack that was not stored, or a copy for userspace to walk).
  * The native frames are those stored under `id` (the walk's, or the ones
@@ -683,10 +756,10 @@ static __always_inline void py_keep(struct py_walk *w, struct task_struct *task,
  * hook itself once the native walk has returned: a chain of calls under
  * the walk's would pass 6.1's bound of 512 bytes of stack.
  */
-__noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
+__noinline __u64 python_stack_of_current(__u64 id, __u32 tgid, __u64 now, __u64 mm)
 {
 	struct task_struct *task;
-	__u64 pid_tgid, exec_vm, with, mm;
+	__u64 pid_tgid, exec_vm, with;
 	__u32 zero = 0, idx, nr;
 	struct py_kept_set *set;
 	struct py_kept *k = NULL;
@@ -708,13 +781,16 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 	p = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!p)
 		return id;
-	if (py_resting(p->resting_until, bpf_ktime_get_ns())) {
+	if (!now)
+		now = bpf_ktime_get_ns();
+	if (py_resting(p->resting_until, now)) {
 		count(CNT_PY_NO_THREAD_STATE);
 		w->rest_until = p->resting_until;
 		return id;
 	}
 	task = bpf_get_current_task_btf();
-	mm = task_address_space(task, &exec_vm, true);
+	if (!mm)
+		mm = task_address_space(task, &exec_vm, true);
 	/* The thread's last walk from this native stack, where it holds. */
 	set = bpf_task_storage_get(&py_kept, task, 0, 0);
 	if (set) {
@@ -774,14 +850,15 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid)
 
 /*
  * The user stack `id` of the current thread `d`, of process `tgid`, being
- * switched out at `now`: with its Python frames (python_stack_of_current).
+ * switched out at `now`, in address space `mm`: with its Python frames
+ * (python_stack_of_current).
  * A thread whose process was found without an interpreter running is left
  * alone as long as the process is (PY_REST), without a lookup of the
  * process: the switches of a program that links libpython without starting
  * it pay a load.
  */
 static __always_inline __u64 python_stack_at_switch_out(struct task_data *d, __u64 id,
-							__u32 tgid, __u64 now)
+							__u32 tgid, __u64 now, __u64 mm)
 {
 	struct py_walk *w;
 	__u32 zero = 0;
@@ -793,7 +870,7 @@ static __always_inline __u64 python_stack_at_switch_out(struct task_data *d, __u
 			count(CNT_PY_NO_THREAD_STATE);
 		return id;
 	}
-	id = python_stack_of_current(id, tgid);
+	id = python_stack_of_current(id, tgid, now, mm);
 	w = bpf_map_lookup_elem(&py_walk_scratch, &zero);
 	if (w)
 		d->py_rest_until = w->rest_until;

@@ -26,17 +26,18 @@ static __always_inline bool runtimes_present(void)
 static __always_inline __u64 runtime_stack_of_current(__u64 id, __u32 tgid)
 {
 	if (python_on)
-		return python_stack_of_current(id, tgid);
+		return python_stack_of_current(id, tgid, 0, 0);
 	return id;
 }
 
-/* The same at the switch-out of thread `d` at `now`, where a process whose
- * runtime has not started is left alone for a while. */
+/* The same at the switch-out of thread `d` at `now`, in address space `mm`,
+ * where a process whose runtime has not started is left alone for a
+ * while. */
 static __always_inline __u64 runtime_stack_at_switch_out(struct task_data *d, __u64 id,
-							 __u32 tgid, __u64 now)
+							 __u32 tgid, __u64 now, __u64 mm)
 {
 	if (python_on)
-		return python_stack_at_switch_out(d, id, tgid, now);
+		return python_stack_at_switch_out(d, id, tgid, now, mm);
 	return id;
 }
 

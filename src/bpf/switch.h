@@ -100,7 +100,7 @@ static __always_inline void on_switch_out(void *ctx, struct task_struct *prev, b
 	/* With its runtime's frames, where its process has a runtime known
 	 * (else see runtime_refresh). */
 	if (!legacy && want_user_stack && stacks_now && runtimes_present())
-		d->user_stack_id = runtime_stack_at_switch_out(d, d->user_stack_id, tgid, now);
+		d->user_stack_id = runtime_stack_at_switch_out(d, d->user_stack_id, tgid, now, mm);
 	/* Taken at the switch-in where it can be (kstack.h), from the frame
 	 * the thread is about to save. */
 	if (want_kernel_stack)
