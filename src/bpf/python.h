@@ -105,6 +105,8 @@ struct py_walk {
 	 * first (which a proof of the walk reads alone, see py_kept). */
 	__u32 reads;
 	__u64 low;
+	/* A proof's first window from here (py_kept's low), 0: none. */
+	__u64 hint;
 	/* The code objects met in this walk and their tags (py_known):
 	 * the first known_nr of PY_KNOWN. */
 	__u32 known_nr;
@@ -606,6 +608,27 @@ no_state:
 	return false;
 }
 
+/* py_frame_bytes() for a proof: its first window as the walk found it,
+ * from the lowest of the frames read there (w->hint) to the first frame's
+ * end, rather than from the frame's page. */
+static __always_inline long py_proof_window(struct py_walk *w, __u32 size)
+{
+	__u64 lo = w->hint, len = w->frame + size - lo;
+	long err;
+
+	w->hint = 0;
+	if (!lo || lo > w->frame || len > PY_WINDOW)
+		return py_frame_bytes(w, size, NULL);
+	asm volatile("" : "+r"(len));
+	if (len > PY_WINDOW)
+		len = PY_WINDOW;
+	err = py_read(w->buf, len, lo, NULL);
+	w->win_len = err ? 0 : len;
+	w->win_lo = lo;
+	w->at = w->frame - lo;
+	return err;
+}
+
 /* The frames a step of a proof follows (py_prove_step). */
 #define PY_PROVE_BATCH 4
 
@@ -643,7 +666,7 @@ __noinline long py_prove_frames(void)
 			at = frame - lo;
 		} else {
 			w->frame = frame;
-			if (py_frame_bytes(w, size, NULL))
+			if (py_proof_window(w, size))
 				break;
 			lo = w->win_lo;
 			len = w->win_len;
@@ -675,7 +698,7 @@ static __always_inline bool py_proved(struct py_ctx *c, struct py_proc *p, struc
 				      struct task_struct *task)
 {
 	struct py_walk *w = c->w;
-	__u64 *v = (__u64 *)w->buf, len;
+	__u64 *v = (__u64 *)w->buf;
 
 	w->p = *p;
 	v[1] = task_to_walk(task)->thread.fsbase;
@@ -689,18 +712,10 @@ static __always_inline bool py_proved(struct py_ctx *c, struct py_proc *p, struc
 		return false;
 	w->frame = v[4];
 	w->win_len = 0;
-	/* The frames' window as the walk found it, from its lowest frame. */
-	len = v[4] + py_frame_size(w) - k->low;
-	asm volatile("" : "+r"(len));
-	if (k->low <= v[4] && len <= PY_WINDOW) {
-		if (py_read(w->buf, len, k->low, NULL))
-			return false;
-		w->win_lo = k->low;
-		w->win_len = len;
-	}
+	w->hint = k->low;
 	w->steps = 0;
 	w->hash = PY_HASH_SEED;
-	bpf_loop(PY_MAX_FRAMES / PY_PROVE_BATCH, py_prove_step, c, 0);
+	bpf_loop(PY_MAX_FRAMES / PY_PROVE_BATCH, py_prove_step, NULL, 0);
 	return !w->frame && w->steps == k->steps && w->hash == k->hash;
 }
 
@@ -759,7 +774,7 @@ static __always_inline void py_keep(struct py_walk *w, struct task_struct *task,
 __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid, __u64 now, __u64 mm)
 {
 	struct task_struct *task;
-	__u64 pid_tgid, exec_vm, with;
+	__u64 pid_tgid, with;
 	__u32 zero = 0, idx, nr;
 	struct py_kept_set *set;
 	struct py_kept *k = NULL;
@@ -790,7 +805,7 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid, __u64 now, __u64 
 	}
 	task = bpf_get_current_task_btf();
 	if (!mm)
-		mm = task_address_space(task, &exec_vm, true);
+		mm = (__u64)BPF_CORE_READ(task, mm);
 	/* The thread's last walk from this native stack, where it holds. */
 	set = bpf_task_storage_get(&py_kept, task, 0, 0);
 	if (set) {
@@ -833,7 +848,7 @@ __noinline __u64 python_stack_of_current(__u64 id, __u32 tgid, __u64 now, __u64 
 	w->nr = nr;
 	w->base = nr;
 	w->max = clamp_stack_bytes() / sizeof(__u64);
-	bpf_loop(PY_MAX_FRAMES, py_step_current, &c, 0);
+	bpf_loop(PY_MAX_FRAMES, py_step_current, NULL, 0);
 	py_finish(&c);
 	if (w->nr == nr)
 		return id;
