@@ -295,6 +295,25 @@ static __always_inline long py_read(void *dst, __u32 size, __u64 src, struct tas
 	return bpf_probe_read_user(dst, size, (void *)src);
 }
 
+/* Reads the window of `len` bytes (at most PY_WINDOW) from `lo`, in which
+ * the frame at w->frame is: 0, or the read's error. */
+static __always_inline long py_window_read(struct py_walk *w, __u64 lo, __u64 len,
+					   struct task_struct *task)
+{
+	long err;
+
+	/* Below PY_WINDOW, as the verifier can see. */
+	asm volatile("" : "+r"(len));
+	if (len > PY_WINDOW)
+		len = PY_WINDOW;
+	err = py_read(w->buf, len, lo, task);
+	w->reads++;
+	w->win_len = err ? 0 : len;
+	w->win_lo = lo;
+	w->at = w->frame - lo;
+	return err;
+}
+
 /*
  * Makes the `size` bytes of the frame at w->frame readable at buf[at]: 0,
  * or the read's error.  Each read of another process's memory costs a
@@ -309,8 +328,7 @@ static __always_inline long py_read(void *dst, __u32 size, __u64 src, struct tas
  */
 static __always_inline long py_frame_bytes(struct py_walk *w, __u32 size, struct task_struct *task)
 {
-	__u64 frame = w->frame, lo, end = frame + size, len;
-	long err;
+	__u64 frame = w->frame, lo, end = frame + size;
 
 	if (w->win_len && frame >= w->win_lo && end > frame && end <= w->win_lo + w->win_len) {
 		w->at = frame - w->win_lo;
@@ -324,17 +342,7 @@ static __always_inline long py_frame_bytes(struct py_walk *w, __u32 size, struct
 		if (end - lo > PY_WINDOW)
 			lo = end - PY_WINDOW;
 	}
-	len = end - lo;
-	/* Below PY_WINDOW, as the verifier can see. */
-	asm volatile("" : "+r"(len));
-	if (len > PY_WINDOW)
-		len = PY_WINDOW;
-	err = py_read(w->buf, len, lo, task);
-	w->reads++;
-	w->win_len = err ? 0 : len;
-	w->win_lo = lo;
-	w->at = frame - lo;
-	return err;
+	return py_window_read(w, lo, end - lo, task);
 }
 
 /* The tag of code object `code` where this walk met it already: a code
@@ -614,19 +622,11 @@ no_state:
 static __always_inline long py_proof_window(struct py_walk *w, __u32 size)
 {
 	__u64 lo = w->hint, len = w->frame + size - lo;
-	long err;
 
 	w->hint = 0;
 	if (!lo || lo > w->frame || len > PY_WINDOW)
 		return py_frame_bytes(w, size, NULL);
-	asm volatile("" : "+r"(len));
-	if (len > PY_WINDOW)
-		len = PY_WINDOW;
-	err = py_read(w->buf, len, lo, NULL);
-	w->win_len = err ? 0 : len;
-	w->win_lo = lo;
-	w->at = w->frame - lo;
-	return err;
+	return py_window_read(w, lo, len, NULL);
 }
 
 /* The frames a step of a proof follows (py_prove_step). */
@@ -763,8 +763,8 @@ static __always_inline void py_keep(struct py_walk *w, struct task_struct *task,
 /*
  * The current task's user stack `id`, just walked (the task of process
  * `tgid`, at `now`, in address space `mm`: each 0 where the caller has not
- * read it), with its Python frames appended where its process has an interpreter known: the id of that
- * stack, stored, or `id` itself (no interpreter known, no Python frames
+ * read it), with its Python frames appended where its process has an
+ * interpreter known: the id of that stack, stored, or `id` itself (no interpreter known, no Python frames
  * found, a stack that was not stored, or a copy for userspace to walk).
  * The native frames are those stored under `id` (the walk's, or the ones
  * the stack cache proved unchanged).  A global function, called from the
