@@ -204,10 +204,25 @@ impl<'a> Btf<'a> {
         self.string(u32_at(self.record(id)?, 0)?)
     }
 
-    /// The id of the type of kind `kind` named `name`, the first if several.
-    pub fn find(&self, kind: u32, name: &str) -> Option<u32> {
-        (1..=self.at.len() as u32)
-            .find(|&id| self.kind(id) == Ok(kind) && self.name(id) == Ok(name.as_bytes()))
+    /// The id of the type of kind `kind` named each of `names` (the first
+    /// if several), in one pass over the types.
+    pub fn find_each<const N: usize>(&self, kind: u32, names: [&str; N]) -> [Option<u32>; N] {
+        let mut found = [None; N];
+        for id in 1..=self.at.len() as u32 {
+            if found.iter().all(Option::is_some) {
+                break;
+            }
+            if self.kind(id) != Ok(kind) {
+                continue;
+            }
+            let Ok(name) = self.name(id) else { continue };
+            for (at, want) in found.iter_mut().zip(names) {
+                if at.is_none() && name == want.as_bytes() {
+                    *at = Some(id);
+                }
+            }
+        }
+        found
     }
 }
 

@@ -30,6 +30,9 @@ const volatile bool stacks_at_switch_in = false;
  * libbpf a copy of the kernel's types for CO-RE, whose ids are not the
  * kernel's); 0 where it could not read it: no cast (see task_to_walk). */
 const volatile __u32 task_struct_kernel_id = 0;
+/* ... and of struct pt_regs: the switch hook loads the words of a blocked
+ * thread's kernel stack through it (see korc_word_at); 0: they are copied. */
+const volatile __u32 pt_regs_kernel_id = 0;
 const volatile __u32 stack_bytes = MAX_STACK_DEPTH * sizeof(__u64);
 /* Stacks kept in tables by their length (see STACK_SHORT_DEPTH): where
  * hash tables allocate their elements as they are added. */

@@ -28,18 +28,24 @@ pub(super) struct KernelTypes {
     pub(super) of: usize,
 }
 
-/// What was read of the kernel's BTF: the kernel's id of `struct
-/// task_struct` (0 if unknown), and its types for CO-RE or why there are
-/// none.
-type Read = (u32, std::result::Result<KernelTypes, String>);
+/// The kernel's ids of the types the program casts to (0 where unknown).
+#[derive(Default, Clone, Copy)]
+struct KernelIds {
+    task_struct: u32,
+    pt_regs: u32,
+}
+
+/// What was read of the kernel's BTF: the kernel's ids of the types cast
+/// to, and its types for CO-RE or why there are none.
+type Read = (KernelIds, std::result::Result<KernelTypes, String>);
 
 static TYPES: OnceLock<Read> = OnceLock::new();
 
 fn read() -> &'static Read {
     TYPES.get_or_init(|| {
-        let mut task_struct = 0;
-        let types = build(&mut task_struct).map_err(|e| format!("{e:#}"));
-        (task_struct, types)
+        let mut ids = KernelIds::default();
+        let types = build(&mut ids).map_err(|e| format!("{e:#}"));
+        (ids, types)
     })
 }
 
@@ -61,15 +67,15 @@ pub(super) fn describe() -> String {
     }
 }
 
-/// The kernel's types for CO-RE; `task_struct` set to the kernel's id of
-/// `struct task_struct` once known, whatever follows.
-fn build(task_struct: &mut u32) -> Result<KernelTypes> {
+/// The kernel's types for CO-RE; `ids` set to the kernel's ids of `struct
+/// task_struct` and `struct pt_regs` once known, whatever follows.
+fn build(ids: &mut KernelIds) -> Result<KernelTypes> {
     let path = "/sys/kernel/btf/vmlinux";
     let raw = Raw::read(path).with_context(|| format!("could not read {path}"))?;
     let kernel = btf::Btf::parse(raw.bytes()).map_err(|e| anyhow!("{path}: {e}"))?;
-    *task_struct = kernel
-        .find(btf::KIND_STRUCT, "task_struct")
-        .ok_or_else(|| anyhow!("{path}: no struct task_struct"))?;
+    let [task_struct, pt_regs] = kernel.find_each(btf::KIND_STRUCT, ["task_struct", "pt_regs"]);
+    ids.pt_regs = pt_regs.unwrap_or(0);
+    ids.task_struct = task_struct.ok_or_else(|| anyhow!("{path}: no struct task_struct"))?;
     let minimal =
         btf::minimal(&kernel, crate::bpf::CORE_TYPES).map_err(|e| anyhow!("{path}: {e}"))?;
     if let Some(name) = minimal.missing.first() {
@@ -114,7 +120,14 @@ pub(super) fn builder() -> crate::bpf::OffcputimeSkelBuilder {
 /// types kept would give their own id); 0 if the kernel's BTF could not
 /// be read here.
 pub(super) fn task_struct_id() -> u32 {
-    read().0
+    read().0.task_struct
+}
+
+/// The kernel's id of `struct pt_regs`, for the object's `.rodata` (the
+/// switch hook reads a blocked thread's kernel stack through it, see
+/// `korc_word_at`); 0 if unknown.
+pub(super) fn pt_regs_id() -> u32 {
+    read().0.pt_regs
 }
 
 /// A file's bytes: mapped where the file can be (the kernel's BTF, from
@@ -265,6 +278,7 @@ mod tests {
             }
         }
         assert!(task_struct_id() > 0);
+        assert!(pt_regs_id() > 0);
         let hook = whole.iter().find(|(n, _)| n == "sched_switch_btf");
         hook.expect("sched_switch_btf").1.len()
     }
@@ -330,7 +344,7 @@ mod tests {
             }
             if let Ok(b) = btf::Btf::parse(&bytes) {
                 let _ = btf::minimal(&b, crate::bpf::CORE_TYPES);
-                let _ = b.find(btf::KIND_STRUCT, "task_struct");
+                let _ = b.find_each(btf::KIND_STRUCT, ["task_struct", "pt_regs"]);
             }
         }
     }

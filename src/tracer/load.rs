@@ -620,6 +620,7 @@ pub(super) fn hook_settings(
 /// those of the hook ([`hook_settings`]).
 pub(super) fn settings(rodata: &mut crate::bpf::types::rodata, opts: &TracerOptions) {
     rodata.task_struct_kernel_id = super::core_btf::task_struct_id();
+    rodata.pt_regs_kernel_id = super::core_btf::pt_regs_id();
     rodata.filter_by_tgid = !opts.tgids.is_empty();
     rodata.filter_by_tid = !opts.tids.is_empty();
     rodata.filter_by_cgroup = !opts.cgroups.is_empty();
