@@ -1143,8 +1143,15 @@ static __always_inline bool korc_direct(void)
  * word. */
 static __always_inline __u64 korc_word_at(__u64 addr)
 {
-	struct pt_regs *r = bpf_rdonly_cast((void *)addr, pt_regs_kernel_id);
-	__u64 v = r->r15;
+	struct pt_regs *r;
+	__u64 v;
+
+	/* (Where the kernel has no cast, the call is left out as the verifier
+	 * sees it: checked here, at each call.) */
+	if (!korc_direct())
+		return 0;
+	r = bpf_rdonly_cast((void *)addr, pt_regs_kernel_id);
+	v = r->r15;
 
 	/* Not to be merged with a load from a map's memory into one
 	 * instruction (the verifier takes an instruction's pointer to be of
